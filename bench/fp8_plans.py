@@ -20,9 +20,10 @@ floor (``copy_bandwidth``); ``bands`` ``band_plans`` at ``BAND_SHAPES`` (``allsh
 8), ``names`` the kernels cuBLAS and kaio launch there, ``rings`` ``ring_plans`` at
 ``RING_SHAPES``, ``one`` one row at the 8 shapes against ``gemv_fp8``, ``clk`` the 128 x 208
 tile alone and in clusters of two with each epilogue at K = 1024 and 2048, ``squares``
-``SQUARE_PLANS`` at 4096^3 and 8192^3, ``ns`` ``ns_plans`` (two consumer warpgroups on a
-64-row tile) up to 256 rows, ``nsroute`` the routed plans against ``unshared``'s, ``once``
-one call of cuBLAS and kaio at ``ONCE_CASES`` (for ncu). Writes ``DIR/fp8_plans.jsonl`` (one
+``SQUARE_PLANS`` at 4096^3 and 8192^3, ``widths`` ``WIDTH_PLANS`` at ``WIDTH_CASES``,
+``ns`` ``ns_plans`` (two consumer warpgroups on a 64-row tile) up to 256 rows, ``nsroute``
+the routed plans against ``unshared``'s, ``once`` one call of cuBLAS and kaio at
+``ONCE_CASES`` (for ncu). Writes ``DIR/fp8_plans.jsonl`` (one
 line per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds
 have passed."""
 
@@ -296,7 +297,13 @@ def deferred_plans(m, n, k, sms=132):
 
 EPIQ_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 4096, 1024), (4096, 4096, 16384),
                (8192, 4096, 14336), (2048, 28672, 4096)]  # fmt: skip
-NOT_SHIPPED = ((2, 256, 4, 0, 1), (1, 64, 12, 0, 1), (2, 128, 7, 0, 1))  # no promotion
+NOT_SHIPPED = (
+    (2, 256, 4, 0, 1),
+    (1, 64, 12, 0, 1),
+    (2, 128, 7, 0, 1),
+    (2, 208, 4, 0, 3),
+    (2, 192, 4, 0, 3),
+)  # no promotion
 
 
 def fitted_bn(n, sms, most=224):
@@ -560,11 +567,15 @@ def ns_plans(m, n, k, sms=132):
 
 
 SQUARE_PLANS = {  # (the plans "squares" times beside the routed one at 4096^3 and 8192^3:
-    # cuBLAS's 144-column tile, the routed tile with the warpgroups issuing in turn and in
-    # clusters of two, 128 x 128 in clusters of two)
-    4096: [(2, 144, 5, 1, 3), (2, 208, 4, 4, 3), (2, 208, 4, 1, 3, 2), (2, 128, 6, 1, 3, 2)],
-    8192: [(2, 144, 5, 1, 3), (2, 192, 4, 4, 3), (2, 192, 4, 1, 3, 2), (2, 160, 5, 1, 3)],
+    # 128 x 200, whose tiles fill 8192 columns and 20 waves best, 128 x 192 and 208; the
+    # routed tile without promotion, one wgmma sum over K: what the promotion costs, not
+    # shipped)
+    4096: [(2, 200, 4, 1, 3), (2, 192, 4, 1, 3), (2, 208, 4, 0, 3)],
+    8192: [(2, 200, 4, 1, 3), (2, 208, 4, 1, 3), (2, 192, 4, 0, 3)],
 }
+WIDTH_CASES = [(4096, 8192, 8192), (4096, 10240, 8192), (8192, 8192, 28672),
+               (2048, 8192, 8192), (4096, 28672, 4096)]  # fmt: skip
+WIDTH_PLANS = [(2, 200, 4, 1, 3)]  # ("widths": 128 x 200 where config would take it)
 
 
 def copy_bandwidth(nbytes=2**30):
@@ -871,6 +882,8 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "squares" in cases:
         jobs += [(p, False) for s in SQUARE_PLANS for p in [H.config(s, s, s, 132),
                                                            *SQUARE_PLANS[s]]]  # fmt: skip
+    if "widths" in cases:
+        jobs += [(p, False) for c in WIDTH_CASES for p in [H.config(*c, 132), *WIDTH_PLANS]]
     if "group" in cases:
         jobs += [(p, False) for s in (4096, 8192) for p in [H.config(s, s, s, 132),
                                                             *group_plans(s, s, s)]]  # fmt: skip
@@ -984,6 +997,9 @@ def main() -> None:
     if "squares" in cases:  # cuBLAS's tile width, clusters of two at the squares
         for size, plans in SQUARE_PLANS.items():
             recs.append(run_case(size, size, size, False, plans, log))
+    if "widths" in cases:  # 128 x 200 where config's estimate would take it
+        for m, n, k in WIDTH_CASES:
+            recs.append(run_case(m, n, k, False, WIDTH_PLANS, log, f"M={m} {n}x{k}"))
     if "nsroute" in cases:  # the routed plans against those before shared_plan
         over_shapes([m for m in ms if m <= 256], unshared)
     if "ns" in cases:  # two consumer warpgroups on a 64-row tile, half the columns each

@@ -734,10 +734,11 @@ def matmul_fp8_wgmma(
     sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), A_BYTES)
     bars = kaio.shared_dynamic(u64, (2, STAGES), A_BYTES + STAGES * BK * BN * 2)
     turn = kaio.shared_dynamic(u64, (2,), A_BYTES + STAGES * (BK * BN * 2 + 16))
-    # VEC 2, 3: each consumer warp's 16 rows of C on their way out (rows padded by 16 bytes)
+    # VEC 2, 3: each consumer warp's 16 rows of C on their way out (rows padded by 16
+    # bytes, 32 where BN is an odd multiple of 8: ebuf_row)
     on = VEC >= 2  # (else a stub of 8 values)
     ebuf = kaio.shared_dynamic(
-        DT, (1 + (WG * 4 - 1) * on, 1 + 15 * on, 8 + BN * on),
+        DT, (1 + (WG * 4 - 1) * on, 1 + 15 * on, 8 + (BN + 8 * (BN % 16 != 0)) * on),
         A_BYTES + STAGES * (BK * BN * 2 + 16) + 16,
     )  # fmt: skip
     t = kaio.thread_idx_x()
@@ -832,6 +833,14 @@ def a_stage_rows(wg: int, cl: int, ar: int) -> int:
     return ar if wg == 1 and cl == 1 and ar < 64 else 64 * wg
 
 
+def ebuf_row(bn: int) -> int:
+    """The 16-bit values a row of a consumer warp's epilogue buffer holds (``VEC`` 2, 3):
+    the tile's ``bn`` and a pad that keeps the rows' 4-byte stores (8 rows, 4 lanes a row)
+    on 32 different banks: 8 values where ``bn`` is a multiple of 16, else 16 (a row of
+    ``bn + 8`` would be a multiple of 8 words: two rows on each bank)."""
+    return bn + 8 + 8 * (bn % 16 != 0)
+
+
 def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64, ns: int = 0) -> int:
     """The dynamic shared memory of a ``64 * wg x bn`` tile ring of ``stages`` (8-bit
     operands, 128 values of K a stage; A stages of ``a_stage_rows`` rows for ``ar`` A
@@ -840,7 +849,7 @@ def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64, ns: 
     buffers of 16-bit values (``vec`` 2; else a stub)."""
     rows = 64 if ns else 64 * wg
     sr = a_stage_rows(1 if ns else wg, 1, ar)
-    ebuf = wg * 4 * 16 * (bn + 8) * 2 if vec >= 2 else 32  # (a stub: 8 values)
+    ebuf = wg * 4 * 16 * ebuf_row(bn) * 2 if vec >= 2 else 32  # (a stub: 8 values)
     a_bytes = (stages * sr + rows - sr) * BK * 2
     return a_bytes + stages * (bn * BK * 2 + 16) + 16 + ebuf
 

@@ -267,7 +267,7 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((1, 64, 3, 2, 1, 1, 3), 20, 192, 640, "both", "f16"),  # last tile split 3 ways
         ((2, 192, 2, 1, 1, 1, 2), 100, 176, 384, "row", "bf16"),  # 1 tile, 2 blocks: K split
         ((2, 192, 2, 1, 2), 200, 432, 256, "both", "f16"),  # C through shared, bulk copies
-        ((2, 64, 2, 1, 3), 200, 208, 256, "row", "bf16"),  # the same, copies waited for later
+        ((2, 200, 2, 1, 3), 200, 432, 256, "row", "bf16"),  # copies waited for later; 25 n8s
         ((2, 128, 3, 21, 1), 130, 144, 640, "row", "bf16"),  # promoted every 2, staggered
         ((2, 128, 3, 5, 1), 70, 144, 384, "both", "f16"),  # halves, one in flight
         ((2, 128, 3, 6, 1), 130, 144, 640, "row", "f16"),  # two full sums, one in flight
