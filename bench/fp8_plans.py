@@ -23,9 +23,9 @@ tile alone and in clusters of two with each epilogue at K = 1024 and 2048, ``squ
 ``SQUARE_PLANS`` at 4096^3 and 8192^3, ``widths`` ``WIDTH_PLANS`` at ``WIDTH_CASES``,
 ``ns`` ``ns_plans`` (two consumer warpgroups on a 64-row tile) up to 256 rows, ``nsroute``
 the routed plans against ``unshared``'s, ``once`` one call of cuBLAS and kaio at
-``ONCE_CASES`` (for ncu). Writes ``DIR/fp8_plans.jsonl`` (one
-line per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds
-have passed."""
+``ONCE_CASES`` (for ncu), ``gaps`` the kernels' spans and gaps at ``GAP_CASES``. Writes
+``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops starting
+cases once ``--budget`` seconds have passed."""
 
 from __future__ import annotations
 
@@ -496,6 +496,40 @@ def kernel_names(cases, deadline=math.inf) -> None:
                   + "; ".join(f"{nm[:110]} {t:.1f}us" for nm, t in ks), flush=True)  # fmt: skip
 
 
+GAP_CASES = [(4096, 4096, 4096), (128, 4096, 4096), (8, 4096, 4096)]
+
+
+def kernel_gaps(cases, calls: int = 6) -> None:
+    """Each kernel's span and the gap from the kernel before (negative: the two overlapped,
+    as programmatic dependent launch allows) of ``calls`` back-to-back calls of
+    ``torch._scaled_mm`` and of the routed ``matmul_fp8`` at ``cases`` (m, n, k), in the
+    profiler's device timestamps: where the time between kernels goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for m, n, k in cases:
+        sets = operands(m, n, k, False, 2)
+        for name, fn in (("cublas", scaled_mm), ("kaio", with_plan(None))):
+            for s in sets:
+                fn(*s)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for i in range(calls):
+                    fn(*sets[i % 2])
+                torch.cuda.synchronize()
+            spans = sorted(
+                (e.time_range.start, e.time_range.end, e.name)
+                for e in prof.events()
+                if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > 0
+            )
+            t0 = spans[0][0]
+            rows = [f"{s - t0:.1f}+{e - s:.1f}" for s, e, _ in spans]
+            gaps = [spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1)]
+            print(f"gaps M={m} {n}x{k} {name}: {len(spans)} kernels ({spans[0][2][:60]}), "
+                  f"span/call {(spans[-1][1] - t0) / calls:.2f} us, gaps "
+                  + " ".join(f"{g:.2f}" for g in gaps) + " | " + " ".join(rows),
+                  flush=True)  # fmt: skip
+
+
 def group_plans(m, n, k, sms=132, groups=(2, 4, 16)):
     """The routed plan with the tile order grouped ``groups`` tile rows at a time (the
     routed one: ``_matmul_hopper.GROUP_ROWS``)."""
@@ -882,6 +916,8 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "squares" in cases:
         jobs += [(p, False) for s in SQUARE_PLANS for p in [H.config(s, s, s, 132),
                                                            *SQUARE_PLANS[s]]]  # fmt: skip
+    if "gaps" in cases:
+        jobs += [(H.config(*c, 132), False, min(c[0], 256)) for c in GAP_CASES]
     if "widths" in cases:
         jobs += [(p, False) for c in WIDTH_CASES for p in [H.config(*c, 132), *WIDTH_PLANS]]
     if "group" in cases:
@@ -978,6 +1014,11 @@ def main() -> None:
                 recs.append(run_case(1, n, k, False, [GEMV], log, f"M=1 {n}x{k}"))
     if "rings" in cases:  # deeper rings, one block a multiprocessor
         over_shapes(ms, ring_plans, RING_SHAPES, "ring ")
+    if "gaps" in cases:  # the kernels' spans and the gaps between back-to-back calls
+        try:
+            kernel_gaps(GAP_CASES)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
     if "once" in cases:  # one call of each at ONCE_CASES (under ncu)
         call_once(ONCE_CASES)
     if "names" in cases:  # which kernels cuBLAS runs where kaio loses most
