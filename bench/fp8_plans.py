@@ -199,6 +199,7 @@ def with_plan(plan, out_dtype=None):
     return forced
 
 
+ROUTED_PDL = H.PDL  # (_warm sets H.PDL for a job, and back)
 GEMV = "gemv"  # the plan name of _fp8_decode's kernel (with_plan)
 
 
@@ -499,6 +500,54 @@ def kernel_names(cases, deadline=math.inf) -> None:
 GAP_CASES = [(4096, 4096, 4096), (128, 4096, 4096), (8, 4096, 4096)]
 
 
+def with_pdl(pdl: int):
+    """The routed ``matmul_fp8`` with its wgmma kernel launched with (1) or without (0)
+    programmatic dependent launch (``_fp8_hopper.PDL``), unplanned (another ``H.config``:
+    a call plan keeps the launch it was made with)."""
+
+    def run(a, b, sa, sb):
+        keep = H.config, H.PDL
+        H.config, H.PDL = (lambda *args: keep[0](*args)), pdl
+        try:
+            return kaio_ops.matmul_fp8(a, b, sa, sb)
+        finally:
+            H.config, H.PDL = keep
+
+    return run
+
+
+PDL_CASES = [(4096, 4096, 4096), (128, 4096, 4096), (8, 4096, 4096), (1, 4096, 4096),
+             (256, 6144, 4096), (32, 4096, 4096), (128, 4096, 14336), (1024, 4096, 4096),
+             (8192, 8192, 8192)]  # fmt: skip
+
+
+def pdl_case(m, n, k, log) -> dict:
+    """cuBLAS, the routed plan (its call plan) and the routed plan unplanned without and with
+    programmatic dependent launch (``with_pdl``), each checked against cuBLAS, timed in the
+    same interleaved rounds."""
+    nbytes = m * k + k * n + 2 * m * n
+    sets = operands(m, n, k, False, max(1, min(8, math.ceil(3 * L2 / nbytes))))
+    ref = scaled_mm(*sets[0]).float()
+    fns = {"cublas": scaled_mm, "pick": with_plan(None), "pdl0": with_pdl(0),
+           "pdl1": with_pdl(1)}  # fmt: skip
+    rec = {"case": f"pdl {m}x{n}x{k}", "m": m, "n": n, "k": k, "plan": list(H.config(m, n, k, 132))}
+    for name, fn in fns.items():
+        got = fn(*sets[0]).float()
+        rec[name] = {"err": ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()}
+    ms = time_all(fns, sets)
+    for name, t in ms.items():
+        rec[name].update(us=t * 1e3, x=ms["cublas"] / t)
+    rec["gpu"] = torch.cuda.get_device_name()
+    log.write(json.dumps(rec) + "\n")
+    log.flush()
+    print(f"{rec['case']:>22} {rec['plan']} cuBLAS {ms['cublas'] * 1e3:7.1f} us | "
+          + " | ".join(f"{nm} {rec[nm]['us']:7.1f} us {rec[nm]['x']:.3f}x err {rec[nm]['err']:.0e}"
+                       for nm in ("pick", "pdl0", "pdl1")), flush=True)  # fmt: skip
+    del sets
+    torch.cuda.empty_cache()
+    return rec
+
+
 def kernel_gaps(cases, calls: int = 6) -> None:
     """Each kernel's span and the gap from the kernel before (negative: the two overlapped,
     as programmatic dependent launch allows) of ``calls`` back-to-back calls of
@@ -508,7 +557,7 @@ def kernel_gaps(cases, calls: int = 6) -> None:
 
     for m, n, k in cases:
         sets = operands(m, n, k, False, 2)
-        for name, fn in (("cublas", scaled_mm), ("kaio", with_plan(None))):
+        for name, fn in (("cublas", scaled_mm), ("kaio", with_pdl(0)), ("kaio pdl", with_pdl(1))):
             for s in sets:
                 fn(*s)
             torch.cuda.synchronize()
@@ -607,8 +656,7 @@ SQUARE_PLANS = {  # (the plans "squares" times beside the routed one at 4096^3 a
     4096: [(2, 200, 4, 1, 3), (2, 192, 4, 1, 3), (2, 208, 4, 0, 3)],
     8192: [(2, 200, 4, 1, 3), (2, 208, 4, 1, 3), (2, 192, 4, 0, 3)],
 }
-WIDTH_CASES = [(4096, 8192, 8192), (4096, 10240, 8192), (8192, 8192, 28672),
-               (2048, 8192, 8192), (4096, 28672, 4096)]  # fmt: skip
+WIDTH_CASES = [(4096, 8192, 8192), (8192, 8192, 28672), (2048, 8192, 8192)]
 WIDTH_PLANS = [(2, 200, 4, 1, 3)]  # ("widths": 128 x 200 where config would take it)
 
 
@@ -748,7 +796,7 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0)  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -806,10 +854,11 @@ def accuracy(log, k=8192, size=1024) -> None:
 
 def _warm(jobs):
     """Compile (into kaio's disk cache) the specializations of ``jobs``: (plan, rowwise[,
-    m]: the rows, which set a decode tile's A rows copied)."""
+    m[, pdl]]: the rows, which set a decode tile's A rows copied; ``_fp8_hopper.PDL``)."""
     use_ptxas()
     for plan, rowwise, *rows in jobs:
-        (a, b, sa, sb) = operands(*rows or [256], 256, 256, rowwise, 1)[0]
+        (a, b, sa, sb) = operands(*rows[:1] or [256], 256, 256, rowwise, 1)[0]
+        H.PDL = rows[1] if len(rows) > 1 else ROUTED_PDL
         with_plan(plan)(a, b, sa, sb)
         if rows == [1]:  # (gemv_fp8, which a forced plan bypasses)
             with_plan(GEMV)(a, b, sa, sb)
@@ -916,8 +965,9 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "squares" in cases:
         jobs += [(p, False) for s in SQUARE_PLANS for p in [H.config(s, s, s, 132),
                                                            *SQUARE_PLANS[s]]]  # fmt: skip
-    if "gaps" in cases:
-        jobs += [(H.config(*c, 132), False, min(c[0], 256)) for c in GAP_CASES]
+    if "gaps" in cases or "pdl" in cases:  # (each with and without PDL: _warm_pdl)
+        cs = set(GAP_CASES) | (set(PDL_CASES) if "pdl" in cases else set())
+        jobs += [(H.config(*c, 132), False, min(c[0], 256), p) for c in cs for p in (0, 1)]
     if "widths" in cases:
         jobs += [(p, False) for c in WIDTH_CASES for p in [H.config(*c, 132), *WIDTH_PLANS]]
     if "group" in cases:
@@ -1019,6 +1069,12 @@ def main() -> None:
             kernel_gaps(GAP_CASES)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
+    if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
+        for m, n, k in PDL_CASES:
+            if time.time() - t0 > args.budget:
+                print(f"budget: skipped pdl {m}x{n}x{k}", flush=True)
+                continue
+            recs.append(pdl_case(m, n, k, log))
     if "once" in cases:  # one call of each at ONCE_CASES (under ncu)
         call_once(ONCE_CASES)
     if "names" in cases:  # which kernels cuBLAS runs where kaio loses most

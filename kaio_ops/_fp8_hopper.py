@@ -708,7 +708,7 @@ def matmul_fp8_wgmma(
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
-    AR: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr,
+    AR: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr, PDL: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -720,7 +720,10 @@ def matmul_fp8_wgmma(
     in ``cnt``). ``SWAP``: the roles swapped (``swap_plan``): ``ta`` maps B^T [n, K] and
     ``tb`` A [m, K], the kernel's ``m`` is N and ``n`` is M, its tiles are of C^T, stored
     transposed (``store_transposed``). ``NS`` (two consumer warpgroups): 64 x BN tiles, the
-    warpgroups sharing the rows, each multiplying half the columns (``CW``)."""
+    warpgroups sharing the rows, each multiplying half the columns (``CW``). ``PDL``:
+    launched with programmatic stream serialization, its set-up overlapping the end of the
+    kernel before it, every thread waiting for that kernel's writes before any global
+    access (``kaio.grid_dependency_wait``), and the kernel after it let launch at once."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
@@ -763,6 +766,9 @@ def matmul_fp8_wgmma(
     init_ring(bars, t, STAGES, WG * CL)  # "free": lane 0 of each consumer warpgroup (of both)
     if CL == 2:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
+    if PDL:  # (no global memory touched above)
+        kaio.launch_dependents()
+        kaio.grid_dependency_wait()
     acc = kaio.local(f32, (CW // 8, 2, 2))  # the tile's f32 sums
     # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3 and
     # 5 (two halves for 5)
@@ -935,6 +941,7 @@ def estimate(m: int, n: int, k: int, sms: int, wg: int, bn: int, cl: int) -> tup
     return best
 
 
+PDL = 0  # matmul_fp8_wgmma launched with programmatic dependent launch (its PDL)
 SWAP_M = 32  # a's rows up to which the swapped tiles run (swap_config; one row: _fp8_decode)
 SWAP_OCC = 2  # swapped blocks a multiprocessor
 
@@ -1082,7 +1089,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
-        SWAP=int(bool(swap)), NS=ns,
+        SWAP=int(bool(swap)), NS=ns, PDL=PDL,
     )  # fmt: skip
     if vec >= 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
@@ -1150,11 +1157,11 @@ def specializations():
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
-                                 else 64 * wg, "SWAP": 0, "NS": 0}  # fmt: skip
+                                 else 64 * wg, "SWAP": 0, "NS": 0, "PDL": i % 2}  # fmt: skip
     shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
                 "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0,
-                "NS": 0}  # fmt: skip
+                "NS": 0, "PDL": PDL}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
     yield (
         matmul_fp8_wgmma,
