@@ -795,3 +795,40 @@ def test_matmul_gpu_error_no_worse_than_cublas(m, n):
     err = ((got.double() - ref).norm() / ref.norm()).item()
     peer = ((want.double() - ref).norm() / ref.norm()).item()
     assert err <= 1.25 * peer + 1e-7, (err, peer)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [4096, 128, 8])
+def test_dependent_launch_chain_gpu(m, monkeypatch):
+    """The wgmma kernel launched with programmatic dependent launch (``_fp8_hopper.PDL``)
+    right behind the kernels that make its inputs (six steps, each quantizing the output
+    before: x -> quantize_fp8 -> matmul_fp8 -> x; the routed plan of M rows at N = K = 4096)
+    gives the bits it gives without it, and each step torch._scaled_mm's."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    from kaio_ops import _fp8_hopper as H
+    from kaio_ops import _plan
+
+    def chain(pdl: int) -> list:
+        monkeypatch.setattr(H, "PDL", pdl)
+        _plan.clear()  # (a call plan keeps the launch it was made with)
+        torch.manual_seed(m)
+        x = torch.randn(m, 4096, device="cuda")
+        wq, sw = kaio_ops.quantize_fp8(torch.randn(4096, 4096, device="cuda") * 0.02)
+        outs = []
+        for _ in range(6):
+            a, sa = kaio_ops.quantize_fp8(x)
+            x = kaio_ops.matmul_fp8(a, wq.t(), sa, sw)
+            outs.append((x, a, sa))
+        torch.cuda.synchronize()
+        return outs, wq, sw
+
+    plain, _, _ = chain(0)
+    dependent, wq, sw = chain(1)
+    for (x0, _, _), (x1, a, sa) in zip(plain, dependent, strict=True):
+        assert torch.equal(x0, x1)
+        pad = -(-m // 16) * 16 - m  # (torch's A padded to 16 rows)
+        ap = torch.cat([a, torch.zeros(pad, 4096, device="cuda").to(a.dtype)])
+        want = torch._scaled_mm(ap, wq.t(), sa, sw, out_dtype=torch.bfloat16)[:m]
+        assert torch.equal(x1, want)
