@@ -21,11 +21,13 @@ floor (``copy_bandwidth``); ``bands`` ``band_plans`` at ``BAND_SHAPES`` (``allsh
 ``RING_SHAPES``, ``one`` one row at the 8 shapes against ``gemv_fp8``, ``clk`` the 128 x 208
 tile alone and in clusters of two with each epilogue at K = 1024 and 2048, ``squares``
 ``SQUARE_PLANS`` at 4096^3 and 8192^3, ``widths`` ``WIDTH_PLANS`` at ``WIDTH_CASES``,
-``ns`` ``ns_plans`` (two consumer warpgroups on a 64-row tile) up to 256 rows, ``nsroute``
-the routed plans against ``unshared``'s, ``once`` one call of cuBLAS and kaio at
-``ONCE_CASES`` (for ncu), ``gaps`` the kernels' spans and gaps at ``GAP_CASES``. Writes
-``DIR/fp8_plans.jsonl`` (one line per case) and prints a table. The sweep stops starting
-cases once ``--budget`` seconds have passed."""
+``paired`` ``paired_plans`` at ``BAND_SHAPES``, ``ns`` ``ns_plans`` (two consumer
+warpgroups on a 64-row tile) up to 256 rows, ``nsroute`` the routed plans against
+``unshared``'s, ``once`` one call of cuBLAS and kaio at ``ONCE_CASES`` (for ncu), ``gaps``
+the kernels' spans and gaps at ``GAP_CASES``, ``pdl`` the routed plans with and without
+programmatic dependent launch at ``PDL_CASES``. Writes ``DIR/fp8_plans.jsonl`` (one line
+per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds have
+passed."""
 
 from __future__ import annotations
 
@@ -649,6 +651,16 @@ def ns_plans(m, n, k, sms=132):
     return out + ([(2, 96, H.stages_for(2, 96), 2, 1)] if m > 64 else [])
 
 
+def paired_plans(m, n, k, sms=132):
+    """The routed plan in clusters of two tiles one above the other sharing each B slice
+    (``CL`` 2, multicast; cuBLAS's kernel at 128 rows: 64 x 64 tiles, 384 threads, clusters
+    of two) where it is one block a tile and unswapped, else nothing."""
+    p = full_plan(H.config(m, n, k, sms))
+    if p[5] != 1 or p[6] != 1 or p[7] != 1 or p[9]:
+        return []
+    return [(*p[:5], 2, *p[6:])]
+
+
 SQUARE_PLANS = {  # (the plans "squares" times beside the routed one at 4096^3 and 8192^3:
     # 128 x 200, whose tiles fill 8192 columns and 20 waves best, 128 x 192 and 208; the
     # routed tile without promotion, one wgmma sum over K: what the promotion costs, not
@@ -968,6 +980,10 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "gaps" in cases or "pdl" in cases:  # (each with and without PDL: _warm_pdl)
         cs = set(GAP_CASES) | (set(PDL_CASES) if "pdl" in cases else set())
         jobs += [(H.config(*c, 132), False, min(c[0], 256), p) for c in cs for p in (0, 1)]
+    if "paired" in cases:
+        for m in ms:
+            for n, k in BAND_SHAPES:
+                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *paired_plans(m, n, k)]]
     if "widths" in cases:
         jobs += [(p, False) for c in WIDTH_CASES for p in [H.config(*c, 132), *WIDTH_PLANS]]
     if "group" in cases:
@@ -1094,6 +1110,8 @@ def main() -> None:
     if "squares" in cases:  # cuBLAS's tile width, clusters of two at the squares
         for size, plans in SQUARE_PLANS.items():
             recs.append(run_case(size, size, size, False, plans, log))
+    if "paired" in cases:  # the routed plans in clusters of two sharing B, the slow bands
+        over_shapes(ms, paired_plans, BAND_SHAPES, "paired ")
     if "widths" in cases:  # 128 x 200 where config's estimate would take it
         for m, n, k in WIDTH_CASES:
             recs.append(run_case(m, n, k, False, WIDTH_PLANS, log, f"M={m} {n}x{k}"))
