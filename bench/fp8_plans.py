@@ -20,7 +20,7 @@ floor (``copy_bandwidth``); ``bands`` ``band_plans`` at ``BAND_SHAPES`` (``allsh
 8), ``names`` the kernels cuBLAS and kaio launch there, ``rings`` ``ring_plans`` at
 ``RING_SHAPES``, ``one`` one row at the 8 shapes against ``gemv_fp8``, ``clk`` the 128 x 208
 tile alone and in clusters of two with each epilogue at K = 1024 and 2048, ``squares``
-``SQUARE_PLANS`` at 4096^3 and 8192^3, ``widths`` ``WIDTH_PLANS`` at ``WIDTH_CASES``,
+``SQUARE_PLANS`` at 4096^3 and 8192^3, ``widths`` ``without_200`` at ``WIDTH_CASES``,
 ``paired`` ``paired_plans`` at ``BAND_SHAPES``, ``ns`` ``ns_plans`` (two consumer
 warpgroups on a 64-row tile) up to 256 rows, ``nsroute`` the routed plans against
 ``unshared``'s, ``once`` one call of cuBLAS and kaio at ``ONCE_CASES`` (for ncu), ``gaps``
@@ -499,7 +499,7 @@ def kernel_names(cases, deadline=math.inf) -> None:
                   + "; ".join(f"{nm[:110]} {t:.1f}us" for nm, t in ks), flush=True)  # fmt: skip
 
 
-GAP_CASES = [(4096, 4096, 4096), (128, 4096, 4096), (8, 4096, 4096)]
+GAP_CASES = [(128, 4096, 4096), (8, 4096, 4096)]
 
 
 def with_pdl(pdl: int):
@@ -564,13 +564,16 @@ def kernel_gaps(cases, calls: int = 6) -> None:
                 fn(*s)
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                torch.cuda._sleep(int(3e6))  # (the calls queue up behind a GPU spin)
                 for i in range(calls):
                     fn(*sets[i % 2])
                 torch.cuda.synchronize()
             spans = sorted(
                 (e.time_range.start, e.time_range.end, e.name)
                 for e in prof.events()
-                if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > 0
+                if e.device_type == torch.autograd.DeviceType.CUDA
+                and e.time_range.end > 0
+                and "sleep" not in e.name
             )
             t0 = spans[0][0]
             rows = [f"{s - t0:.1f}+{e - s:.1f}" for s, e, _ in spans]
@@ -668,8 +671,20 @@ SQUARE_PLANS = {  # (the plans "squares" times beside the routed one at 4096^3 a
     4096: [(2, 200, 4, 1, 3), (2, 192, 4, 1, 3), (2, 208, 4, 0, 3)],
     8192: [(2, 200, 4, 1, 3), (2, 208, 4, 1, 3), (2, 192, 4, 0, 3)],
 }
-WIDTH_CASES = [(4096, 8192, 8192), (8192, 8192, 28672), (2048, 8192, 8192)]
-WIDTH_PLANS = [(2, 200, 4, 1, 3)]  # ("widths": 128 x 200 where config would take it)
+WIDTH_CASES = [(512, 57344, 8192), (1024, 28672, 4096), (2048, 8192, 8192), (2048, 57344, 8192),
+               (2048, 8192, 28672), (4096, 28672, 4096), (4096, 10240, 8192), (4096, 8192, 8192),
+               (4096, 8192, 28672), (8192, 8192, 28672), (8192, 8192, 8192)]  # fmt: skip
+
+
+def without_200(m, n, k, sms=132):
+    """[the plan ``config`` picks without the 128 x 200 tile] ("widths": where it takes it)."""
+    keep = dict(H.RATES)
+    del H.RATES[2, 200, 1]
+    try:
+        return [H.config(m, n, k, sms)]
+    finally:
+        H.RATES.clear()
+        H.RATES.update(keep)
 
 
 def copy_bandwidth(nbytes=2**30):
@@ -985,7 +1000,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
             for n, k in BAND_SHAPES:
                 jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *paired_plans(m, n, k)]]
     if "widths" in cases:
-        jobs += [(p, False) for c in WIDTH_CASES for p in [H.config(*c, 132), *WIDTH_PLANS]]
+        jobs += [(p, False) for c in WIDTH_CASES for p in [H.config(*c, 132), *without_200(*c)]]
     if "group" in cases:
         jobs += [(p, False) for s in (4096, 8192) for p in [H.config(s, s, s, 132),
                                                             *group_plans(s, s, s)]]  # fmt: skip
@@ -1080,17 +1095,23 @@ def main() -> None:
                 recs.append(run_case(1, n, k, False, [GEMV], log, f"M=1 {n}x{k}"))
     if "rings" in cases:  # deeper rings, one block a multiprocessor
         over_shapes(ms, ring_plans, RING_SHAPES, "ring ")
-    if "gaps" in cases:  # the kernels' spans and the gaps between back-to-back calls
-        try:
-            kernel_gaps(GAP_CASES)
-        except Exception:  # noqa: BLE001
-            traceback.print_exc()
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
         for m, n, k in PDL_CASES:
             if time.time() - t0 > args.budget:
                 print(f"budget: skipped pdl {m}x{n}x{k}", flush=True)
                 continue
             recs.append(pdl_case(m, n, k, log))
+    if "widths" in cases:  # 128 x 200 where config takes it, against the plan before
+        for m, n, k in WIDTH_CASES:
+            if time.time() - t0 > args.budget:
+                print(f"budget: skipped {m}x{n}x{k}", flush=True)
+                continue
+            recs.append(run_case(m, n, k, False, without_200(m, n, k), log, f"M={m} {n}x{k}"))
+    if "gaps" in cases:  # the kernels' spans and the gaps between back-to-back calls
+        try:
+            kernel_gaps(GAP_CASES)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
     if "once" in cases:  # one call of each at ONCE_CASES (under ncu)
         call_once(ONCE_CASES)
     if "names" in cases:  # which kernels cuBLAS runs where kaio loses most
@@ -1112,9 +1133,6 @@ def main() -> None:
             recs.append(run_case(size, size, size, False, plans, log))
     if "paired" in cases:  # the routed plans in clusters of two sharing B, the slow bands
         over_shapes(ms, paired_plans, BAND_SHAPES, "paired ")
-    if "widths" in cases:  # 128 x 200 where config's estimate would take it
-        for m, n, k in WIDTH_CASES:
-            recs.append(run_case(m, n, k, False, WIDTH_PLANS, log, f"M={m} {n}x{k}"))
     if "nsroute" in cases:  # the routed plans against those before shared_plan
         over_shapes([m for m in ms if m <= 256], unshared)
     if "ns" in cases:  # two consumer warpgroups on a 64-row tile, half the columns each

@@ -902,6 +902,7 @@ def plan(wg: int, bn: int, cl: int = 1, split: int = 1) -> tuple:
 # to 0.95 of the same tile alone), so none is routed.
 RATES = {
     (2, 128, 1): 0.90,
+    (2, 200, 1): 0.962,  # (fills 8192 columns and 20 waves: fp8 round A, 2026-11-27)
     (2, 160, 1): 0.934,
     (2, 192, 1): 0.96,
     (2, 208, 1): 0.964,

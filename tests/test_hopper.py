@@ -1084,7 +1084,7 @@ def test_gpu_dependent_launches_see_the_writes_before(backend):
     grid_dependency_wait, counts up exactly; so does a chain replayed from a call plan."""
     from kaio.runtime import plan as call_plans
 
-    kernel = _on_backend(dependent_step, None, backend)
+    kernel = _on_backend(dependent_step, 128, backend)
     n = 1 << 20
     a = kaio.to_device(np.zeros(n, np.float32))
     b = kaio.to_device(np.full(n, np.nan, np.float32))
