@@ -503,8 +503,9 @@ GAP_CASES = [(128, 4096, 4096), (8, 4096, 4096)]
 
 
 def with_pdl(pdl: int):
-    """The routed ``matmul_fp8`` with its wgmma kernel launched with (1) or without (0)
-    programmatic dependent launch (``_fp8_hopper.PDL``), unplanned (another ``H.config``:
+    """The routed ``matmul_fp8`` with its wgmma kernel launched with (1, 2: the kernel after
+    it let launch at once, or once its blocks exit) or without (0) programmatic dependent
+    launch (``_fp8_hopper.PDL``), unplanned (another ``H.config``:
     a call plan keeps the launch it was made with)."""
 
     def run(a, b, sa, sb):
@@ -518,9 +519,9 @@ def with_pdl(pdl: int):
     return run
 
 
-PDL_CASES = [(4096, 4096, 4096), (128, 4096, 4096), (8, 4096, 4096), (1, 4096, 4096),
-             (256, 6144, 4096), (32, 4096, 4096), (128, 4096, 14336), (1024, 4096, 4096),
-             (8192, 8192, 8192)]  # fmt: skip
+PDL_CASES = [(4096, 4096, 4096), (128, 4096, 4096), (8, 4096, 4096), (8192, 8192, 8192),
+             (256, 6144, 4096), (32, 4096, 4096), (1024, 4096, 4096), (2048, 4096, 4096),
+             (512, 28672, 4096), (16, 8192, 28672), (64, 10240, 8192)]  # fmt: skip
 
 
 def pdl_case(m, n, k, log) -> dict:
@@ -531,7 +532,7 @@ def pdl_case(m, n, k, log) -> dict:
     sets = operands(m, n, k, False, max(1, min(8, math.ceil(3 * L2 / nbytes))))
     ref = scaled_mm(*sets[0]).float()
     fns = {"cublas": scaled_mm, "pick": with_plan(None), "pdl0": with_pdl(0),
-           "pdl1": with_pdl(1)}  # fmt: skip
+           "pdl1": with_pdl(1), "pdl2": with_pdl(2)}  # fmt: skip
     rec = {"case": f"pdl {m}x{n}x{k}", "m": m, "n": n, "k": k, "plan": list(H.config(m, n, k, 132))}
     for name, fn in fns.items():
         got = fn(*sets[0]).float()
@@ -544,7 +545,7 @@ def pdl_case(m, n, k, log) -> dict:
     log.flush()
     print(f"{rec['case']:>22} {rec['plan']} cuBLAS {ms['cublas'] * 1e3:7.1f} us | "
           + " | ".join(f"{nm} {rec[nm]['us']:7.1f} us {rec[nm]['x']:.3f}x err {rec[nm]['err']:.0e}"
-                       for nm in ("pick", "pdl0", "pdl1")), flush=True)  # fmt: skip
+                       for nm in ("pick", "pdl0", "pdl1", "pdl2")), flush=True)  # fmt: skip
     del sets
     torch.cuda.empty_cache()
     return rec
@@ -994,7 +995,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                                                            *SQUARE_PLANS[s]]]  # fmt: skip
     if "gaps" in cases or "pdl" in cases:  # (each with and without PDL: _warm_pdl)
         cs = set(GAP_CASES) | (set(PDL_CASES) if "pdl" in cases else set())
-        jobs += [(H.config(*c, 132), False, min(c[0], 256), p) for c in cs for p in (0, 1)]
+        jobs += [(H.config(*c, 132), False, min(c[0], 256), p) for c in cs for p in (0, 1, 2)]
     if "paired" in cases:
         for m in ms:
             for n, k in BAND_SHAPES:
@@ -1193,7 +1194,7 @@ def main() -> None:
     for m in sorted({r["m"] for r in recs}):
         got = [r["pick"]["x"] for r in recs if r["m"] == m and "x" in r.get("pick", {})]
         best = [r[r["best"]]["x"] for r in recs if r["m"] == m and r.get("best")]
-        if got:
+        if got and best:
             span = f"{min(best):.2f}..{max(best):.2f}x"
             print(f"M={m}: pick {min(got):.2f}..{max(got):.2f}x, best {span}")
     if xs:
