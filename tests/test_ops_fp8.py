@@ -629,7 +629,9 @@ def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, split, promote, vec, monkeypatch)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("vec", [2, 3])
-@pytest.mark.parametrize("wg, bn, split", [(2, 208, 1), (2, 192, 3), (2, 256, 1), (1, 64, 1)])
+@pytest.mark.parametrize(
+    "wg, bn, split", [(2, 208, 1), (2, 192, 3), (2, 256, 1), (1, 64, 1), (2, 200, 1)]
+)
 def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch):
     """The epilogue through shared memory (``VEC`` 2: each warp's 16 rows copied out a row by
     a bulk copy, the last column tile partial; 3: the copies waited for at the warp's next
@@ -721,6 +723,7 @@ def test_routed_decode_gpu_bit_identical(m, n, k):
         (2, 208, 5, 7, 1),
         (2, 192, 5, 7, 1),
         (2, 208, 4, 1, 3),
+        (2, 200, 4, 1, 3),
         (2, 128, 6, 2, 3, 2),
         (2, 64, 14, 2, 1, 1, 1, 1, 0, 0, 8, 1),
     ],  # fmt: skip
