@@ -30,7 +30,10 @@ swapped, C^T = B^T A^T (cuBLAS's decode layout, its ``64x8`` tiles): the weights
 that are not there; the same kernel (both operands K-major), the tensor maps and M, N
 exchanged by ``launch``, the tiles of C^T stored transposed (``store_transposed``: lanes
 trading values so that each stores two adjacent columns of C). ``swap_config`` routes them
-up to ``SWAP_M`` rows.
+up to ``SWAP_M`` rows. ``PDL``: the unswapped kernel is launched with programmatic dependent
+launch (``programmatic``): it is placed and set up while the kernel before it ends, and
+waits for that kernel's writes (``kaio.grid_dependency_wait``) before it touches global
+memory.
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -721,10 +724,9 @@ def matmul_fp8_wgmma(
     ``tb`` A [m, K], the kernel's ``m`` is N and ``n`` is M, its tiles are of C^T, stored
     transposed (``store_transposed``). ``NS`` (two consumer warpgroups): 64 x BN tiles, the
     warpgroups sharing the rows, each multiplying half the columns (``CW``). ``PDL``:
-    launched with programmatic stream serialization, its set-up overlapping the end of the
-    kernel before it, every thread waiting for that kernel's writes before any global
-    access (``kaio.grid_dependency_wait``); 1: and the kernel after it let launch at once
-    (2: once this one's blocks have exited)."""
+    launched with programmatic stream serialization (``programmatic``), its launch and
+    set-up overlapping the end of the kernel before it, every thread waiting for that
+    kernel's writes before any global access (``kaio.grid_dependency_wait``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
@@ -768,8 +770,6 @@ def matmul_fp8_wgmma(
     if CL == 2:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
     if PDL:  # (no global memory touched above)
-        if PDL == 1:
-            kaio.launch_dependents()
         kaio.grid_dependency_wait()
     acc = kaio.local(f32, (CW // 8, 2, 2))  # the tile's f32 sums
     # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3 and
@@ -944,7 +944,19 @@ def estimate(m: int, n: int, k: int, sms: int, wg: int, bn: int, cl: int) -> tup
     return best
 
 
-PDL = 0  # matmul_fp8_wgmma launched with programmatic dependent launch (its PDL)
+PDL = None  # matmul_fp8_wgmma's PDL: None, programmatic's; 0 or 1 forced (bench/fp8_plans.py)
+
+
+def programmatic(swap: int) -> int:
+    """Whether ``matmul_fp8_wgmma`` is launched with programmatic dependent launch (its
+    ``PDL``): its launch and set-up then overlap the end of the kernel before it, 1 to 1.6
+    µs a call (H100, bench/fp8_plans.py --cases pdl, docs/performance.md: 128 x 4096 x 4096
+    0.86x -> 0.94x of cuBLAS, 4096^3 1.00x -> 1.02x). Not for the swapped decode tiles: at
+    32 rows (two blocks a multiprocessor, beside the next kernel's) one round ran them 10
+    times slower."""
+    return 0 if swap else 1
+
+
 SWAP_M = 32  # a's rows up to which the swapped tiles run (swap_config; one row: _fp8_decode)
 SWAP_OCC = 2  # swapped blocks a multiprocessor
 
@@ -1092,7 +1104,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
-        SWAP=int(bool(swap)), NS=ns, PDL=PDL,
+        SWAP=int(bool(swap)), NS=ns, PDL=programmatic(swap) if PDL is None else PDL,
     )  # fmt: skip
     if vec >= 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
@@ -1160,11 +1172,11 @@ def specializations():
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
-                                 else 64 * wg, "SWAP": 0, "NS": 0, "PDL": i % 3}  # fmt: skip
+                                 else 64 * wg, "SWAP": 0, "NS": 0, "PDL": i % 2}  # fmt: skip
     shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
                 "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0,
-                "NS": 0, "PDL": PDL}  # fmt: skip
+                "NS": 0, "PDL": 1}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
     yield (
         matmul_fp8_wgmma,
@@ -1173,7 +1185,7 @@ def specializations():
     yield (
         matmul_fp8_wgmma,
         {**shared_c, "WG": 1, "BN": 8, "STAGES": 25, "PROMOTE": 2, "VEC": 1, "SPLIT": 3,
-         "AR": 64, "SWAP": 1, "FP8": e5m2, "DT": f16},
+         "AR": 64, "SWAP": 1, "FP8": e5m2, "DT": f16, "PDL": 0},
     )  # (swapped: C^T = B^T A^T, stored transposed)  # fmt: skip
     yield (
         matmul_fp8_wgmma,
