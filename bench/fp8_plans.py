@@ -14,7 +14,8 @@ the squares; ``carry`` (``carrysq``: the squares only) the routed tiles with the
 first slice carried over the epilogue; ``midsplit`` wide tiles split along K at 128 and 256
 rows; ``sweep``, ``sweepnew``, ``sweepwide``, ``sweepfinal``: the M sweep over the
 Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) or
-``final_plans``' alternatives (``pick``: none from ``plans_for``); ``decgrid`` the decode
+``final_plans``' alternatives (``pick``: none from ``plans_for``; ``sweepbefore``: the
+routing before this branch, ``BEFORE``); ``decgrid`` the decode
 plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the weight-read
 floor (``copy_bandwidth``); ``bands`` ``band_plans`` at ``BAND_SHAPES`` (``allshapes``: the
 8), ``names`` the kernels cuBLAS and kaio launch there, ``rings`` ``ring_plans`` at
@@ -177,7 +178,8 @@ REGS = [  # plans that need the setmaxnreg registers (FP8_PLANS_PTXAS=1 --cases 
 def with_plan(plan, out_dtype=None):
     """matmul_fp8 forced onto ``plan`` (None: the op's own choice; a plan also at the rows
     that ``_fp8_decode`` takes, its limits set to 0 meanwhile; ``GEMV``: ``gemv_fp8`` up to
-    ``MOST_M`` rows)."""
+    ``MOST_M`` rows; ``BEFORE``: the routing before this branch, ``without_200``'s plan and
+    no programmatic dependent launch)."""
 
     def run(a, b, sa, sb):
         return kaio_ops.matmul_fp8(a, b, sa, sb, out_dtype=out_dtype)
@@ -186,23 +188,26 @@ def with_plan(plan, out_dtype=None):
         return run
 
     def forced(a, b, sa, sb):
-        keep = H.config, D.MAX_M, D.SM90_MAX_M
+        keep = H.config, D.MAX_M, D.SM90_MAX_M, H.PDL
         if plan == GEMV:  # gemv_fp8 at the rows it takes anywhere (unplanned: another
             D.SM90_MAX_M = D.MOST_M  # H.config, so that no call plan of the op's is used)
             H.config = lambda *args: keep[0](*args)
+        elif plan == BEFORE:  # (unplanned too)
+            H.config, H.PDL = (lambda *args: without_200(*args)[0]), 0
         else:
             H.config = lambda *args: tuple(plan)
             D.MAX_M = D.SM90_MAX_M = 0
         try:
             return run(a, b, sa, sb)
         finally:
-            H.config, D.MAX_M, D.SM90_MAX_M = keep
+            H.config, D.MAX_M, D.SM90_MAX_M, H.PDL = keep
 
     return forced
 
 
 ROUTED_PDL = H.PDL  # (_warm sets H.PDL for a job, and back)
 GEMV = "gemv"  # the plan name of _fp8_decode's kernel (with_plan)
+BEFORE = "before"  # the plan name of the routing before this branch (with_plan)
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
@@ -744,8 +749,8 @@ def split_plans(m, n, k, sms=132):
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
     FUSE, SWAP, GROUP); ``GEMV`` as it is."""
-    if plan == GEMV:
-        return (GEMV,)
+    if plan in (GEMV, BEFORE):
+        return (plan,)
     return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS)[len(plan) - 5 :])
 
 
@@ -760,7 +765,8 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     for plan in [None, *plans]:
         if plan is not None and full_plan(plan) == full_plan(rec["pick_plan"]):
             continue  # timed as "pick"
-        name = "pick" if plan is None else plan if plan == GEMV else "/".join(map(str, plan))
+        named = plan in (GEMV, BEFORE)
+        name = "pick" if plan is None else plan if named else "/".join(map(str, plan))
         _plan.clear()
         fn = with_plan(plan)
         try:
@@ -776,7 +782,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     best = None
     for name, t in ms.items():
         rec[name].update(us=t * 1e3, x=rec["cublas_us"] / (t * 1e3))
-        plan = name if name in ("pick", GEMV) else tuple(int(x) for x in name.split("/"))
+        plan = name if name in ("pick", GEMV, BEFORE) else tuple(int(x) for x in name.split("/"))
         if rec[name]["err"] < 1e-2 and plan not in NOT_SHIPPED:
             if best is None or t * 1e3 < rec[best]["us"]:
                 best = name
@@ -998,6 +1004,11 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         for m in ms:
             for n, k in BAND_SHAPES:
                 jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *paired_plans(m, n, k)]]
+    if "sweepbefore" in cases:  # the routing before this branch: no PDL
+        for m in ms:
+            for n, k in shapes:
+                if m > H.SWAP_M:
+                    jobs.append((without_200(m, n, k)[0], False, min(m, 256), 0))
     if "widths" in cases:
         jobs += [(p, False) for c in WIDTH_CASES for p in [H.config(*c, 132), *without_200(*c)]]
     if "group" in cases:
@@ -1177,13 +1188,15 @@ def main() -> None:
         over_shapes(ms, swap_plans)
     if "sweepdef" in cases:  # the routed plans against their epilogue drained later
         over_shapes(ms, deferred_plans)
-    if any(c in cases for c in ("sweep", "sweepnew", "sweepwide", "sweepfinal")):
+    if any(c in cases for c in ("sweep", "sweepnew", "sweepwide", "sweepfinal", "sweepbefore")):
 
         def sweep_plans(m: int, n: int, k: int) -> list:
             if "sweepfinal" in cases:
                 return final_plans(m, n, k)
             if "sweepwide" in cases:
                 return with_splits(SWEEP_WIDE, m, n, k)
+            if "sweepbefore" in cases:
+                return [BEFORE]
             return [] if "pick" in cases else plans_for(m, n, "sweepnew" in cases)
 
         over_shapes(ms, sweep_plans)

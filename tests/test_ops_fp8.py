@@ -499,8 +499,9 @@ def test_ptx_assembles(arch, fmt, dt):
 @needs_ptxas
 def test_hopper_kernel_assembles_for_sm_90a():
     """The tile shapes the sm_90 kernel ships and a cluster of two (a covering subset,
-    ``tests.harness.covering``) through ptxas: the fp8 wgmma of each width, no spills (the
-    consumers' registers raised by setmaxnreg)."""
+    ``tests.harness.covering``) through ptxas: the fp8 wgmma of each width, the grid
+    dependency wait where launched with programmatic dependent launch (``PDL``), no spills
+    (the consumers' registers raised by setmaxnreg)."""
     from kaio_ops import _fp8_hopper
 
     cases = list(_fp8_hopper.specializations())
@@ -515,6 +516,7 @@ def test_hopper_kernel_assembles_for_sm_90a():
         halves = constexprs["PROMOTE"] in (3, 5) or constexprs.get("NS")  # (or a warpgroup's)
         width = constexprs["BN"] // (2 if halves else 1)
         assert f"wgmma.mma_async.sync.aligned.m64n{width}k32.f32.{fp8}" in ptx
+        assert ("griddepcontrol.wait;" in ptx) == bool(constexprs["PDL"])
         assert " 0 bytes spill stores" in assemble(ptx, "sm_90a")
 
 
