@@ -837,3 +837,30 @@ def test_dependent_launch_chain_gpu(m, monkeypatch):
         ap = torch.cat([a, torch.zeros(pad, 4096, device="cuda").to(a.dtype)])
         want = torch._scaled_mm(ap, wq.t(), sa, sw, out_dtype=torch.bfloat16)[:m]
         assert torch.equal(x1, want)
+
+
+@pytest.mark.gpu
+def test_dependent_launch_in_a_cuda_graph():
+    """The routed kernel at 128 x 4096 x 4096 (launched with programmatic dependent launch)
+    captured in a CUDA graph behind the kernels that quantize its input, replayed on new
+    input: the bits of the same calls made eagerly."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    torch.manual_seed(3)
+    wq, sw = kaio_ops.quantize_fp8(torch.randn(4096, 4096, device="cuda") * 0.02)
+    x = torch.randn(128, 4096, device="cuda")
+
+    def step():
+        a, sa = kaio_ops.quantize_fp8(x)
+        return kaio_ops.matmul_fp8(a, wq.t(), sa, sw)
+
+    step()  # (compiled and planned outside the capture)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    x.copy_(torch.randn(128, 4096, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, step())
