@@ -193,7 +193,7 @@ def with_plan(plan, out_dtype=None):
             D.SM90_MAX_M = D.MOST_M  # H.config, so that no call plan of the op's is used)
             H.config = lambda *args: keep[0](*args)
         elif plan == BEFORE:  # (unplanned too)
-            H.config, H.PDL = (lambda *args: without_200(*args)[0]), 0
+            H.config, H.PDL = (lambda *args: without_200(*args, config=keep[0])[0]), 0
         else:
             H.config = lambda *args: tuple(plan)
             D.MAX_M = D.SM90_MAX_M = 0
@@ -680,12 +680,13 @@ WIDTH_CASES = [(512, 57344, 8192), (1024, 28672, 4096), (2048, 8192, 8192), (204
                (4096, 8192, 28672), (8192, 8192, 28672), (8192, 8192, 8192)]  # fmt: skip
 
 
-def without_200(m, n, k, sms=132):
-    """[the plan ``config`` picks without the 128 x 200 tile] ("widths": where it takes it)."""
+def without_200(m, n, k, sms=132, config=None):
+    """[the plan ``config`` (default ``H.config``) picks without the 128 x 200 tile]
+    ("widths": where it takes it)."""
     keep = dict(H.RATES)
     del H.RATES[2, 200, 1]
     try:
-        return [H.config(m, n, k, sms)]
+        return [(config or H.config)(m, n, k, sms)]
     finally:
         H.RATES.clear()
         H.RATES.update(keep)
