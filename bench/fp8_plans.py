@@ -14,17 +14,21 @@ the squares; ``carry`` (``carrysq``: the squares only) the routed tiles with the
 first slice carried over the epilogue; ``midsplit`` wide tiles split along K at 128 and 256
 rows; ``sweep``, ``sweepnew``, ``sweepwide``, ``sweepfinal``: the M sweep over the
 Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) or
-``final_plans``' alternatives (``pick``: none from ``plans_for``); ``decgrid`` the decode
+``final_plans``' alternatives (``pick``: none from ``plans_for``; ``sweepbefore``: the
+routing before this branch, ``BEFORE``); ``decgrid`` the decode
 plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the weight-read
 floor (``copy_bandwidth``); ``bands`` ``band_plans`` at ``BAND_SHAPES`` (``allshapes``: the
 8), ``names`` the kernels cuBLAS and kaio launch there, ``rings`` ``ring_plans`` at
 ``RING_SHAPES``, ``one`` one row at the 8 shapes against ``gemv_fp8``, ``clk`` the 128 x 208
 tile alone and in clusters of two with each epilogue at K = 1024 and 2048, ``squares``
-``SQUARE_PLANS`` at 4096^3 and 8192^3, ``ns`` ``ns_plans`` (two consumer warpgroups on a
-64-row tile) up to 256 rows, ``nsroute`` the routed plans against ``unshared``'s, ``once``
-one call of cuBLAS and kaio at ``ONCE_CASES`` (for ncu). Writes ``DIR/fp8_plans.jsonl`` (one
-line per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds
-have passed."""
+``SQUARE_PLANS`` at 4096^3 and 8192^3, ``widths`` ``without_200`` at ``WIDTH_CASES``,
+``paired`` ``paired_plans`` at ``BAND_SHAPES``, ``ns`` ``ns_plans`` (two consumer
+warpgroups on a 64-row tile) up to 256 rows, ``nsroute`` the routed plans against
+``unshared``'s, ``once`` one call of cuBLAS and kaio at ``ONCE_CASES`` (for ncu), ``gaps``
+the kernels' spans and gaps at ``GAP_CASES``, ``pdl`` the routed plans with and without
+programmatic dependent launch at ``PDL_CASES``. Writes ``DIR/fp8_plans.jsonl`` (one line
+per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds have
+passed."""
 
 from __future__ import annotations
 
@@ -174,7 +178,8 @@ REGS = [  # plans that need the setmaxnreg registers (FP8_PLANS_PTXAS=1 --cases 
 def with_plan(plan, out_dtype=None):
     """matmul_fp8 forced onto ``plan`` (None: the op's own choice; a plan also at the rows
     that ``_fp8_decode`` takes, its limits set to 0 meanwhile; ``GEMV``: ``gemv_fp8`` up to
-    ``MOST_M`` rows)."""
+    ``MOST_M`` rows; ``BEFORE``: the routing before this branch, ``without_200``'s plan and
+    no programmatic dependent launch)."""
 
     def run(a, b, sa, sb):
         return kaio_ops.matmul_fp8(a, b, sa, sb, out_dtype=out_dtype)
@@ -183,22 +188,26 @@ def with_plan(plan, out_dtype=None):
         return run
 
     def forced(a, b, sa, sb):
-        keep = H.config, D.MAX_M, D.SM90_MAX_M
+        keep = H.config, D.MAX_M, D.SM90_MAX_M, H.PDL
         if plan == GEMV:  # gemv_fp8 at the rows it takes anywhere (unplanned: another
             D.SM90_MAX_M = D.MOST_M  # H.config, so that no call plan of the op's is used)
             H.config = lambda *args: keep[0](*args)
+        elif plan == BEFORE:  # (unplanned too)
+            H.config, H.PDL = (lambda *args: without_200(*args, config=keep[0])[0]), 0
         else:
             H.config = lambda *args: tuple(plan)
             D.MAX_M = D.SM90_MAX_M = 0
         try:
             return run(a, b, sa, sb)
         finally:
-            H.config, D.MAX_M, D.SM90_MAX_M = keep
+            H.config, D.MAX_M, D.SM90_MAX_M, H.PDL = keep
 
     return forced
 
 
+ROUTED_PDL = H.PDL  # (_warm sets H.PDL for a job, and back)
 GEMV = "gemv"  # the plan name of _fp8_decode's kernel (with_plan)
+BEFORE = "before"  # the plan name of the routing before this branch (with_plan)
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
@@ -296,7 +305,13 @@ def deferred_plans(m, n, k, sms=132):
 
 EPIQ_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 4096, 1024), (4096, 4096, 16384),
                (8192, 4096, 14336), (2048, 28672, 4096)]  # fmt: skip
-NOT_SHIPPED = ((2, 256, 4, 0, 1), (1, 64, 12, 0, 1), (2, 128, 7, 0, 1))  # no promotion
+NOT_SHIPPED = (
+    (2, 256, 4, 0, 1),
+    (1, 64, 12, 0, 1),
+    (2, 128, 7, 0, 1),
+    (2, 208, 4, 0, 3),
+    (2, 192, 4, 0, 3),
+)  # no promotion
 
 
 def fitted_bn(n, sms, most=224):
@@ -489,6 +504,91 @@ def kernel_names(cases, deadline=math.inf) -> None:
                   + "; ".join(f"{nm[:110]} {t:.1f}us" for nm, t in ks), flush=True)  # fmt: skip
 
 
+GAP_CASES = [(128, 4096, 4096), (8, 4096, 4096)]
+
+
+def with_pdl(pdl: int):
+    """The routed ``matmul_fp8`` with its wgmma kernel launched with (1) or without (0)
+    programmatic dependent launch (``_fp8_hopper.PDL``), unplanned (another ``H.config``:
+    a call plan keeps the launch it was made with)."""
+
+    def run(a, b, sa, sb):
+        keep = H.config, H.PDL
+        H.config, H.PDL = (lambda *args: keep[0](*args)), pdl
+        try:
+            return kaio_ops.matmul_fp8(a, b, sa, sb)
+        finally:
+            H.config, H.PDL = keep
+
+    return run
+
+
+PDL_CASES = [(4096, 4096, 4096), (8192, 8192, 8192), (128, 4096, 4096), (256, 6144, 4096),
+             (1024, 4096, 4096), (2048, 4096, 4096), (64, 10240, 8192),
+             (32, 4096, 4096)]  # fmt: skip
+
+
+def pdl_case(m, n, k, log) -> dict:
+    """cuBLAS, the routed plan (its call plan) and the routed plan unplanned without and with
+    programmatic dependent launch (``with_pdl``), each checked against cuBLAS, timed in the
+    same interleaved rounds."""
+    nbytes = m * k + k * n + 2 * m * n
+    sets = operands(m, n, k, False, max(1, min(8, math.ceil(3 * L2 / nbytes))))
+    ref = scaled_mm(*sets[0]).float()
+    fns = {"cublas": scaled_mm, "pick": with_plan(None), "pdl0": with_pdl(0),
+           "pdl1": with_pdl(1)}  # fmt: skip
+    rec = {"case": f"pdl {m}x{n}x{k}", "m": m, "n": n, "k": k, "plan": list(H.config(m, n, k, 132))}
+    for name, fn in fns.items():
+        got = fn(*sets[0]).float()
+        rec[name] = {"err": ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()}
+    ms = time_all(fns, sets)
+    for name, t in ms.items():
+        rec[name].update(us=t * 1e3, x=ms["cublas"] / t)
+    rec["gpu"] = torch.cuda.get_device_name()
+    log.write(json.dumps(rec) + "\n")
+    log.flush()
+    print(f"{rec['case']:>22} {rec['plan']} cuBLAS {ms['cublas'] * 1e3:7.1f} us | "
+          + " | ".join(f"{nm} {rec[nm]['us']:7.1f} us {rec[nm]['x']:.3f}x err {rec[nm]['err']:.0e}"
+                       for nm in ("pick", "pdl0", "pdl1")), flush=True)  # fmt: skip
+    del sets
+    torch.cuda.empty_cache()
+    return rec
+
+
+def kernel_gaps(cases, calls: int = 6) -> None:
+    """Each kernel's span and the gap from the kernel before (negative: the two overlapped,
+    as programmatic dependent launch allows) of ``calls`` back-to-back calls of
+    ``torch._scaled_mm`` and of the routed ``matmul_fp8`` at ``cases`` (m, n, k), in the
+    profiler's device timestamps: where the time between kernels goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for m, n, k in cases:
+        sets = operands(m, n, k, False, 2)
+        for name, fn in (("cublas", scaled_mm), ("kaio", with_pdl(0)), ("kaio pdl", with_pdl(1))):
+            for s in sets:
+                fn(*s)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                torch.cuda._sleep(int(3e6))  # (the calls queue up behind a GPU spin)
+                for i in range(calls):
+                    fn(*sets[i % 2])
+                torch.cuda.synchronize()
+            spans = sorted(
+                (e.time_range.start, e.time_range.end, e.name)
+                for e in prof.events()
+                if e.device_type == torch.autograd.DeviceType.CUDA
+                and e.time_range.end > 0
+                and "sleep" not in e.name
+            )
+            t0 = spans[0][0]
+            rows = [f"{s - t0:.1f}+{e - s:.1f}" for s, e, _ in spans]
+            gaps = [spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1)]
+            print(f"gaps M={m} {n}x{k} {name}: {len(spans)} kernels ({spans[0][2][:60]}), "
+                  f"span/call {(spans[-1][1] - t0) / calls:.2f} us, gaps "
+                  + " ".join(f"{g:.2f}" for g in gaps) + " | " + " ".join(rows),
+                  flush=True)  # fmt: skip
+
+
 def group_plans(m, n, k, sms=132, groups=(2, 4, 16)):
     """The routed plan with the tile order grouped ``groups`` tile rows at a time (the
     routed one: ``_matmul_hopper.GROUP_ROWS``)."""
@@ -559,12 +659,38 @@ def ns_plans(m, n, k, sms=132):
     return out + ([(2, 96, H.stages_for(2, 96), 2, 1)] if m > 64 else [])
 
 
+def paired_plans(m, n, k, sms=132):
+    """The routed plan in clusters of two tiles one above the other sharing each B slice
+    (``CL`` 2, multicast; cuBLAS's kernel at 128 rows: 64 x 64 tiles, 384 threads, clusters
+    of two) where it is one block a tile and unswapped, else nothing."""
+    p = full_plan(H.config(m, n, k, sms))
+    if p[5] != 1 or p[6] != 1 or p[7] != 1 or p[9]:
+        return []
+    return [(*p[:5], 2, *p[6:])]
+
+
 SQUARE_PLANS = {  # (the plans "squares" times beside the routed one at 4096^3 and 8192^3:
-    # cuBLAS's 144-column tile, the routed tile with the warpgroups issuing in turn and in
-    # clusters of two, 128 x 128 in clusters of two)
-    4096: [(2, 144, 5, 1, 3), (2, 208, 4, 4, 3), (2, 208, 4, 1, 3, 2), (2, 128, 6, 1, 3, 2)],
-    8192: [(2, 144, 5, 1, 3), (2, 192, 4, 4, 3), (2, 192, 4, 1, 3, 2), (2, 160, 5, 1, 3)],
+    # 128 x 200, whose tiles fill 8192 columns and 20 waves best, 128 x 192 and 208; the
+    # routed tile without promotion, one wgmma sum over K: what the promotion costs, not
+    # shipped)
+    4096: [(2, 200, 4, 1, 3), (2, 192, 4, 1, 3), (2, 208, 4, 0, 3)],
+    8192: [(2, 200, 4, 1, 3), (2, 208, 4, 1, 3), (2, 192, 4, 0, 3)],
 }
+WIDTH_CASES = [(512, 57344, 8192), (1024, 28672, 4096), (2048, 8192, 8192), (2048, 57344, 8192),
+               (2048, 8192, 28672), (4096, 28672, 4096), (4096, 10240, 8192), (4096, 8192, 8192),
+               (4096, 8192, 28672), (8192, 8192, 28672), (8192, 8192, 8192)]  # fmt: skip
+
+
+def without_200(m, n, k, sms=132, config=None):
+    """[the plan ``config`` (default ``H.config``) picks without the 128 x 200 tile]
+    ("widths": where it takes it)."""
+    keep = dict(H.RATES)
+    del H.RATES[2, 200, 1]
+    try:
+        return [(config or H.config)(m, n, k, sms)]
+    finally:
+        H.RATES.clear()
+        H.RATES.update(keep)
 
 
 def copy_bandwidth(nbytes=2**30):
@@ -625,8 +751,8 @@ def split_plans(m, n, k, sms=132):
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
     FUSE, SWAP, GROUP); ``GEMV`` as it is."""
-    if plan == GEMV:
-        return (GEMV,)
+    if plan in (GEMV, BEFORE):
+        return (plan,)
     return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS)[len(plan) - 5 :])
 
 
@@ -641,7 +767,8 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     for plan in [None, *plans]:
         if plan is not None and full_plan(plan) == full_plan(rec["pick_plan"]):
             continue  # timed as "pick"
-        name = "pick" if plan is None else plan if plan == GEMV else "/".join(map(str, plan))
+        named = plan in (GEMV, BEFORE)
+        name = "pick" if plan is None else plan if named else "/".join(map(str, plan))
         _plan.clear()
         fn = with_plan(plan)
         try:
@@ -657,7 +784,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     best = None
     for name, t in ms.items():
         rec[name].update(us=t * 1e3, x=rec["cublas_us"] / (t * 1e3))
-        plan = name if name in ("pick", GEMV) else tuple(int(x) for x in name.split("/"))
+        plan = name if name in ("pick", GEMV, BEFORE) else tuple(int(x) for x in name.split("/"))
         if rec[name]["err"] < 1e-2 and plan not in NOT_SHIPPED:
             if best is None or t * 1e3 < rec[best]["us"]:
                 best = name
@@ -703,7 +830,7 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0)  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -761,10 +888,11 @@ def accuracy(log, k=8192, size=1024) -> None:
 
 def _warm(jobs):
     """Compile (into kaio's disk cache) the specializations of ``jobs``: (plan, rowwise[,
-    m]: the rows, which set a decode tile's A rows copied)."""
+    m[, pdl]]: the rows, which set a decode tile's A rows copied; ``_fp8_hopper.PDL``)."""
     use_ptxas()
     for plan, rowwise, *rows in jobs:
-        (a, b, sa, sb) = operands(*rows or [256], 256, 256, rowwise, 1)[0]
+        (a, b, sa, sb) = operands(*rows[:1] or [256], 256, 256, rowwise, 1)[0]
+        H.PDL = rows[1] if len(rows) > 1 else ROUTED_PDL
         with_plan(plan)(a, b, sa, sb)
         if rows == [1]:  # (gemv_fp8, which a forced plan bypasses)
             with_plan(GEMV)(a, b, sa, sb)
@@ -871,6 +999,20 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "squares" in cases:
         jobs += [(p, False) for s in SQUARE_PLANS for p in [H.config(s, s, s, 132),
                                                            *SQUARE_PLANS[s]]]  # fmt: skip
+    if "gaps" in cases or "pdl" in cases:  # (each with and without PDL: _warm_pdl)
+        cs = set(GAP_CASES) | (set(PDL_CASES) if "pdl" in cases else set())
+        jobs += [(H.config(*c, 132), False, min(c[0], 256), p) for c in cs for p in (0, 1)]
+    if "paired" in cases:
+        for m in ms:
+            for n, k in BAND_SHAPES:
+                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *paired_plans(m, n, k)]]
+    if "sweepbefore" in cases:  # the routing before this branch: no PDL
+        for m in ms:
+            for n, k in shapes:
+                if m > H.SWAP_M:
+                    jobs.append((without_200(m, n, k)[0], False, min(m, 256), 0))
+    if "widths" in cases:
+        jobs += [(p, False) for c in WIDTH_CASES for p in [H.config(*c, 132), *without_200(*c)]]
     if "group" in cases:
         jobs += [(p, False) for s in (4096, 8192) for p in [H.config(s, s, s, 132),
                                                             *group_plans(s, s, s)]]  # fmt: skip
@@ -965,6 +1107,23 @@ def main() -> None:
                 recs.append(run_case(1, n, k, False, [GEMV], log, f"M=1 {n}x{k}"))
     if "rings" in cases:  # deeper rings, one block a multiprocessor
         over_shapes(ms, ring_plans, RING_SHAPES, "ring ")
+    if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
+        for m, n, k in PDL_CASES:
+            if time.time() - t0 > args.budget:
+                print(f"budget: skipped pdl {m}x{n}x{k}", flush=True)
+                continue
+            recs.append(pdl_case(m, n, k, log))
+    if "widths" in cases:  # 128 x 200 where config takes it, against the plan before
+        for m, n, k in WIDTH_CASES:
+            if time.time() - t0 > args.budget:
+                print(f"budget: skipped {m}x{n}x{k}", flush=True)
+                continue
+            recs.append(run_case(m, n, k, False, without_200(m, n, k), log, f"M={m} {n}x{k}"))
+    if "gaps" in cases:  # the kernels' spans and the gaps between back-to-back calls
+        try:
+            kernel_gaps(GAP_CASES)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
     if "once" in cases:  # one call of each at ONCE_CASES (under ncu)
         call_once(ONCE_CASES)
     if "names" in cases:  # which kernels cuBLAS runs where kaio loses most
@@ -984,6 +1143,8 @@ def main() -> None:
     if "squares" in cases:  # cuBLAS's tile width, clusters of two at the squares
         for size, plans in SQUARE_PLANS.items():
             recs.append(run_case(size, size, size, False, plans, log))
+    if "paired" in cases:  # the routed plans in clusters of two sharing B, the slow bands
+        over_shapes(ms, paired_plans, BAND_SHAPES, "paired ")
     if "nsroute" in cases:  # the routed plans against those before shared_plan
         over_shapes([m for m in ms if m <= 256], unshared)
     if "ns" in cases:  # two consumer warpgroups on a 64-row tile, half the columns each
@@ -1029,13 +1190,15 @@ def main() -> None:
         over_shapes(ms, swap_plans)
     if "sweepdef" in cases:  # the routed plans against their epilogue drained later
         over_shapes(ms, deferred_plans)
-    if any(c in cases for c in ("sweep", "sweepnew", "sweepwide", "sweepfinal")):
+    if any(c in cases for c in ("sweep", "sweepnew", "sweepwide", "sweepfinal", "sweepbefore")):
 
         def sweep_plans(m: int, n: int, k: int) -> list:
             if "sweepfinal" in cases:
                 return final_plans(m, n, k)
             if "sweepwide" in cases:
                 return with_splits(SWEEP_WIDE, m, n, k)
+            if "sweepbefore" in cases:
+                return [BEFORE]
             return [] if "pick" in cases else plans_for(m, n, "sweepnew" in cases)
 
         over_shapes(ms, sweep_plans)
@@ -1044,7 +1207,7 @@ def main() -> None:
     for m in sorted({r["m"] for r in recs}):
         got = [r["pick"]["x"] for r in recs if r["m"] == m and "x" in r.get("pick", {})]
         best = [r[r["best"]]["x"] for r in recs if r["m"] == m and r.get("best")]
-        if got:
+        if got and best:
             span = f"{min(best):.2f}..{max(best):.2f}x"
             print(f"M={m}: pick {min(got):.2f}..{max(got):.2f}x, best {span}")
     if xs:

@@ -551,6 +551,24 @@ _define(
     _cluster_rank,
 )
 _define(
+    "grid_dependency_wait",
+    "grid_dependency_wait(): wait until the grids this kernel's launch depends on (the "
+    "kernel before it in the stream) have completed and their memory writes are visible "
+    "(griddepcontrol.wait). A kernel that calls it is launched with programmatic stream "
+    "serialization: it may start, and run what comes before this call, while the kernel "
+    "before it finishes, so nothing before the call may read what that kernel writes or "
+    "write what it reads. sm_90.",
+    _fixed("griddep_wait", "grid_dependency_wait"),
+)
+_define(
+    "launch_dependents",
+    "launch_dependents(): let the kernel after this one in the stream, when it calls "
+    "grid_dependency_wait(), launch once every block of this grid has called this or "
+    "exited (griddepcontrol.launch_dependents; without it, once every block has exited). "
+    "Its wait still waits for this whole grid. sm_90.",
+    _fixed("griddep_launch", "launch_dependents"),
+)
+_define(
     "cluster_sync",
     "cluster_sync(): barrier for every thread of every block of the cluster; shared-memory "
     "writes before it are visible to cluster_load() after it (barrier.cluster.arrive and "

@@ -30,7 +30,10 @@ swapped, C^T = B^T A^T (cuBLAS's decode layout, its ``64x8`` tiles): the weights
 that are not there; the same kernel (both operands K-major), the tensor maps and M, N
 exchanged by ``launch``, the tiles of C^T stored transposed (``store_transposed``: lanes
 trading values so that each stores two adjacent columns of C). ``swap_config`` routes them
-up to ``SWAP_M`` rows.
+up to ``SWAP_M`` rows. ``PDL``: the unswapped kernel is launched with programmatic dependent
+launch (``programmatic``): it is placed and set up while the kernel before it ends, and
+waits for that kernel's writes (``kaio.grid_dependency_wait``) before it touches global
+memory.
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -708,7 +711,7 @@ def matmul_fp8_wgmma(
     STAGES: kaio.constexpr, PROMOTE: kaio.constexpr, GROUP: kaio.constexpr,
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
-    AR: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr,
+    AR: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr, PDL: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -720,7 +723,10 @@ def matmul_fp8_wgmma(
     in ``cnt``). ``SWAP``: the roles swapped (``swap_plan``): ``ta`` maps B^T [n, K] and
     ``tb`` A [m, K], the kernel's ``m`` is N and ``n`` is M, its tiles are of C^T, stored
     transposed (``store_transposed``). ``NS`` (two consumer warpgroups): 64 x BN tiles, the
-    warpgroups sharing the rows, each multiplying half the columns (``CW``)."""
+    warpgroups sharing the rows, each multiplying half the columns (``CW``). ``PDL``:
+    launched with programmatic stream serialization (``programmatic``), its launch and
+    set-up overlapping the end of the kernel before it, every thread waiting for that
+    kernel's writes before any global access (``kaio.grid_dependency_wait``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
@@ -734,10 +740,11 @@ def matmul_fp8_wgmma(
     sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), A_BYTES)
     bars = kaio.shared_dynamic(u64, (2, STAGES), A_BYTES + STAGES * BK * BN * 2)
     turn = kaio.shared_dynamic(u64, (2,), A_BYTES + STAGES * (BK * BN * 2 + 16))
-    # VEC 2, 3: each consumer warp's 16 rows of C on their way out (rows padded by 16 bytes)
+    # VEC 2, 3: each consumer warp's 16 rows of C on their way out (rows padded by 16
+    # bytes, 32 where BN is an odd multiple of 8: ebuf_row)
     on = VEC >= 2  # (else a stub of 8 values)
     ebuf = kaio.shared_dynamic(
-        DT, (1 + (WG * 4 - 1) * on, 1 + 15 * on, 8 + BN * on),
+        DT, (1 + (WG * 4 - 1) * on, 1 + 15 * on, 8 + (BN + 8 * (BN % 16 != 0)) * on),
         A_BYTES + STAGES * (BK * BN * 2 + 16) + 16,
     )  # fmt: skip
     t = kaio.thread_idx_x()
@@ -762,6 +769,8 @@ def matmul_fp8_wgmma(
     init_ring(bars, t, STAGES, WG * CL)  # "free": lane 0 of each consumer warpgroup (of both)
     if CL == 2:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
+    if PDL:  # (no global memory touched above)
+        kaio.grid_dependency_wait()
     acc = kaio.local(f32, (CW // 8, 2, 2))  # the tile's f32 sums
     # the slice sums (module docstring): two sets for PROMOTE 2, half the width for 3 and
     # 5 (two halves for 5)
@@ -832,6 +841,14 @@ def a_stage_rows(wg: int, cl: int, ar: int) -> int:
     return ar if wg == 1 and cl == 1 and ar < 64 else 64 * wg
 
 
+def ebuf_row(bn: int) -> int:
+    """The 16-bit values a row of a consumer warp's epilogue buffer holds (``VEC`` 2, 3):
+    the tile's ``bn`` and a pad that keeps the rows' 4-byte stores (8 rows, 4 lanes a row)
+    on 32 different banks: 8 values where ``bn`` is a multiple of 16, else 16 (a row of
+    ``bn + 8`` would be a multiple of 8 words: two rows on each bank)."""
+    return bn + 8 + 8 * (bn % 16 != 0)
+
+
 def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64, ns: int = 0) -> int:
     """The dynamic shared memory of a ``64 * wg x bn`` tile ring of ``stages`` (8-bit
     operands, 128 values of K a stage; A stages of ``a_stage_rows`` rows for ``ar`` A
@@ -840,7 +857,7 @@ def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64, ns: 
     buffers of 16-bit values (``vec`` 2; else a stub)."""
     rows = 64 if ns else 64 * wg
     sr = a_stage_rows(1 if ns else wg, 1, ar)
-    ebuf = wg * 4 * 16 * (bn + 8) * 2 if vec >= 2 else 32  # (a stub: 8 values)
+    ebuf = wg * 4 * 16 * ebuf_row(bn) * 2 if vec >= 2 else 32  # (a stub: 8 values)
     a_bytes = (stages * sr + rows - sr) * BK * 2
     return a_bytes + stages * (bn * BK * 2 + 16) + 16 + ebuf
 
@@ -887,6 +904,7 @@ def plan(wg: int, bn: int, cl: int = 1, split: int = 1) -> tuple:
 # to 0.95 of the same tile alone), so none is routed.
 RATES = {
     (2, 128, 1): 0.90,
+    (2, 200, 1): 0.958,  # (fills 8192 columns and 20 waves: fp8 rounds A, B, 2026-11-27)
     (2, 160, 1): 0.934,
     (2, 192, 1): 0.96,
     (2, 208, 1): 0.964,
@@ -924,6 +942,19 @@ def estimate(m: int, n: int, k: int, sms: int, wg: int, bn: int, cl: int) -> tup
         compute = (waves + -(-parts * tail // slots) / parts) * tile_s
         best = min(best, (max(compute, floor) + extra, compute + extra, parts))
     return best
+
+
+PDL = None  # matmul_fp8_wgmma's PDL: None, programmatic's; 0 or 1 forced (bench/fp8_plans.py)
+
+
+def programmatic(swap: int) -> int:
+    """Whether ``matmul_fp8_wgmma`` is launched with programmatic dependent launch (its
+    ``PDL``): its launch and set-up then overlap the end of the kernel before it, 1 to 1.6
+    µs a call (H100, bench/fp8_plans.py --cases pdl, docs/performance.md: 128 x 4096 x 4096
+    0.86x -> 0.94x of cuBLAS, 4096^3 1.00x -> 1.02x). Not for the swapped decode tiles: at
+    32 rows (two blocks a multiprocessor, beside the next kernel's) one round ran them 10
+    times slower."""
+    return 0 if swap else 1
 
 
 SWAP_M = 32  # a's rows up to which the swapped tiles run (swap_config; one row: _fp8_decode)
@@ -1073,7 +1104,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
-        SWAP=int(bool(swap)), NS=ns,
+        SWAP=int(bool(swap)), NS=ns, PDL=programmatic(swap) if PDL is None else PDL,
     )  # fmt: skip
     if vec >= 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
@@ -1122,7 +1153,7 @@ def _clusters(threads: int, shared: int, constexprs: dict) -> int:
 
 # (WG, BN) tile shapes for the PTX checks (the decode widths config picks among them)
 PLANS = [(2, 128), (2, 64), (1, 64), (1, 128), (1, 256), (3, 128), (2, 96), (1, 32), (1, 112),
-         (2, 160), (2, 192), (2, 208), (2, 224), (2, 256)]  # fmt: skip
+         (2, 160), (2, 192), (2, 208), (2, 224), (2, 256), (2, 200)]  # fmt: skip
 
 
 def specializations():
@@ -1141,11 +1172,11 @@ def specializations():
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
-                                 else 64 * wg, "SWAP": 0, "NS": 0}  # fmt: skip
+                                 else 64 * wg, "SWAP": 0, "NS": 0, "PDL": i % 2}  # fmt: skip
     shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
                 "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0,
-                "NS": 0}  # fmt: skip
+                "NS": 0, "PDL": 1}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
     yield (
         matmul_fp8_wgmma,
@@ -1154,7 +1185,7 @@ def specializations():
     yield (
         matmul_fp8_wgmma,
         {**shared_c, "WG": 1, "BN": 8, "STAGES": 25, "PROMOTE": 2, "VEC": 1, "SPLIT": 3,
-         "AR": 64, "SWAP": 1, "FP8": e5m2, "DT": f16},
+         "AR": 64, "SWAP": 1, "FP8": e5m2, "DT": f16, "PDL": 0},
     )  # (swapped: C^T = B^T A^T, stored transposed)  # fmt: skip
     yield (
         matmul_fp8_wgmma,

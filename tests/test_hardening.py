@@ -255,6 +255,7 @@ def test_launch_limits_name_what_was_asked_and_what_the_device_allows(grid, bloc
         reqntid=None,
         maxntid=None,
         cluster=None,
+        pdl=False,
         attribute=values.__getitem__,
         allow_dynamic_shared=lambda n: None,
     )

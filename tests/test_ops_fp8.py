@@ -267,7 +267,7 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((1, 64, 3, 2, 1, 1, 3), 20, 192, 640, "both", "f16"),  # last tile split 3 ways
         ((2, 192, 2, 1, 1, 1, 2), 100, 176, 384, "row", "bf16"),  # 1 tile, 2 blocks: K split
         ((2, 192, 2, 1, 2), 200, 432, 256, "both", "f16"),  # C through shared, bulk copies
-        ((2, 64, 2, 1, 3), 200, 208, 256, "row", "bf16"),  # the same, copies waited for later
+        ((2, 200, 2, 1, 3), 200, 432, 256, "row", "bf16"),  # copies waited for later; 25 n8s
         ((2, 128, 3, 21, 1), 130, 144, 640, "row", "bf16"),  # promoted every 2, staggered
         ((2, 128, 3, 5, 1), 70, 144, 384, "both", "f16"),  # halves, one in flight
         ((2, 128, 3, 6, 1), 130, 144, 640, "row", "f16"),  # two full sums, one in flight
@@ -499,8 +499,9 @@ def test_ptx_assembles(arch, fmt, dt):
 @needs_ptxas
 def test_hopper_kernel_assembles_for_sm_90a():
     """The tile shapes the sm_90 kernel ships and a cluster of two (a covering subset,
-    ``tests.harness.covering``) through ptxas: the fp8 wgmma of each width, no spills (the
-    consumers' registers raised by setmaxnreg)."""
+    ``tests.harness.covering``) through ptxas: the fp8 wgmma of each width, the grid
+    dependency wait where launched with programmatic dependent launch (``PDL``), no spills
+    (the consumers' registers raised by setmaxnreg)."""
     from kaio_ops import _fp8_hopper
 
     cases = list(_fp8_hopper.specializations())
@@ -515,6 +516,7 @@ def test_hopper_kernel_assembles_for_sm_90a():
         halves = constexprs["PROMOTE"] in (3, 5) or constexprs.get("NS")  # (or a warpgroup's)
         width = constexprs["BN"] // (2 if halves else 1)
         assert f"wgmma.mma_async.sync.aligned.m64n{width}k32.f32.{fp8}" in ptx
+        assert ("griddepcontrol.wait;" in ptx) == bool(constexprs["PDL"])
         assert " 0 bytes spill stores" in assemble(ptx, "sm_90a")
 
 
@@ -629,7 +631,9 @@ def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, split, promote, vec, monkeypatch)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("vec", [2, 3])
-@pytest.mark.parametrize("wg, bn, split", [(2, 208, 1), (2, 192, 3), (2, 256, 1), (1, 64, 1)])
+@pytest.mark.parametrize(
+    "wg, bn, split", [(2, 208, 1), (2, 192, 3), (2, 256, 1), (1, 64, 1), (2, 200, 1)]
+)
 def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch):
     """The epilogue through shared memory (``VEC`` 2: each warp's 16 rows copied out a row by
     a bulk copy, the last column tile partial; 3: the copies waited for at the warp's next
@@ -721,6 +725,7 @@ def test_routed_decode_gpu_bit_identical(m, n, k):
         (2, 208, 5, 7, 1),
         (2, 192, 5, 7, 1),
         (2, 208, 4, 1, 3),
+        (2, 200, 4, 1, 3),
         (2, 128, 6, 2, 3, 2),
         (2, 64, 14, 2, 1, 1, 1, 1, 0, 0, 8, 1),
     ],  # fmt: skip
@@ -795,3 +800,67 @@ def test_matmul_gpu_error_no_worse_than_cublas(m, n):
     err = ((got.double() - ref).norm() / ref.norm()).item()
     peer = ((want.double() - ref).norm() / ref.norm()).item()
     assert err <= 1.25 * peer + 1e-7, (err, peer)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [4096, 128, 8])
+def test_dependent_launch_chain_gpu(m, monkeypatch):
+    """The wgmma kernel launched with programmatic dependent launch (``_fp8_hopper.PDL``)
+    right behind the kernels that make its inputs (six steps, each quantizing the output
+    before: x -> quantize_fp8 -> matmul_fp8 -> x; the routed plan of M rows at N = K = 4096)
+    gives the bits it gives without it, and each step torch._scaled_mm's."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    from kaio_ops import _fp8_hopper as H
+    from kaio_ops import _plan
+
+    def chain(pdl: int) -> list:
+        monkeypatch.setattr(H, "PDL", pdl)
+        _plan.clear()  # (a call plan keeps the launch it was made with)
+        torch.manual_seed(m)
+        x = torch.randn(m, 4096, device="cuda")
+        wq, sw = kaio_ops.quantize_fp8(torch.randn(4096, 4096, device="cuda") * 0.02)
+        outs = []
+        for _ in range(6):
+            a, sa = kaio_ops.quantize_fp8(x)
+            x = kaio_ops.matmul_fp8(a, wq.t(), sa, sw)
+            outs.append((x, a, sa))
+        torch.cuda.synchronize()
+        return outs, wq, sw
+
+    plain, _, _ = chain(0)
+    dependent, wq, sw = chain(1)
+    for (x0, _, _), (x1, a, sa) in zip(plain, dependent, strict=True):
+        assert torch.equal(x0, x1)
+        pad = -(-m // 16) * 16 - m  # (torch's A padded to 16 rows)
+        ap = torch.cat([a, torch.zeros(pad, 4096, device="cuda").to(a.dtype)])
+        want = torch._scaled_mm(ap, wq.t(), sa, sw, out_dtype=torch.bfloat16)[:m]
+        assert torch.equal(x1, want)
+
+
+@pytest.mark.gpu
+def test_dependent_launch_in_a_cuda_graph():
+    """The routed kernel at 128 x 4096 x 4096 (launched with programmatic dependent launch)
+    captured in a CUDA graph behind the kernels that quantize its input, replayed on new
+    input: the bits of the same calls made eagerly."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90")
+    torch.manual_seed(3)
+    wq, sw = kaio_ops.quantize_fp8(torch.randn(4096, 4096, device="cuda") * 0.02)
+    x = torch.randn(128, 4096, device="cuda")
+
+    def step():
+        a, sa = kaio_ops.quantize_fp8(x)
+        return kaio_ops.matmul_fp8(a, wq.t(), sa, sw)
+
+    step()  # (compiled and planned outside the capture)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    x.copy_(torch.randn(128, 4096, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, step())

@@ -92,6 +92,7 @@ class FakeGPU:
             reqntid=None,
             maxntid=None,
             cluster=None,
+            pdl=False,
             attribute=lambda name: 1024,
             allow_dynamic_shared=lambda n: None,
             debug=None,

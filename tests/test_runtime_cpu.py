@@ -585,6 +585,7 @@ def fake_driver(monkeypatch):
         reqntid=None,
         maxntid=None,
         cluster=None,
+        pdl=False,
         attribute=lambda name: 1024,
         allow_dynamic_shared=lambda n: None,
         debug=None,

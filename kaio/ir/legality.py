@@ -82,6 +82,7 @@ FEATURES: dict[str, Feature] = {
     "l2_fetch_size": Feature(80, (7, 4), "ld.global.L2::{64,128,256}B"),
     "bulk_prefetch": Feature(90, (8, 0), "cp.async.bulk.prefetch.L2"),
     "fence_proxy_async": Feature(90, (8, 0), "fence.proxy.async"),
+    "griddepcontrol": Feature(90, (7, 8), "griddepcontrol (programmatic dependent launch)"),
     "cluster": Feature(
         90, (7, 8), "thread-block clusters: .reqnctapercluster, barrier.cluster, mapa"
     ),
@@ -210,6 +211,8 @@ _ONE_FEATURE = (
     ("bulk_wait", "", "bulk_copy", ""),
     ("bulk_wait", "read", "bulk_copy", "bulk_wait_read"),
     ("fence_proxy_async", "", "fence_proxy_async", ""),
+    ("griddep_wait", "", "griddepcontrol", "grid_dependency_wait"),
+    ("griddep_launch", "", "griddepcontrol", "launch_dependents"),
     ("setmaxnreg", "", "setmaxnreg", "setmaxnreg_*"),
     ("cluster_sync", "", "cluster", ""),
     ("cluster_arrive", "", "cluster", ""),

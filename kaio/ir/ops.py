@@ -89,7 +89,7 @@ SIGNATURES: dict[str, tuple[str, str]] = {
         (
             "sync_threads sync_warp threadfence cp_async_commit cp_async_wait wgmma_fence "
             "wgmma_commit wgmma_wait bulk_commit bulk_wait fence_proxy_async cluster_sync "
-            "cluster_arrive cluster_wait setmaxnreg"
+            "cluster_arrive cluster_wait setmaxnreg griddep_wait griddep_launch"
         ).split(),
         ("", "none"),
     ),
@@ -286,6 +286,12 @@ OPS: dict[str, OpInfo] = {
     ),
     "fence_proxy_async": OpInfo(
         "special", "none", False, "order generic-proxy shared accesses with async-proxy ones"
+    ),
+    "griddep_wait": OpInfo(
+        "special", "none", False, "wait for the grids this one depends on, their writes visible"
+    ),
+    "griddep_launch": OpInfo(
+        "special", "none", False, "let the grids that depend on this one launch"
     ),
     "cluster_sync": OpInfo(
         "special", "none", False, "barrier for all threads of the cluster's blocks"

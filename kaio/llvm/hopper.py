@@ -101,6 +101,8 @@ _FIXED = {
     "cluster_arrive": ("barrier.cluster.arrive.aligned;", True),
     "cluster_wait": ("barrier.cluster.wait.aligned;", True),
     "bulk_commit": ("cp.async.bulk.commit_group;", False),
+    "griddep_wait": ("griddepcontrol.wait;", False),
+    "griddep_launch": ("griddepcontrol.launch_dependents;", False),
 }
 
 

@@ -298,6 +298,8 @@ _FIXED = {
     "setmaxnreg": "setmaxnreg.{action}.sync.aligned.u32 {count}",
     "cluster_arrive": "barrier.cluster.arrive.aligned",
     "cluster_wait": "barrier.cluster.wait.aligned",
+    "griddep_wait": "griddepcontrol.wait",
+    "griddep_launch": "griddepcontrol.launch_dependents",
 }
 for _op, _text in _FIXED.items():
     LOWERING.add(_op, _fixed(_text))

@@ -408,6 +408,31 @@ class LaunchConfigStruct(ctypes.Structure):
     ]
 
 
+class LaunchAttributeStruct(ctypes.Structure):
+    """The driver's ``CUlaunchAttribute``: an attribute's id, padding, its 64-byte value."""
+
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_uint), ("value", ctypes.c_int * 16)]
+
+
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+def launch_config(grid, block, shared: int, stream, pdl: bool = False) -> LaunchConfigStruct:
+    """The ``CUlaunchConfig`` of a launch; ``pdl`` (a kernel that calls
+    ``kaio.grid_dependency_wait()``): with programmatic stream serialization allowed, so that
+    the kernel may launch before the one before it in the stream has finished (its wait
+    then holds it until that kernel's writes are visible). The attribute array lives as
+    long as the struct."""
+    if not pdl:
+        return LaunchConfigStruct(grid, block, shared, stream, None, 0)
+    attrs = (LaunchAttributeStruct * 1)()
+    attrs[0].id = PROGRAMMATIC_STREAM_SERIALIZATION
+    attrs[0].value[0] = 1  # programmaticStreamSerializationAllowed
+    config = LaunchConfigStruct(grid, block, shared, stream, ctypes.addressof(attrs), 1)
+    config._attrs = attrs
+    return config
+
+
 _raw_launch = None
 
 
@@ -536,7 +561,8 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     env = {
         "PACK_ERRORS": (struct.error, TypeError, OverflowError, ValueError),
         "FUNC": pointer_argument(loaded.handle),
-        "config_struct": LaunchConfigStruct,
+        "config_struct": launch_config,
+        "PDL": loaded.pdl,
         "byref": ctypes.byref,
         "launch_kernel": raw_launch_kernel(),
         "current": current,
@@ -696,7 +722,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     env["SIMULATING"], env["recordings"] = anywhere, recordings
     lines = [
         "def bind(grid, block, shared, stream):",
-        "    CONFIG = byref(config_struct(grid, block, shared, stream, None, 0))",
+        "    CONFIG = byref(config_struct(grid, block, shared, stream, PDL))",
         "    LAST = last_slot(stream)",
         "    admitted = False",
         "",

@@ -51,6 +51,7 @@ _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$%][\w$]*)")
 _REQNTID = re.compile(r"\.reqntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
 _MAXNTID = re.compile(r"\.maxntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
 _CLUSTER = re.compile(r"\.reqnctapercluster\s+(\d+)")
+_GRID_WAIT = re.compile(r"^\s*griddepcontrol\.wait\b", re.MULTILINE)
 
 
 @dataclass
@@ -81,6 +82,7 @@ class LoadedKernel:
     dynamic_shared_limit: int = 0
     debug: DebugRecord | None = None  # debug mode: the bounds checks' error record
     cluster: int | None = None  # blocks per cluster along x (kaio.cluster_dims)
+    pdl: bool = False  # launched with programmatic stream serialization (grid_dependency_wait)
     _clusters: dict = field(default_factory=dict)  # max_active_clusters, by configuration
 
     def attribute(self, name: str) -> int:
@@ -326,6 +328,7 @@ def _load(spec, device: Device, arch: str) -> LoadedKernel:
         "reqntid": list(_dims(req)) if req else None,
         "maxntid": _product(_dims(maxn)) if maxn else None,
         "cluster": int(cluster.group(1)) if (cluster := _CLUSTER.search(ptx)) else None,
+        "pdl": bool(_GRID_WAIT.search(ptx)),
         "params": [
             [p.name, p.role, p.source, p.dim, p.value.type.name] for p in spec.function.params
         ],
@@ -391,6 +394,7 @@ def _loaded_kernel(module, meta: dict, device: Device, from_disk: bool) -> Loade
         reqntid=tuple(meta["reqntid"]) if meta["reqntid"] else None,
         maxntid=meta["maxntid"],
         cluster=meta.get("cluster"),
+        pdl=meta.get("pdl", False),
         from_disk=from_disk,
         params=[
             Param(n, Var(n, scalar_type(t)), role, source, dim)

@@ -38,10 +38,10 @@ from kaio.runtime import launcher
 from kaio.runtime.device import current
 from kaio.runtime.driver import cuda_error, last_launched_slot
 from kaio.runtime.launcher import (
-    LaunchConfigStruct,
     bf16_bits,
     entry_offsets,
     launch_abi,
+    launch_config,
     param_format,
     parameter_slot,
     validate_config,
@@ -83,7 +83,7 @@ class PreparedLaunch:
         self.offsets = entry_offsets(fmt)
         grid, block, shared, stream = config_values
         self.stream = stream
-        self.config = LaunchConfigStruct(grid, block, shared, stream, None, 0)
+        self.config = launch_config(grid, block, shared, stream, loaded.pdl)
         # argument position -> (index in values of its 128 bytes, the TensorMap)
         self.maps: dict = {}
 

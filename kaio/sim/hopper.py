@@ -656,7 +656,8 @@ def fence_proxy_async(m, ins: Instr, vals: list):
 
 
 def no_op(m, ins: Instr, vals: list):
-    """Fences, wgmma and bulk commit/wait, setmaxnreg: nothing to do in lockstep order."""
+    """Fences, wgmma and bulk commit/wait, setmaxnreg, the grid dependency controls (the
+    simulator runs launches one after another): nothing to do in lockstep order."""
 
 
 def dsmem_load(m, ins: Instr, vals: list):
@@ -702,5 +703,7 @@ SEMANTICS = {
     "bulk_commit": no_op,
     "bulk_wait": no_op,
     "setmaxnreg": no_op,
+    "griddep_wait": no_op,
+    "griddep_launch": no_op,
     "dsmem_load": dsmem_load,
 }
