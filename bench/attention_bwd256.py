@@ -34,7 +34,9 @@ BATCH = {1024: 16, 2048: 8, 4096: 4, 8192: 2, 16384: 1}
 def variant(name: str):
     """(do, q, k, v, o, lse, causal) -> (dq, dk, dv): ``shipped`` the public op, ``mma.sync``
     the op with the Hopper kernels off, ``pair`` and ``fused`` the D 256 wgmma kernels with
-    that schedule (``_attention_hopper_bwd256.FUSED``), else the op unplanned."""
+    that schedule (``_attention_hopper_bwd256.FUSED``), ``NAME=N[+NAME=N]`` the op unplanned
+    with ``_attention_hopper_bwd256.NAME`` = N (``HALVES=1+SFIRST=1``), else the op
+    unplanned."""
     import kaio_ops
     from kaio_ops import _attention_hopper_bwd256 as hopper_bwd256
     from kaio_ops import attention
@@ -44,12 +46,17 @@ def variant(name: str):
     def run(do, q, k, v, o, lse, causal):
         if name == "shipped":
             return kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal)
-        if name in SCHEDULES:
-            saved, hopper_bwd256.FUSED = hopper_bwd256.FUSED, SCHEDULES[name]
+        if name in SCHEDULES or "=" in name:
+            pairs = [("FUSED", SCHEDULES[name])] if name in SCHEDULES else [
+                x.split("=") for x in name.split("+")]  # fmt: skip
+            saved = {c: getattr(hopper_bwd256, c) for c, _ in pairs}
+            for const, value in pairs:
+                setattr(hopper_bwd256, const, int(value))
             try:
                 return raw(do, q, k, v, o, lse, causal)
             finally:
-                hopper_bwd256.FUSED = saved
+                for const, value in saved.items():
+                    setattr(hopper_bwd256, const, value)
         os.environ["KAIO_HOPPER_ATTENTION"] = "0" if name == "mma.sync" else "1"
         try:
             return raw(do, q, k, v, o, lse, causal)
@@ -276,7 +283,8 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
     """``(part, cfg, side)`` of a ``--kernels`` item: its part (``dq``, ``dkdv`` or ``all``),
     the ``launch`` overrides of its options (``kv``: the dQ kernel
     ``attention_bwd_dq_d256``, ``pair``: the pair's; ``q128``: the dK/dV kernel
-    ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``;
+    ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``; ``halves``: the
+    Q128 kernel's ``HALVES`` 1; ``sfirst``: the dQ kernel's ``SFIRST`` 1;
     ``BN:STAGES:PIPE``: the pair's dQ kernel with those) and whether ``side``."""
     part, *opts = item.split(":")
     cfg: dict = {"dq": {}, "dkdv": {}}
@@ -288,6 +296,10 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         cfg["dq"]["KV"] = int("kv" in opts)
     if "q128" in opts or "bm64" in opts:  # bm64: attention_bwd_dkdv_d256
         cfg["dkdv"]["Q128"] = int("q128" in opts)
+    if "halves" in opts:  # the Q128 kernel's products a half of the queries at a time
+        cfg["dkdv"]["HALVES"] = 1
+    if "sfirst" in opts:  # attention_bwd_dq_d256 with S first, K in two stages
+        cfg["dq"]["SFIRST"] = 1
     return part, cfg, "side" in opts
 
 
