@@ -284,7 +284,7 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
     the ``launch`` overrides of its options (``kv``: the dQ kernel
     ``attention_bwd_dq_d256``, ``pair``: the pair's; ``q128``: the dK/dV kernel
     ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``; ``halves``: the
-    Q128 kernel's ``HALVES`` 1; ``sfirst``: the dQ kernel's ``SFIRST`` 1;
+    Q128 kernel's ``HALVES`` 1; ``sfirst``, ``sfirst2``: the dQ kernel's ``SFIRST`` 1, 2;
     ``BN:STAGES:PIPE``: the pair's dQ kernel with those) and whether ``side``."""
     part, *opts = item.split(":")
     cfg: dict = {"dq": {}, "dkdv": {}}
@@ -298,8 +298,9 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         cfg["dkdv"]["Q128"] = int("q128" in opts)
     if "halves" in opts:  # the Q128 kernel's products a half of the queries at a time
         cfg["dkdv"]["HALVES"] = 1
-    if "sfirst" in opts:  # attention_bwd_dq_d256 with S first, K in two stages
-        cfg["dq"]["SFIRST"] = 1
+    for x in opts:  # sfirst, sfirst2: attention_bwd_dq_d256's SFIRST 1, 2
+        if x.startswith("sfirst"):
+            cfg["dq"]["SFIRST"] = int(x[6:] or 1)
     return part, cfg, "side" in opts
 
 

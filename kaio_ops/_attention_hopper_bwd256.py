@@ -709,7 +709,8 @@ def consume_dq_kv(
     rows ``out_stride`` apart. The unmasked key tiles take a branch without the mask's
     instructions (``grads``' SPLIT). ``SFIRST`` 1: S first (K in two stages, the next
     tile's loading while this one is read), then dP, P computed while dP's product runs
-    (``grads_after_s``)."""
+    (``grads_after_s``); 2: besides, each tile's dQ product left in flight until the next
+    tile's S and dP are issued."""
     lane, local, _, _ = split_roles(lt, wg, 64, 64)
     local += 64 * i32(wg)  # this thread's rows q0 + local (+ 8)
     row0 = q0 + local
@@ -731,6 +732,10 @@ def consume_dq_kv(
             issue_s(s, q_s, k_s, kst, wg, 0, D, DT)  # S = Q K^T
             kaio.mbarrier_wait(bars, (0, 0), ph)  # V landed
             issue_s(dp, do_s, v_s, 0, wg, 0, D, DT)  # dP = dO V^T
+            if SFIRST == 2:  # the last tile's dQ product, left in flight, done
+                kaio.wgmma_wait(2)
+                if j > 0:
+                    release(bars, 2 - kst, lt)  # its K free
             grads_after_s(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
             release(bars, 0, lt)  # V free
         else:
@@ -746,9 +751,11 @@ def consume_dq_kv(
         pack_p(ds, dp, BN, DT)
         kaio.wgmma_fence()
         issue_pv(dqa, ds, k_s, kst, BN, DT)  # dQ += dS K
-        kaio.wgmma_wait(0)
-        release(bars, 1 + kst, lt)  # K free
+        if SFIRST < 2:
+            kaio.wgmma_wait(0)
+            release(bars, 1 + kst, lt)  # K free
         ph ^= 1
+    kaio.wgmma_wait(0)
     store_tile(dq, dqa, out_at, row0, sq, scale, lane, D, DT, 1, out_stride)
 
 
@@ -775,7 +782,7 @@ def attention_bwd_dq_d256(
     KV = BN * D * 2
     q_s = kaio.shared_dynamic(DT, (C, BQ, 64), 0)
     do_s = kaio.shared_dynamic(DT, (C, BQ, 64), ONCE)
-    KST = 1 + SFIRST  # K's stages
+    KST = 2 if SFIRST else 1  # K's stages
     k_s = kaio.shared_dynamic(DT, (KST, C, BN, 64), 2 * ONCE)
     v_s = kaio.shared_dynamic(DT, (1, C, BN, 64), 2 * ONCE + KST * KV)
     stats = kaio.shared_dynamic(f32, (2, 1, BQ), 2 * ONCE + (KST + 1) * KV)
@@ -919,7 +926,7 @@ def dq_kernel(c: dict, d: int, cols: int) -> tuple:
     from kaio_ops import _attention_hopper_bwd as pair
 
     if c.get("KV"):
-        smem = 2 * 128 * d * 2 + (2 + c["SFIRST"]) * 64 * d * 2 + 2 * 128 * 4 + 48 + 16
+        smem = 2 * 128 * d * 2 + (3 if c["SFIRST"] else 2) * 64 * d * 2 + 2 * 128 * 4 + 48 + 16
         consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "SFIRST": c["SFIRST"]}
         return attention_bwd_dq_d256, consts, 384, smem, 128, 64
     bq = 64 * c["WG"]
