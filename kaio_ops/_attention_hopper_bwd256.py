@@ -83,11 +83,13 @@ from kaio_ops._attention_hopper_bwd import (
     init_barriers,
     issue_dq,
     issue_pt,
+    next_tile_wrapped,
     produce,
     release,
     store_ds,
     store_tile,
     varlen_block,
+    walk_start,
     zero_acc,
     zero_rows,
 )
@@ -380,13 +382,25 @@ def copy_in_turn(
 
 
 @kaio.gpu_func
+def rotation(x: i32, items: i32, causal: i32, ROT: kaio.constexpr) -> i32:
+    """The item where block x of a rotated walk over ``items`` begins (``ROT``, without the
+    mask): x items / (blocks along x), else 0."""
+    s0 = i32(0)
+    if ROT:
+        if causal == 0:
+            s0 = x * items // i32(kaio.grid_dim_x())
+    return s0
+
+
+@kaio.gpu_func
 def produce_qdo(
     k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     bars: u64[:, :], turn: u64[:], tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap,
     tdo: kaio.tensormap, once_row: i32, once_col: i32, ring_row: i32, ring_col: i32,
     head_stride: i32, col_stride: i32, heads_n: i32, first: i32, n_tiles: i32,
     s_s: f32[:, :, :], tl: kaio.tensormap, td: kaio.tensormap, stat_at: i32, stat_stride: i32,
-    D: kaio.constexpr, BM: kaio.constexpr, DT: kaio.constexpr, HALVES: kaio.constexpr,
+    s0: i32, D: kaio.constexpr, BM: kaio.constexpr, DT: kaio.constexpr,
+    HALVES: kaio.constexpr,
 ):  # fmt: skip
     """``attention_bwd_dkdv_d256q``'s copies: the 64 rows of K and V from ``once_row``
     (columns from ``once_col``) once, on ``turn[0]``; then for each head j < heads_n and
@@ -394,27 +408,20 @@ def produce_qdo(
     BM`` (columns from ``ring_col + j col_stride``) of dO, then of Q (``copy_in_turn``, in
     halves of 64 rows: ``do_s[0]``, ``do_s[1]``; ``HALVES`` 1: dO's and Q's first halves,
     then their second), with dO the lse and delta of its rows (``stats[0 and 1, half]``),
-    head j's ``stat_at + j stat_stride`` further than the rows."""
+    head j's ``stat_at + j stat_stride`` further than the rows; the walk over these (head,
+    tile) items begins at item ``s0`` and wraps around (``walk_start``)."""
     C = D // 64
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * 64 * D * 2))
     for c in kaio.static_range(C):
         kaio.tma_load_2d(k_s, (c, 0, 0), tk, once_row, once_col + c * 64, turn, 0)
         kaio.tma_load_2d(v_s, (c, 0, 0), tv, once_row, once_col + c * 64, turn, 0)
     ph = u32(0)  # tile i's parity
-    t = first
-    row0 = ring_row
-    col = ring_col
-    sat = stat_at
+    t, j = walk_start(s0, first, n_tiles, 0, 1)  # tile t of head j
     for i in range(heads_n * kaio.max(n_tiles - first, 0)):
-        row = row0 + t * BM
-        c0 = col
-        srow = row + sat
-        t += 1
-        if t == n_tiles:
-            t = first
-            row0 += head_stride
-            col += col_stride
-            sat += stat_stride
+        row = ring_row + j * head_stride + t * BM
+        c0 = ring_col + j * col_stride
+        srow = row + stat_at + j * stat_stride
+        t, j = next_tile_wrapped(t, j, first, n_tiles, 1, 0, heads_n)
         copy_in_turn(do_s, q_s, tdo, tq, bars, row, c0, i, ph, s_s, tl, td, srow, BM, 2, D, DT,
                      1, HALVES)  # dO, then Q  # fmt: skip
         ph ^= 1
@@ -450,7 +457,7 @@ def consume_q128(
     dv: DT[:], pt_s: DT[:, :, :], wg: u32, lt: u32, group: i32, first: i32, n_tiles: i32, k0: i32,
     sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
     stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
-    DT: kaio.constexpr, FIRST: kaio.constexpr, HALVES: kaio.constexpr,
+    s0: i32, DT: kaio.constexpr, FIRST: kaio.constexpr, HALVES: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` of ``attention_bwd_dkdv_d256q`` (thread ``lt`` of it): per
     query tile of ``BM`` (128) rows in two halves of 64, dP^T = V dO_w^T once dO's half wg
@@ -464,7 +471,7 @@ def consume_q128(
     the lse and delta from ``stats[0 and 1, wg]``). ``FIRST`` 1 (warpgroup 0): arrives on
     ``bars[1, 6]`` once its front products are done; 0: waits for that before issuing its
     own. ``HALVES`` 1: the products of each half of the queries as soon as its P^T and dS^T
-    are stored (``back_halves``)."""
+    are stored (``back_halves``). The walk begins at item ``s0`` (``produce_qdo``'s)."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
     lane, kr, q1, cb = split_roles(lt, wg, H, NH)
@@ -478,8 +485,7 @@ def consume_q128(
     total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
     ph = u32(0)  # tile i's parity: the copies', the buffers'
-    t = first
-    at0 = stat_at
+    t, at0 = walk_start(s0, first, n_tiles, stat_at, stat_stride)
     for _i in range(total):
         if FIRST == 0:  # the second warpgroup: the first's front products done
             kaio.mbarrier_wait(bars, (1, 6), ph)
@@ -517,7 +523,7 @@ def consume_q128(
                 release(bars, j, lt)
         release(bars, 4, lt)  # and the buffers
         ph ^= 1
-        t, at0 = next_tile(t, at0, first, n_tiles, stat_stride)
+        t, at0 = next_tile_wrapped(t, at0, first, n_tiles, stat_stride, stat_at, group)
     at = out_at + NH * i32(wg)  # this warpgroup's columns
     store_tile(dk, dka, at, key0, sk, scale, lane, NH, DT, 1, out_stride)
     store_tile(dv, dva, at, key0, sk, 1.0, lane, NH, DT, 1, out_stride)
@@ -529,7 +535,7 @@ def attention_bwd_dkdv_d256q(
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     cu_q: i32[:], cu_k: i32[:], tp: i32, D: kaio.constexpr, REGS: kaio.constexpr,
-    DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr,
+    DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z), as
     ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows in
@@ -539,7 +545,9 @@ def attention_bwd_dkdv_d256q(
     as the tile's products that read it are done. ``tl``, ``td``: lse and delta as [1, rows]
     f32 in boxes of (1, 64), copied with each half of dO (``lse``, ``delta``: unread).
     ``HALVES`` 1: each half's dV and dK products as soon as its P^T and dS^T are there
-    (``back_halves``)."""
+    (``back_halves``). ``ROT`` 1 (dense, without the mask): key block x's walk over its W
+    (head, tile) items begins at item x W / (blocks along x) and wraps around, so that the
+    blocks of a head read different tiles at any time."""
     BM = 128
     C = D // 64
     ONCE = 64 * D * 2
@@ -564,6 +572,7 @@ def attention_bwd_dkdv_d256q(
     first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride = key_block(
         kvh, k0, heads, group, sq, sk, causal, tp, start_q, start_k, shift, stat_off, D, BM, COLS
     )
+    s0 = rotation(i32(kaio.block_idx_x()), group * (n_tiles - first), causal, ROT * (1 - COLS))
     if t == 0:  # (0 and 1, 0 .. 3): dO's halves, Q's; (1, 4 ..): the buffers'
         init_barriers(bars, turn, 2, 4, 0, 1)
         kaio.mbarrier_init(bars, (1, 4), 8)  # the buffers free
@@ -577,12 +586,12 @@ def attention_bwd_dkdv_d256q(
         if wg == 0:  # (a branch a warpgroup: the second waits for the first)
             consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
                          lt, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
-                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, DT,
+                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, s0, DT,
                          1, HALVES)  # fmt: skip
         else:
             consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
                          lt, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
-                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, DT,
+                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, s0, DT,
                          0, HALVES)  # fmt: skip
     else:
         if REGS:
@@ -591,12 +600,12 @@ def attention_bwd_dkdv_d256q(
             if COLS:  # heads side by side: the K/V head's and the query heads' columns
                 produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, start_k + k0,
                             kvh * D, start_q, first_head * D, 0, D, group, first, n_tiles,
-                            stats, tl, td, stat_at - start_q + shift, stat_stride, D, BM,
-                            DT, HALVES)  # fmt: skip
+                            stats, tl, td, stat_at - start_q + shift, stat_stride, s0, D,
+                            BM, DT, HALVES)  # fmt: skip
             else:
                 produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, kvh * sk + k0, 0,
                             first_head * sq, 0, sq, 0, group, first, n_tiles, stats, tl, td, 0,
-                            0, D, BM, DT, HALVES)  # fmt: skip
+                            0, s0, D, BM, DT, HALVES)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -606,14 +615,15 @@ def produce_kv(
     tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap, tl: kaio.tensormap,
     td: kaio.tensormap, q_row: i32, kv_row: i32, n_tiles: i32, q_col: i32, kv_col: i32,
     stat_at: i32, D: kaio.constexpr, BQ: kaio.constexpr, BN: kaio.constexpr,
-    DT: kaio.constexpr, SFIRST: kaio.constexpr,
+    s0: i32, DT: kaio.constexpr, SFIRST: kaio.constexpr,
 ):  # fmt: skip
     """The dQ kernel's copies (``attention_bwd_dq_d256``): the ``BQ`` rows of Q and dO from
     ``q_row`` (columns from ``q_col``) and their lse and delta (from ``q_row + stat_at``)
     once, on ``turn[0]``; then for each key tile j the ``BN`` rows from ``kv_row + j BN`` of
     V, then of K (``copy_in_turn``: V's barriers ``bars[0 and 1, 0]``, K's ``bars[0 and 1,
     1]``), columns from ``kv_col``. ``SFIRST`` 1: K first, into stage j % 2 of two
-    (barriers ``bars[0 and 1, 1 + j % 2]``), then V."""
+    (barriers ``bars[0 and 1, 1 + j % 2]``), then V. The key tiles from tile ``s0`` on,
+    wrapping around."""
     C = D // 64
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * BQ * D * 2 + 2 * BQ * 4))
     for c in kaio.static_range(C):
@@ -623,7 +633,7 @@ def produce_kv(
     kaio.tma_load_2d(stats, (1, 0, 0), td, 0, q_row + stat_at, turn, 0)
     ph = u32(0)  # tile j's parity
     for j in range(n_tiles):
-        row = kv_row + j * BN
+        row = kv_row + rotated(j, s0, n_tiles) * BN
         if SFIRST:
             st = j % 2
             copy_rows(k_s, st, tk, bars, 1 + st, j >= 2, u32(j // 2 % 2), row, kv_col, BN, D, DT)
@@ -658,6 +668,15 @@ def row_stats(l2: f32[:], dl: f32[:], stats: f32[:, :, :], local: i32, row0: i32
         inside = row0 + 8 * h < sq
         l2[h] = kaio.select(inside, lse_log2(stats[0, 0, local + 8 * h]), POS_INF)
         dl[h] = kaio.select(inside, stats[1, 0, local + 8 * h], 0.0)
+
+
+@kaio.gpu_func
+def rotated(j: i32, s0: i32, n: i32) -> i32:
+    """Item j of a walk over n items that begins at item s0 and wraps around."""
+    k = j + s0
+    if k >= n:
+        k -= n
+    return k
 
 
 @kaio.gpu_func
@@ -699,7 +718,7 @@ def consume_dq_kv(
     q_s: DT[:, :, :], do_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dq: DT[:], wg: u32, lt: u32, q0: i32,
     n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, out_at: i32,
-    out_stride: i32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
+    out_stride: i32, s0: i32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
     SFIRST: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it) of
@@ -710,7 +729,7 @@ def consume_dq_kv(
     instructions (``grads``' SPLIT). ``SFIRST`` 1: S first (K in two stages, the next
     tile's loading while this one is read), then dP, P computed while dP's product runs
     (``grads_after_s``); 2: besides, each tile's dQ product left in flight until the next
-    tile's S and dP are issued."""
+    tile's S and dP are issued. The key tiles from tile ``s0`` on, wrapping around."""
     lane, local, _, _ = split_roles(lt, wg, 64, 64)
     local += 64 * i32(wg)  # this thread's rows q0 + local (+ 8)
     row0 = q0 + local
@@ -725,6 +744,7 @@ def consume_dq_kv(
     row_stats(l2, dl, stats, local, row0, sq)
     ph = u32(0)
     for j in range(n_tiles):
+        k0 = rotated(j, s0, n_tiles) * BN
         kst = j % 2 if SFIRST else 0  # K's stage
         if SFIRST:
             kaio.mbarrier_wait(bars, (0, 1 + kst), u32(j // 2 % 2))  # K landed
@@ -736,7 +756,7 @@ def consume_dq_kv(
                 kaio.wgmma_wait(2)
                 if j > 0:
                     release(bars, 2 - kst, lt)  # its K free
-            grads_after_s(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN)
+            grads_after_s(s, dp, l2, dl, k0, row0, sk, causal, scale_log2, lane, BN)
             release(bars, 0, lt)  # V free
         else:
             kaio.mbarrier_wait(bars, (0, 0), ph)  # V landed
@@ -747,7 +767,7 @@ def consume_dq_kv(
             kaio.wgmma_wait(1)
             release(bars, 0, lt)  # dP done: V free
             kaio.wgmma_wait(0)
-            grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN, 1)
+            grads(s, dp, l2, dl, k0, row0, sk, causal, scale_log2, lane, BN, 1)
         pack_p(ds, dp, BN, DT)
         kaio.wgmma_fence()
         issue_pv(dqa, ds, k_s, kst, BN, DT)  # dQ += dS K
@@ -765,7 +785,7 @@ def attention_bwd_dq_d256(
     tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
     group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
     D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
-    SFIRST: kaio.constexpr,
+    SFIRST: kaio.constexpr, ROT: kaio.constexpr,
 ):  # fmt: skip
     """dq of the 128 query rows of block x (the heaviest causal tiles first) of (batch, head)
     block y, as the pair's ``attention_bwd_dq_wgmma`` with two warpgroups and 64-key tiles
@@ -774,7 +794,8 @@ def attention_bwd_dq_d256(
     (``produce_kv``, ``consume_dq_kv``): the 192 KB of Q, dO, K and V leave no room for a
     second stage, and with one stage of both a tile's copies wait for its last product.
     ``SFIRST`` 1: K in two stages (224 KB in all), each tile's S issued first
-    (``consume_dq_kv``)."""
+    (``consume_dq_kv``). ``ROT`` 1 (dense, without the mask): query block x's walk over
+    its key tiles begins at tile x n_tiles / (blocks along x) and wraps around."""
     BQ = 128
     BN = 64
     C = D // 64
@@ -814,6 +835,7 @@ def attention_bwd_dq_d256(
         q_col = bh * D
         kv_col = kvh * D
         stat_at = bh * tp + stat_off
+    s0 = rotation(i32(kaio.block_idx_x()), n_tiles, causal, ROT * (1 - COLS))
     if t == 0:
         init_barriers(bars, turn, 2, 1 + KST, 0, 2)  # (0 and 1, 0): V's; (0 and 1, 1 ..): K's
     kaio.sync_threads()
@@ -821,14 +843,14 @@ def attention_bwd_dq_d256(
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift, n_tiles,
-                      sq + shift, sk, causal, scale_log2, scale, out_at, out_stride, D, BN,
+                      sq + shift, sk, causal, scale_log2, scale, out_at, out_stride, s0, D, BN,
                       DT, SFIRST)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
             produce_kv(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td, q_row,
-                       kv_row, n_tiles, q_col, kv_col, stat_at, D, BQ, BN, DT,
+                       kv_row, n_tiles, q_col, kv_col, stat_at, D, BQ, BN, s0, DT,
                        SFIRST)  # fmt: skip
 
 
@@ -853,9 +875,9 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
     regs = consumer_registers(2)
     dkdv = {"BM": bm, "STAGES": stages, "REGS": regs, "DQ": dq, "EARLY": 1, "COLS": 0,
-            "Q128": Q128 if not dq else 0, "HALVES": HALVES}  # fmt: skip
+            "Q128": Q128 if not dq else 0, "HALVES": HALVES, "ROT": ROT}  # fmt: skip
     dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs, "KV": KV,
-              "SFIRST": SFIRST}  # fmt: skip
+              "SFIRST": SFIRST, "ROT": ROT}  # fmt: skip
     return {"dkdv": dkdv, "dq": dq_cfg}
 
 
@@ -869,8 +891,11 @@ Q128 = 1
 # queries at a time, each as soon as its own are there (1: ``back_halves``).
 HALVES = 0
 
+# Both kernels' walks rotated (without the mask: ``rotation``).
+ROT = 0
+
 # The constexprs of config()["dkdv"] that only the Q128 kernel takes.
-Q128_ONLY = ("Q128", "HALVES")
+Q128_ONLY = ("Q128", "HALVES", "ROT")
 
 
 def dkdv_kernel(c: dict, d: int, dt) -> tuple:
@@ -879,6 +904,7 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
     if c.get("Q128"):
         return attention_bwd_dkdv_d256q, {
             "D": d, "REGS": c["REGS"], "DT": dt, "COLS": c["COLS"], "HALVES": c["HALVES"],
+            "ROT": c["ROT"],
         }  # fmt: skip
     return attention_bwd_dkdv_d256, {
         "D": d,
@@ -899,7 +925,7 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, 
         smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4 + 128 + 16
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"],
-            DT=dt, COLS=c["COLS"], HALVES=c["HALVES"],
+            DT=dt, COLS=c["COLS"], HALVES=c["HALVES"], ROT=c["ROT"],
         )  # fmt: skip
         return
     smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
@@ -927,10 +953,10 @@ def dq_kernel(c: dict, d: int, cols: int) -> tuple:
 
     if c.get("KV"):
         smem = 2 * 128 * d * 2 + (3 if c["SFIRST"] else 2) * 64 * d * 2 + 2 * 128 * 4 + 48 + 16
-        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "SFIRST": c["SFIRST"]}
+        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "SFIRST": c["SFIRST"], "ROT": c["ROT"]}
         return attention_bwd_dq_d256, consts, 384, smem, 128, 64
     bq = 64 * c["WG"]
-    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "SFIRST")}
+    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "SFIRST", "ROT")}
     smem = pair.shared_bytes(d, bq, c["BN"], c["STAGES"], bq)
     return (pair.attention_bwd_dq_wgmma, {"D": d, "COLS": cols, **consts}, 128 * c["WG"] + 128,
             smem, bq, c["BN"])  # fmt: skip
