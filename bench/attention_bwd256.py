@@ -285,7 +285,7 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
     ``attention_bwd_dq_d256``, ``pair``: the pair's; ``q128``: the dK/dV kernel
     ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``; ``halves``: the
     Q128 kernel's ``HALVES`` 1; ``sfirst``, ``sfirst2``: the dQ kernel's ``SFIRST`` 1, 2;
-    ``rot``: both kernels' ``ROT`` 1;
+    ``rot``: both kernels' ``ROT`` 1; ``union``: both in one launch (``UNION`` 1);
     ``BN:STAGES:PIPE``: the pair's dQ kernel with those) and whether ``side``."""
     part, *opts = item.split(":")
     cfg: dict = {"dq": {}, "dkdv": {}}
@@ -301,6 +301,8 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         cfg["dkdv"]["HALVES"] = 1
     if "rot" in opts:  # both kernels' walks rotated (without the mask)
         cfg["dq"]["ROT"] = cfg["dkdv"]["ROT"] = 1
+    if "union" in opts:  # both kernels in one launch
+        cfg["dq"]["UNION"] = 1
     for x in opts:  # sfirst, sfirst2: attention_bwd_dq_d256's SFIRST 1, 2
         if x.startswith("sfirst"):
             cfg["dq"]["SFIRST"] = int(x[6:] or 1)

@@ -98,7 +98,6 @@ from kaio_ops._attention_hopper_common import (
     key_block_queries,
     kv_head_and_tiles,
     next_tile,
-    query_block,
     thread_roles,
 )
 from kaio_ops._attention_tc import POS_INF, lse_log2
@@ -382,13 +381,13 @@ def copy_in_turn(
 
 
 @kaio.gpu_func
-def rotation(x: i32, items: i32, causal: i32, ROT: kaio.constexpr) -> i32:
-    """The item where block x of a rotated walk over ``items`` begins (``ROT``, without the
-    mask): x items / (blocks along x), else 0."""
+def rotation(x: i32, nx: i32, items: i32, causal: i32, ROT: kaio.constexpr) -> i32:
+    """The item where block x of ``nx`` begins a rotated walk over ``items`` (``ROT``,
+    without the mask): x items / nx, else 0."""
     s0 = i32(0)
     if ROT:
         if causal == 0:
-            s0 = x * items // i32(kaio.grid_dim_x())
+            s0 = x * items // nx
     return s0
 
 
@@ -537,7 +536,26 @@ def attention_bwd_dkdv_d256q(
     cu_q: i32[:], cu_k: i32[:], tp: i32, D: kaio.constexpr, REGS: kaio.constexpr,
     DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr,
 ):  # fmt: skip
-    """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z), as
+    """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z):
+    ``dkdv_block``."""
+    t, wg, lt = thread_roles(2)
+    dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, seq_q, seq_k, heads, group,
+               scale_log2, scale, causal, cu_q, cu_k, tp, t, wg, lt, i32(kaio.block_idx_x()),
+               i32(kaio.block_idx_y()), i32(kaio.grid_dim_x()), D, REGS, DT, COLS, HALVES,
+               ROT)  # fmt: skip
+
+
+@kaio.gpu_func
+def dkdv_block(
+    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
+    seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
+    cu_q: i32[:], cu_k: i32[:], tp: i32, t: u32, wg: u32, lt: u32, x: i32, y: i32, nx: i32,
+    D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
+    HALVES: kaio.constexpr, ROT: kaio.constexpr,
+):  # fmt: skip
+    """dk, dv of the 64 keys of key block x (of nx) and K/V head y (``COLS`` 1: of sequence
+    z) (thread t, warpgroup wg, its thread lt: ``thread_roles``), as
     ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows in
     two halves of 64 (``tq``, ``tdo`` in boxes of (64, 64)), each half of Q and dO with
     barriers of its own (``produce_qdo``, ``consume_q128``): the 224 KB of K, V, Q, dO and
@@ -546,8 +564,8 @@ def attention_bwd_dkdv_d256q(
     f32 in boxes of (1, 64), copied with each half of dO (``lse``, ``delta``: unread).
     ``HALVES`` 1: each half's dV and dK products as soon as its P^T and dS^T are there
     (``back_halves``). ``ROT`` 1 (dense, without the mask): key block x's walk over its W
-    (head, tile) items begins at item x W / (blocks along x) and wraps around, so that the
-    blocks of a head read different tiles at any time."""
+    (head, tile) items begins at item x W / nx and wraps around, so that the blocks of a
+    head read different tiles at any time."""
     BM = 128
     C = D // 64
     ONCE = 64 * D * 2
@@ -562,17 +580,16 @@ def attention_bwd_dkdv_d256q(
     BARS = PT + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4
     bars = kaio.shared_dynamic(u64, (2, 8), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 128)
-    t, wg, lt = thread_roles(2)
     start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
                                                              COLS)  # fmt: skip
-    k0 = i32(kaio.block_idx_x()) * 64
+    k0 = x * 64
     if COLS and k0 >= sk:  # keys past the sequence's end: nothing to do
         return
-    kvh = i32(kaio.block_idx_y())
+    kvh = y
     first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride = key_block(
         kvh, k0, heads, group, sq, sk, causal, tp, start_q, start_k, shift, stat_off, D, BM, COLS
     )
-    s0 = rotation(i32(kaio.block_idx_x()), group * (n_tiles - first), causal, ROT * (1 - COLS))
+    s0 = rotation(x, nx, group * (n_tiles - first), causal, ROT * (1 - COLS))
     if t == 0:  # (0 and 1, 0 .. 3): dO's halves, Q's; (1, 4 ..): the buffers'
         init_barriers(bars, turn, 2, 4, 0, 1)
         kaio.mbarrier_init(bars, (1, 4), 8)  # the buffers free
@@ -788,14 +805,60 @@ def attention_bwd_dq_d256(
     SFIRST: kaio.constexpr, ROT: kaio.constexpr,
 ):  # fmt: skip
     """dq of the 128 query rows of block x (the heaviest causal tiles first) of (batch, head)
-    block y, as the pair's ``attention_bwd_dq_wgmma`` with two warpgroups and 64-key tiles
-    (its tensor maps, boxes of 128, resp. 64 rows; ``COLS`` 1 its varlen kernel's block z
-    of packed sequences), but K and V each in a buffer of its own with its own barriers
-    (``produce_kv``, ``consume_dq_kv``): the 192 KB of Q, dO, K and V leave no room for a
-    second stage, and with one stage of both a tile's copies wait for its last product.
-    ``SFIRST`` 1: K in two stages (224 KB in all), each tile's S issued first
-    (``consume_dq_kv``). ``ROT`` 1 (dense, without the mask): query block x's walk over
-    its key tiles begins at tile x n_tiles / (blocks along x) and wraps around."""
+    block y (``COLS`` 1: of sequence z): ``dq_block``."""
+    t, wg, lt = thread_roles(2)
+    dq_block(tq, tdo, tk, tv, tl, td, dq, seq_q, seq_k, heads, group, scale_log2, scale, causal,
+             cu_q, cu_k, tp, t, wg, lt, i32(kaio.block_idx_x()), i32(kaio.block_idx_y()),
+             i32(kaio.grid_dim_x()), D, REGS, DT, COLS, SFIRST, ROT)  # fmt: skip
+
+
+@kaio.gpu_kernel(fastmath=True)
+def attention_bwd_d256(
+    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, tq2: kaio.tensormap, tdo2: kaio.tensormap,
+    tl2: kaio.tensormap, td2: kaio.tensormap, lse: f32[:], delta: f32[:], dq: DT[:],
+    dk: DT[:], dv: DT[:], seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32,
+    scale: f32, causal: i32, none: i32[:], nkb: i32, nqb: i32, n_dkdv: i32,
+    D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, HALVES: kaio.constexpr,
+    SFIRST: kaio.constexpr, ROT: kaio.constexpr,
+):  # fmt: skip
+    """Both kernels in one launch (dense): blocks below ``n_dkdv`` are
+    ``attention_bwd_dkdv_d256q``'s (``dkdv_block``: key block b % nkb of K/V head b //
+    nkb; its tensor maps tk .. td), the others ``attention_bwd_dq_d256``'s (``dq_block``:
+    query block b % nqb of (batch, head) b // nqb; tq2 .. td2 and tk, tv). Blocks start in
+    order, so the dQ blocks take the multiprocessors that the last dK/dV blocks leave
+    idle, where two launches would wait for the last of those."""
+    t, wg, lt = thread_roles(2)
+    b = i32(kaio.block_idx_x())
+    if b < n_dkdv:
+        dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, seq_q, seq_k, heads, group,
+                   scale_log2, scale, causal, none, none, 0, t, wg, lt, b % nkb, b // nkb, nkb,
+                   D, REGS, DT, 0, HALVES, ROT)  # fmt: skip
+    else:
+        b -= n_dkdv
+        dq_block(tq2, tdo2, tk, tv, tl2, td2, dq, seq_q, seq_k, heads, group, scale_log2, scale,
+                 causal, none, none, 0, t, wg, lt, b % nqb, b // nqb, nqb, D, REGS, DT, 0,
+                 SFIRST, ROT)  # fmt: skip
+
+
+@kaio.gpu_func
+def dq_block(
+    tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
+    group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
+    t: u32, wg: u32, lt: u32, x: i32, y: i32, nx: i32, D: kaio.constexpr, REGS: kaio.constexpr,
+    DT: kaio.constexpr, COLS: kaio.constexpr, SFIRST: kaio.constexpr, ROT: kaio.constexpr,
+):  # fmt: skip
+    """dq of the 128 query rows of block x of nx (counted from the last: the heaviest causal
+    tiles first) of (batch, head) y (thread t, warpgroup wg, its thread lt), as the pair's
+    ``attention_bwd_dq_wgmma`` with two warpgroups and 64-key tiles (its tensor maps, boxes
+    of 128, resp. 64 rows; ``COLS`` 1 its varlen kernel's block z of packed sequences), but
+    K and V each in a buffer of its own with its own barriers (``produce_kv``,
+    ``consume_dq_kv``): the 192 KB of Q, dO, K and V leave no room for a second stage, and
+    with one stage of both a tile's copies wait for its last product. ``SFIRST`` 1: K in
+    two stages (224 KB in all), each tile's S issued first (``consume_dq_kv``). ``ROT`` 1
+    (dense, without the mask): the walk over the key tiles begins at tile x n_tiles / nx
+    and wraps around."""
     BQ = 128
     BN = 64
     C = D // 64
@@ -810,10 +873,11 @@ def attention_bwd_dq_d256(
     BARS = 2 * ONCE + (KST + 1) * KV + 2 * BQ * 4
     bars = kaio.shared_dynamic(u64, (2, 3), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 48)
-    t, wg, lt = thread_roles(2)
     start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
                                                              COLS)  # fmt: skip
-    bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)  # (COLS: q0 shifted)
+    bh = y
+    q0 = (nx - 1 - x) * BQ
+    kvh, n_tiles = kv_head_and_tiles(bh, q0, heads, group, sk, causal, BQ, BN)
     out_at = bh * sq * D
     out_stride = D
     q_row = bh * sq + q0
@@ -835,7 +899,7 @@ def attention_bwd_dq_d256(
         q_col = bh * D
         kv_col = kvh * D
         stat_at = bh * tp + stat_off
-    s0 = rotation(i32(kaio.block_idx_x()), n_tiles, causal, ROT * (1 - COLS))
+    s0 = rotation(x, nx, n_tiles, causal, ROT * (1 - COLS))
     if t == 0:
         init_barriers(bars, turn, 2, 1 + KST, 0, 2)  # (0 and 1, 0): V's; (0 and 1, 1 ..): K's
     kaio.sync_threads()
@@ -877,7 +941,7 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     dkdv = {"BM": bm, "STAGES": stages, "REGS": regs, "DQ": dq, "EARLY": 1, "COLS": 0,
             "Q128": Q128 if not dq else 0, "HALVES": HALVES, "ROT": ROT}  # fmt: skip
     dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs, "KV": KV,
-              "SFIRST": SFIRST, "ROT": ROT}  # fmt: skip
+              "SFIRST": SFIRST, "ROT": ROT, "UNION": UNION}  # fmt: skip
     return {"dkdv": dkdv, "dq": dq_cfg}
 
 
@@ -913,6 +977,12 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
     }
 
 
+def q128_shared_bytes(d: int) -> int:
+    """``attention_bwd_dkdv_d256q``'s dynamic shared memory: K, V, Q, dO, the P^T and dS^T
+    buffers, the lse and delta of a tile, the barriers."""
+    return 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4 + 128 + 16
+
+
 def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, dv,
              extra: tuple, args: tuple, offsets: dict, dt) -> None:  # fmt: skip
     """Launch the dK/dV kernel of ``config(d)["dkdv"]`` ``c`` (``Q128`` 1:
@@ -922,7 +992,7 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, 
     (the stats' rows in boxes of ``rows``), the lse and delta, dk and dv, the kernel's scalar
     ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``."""
     if c.get("Q128"):
-        smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4 + 128 + 16
+        smem = q128_shared_bytes(d)
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"],
             DT=dt, COLS=c["COLS"], HALVES=c["HALVES"], ROT=c["ROT"],
@@ -940,8 +1010,18 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, 
 # 2026-11-27: 648 TFLOP/s of its products against 507, causal 569 against 462).
 KV = 1
 
-# attention_bwd_dq_d256's order: dP first (0) or S first, K in two stages (1).
+# attention_bwd_dq_d256's order: dP first (0) or S first, K in two stages (1; 2: each dQ
+# product left in flight until the next tile's S and dP are issued).
 SFIRST = 0
+
+# Both kernels in one launch (1: ``attention_bwd_d256``) or one after the other (0).
+UNION = 0
+
+
+def dq_shared_bytes(d: int, sfirst: int) -> int:
+    """``attention_bwd_dq_d256``'s dynamic shared memory: Q, dO, K (two stages where
+    ``sfirst``), V, the rows' lse and delta, the barriers."""
+    return 2 * 128 * d * 2 + (3 if sfirst else 2) * 64 * d * 2 + 2 * 128 * 4 + 48 + 16
 
 
 def dq_kernel(c: dict, d: int, cols: int) -> tuple:
@@ -952,11 +1032,11 @@ def dq_kernel(c: dict, d: int, cols: int) -> tuple:
     from kaio_ops import _attention_hopper_bwd as pair
 
     if c.get("KV"):
-        smem = 2 * 128 * d * 2 + (3 if c["SFIRST"] else 2) * 64 * d * 2 + 2 * 128 * 4 + 48 + 16
+        smem = dq_shared_bytes(d, c["SFIRST"])
         consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "SFIRST": c["SFIRST"], "ROT": c["ROT"]}
         return attention_bwd_dq_d256, consts, 384, smem, 128, 64
     bq = 64 * c["WG"]
-    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "SFIRST", "ROT")}
+    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "SFIRST", "ROT", "UNION")}
     smem = pair.shared_bytes(d, bq, c["BN"], c["STAGES"], bq)
     return (pair.attention_bwd_dq_wgmma, {"D": d, "COLS": cols, **consts}, 128 * c["WG"] + 128,
             smem, bq, c["BN"])  # fmt: skip
@@ -1035,6 +1115,19 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
                  qa.dtype)  # fmt: skip
 
     side = (SIDE if side is None else side) and only is None and not c1["DQ"]
+    if c2["UNION"] and only is None and not side and c1["Q128"] and c2["KV"]:
+        nkb, nqb = -(-sk // 64), -(-sq // 128)
+        outs = (_arrays.output_arg(da, x, (x_size,)) for x, x_size in
+                ((dq, qa.size), (dk, ka.size), (dv, ka.size)))  # fmt: skip
+        attention_bwd_d256[(nkb * (bh // group) + nqb * bh,), 384, stream,
+                           max(q128_shared_bytes(d), dq_shared_bytes(d, c2["SFIRST"]))](
+            tmap(ka, rows_kv, 64), tmap(va, rows_kv, 64), tmap(qa, rows_q, 64),
+            tmap(da, rows_q, 64), *pair.stats_maps(la, delta, rows_q, 64), tmap(qa, rows_q, 128),
+            tmap(da, rows_q, 128), *pair.stats_maps(la, delta, rows_q, 128), la.arg(rows_q),
+            delta, *outs, *args, none, nkb, nqb, nkb * (bh // group), D=d, REGS=c1["REGS"],
+            DT=qa.dtype, HALVES=c1["HALVES"], SFIRST=c2["SFIRST"], ROT=c2["ROT"],
+        )  # fmt: skip
+        return dq, dk, dv
     if only != "dq" and not side:
         dkdv_kernel()
     if c1["DQ"]:
@@ -1072,3 +1165,6 @@ def specializations():
         else:
             kernel, consts, *_ = dq_kernel(cfg["dq"], D256, 0)
             yield kernel, {"DT": dt, **consts}
+        if UNION:
+            yield attention_bwd_d256, {"D": D256, "REGS": cfg["dkdv"]["REGS"], "DT": dt,
+                                       "HALVES": HALVES, "SFIRST": SFIRST, "ROT": ROT}  # fmt: skip
