@@ -283,9 +283,10 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
     """``(part, cfg, side)`` of a ``--kernels`` item: its part (``dq``, ``dkdv`` or ``all``),
     the ``launch`` overrides of its options (``kv``: the dQ kernel
     ``attention_bwd_dq_d256``, ``pair``: the pair's; ``q128``: the dK/dV kernel
-    ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``; ``halves``: the
-    Q128 kernel's ``HALVES`` 1; ``sfirst``, ``sfirst2``: the dQ kernel's ``SFIRST`` 1, 2;
-    ``rot``: both kernels' ``ROT`` 1; ``union``: both in one launch (``UNION`` 1);
+    ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``; ``halves``,
+    ``halves2``: the Q128 kernel's ``HALVES`` 1, 2; ``sfirst``, ``sfirst2``: the dQ
+    kernel's ``SFIRST`` 1, 2; ``rot``: both kernels' ``ROT`` 1; ``union``: both in one
+    launch (``UNION`` 1);
     ``BN:STAGES:PIPE``: the pair's dQ kernel with those) and whether ``side``."""
     part, *opts = item.split(":")
     cfg: dict = {"dq": {}, "dkdv": {}}
@@ -297,8 +298,9 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         cfg["dq"]["KV"] = int("kv" in opts)
     if "q128" in opts or "bm64" in opts:  # bm64: attention_bwd_dkdv_d256
         cfg["dkdv"]["Q128"] = int("q128" in opts)
-    if "halves" in opts:  # the Q128 kernel's products a half of the queries at a time
-        cfg["dkdv"]["HALVES"] = 1
+    for x in opts:  # halves, halves2: the Q128 kernel's HALVES 1, 2
+        if x.startswith("halves"):
+            cfg["dkdv"]["HALVES"] = int(x[6:] or 1)
     if "rot" in opts:  # both kernels' walks rotated (without the mask)
         cfg["dq"]["ROT"] = cfg["dkdv"]["ROT"] = 1
     if "union" in opts:  # both kernels in one launch
