@@ -283,9 +283,9 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
     """``(part, cfg, side)`` of a ``--kernels`` item: its part (``dq``, ``dkdv`` or ``all``),
     the ``launch`` overrides of its options (``kv``: the dQ kernel
     ``attention_bwd_dq_d256``, ``pair``: the pair's; ``q128``: the dK/dV kernel
-    ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``; ``halves``,
-    ``halves2``: the Q128 kernel's ``HALVES`` 1, 2; ``sfirst``, ``sfirst2``: the dQ
-    kernel's ``SFIRST`` 1, 2; ``rot``: both kernels' ``ROT`` 1; ``union``: both in one
+    ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``; ``halvesN``:
+    the Q128 kernel's ``HALVES`` N (``halves``: 1); ``sfirstN``: the dQ kernel's ``SFIRST`` N
+    (``sfirst``: 1); ``rot``: both kernels' ``ROT`` 1; ``union``: both in one
     launch (``UNION`` 1);
     ``BN:STAGES:PIPE``: the pair's dQ kernel with those) and whether ``side``."""
     part, *opts = item.split(":")
@@ -298,17 +298,45 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         cfg["dq"]["KV"] = int("kv" in opts)
     if "q128" in opts or "bm64" in opts:  # bm64: attention_bwd_dkdv_d256
         cfg["dkdv"]["Q128"] = int("q128" in opts)
-    for x in opts:  # halves, halves2: the Q128 kernel's HALVES 1, 2
+    for x in opts:  # halvesN: the Q128 kernel's HALVES N (halves: 1)
         if x.startswith("halves"):
             cfg["dkdv"]["HALVES"] = int(x[6:] or 1)
     if "rot" in opts:  # both kernels' walks rotated (without the mask)
         cfg["dq"]["ROT"] = cfg["dkdv"]["ROT"] = 1
     if "union" in opts:  # both kernels in one launch
         cfg["dq"]["UNION"] = 1
-    for x in opts:  # sfirst, sfirst2: attention_bwd_dq_d256's SFIRST 1, 2
+    for x in opts:  # sfirstN: attention_bwd_dq_d256's SFIRST N (sfirst: 1)
         if x.startswith("sfirst"):
             cfg["dq"]["SFIRST"] = int(x[6:] or 1)
     return part, cfg, "side" in opts
+
+
+def time_rotated(fns: dict, rounds: int = 5, reps: int = 2) -> dict:
+    """Milliseconds a call of each of ``fns`` (name: function of no arguments), timed in
+    turn: ``rounds`` rounds of ``reps`` calls each between CUDA events, the order rotated
+    each round, the median round. (Under the H100's 700 W cap the clock moves with the power
+    drawn and the temperature: timed one after the other, the last of a row ran up to 8%
+    below the same kernel timed first, GPU round B of 2026-11-27.)"""
+    import torch
+
+    names = list(fns)
+    times: dict = {n: [] for n in names}
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                fns[name]()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / reps)
+    return {n: sorted(t)[len(t) // 2] for n, t in times.items()}
+
+
+ROTATE = False  # --rotate: kernel_row's items timed in turn (time_rotated)
 
 
 def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dict:
@@ -320,6 +348,7 @@ def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dic
     prod = 2 * b * h * seq * seq * d / (2 if causal else 1)
     row = dict(dtype=str(q.dtype), s=seq, b=b, causal=causal)
     want = None if warm else hopper_bwd256.launch(*op)
+    fns, parts = {}, {}
     for item in items.split(","):
         part, cfg, side = kernel_cfg(item)
         only = None if part == "all" else part
@@ -331,11 +360,14 @@ def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dic
             float((got[i].float() - want[i].float()).abs().max() / want[i].float().abs().max())
             for i in picked
         )
-        ms = time_calls(
-            lambda cfg=cfg, only=only, side=side: hopper_bwd256.launch(*op, cfg, only, side),
-            reps=REPS,
-        )
-        row[item] = {"dq": 3, "dkdv": 4, "all": 5}[part] * prod / ms / 1e9
+        fns[item] = lambda cfg=cfg, only=only, side=side: hopper_bwd256.launch(*op, cfg, only, side)
+        parts[item] = part
+    if ROTATE:
+        times = time_rotated(fns)
+    else:
+        times = {item: time_calls(fn, reps=REPS) for item, fn in fns.items()}
+    for item, ms in times.items():
+        row[item] = {"dq": 3, "dkdv": 4, "all": 5}[parts[item]] * prod / ms / 1e9
     return row
 
 
@@ -381,12 +413,14 @@ def main() -> None:
     p.add_argument("--no-fwd", action="store_true", help="--warm: o, lse random (no forward)")
     p.add_argument("--table", action="store_true", help="the table too (with --kernels, --varlen)")
     p.add_argument("--reps", type=int, default=3, help="calls a timed round (3 rounds)")
+    p.add_argument("--rotate", action="store_true", help="--kernels: timed in turn, rotated")
     a = p.parse_args()
     if a.tiny:
         return tiny(a.tiny, a.dtypes, a.causal)
-    global FWD, REPS
+    global FWD, REPS, ROTATE
     FWD = not (a.no_fwd and a.warm)
     REPS = a.reps
+    ROTATE = a.rotate
     rows: list = []
 
     def save():

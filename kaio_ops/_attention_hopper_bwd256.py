@@ -406,8 +406,7 @@ def produce_qdo(
     query tile t in first .. n_tiles the ``BM`` rows from ``ring_row + j head_stride + t
     BM`` (columns from ``ring_col + j col_stride``) of dO, then of Q (``copy_in_turn``, in
     halves of 64 rows: ``do_s[0]``, ``do_s[1]``; ``HALVES`` 1: dO's and Q's first halves,
-    then their second; 2: Q's and dO's, the stats with Q), with dO the lse and delta of its
-    rows (``stats[0 and 1, half]``),
+    then their second), with dO the lse and delta of its rows (``stats[0 and 1, half]``),
     head j's ``stat_at + j stat_stride`` further than the rows; the walk over these (head,
     tile) items begins at item ``s0`` and wraps around (``walk_start``)."""
     C = D // 64
@@ -422,12 +421,8 @@ def produce_qdo(
         c0 = ring_col + j * col_stride
         srow = row + stat_at + j * stat_stride
         t, j = next_tile_wrapped(t, j, first, n_tiles, 1, 0, heads_n)
-        if HALVES == 2:  # Q (with the lse and delta of its rows), then dO
-            copy_in_turn(q_s, do_s, tq, tdo, bars, row, c0, i, ph, s_s, tl, td, srow, BM, 2, D,
-                         DT, 1, 1)  # fmt: skip
-        else:  # dO, then Q
-            copy_in_turn(do_s, q_s, tdo, tq, bars, row, c0, i, ph, s_s, tl, td, srow, BM, 2, D,
-                         DT, 1, HALVES)  # fmt: skip
+        copy_in_turn(do_s, q_s, tdo, tq, bars, row, c0, i, ph, s_s, tl, td, srow, BM, 2, D, DT,
+                     1, HALVES)  # dO, then Q  # fmt: skip
         ph ^= 1
 
 
@@ -435,26 +430,21 @@ def produce_qdo(
 def back_halves(
     dva: f32[:, :], dka: f32[:, :], pt_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     bars: u64[:, :], ph: u32, lt: u32, cb: i32, H: kaio.constexpr, DT: kaio.constexpr,
-    HALVES: kaio.constexpr,
 ):  # fmt: skip
-    """``consume_q128``'s dV += P^T dO and dK += dS^T Q (``HALVES`` 1; 2: dK's first) a half
-    of the tile's queries at a time, each as soon as that half's P^T and dS^T are stored
+    """``consume_q128``'s dV += P^T dO and dK += dS^T Q (``HALVES`` 1) a half of the tile's
+    queries at a time, each as soon as that half's P^T and dS^T are stored
     (``bars[1, 5]``: the first warpgroup's warps, ``bars[1, 7]``: the second's), so that the
     first warpgroup's products of its own half run beside the second's P^T step; then dO's
     and Q's first halves, then their second, freed as their products end (``produce_qdo``
-    copies them in that order; the first of each half on barrier h, the second on 2 + h)."""
+    copies them in that order)."""
     for h in kaio.static_range(2):
         kaio.mbarrier_wait(bars, (1, 5 + 2 * h), ph)  # half h's P^T, dS^T stored
         kaio.mbarrier_wait(bars, (0, h), ph)  # its dO and Q (the other warpgroup's: landed)
         kaio.mbarrier_wait(bars, (0, 2 + h), ph)
         kaio.wgmma_fence()
-        if HALVES == 2:
-            issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
-            issue_pt(dva, pt_s, h, u32(0), do_s, h, H, DT, cb)
-        else:
-            issue_pt(dva, pt_s, h, u32(0), do_s, h, H, DT, cb)
-            issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
-    for j in kaio.static_range(4):  # half 0's first and second, then half 1's
+        issue_pt(dva, pt_s, h, u32(0), do_s, h, H, DT, cb)
+        issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
+    for j in kaio.static_range(4):  # dO's half 0, Q's half 0, dO's half 1, Q's half 1
         kaio.wgmma_wait(3 - j)
         release(bars, j % 2 * 2 + j // 2, lt)
 
@@ -480,9 +470,7 @@ def consume_q128(
     the lse and delta from ``stats[0 and 1, wg]``). ``FIRST`` 1 (warpgroup 0): arrives on
     ``bars[1, 6]`` once its front products are done; 0: waits for that before issuing its
     own. ``HALVES`` 1: the products of each half of the queries as soon as its P^T and dS^T
-    are stored (``back_halves``); 2: besides, S^T first (Q copied first), P^T computed
-    while dP^T's product runs (``grads_t``'s WAIT), the first warpgroup's arrival once S^T
-    is done. The walk begins at item ``s0`` (``produce_qdo``'s)."""
+    are stored (``back_halves``). The walk begins at item ``s0`` (``produce_qdo``'s)."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
     lane, kr, q1, cb = split_roles(lt, wg, H, NH)
@@ -500,32 +488,25 @@ def consume_q128(
     for _i in range(total):
         if FIRST == 0:  # the second warpgroup: the first's front products done
             kaio.mbarrier_wait(bars, (1, 6), ph)
-        kaio.mbarrier_wait(bars, (0, i32(wg)), ph)  # dO's (HALVES 2: Q's) half of its queries
+        kaio.mbarrier_wait(bars, (0, i32(wg)), ph)  # dO's half of this warpgroup's queries
         kaio.wgmma_fence()
-        if HALVES == 2:  # S^T first: P^T computed while dP^T's product runs
-            issue_st(s, k_s, q_s, i32(wg), 0, D, DT)
-            kaio.mbarrier_wait(bars, (0, 2 + i32(wg)), ph)  # dO's
-            issue_st(dp, v_s, do_s, i32(wg), 0, D, DT)
-            kaio.wgmma_wait(1)
-        else:
-            issue_st(dp, v_s, do_s, i32(wg), 0, D, DT)
-            kaio.mbarrier_wait(bars, (0, 2 + i32(wg)), ph)  # Q's
-            issue_st(s, k_s, q_s, i32(wg), 0, D, DT)
-            kaio.wgmma_wait(0)
+        issue_st(dp, v_s, do_s, i32(wg), 0, D, DT)
+        kaio.mbarrier_wait(bars, (0, 2 + i32(wg)), ph)  # Q's
+        issue_st(s, k_s, q_s, i32(wg), 0, D, DT)
+        kaio.wgmma_wait(0)
         if FIRST:
             kaio.sync_warp()
             if lt % 32 == 0:
                 kaio.mbarrier_arrive(bars, (1, 6))
-        wait = 0 if HALVES == 2 else -1  # (HALVES 2: dP^T's product in flight)
         grads_t(s, dp, stats, i32(wg), lse, delta, at0, key0, t * BM + q1 + shift, sq + shift,
-                1 << 30, causal, scale_log2, lane, H, 1, 1, 0, wait)  # fmt: skip
+                1 << 30, causal, scale_log2, lane, H, 1, 1)  # fmt: skip
         if _i > 0:  # the last tile's dV and dK products done in both warpgroups
             kaio.mbarrier_wait(bars, (1, 4), ph ^ 1)
         store_ds(pt_s, i32(wg), s, kr, lane, H, DT)
         store_ds(pt_s, 2 + i32(wg), dp, kr, lane, H, DT)
         if HALVES:
             release(bars, 5 + 2 * i32(wg), lt)  # this half's P^T, dS^T there
-            back_halves(dva, dka, pt_s, q_s, do_s, bars, ph, lt, cb, H, DT, HALVES)
+            back_halves(dva, dka, pt_s, q_s, do_s, bars, ph, lt, cb, H, DT)
         else:
             release(bars, 5, lt)
             kaio.mbarrier_wait(bars, (1, 5), ph)  # both warpgroups' queries there
@@ -764,8 +745,9 @@ def consume_dq_kv(
     rows ``out_stride`` apart. The unmasked key tiles take a branch without the mask's
     instructions (``grads``' SPLIT). ``SFIRST`` 1: S first (K in two stages, the next
     tile's loading while this one is read), then dP, P computed while dP's product runs
-    (``grads_after_s``); 2: besides, each tile's dQ product left in flight until the next
-    tile's S and dP are issued. The key tiles from tile ``s0`` on, wrapping around."""
+    (``grads_after_s``), and each tile's dQ product left in flight until the next tile's S
+    and dP are issued (its K stage freed then). The key tiles from tile ``s0`` on, wrapping
+    around."""
     lane, local, _, _ = split_roles(lt, wg, 64, 64)
     local += 64 * i32(wg)  # this thread's rows q0 + local (+ 8)
     row0 = q0 + local
@@ -788,10 +770,9 @@ def consume_dq_kv(
             issue_s(s, q_s, k_s, kst, wg, 0, D, DT)  # S = Q K^T
             kaio.mbarrier_wait(bars, (0, 0), ph)  # V landed
             issue_s(dp, do_s, v_s, 0, wg, 0, D, DT)  # dP = dO V^T
-            if SFIRST == 2:  # the last tile's dQ product, left in flight, done
-                kaio.wgmma_wait(2)
-                if j > 0:
-                    release(bars, 2 - kst, lt)  # its K free
+            kaio.wgmma_wait(2)  # the last tile's dQ product, left in flight, done
+            if j > 0:
+                release(bars, 2 - kst, lt)  # its K free
             grads_after_s(s, dp, l2, dl, k0, row0, sk, causal, scale_log2, lane, BN)
             release(bars, 0, lt)  # V free
         else:
@@ -807,9 +788,9 @@ def consume_dq_kv(
         pack_p(ds, dp, BN, DT)
         kaio.wgmma_fence()
         issue_pv(dqa, ds, k_s, kst, BN, DT)  # dQ += dS K
-        if SFIRST < 2:
+        if SFIRST == 0:
             kaio.wgmma_wait(0)
-            release(bars, 1 + kst, lt)  # K free
+            release(bars, 1, lt)  # K free
         ph ^= 1
     kaio.wgmma_wait(0)
     store_tile(dq, dqa, out_at, row0, sq, scale, lane, D, DT, 1, out_stride)
@@ -971,9 +952,11 @@ def config(d: int = D256, dq: int | None = None) -> dict:
 Q128 = 1
 
 # The Q128 kernel's dV and dK products: after both warpgroups' P^T, dS^T (0) or a half of the
-# queries at a time, each as soon as its own are there (1: ``back_halves``; 2: besides, S^T
-# issued first and P^T computed while dP^T's product runs).
-HALVES = 0
+# queries at a time, each as soon as its own are there (1: ``back_halves``; measured on an
+# H100, f16 H16 D256, GPU round B of 2026-11-27: 581 TFLOP/s of its products against 545 at
+# B4 S4096, 571 against 546 at B1 S16384; 2, S^T issued first and P^T computed while dP^T's
+# product runs, 582 and 566: removed).
+HALVES = 1
 
 # Both kernels' walks rotated (without the mask: ``rotation``).
 ROT = 0
@@ -1030,9 +1013,11 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, 
 # 2026-11-27: 648 TFLOP/s of its products against 507, causal 569 against 462).
 KV = 1
 
-# attention_bwd_dq_d256's order: dP first (0) or S first, K in two stages (1; 2: each dQ
-# product left in flight until the next tile's S and dP are issued).
-SFIRST = 0
+# attention_bwd_dq_d256's order: dP first (0) or S first, K in two stages, each dQ product
+# left in flight until the next tile's S and dP are issued (1; measured on an H100, f16 H16
+# D256, GPU round B of 2026-11-27: 698 TFLOP/s of its products against 660 at B4 S4096, 599
+# against 588 at B1 S16384, 637 against 613 causal; without dQ in flight: not timed, removed).
+SFIRST = 1
 
 # Both kernels in one launch (1: ``attention_bwd_d256``) or one after the other (0).
 UNION = 0
