@@ -1120,16 +1120,17 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
                  qa.dtype)  # fmt: skip
 
     side = (SIDE if side is None else side) and only is None and not c1["DQ"]
-    if c2["UNION"] and only is None and not side and c1["Q128"] and c2["KV"]:
+    if c2["UNION"] and not side and c1["Q128"] and c2["KV"]:  # (only: that part's blocks)
         nkb, nqb = -(-sk // 64), -(-sq // 128)
+        n_dkdv = nkb * (bh // group) if only != "dq" else 0
         outs = (_arrays.output_arg(da, x, (x_size,)) for x, x_size in
                 ((dq, qa.size), (dk, ka.size), (dv, ka.size)))  # fmt: skip
-        attention_bwd_d256[(nkb * (bh // group) + nqb * bh,), 384, stream,
+        attention_bwd_d256[(n_dkdv + (nqb * bh if only != "dkdv" else 0),), 384, stream,
                            max(q128_shared_bytes(d), dq_shared_bytes(d, c2["SFIRST"]))](
             tmap(ka, rows_kv, 64), tmap(va, rows_kv, 64), tmap(qa, rows_q, 64),
             tmap(da, rows_q, 64), *pair.stats_maps(la, delta, rows_q, 64), tmap(qa, rows_q, 128),
             tmap(da, rows_q, 128), *pair.stats_maps(la, delta, rows_q, 128), la.arg(rows_q),
-            delta, *outs, *args, none, nkb, nqb, nkb * (bh // group), D=d, REGS=c1["REGS"],
+            delta, *outs, *args, none, nkb, nqb, n_dkdv, D=d, REGS=c1["REGS"],
             DT=qa.dtype, HALVES=c1["HALVES"], SFIRST=c2["SFIRST"], ROT=c2["ROT"],
         )  # fmt: skip
         return dq, dk, dv
