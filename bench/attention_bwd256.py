@@ -279,14 +279,17 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
     return rows
 
 
+# kernel_cfg's options NAMEn: (the kernels, the constexpr) that they set to n
+KNOBS = {"halves": (("dkdv",), "HALVES"), "sfirst": (("dq",), "SFIRST"),
+         "rot": (("dq", "dkdv"), "ROT"), "union": (("dq",), "UNION")}  # fmt: skip
+
+
 def kernel_cfg(item: str) -> tuple[str, dict, bool]:
     """``(part, cfg, side)`` of a ``--kernels`` item: its part (``dq``, ``dkdv`` or ``all``),
     the ``launch`` overrides of its options (``kv``: the dQ kernel
     ``attention_bwd_dq_d256``, ``pair``: the pair's; ``q128``: the dK/dV kernel
-    ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``; ``halvesN``:
-    the Q128 kernel's ``HALVES`` N (``halves``: 1); ``sfirstN``: the dQ kernel's ``SFIRST`` N
-    (``sfirst``: 1); ``rot``: both kernels' ``ROT`` 1; ``union``: both in one
-    launch (``UNION`` 1);
+    ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``; ``halvesN``,
+    ``sfirstN``, ``rotN``, ``unionN``: ``KNOBS``' constexpr N (without N: 1);
     ``BN:STAGES:PIPE``: the pair's dQ kernel with those) and whether ``side``."""
     part, *opts = item.split(":")
     cfg: dict = {"dq": {}, "dkdv": {}}
@@ -298,16 +301,11 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         cfg["dq"]["KV"] = int("kv" in opts)
     if "q128" in opts or "bm64" in opts:  # bm64: attention_bwd_dkdv_d256
         cfg["dkdv"]["Q128"] = int("q128" in opts)
-    for x in opts:  # halvesN: the Q128 kernel's HALVES N (halves: 1)
-        if x.startswith("halves"):
-            cfg["dkdv"]["HALVES"] = int(x[6:] or 1)
-    if "rot" in opts:  # both kernels' walks rotated (without the mask)
-        cfg["dq"]["ROT"] = cfg["dkdv"]["ROT"] = 1
-    if "union" in opts:  # both kernels in one launch
-        cfg["dq"]["UNION"] = 1
-    for x in opts:  # sfirstN: attention_bwd_dq_d256's SFIRST N (sfirst: 1)
-        if x.startswith("sfirst"):
-            cfg["dq"]["SFIRST"] = int(x[6:] or 1)
+    for x in opts:  # NAMEn: KNOBS' constexpr n (NAME: 1)
+        name = x.rstrip("0123456789")
+        if name in KNOBS:
+            for kernel in KNOBS[name][0]:
+                cfg[kernel][KNOBS[name][1]] = int(x[len(name) :] or 1)
     return part, cfg, "side" in opts
 
 

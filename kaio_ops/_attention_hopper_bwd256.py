@@ -40,7 +40,10 @@ landed, then S once K has; V is free once dP is done (the next V is copied while
 dQ run) and K once dQ is (the next K is copied while the next dP runs). The 192 KB of Q,
 dO, K and V leave no room for a second stage of both, and with a single stage of both (the
 pair's kernel) each tile's copies waited for its last product. A key tile that needs no mask
-takes a branch without the mask's instructions (``grads``' SPLIT).
+takes a branch without the mask's instructions (``grads``' SPLIT). With ``SFIRST`` 1 (the
+default) K has two stages (224 KB in all) and each tile's S is issued first, then dP: P is
+computed while dP's product runs, and the tile's dQ product stays in flight until the next
+tile's S and dP are issued.
 
 ``attention_bwd_dkdv_d256q`` (``Q128`` 1): the dK/dV kernel with 128-query tiles in halves
 of 64 (each warpgroup's front products at N 64: K and V read half as often a product as
@@ -52,7 +55,16 @@ shared memory; read from global memory in the P^T step, their loads and their bo
 were half of that step's instructions), unmasked tiles take a branch without the mask's
 instructions (``grads_t``'s SPLIT), and the second warpgroup issues a tile's front products
 once the first's are done (``bars[1, 6]``), so that the first's P^T, dS^T step runs beside
-them instead of both at once (a branch a warpgroup: ``consume_q128``'s ``FIRST``).
+them instead of both at once (a branch a warpgroup: ``consume_q128``'s ``FIRST``). With
+``HALVES`` 1 (the default) each warpgroup issues its dV and dK products a half of the tile's
+queries at a time, each half as soon as its P^T and dS^T are stored (``back_halves``): the
+first warpgroup's products of its own half run beside the second's P^T step.
+
+By default (``UNION`` 1) the two kernels run as one launch, ``attention_bwd_d256``: the dK/dV
+blocks first, then the dQ blocks, which take the multiprocessors that the last dK/dV blocks
+leave idle. Without the mask (``ROT`` 1) each block's walk begins at its own place (key block
+x at item x W / blocks of its W (head, query tile) items, query block x at key tile x n /
+blocks) and wraps around, so that a head's blocks read different tiles at any time.
 
 With ``COLS`` 1 the dK/dV kernel is the varlen backward's at D 256
 (``_attention_hopper_varlen_bwd``): a block (key block, K/V head, sequence) of packed
@@ -958,8 +970,10 @@ Q128 = 1
 # product runs, 582 and 566: removed).
 HALVES = 1
 
-# Both kernels' walks rotated (without the mask: ``rotation``).
-ROT = 0
+# Both kernels' walks rotated (without the mask: ``rotation``; measured on an H100, f16 H16
+# D256, GPU round C of 2026-11-27, the whole backward timed in turn with the order rotated:
+# 443 TFLOP/s against 427 at B4 S4096, 453 against 440 at B1 S16384).
+ROT = 1
 
 # The constexprs of config()["dkdv"] that only the Q128 kernel takes.
 Q128_ONLY = ("Q128", "HALVES", "ROT")
@@ -1019,8 +1033,11 @@ KV = 1
 # against 588 at B1 S16384, 637 against 613 causal; without dQ in flight: not timed, removed).
 SFIRST = 1
 
-# Both kernels in one launch (1: ``attention_bwd_d256``) or one after the other (0).
-UNION = 0
+# Both kernels in one launch (1: ``attention_bwd_d256``) or one after the other (0; measured
+# on an H100, f16 H16 D256, GPU round C of 2026-11-27, the whole backward timed in turn with
+# the order rotated: 439 TFLOP/s against 427 at B4 S4096, 456 against 440 at B1 S16384, 440
+# against 432 causal at S16384, 392 against 383 causal at S4096).
+UNION = 1
 
 
 def dq_shared_bytes(d: int, sfirst: int) -> int:
