@@ -268,11 +268,15 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
                         float((g.float() - w.float()).abs().max() / w.float().abs().max())
                         for g, w in zip(fns[name](), want, strict=True)
                     )
-            for name in impls.split(","):
-                if warm:
+            if warm:
+                for name in names:
                     fns[name]()
-                    continue
-                ms = time_calls(fns[name], reps=reps)
+                continue
+            if ROTATE:
+                times = time_rotated({name: fns[name] for name in names})
+            else:
+                times = {name: time_calls(fns[name], reps=reps) for name in names}
+            for name, ms in times.items():
                 row[f"{name}_ms"], row[name] = ms, flops / ms / 1e9
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -411,7 +415,8 @@ def main() -> None:
     p.add_argument("--no-fwd", action="store_true", help="--warm: o, lse random (no forward)")
     p.add_argument("--table", action="store_true", help="the table too (with --kernels, --varlen)")
     p.add_argument("--reps", type=int, default=3, help="calls a timed round (3 rounds)")
-    p.add_argument("--rotate", action="store_true", help="--kernels: timed in turn, rotated")
+    p.add_argument("--rotate", action="store_true",
+                   help="--kernels, --varlen: timed in turn, the order rotated")  # fmt: skip
     a = p.parse_args()
     if a.tiny:
         return tiny(a.tiny, a.dtypes, a.causal)
