@@ -60,11 +60,12 @@ them instead of both at once (a branch a warpgroup: ``consume_q128``'s ``FIRST``
 queries at a time, each half as soon as its P^T and dS^T are stored (``back_halves``): the
 first warpgroup's products of its own half run beside the second's P^T step.
 
-By default (``UNION`` 1) the two kernels run as one launch, ``attention_bwd_d256``: the dK/dV
-blocks first, then the dQ blocks, which take the multiprocessors that the last dK/dV blocks
-leave idle. Without the mask (``ROT`` 1) each block's walk begins at its own place (key block
-x at item x W / blocks of its W (head, query tile) items, query block x at key tile x n /
-blocks) and wraps around, so that a head's blocks read different tiles at any time.
+With ``UNION`` 1 (off: no faster with rotated walks, measured) the two kernels run as one
+launch, ``attention_bwd_d256``: the dK/dV blocks first, then the dQ blocks, which take the
+multiprocessors that the last dK/dV blocks leave idle. Without the mask (``ROT`` 1, the
+default) each block's walk begins at its own place (key block x at item x W / blocks of its
+W (head, query tile) items, query block x at key tile x n / blocks) and wraps around, so that
+a head's blocks read different tiles at any time.
 
 With ``COLS`` 1 the dK/dV kernel is the varlen backward's at D 256
 (``_attention_hopper_varlen_bwd``): a block (key block, K/V head, sequence) of packed
@@ -1033,11 +1034,12 @@ KV = 1
 # against 588 at B1 S16384, 637 against 613 causal; without dQ in flight: not timed, removed).
 SFIRST = 1
 
-# Both kernels in one launch (1: ``attention_bwd_d256``) or one after the other (0; measured
-# on an H100, f16 H16 D256, GPU round C of 2026-11-27, the whole backward timed in turn with
-# the order rotated: 439 TFLOP/s against 427 at B4 S4096, 456 against 440 at B1 S16384, 440
-# against 432 causal at S16384, 392 against 383 causal at S4096).
-UNION = 1
+# Both kernels in one launch (1: ``attention_bwd_d256``) or one after the other (0). Measured
+# on an H100, f16 H16 D256, the whole backward timed in turn with the order rotated (TFLOP/s,
+# one launch / two; B4 S4096, B1 S16384, causal S16384, causal S4096): without rotated walks
+# 439/427, 456/440, 440/432, 392/383 (GPU round C of 2026-11-27); with them (as shipped)
+# 426/430, 451/462 (round D), 423/425, 435/455, 421/407, 383/390 (round E): not faster, off.
+UNION = 0
 
 
 def dq_shared_bytes(d: int, sfirst: int) -> int:
