@@ -34,7 +34,9 @@ BATCH = {1024: 16, 2048: 8, 4096: 4, 8192: 2, 16384: 1}
 def variant(name: str):
     """(do, q, k, v, o, lse, causal) -> (dq, dk, dv): ``shipped`` the public op, ``mma.sync``
     the op with the Hopper kernels off, ``pair`` and ``fused`` the D 256 wgmma kernels with
-    that schedule (``_attention_hopper_bwd256.FUSED``), else the op unplanned."""
+    that schedule (``_attention_hopper_bwd256.FUSED``), ``NAME=N[+NAME=N]`` the op unplanned
+    with ``_attention_hopper_bwd256.NAME`` = N (``HALVES=1+SFIRST=1``), else the op
+    unplanned."""
     import kaio_ops
     from kaio_ops import _attention_hopper_bwd256 as hopper_bwd256
     from kaio_ops import attention
@@ -44,12 +46,17 @@ def variant(name: str):
     def run(do, q, k, v, o, lse, causal):
         if name == "shipped":
             return kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal)
-        if name in SCHEDULES:
-            saved, hopper_bwd256.FUSED = hopper_bwd256.FUSED, SCHEDULES[name]
+        if name in SCHEDULES or "=" in name:
+            pairs = [("FUSED", SCHEDULES[name])] if name in SCHEDULES else [
+                x.split("=") for x in name.split("+")]  # fmt: skip
+            saved = {c: getattr(hopper_bwd256, c) for c, _ in pairs}
+            for const, value in pairs:
+                setattr(hopper_bwd256, const, int(value))
             try:
                 return raw(do, q, k, v, o, lse, causal)
             finally:
-                hopper_bwd256.FUSED = saved
+                for const, value in saved.items():
+                    setattr(hopper_bwd256, const, value)
         os.environ["KAIO_HOPPER_ATTENTION"] = "0" if name == "mma.sync" else "1"
         try:
             return raw(do, q, k, v, o, lse, causal)
@@ -261,22 +268,32 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
                         float((g.float() - w.float()).abs().max() / w.float().abs().max())
                         for g, w in zip(fns[name](), want, strict=True)
                     )
-            for name in impls.split(","):
-                if warm:
+            if warm:
+                for name in names:
                     fns[name]()
-                    continue
-                ms = time_calls(fns[name], reps=reps)
+                continue
+            if ROTATE:
+                times = time_rotated({name: fns[name] for name in names})
+            else:
+                times = {name: time_calls(fns[name], reps=reps) for name in names}
+            for name, ms in times.items():
                 row[f"{name}_ms"], row[name] = ms, flops / ms / 1e9
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
 
 
+# kernel_cfg's options NAMEn: (the kernels, the constexpr) that they set to n
+KNOBS = {"halves": (("dkdv",), "HALVES"), "sfirst": (("dq",), "SFIRST"),
+         "rot": (("dq", "dkdv"), "ROT"), "union": (("dq",), "UNION")}  # fmt: skip
+
+
 def kernel_cfg(item: str) -> tuple[str, dict, bool]:
     """``(part, cfg, side)`` of a ``--kernels`` item: its part (``dq``, ``dkdv`` or ``all``),
     the ``launch`` overrides of its options (``kv``: the dQ kernel
     ``attention_bwd_dq_d256``, ``pair``: the pair's; ``q128``: the dK/dV kernel
-    ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``;
+    ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``; ``halvesN``,
+    ``sfirstN``, ``rotN``, ``unionN``: ``KNOBS``' constexpr N (without N: 1);
     ``BN:STAGES:PIPE``: the pair's dQ kernel with those) and whether ``side``."""
     part, *opts = item.split(":")
     cfg: dict = {"dq": {}, "dkdv": {}}
@@ -288,7 +305,40 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
         cfg["dq"]["KV"] = int("kv" in opts)
     if "q128" in opts or "bm64" in opts:  # bm64: attention_bwd_dkdv_d256
         cfg["dkdv"]["Q128"] = int("q128" in opts)
+    for x in opts:  # NAMEn: KNOBS' constexpr n (NAME: 1)
+        name = x.rstrip("0123456789")
+        if name in KNOBS:
+            for kernel in KNOBS[name][0]:
+                cfg[kernel][KNOBS[name][1]] = int(x[len(name) :] or 1)
     return part, cfg, "side" in opts
+
+
+def time_rotated(fns: dict, rounds: int = 5, reps: int = 2) -> dict:
+    """Milliseconds a call of each of ``fns`` (name: function of no arguments), timed in
+    turn: ``rounds`` rounds of ``reps`` calls each between CUDA events, the order rotated
+    each round, the median round. (Under the H100's 700 W cap the clock moves with the power
+    drawn and the temperature: timed one after the other, the last of a row ran up to 8%
+    below the same kernel timed first, GPU round B of 2026-11-27.)"""
+    import torch
+
+    names = list(fns)
+    times: dict = {n: [] for n in names}
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                fns[name]()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / reps)
+    return {n: sorted(t)[len(t) // 2] for n, t in times.items()}
+
+
+ROTATE = False  # --rotate: kernel_row's items timed in turn (time_rotated)
 
 
 def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dict:
@@ -300,6 +350,7 @@ def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dic
     prod = 2 * b * h * seq * seq * d / (2 if causal else 1)
     row = dict(dtype=str(q.dtype), s=seq, b=b, causal=causal)
     want = None if warm else hopper_bwd256.launch(*op)
+    fns, parts = {}, {}
     for item in items.split(","):
         part, cfg, side = kernel_cfg(item)
         only = None if part == "all" else part
@@ -311,11 +362,14 @@ def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dic
             float((got[i].float() - want[i].float()).abs().max() / want[i].float().abs().max())
             for i in picked
         )
-        ms = time_calls(
-            lambda cfg=cfg, only=only, side=side: hopper_bwd256.launch(*op, cfg, only, side),
-            reps=REPS,
-        )
-        row[item] = {"dq": 3, "dkdv": 4, "all": 5}[part] * prod / ms / 1e9
+        fns[item] = lambda cfg=cfg, only=only, side=side: hopper_bwd256.launch(*op, cfg, only, side)
+        parts[item] = part
+    if ROTATE:
+        times = time_rotated(fns)
+    else:
+        times = {item: time_calls(fn, reps=REPS) for item, fn in fns.items()}
+    for item, ms in times.items():
+        row[item] = {"dq": 3, "dkdv": 4, "all": 5}[parts[item]] * prod / ms / 1e9
     return row
 
 
@@ -361,12 +415,15 @@ def main() -> None:
     p.add_argument("--no-fwd", action="store_true", help="--warm: o, lse random (no forward)")
     p.add_argument("--table", action="store_true", help="the table too (with --kernels, --varlen)")
     p.add_argument("--reps", type=int, default=3, help="calls a timed round (3 rounds)")
+    p.add_argument("--rotate", action="store_true",
+                   help="--kernels, --varlen: timed in turn, the order rotated")  # fmt: skip
     a = p.parse_args()
     if a.tiny:
         return tiny(a.tiny, a.dtypes, a.causal)
-    global FWD, REPS
+    global FWD, REPS, ROTATE
     FWD = not (a.no_fwd and a.warm)
     REPS = a.reps
+    ROTATE = a.rotate
     rows: list = []
 
     def save():

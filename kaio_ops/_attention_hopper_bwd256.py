@@ -40,7 +40,10 @@ landed, then S once K has; V is free once dP is done (the next V is copied while
 dQ run) and K once dQ is (the next K is copied while the next dP runs). The 192 KB of Q,
 dO, K and V leave no room for a second stage of both, and with a single stage of both (the
 pair's kernel) each tile's copies waited for its last product. A key tile that needs no mask
-takes a branch without the mask's instructions (``grads``' SPLIT).
+takes a branch without the mask's instructions (``grads``' SPLIT). With ``SFIRST`` 1 (the
+default) K has two stages (224 KB in all) and each tile's S is issued first, then dP: P is
+computed while dP's product runs, and the tile's dQ product stays in flight until the next
+tile's S and dP are issued.
 
 ``attention_bwd_dkdv_d256q`` (``Q128`` 1): the dK/dV kernel with 128-query tiles in halves
 of 64 (each warpgroup's front products at N 64: K and V read half as often a product as
@@ -52,7 +55,17 @@ shared memory; read from global memory in the P^T step, their loads and their bo
 were half of that step's instructions), unmasked tiles take a branch without the mask's
 instructions (``grads_t``'s SPLIT), and the second warpgroup issues a tile's front products
 once the first's are done (``bars[1, 6]``), so that the first's P^T, dS^T step runs beside
-them instead of both at once (a branch a warpgroup: ``consume_q128``'s ``FIRST``).
+them instead of both at once (a branch a warpgroup: ``consume_q128``'s ``FIRST``). With
+``HALVES`` 1 (the default) each warpgroup issues its dV and dK products a half of the tile's
+queries at a time, each half as soon as its P^T and dS^T are stored (``back_halves``): the
+first warpgroup's products of its own half run beside the second's P^T step.
+
+With ``UNION`` 1 (off: no faster with rotated walks, measured) the two kernels run as one
+launch, ``attention_bwd_d256``: the dK/dV blocks first, then the dQ blocks, which take the
+multiprocessors that the last dK/dV blocks leave idle. Without the mask (``ROT`` 1, the
+default) each block's walk begins at its own place (key block x at item x W / blocks of its
+W (head, query tile) items, query block x at key tile x n / blocks) and wraps around, so that
+a head's blocks read different tiles at any time.
 
 With ``COLS`` 1 the dK/dV kernel is the varlen backward's at D 256
 (``_attention_hopper_varlen_bwd``): a block (key block, K/V head, sequence) of packed
@@ -65,7 +78,7 @@ from __future__ import annotations
 import functools
 
 import kaio
-from kaio import f32, i32, u32, u64
+from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._attention_hopper import (
     PRODUCER_REGS,
     SHARED_LIMIT,
@@ -83,11 +96,13 @@ from kaio_ops._attention_hopper_bwd import (
     init_barriers,
     issue_dq,
     issue_pt,
+    next_tile_wrapped,
     produce,
     release,
     store_ds,
     store_tile,
     varlen_block,
+    walk_start,
     zero_acc,
     zero_rows,
 )
@@ -96,7 +111,6 @@ from kaio_ops._attention_hopper_common import (
     key_block_queries,
     kv_head_and_tiles,
     next_tile,
-    query_block,
     thread_roles,
 )
 from kaio_ops._attention_tc import POS_INF, lse_log2
@@ -351,29 +365,43 @@ def copy_in_turn(
     a_s: DT[:, :, :, :], b_s: DT[:, :, :, :], ta: kaio.tensormap, tb: kaio.tensormap,
     bars: u64[:, :], row: i32, col: i32, i: i32, ph: u32, s_s: f32[:, :, :], tl: kaio.tensormap,
     td: kaio.tensormap, srow: i32, ROWS: kaio.constexpr, PARTS: kaio.constexpr,
-    D: kaio.constexpr, DT: kaio.constexpr, STATS: kaio.constexpr,
+    D: kaio.constexpr, DT: kaio.constexpr, STATS: kaio.constexpr, BY_PART: kaio.constexpr = 0,
 ):  # fmt: skip
     """Tile i's copies (parity ``ph``): the ``ROWS`` rows from ``row`` (columns from ``col``)
     of ``ta``, then of ``tb``, each in ``PARTS`` parts of ROWS / PARTS rows, part p into
     ``a_s[p]``, resp. ``b_s[p]``, each on a barrier of its own: ``bars[0, j]`` for the j-th
     (a_s's parts, then b_s's), once the consumers freed it (``bars[1, j]``; for i > 0).
-    ``STATS`` 1: with a_s's part p, the lse and delta of its rows (``tl``, ``td`` from
-    ``srow + p R``) into ``s_s[0 and 1, p]``."""
+    ``BY_PART`` 1: issued part by part instead (a_s's part 0, b_s's part 0, a_s's part 1,
+    ...: the order in which the consumers free them). ``STATS`` 1: with a_s's part p, the
+    lse and delta of its rows (``tl``, ``td`` from ``srow + p R``) into ``s_s[0 and 1,
+    p]``."""
     R = ROWS // PARTS
-    for x in kaio.static_range(2):
-        for p in kaio.static_range(PARTS):
-            j = x * PARTS + p
-            if i > 0:  # tile i - 1's copy read: free
-                kaio.mbarrier_wait(bars, (1, j), ph ^ 1)
-            kaio.mbarrier_arrive_expect_tx(bars, (0, j), u32(R * D * 2 + STATS * (1 - x) * R * 8))
-            if STATS and x == 0:
-                kaio.tma_load_2d(s_s, (0, p, 0), tl, 0, srow + p * R, bars, (0, j))
-                kaio.tma_load_2d(s_s, (1, p, 0), td, 0, srow + p * R, bars, (0, j))
-            for c in kaio.static_range(D // 64):
-                if x == 0:
-                    kaio.tma_load_2d(a_s, (p, c, 0, 0), ta, row + p * R, col + c * 64, bars, (0, j))
-                else:
-                    kaio.tma_load_2d(b_s, (p, c, 0, 0), tb, row + p * R, col + c * 64, bars, (0, j))
+    for n in kaio.static_range(2 * PARTS):
+        x = n % 2 if BY_PART else n // PARTS
+        p = n // 2 if BY_PART else n % PARTS
+        j = x * PARTS + p
+        if i > 0:  # tile i - 1's copy read: free
+            kaio.mbarrier_wait(bars, (1, j), ph ^ 1)
+        kaio.mbarrier_arrive_expect_tx(bars, (0, j), u32(R * D * 2 + STATS * (1 - x) * R * 8))
+        if STATS and x == 0:
+            kaio.tma_load_2d(s_s, (0, p, 0), tl, 0, srow + p * R, bars, (0, j))
+            kaio.tma_load_2d(s_s, (1, p, 0), td, 0, srow + p * R, bars, (0, j))
+        for c in kaio.static_range(D // 64):
+            if x == 0:
+                kaio.tma_load_2d(a_s, (p, c, 0, 0), ta, row + p * R, col + c * 64, bars, (0, j))
+            else:
+                kaio.tma_load_2d(b_s, (p, c, 0, 0), tb, row + p * R, col + c * 64, bars, (0, j))
+
+
+@kaio.gpu_func
+def rotation(x: i32, nx: i32, items: i32, causal: i32, ROT: kaio.constexpr) -> i32:
+    """The item where block x of ``nx`` begins a rotated walk over ``items`` (``ROT``,
+    without the mask): x items / nx, else 0."""
+    s0 = i32(0)
+    if ROT:
+        if causal == 0:
+            s0 = x * items // nx
+    return s0
 
 
 @kaio.gpu_func
@@ -383,38 +411,55 @@ def produce_qdo(
     tdo: kaio.tensormap, once_row: i32, once_col: i32, ring_row: i32, ring_col: i32,
     head_stride: i32, col_stride: i32, heads_n: i32, first: i32, n_tiles: i32,
     s_s: f32[:, :, :], tl: kaio.tensormap, td: kaio.tensormap, stat_at: i32, stat_stride: i32,
-    D: kaio.constexpr, BM: kaio.constexpr, DT: kaio.constexpr,
+    s0: i32, D: kaio.constexpr, BM: kaio.constexpr, DT: kaio.constexpr,
+    HALVES: kaio.constexpr,
 ):  # fmt: skip
     """``attention_bwd_dkdv_d256q``'s copies: the 64 rows of K and V from ``once_row``
     (columns from ``once_col``) once, on ``turn[0]``; then for each head j < heads_n and
     query tile t in first .. n_tiles the ``BM`` rows from ``ring_row + j head_stride + t
     BM`` (columns from ``ring_col + j col_stride``) of dO, then of Q (``copy_in_turn``, in
-    halves of 64 rows: ``do_s[0]``, ``do_s[1]``), with dO the lse and delta of its rows
-    (``stats[0 and 1, half]``), head j's ``stat_at + j stat_stride`` further than the
-    rows."""
+    halves of 64 rows: ``do_s[0]``, ``do_s[1]``; ``HALVES`` 1: dO's and Q's first halves,
+    then their second), with dO the lse and delta of its rows (``stats[0 and 1, half]``),
+    head j's ``stat_at + j stat_stride`` further than the rows; the walk over these (head,
+    tile) items begins at item ``s0`` and wraps around (``walk_start``)."""
     C = D // 64
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * 64 * D * 2))
     for c in kaio.static_range(C):
         kaio.tma_load_2d(k_s, (c, 0, 0), tk, once_row, once_col + c * 64, turn, 0)
         kaio.tma_load_2d(v_s, (c, 0, 0), tv, once_row, once_col + c * 64, turn, 0)
     ph = u32(0)  # tile i's parity
-    t = first
-    row0 = ring_row
-    col = ring_col
-    sat = stat_at
+    t, j = walk_start(s0, first, n_tiles, 0, 1)  # tile t of head j
     for i in range(heads_n * kaio.max(n_tiles - first, 0)):
-        row = row0 + t * BM
-        c0 = col
-        srow = row + sat
-        t += 1
-        if t == n_tiles:
-            t = first
-            row0 += head_stride
-            col += col_stride
-            sat += stat_stride
+        row = ring_row + j * head_stride + t * BM
+        c0 = ring_col + j * col_stride
+        srow = row + stat_at + j * stat_stride
+        t, j = next_tile_wrapped(t, j, first, n_tiles, 1, 0, heads_n)
         copy_in_turn(do_s, q_s, tdo, tq, bars, row, c0, i, ph, s_s, tl, td, srow, BM, 2, D, DT,
-                     1)  # dO, then Q  # fmt: skip
+                     1, HALVES)  # dO, then Q  # fmt: skip
         ph ^= 1
+
+
+@kaio.gpu_func
+def back_halves(
+    dva: f32[:, :], dka: f32[:, :], pt_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
+    bars: u64[:, :], ph: u32, lt: u32, cb: i32, H: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``consume_q128``'s dV += P^T dO and dK += dS^T Q (``HALVES`` 1) a half of the tile's
+    queries at a time, each as soon as that half's P^T and dS^T are stored
+    (``bars[1, 5]``: the first warpgroup's warps, ``bars[1, 7]``: the second's), so that the
+    first warpgroup's products of its own half run beside the second's P^T step; then dO's
+    and Q's first halves, then their second, freed as their products end (``produce_qdo``
+    copies them in that order)."""
+    for h in kaio.static_range(2):
+        kaio.mbarrier_wait(bars, (1, 5 + 2 * h), ph)  # half h's P^T, dS^T stored
+        kaio.mbarrier_wait(bars, (0, h), ph)  # its dO and Q (the other warpgroup's: landed)
+        kaio.mbarrier_wait(bars, (0, 2 + h), ph)
+        kaio.wgmma_fence()
+        issue_pt(dva, pt_s, h, u32(0), do_s, h, H, DT, cb)
+        issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
+    for j in kaio.static_range(4):  # dO's half 0, Q's half 0, dO's half 1, Q's half 1
+        kaio.wgmma_wait(3 - j)
+        release(bars, j % 2 * 2 + j // 2, lt)
 
 
 @kaio.gpu_func
@@ -424,7 +469,7 @@ def consume_q128(
     dv: DT[:], pt_s: DT[:, :, :], wg: u32, lt: u32, group: i32, first: i32, n_tiles: i32, k0: i32,
     sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
     stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
-    DT: kaio.constexpr, FIRST: kaio.constexpr,
+    s0: i32, DT: kaio.constexpr, FIRST: kaio.constexpr, HALVES: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg`` of ``attention_bwd_dkdv_d256q`` (thread ``lt`` of it): per
     query tile of ``BM`` (128) rows in two halves of 64, dP^T = V dO_w^T once dO's half wg
@@ -437,7 +482,8 @@ def consume_q128(
     stored (rows ``out_stride`` apart from ``out_at``; the queries as ``consume_split``'s,
     the lse and delta from ``stats[0 and 1, wg]``). ``FIRST`` 1 (warpgroup 0): arrives on
     ``bars[1, 6]`` once its front products are done; 0: waits for that before issuing its
-    own."""
+    own. ``HALVES`` 1: the products of each half of the queries as soon as its P^T and dS^T
+    are stored (``back_halves``). The walk begins at item ``s0`` (``produce_qdo``'s)."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
     lane, kr, q1, cb = split_roles(lt, wg, H, NH)
@@ -451,8 +497,7 @@ def consume_q128(
     total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
     ph = u32(0)  # tile i's parity: the copies', the buffers'
-    t = first
-    at0 = stat_at
+    t, at0 = walk_start(s0, first, n_tiles, stat_at, stat_stride)
     for _i in range(total):
         if FIRST == 0:  # the second warpgroup: the first's front products done
             kaio.mbarrier_wait(bars, (1, 6), ph)
@@ -472,21 +517,25 @@ def consume_q128(
             kaio.mbarrier_wait(bars, (1, 4), ph ^ 1)
         store_ds(pt_s, i32(wg), s, kr, lane, H, DT)
         store_ds(pt_s, 2 + i32(wg), dp, kr, lane, H, DT)
-        release(bars, 5, lt)
-        kaio.mbarrier_wait(bars, (1, 5), ph)  # both warpgroups' queries there
-        for j in kaio.static_range(4):  # (the other halves landed: the other warpgroup waited)
-            kaio.mbarrier_wait(bars, (0, j), ph)
-        kaio.wgmma_fence()
-        for h in kaio.static_range(2):  # dV += P^T dO, a half of the queries at a time
-            issue_pt(dva, pt_s, h, u32(0), do_s, h, H, DT, cb)
-        for h in kaio.static_range(2):  # dK += dS^T Q
-            issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
-        for j in kaio.static_range(4):  # dO's halves, then Q's, free as their products end
-            kaio.wgmma_wait(3 - j)
-            release(bars, j, lt)
+        if HALVES:
+            release(bars, 5 + 2 * i32(wg), lt)  # this half's P^T, dS^T there
+            back_halves(dva, dka, pt_s, q_s, do_s, bars, ph, lt, cb, H, DT)
+        else:
+            release(bars, 5, lt)
+            kaio.mbarrier_wait(bars, (1, 5), ph)  # both warpgroups' queries there
+            for j in kaio.static_range(4):  # (the other halves landed: the other one waited)
+                kaio.mbarrier_wait(bars, (0, j), ph)
+            kaio.wgmma_fence()
+            for h in kaio.static_range(2):  # dV += P^T dO, a half of the queries at a time
+                issue_pt(dva, pt_s, h, u32(0), do_s, h, H, DT, cb)
+            for h in kaio.static_range(2):  # dK += dS^T Q
+                issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
+            for j in kaio.static_range(4):  # dO's halves, then Q's, free as their products end
+                kaio.wgmma_wait(3 - j)
+                release(bars, j, lt)
         release(bars, 4, lt)  # and the buffers
         ph ^= 1
-        t, at0 = next_tile(t, at0, first, n_tiles, stat_stride)
+        t, at0 = next_tile_wrapped(t, at0, first, n_tiles, stat_stride, stat_at, group)
     at = out_at + NH * i32(wg)  # this warpgroup's columns
     store_tile(dk, dka, at, key0, sk, scale, lane, NH, DT, 1, out_stride)
     store_tile(dv, dva, at, key0, sk, 1.0, lane, NH, DT, 1, out_stride)
@@ -498,15 +547,38 @@ def attention_bwd_dkdv_d256q(
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     cu_q: i32[:], cu_k: i32[:], tp: i32, D: kaio.constexpr, REGS: kaio.constexpr,
-    DT: kaio.constexpr, COLS: kaio.constexpr,
+    DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr,
 ):  # fmt: skip
-    """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z), as
+    """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z):
+    ``dkdv_block``."""
+    t, wg, lt = thread_roles(2)
+    dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, seq_q, seq_k, heads, group,
+               scale_log2, scale, causal, cu_q, cu_k, tp, t, wg, lt, i32(kaio.block_idx_x()),
+               i32(kaio.block_idx_y()), i32(kaio.grid_dim_x()), D, REGS, DT, COLS, HALVES,
+               ROT)  # fmt: skip
+
+
+@kaio.gpu_func
+def dkdv_block(
+    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
+    seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
+    cu_q: i32[:], cu_k: i32[:], tp: i32, t: u32, wg: u32, lt: u32, x: i32, y: i32, nx: i32,
+    D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
+    HALVES: kaio.constexpr, ROT: kaio.constexpr,
+):  # fmt: skip
+    """dk, dv of the 64 keys of key block x (of nx) and K/V head y (``COLS`` 1: of sequence
+    z) (thread t, warpgroup wg, its thread lt: ``thread_roles``), as
     ``attention_bwd_dkdv_d256`` (its arguments, DQ 0) but with query tiles of 128 rows in
     two halves of 64 (``tq``, ``tdo`` in boxes of (64, 64)), each half of Q and dO with
     barriers of its own (``produce_qdo``, ``consume_q128``): the 224 KB of K, V, Q, dO and
     the P^T, dS^T buffers leave no room for a second stage; a half is copied again as soon
     as the tile's products that read it are done. ``tl``, ``td``: lse and delta as [1, rows]
-    f32 in boxes of (1, 64), copied with each half of dO (``lse``, ``delta``: unread)."""
+    f32 in boxes of (1, 64), copied with each half of dO (``lse``, ``delta``: unread).
+    ``HALVES`` 1: each half's dV and dK products as soon as its P^T and dS^T are there
+    (``back_halves``). ``ROT`` 1 (dense, without the mask): key block x's walk over its W
+    (head, tile) items begins at item x W / nx and wraps around, so that the blocks of a
+    head read different tiles at any time."""
     BM = 128
     C = D // 64
     ONCE = 64 * D * 2
@@ -519,21 +591,24 @@ def attention_bwd_dkdv_d256q(
     pt_s = kaio.shared_dynamic(DT, (4, 64, 64), PT)  # P^T halves, dS^T halves
     stats = kaio.shared_dynamic(f32, (2, 2, 64), PT + 4 * 64 * 64 * 2)  # lse, delta of the halves
     BARS = PT + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4
-    bars = kaio.shared_dynamic(u64, (2, 7), BARS)
-    turn = kaio.shared_dynamic(u64, (2,), BARS + 112)
-    t, wg, lt = thread_roles(2)
+    bars = kaio.shared_dynamic(u64, (2, 8), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 128)
     start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
                                                              COLS)  # fmt: skip
-    k0 = i32(kaio.block_idx_x()) * 64
+    k0 = x * 64
     if COLS and k0 >= sk:  # keys past the sequence's end: nothing to do
         return
-    kvh = i32(kaio.block_idx_y())
+    kvh = y
     first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride = key_block(
         kvh, k0, heads, group, sq, sk, causal, tp, start_q, start_k, shift, stat_off, D, BM, COLS
     )
-    if t == 0:  # (0 and 1, 0 .. 3): dO's halves, Q's; (1, 4), (1, 5): the buffers'
-        init_barriers(bars, turn, 2, 4, 2, 1)
+    s0 = rotation(x, nx, group * (n_tiles - first), causal, ROT * (1 - COLS))
+    if t == 0:  # (0 and 1, 0 .. 3): dO's halves, Q's; (1, 4 ..): the buffers'
+        init_barriers(bars, turn, 2, 4, 0, 1)
+        kaio.mbarrier_init(bars, (1, 4), 8)  # the buffers free
+        kaio.mbarrier_init(bars, (1, 5), 4 if HALVES else 8)  # P^T, dS^T there (HALVES: half 0)
         kaio.mbarrier_init(bars, (1, 6), 4)  # the first warpgroup's front products done
+        kaio.mbarrier_init(bars, (1, 7), 4)  # HALVES: half 1's P^T, dS^T there
     kaio.sync_threads()
     if wg < 2:
         if REGS:
@@ -541,13 +616,13 @@ def attention_bwd_dkdv_d256q(
         if wg == 0:  # (a branch a warpgroup: the second waits for the first)
             consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
                          lt, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
-                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, DT,
-                         1)  # fmt: skip
+                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, s0, DT,
+                         1, HALVES)  # fmt: skip
         else:
             consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
                          lt, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
-                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, DT,
-                         0)  # fmt: skip
+                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, s0, DT,
+                         0, HALVES)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -555,12 +630,12 @@ def attention_bwd_dkdv_d256q(
             if COLS:  # heads side by side: the K/V head's and the query heads' columns
                 produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, start_k + k0,
                             kvh * D, start_q, first_head * D, 0, D, group, first, n_tiles,
-                            stats, tl, td, stat_at - start_q + shift, stat_stride, D, BM,
-                            DT)  # fmt: skip
+                            stats, tl, td, stat_at - start_q + shift, stat_stride, s0, D,
+                            BM, DT, HALVES)  # fmt: skip
             else:
                 produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, kvh * sk + k0, 0,
                             first_head * sq, 0, sq, 0, group, first, n_tiles, stats, tl, td, 0,
-                            0, D, BM, DT)  # fmt: skip
+                            0, s0, D, BM, DT, HALVES)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -570,13 +645,15 @@ def produce_kv(
     tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap, tl: kaio.tensormap,
     td: kaio.tensormap, q_row: i32, kv_row: i32, n_tiles: i32, q_col: i32, kv_col: i32,
     stat_at: i32, D: kaio.constexpr, BQ: kaio.constexpr, BN: kaio.constexpr,
-    DT: kaio.constexpr,
+    s0: i32, DT: kaio.constexpr, SFIRST: kaio.constexpr,
 ):  # fmt: skip
     """The dQ kernel's copies (``attention_bwd_dq_d256``): the ``BQ`` rows of Q and dO from
     ``q_row`` (columns from ``q_col``) and their lse and delta (from ``q_row + stat_at``)
     once, on ``turn[0]``; then for each key tile j the ``BN`` rows from ``kv_row + j BN`` of
     V, then of K (``copy_in_turn``: V's barriers ``bars[0 and 1, 0]``, K's ``bars[0 and 1,
-    1]``), columns from ``kv_col``."""
+    1]``), columns from ``kv_col``. ``SFIRST`` 1: K first, into stage j % 2 of two
+    (barriers ``bars[0 and 1, 1 + j % 2]``), then V. The key tiles from tile ``s0`` on,
+    wrapping around."""
     C = D // 64
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * BQ * D * 2 + 2 * BQ * 4))
     for c in kaio.static_range(C):
@@ -586,10 +663,30 @@ def produce_kv(
     kaio.tma_load_2d(stats, (1, 0, 0), td, 0, q_row + stat_at, turn, 0)
     ph = u32(0)  # tile j's parity
     for j in range(n_tiles):
-        row = kv_row + j * BN
-        copy_in_turn(v_s, k_s, tv, tk, bars, row, kv_col, j, ph, stats, tl, td, 0, BN, 1, D, DT,
-                     0)  # V, then K  # fmt: skip
+        row = kv_row + rotated(j, s0, n_tiles) * BN
+        if SFIRST:
+            st = j % 2
+            copy_rows(k_s, st, tk, bars, 1 + st, j >= 2, u32(j // 2 % 2), row, kv_col, BN, D, DT)
+            copy_rows(v_s, 0, tv, bars, 0, j >= 1, ph, row, kv_col, BN, D, DT)
+        else:
+            copy_in_turn(v_s, k_s, tv, tk, bars, row, kv_col, j, ph, stats, tl, td, 0, BN, 1, D,
+                         DT, 0)  # V, then K  # fmt: skip
         ph ^= 1
+
+
+@kaio.gpu_func
+def copy_rows(
+    x_s: DT[:, :, :, :], st: i32, tx: kaio.tensormap, bars: u64[:, :], bar: i32, wait: bool_,
+    ph: u32, row: i32, col: i32, ROWS: kaio.constexpr, D: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The ``ROWS`` rows from ``row`` (columns from ``col``) of ``tx`` into stage st of x_s,
+    on barrier ``bars[0, bar]`` (parity ``ph``), once the consumers freed the stage's last
+    copy (``bars[1, bar]``) where ``wait``."""
+    if wait:
+        kaio.mbarrier_wait(bars, (1, bar), ph ^ 1)
+    kaio.mbarrier_arrive_expect_tx(bars, (0, bar), u32(ROWS * D * 2))
+    for c in kaio.static_range(D // 64):
+        kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, col + c * 64, bars, (0, bar))
 
 
 @kaio.gpu_func
@@ -604,18 +701,66 @@ def row_stats(l2: f32[:], dl: f32[:], stats: f32[:, :, :], local: i32, row0: i32
 
 
 @kaio.gpu_func
+def rotated(j: i32, s0: i32, n: i32) -> i32:
+    """Item j of a walk over n items that begins at item s0 and wraps around."""
+    k = j + s0
+    if k >= n:
+        k -= n
+    return k
+
+
+@kaio.gpu_func
+def grads_after_s(
+    s: f32[:, :], dp: f32[:, :], l2: f32[:], dl: f32[:], k0: i32, row0: i32, sk: i32,
+    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr,
+):  # fmt: skip
+    """``grads`` (SPLIT) for S's product done and dP's, issued after it, in flight: P first
+    (the exponentials beside dP's product), then, once dP is done, dp = dS = P (dP -
+    delta)."""
+    kaio.wgmma_wait(1)
+    if k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1):
+        probs(s, l2, k0, row0, sk, causal, scale_log2, lane, True, BN)
+    else:
+        probs(s, l2, k0, row0, sk, causal, scale_log2, lane, False, BN)
+    kaio.wgmma_wait(0)
+    for n in kaio.static_range(BN // 8):
+        for x in kaio.static_range(4):
+            dp[n, x] = s[n, x] * (dp[n, x] - dl[x // 2])
+
+
+@kaio.gpu_func
+def probs(
+    s: f32[:, :], l2: f32[:], k0: i32, row0: i32, sk: i32, causal: i32, scale_log2: f32,
+    lane: u32, masked: bool_, BN: kaio.constexpr,
+):  # fmt: skip
+    """s = P of one key tile (``grads_loop``'s keys and rows), masked where ``masked``."""
+    for n in kaio.static_range(BN // 8):
+        for x in kaio.static_range(4):
+            p = kaio.exp2(kaio.fma(s[n, x], scale_log2, -l2[x // 2]))
+            if masked:
+                key = k0 + n * 8 + i32(lane % 4) * 2 + x % 2
+                p = kaio.select(key < sk and (causal == 0 or key <= row0 + 8 * (x // 2)), p, 0.0)
+            s[n, x] = p
+
+
+@kaio.gpu_func
 def consume_dq_kv(
     q_s: DT[:, :, :], do_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :],
     stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], dq: DT[:], wg: u32, lt: u32, q0: i32,
     n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, out_at: i32,
-    out_stride: i32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
+    out_stride: i32, s0: i32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
+    SFIRST: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows (thread ``lt`` of it) of
     ``attention_bwd_dq_d256``: per key tile dP = dO V^T as soon as V has landed, S = Q K^T
     once K has, V freed when dP is done (the next V loads while S, dS and dQ run), dS, dQ +=
     dS K, K freed (the next K loads while the next dP runs); then dQ stored at ``out_at``,
     rows ``out_stride`` apart. The unmasked key tiles take a branch without the mask's
-    instructions (``grads``' SPLIT)."""
+    instructions (``grads``' SPLIT). ``SFIRST`` 1: S first (K in two stages, the next
+    tile's loading while this one is read), then dP, P computed while dP's product runs
+    (``grads_after_s``), and each tile's dQ product left in flight until the next tile's S
+    and dP are issued (its K stage freed then). The key tiles from tile ``s0`` on, wrapping
+    around."""
     lane, local, _, _ = split_roles(lt, wg, 64, 64)
     local += 64 * i32(wg)  # this thread's rows q0 + local (+ 8)
     row0 = q0 + local
@@ -630,21 +775,37 @@ def consume_dq_kv(
     row_stats(l2, dl, stats, local, row0, sq)
     ph = u32(0)
     for j in range(n_tiles):
-        kaio.mbarrier_wait(bars, (0, 0), ph)  # V landed
-        kaio.wgmma_fence()
-        issue_s(dp, do_s, v_s, 0, wg, 0, D, DT)  # dP = dO V^T
-        kaio.mbarrier_wait(bars, (0, 1), ph)  # K landed
-        issue_s(s, q_s, k_s, 0, wg, 0, D, DT)  # S = Q K^T
-        kaio.wgmma_wait(1)
-        release(bars, 0, lt)  # dP done: V free
-        kaio.wgmma_wait(0)
-        grads(s, dp, l2, dl, j * BN, row0, sk, causal, scale_log2, lane, BN, 1)
+        k0 = rotated(j, s0, n_tiles) * BN
+        kst = j % 2 if SFIRST else 0  # K's stage
+        if SFIRST:
+            kaio.mbarrier_wait(bars, (0, 1 + kst), u32(j // 2 % 2))  # K landed
+            kaio.wgmma_fence()
+            issue_s(s, q_s, k_s, kst, wg, 0, D, DT)  # S = Q K^T
+            kaio.mbarrier_wait(bars, (0, 0), ph)  # V landed
+            issue_s(dp, do_s, v_s, 0, wg, 0, D, DT)  # dP = dO V^T
+            kaio.wgmma_wait(2)  # the last tile's dQ product, left in flight, done
+            if j > 0:
+                release(bars, 2 - kst, lt)  # its K free
+            grads_after_s(s, dp, l2, dl, k0, row0, sk, causal, scale_log2, lane, BN)
+            release(bars, 0, lt)  # V free
+        else:
+            kaio.mbarrier_wait(bars, (0, 0), ph)  # V landed
+            kaio.wgmma_fence()
+            issue_s(dp, do_s, v_s, 0, wg, 0, D, DT)  # dP = dO V^T
+            kaio.mbarrier_wait(bars, (0, 1), ph)  # K landed
+            issue_s(s, q_s, k_s, 0, wg, 0, D, DT)  # S = Q K^T
+            kaio.wgmma_wait(1)
+            release(bars, 0, lt)  # dP done: V free
+            kaio.wgmma_wait(0)
+            grads(s, dp, l2, dl, k0, row0, sk, causal, scale_log2, lane, BN, 1)
         pack_p(ds, dp, BN, DT)
         kaio.wgmma_fence()
-        issue_pv(dqa, ds, k_s, 0, BN, DT)  # dQ += dS K
-        kaio.wgmma_wait(0)
-        release(bars, 1, lt)  # K free
+        issue_pv(dqa, ds, k_s, kst, BN, DT)  # dQ += dS K
+        if SFIRST == 0:
+            kaio.wgmma_wait(0)
+            release(bars, 1, lt)  # K free
         ph ^= 1
+    kaio.wgmma_wait(0)
     store_tile(dq, dqa, out_at, row0, sq, scale, lane, D, DT, 1, out_stride)
 
 
@@ -654,13 +815,63 @@ def attention_bwd_dq_d256(
     tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
     group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
     D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
+    SFIRST: kaio.constexpr, ROT: kaio.constexpr,
 ):  # fmt: skip
     """dq of the 128 query rows of block x (the heaviest causal tiles first) of (batch, head)
-    block y, as the pair's ``attention_bwd_dq_wgmma`` with two warpgroups and 64-key tiles
-    (its tensor maps, boxes of 128, resp. 64 rows; ``COLS`` 1 its varlen kernel's block z
-    of packed sequences), but K and V each in a buffer of its own with its own barriers
-    (``produce_kv``, ``consume_dq_kv``): the 192 KB of Q, dO, K and V leave no room for a
-    second stage, and with one stage of both a tile's copies wait for its last product."""
+    block y (``COLS`` 1: of sequence z): ``dq_block``."""
+    t, wg, lt = thread_roles(2)
+    dq_block(tq, tdo, tk, tv, tl, td, dq, seq_q, seq_k, heads, group, scale_log2, scale, causal,
+             cu_q, cu_k, tp, t, wg, lt, i32(kaio.block_idx_x()), i32(kaio.block_idx_y()),
+             i32(kaio.grid_dim_x()), D, REGS, DT, COLS, SFIRST, ROT)  # fmt: skip
+
+
+@kaio.gpu_kernel(fastmath=True)
+def attention_bwd_d256(
+    tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, tq2: kaio.tensormap, tdo2: kaio.tensormap,
+    tl2: kaio.tensormap, td2: kaio.tensormap, lse: f32[:], delta: f32[:], dq: DT[:],
+    dk: DT[:], dv: DT[:], seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32,
+    scale: f32, causal: i32, none: i32[:], nkb: i32, nqb: i32, n_dkdv: i32,
+    D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, HALVES: kaio.constexpr,
+    SFIRST: kaio.constexpr, ROT: kaio.constexpr,
+):  # fmt: skip
+    """Both kernels in one launch (dense): blocks below ``n_dkdv`` are
+    ``attention_bwd_dkdv_d256q``'s (``dkdv_block``: key block b % nkb of K/V head b //
+    nkb; its tensor maps tk .. td), the others ``attention_bwd_dq_d256``'s (``dq_block``:
+    query block b % nqb of (batch, head) b // nqb; tq2 .. td2 and tk, tv). Blocks start in
+    order, so the dQ blocks take the multiprocessors that the last dK/dV blocks leave
+    idle, where two launches would wait for the last of those."""
+    t, wg, lt = thread_roles(2)
+    b = i32(kaio.block_idx_x())
+    if b < n_dkdv:
+        dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, seq_q, seq_k, heads, group,
+                   scale_log2, scale, causal, none, none, 0, t, wg, lt, b % nkb, b // nkb, nkb,
+                   D, REGS, DT, 0, HALVES, ROT)  # fmt: skip
+    else:
+        b -= n_dkdv
+        dq_block(tq2, tdo2, tk, tv, tl2, td2, dq, seq_q, seq_k, heads, group, scale_log2, scale,
+                 causal, none, none, 0, t, wg, lt, b % nqb, b // nqb, nqb, D, REGS, DT, 0,
+                 SFIRST, ROT)  # fmt: skip
+
+
+@kaio.gpu_func
+def dq_block(
+    tq: kaio.tensormap, tdo: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap,
+    tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
+    group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
+    t: u32, wg: u32, lt: u32, x: i32, y: i32, nx: i32, D: kaio.constexpr, REGS: kaio.constexpr,
+    DT: kaio.constexpr, COLS: kaio.constexpr, SFIRST: kaio.constexpr, ROT: kaio.constexpr,
+):  # fmt: skip
+    """dq of the 128 query rows of block x of nx (counted from the last: the heaviest causal
+    tiles first) of (batch, head) y (thread t, warpgroup wg, its thread lt), as the pair's
+    ``attention_bwd_dq_wgmma`` with two warpgroups and 64-key tiles (its tensor maps, boxes
+    of 128, resp. 64 rows; ``COLS`` 1 its varlen kernel's block z of packed sequences), but
+    K and V each in a buffer of its own with its own barriers (``produce_kv``,
+    ``consume_dq_kv``): the 192 KB of Q, dO, K and V leave no room for a second stage, and
+    with one stage of both a tile's copies wait for its last product. ``SFIRST`` 1: K in
+    two stages (224 KB in all), each tile's S issued first (``consume_dq_kv``). ``ROT`` 1
+    (dense, without the mask): the walk over the key tiles begins at tile x n_tiles / nx
+    and wraps around."""
     BQ = 128
     BN = 64
     C = D // 64
@@ -668,16 +879,18 @@ def attention_bwd_dq_d256(
     KV = BN * D * 2
     q_s = kaio.shared_dynamic(DT, (C, BQ, 64), 0)
     do_s = kaio.shared_dynamic(DT, (C, BQ, 64), ONCE)
-    k_s = kaio.shared_dynamic(DT, (1, C, BN, 64), 2 * ONCE)
-    v_s = kaio.shared_dynamic(DT, (1, C, BN, 64), 2 * ONCE + KV)
-    stats = kaio.shared_dynamic(f32, (2, 1, BQ), 2 * ONCE + 2 * KV)
-    BARS = 2 * ONCE + 2 * KV + 2 * BQ * 4
-    bars = kaio.shared_dynamic(u64, (2, 2), BARS)
-    turn = kaio.shared_dynamic(u64, (2,), BARS + 32)
-    t, wg, lt = thread_roles(2)
+    KST = 2 if SFIRST else 1  # K's stages
+    k_s = kaio.shared_dynamic(DT, (KST, C, BN, 64), 2 * ONCE)
+    v_s = kaio.shared_dynamic(DT, (1, C, BN, 64), 2 * ONCE + KST * KV)
+    stats = kaio.shared_dynamic(f32, (2, 1, BQ), 2 * ONCE + (KST + 1) * KV)
+    BARS = 2 * ONCE + (KST + 1) * KV + 2 * BQ * 4
+    bars = kaio.shared_dynamic(u64, (2, 3), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 48)
     start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
                                                              COLS)  # fmt: skip
-    bh, kvh, q0, n_tiles = query_block(heads, group, sk, causal, BQ, BN)  # (COLS: q0 shifted)
+    bh = y
+    q0 = (nx - 1 - x) * BQ
+    kvh, n_tiles = kv_head_and_tiles(bh, q0, heads, group, sk, causal, BQ, BN)
     out_at = bh * sq * D
     out_stride = D
     q_row = bh * sq + q0
@@ -699,21 +912,23 @@ def attention_bwd_dq_d256(
         q_col = bh * D
         kv_col = kvh * D
         stat_at = bh * tp + stat_off
+    s0 = rotation(x, nx, n_tiles, causal, ROT * (1 - COLS))
     if t == 0:
-        init_barriers(bars, turn, 2, 2, 0, 2)  # (0, 0), (1, 0): V's; (0, 1), (1, 1): K's
+        init_barriers(bars, turn, 2, 1 + KST, 0, 2)  # (0 and 1, 0): V's; (0 and 1, 1 ..): K's
     kaio.sync_threads()
     if wg < 2:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         consume_dq_kv(q_s, do_s, k_s, v_s, stats, bars, turn, dq, wg, lt, q0 + shift, n_tiles,
-                      sq + shift, sk, causal, scale_log2, scale, out_at, out_stride, D, BN,
-                      DT)  # fmt: skip
+                      sq + shift, sk, causal, scale_log2, scale, out_at, out_stride, s0, D, BN,
+                      DT, SFIRST)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
             produce_kv(q_s, do_s, k_s, v_s, stats, bars, turn, tq, tdo, tk, tv, tl, td, q_row,
-                       kv_row, n_tiles, q_col, kv_col, stat_at, D, BQ, BN, DT)  # fmt: skip
+                       kv_row, n_tiles, q_col, kv_col, stat_at, D, BQ, BN, s0, DT,
+                       SFIRST)  # fmt: skip
 
 
 def shared_bytes(d: int, bm: int, stages: int, dq: int = 0) -> int:
@@ -737,8 +952,9 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
     regs = consumer_registers(2)
     dkdv = {"BM": bm, "STAGES": stages, "REGS": regs, "DQ": dq, "EARLY": 1, "COLS": 0,
-            "Q128": Q128 if not dq else 0}  # fmt: skip
-    dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs, "KV": KV}
+            "Q128": Q128 if not dq else 0, "HALVES": HALVES, "ROT": ROT}  # fmt: skip
+    dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs, "KV": KV,
+              "SFIRST": SFIRST, "ROT": ROT, "UNION": UNION}  # fmt: skip
     return {"dkdv": dkdv, "dq": dq_cfg}
 
 
@@ -748,17 +964,41 @@ def config(d: int = D256, dq: int | None = None) -> dict:
 # products against 463, causal 467 against 436).
 Q128 = 1
 
+# The Q128 kernel's dV and dK products: after both warpgroups' P^T, dS^T (0) or a half of the
+# queries at a time, each as soon as its own are there (1: ``back_halves``; measured on an
+# H100, f16 H16 D256, GPU round B of 2026-11-27: 581 TFLOP/s of its products against 545 at
+# B4 S4096, 571 against 546 at B1 S16384; 2, S^T issued first and P^T computed while dP^T's
+# product runs, 582 and 566: removed).
+HALVES = 1
+
+# Both kernels' walks rotated (without the mask: ``rotation``; measured on an H100, f16 H16
+# D256, GPU round C of 2026-11-27, the whole backward timed in turn with the order rotated:
+# 443 TFLOP/s against 427 at B4 S4096, 453 against 440 at B1 S16384).
+ROT = 1
+
+# The constexprs of config()["dkdv"] that only the Q128 kernel takes.
+Q128_ONLY = ("Q128", "HALVES", "ROT")
+
 
 def dkdv_kernel(c: dict, d: int, dt) -> tuple:
     """(kernel, constexprs) of the dK/dV kernel of ``config(d)["dkdv"]`` ``c`` (``run_dkdv``)
     for element type ``dt``."""
     if c.get("Q128"):
-        return attention_bwd_dkdv_d256q, {"D": d, "REGS": c["REGS"], "DT": dt, "COLS": c["COLS"]}
+        return attention_bwd_dkdv_d256q, {
+            "D": d, "REGS": c["REGS"], "DT": dt, "COLS": c["COLS"], "HALVES": c["HALVES"],
+            "ROT": c["ROT"],
+        }  # fmt: skip
     return attention_bwd_dkdv_d256, {
         "D": d,
         "DT": dt,
-        **{k: v for k, v in c.items() if k != "Q128"},
+        **{k: v for k, v in c.items() if k not in Q128_ONLY},
     }
+
+
+def q128_shared_bytes(d: int) -> int:
+    """``attention_bwd_dkdv_d256q``'s dynamic shared memory: K, V, Q, dO, the P^T and dS^T
+    buffers, the lse and delta of a tile, the barriers."""
+    return 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4 + 128 + 16
 
 
 def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, dv,
@@ -770,14 +1010,14 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, 
     (the stats' rows in boxes of ``rows``), the lse and delta, dk and dv, the kernel's scalar
     ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``."""
     if c.get("Q128"):
-        smem = 2 * 64 * d * 2 + 2 * 128 * d * 2 + 4 * 64 * 64 * 2 + 2 * 2 * 64 * 4 + 112 + 16
+        smem = q128_shared_bytes(d)
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"],
-            DT=dt, COLS=c["COLS"],
+            DT=dt, COLS=c["COLS"], HALVES=c["HALVES"], ROT=c["ROT"],
         )  # fmt: skip
         return
     smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
-    consts = {k: v for k, v in c.items() if k != "Q128"}
+    consts = {k: v for k, v in c.items() if k not in Q128_ONLY}
     attention_bwd_dkdv_d256[grid, 384, stream, smem](
         *maps(c["BM"]), lse, delta, dk, dv, *extra, *args, **offsets, D=d, DT=dt, **consts
     )
@@ -788,6 +1028,25 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, 
 # 2026-11-27: 648 TFLOP/s of its products against 507, causal 569 against 462).
 KV = 1
 
+# attention_bwd_dq_d256's order: dP first (0) or S first, K in two stages, each dQ product
+# left in flight until the next tile's S and dP are issued (1; measured on an H100, f16 H16
+# D256, GPU round B of 2026-11-27: 698 TFLOP/s of its products against 660 at B4 S4096, 599
+# against 588 at B1 S16384, 637 against 613 causal; without dQ in flight: not timed, removed).
+SFIRST = 1
+
+# Both kernels in one launch (1: ``attention_bwd_d256``) or one after the other (0). Measured
+# on an H100, f16 H16 D256, the whole backward timed in turn with the order rotated (TFLOP/s,
+# one launch / two; B4 S4096, B1 S16384, causal S16384, causal S4096): without rotated walks
+# 439/427, 456/440, 440/432, 392/383 (GPU round C of 2026-11-27); with them (as shipped)
+# 426/430, 451/462 (round D), 423/425, 435/455, 421/407, 383/390 (round E): not faster, off.
+UNION = 0
+
+
+def dq_shared_bytes(d: int, sfirst: int) -> int:
+    """``attention_bwd_dq_d256``'s dynamic shared memory: Q, dO, K (two stages where
+    ``sfirst``), V, the rows' lse and delta, the barriers."""
+    return 2 * 128 * d * 2 + (3 if sfirst else 2) * 64 * d * 2 + 2 * 128 * 4 + 48 + 16
+
 
 def dq_kernel(c: dict, d: int, cols: int) -> tuple:
     """``(kernel, constexprs, threads, shared bytes, query rows, key rows)`` of the dQ
@@ -797,10 +1056,11 @@ def dq_kernel(c: dict, d: int, cols: int) -> tuple:
     from kaio_ops import _attention_hopper_bwd as pair
 
     if c.get("KV"):
-        smem = 2 * 128 * d * 2 + 2 * 64 * d * 2 + 2 * 128 * 4 + 32 + 16
-        return attention_bwd_dq_d256, {"D": d, "REGS": c["REGS"], "COLS": cols}, 384, smem, 128, 64
+        smem = dq_shared_bytes(d, c["SFIRST"])
+        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "SFIRST": c["SFIRST"], "ROT": c["ROT"]}
+        return attention_bwd_dq_d256, consts, 384, smem, 128, 64
     bq = 64 * c["WG"]
-    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS")}
+    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "SFIRST", "ROT", "UNION")}
     smem = pair.shared_bytes(d, bq, c["BN"], c["STAGES"], bq)
     return (pair.attention_bwd_dq_wgmma, {"D": d, "COLS": cols, **consts}, 128 * c["WG"] + 128,
             smem, bq, c["BN"])  # fmt: skip
@@ -879,6 +1139,20 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
                  qa.dtype)  # fmt: skip
 
     side = (SIDE if side is None else side) and only is None and not c1["DQ"]
+    if c2["UNION"] and not side and c1["Q128"] and c2["KV"]:  # (only: that part's blocks)
+        nkb, nqb = -(-sk // 64), -(-sq // 128)
+        n_dkdv = nkb * (bh // group) if only != "dq" else 0
+        outs = (_arrays.output_arg(da, x, (x_size,)) for x, x_size in
+                ((dq, qa.size), (dk, ka.size), (dv, ka.size)))  # fmt: skip
+        attention_bwd_d256[(n_dkdv + (nqb * bh if only != "dkdv" else 0),), 384, stream,
+                           max(q128_shared_bytes(d), dq_shared_bytes(d, c2["SFIRST"]))](
+            tmap(ka, rows_kv, 64), tmap(va, rows_kv, 64), tmap(qa, rows_q, 64),
+            tmap(da, rows_q, 64), *pair.stats_maps(la, delta, rows_q, 64), tmap(qa, rows_q, 128),
+            tmap(da, rows_q, 128), *pair.stats_maps(la, delta, rows_q, 128), la.arg(rows_q),
+            delta, *outs, *args, none, nkb, nqb, n_dkdv, D=d, REGS=c1["REGS"],
+            DT=qa.dtype, HALVES=c1["HALVES"], SFIRST=c2["SFIRST"], ROT=c2["ROT"],
+        )  # fmt: skip
+        return dq, dk, dv
     if only != "dq" and not side:
         dkdv_kernel()
     if c1["DQ"]:
@@ -916,3 +1190,6 @@ def specializations():
         else:
             kernel, consts, *_ = dq_kernel(cfg["dq"], D256, 0)
             yield kernel, {"DT": dt, **consts}
+        if UNION:
+            yield attention_bwd_d256, {"D": D256, "REGS": cfg["dkdv"]["REGS"], "DT": dt,
+                                       "HALVES": HALVES, "SFIRST": SFIRST, "ROT": ROT}  # fmt: skip

@@ -50,6 +50,9 @@ def run_sim(b, h, hkv, sq, sk, dtype, causal, cfg=None):
         # both kernels (a 128-query tile past a key block's last key, key tiles below a
         # query block's rows), the second warpgroup waiting for the first's front products
         (1, 2, 1, 256, 256, True, 0),
+        # the pair without the mask: rotated walks (key block x from its (head, tile) item x,
+        # query block x from key tile 2x), K's two stages reused
+        (1, 2, 1, 256, 256, False, 0),
     ],
 )
 def test_backward_d256_in_simulator(b, h, hkv, sq, sk, causal, dq):
