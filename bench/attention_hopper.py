@@ -287,6 +287,9 @@ TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or Non
     (128, True, 300, {"PERSIST": 5, "SECTION": 2, "PIPE": 1, "QB": 2, "DIAG": 1, "OV": 1}, 3),
     # 23: D64's causal route on the counter: three stages, sections of two heads
     (64, True, 300, {"PERSIST": 4, "PIPE": 1, "QB": 2, "STAGES": 3, "SECTION": 2, "ONES": 1}, 3),
+    # 24: the same with 200 keys: each head's partial last key tile in a query tile of two
+    # key tiles, fewer than the ring's three stages (``zero_tail``'s barrier)
+    (64, True, 200, {"PERSIST": 4, "PIPE": 1, "QB": 2, "STAGES": 3, "SECTION": 2, "ONES": 1}, 3),
 ]
 
 
@@ -563,13 +566,22 @@ def warm_specs(vs: list, shapes: str, causals: tuple, jobs: int, sms: int) -> No
                 print(f"FAILED: {type(e).__name__}: {e}", flush=True)
 
 
-def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5, jobs: int = 0) -> None:
+def grid(
+    specs: str,
+    shapes: str,
+    causals: tuple,
+    out_path,
+    rounds: int = 5,
+    jobs: int = 0,
+    warm_only: bool = False,
+) -> None:
     """Each variant of ``specs`` (``parse_specs``) checked against float64 on two small
     cases (grouped-query heads with several tiles a persistent block, and a partial last key
     tile with a query tail), then, where it passed, timed with SDPA flash on each shape
     ``B,H,HKV,S[,SK];...`` (SK: keys, when not S): ``rounds`` rounds, each of every
     contender in turn (so that a drift of the clocks reaches all of them), the median of
-    each."""
+    each. ``warm_only``: compile (``jobs`` processes at a time) and stop, so that a GPU round
+    can run other steps beside the compiles."""
     import torch
 
     vs = parse_specs(specs)
@@ -577,6 +589,8 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5, job
     if jobs:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         warm_specs(vs, shapes, causals, jobs, sms)
+    if warm_only:
+        return
     rows, refs, ok = [], {}, []
     for label, dtype, d, kind, over in vs:
         run = runner(kind, d, over)
@@ -665,6 +679,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--check-log", help="time: only the variants this check output passed")
     p.add_argument("--rounds", type=int, default=5, help="grid: interleaved rounds of timing")
+    p.add_argument("--warm-only", action="store_true", help="grid: compile, then stop")
     p.add_argument("--ptxas", help="build the cubins with this ptxas, not the driver's JIT")
     args = p.parse_args()
     if args.ptxas:  # before kaio compiles anything; cached under their own keys
@@ -673,7 +688,7 @@ def main() -> None:
         warm(args.jobs, args.specs)
     elif args.step == "grid":
         causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal_grid]
-        grid(args.specs, args.shapes, causals, args.out, args.rounds, args.jobs)
+        grid(args.specs, args.shapes, causals, args.out, args.rounds, args.jobs, args.warm_only)
     elif args.step == "check":
         check(args.out)
     elif args.step == "tiny":
