@@ -533,9 +533,10 @@ def compile_spec(base: int, d: int, dtype: str, items: tuple) -> str:
             f"{r.registers}, local bytes {r.local_bytes})")  # fmt: skip
 
 
-def warm_specs(vs: list, shapes: str, causals: tuple, jobs: int, sms: int) -> None:
-    """Compile every specialization that ``grid`` launches (its checks with ``MANY_TILES``
-    0, each timed shape as routed), one process a specialization, ``jobs`` at a time."""
+def warm_specs(vs: list, shapes: str, causals: tuple, jobs: int, sms: int, checks=CHECKS) -> None:
+    """Compile every specialization that ``grid`` launches (its ``checks`` with
+    ``MANY_TILES`` 0, each timed shape as routed), one process a specialization, ``jobs`` at
+    a time."""
     import multiprocessing as mp
 
     import kaio
@@ -548,7 +549,7 @@ def warm_specs(vs: list, shapes: str, causals: tuple, jobs: int, sms: int) -> No
         hop = base_module(base) if base else module_of(over)[0]
         clean = module_of(over)[1]
         dt = kaio.f16 if dtype == "float16" else kaio.bf16
-        keys = [(sk, True) for *_, sk in CHECKS]
+        keys = [(sk, True) for *_, sk in checks]
         for shape in shapes.split(";"):
             b, h, _, s, *rest = (int(x) for x in shape.split(","))
             keys.append((rest[0] if rest else s, b * h * -(-s // 128) >= hop.MANY_TILES * sms))
@@ -574,6 +575,7 @@ def grid(
     rounds: int = 5,
     jobs: int = 0,
     warm_only: bool = False,
+    checks: tuple = CHECKS,
 ) -> None:
     """Each variant of ``specs`` (``parse_specs``) checked against float64 on two small
     cases (grouped-query heads with several tiles a persistent block, and a partial last key
@@ -581,14 +583,14 @@ def grid(
     ``B,H,HKV,S[,SK];...`` (SK: keys, when not S): ``rounds`` rounds, each of every
     contender in turn (so that a drift of the clocks reaches all of them), the median of
     each. ``warm_only``: compile (``jobs`` processes at a time) and stop, so that a GPU round
-    can run other steps beside the compiles."""
+    can run other steps beside the compiles; ``checks``: the small cases (``CHECKS``'s)."""
     import torch
 
     vs = parse_specs(specs)
     name = torch.cuda.get_device_name()
     if jobs:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        warm_specs(vs, shapes, causals, jobs, sms)
+        warm_specs(vs, shapes, causals, jobs, sms, checks)
     if warm_only:
         return
     rows, refs, ok = [], {}, []
@@ -599,7 +601,7 @@ def grid(
         hop = base_module(base) if base else module_of(over)[0]
         many, hop.MANY_TILES = hop.MANY_TILES, 0  # the checks take the routes of the timing
         try:
-            for b, h, hkv, sq, sk in CHECKS:
+            for b, h, hkv, sq, sk in checks:
                 for causal in causals:
                     key = (dtype, d, b, h, hkv, sq, sk, causal)
                     if key not in refs:
@@ -680,6 +682,7 @@ def main() -> None:
     p.add_argument("--check-log", help="time: only the variants this check output passed")
     p.add_argument("--rounds", type=int, default=5, help="grid: interleaved rounds of timing")
     p.add_argument("--warm-only", action="store_true", help="grid: compile, then stop")
+    p.add_argument("--checks", help="grid: the CHECKS cases to run, i,j,... (default all)")
     p.add_argument("--ptxas", help="build the cubins with this ptxas, not the driver's JIT")
     args = p.parse_args()
     if args.ptxas:  # before kaio compiles anything; cached under their own keys
@@ -688,7 +691,9 @@ def main() -> None:
         warm(args.jobs, args.specs)
     elif args.step == "grid":
         causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal_grid]
-        grid(args.specs, args.shapes, causals, args.out, args.rounds, args.jobs, args.warm_only)
+        checks = [CHECKS[int(i)] for i in args.checks.split(",")] if args.checks else CHECKS
+        grid(args.specs, args.shapes, causals, args.out, args.rounds, args.jobs, args.warm_only,
+             checks)  # fmt: skip
     elif args.step == "check":
         check(args.out)
     elif args.step == "tiny":

@@ -1216,11 +1216,13 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     4096-16384); ``launch`` lets this PERSIST override ``config``'s when it routes. Both
     only where the launch has ``many`` (at least MANY_TILES query tiles a multiprocessor:
     they were measured faster with 15, 5-12% slower with 2 and 4, B2 and B4 H16 S1024).
-    f16 at D 64 with the mask and at most ``D64_COUNTER_KEYS`` keys, with ``many``:
+    D 64 with the mask and at most ``D64_COUNTER_KEYS`` keys, with ``many``, either type:
     ``PERSIST`` 4, QB 2 and three stages (three warpgroups taking tiles from the counter,
     heaviest first, where ``config`` has a tile a block: 8.6% faster at B16 H16 S1024 with
     two stages, fourth pass; three stages and D64_SECTION heads a section 5% faster again at
-    S 1024 and 2048, as fast as a tile a block at S 4096, slower at S 16384; fwd64).
+    S 1024 and 2048, as fast as a tile a block at S 4096, slower at S 16384; fwd64; bf16,
+    its sums by FADD: 311 TFLOP/s against a tile a block's 257 at B16 H16 S1024, fwd64's
+    second pass).
     D64 with the mask past SHORT_KEYS keys, either type: ``SECTION`` D64_SECTION
     (``launch``'s sections of heads).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
@@ -1241,12 +1243,13 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
             every["PERSIST"] = 5
     if d == 64 and causal and sk > SHORT_KEYS:  # (launch's, not the kernel's)
         every["SECTION"] = D64_SECTION
-    if d > 128 or dt not in (None, kaio.f16):
+    f16 = dt in (None, kaio.f16)
+    if d == 64 and causal and many and 0 < sk <= D64_COUNTER_KEYS:  # (the counter)
+        return {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION, "ONES": int(f16)}
+    if d > 128 or not f16:
         return every
     more = d == 128 and many
     short = more and 0 < sk <= SHORT_KEYS
-    if d == 64 and causal and many and 0 < sk <= D64_COUNTER_KEYS:  # (the counter)
-        return {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION}
     return {**every, "ONES": 1, **({"QB": 2} if more and (causal or short) else {}),
             **({"PERSIST": 4} if short and ROUTE_COUNTER else {})}  # fmt: skip
 

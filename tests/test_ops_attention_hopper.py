@@ -338,8 +338,8 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     """``extras``: the row sums on the tensor cores for f16 at D 64 and 128; two Q buffers
     for f16 at D 128 with the mask or at most SHORT_KEYS keys, where the launch has many
     query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); at D 64 with the
-    mask and at most D64_COUNTER_KEYS keys, tiles from the counter with two Q buffers and
-    three stages; O stored as 16-byte vectors at D 128 and
+    mask and at most D64_COUNTER_KEYS keys (either type), tiles from the counter with two
+    Q buffers and three stages; O stored as 16-byte vectors at D 128 and
     256 (either type), the unmasked key tiles apart at D 128 with the mask, and there
     (either type) the tiles of a balanced plan where the launch has many; at D 64 with the
     mask past SHORT_KEYS keys (either type) D64_SECTION heads a section; nothing more for
@@ -368,8 +368,10 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     assert hopper.extras(128, True, bf16, 1024) == plan
     assert hopper.extras(128, True, bf16, 1024, many=False) == diag
     assert hopper.extras(256, True, f16, 1024) == hopper.extras(128, False, bf16, 1024) == ov
-    assert hopper.extras(64, True, bf16, 1024) == hopper.extras(64, False, bf16, 4096) == {}
-    assert hopper.extras(64, True, bf16, 2048) == sections
+    assert hopper.extras(64, True, bf16, 1024) == {**counter, "ONES": 0}
+    assert hopper.extras(64, True, bf16, 1024, many=False) == {}
+    assert hopper.extras(64, False, bf16, 4096) == {}
+    assert hopper.extras(64, True, bf16, 4096) == sections
 
 
 def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
