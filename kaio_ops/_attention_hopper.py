@@ -102,12 +102,16 @@ def producer_start(REGS: kaio.constexpr) -> tuple[i32, i32, i32]:
 
 def consumer_registers(wg: int) -> int:
     """``REGS``: the registers a consumer thread takes (setmaxnreg) once the producer
-    warpgroup has given up its own: the 64K of the multiprocessor less the producer's, over
-    the consumers, a multiple of 8, at most 240; 0 (no setmaxnreg) for one consumer
+    warpgroup has given up its own: the block's registers at launch (the launch bounds'
+    share of the 64K a thread, a multiple of 8) less the producer's, over the consumers, a
+    multiple of 8, at most 240 (setmaxnreg.inc waits for registers the block does not have:
+    four consumer warpgroups launch with 96 a thread, 61440 in all, and can take 112, not
+    the 120 of the whole 64K; an H100 hung at 120); 0 (no setmaxnreg) for one consumer
     warpgroup, which has 255 anyway."""
     if wg == 1:
         return 0
-    return min(240, (65536 - 128 * PRODUCER_REGS) // (128 * wg) // 8 * 8)
+    start = 65536 // (128 * (wg + 1)) // 8 * 8
+    return min(240, (start * (wg + 1) - PRODUCER_REGS) // wg // 8 * 8)
 
 
 @kaio.gpu_func
