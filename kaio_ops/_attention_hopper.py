@@ -1226,7 +1226,9 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     two stages, fourth pass; three stages and D64_SECTION heads a section 5% faster again at
     S 1024 and 2048, as fast as a tile a block at S 4096, slower at S 16384; fwd64; bf16,
     its sums by FADD: 311 TFLOP/s against a tile a block's 257 at B16 H16 S1024, fwd64's
-    second pass).
+    second pass); the same without the mask at most SHORT_KEYS keys (in place of
+    ``config``'s persistent blocks: f16 +2.3%, bf16 +2.6% and +2.9% at B16 H16 S1024; at
+    S 2048 5% slower; fwd64's second pass).
     D64 with the mask past SHORT_KEYS keys, either type: ``SECTION`` D64_SECTION
     (``launch``'s sections of heads).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
@@ -1248,7 +1250,7 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     if d == 64 and causal and sk > SHORT_KEYS:  # (launch's, not the kernel's)
         every["SECTION"] = D64_SECTION
     f16 = dt in (None, kaio.f16)
-    if d == 64 and causal and many and 0 < sk <= D64_COUNTER_KEYS:  # (the counter)
+    if d == 64 and many and 0 < sk <= (D64_COUNTER_KEYS if causal else SHORT_KEYS):  # (counter)
         return {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION, "ONES": int(f16)}
     if d > 128 or not f16:
         return every

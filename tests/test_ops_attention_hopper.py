@@ -338,12 +338,12 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     """``extras``: the row sums on the tensor cores for f16 at D 64 and 128; two Q buffers
     for f16 at D 128 with the mask or at most SHORT_KEYS keys, where the launch has many
     query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); at D 64 with the
-    mask and at most D64_COUNTER_KEYS keys (either type), tiles from the counter with two
-    Q buffers and three stages; O stored as 16-byte vectors at D 128 and
-    256 (either type), the unmasked key tiles apart at D 128 with the mask, and there
-    (either type) the tiles of a balanced plan where the launch has many; at D 64 with the
-    mask past SHORT_KEYS keys (either type) D64_SECTION heads a section; nothing more for
-    bf16 or D 256."""
+    mask and at most D64_COUNTER_KEYS keys, without it at most SHORT_KEYS (either type),
+    tiles from the counter with two Q buffers and three stages; O stored as 16-byte vectors
+    at D 128 and 256 (either type), the unmasked key tiles apart at D 128 with the mask, and
+    there (either type) the tiles of a balanced plan where the launch has many; at D 64 with
+    the mask past SHORT_KEYS keys (either type) D64_SECTION heads a section; nothing more
+    for bf16 or D 256."""
     f16, bf16 = kaio.f16, kaio.bf16
     ov, diag = {"OV": 1}, {"OV": 1, "DIAG": 1}  # D 128 and 256; D128 with the mask
     plan = {**diag, "PERSIST": 5}
@@ -357,10 +357,12 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     assert hopper.extras(128, False, f16, 4096) == {"ONES": 1, **ov}
     assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1, **diag}
     sections = {"SECTION": hopper.D64_SECTION}  # D64 with the mask past SHORT_KEYS keys
-    assert hopper.extras(64, False, f16, 1024) == hopper.extras(64, False, f16, 4096)
-    assert hopper.extras(64, False, f16, 1024) == {"ONES": 1}
+    assert hopper.extras(64, False, f16, 2048) == hopper.extras(64, False, f16, 4096)
+    assert hopper.extras(64, False, f16, 4096) == {"ONES": 1}
     assert hopper.extras(64, True, f16, 4096) == {"ONES": 1, **sections}
     counter = {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, **sections}
+    assert hopper.extras(64, False, f16, 1024) == counter
+    assert hopper.extras(64, False, bf16, 1024) == {**counter, "ONES": 0}
     assert hopper.extras(64, True, f16, 1024) == hopper.extras(64, True, f16, 2048) == counter
     assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1}
     assert hopper.extras(64, True, f16, 256) == counter  # (a partial last key tile's V
@@ -370,7 +372,7 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     assert hopper.extras(256, True, f16, 1024) == hopper.extras(128, False, bf16, 1024) == ov
     assert hopper.extras(64, True, bf16, 1024) == {**counter, "ONES": 0}
     assert hopper.extras(64, True, bf16, 1024, many=False) == {}
-    assert hopper.extras(64, False, bf16, 4096) == {}
+    assert hopper.extras(64, False, bf16, 2048) == hopper.extras(64, False, bf16, 4096) == {}
     assert hopper.extras(64, True, bf16, 4096) == sections
 
 
