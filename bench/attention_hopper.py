@@ -290,8 +290,6 @@ TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or Non
     # 24: the same with 200 keys: each head's partial last key tile in a query tile of two
     # key tiles, fewer than the ring's three stages (``zero_tail``'s barrier)
     (64, True, 200, {"PERSIST": 4, "PIPE": 1, "QB": 2, "STAGES": 3, "SECTION": 2, "ONES": 1}, 3),
-    # 25: case 23 with O leaving through shared memory by bulk copies (a query tail)
-    (64, True, 300, {"PERSIST": 4, "PIPE": 1, "QB": 2, "STAGES": 3, "SECTION": 2, "OB": 1}, 3),
 ]
 
 

@@ -334,7 +334,8 @@ def store_rows(
     o_stride = D, l_at = bh * sq, lo = 0, ``tile_of``'s causal tiles starting before the
     head's first row; the packed varlen one: ``_attention_hopper_varlen``)."""
     for h in kaio.static_range(2):
-        total = row_sum(l, h)
+        total = l[h] + kaio.shfl_xor(l[h], 1)
+        total += kaio.shfl_xor(total, 2)
         row = row0 + 8 * h
         mine = row >= lo and row < sq
         if OV and D % 32 == 0:  # (the shuffles in every lane; the stores of its rows)
@@ -346,49 +347,6 @@ def store_rows(
                 store_pairs(out, o_at + row * o_stride, o, h, inv, lane, D, DT)
             if lane % 4 == 0:
                 lse[l_at + row] = kaio.select(total > 0.0, (m[h] + kaio.log2(total)) * LN2, NEG_INF)
-
-
-@kaio.gpu_func
-def row_sum(l: f32[:], h: kaio.constexpr) -> f32:
-    """Row half h's sum of probabilities: its 4 lanes' parts added."""
-    total = l[h] + kaio.shfl_xor(l[h], 1)
-    return total + kaio.shfl_xor(total, 2)
-
-
-@kaio.gpu_func
-def store_rows_bulk(
-    out: DT[:], lse: f32[:], ebuf: DT[:, :, :], o: f32[:, :], m: f32[:], l: f32[:], o_at: i32,
-    l_at: i32, row0: i32, lo: i32, sq: i32, w: i32, lane: u32, D: kaio.constexpr,
-    DT: kaio.constexpr,
-):  # fmt: skip
-    """``store_rows``' rows (the dense layout: a warp's 16 rows are one run of out) through
-    the warp's staging rows ``ebuf[w]`` in shared memory: the warp's rows from lo and below
-    sq leave by one bulk copy (its first lane's, which before the warp writes the buffer
-    waits until the copy of the warp's previous tile has read it; the block's last ones
-    before the block leaves, ``attention_fwd_wgmma``)."""
-    if lane == 0:
-        kaio.bulk_wait_read(0)
-    kaio.sync_warp()
-    for h in kaio.static_range(2):
-        total = row_sum(l, h)
-        inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
-        for n in kaio.static_range(D // 8):
-            pair = kaio.local(DT, 2)
-            for e in kaio.static_range(2):
-                pair[e] = DT(o[n, 2 * h + e] * inv)
-            kaio.store_vector(ebuf, (w, i32(lane // 4) + 8 * h, 8 * n + 2 * i32(lane % 4)), pair)
-        row = row0 + 8 * h
-        if row >= lo and row < sq and lane % 4 == 0:
-            lse[l_at + row] = kaio.select(total > 0.0, (m[h] + kaio.log2(total)) * LN2, NEG_INF)
-    kaio.fence_proxy_async()
-    kaio.sync_warp()
-    if lane == 0:  # (row0: the warp's first row)
-        first = kaio.max(row0, lo)
-        end = kaio.min(row0 + 16, sq)
-        if end > first:
-            kaio.bulk_store(out, o_at + first * D, ebuf, (w, first - row0, 0),
-                            u32(end - first) * u32(D * 2))  # fmt: skip
-            kaio.bulk_commit()
 
 
 @kaio.gpu_func
@@ -605,7 +563,7 @@ def consume(
     forward, ``_attention_hopper_varlen``; without the skips, ``SKIP`` 0, as measured
     there)."""
     st, ph, g, done = consume_tile(
-        q_s, k_s, v_s, bars, turn, out, lse, q_s, wg, lt, o_at, o_stride, l_at, q0, n_tiles, q0, sq,
+        q_s, k_s, v_s, bars, turn, out, lse, wg, lt, o_at, o_stride, l_at, q0, n_tiles, q0, sq,
         sk, causal, scale_log2, pos[0], u32(pos[1]), pos[2], pos[3], D, BN, STAGES, PIPE, DT, ONES,
         LSE,
     )  # fmt: skip
@@ -618,13 +576,12 @@ def consume(
 @kaio.gpu_func
 def consume_tile(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
-    out: DT[:], lse: f32[:], ebuf: DT[:, :, :], wg: u32, lt: u32, o_at: i32, o_stride: i32,
-    l_at: i32, q0: i32, n_tiles: i32, lo: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32,
-    st: i32, ph: u32, g: i32, done: i32, D: kaio.constexpr, BN: kaio.constexpr,
-    STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
+    out: DT[:], lse: f32[:], wg: u32, lt: u32, o_at: i32, o_stride: i32, l_at: i32, q0: i32,
+    n_tiles: i32, lo: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, st: i32, ph: u32,
+    g: i32, done: i32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
+    PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
     LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
     HEXP: kaio.constexpr = 0, DIAG: kaio.constexpr = 0, OV: kaio.constexpr = 0,
-    OB: kaio.constexpr = 0,
 ) -> tuple[i32, u32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` from ``lo`` and below
@@ -643,8 +600,7 @@ def consume_tile(
     tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips).
     ``DIAG`` 1 (PIPE 1 to 4): the steps over the key tiles that no row of the block masks
     run in a loop of their own, without the mask's test (``overlap_step``). ``OV`` 1: the
-    rows of O stored as 16-byte vectors (``store_quads``); ``OB`` 1 (the dense layout): by
-    bulk copies from the staging rows ``ebuf`` (``store_rows_bulk``)."""
+    rows of O stored as 16-byte vectors (``store_quads``)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -744,11 +700,7 @@ def consume_tile(
             pv_tile(o, p, v_s, bars, ps, pph, lt, BN, DT)
     if ONES:
         ones_sums(l, o, D, m, LSE)
-    if OB:
-        w = 4 * i32(wg) + i32(lt // 32)
-        store_rows_bulk(out, lse, ebuf, o, m, l, o_at, l_at, row0, lo, sq, w, lane, D, DT)
-    else:
-        store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, lo, sq, lane, D, DT, OV)
+    store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, lo, sq, lane, D, DT, OV)
     return st, ph, g, done + 1
 
 
@@ -1053,7 +1005,6 @@ def attention_fwd_wgmma(
     HEXP: kaio.constexpr,
     DIAG: kaio.constexpr,
     OV: kaio.constexpr,
-    OB: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -1063,8 +1014,7 @@ def attention_fwd_wgmma(
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
     log2(e). ``XT``, ``QB``, ``ONES``: the one-stream schedule, its Q buffers and the row
     sums on the tensor cores (module docstring; ``extras``); ``DIAG`` 1: the unmasked key
-    tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors, ``OB`` 1: by bulk
-    copies from staging rows in shared memory (``consume_tile``).
+    tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors (``consume_tile``).
     ``sched``: two i32 counters, 0 at the launch, that ``PERSIST`` 4 takes its tiles from
     and leaves 0 (``produce_dynamic``); with ``PERSIST`` 5 the plan of every block's tiles
     (``balanced_plan``)."""
@@ -1086,13 +1036,6 @@ def attention_fwd_wgmma(
     # PERSIST 4: the work tile of each Q buffer (``produce_dynamic``)
     tile_s = kaio.shared_dynamic(
         i32, (4,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES + 64
-    )
-    # OB: each consumer warp's 16 staging rows of O (``store_rows_bulk``; without OB a
-    # stand-in over the Q buffer, never used)
-    ebuf = kaio.shared_dynamic(
-        DT,
-        (4 * WG * OB + 1 - OB, 1 + 15 * OB, 8 + (D - 8) * OB),
-        OB * (Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES + 128),
     )
     t, wg, lt = thread_roles(WG)
     n_qt = (sq + BM - 1) // BM
@@ -1148,12 +1091,10 @@ def attention_fwd_wgmma(
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sq, sk, causal,
                                                BM, BN)  # fmt: skip
                 st, ph, g, done = consume_tile(
-                    q_s, k_s, v_s, bars, turn, out, lse, ebuf, wg, lt, bh * sq * D, D, bh * sq,
+                    q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                     q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, OB,
+                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
                 )  # fmt: skip
-        if OB and lt % 32 == 0:  # the last bulk copies have read the staging rows
-            kaio.bulk_wait_read(0)
     elif wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -1168,18 +1109,16 @@ def attention_fwd_wgmma(
                                                BM, BN)  # fmt: skip
                 if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
                     st, ph, g, done = consume_tile(
-                        q_s, k_s, v_s, bars, turn, out, lse, ebuf, wg, lt, bh * sq * D, D, bh * sq,
+                        q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, OB,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
                     )  # fmt: skip
                 else:
                     st, ph, g, done = consume_tile(
-                        q_s, k_s, v_s, bars, turn, out, lse, ebuf, wg, lt, bh * sq * D, D, bh * sq,
+                        q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, OB,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
                     )  # fmt: skip
-        if OB and lt % 32 == 0:  # the last bulk copies have read the staging rows
-            kaio.bulk_wait_read(0)
     elif PERSIST == 4:  # the producer warpgroup: its first warp takes the tiles
         producer_start(REGS)
         if lt < 32:
@@ -1209,13 +1148,10 @@ def attention_fwd_wgmma(
                     tails += 1
 
 
-def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int = 0,
-                 ob: int = 0) -> int:  # fmt: skip
+def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int = 0) -> int:
     """The dynamic shared memory of ``attention_fwd_wgmma``: ``qb`` Q buffers, the K/V ring
-    (``ones``: a column block of ones beside each V stage), its barriers (``ob``: and the
-    staging rows of O)."""
-    ring = qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages
-    return ring + (128 + 64 * wg * d * 2 if ob else 80)
+    (``ones``: a column block of ones beside each V stage), its barriers."""
+    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 80
 
 
 def config(d: int, causal: bool = False) -> dict:
@@ -1244,7 +1180,7 @@ def config(d: int, causal: bool = False) -> dict:
 
 
 # a tile at a time, one Q buffer, sums by FADD (LSE: the rounding added back, with ONES)
-EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0, "OV": 0, "OB": 0}
+EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0, "OV": 0}
 
 
 SHORT_KEYS = 1024  # f16 D128 at most this many keys: tiles from a counter (``extras``)
@@ -1360,8 +1296,7 @@ def check_stream(cfg: dict, d: int) -> None:
             f"attention_fwd_wgmma: QB {qb} Q buffers: the kernel has barriers for 1 or 2 "
             f"(``q_buffer``): use QB 1 or 2"
         )
-    need = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], qb, cfg.get("ONES", 0),
-                        cfg.get("OB", 0))  # fmt: skip
+    need = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], qb, cfg.get("ONES", 0))
     if need > SHARED_LIMIT:
         raise ValueError(
             f"attention_fwd_wgmma: {qb} Q buffers and {cfg['STAGES']} stages of {cfg['BN']} "
@@ -1498,8 +1433,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     tv = kaio.tensor_map_2d(va.arg(rows_kv, d), (cfg["BN"], 64), SW)
     out_flat = _arrays.output_arg(qa, out, (bh * sq * d,))
     lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
-    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], cfg.get("QB", 1), cfg["ONES"],
-                        cfg.get("OB", 0))  # fmt: skip
+    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], cfg.get("QB", 1), cfg["ONES"])
     n_qt = -(-sq // bm)
     if cfg["PERSIST"]:
         work = bh * (-(-n_qt // 2) if cfg["PERSIST"] == 3 else n_qt)  # pairs of tiles, or tiles
