@@ -287,6 +287,9 @@ TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or Non
     (128, True, 300, {"PERSIST": 5, "SECTION": 2, "PIPE": 1, "QB": 2, "DIAG": 1, "OV": 1}, 3),
     # 23: D64's causal route on the counter: three stages, sections of two heads
     (64, True, 300, {"PERSIST": 4, "PIPE": 1, "QB": 2, "STAGES": 3, "SECTION": 2, "ONES": 1}, 3),
+    # 24: the same with 200 keys: each head's partial last key tile in a query tile of two
+    # key tiles, fewer than the ring's three stages (``zero_tail``'s barrier)
+    (64, True, 200, {"PERSIST": 4, "PIPE": 1, "QB": 2, "STAGES": 3, "SECTION": 2, "ONES": 1}, 3),
 ]
 
 
@@ -530,9 +533,10 @@ def compile_spec(base: int, d: int, dtype: str, items: tuple) -> str:
             f"{r.registers}, local bytes {r.local_bytes})")  # fmt: skip
 
 
-def warm_specs(vs: list, shapes: str, causals: tuple, jobs: int, sms: int) -> None:
-    """Compile every specialization that ``grid`` launches (its checks with ``MANY_TILES``
-    0, each timed shape as routed), one process a specialization, ``jobs`` at a time."""
+def warm_specs(vs: list, shapes: str, causals: tuple, jobs: int, sms: int, checks=CHECKS) -> None:
+    """Compile every specialization that ``grid`` launches (its ``checks`` with
+    ``MANY_TILES`` 0, each timed shape as routed), one process a specialization, ``jobs`` at
+    a time."""
     import multiprocessing as mp
 
     import kaio
@@ -545,7 +549,7 @@ def warm_specs(vs: list, shapes: str, causals: tuple, jobs: int, sms: int) -> No
         hop = base_module(base) if base else module_of(over)[0]
         clean = module_of(over)[1]
         dt = kaio.f16 if dtype == "float16" else kaio.bf16
-        keys = [(sk, True) for *_, sk in CHECKS]
+        keys = [(sk, True) for *_, sk in checks]
         for shape in shapes.split(";"):
             b, h, _, s, *rest = (int(x) for x in shape.split(","))
             keys.append((rest[0] if rest else s, b * h * -(-s // 128) >= hop.MANY_TILES * sms))
@@ -563,20 +567,32 @@ def warm_specs(vs: list, shapes: str, causals: tuple, jobs: int, sms: int) -> No
                 print(f"FAILED: {type(e).__name__}: {e}", flush=True)
 
 
-def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5, jobs: int = 0) -> None:
+def grid(
+    specs: str,
+    shapes: str,
+    causals: tuple,
+    out_path,
+    rounds: int = 5,
+    jobs: int = 0,
+    warm_only: bool = False,
+    checks: tuple = CHECKS,
+) -> None:
     """Each variant of ``specs`` (``parse_specs``) checked against float64 on two small
     cases (grouped-query heads with several tiles a persistent block, and a partial last key
     tile with a query tail), then, where it passed, timed with SDPA flash on each shape
     ``B,H,HKV,S[,SK];...`` (SK: keys, when not S): ``rounds`` rounds, each of every
     contender in turn (so that a drift of the clocks reaches all of them), the median of
-    each."""
+    each. ``warm_only``: compile (``jobs`` processes at a time) and stop, so that a GPU round
+    can run other steps beside the compiles; ``checks``: the small cases (``CHECKS``'s)."""
     import torch
 
     vs = parse_specs(specs)
     name = torch.cuda.get_device_name()
     if jobs:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        warm_specs(vs, shapes, causals, jobs, sms)
+        warm_specs(vs, shapes, causals, jobs, sms, checks)
+    if warm_only:
+        return
     rows, refs, ok = [], {}, []
     for label, dtype, d, kind, over in vs:
         run = runner(kind, d, over)
@@ -585,7 +601,7 @@ def grid(specs: str, shapes: str, causals: tuple, out_path, rounds: int = 5, job
         hop = base_module(base) if base else module_of(over)[0]
         many, hop.MANY_TILES = hop.MANY_TILES, 0  # the checks take the routes of the timing
         try:
-            for b, h, hkv, sq, sk in CHECKS:
+            for b, h, hkv, sq, sk in checks:
                 for causal in causals:
                     key = (dtype, d, b, h, hkv, sq, sk, causal)
                     if key not in refs:
@@ -665,6 +681,8 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--check-log", help="time: only the variants this check output passed")
     p.add_argument("--rounds", type=int, default=5, help="grid: interleaved rounds of timing")
+    p.add_argument("--warm-only", action="store_true", help="grid: compile, then stop")
+    p.add_argument("--checks", help="grid: the CHECKS cases to run, i,j,... (default all)")
     p.add_argument("--ptxas", help="build the cubins with this ptxas, not the driver's JIT")
     args = p.parse_args()
     if args.ptxas:  # before kaio compiles anything; cached under their own keys
@@ -673,7 +691,9 @@ def main() -> None:
         warm(args.jobs, args.specs)
     elif args.step == "grid":
         causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal_grid]
-        grid(args.specs, args.shapes, causals, args.out, args.rounds, args.jobs)
+        checks = [CHECKS[int(i)] for i in args.checks.split(",")] if args.checks else CHECKS
+        grid(args.specs, args.shapes, causals, args.out, args.rounds, args.jobs, args.warm_only,
+             checks)  # fmt: skip
     elif args.step == "check":
         check(args.out)
     elif args.step == "tiny":

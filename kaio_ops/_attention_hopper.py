@@ -43,8 +43,7 @@ without it, block (x, y) takes tile y * grid x + x (the hardware starts the bloc
 order as others finish); the K/V ring's stage and parity, the ping-pong turns and the Q
 buffer (refilled once every consumer warpgroup's last S = Q K^T of a tile is done,
 ``turn[4]``) carry from one tile to the next (``consume_tile``'s state), so that the
-producer loads the next tile's keys while the consumers finish a tile (and ``turn[3]``, the
-partial last key tiles' zeros, counts its phases over them).
+producer loads the next tile's keys while the consumers finish a tile.
 
 ``XT`` 1 (``consume_stream``) runs a persistent block's tiles as one stream of key-tile
 steps: the first S = Q K^T of a tile is issued with the last O += P V of the one before, its
@@ -65,9 +64,10 @@ Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, 
 K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
 K, V as ``[B * Hkv * Sk, D]``: a Q tile past the head's last row reads the next head's rows
 (their outputs are not stored); keys at or past ``sk`` are masked, and when the last key
-tile reaches past ``sk`` the producer warp sets those V rows (another head's) to zeros in
-shared memory before the consumers multiply them (by zero probabilities: a non-finite
-value there would still make NaN; ``zero_tail``).
+tile reaches past ``sk`` its V lands on the producer's own barrier (``turn[3]``), the
+producer warp sets those V rows (another head's) to zeros in shared memory and only then
+completes the stage's V barrier for the consumers (their zero probabilities would still
+make NaN of a non-finite value there; ``zero_tail``).
 Grouped-query attention: query head h reads K/V head h // group. Each row's natural-log
 logsumexp goes to ``lse`` (-inf, and a zero output, for a row with no valid key).
 """
@@ -91,23 +91,27 @@ PRODUCER_REGS = 24  # registers a thread of the producer warpgroup keeps (setmax
 
 
 @kaio.gpu_func
-def producer_start(REGS: kaio.constexpr) -> tuple[i32, i32]:
+def producer_start(REGS: kaio.constexpr) -> tuple[i32, i32, i32]:
     """The producer warpgroup's start: its registers handed to the consumers
-    (``setmaxnreg.dec`` to PRODUCER_REGS, when ``REGS``), and its counters of key tiles and
-    work tiles loaded, both 0."""
+    (``setmaxnreg.dec`` to PRODUCER_REGS, when ``REGS``), and its counters of key tiles,
+    work tiles and partial last key tiles (``zero_tail``) loaded, all 0."""
     if REGS:
         kaio.setmaxnreg_dec(PRODUCER_REGS)
-    return i32(0), i32(0)
+    return i32(0), i32(0), i32(0)
 
 
 def consumer_registers(wg: int) -> int:
     """``REGS``: the registers a consumer thread takes (setmaxnreg) once the producer
-    warpgroup has given up its own: the 64K of the multiprocessor less the producer's, over
-    the consumers, a multiple of 8, at most 240; 0 (no setmaxnreg) for one consumer
+    warpgroup has given up its own: the block's registers at launch (the launch bounds'
+    share of the 64K a thread, a multiple of 8) less the producer's, over the consumers, a
+    multiple of 8, at most 240 (setmaxnreg.inc waits for registers the block does not have:
+    four consumer warpgroups launch with 96 a thread, 61440 in all, and can take 112, not
+    the 120 of the whole 64K; an H100 hung at 120); 0 (no setmaxnreg) for one consumer
     warpgroup, which has 255 anyway."""
     if wg == 1:
         return 0
-    return min(240, (65536 - 128 * PRODUCER_REGS) // (128 * wg) // 8 * 8)
+    start = 65536 // (128 * (wg + 1)) // 8 * 8
+    return min(240, (start * (wg + 1) - PRODUCER_REGS) // wg // 8 * 8)
 
 
 @kaio.gpu_func
@@ -164,15 +168,12 @@ def s_tile(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], bars: u64[:, :],
 
 
 @kaio.gpu_func
-def pv_tile(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
-            st: i32, ph: u32, tail: bool_, tails: i32, lt: u32, BN: kaio.constexpr,
-            DT: kaio.constexpr):  # fmt: skip
-    """O += P V of the key tile in stage ``st`` once its V has landed (and, for the partial
-    last tile, ``tail``, once its rows past the keys are zeros: ``zero_tail``; ``tails``: the
-    block's partial tiles before this one), waited for; then the stage's V is free."""
+def pv_tile(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], bars: u64[:, :], st: i32,
+            ph: u32, lt: u32, BN: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """O += P V of the key tile in stage ``st`` once its V has landed (a partial last tile's
+    with its rows past the keys zeroed, ``zero_tail``), waited for; then the stage's V is
+    free."""
     kaio.mbarrier_wait(bars, (1, st), ph)
-    if tail:
-        kaio.mbarrier_wait(turn, 3, u32(tails) & 1)
     kaio.wgmma_fence()
     issue_pv(o, p, v_s, st, BN, DT)
     kaio.wgmma_wait(0)
@@ -325,20 +326,22 @@ def store_quads(
 @kaio.gpu_func
 def store_rows(
     out: DT[:], lse: f32[:], o: f32[:, :], m: f32[:], l: f32[:], o_at: i32, o_stride: i32,
-    l_at: i32, row0: i32, sq: i32, lane: u32, D: kaio.constexpr, DT: kaio.constexpr,
+    l_at: i32, row0: i32, lo: i32, sq: i32, lane: u32, D: kaio.constexpr, DT: kaio.constexpr,
     OV: kaio.constexpr = 0,
 ):  # fmt: skip
     """out[o_at + row * o_stride:][:D] = o / the row's sum and lse[l_at + row] for this lane's
-    rows row = row0 + 8h below sq (the dense layout: o_at = bh * sq * D, o_stride = D,
-    l_at = bh * sq; the packed varlen one: ``_attention_hopper_varlen``)."""
+    rows row = row0 + 8h from lo and below sq (the dense layout: o_at = bh * sq * D,
+    o_stride = D, l_at = bh * sq, lo = 0, ``tile_of``'s causal tiles starting before the
+    head's first row; the packed varlen one: ``_attention_hopper_varlen``)."""
     for h in kaio.static_range(2):
         total = l[h] + kaio.shfl_xor(l[h], 1)
         total += kaio.shfl_xor(total, 2)
         row = row0 + 8 * h
-        if OV and D % 32 == 0:  # (the shuffles in every lane; the stores below sq)
+        mine = row >= lo and row < sq
+        if OV and D % 32 == 0:  # (the shuffles in every lane; the stores of its rows)
             inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
-            store_quads(out, o_at + row * o_stride, o, h, inv, lane, row < sq, D, DT)
-        if row < sq:
+            store_quads(out, o_at + row * o_stride, o, h, inv, lane, mine, D, DT)
+        if mine:
             inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
             if not OV or D % 32 != 0:
                 store_pairs(out, o_at + row * o_stride, o, h, inv, lane, D, DT)
@@ -359,7 +362,7 @@ def q_buffer(it: i32, QB: kaio.constexpr) -> tuple[i32, i32, i32]:
 def produce(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     tq: kaio.tensormap, tk: kaio.tensormap, tv: kaio.tensormap, q_row: i32, kv_row: i32,
-    q_col: i32, kv_col: i32, n_tiles: i32, it: i32, cnt: i32, D: kaio.constexpr,
+    q_col: i32, kv_col: i32, n_tiles: i32, it: i32, cnt: i32, tail: bool_, D: kaio.constexpr,
     BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
     QB: kaio.constexpr = 1,
 ):  # fmt: skip
@@ -368,7 +371,9 @@ def produce(
     (``q_buffer``) once the consumers are done with that buffer's previous tile, then K and
     V of each key tile (from ``kv_row``, ``kv_col``), each on its own "full" barrier, STAGES
     tiles ahead: a stage is refilled once the consumers have freed it (K and V apart).
-    ``cnt``: the key tiles the ring has taken so far (for their stage and parity)."""
+    ``cnt``: the key tiles the ring has taken so far (for their stage and parity). ``tail``:
+    the last key tile is partial: its V lands on ``turn[3]``, for ``zero_tail``, which then
+    completes the stage's V barrier."""
     C = D // 64
     KV_BYTES = BN * D * 2
     b, landed, read = q_buffer(it, QB)
@@ -389,10 +394,16 @@ def produce(
                              (0, st))  # fmt: skip
         if n >= STAGES:
             kaio.mbarrier_wait(bars, (3, st), ph ^ 1)
-        kaio.mbarrier_arrive_expect_tx(bars, (1, st), u32(KV_BYTES))
-        for c in kaio.static_range(C):
-            kaio.tma_load_2d(v_s, (st, c, 0, 0), tv, kv_row + j * BN, kv_col + c * 64, bars,
-                             (1, st))  # fmt: skip
+        if tail and j == n_tiles - 1:  # (the producer's own barrier: ``zero_tail``)
+            kaio.mbarrier_arrive_expect_tx(turn, 3, u32(KV_BYTES))
+            for c in kaio.static_range(C):
+                kaio.tma_load_2d(v_s, (st, c, 0, 0), tv, kv_row + j * BN, kv_col + c * 64, turn,
+                                 3)  # fmt: skip
+        else:
+            kaio.mbarrier_arrive_expect_tx(bars, (1, st), u32(KV_BYTES))
+            for c in kaio.static_range(C):
+                kaio.tma_load_2d(v_s, (st, c, 0, 0), tv, kv_row + j * BN, kv_col + c * 64, bars,
+                                 (1, st))  # fmt: skip
 
 
 @kaio.gpu_func
@@ -412,8 +423,9 @@ def produce_dynamic(
     Past the last tile: -1 in the slot and an arrival on the Q buffer's "landed" barrier
     (the consumers stop), then the block counts itself done on ``sched[1]``, and the last block
     done sets both counters back to 0 for the next launch."""
-    it = i32(0)  # the work tiles taken, and the key tiles loaded
+    it = i32(0)  # the work tiles taken, the key tiles loaded, the partial last ones
     cnt = i32(0)
+    tails = i32(0)
     w = i32(0)
     while w >= 0:
         got = i32(0)
@@ -432,17 +444,20 @@ def produce_dynamic(
                 tile_s[b] = -1
                 kaio.mbarrier_arrive(turn, landed)  # (release: the consumers see the -1)
         else:
-            bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal, 64 * WG,
+            bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sq, sk, causal, 64 * WG,
                                            BN)  # fmt: skip
+            tail = n_tiles * BN > sk
             if lane == 0:
                 tile_s[b] = w  # seen by the consumers once the Q copy's barrier completes
                 produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk, 0, 0,
-                        n_tiles, it, cnt, D, BN, WG, STAGES, DT, QB)  # fmt: skip
+                        n_tiles, it, cnt, tail, D, BN, WG, STAGES, DT, QB)  # fmt: skip
             cnt += n_tiles
             it += 1
-            if n_tiles * BN > sk:  # (as in the kernel's static loop)
+            if tail:  # (as in the kernel's static loop)
                 kaio.sync_warp()
-                zero_tail(v_s, bars, turn, n_tiles - 1, cnt - 1, sk, lane, D, BN, STAGES, DT)
+                zero_tail(v_s, bars, turn, n_tiles - 1, cnt - 1, tails, sk, lane, D, BN, STAGES,
+                          DT)  # fmt: skip
+                tails += 1
     if lane == 0:
         kaio.threadfence()  # this block's takes before its count
         if kaio.atomic_add(sched, 1, 1) == i32(kaio.grid_dim_x()) - 1:
@@ -452,16 +467,21 @@ def produce_dynamic(
 
 @kaio.gpu_func
 def zero_tail(
-    v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], j: i32, n: i32, sk: i32, lane: u32,
-    D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
+    v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], j: i32, n: i32, tails: i32, sk: i32,
+    lane: u32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
+    DT: kaio.constexpr,
 ):  # fmt: skip
     """The producer warp, once V of key tile j (the last, partial; the ring's n-th) has
-    landed (called after the copy was issued, so that the wait sees its phase, not an
+    landed on ``turn[3]`` (``produce``; ``tails``: the block's partial tiles before it, which
+    give the phase; called after the copy was issued, so that the wait sees its phase, not an
     earlier one): its rows past the keys (the next head's, or TMA's zeros past the array)
     set to zeros, so that their zero probabilities never meet a non-finite value there;
-    fenced for the tensor cores, then each lane arrives on ``turn[3]``."""
+    fenced for the tensor cores, then the stage's V barrier completed for the consumers. Only
+    this warp waits on ``turn[3]``, each of its phases in turn: the consumers, whose
+    warpgroups may all skip the tile (``skip_tile``), wait on the V barrier as for any
+    tile."""
     st = n % STAGES
-    kaio.mbarrier_wait(bars, (1, st), u32(n // STAGES) & 1)
+    kaio.mbarrier_wait(turn, 3, u32(tails) & 1)
     r0 = sk - j * BN
     zero = kaio.local(DT, 8)
     for e in kaio.static_range(8):
@@ -470,7 +490,9 @@ def zero_tail(
         for r in range(r0 + i32(lane // 8), BN, 4):
             kaio.store_vector(v_s, (st, c, r, i32(lane % 8) * 8), zero)
     kaio.fence_proxy_async()
-    kaio.mbarrier_arrive(turn, 3)
+    kaio.sync_warp()  # every lane's zeros before the arrival
+    if lane == 0:
+        kaio.mbarrier_arrive(bars, (1, st))
 
 
 @kaio.gpu_func
@@ -537,44 +559,43 @@ def consume(
     ONES: kaio.constexpr = 0, LSE: kaio.constexpr = 0,
 ):  # fmt: skip
     """``consume_tile`` with its carried state in ``pos`` (the ring's stage and parity, the
-    ping-pong steps, the tiles done, the partial ones among them), for callers that keep it
-    in an array (the varlen forward, ``_attention_hopper_varlen``; without the skips,
-    ``SKIP`` 0, as measured there)."""
-    st, ph, g, done, tails = consume_tile(
-        q_s, k_s, v_s, bars, turn, out, lse, wg, lt, o_at, o_stride, l_at, q0, n_tiles, sq, sk,
-        causal, scale_log2, pos[0], u32(pos[1]), pos[2], pos[3], pos[4], D, BN, STAGES, PIPE,
-        DT, ONES, LSE,
+    ping-pong steps, the tiles done), for callers that keep it in an array (the varlen
+    forward, ``_attention_hopper_varlen``; without the skips, ``SKIP`` 0, as measured
+    there)."""
+    st, ph, g, done = consume_tile(
+        q_s, k_s, v_s, bars, turn, out, lse, wg, lt, o_at, o_stride, l_at, q0, n_tiles, q0, sq,
+        sk, causal, scale_log2, pos[0], u32(pos[1]), pos[2], pos[3], D, BN, STAGES, PIPE, DT, ONES,
+        LSE,
     )  # fmt: skip
     pos[0] = st
     pos[1] = i32(ph)
     pos[2] = g
     pos[3] = done
-    pos[4] = tails
 
 
 @kaio.gpu_func
 def consume_tile(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     out: DT[:], lse: f32[:], wg: u32, lt: u32, o_at: i32, o_stride: i32, l_at: i32, q0: i32,
-    n_tiles: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, st: i32, ph: u32, g: i32,
-    done: i32, tails: i32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
+    n_tiles: i32, lo: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, st: i32, ph: u32,
+    g: i32, done: i32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
     LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
     HEXP: kaio.constexpr = 0, DIAG: kaio.constexpr = 0, OV: kaio.constexpr = 0,
-) -> tuple[i32, u32, i32, i32, i32]:  # fmt: skip
+) -> tuple[i32, u32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
-    key tiles (module docstring), then its rows of ``out`` and ``lse`` (``store_rows``:
-    ``o_at``, ``o_stride``, ``l_at`` place them; ``q0`` and ``sq`` may be shifted alike, as
-    the varlen kernel's bottom-right causal mask shifts them). The state carried from the
+    key tiles (module docstring), then its rows of ``out`` and ``lse`` from ``lo`` and below
+    ``sq`` (``store_rows``: ``o_at``, ``o_stride``, ``l_at`` place them; ``q0``, ``lo`` and
+    ``sq`` may be shifted alike, as the varlen kernel's bottom-right causal mask shifts
+    them). The state carried from the
     block's earlier tiles, returned as it stands after this one: ``(st, ph)`` the ring's
     stage and phase parity, ``g`` the ping-pong steps taken, ``done`` the tiles done (whose
-    count picks the Q buffer, ``q_buffer``, of ``QB``), ``tails`` those of them whose last
-    key tile was partial. ``turn[0]``, ``turn[1]``: the ping-pong barriers of warpgroups 0
-    and 1 (PIPE 2, 4), ``turn[2]`` (``turn[5]``): the Q tile landed, ``turn[3]``: the
-    partial tile's zeros stored, ``turn[4]`` (``turn[6]``): the Q tile read (by every
-    consumer warpgroup). ``ONES`` 1: the row sums come from O's 8 more columns
-    (``ones_sums``), the V stages having a column block of ones; ``LSE`` 1 with it: the
-    masked tiles' rounding of the probabilities added back to the sums (``softmax_tile``).
+    count picks the Q buffer, ``q_buffer``, of ``QB``). ``turn[0]``, ``turn[1]``: the
+    ping-pong barriers of warpgroups 0 and 1 (PIPE 2, 4), ``turn[2]`` (``turn[5]``): the Q
+    tile landed, ``turn[4]`` (``turn[6]``): the Q tile read (by every consumer warpgroup).
+    ``ONES`` 1: the row sums come from O's 8 more columns (``ones_sums``), the V stages
+    having a column block of ones; ``LSE`` 1 with it: the masked tiles' rounding of the
+    probabilities added back to the sums (``softmax_tile``).
     ``SKIP`` 1: the key tiles past the warpgroup's rows are only freed (``skip_tile``; for
     tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips).
     ``DIAG`` 1 (PIPE 1 to 4): the steps over the key tiles that no row of the block masks
@@ -610,7 +631,7 @@ def consume_tile(
                              1 - ONES, LSE, DT, HEXP)  # fmt: skip
                 rescale_rows(o, alpha, DO)
                 pack_p(p, s, BN, DT, HEXP)
-                pv_tile(o, p, v_s, bars, turn, st, ph, (j + 1) * BN > sk, tails, lt, BN, DT)
+                pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
             else:
                 skip_tile(bars, st, ph, lt)
             st, ph = next_stage(st, ph, STAGES)
@@ -667,7 +688,7 @@ def consume_tile(
                 if j == n_mine:  # the pending P V first: its stage may be the next refilled
                     if PIPE >= 3:
                         rescale_rows(o, alpha, DO)
-                    pv_tile(o, p, v_s, bars, turn, ps, pph, False, tails, lt, BN, DT)
+                    pv_tile(o, p, v_s, bars, ps, pph, lt, BN, DT)
                 skip_tile(bars, st, ph, lt)
             st, ph = next_stage(st, ph, STAGES)
         g += n_tiles - 1
@@ -676,13 +697,11 @@ def consume_tile(
         if SKIP == 0 or n_mine == n_tiles:  # the last P V
             if PIPE >= 3:
                 rescale_rows(o, alpha, DO)
-            pv_tile(o, p, v_s, bars, turn, ps, pph, n_tiles * BN > sk, tails, lt, BN, DT)
-    if n_tiles * BN > sk:
-        tails += 1
+            pv_tile(o, p, v_s, bars, ps, pph, lt, BN, DT)
     if ONES:
         ones_sums(l, o, D, m, LSE)
-    store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, sq, lane, D, DT, OV)
-    return st, ph, g, done + 1, tails
+    store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, lo, sq, lane, D, DT, OV)
+    return st, ph, g, done + 1
 
 
 @kaio.gpu_func
@@ -718,10 +737,8 @@ def consume_stream(
     p = kaio.local(u32, (BN // 16, 4))
     st = i32(0)  # the ring's stage of the next key tile and its phase parity
     ph = u32(0)
-    ps = i32(0)  # the stage and parity of the step whose P V is pending, and whether its
-    pph = u32(0)  # key tile is a partial last one (``zero_tail``)
-    ptail = i32(0)
-    tails = i32(0)  # the partial last key tiles whose P V has been issued
+    ps = i32(0)  # the stage and parity of the step whose P V is pending
+    pph = u32(0)
     it = i32(0)  # the work tiles started
     pending = i32(0)  # whether a P V is pending (the stream's first step, and one after a
     # flush, stand alone)
@@ -730,11 +747,12 @@ def consume_stream(
     for k in range(rounds):
         w = work_tile(k, first, step, end, n_qt, PERSIST)
         if w >= 0:
-            bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal, BM, BN)
+            bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sq, sk, causal, BM, BN)
             row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
-            n_mine = n_tiles  # the key tiles this warpgroup's rows see (causal: fewer; one
-            if causal != 0:  # where the rows are all past sq: none of them is stored)
-                n_mine = kaio.min(n_tiles, (q0 + 64 * i32(wg) + 64 + BN - 1) // BN)
+            n_mine = n_tiles  # the key tiles this warpgroup's rows see (causal: fewer, at
+            if causal != 0:  # least one; one where the rows are all past sq: none of them
+                # is stored)
+                n_mine = kaio.max(1, kaio.min(n_tiles, (q0 + 64 * i32(wg) + 64 + BN - 1) // BN))
             if q0 + 64 * i32(wg) >= sq:
                 n_mine = 1
             b, landed, read = q_buffer(it, QB)
@@ -757,7 +775,6 @@ def consume_stream(
                     pack_p(p, s, BN, DT, HEXP)
                     ps = st
                     pph = ph
-                    ptail = kaio.select(n_tiles == 1 and BN > sk, 1, 0)
                     pending = 1
                 elif j < n_mine:
                     kaio.mbarrier_wait(bars, (0, st), ph)
@@ -766,8 +783,6 @@ def consume_stream(
                     if PIPE >= 3:
                         rescale_rows(o, alpha, DO)
                     kaio.mbarrier_wait(bars, (1, ps), pph)
-                    if ptail != 0:  # the pending key tile's rows past the keys are zeros
-                        kaio.mbarrier_wait(turn, 3, u32(tails) & 1)
                     kaio.wgmma_fence()
                     issue_pv(o, p, v_s, ps, BN, DT)
                     kaio.wgmma_wait(1)  # S done
@@ -791,57 +806,51 @@ def consume_stream(
                     kaio.wgmma_wait(0)  # the pending P V done
                     if lt == 0:
                         kaio.mbarrier_arrive(bars, (3, ps))
-                    tails += ptail
                     if j == 0:  # the finished tile's rows, then O from zero
                         if ONES:
                             ones_sums(lo, o, D, mo, LSE)
                         store_rows(out, lse, o, mo, lo, prev_bh * sq * D, D, prev_bh * sq,
-                                   prev_row0, sq, lane, D, DT)  # fmt: skip
+                                   prev_row0, 0, sq, lane, D, DT)  # fmt: skip
                         start_rows(mo, lo, o, DO)
                     if PIPE < 3:
                         rescale_rows(o, alpha, DO)
                     pack_p(p, s, BN, DT, HEXP)
                     ps = st
                     pph = ph
-                    ptail = kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
                 else:  # a key tile past this warpgroup's diagonal, or its rows past sq
                     if j == n_mine and n_tiles - n_mine >= STAGES:  # the skips would wait for
                         # the stage of the pending P V to be refilled: that P V first, and
                         # the tile's rows
-                        finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, turn, ps, pph,
-                                    ptail, tails, bh, row0, sq, lt, D, BN, PIPE, ONES,
-                                    DT, LSE)  # fmt: skip
-                        tails += ptail
+                        finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, ps, pph, bh, row0,
+                                    sq, lt, D, BN, PIPE, ONES, DT, LSE)  # fmt: skip
                         pending = 0
                     skip_tile(bars, st, ph, lt)
-                    tails += kaio.select(j == n_tiles - 1 and n_tiles * BN > sk, 1, 0)
                 st, ph = next_stage(st, ph, STAGES)
             prev_bh = bh
             prev_row0 = row0
             it += 1
     if pending != 0:  # the last tile's last P V and its rows
-        finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, turn, ps, pph, ptail, tails,
-                    prev_bh, prev_row0, sq, lt, D, BN, PIPE, ONES, DT, LSE)  # fmt: skip
+        finish_tile(out, lse, o, p, m, l, alpha, v_s, bars, ps, pph, prev_bh, prev_row0, sq,
+                    lt, D, BN, PIPE, ONES, DT, LSE)  # fmt: skip
 
 
 @kaio.gpu_func
 def finish_tile(
     out: DT[:], lse: f32[:], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
-    v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:], ps: i32, pph: u32, ptail: i32,
-    tails: i32, bh: i32, row0: i32, sq: i32, lt: u32, D: kaio.constexpr, BN: kaio.constexpr,
-    PIPE: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr, LSE: kaio.constexpr = 0,
+    v_s: DT[:, :, :, :], bars: u64[:, :], ps: i32, pph: u32, bh: i32, row0: i32, sq: i32,
+    lt: u32, D: kaio.constexpr, BN: kaio.constexpr, PIPE: kaio.constexpr, ONES: kaio.constexpr,
+    DT: kaio.constexpr, LSE: kaio.constexpr = 0,
 ):  # fmt: skip
-    """A tile's pending last O += P V (stage ``ps``, parity ``pph``; ``ptail``: its key tile
-    is a partial last one, ``tails`` such tiles before it), waited for, its rows stored
+    """A tile's pending last O += P V (stage ``ps``, parity ``pph``), waited for, its rows stored
     (``store_rows``; ``ONES``: the row sums from O's last 8 columns, ``LSE``: and the
     rounding added back), then O and the row maxima and sums from the start."""
     DO = D + 8 * ONES
     if PIPE >= 3:
         rescale_rows(o, alpha, DO)
-    pv_tile(o, p, v_s, bars, turn, ps, pph, ptail != 0, tails, lt, BN, DT)
+    pv_tile(o, p, v_s, bars, ps, pph, lt, BN, DT)
     if ONES:
         ones_sums(l, o, D, m, LSE)
-    store_rows(out, lse, o, m, l, bh * sq * D, D, bh * sq, row0, sq, lt % 32, D, DT)
+    store_rows(out, lse, o, m, l, bh * sq * D, D, bh * sq, row0, 0, sq, lt % 32, D, DT)
     start_rows(m, l, o, DO)
     start_sums(l, LSE)
 
@@ -862,7 +871,7 @@ def ones_sums(l: f32[:], o: f32[:, :], D: kaio.constexpr, m: f32[:], LSE: kaio.c
 
 @kaio.gpu_func
 def tile_of(
-    t: i32, n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sk: i32, causal: i32,
+    t: i32, n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32,
     BM: kaio.constexpr, BN: kaio.constexpr,
 ) -> tuple[i32, i32, i32, i32]:  # fmt: skip
     """(bh, q0, kv head, key tiles) of work tile ``t``: the tiles come in sections of ``hs``
@@ -870,14 +879,28 @@ def tile_of(
     tiles first (the causal mask's longest), its heads inner: query tile ``n_qt - 1 - r //
     h`` of (batch, head) ``section * hs + r % h``, for the section's r-th tile and h heads.
     ``hs`` 1: one head's tiles after another's; ``hs`` = ``bhs``: every head's heaviest
-    first."""
+    first. Causal: the tiles end at sq (``first_row``), so that where BM does not divide sq
+    the partial tile is the lightest, not the heaviest."""
     first = t // (hs * n_qt) * hs
     h = kaio.min(hs, bhs - first)
     r = t - first * n_qt
     bh = first + r % h
-    q0 = (n_qt - 1 - r // h) * BM
+    q0 = first_row(n_qt - 1 - r // h, n_qt, sq, causal, BM)
     kvh, n_tiles = kv_head_and_tiles(bh, q0, heads, group, sk, causal, BM, BN)
     return bh, q0, kvh, n_tiles
+
+
+@kaio.gpu_func
+def first_row(x: i32, n_qt: i32, sq: i32, causal: i32, BM: kaio.constexpr) -> i32:
+    """The first row of query tile ``x`` of a head's ``n_qt`` tiles of ``BM`` rows: x BM, or
+    with the mask x BM - (n_qt BM - sq), the tiles ending at sq and the first starting up to
+    BM - 1 rows before the head's (rows that see no key and are not stored, ``store_rows``):
+    its few rows then see 1 key tile, where the last tile's would see them all and keep
+    their warpgroup busy with the tile's others idle (fwd64, issue 36: D 64's 192 rows)."""
+    q0 = x * BM
+    if causal != 0:
+        q0 -= n_qt * BM - sq
+    return q0
 
 
 @kaio.gpu_func
@@ -930,7 +953,7 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
     its first thread, then the block synchronized: each stage's K and V "full" barriers
     (one arrival: the producer's, with the copies' bytes) and "free" ones (an arrival from
     each consumer warpgroup), the ping-pong turns (an arrival from each warp of the other
-    warpgroup), Q landed (one), the tail's zeros (each lane of the producer warp), Q read
+    warpgroup), Q landed (one), a partial key tile's V landed (one, ``zero_tail``), Q read
     (each consumer warpgroup), and the same two of the second Q buffer (``q_buffer``);
     ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp)."""
     if t == 0:
@@ -941,7 +964,7 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
         kaio.mbarrier_init(turn, 0, 4)
         kaio.mbarrier_init(turn, 1, 4)
         kaio.mbarrier_init(turn, 2, 1)
-        kaio.mbarrier_init(turn, 3, 32)
+        kaio.mbarrier_init(turn, 3, 1)
         kaio.mbarrier_init(turn, 4, WG)
         kaio.mbarrier_init(turn, 5, 1)  # the second Q buffer's (``QB`` 2) landed and read
         kaio.mbarrier_init(turn, 6, WG)
@@ -1005,8 +1028,9 @@ def attention_fwd_wgmma(
     v_s = kaio.shared_dynamic(DT, (STAGES, C + ONES, BN, 64), Q_BYTES + STAGES * KV_BYTES)
     # bars[0, s]: K of stage s landed, [1, s]: V landed, [2, s]: K free, [3, s]: V free;
     # turn[0], turn[1]: warpgroup 0's, 1's turn on the tensor cores (PIPE 2, 4), turn[2]: Q
-    # landed, turn[3]: the partial tile's zeros stored, turn[4]: Q read by every consumer
-    # warpgroup; turn[5], turn[6]: the second Q buffer's landed and read (QB 2)
+    # landed, turn[3]: a partial key tile's V landed (the producer's, ``zero_tail``), turn[4]:
+    # Q read by every consumer warpgroup; turn[5], turn[6]: the second Q buffer's landed and
+    # read (QB 2)
     bars = kaio.shared_dynamic(u64, (4, STAGES), Q_BYTES + STAGES * (KV_BYTES + V_BYTES))
     turn = kaio.shared_dynamic(u64, (8,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES)
     # PERSIST 4: the work tile of each Q buffer (``produce_dynamic``)
@@ -1054,7 +1078,6 @@ def attention_fwd_wgmma(
         ph = u32(0)
         g = i32(0)
         done = i32(0)
-        tails = i32(0)
         w = i32(0)
         while w >= 0:
             b, landed, read = q_buffer(done, QB)
@@ -1065,64 +1088,64 @@ def attention_fwd_wgmma(
                 kaio.mbarrier_arrive(turn, 7)
             w = kaio.shfl_idx(got, 0)
             if w >= 0:
-                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
+                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sq, sk, causal,
                                                BM, BN)  # fmt: skip
-                st, ph, g, done, tails = consume_tile(
+                st, ph, g, done = consume_tile(
                     q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
-                    q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
+                    q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
                     STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
                 )  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        st = i32(0)  # the ring's stage and parity, the ping-pong steps, the tiles done and
-        ph = u32(0)  # those of them with a partial last key tile (``consume_tile``)
+        st = i32(0)  # the ring's stage and parity, the ping-pong steps, the tiles done
+        ph = u32(0)  # (``consume_tile``)
         g = i32(0)
         done = i32(0)
-        tails = i32(0)
         for k in range(rounds):
             w = planned_tile(k, first, step, end, n_qt, sched, PERSIST)
             if w >= 0:
-                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
+                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sq, sk, causal,
                                                BM, BN)  # fmt: skip
                 if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
-                    st, ph, g, done, tails = consume_tile(
+                    st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
-                        q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
+                        q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
                         STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
                     )  # fmt: skip
                 else:
-                    st, ph, g, done, tails = consume_tile(
+                    st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
-                        q0, n_tiles, sq, sk, causal, scale_log2, st, ph, g, done, tails, D, BN,
+                        q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
                         STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
                     )  # fmt: skip
     elif PERSIST == 4:  # the producer warpgroup: its first warp takes the tiles
-        cnt, it = producer_start(REGS)
+        producer_start(REGS)
         if lt < 32:
             produce_dynamic(q_s, k_s, v_s, bars, turn, tile_s, sched, tq, tk, tv, lt, end, n_qt,
                             bhs, hs, heads, group, sq, sk, causal, D, BN, WG, STAGES, DT,
                             QB)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
-        cnt, it = producer_start(REGS)
+        cnt, it, tails = producer_start(REGS)
         for k in range(rounds):
             w = planned_tile(k, first, step, end, n_qt, sched, PERSIST)
             if w >= 0:
-                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sk, causal,
+                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sq, sk, causal,
                                                BM, BN)  # fmt: skip
+                tail = n_tiles * BN > sk  # the last key tile reaches past the keys
                 if lt == 0:
                     produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, bh * sq + q0, kvh * sk, 0, 0,
-                            n_tiles, it, cnt, D, BN, WG, STAGES, DT, QB)  # fmt: skip
+                            n_tiles, it, cnt, tail, D, BN, WG, STAGES, DT, QB)  # fmt: skip
                 cnt += n_tiles
                 it += 1
-                if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys:
-                    # the warp waits until its first thread has issued every copy: an earlier
-                    # wait on the last tile's barrier could see an earlier phase of the same
+                if lt < 32 and tail:  # the warp waits until its first thread has issued every
+                    # copy: an earlier wait on turn[3] could see an earlier phase of the same
                     # parity complete (measured on an H100: the zeros landed before the copy
                     # did)
                     kaio.sync_warp()
-                    zero_tail(v_s, bars, turn, n_tiles - 1, cnt - 1, sk, lt, D, BN, STAGES,
-                              DT)  # fmt: skip
+                    zero_tail(v_s, bars, turn, n_tiles - 1, cnt - 1, tails, sk, lt, D, BN,
+                              STAGES, DT)  # fmt: skip
+                    tails += 1
 
 
 def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int = 0) -> int:
@@ -1172,12 +1195,6 @@ ROUTE_COUNTER = False
 # at S 1024 too; a tile a block at S 1024 and without the mask: -4% to +3%, not routed)
 D64_SECTION = 32
 D64_COUNTER_KEYS = 2048  # f16 D64 with the mask at most this many keys: the counter
-# ... and more than this many: a query tile whose last key tile is partial then has at least
-# the counter's three stages of key tiles, so that the producer cannot zero the tail of a
-# second such tile (turn[3]'s next phase) before a lagging consumer warpgroup has waited for
-# the first's (a parity read two phases late would wait forever); shorter runs take a tile a
-# block (docs/performance.md, twenty-second session's final check: synccheck on tiny case 17)
-D64_COUNTER_MIN_KEYS = 256
 
 
 def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True) -> dict:
@@ -1203,12 +1220,15 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     4096-16384); ``launch`` lets this PERSIST override ``config``'s when it routes. Both
     only where the launch has ``many`` (at least MANY_TILES query tiles a multiprocessor:
     they were measured faster with 15, 5-12% slower with 2 and 4, B2 and B4 H16 S1024).
-    f16 at D 64 with the mask, more than ``D64_COUNTER_MIN_KEYS`` and at most
-    ``D64_COUNTER_KEYS`` keys, with ``many``: ``PERSIST`` 4, QB 2 and three stages (three
-    warpgroups taking tiles from the counter, heaviest first, where ``config`` has a tile a
-    block: 8.6% faster at B16 H16 S1024 with two stages, fourth pass; three stages and
-    D64_SECTION heads a section 5% faster again at S 1024 and 2048, as fast as a tile a
-    block at S 4096, slower at S 16384; fwd64).
+    D 64 with the mask and at most ``D64_COUNTER_KEYS`` keys, with ``many``, either type:
+    ``PERSIST`` 4, QB 2 and three stages (three warpgroups taking tiles from the counter,
+    heaviest first, where ``config`` has a tile a block: 8.6% faster at B16 H16 S1024 with
+    two stages, fourth pass; three stages and D64_SECTION heads a section 5% faster again at
+    S 1024 and 2048, as fast as a tile a block at S 4096, slower at S 16384; fwd64; bf16,
+    its sums by FADD: 311 TFLOP/s against a tile a block's 257 at B16 H16 S1024, fwd64's
+    second pass); the same without the mask at most SHORT_KEYS keys (in place of
+    ``config``'s persistent blocks: f16 +2.3%, bf16 +2.6% and +2.9% at B16 H16 S1024; at
+    S 2048 5% slower; fwd64's second pass).
     D64 with the mask past SHORT_KEYS keys, either type: ``SECTION`` D64_SECTION
     (``launch``'s sections of heads).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
@@ -1229,12 +1249,13 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
             every["PERSIST"] = 5
     if d == 64 and causal and sk > SHORT_KEYS:  # (launch's, not the kernel's)
         every["SECTION"] = D64_SECTION
-    if d > 128 or dt not in (None, kaio.f16):
+    f16 = dt in (None, kaio.f16)
+    if d == 64 and many and 0 < sk <= (D64_COUNTER_KEYS if causal else SHORT_KEYS):  # (counter)
+        return {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION, "ONES": int(f16)}
+    if d > 128 or not f16:
         return every
     more = d == 128 and many
     short = more and 0 < sk <= SHORT_KEYS
-    if d == 64 and causal and many and D64_COUNTER_MIN_KEYS < sk <= D64_COUNTER_KEYS:  # (counter)
-        return {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION}
     return {**every, "ONES": 1, **({"QB": 2} if more and (causal or short) else {}),
             **({"PERSIST": 4} if short and ROUTE_COUNTER else {})}  # fmt: skip
 
@@ -1314,8 +1335,8 @@ def plan_section(sk: int, d: int, group: int) -> int:
 _PLANS: dict = {}  # (kind, device, plan's key) -> the plan on the device (``planned_tiles``)
 
 
-def balanced_plan(bhs: int, n_qt: int, hs: int, ctas: int, sk: int, causal: bool, bm: int,
-                  bn: int, boundary: int) -> np.ndarray:  # fmt: skip
+def balanced_plan(bhs: int, n_qt: int, sq: int, hs: int, ctas: int, sk: int, causal: bool,
+                  bm: int, bn: int, boundary: int) -> np.ndarray:  # fmt: skip
     """``PERSIST`` 5's plan: ``tile_of``'s work tiles (sections of ``hs`` (batch, head)s,
     each section's heaviest query tiles first), in that order, each to the block with the
     least work so far (its key tiles, plus ``boundary`` a tile; the tiles heaviest first in
@@ -1328,8 +1349,8 @@ def balanced_plan(bhs: int, n_qt: int, hs: int, ctas: int, sk: int, causal: bool
     tiles = [[] for _ in range(ctas)]
     for t in range(n_qt * bhs):
         first = t // (hs * n_qt) * hs
-        q0 = (n_qt - 1 - (t - first * n_qt) // min(hs, bhs - first)) * bm
-        n = min(n_kv, (q0 + bm + bn - 1) // bn) if causal else n_kv
+        x = n_qt - 1 - (t - first * n_qt) // min(hs, bhs - first)
+        n = min(n_kv, (x * bm - (n_qt * bm - sq) + bm + bn - 1) // bn) if causal else n_kv
         load, b = heapq.heappop(loads)
         tiles[b].append(t)
         heapq.heappush(loads, (load + n + boundary, b))
@@ -1421,7 +1442,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
         grid = (n_qt, bh)
     sched = importlib.import_module("kaio_ops.linear")._counters(qa, 2)  # (PERSIST 4's)
     if cfg["PERSIST"] == 5:  # the plan's tiles in place of the counters
-        key = (bh, n_qt, min(hs, bh), grid[0], sk, causal, bm, cfg["BN"], PLAN_BOUNDARY)
+        key = (bh, n_qt, sq, min(hs, bh), grid[0], sk, causal, bm, cfg["BN"], PLAN_BOUNDARY)
         sched = planned_tiles(qa, key, lambda: balanced_plan(*key))
     (kernel or attention_fwd_wgmma)[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
         tq, tk, tv, out_flat, lse_flat, sq, sk, heads, group, math.log2(math.e) * scale,

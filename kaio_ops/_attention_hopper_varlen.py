@@ -79,7 +79,7 @@ def store_empty(
     l = kaio.local(f32, 2)
     o = kaio.local(f32, (D // 8, 4))
     start_rows(m, l, o, D)
-    store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, sq, lane, D, DT)
+    store_rows(out, lse, o, m, l, o_at, o_stride, l_at, row0, row0, sq, lane, D, DT)
 
 
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
@@ -123,8 +123,8 @@ def varlen_fwd_wgmma(
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         lane = lt % 32
-        pos = kaio.local(i32, 5)
-        for e in kaio.static_range(5):
+        pos = kaio.local(i32, 4)
+        for e in kaio.static_range(4):
             pos[e] = 0
         for k in range(rounds):
             w = first + k * step
@@ -143,23 +143,25 @@ def varlen_fwd_wgmma(
                             q0 + shift, n_tiles, sq + shift, sk, causal, scale_log2, pos, D,
                             BN, STAGES, PIPE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads
-        cnt, it = producer_start(REGS)
+        cnt, it, tails = producer_start(REGS)
         for k in range(rounds):
             w = first + k * step
             h, q0, sq, sk, start_q, start_k, _, n_tiles = varlen_tile(
                 w, n_qt, cu_q, cu_k, heads, group, causal, BM, BN
             )
             if q0 < sq and n_tiles > 0:
+                tail = n_tiles * BN > sk  # the last key tile reaches past the keys
                 if lt == 0:
                     produce(q_s, k_s, v_s, bars, turn, tq, tk, tv, start_q + q0, start_k,
-                            h * D, h // group * D, n_tiles, it, cnt, D, BN, WG, STAGES,
+                            h * D, h // group * D, n_tiles, it, cnt, tail, D, BN, WG, STAGES,
                             DT)  # fmt: skip
                 cnt += n_tiles
                 it += 1
-                if lt < 32 and n_tiles * BN > sk:  # the last key tile reaches past the keys
+                if lt < 32 and tail:
                     kaio.sync_warp()  # (after the copies were issued: _attention_hopper)
-                    zero_tail(v_s, bars, turn, n_tiles - 1, cnt - 1, sk, lt, D, BN, STAGES,
-                              DT)  # fmt: skip
+                    zero_tail(v_s, bars, turn, n_tiles - 1, cnt - 1, tails, sk, lt, D, BN,
+                              STAGES, DT)  # fmt: skip
+                    tails += 1
 
 
 def config(d: int, causal: bool = False) -> dict:

@@ -262,7 +262,7 @@ def test_balanced_plan_gives_every_tile_once(causal):
     the order given (``tile_of``'s: heaviest first in a section), and no block more than
     the heaviest tile past the mean work (the greedy's bound)."""
     bhs, n_qt, hs, ctas, sk, bm, bn, boundary = 6, 5, 4, 7, 640, 128, 128, 2
-    plan = hopper.balanced_plan(bhs, n_qt, hs, ctas, sk, causal, bm, bn, boundary)
+    plan = hopper.balanced_plan(bhs, n_qt, n_qt * bm, hs, ctas, sk, causal, bm, bn, boundary)
     r = int(plan[0])
     rows = plan[1:].reshape(ctas, r)
     tiles = [int(t) for row in rows for t in row if t >= 0]
@@ -338,12 +338,12 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     """``extras``: the row sums on the tensor cores for f16 at D 64 and 128; two Q buffers
     for f16 at D 128 with the mask or at most SHORT_KEYS keys, where the launch has many
     query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); at D 64 with the
-    mask and more than D64_COUNTER_MIN_KEYS, at most D64_COUNTER_KEYS keys, tiles from the
-    counter with two Q buffers and three stages; O stored as 16-byte vectors at D 128 and
-    256 (either type), the unmasked key tiles apart at D 128 with the mask, and there
-    (either type) the tiles of a balanced plan where the launch has many; at D 64 with the
-    mask past SHORT_KEYS keys (either type) D64_SECTION heads a section; nothing more for
-    bf16 or D 256."""
+    mask and at most D64_COUNTER_KEYS keys, without it at most SHORT_KEYS (either type),
+    tiles from the counter with two Q buffers and three stages; O stored as 16-byte vectors
+    at D 128 and 256 (either type), the unmasked key tiles apart at D 128 with the mask, and
+    there (either type) the tiles of a balanced plan where the launch has many; at D 64 with
+    the mask past SHORT_KEYS keys (either type) D64_SECTION heads a section; nothing more
+    for bf16 or D 256."""
     f16, bf16 = kaio.f16, kaio.bf16
     ov, diag = {"OV": 1}, {"OV": 1, "DIAG": 1}  # D 128 and 256; D128 with the mask
     plan = {**diag, "PERSIST": 5}
@@ -357,18 +357,23 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     assert hopper.extras(128, False, f16, 4096) == {"ONES": 1, **ov}
     assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1, **diag}
     sections = {"SECTION": hopper.D64_SECTION}  # D64 with the mask past SHORT_KEYS keys
-    assert hopper.extras(64, False, f16, 1024) == hopper.extras(64, False, f16, 4096)
-    assert hopper.extras(64, False, f16, 1024) == {"ONES": 1}
+    assert hopper.extras(64, False, f16, 2048) == hopper.extras(64, False, f16, 4096)
+    assert hopper.extras(64, False, f16, 4096) == {"ONES": 1}
     assert hopper.extras(64, True, f16, 4096) == {"ONES": 1, **sections}
     counter = {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, **sections}
+    assert hopper.extras(64, False, f16, 1024) == counter
+    assert hopper.extras(64, False, bf16, 1024) == {**counter, "ONES": 0}
     assert hopper.extras(64, True, f16, 1024) == hopper.extras(64, True, f16, 2048) == counter
     assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1}
-    assert hopper.extras(64, True, f16, hopper.D64_COUNTER_MIN_KEYS) == {"ONES": 1}
+    assert hopper.extras(64, True, f16, 256) == counter  # (a partial last key tile's V
+    # is the producer's until zeroed, whatever the tiles: ``zero_tail``)
     assert hopper.extras(128, True, bf16, 1024) == plan
     assert hopper.extras(128, True, bf16, 1024, many=False) == diag
     assert hopper.extras(256, True, f16, 1024) == hopper.extras(128, False, bf16, 1024) == ov
-    assert hopper.extras(64, True, bf16, 1024) == hopper.extras(64, False, bf16, 4096) == {}
-    assert hopper.extras(64, True, bf16, 2048) == sections
+    assert hopper.extras(64, True, bf16, 1024) == {**counter, "ONES": 0}
+    assert hopper.extras(64, True, bf16, 1024, many=False) == {}
+    assert hopper.extras(64, False, bf16, 2048) == hopper.extras(64, False, bf16, 4096) == {}
+    assert hopper.extras(64, True, bf16, 4096) == sections
 
 
 def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
