@@ -260,8 +260,10 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
             wg, bm, early = 2, bm32, 0
         mine = math.ceil(m / bm) * math.ceil(n / (64 if kw else 64 * wg))
         three = math.ceil(m / 128) * math.ceil(n / 192)  # 128 x 192 tiles: 3 warpgroups
+        rows = balanced_rows(m, bm, 32 if kw else 8)  # (the row tiles' rows, both sides)
         if swap_split(mine, k, sms) == 1 and three <= sms:
-            if 128 * 192 < THREE_GAIN * bm * (64 if kw else 64 * wg) * math.ceil(mine / sms):
+            width = 64 if kw else 64 * wg
+            if balanced_rows(m, 128) * 192 < THREE_GAIN * rows * width * math.ceil(mine / sms):
                 wg, bm, early, kw = 3, 128, 0, 0
     if n and sms and m > 512 and n < WIDE_N:
         wide = math.ceil(m / bm) * math.ceil(n / 128)
@@ -272,13 +274,47 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
         mc, group = 1, WIDE_GROUP
     if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, (wg, bm, kw)):
         return 2, balanced_rows(m), 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 1, 1
-    return wg, bm, 0, 0, cl, mc, 0, bufs, early, group, kw
+    step = 32 if kw else 8 + 8 * mc  # (KW: whole chunks of its sum; MC: halves of 8 rows)
+    if n and sms and not mc:
+        bm = filling_rows(m, bm, math.ceil(n / (64 if kw else 64 * wg)), k, sms, step)
+    return wg, balanced_rows(m, bm, step), 0, 0, cl, mc, 0, bufs, early, group, kw
 
 
-def balanced_rows(m: int) -> int:
-    """The rows of ``m``'s row tiles of at most 256, as even as multiples of 8 make them
-    (300 rows: two of 152, not 256 and a padded 256)."""
-    return -(-m // -(-m // 256) // 8) * 8
+def balanced_rows(m: int, most: int = 256, step: int = 8) -> int:
+    """The rows of ``m``'s row tiles of at most ``most`` (a multiple of ``step``), as even
+    as multiples of ``step`` make them (300 rows: two of 152, not 256 and a padded 256)."""
+    rows = -(-m // -(-m // most))
+    return -(-rows // step) * step
+
+
+# A row tile's dequantization (the same words for each of its rows) counted as this many
+# rows of its multiply-adds: ``filling_rows``' cost of a row tile of BM rows is BM + ROW_COST.
+ROW_COST = 60
+ROW_TRIES = 3  # the row tiles past ceil(M / BM) that ``filling_rows`` weighs
+MIN_ROWS = 64
+
+
+def filling_rows(m: int, bm: int, col_tiles: int, k: int, sms: int, step: int) -> int:
+    """The rows of ``m``'s row tiles (``balanced_rows``, multiples of ``step``) that take
+    the least time on ``sms`` multiprocessors with ``col_tiles`` tiles across: from
+    ceil(m / bm) row tiles to ``ROW_TRIES`` more (of at least ``MIN_ROWS``), each at its
+    waves times BM + ``ROW_COST``; ``bm`` where its tiles need a K split (``swap_split``),
+    and without one only."""
+
+    def plan(rows: int) -> tuple:
+        tiles = math.ceil(m / rows) * col_tiles
+        return math.ceil(tiles / sms) * (rows + ROW_COST), swap_split(tiles, k, sms)
+
+    first = balanced_rows(m, bm, step)
+    if plan(first)[1] > 1:
+        return bm
+    best = first
+    for more in range(1, ROW_TRIES + 1):
+        rows = balanced_rows(m, -(-m // (-(-m // bm) + more)), step)
+        cost, split = plan(rows)
+        if rows >= MIN_ROWS and split == 1 and cost < plan(best)[0]:
+            best = rows
+    return best
 
 
 def takes_streamk(m: int, n: int, k: int, sms: int, tiles: tuple) -> bool:
