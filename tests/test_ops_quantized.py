@@ -605,7 +605,7 @@ def test_int4_swap_plans_fit():
               (10240, 8192), (57344, 8192))  # fmt: skip
     seen = {}
     for n, k in shapes:
-        for m in (17, 32, 64, 100, 128, 200, 256, 512, 1024, 2048, 8192):
+        for m in (17, 32, 64, 100, 128, 200, 256, 448, 512, 1024, 1500, 2048, 8192):
             split, _, _, consts = _int4_hopper.swap_launch_plan(
                 m, n, k, _int4_hopper.swap_plan(m, n, k, 132), 132, f16
             )
