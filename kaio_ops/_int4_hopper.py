@@ -272,12 +272,15 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
             wg, early, kw = 2, 0, 1
     if m > 512 and n >= WIDE_N:
         mc, group = 1, WIDE_GROUP
-    if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, (wg, bm, kw)):
-        return 2, balanced_rows(m), 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 1, 1
     step = 32 if kw else 8 + 8 * mc  # (KW: whole chunks of its sum; MC: halves of 8 rows)
+    rows, across = balanced_rows(m, bm, step), math.ceil(n / (64 if kw else 64 * wg))
     if n and sms and not mc:
-        bm = filling_rows(m, bm, math.ceil(n / (64 if kw else 64 * wg)), k, sms, step)
-    return wg, balanced_rows(m, bm, step), 0, 0, cl, mc, 0, bufs, early, group, kw
+        rows = balanced_rows(m, filling_rows(m, bm, across, k, sms, step), step)
+    if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, (wg, bm, kw)):
+        # (not where whole tiles without KW fill their waves: SK_FILL)
+        if kw or wave_fill(math.ceil(m / rows) * across, sms) < SK_FILL:
+            return 2, balanced_rows(m), 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 1, 1
+    return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw
 
 
 def balanced_rows(m: int, most: int = 256, step: int = 8) -> int:
@@ -351,6 +354,7 @@ def takes_streamk(m: int, n: int, k: int, sms: int, tiles: tuple) -> bool:
 # 0.875 of them: 0.81x against 0.88x) and where a's rows outgrow 8 MB (4096x14336 M=520,
 # 15 MB: 0.55x against 0.61x; 8192x28672 M=1024, 58 MB: 0.92x against 0.99x).
 SK_GAIN = 0.82
+SK_FILL = 0.9
 SK_RUN = 128
 SK_A_BYTES = 8 << 20
 
