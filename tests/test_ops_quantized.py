@@ -488,7 +488,8 @@ def test_int4_swap_plan_bands():
     # the stream-K schedule (SK, balanced_rows x 128 tiles) where a block's run is long, a's
     # rows fit L2 and the run is well under the route's waves: 10240x8192 at 257-512 rows
     # (runs of 155 steps against 2.42 waves of 320 KW tiles), the padded row tiles of
-    # 28672x4096 and 57344x8192 past 256 rows (not at 512: 896 KW tiles), not where the tiles fill
+    # 28672x4096 past 256 rows (not at 512: 896 KW tiles; not 57344x8192 at 300 rows, whose
+    # 896 tiles of 152 x 128 fill 97% of their waves: SK_FILL), not where the tiles fill
     # their waves (1024 rows), the runs are short (4096x4096 M=512: 31 steps), the run is
     # near the route's waves (6144x4096 M=1600) or a's rows outgrow L2 (8192x28672 M=1024,
     # 4096x14336 M=520)
@@ -497,8 +498,15 @@ def test_int4_swap_plan_bands():
           (256, 10240, 8192), (300, 28672, 4096), (600, 28672, 4096), (300, 57344, 8192),
           (512, 28672, 4096)) if len(_int4_hopper.swap_plan(m, n, k, 132)) > 12]  # fmt: skip
     assert sk == [(300, 10240, 8192), (512, 10240, 8192), (300, 28672, 4096),
-                  (600, 28672, 4096), (300, 57344, 8192)]  # fmt: skip
+                  (600, 28672, 4096)]  # fmt: skip
     assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[1] == 152  # two row tiles of 152
+    # balanced row tiles (300 rows: two of 152, not 256 + 44 or three of 128), and more of
+    # them where they fill the waves better (600 rows of N = 4096: 4 x 32 tiles of 152, not
+    # 3 x 32 of 200)
+    assert plan(300, 6144, 4096) == (1, 2, 152, 0, 0, g, 0)  # not 3 x 32 tiles of 128 x 192
+    assert plan(300, 4096, 4096)[1:3] == (2, 160)  # KW tiles: multiples of 32 rows
+    assert plan(300, 57344, 8192) == (1, 2, 152, 0, 0, g, 0)
+    assert plan(600, 4096, 4096) == (1, 2, 152, 0, 0, g, 0)
 
 
 def test_int4_wgmma_dispatch(monkeypatch):
