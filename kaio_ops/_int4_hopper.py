@@ -222,10 +222,11 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     up to ``KW_SMALL_M`` rows KW tiles where they fill the SMs with a K split of at most 2
     (a cluster pair) and the tiles of before would write a workspace of a quarter of the
     words or more; past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of
-    ``WIDE_GROUP`` rows, below it KW tiles where the 256 x 128 ones fill the SMs at least
-    once and the KW tiles fill the last wave better by ``KW_WAVE`` (the comment above
-    ``KW_SMALL_M``); past 256 rows ``balanced_rows`` x 128 tiles on the stream-K schedule
-    (SK, config[12]) where ``takes_streamk``."""
+    ``WIDE_GROUP`` rows, below it KW tiles or 128-column ones, whichever costs less
+    (``cheapest_tiles``); the row tiles as even as they can be (``balanced_rows``), and
+    without multicast as many as cost least (``cheapest_tiles``); past 256 rows
+    ``balanced_rows`` x 128 tiles on the stream-K schedule (SK, config[12]) where
+    ``takes_streamk`` and it costs less than the tiles above (``SK_TIME``)."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
@@ -265,21 +266,17 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
             width = 64 if kw else 64 * wg
             if balanced_rows(m, 128) * 192 < THREE_GAIN * rows * width * math.ceil(mine / sms):
                 wg, bm, early, kw = 3, 128, 0, 0
-    if n and sms and m > 512 and n < WIDE_N:
-        wide = math.ceil(m / bm) * math.ceil(n / 128)
-        narrow = math.ceil(m / bm) * math.ceil(n / 64)
-        if wide >= sms and wave_fill(narrow, sms) >= wave_fill(wide, sms) + KW_WAVE:
-            wg, early, kw = 2, 0, 1
     if m > 512 and n >= WIDE_N:
         mc, group = 1, WIDE_GROUP
-    step = 32 if kw else 8 + 8 * mc  # (KW: whole chunks of its sum; MC: halves of 8 rows)
-    rows, across = balanced_rows(m, bm, step), math.ceil(n / (64 if kw else 64 * wg))
-    if n and sms and not mc:
-        rows = balanced_rows(m, filling_rows(m, bm, across, k, sms, step), step)
+    rows, cost = balanced_rows(m, bm, 32 if kw else 8 + 8 * mc), math.inf  # (MC: 8-row halves)
+    if n and sms and not mc:  # past 512 rows KW tiles or not, whichever costs less
+        cost, kw, rows = cheapest_tiles(m, bm, n, k, sms, wg, (0, 1) if m > 512 else (kw,))
+        early = early * (1 - kw)
     if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, (wg, bm, kw)):
-        # (not where whole tiles without KW fill their waves: SK_FILL)
-        if kw or wave_fill(math.ceil(m / rows) * across, sms) < SK_FILL:
-            return 2, balanced_rows(m), 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 1, 1
+        sk_rows = balanced_rows(m)  # (the stream-K tiles' whole work, spread over the SMs)
+        tiles = math.ceil(m / sk_rows) * math.ceil(n / 128)
+        if tiles / sms * (sk_rows + ROW_COST) * SK_TIME < cost:
+            return 2, sk_rows, 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 1, 1
     return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw
 
 
@@ -290,33 +287,38 @@ def balanced_rows(m: int, most: int = 256, step: int = 8) -> int:
     return -(-rows // step) * step
 
 
-# A row tile's dequantization (the same words for each of its rows) counted as this many
-# rows of its multiply-adds: ``filling_rows``' cost of a row tile of BM rows is BM + ROW_COST.
+# The cost of a row tile of BM rows in ``cheapest_tiles``: BM + ROW_COST (the words'
+# dequantization and a slice's fixed steps, the same for each row of a tile, counted in
+# rows), a KW tile's (BM x 64, two warpgroups) KW_TIME of a BM x 128 one's. From int4w
+# rounds A and B of 2026-11-27 (H100, K = 4096, one wave of tiles on 132 SMs: 152-, 200-
+# and 256-row tiles of 128 columns 32.5, 36.0 and 42.5 µs; KW tiles 0.54-0.58 of those
+# where L2 keeps up with their twice as many reads of a, 0.66-0.88 where it did not).
 ROW_COST = 60
-ROW_TRIES = 3  # the row tiles past ceil(M / BM) that ``filling_rows`` weighs
-MIN_ROWS = 64
+KW_TIME = 0.52
+ROW_TRIES = 3  # the row tiles past ceil(M / BM) that ``cheapest_tiles`` weighs
+MIN_ROWS = 128
 
 
-def filling_rows(m: int, bm: int, col_tiles: int, k: int, sms: int, step: int) -> int:
-    """The rows of ``m``'s row tiles (``balanced_rows``, multiples of ``step``) that take
-    the least time on ``sms`` multiprocessors with ``col_tiles`` tiles across: from
-    ceil(m / bm) row tiles to ``ROW_TRIES`` more (of at least ``MIN_ROWS``), each at its
-    waves times BM + ``ROW_COST``; ``bm`` where its tiles need a K split (``swap_split``),
-    and without one only."""
-
-    def plan(rows: int) -> tuple:
-        tiles = math.ceil(m / rows) * col_tiles
-        return math.ceil(tiles / sms) * (rows + ROW_COST), swap_split(tiles, k, sms)
-
-    first = balanced_rows(m, bm, step)
-    if plan(first)[1] > 1:
-        return bm
-    best = first
-    for more in range(1, ROW_TRIES + 1):
-        rows = balanced_rows(m, -(-m // (-(-m // bm) + more)), step)
-        cost, split = plan(rows)
-        if rows >= MIN_ROWS and split == 1 and cost < plan(best)[0]:
-            best = rows
+def cheapest_tiles(m: int, bm: int, n: int, k: int, sms: int, wg: int, kws: tuple) -> tuple:
+    """(KW, BM) of ``m``'s row tiles (``balanced_rows``: multiples of 32 with KW, else 8)
+    that take the least time on ``sms`` multiprocessors, of KW or not as ``kws`` allows
+    (``wg`` warpgroups side by side without): from ceil(m / bm) row tiles to ``ROW_TRIES``
+    more (of at least ``MIN_ROWS`` rows), each at its waves times BM + ``ROW_COST`` (times
+    ``KW_TIME`` with KW), where ceil(m / bm) row tiles need no K split (``swap_split``), and
+    without one only; else ``kws[0]`` and ceil(m / bm) row tiles."""
+    first = -(-m // bm)
+    best = (math.inf, kws[0], balanced_rows(m, bm, 32 if kws[0] else 8))
+    for kw in kws:
+        across = math.ceil(n / (64 if kw else 64 * wg))
+        for count in range(first, first + ROW_TRIES + 1):
+            rows = balanced_rows(m, -(-m // count), 32 if kw else 8)
+            tiles = math.ceil(m / rows) * across
+            if swap_split(tiles, k, sms) > 1:
+                break
+            if rows >= MIN_ROWS or count == first:
+                width = KW_TIME if kw else wg / 2  # (in tiles of 128 columns)
+                cost = math.ceil(tiles / sms) * (rows + ROW_COST) * width
+                best = min(best, (cost, kw, rows))
     return best
 
 
@@ -354,7 +356,13 @@ def takes_streamk(m: int, n: int, k: int, sms: int, tiles: tuple) -> bool:
 # 0.875 of them: 0.81x against 0.88x) and where a's rows outgrow 8 MB (4096x14336 M=520,
 # 15 MB: 0.55x against 0.61x; 8192x28672 M=1024, 58 MB: 0.92x against 0.99x).
 SK_GAIN = 0.82
-SK_FILL = 0.9
+# The stream-K schedule's cost against whole tiles' (``swap_plan``): its tiles' work spread
+# evenly over the SMs, in ``cheapest_tiles``' count, times SK_TIME (the parts' sums, a's
+# scattered reads). int4w rounds A and B (H100): 57344x8192 M=300, 896 tiles of 152 x 128
+# in 6.79 waves, stream-K 0.73x / 0.84x cuBLAS against whole tiles' 0.87x / 0.83x; with
+# 10240x8192 and 28672x4096 at 300-600 rows (0.88-1.37x, ahead of KW tiles) it puts SK_TIME
+# at 1.03-1.11.
+SK_TIME = 1.05
 SK_RUN = 128
 SK_A_BYTES = 8 << 20
 
