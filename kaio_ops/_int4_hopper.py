@@ -190,9 +190,9 @@ KW_WAVE = 0.05
 # M=512 in clusters of 4 0.48x against 0.87x, KW tiles in cluster pairs 0.62x; 10240x8192
 # M=256 in clusters of 3 0.66x against 0.88x, a split of 3 through the workspace 0.88x).
 # Past 512 rows KW tiles of
-# 256 x 64 where they fill the last wave better by KW_WAVE than 256 x 128 ones (round A:
-# 6144x4096 M=1024, 384 tiles against 192 on 132 SMs, 0.96x against 0.83x; 10240x8192
-# M=1024, 640 against 320, 0.96x against 0.83x).
+# 256 x 64 where they fill the last wave better (round A: 6144x4096 M=1024, 384 tiles
+# against 192 on 132 SMs, 0.96x against 0.83x; 10240x8192 M=1024, 640 against 320, 0.96x
+# against 0.83x): now ``cheapest_tiles``' choice (KW_TIME).
 KW_SMALL_M = 64
 
 # At 65-512 rows, tiles of 128 x 192 (three consumer warpgroups side by side, EARLY off)
