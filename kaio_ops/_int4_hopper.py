@@ -299,6 +299,22 @@ ROW_TRIES = 3  # the row tiles past ceil(M / BM) that ``cheapest_tiles`` weighs
 MIN_ROWS = 128
 
 
+# KW tiles whose last row tile lies mostly past M (rows that a's TMA copies fill with zeros)
+# ran slower than whole ones of the same plan, the more so the more of it: int4w rounds
+# A-C (H100), 6144x4096 KW tiles of 160 rows 95.0 µs at M=520 (120 rows past M) against
+# 52.7 at M=640; of 256 rows 112.6 at M=600 (168 past) against 71.9 at M=768; 8192x8192
+# 224 rows 157.2 at M=600 (72 past) against 123.0 at M=672; at 40 of 160 past M (M=600)
+# as fast as whole. ``kw_padding``: 1 + KW_PAD_COST x the share past KW_PAD_FREE.
+KW_PAD_FREE = 0.25
+KW_PAD_COST = 2
+
+
+def kw_padding(m: int, rows: int) -> float:
+    """The cost factor of KW tiles of ``rows`` rows for ``m`` (``KW_PAD_FREE``)."""
+    past = (-m % rows) / rows  # the share of the last row tile past m
+    return 1 + KW_PAD_COST * max(0.0, past - KW_PAD_FREE)
+
+
 def cheapest_tiles(m: int, bm: int, n: int, k: int, sms: int, wg: int, kws: tuple) -> tuple:
     """(KW, BM) of ``m``'s row tiles (``balanced_rows``: multiples of 32 with KW, else 8)
     that take the least time on ``sms`` multiprocessors, of KW or not as ``kws`` allows
@@ -316,7 +332,7 @@ def cheapest_tiles(m: int, bm: int, n: int, k: int, sms: int, wg: int, kws: tupl
             if swap_split(tiles, k, sms) > 1:
                 break
             if rows >= MIN_ROWS or count == first:
-                width = KW_TIME if kw else wg / 2  # (in tiles of 128 columns)
+                width = KW_TIME * kw_padding(m, rows) if kw else wg / 2  # (128-column tiles)
                 cost = math.ceil(tiles / sms) * (rows + ROW_COST) * width
                 best = min(best, (cost, kw, rows))
     return best
