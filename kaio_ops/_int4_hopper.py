@@ -585,16 +585,17 @@ def free_stage(bars: u64[:, :], s: i32, MC: kaio.constexpr):
 @kaio.gpu_func
 def store_swapped(
     acc: f32[:, :, :], c: OUT[:, :], ws: f32[:, :], m0: u32, n: u32, lt: u32, M: u32, N: u32,
-    BM: kaio.constexpr, SPLIT: kaio.constexpr, OUT: kaio.constexpr,
+    BM: kaio.constexpr, SPLIT: kaio.constexpr, OUT: kaio.constexpr, lo: u32 = 0,
 ):  # fmt: skip
     """This lane's part of C^T's tile: acc[j, h, e] is c[m0 + 8 j + 2 t + e, n + h]
-    (columns n, n + 1 adjacent: one store a pair). Without a K split rounded to OUT into
-    ``c``; with one the raw f32 sums into this slice's rows of ``ws`` [SPLIT * M, N]."""
+    (columns n, n + 1 adjacent: one store a pair), rows ``lo`` .. M - 1 only. Without a K
+    split rounded to OUT into ``c``; with one the raw f32 sums into this slice's rows of
+    ``ws`` [SPLIT * M, N]."""
     if n < N:  # N % 8 == 0 and n even: n + 1 < N too
         for j in kaio.static_range(BM // 8):
             for e in kaio.static_range(2):
                 m = m0 + 8 * j + 2 * (lt % 4) + e
-                if m < M:
+                if m < M and m >= lo:
                     if SPLIT > 1:
                         raw = kaio.local(f32, 2)
                         raw[0] = acc[j, 0, e]
@@ -607,6 +608,18 @@ def store_swapped(
                         kaio.store_vector(c, (m, n), out)
 
 
+@kaio.gpu_func
+def tile_top(r: u32, M: u32, BM: kaio.constexpr, CLAMP: kaio.constexpr) -> u32:
+    """The first row of a that row tile ``r`` multiplies: ``r BM``, or with ``CLAMP`` at
+    most M - BM (where M >= BM), the last row tile then ending at row M - 1 (it repeats the
+    rows of the tile before it that it overlaps, which that tile stores) rather than
+    reading rows past M (that a's TMA copies fill with zeros)."""
+    top = r * BM
+    if CLAMP:
+        top = kaio.min(top, kaio.max(M, u32(BM)) - BM)
+    return top
+
+
 @kaio.gpu_kernel
 def int4_swap(
     tx: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
@@ -615,7 +628,7 @@ def int4_swap(
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
-    SK: kaio.constexpr,
+    SK: kaio.constexpr, CLAMP: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -786,7 +799,9 @@ def int4_swap(
                 done = swap_fixup(ws, counters, acc, stage, bars, sched, tile, kb, k_tiles, t,
                                   BM, WG)  # fmt: skip
             if not CL and done:  # (with CL the one tile is summed below: cluster_sum)
-                store_swapped(acc, c, ws, tile_row(origin) * BM, n, lane, M, N, BM, SPLIT, OUT)
+                top = tile_top(tile_row(origin), M, BM, CLAMP)
+                store_swapped(acc, c, ws, top, n, lane, M, N, BM, SPLIT, OUT,
+                              tile_row(origin) * BM)  # fmt: skip
         if CL:  # the one tile's partial sums, over the ring once every wgmma is done
             kaio.mbarrier_arrive(bars, (2, 0))
             kaio.mbarrier_wait(bars, (2, 0), u32(0))
@@ -803,10 +818,12 @@ def int4_swap(
         if lt < 32:  # (two branches: the simulator runs either while the other waits)
             if lt == 0:
                 produce(sx, sw, ss, bars, tx, tw, ts, sched, segments, k_tiles, k_begin,
-                        grid_m, grid_n, mine, BM, COLS, STAGES, MC, 0, GROUP, SK)  # fmt: skip
+                        grid_m, grid_n, mine, M, BM, COLS, STAGES, MC, 0, GROUP, SK,
+                        CLAMP)  # fmt: skip
         elif lt == 32:
             produce(sx, sw, ss, bars, tx, tw, ts, sched, segments, k_tiles, k_begin,
-                    grid_m, grid_n, mine, BM, COLS, WSTAGES, MC, 1, GROUP, SK)  # fmt: skip
+                    grid_m, grid_n, mine, M, BM, COLS, WSTAGES, MC, 1, GROUP, SK,
+                    CLAMP)  # fmt: skip
         if CL:  # the cluster barriers below wait for the threads that have not exited
             return
     if CL:  # one tile a cluster: sum its K slices through distributed shared memory, in the
@@ -984,9 +1001,9 @@ def next_free(bars: u64[:, :], ring: i32[:], j: i32, FREE: kaio.constexpr,
 def produce(
     sx: f16[:, :, :], sw: u32[:, :, :], ss: f16[:, :], bars: u64[:, :], tx: kaio.tensormap,
     tw: kaio.tensormap, ts: kaio.tensormap, sched: i32[:], segments: i32, k_tiles: i32,
-    k_begin: u32, grid_m: u32, grid_n: u32, mine: u32, BM: kaio.constexpr,
+    k_begin: u32, grid_m: u32, grid_n: u32, mine: u32, M: u32, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr, WORDS: kaio.constexpr,
-    GROUP: kaio.constexpr, SK: kaio.constexpr,
+    GROUP: kaio.constexpr, SK: kaio.constexpr, CLAMP: kaio.constexpr,
 ):  # fmt: skip
     """``int4_swap``'s copies, the K slices of the block's ``segments`` work items
     (``work_item``: tiles of ``k_tiles`` slices, or parts of them) into a ``STAGES``-deep
@@ -1004,7 +1021,7 @@ def produce(
         tile, kb, ke = work_item(sched, i, k_tiles, SK)
         origin = swap_origin(u32(tile), grid_m, grid_n, GROUP)
         half = i32(mine * (BM // 2))
-        row = i32(tile_row(origin) * BM) + half * MC
+        row = i32(tile_top(tile_row(origin), M, BM, CLAMP)) + half * MC
         n0 = i32((tile_col(origin) * (1 + MC) + mine) * BNW)
         for kt in range(kb, ke):
             s = next_free(bars, ring, j, 1 + 3 * WORDS, STAGES)
@@ -1134,6 +1151,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     kw = int(bool(more[6])) if len(more) > 6 else 0
     late = int(bool(more[7])) if len(more) > 7 else 0
     sk = more[8] if len(more) > 8 else 0
+    clamp = int(bool(more[10])) if len(more) > 10 else 0
     if bufs not in (2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
     stages = stages or swap_stages(wg, bm, kw)
@@ -1163,10 +1181,12 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     cl = int(bool(more and more[0]) and 1 < split <= 8 // (1 + mc))
     if cl and split > 2 and not config[3] and more[0] != 2:  # CL 1: the workspace past 2
         cl = 0
+    if clamp and cl:
+        raise ValueError(f"int4_swap: CLAMP (the last row tile in a's rows) takes no CL, {config}")
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
-              "KW": kw, "LATE": late, "SK": sk}  # fmt: skip
+              "KW": kw, "LATE": late, "SK": sk, "CLAMP": clamp}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1269,6 +1289,7 @@ def swap_specializations() -> list:
                   "WSTAGES": swap_word_stages(wg, bm, stages, kw), "BUFS": bufs,
                   "EARLY": early, "GROUP": GROUP_M, "KW": kw,
                   "LATE": int(i == len(cases) - 1),
-                  "SK": int(len(plain) - 2 <= i < len(plain))}  # fmt: skip
+                  "SK": int(len(plain) - 2 <= i < len(plain)),
+                  "CLAMP": int(i % 2 and not cl)}  # fmt: skip
         out.append((int4_swap, consts))
     return out

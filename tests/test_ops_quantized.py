@@ -390,6 +390,11 @@ SWAP_CASES = [
     (70, 200, 256, "bfloat16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 4),
     (70, 200, 256, None, (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 16),
     (70, 200, 256, "float16", (2, 40, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 5),  # balanced_rows
+    # CLAMP (config[14]): the last row tile moved up to end at row M - 1 (rows 38-69 of 70,
+    # rows 38-63 repeated and stored by the tile before), with KW, and with SK's parts
+    (70, 200, 256, "float16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 0, 0, 1), 2),
+    (70, 72, 256, None, (2, 32, 4, 1, 0, 0, 2, 2, 0, 0, 1, 0, 0, 0, 1), 2),
+    (70, 200, 256, "bfloat16", (2, 40, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1, 1), 5),
 ]
 
 
