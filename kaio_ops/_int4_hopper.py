@@ -586,16 +586,21 @@ def free_stage(bars: u64[:, :], s: i32, MC: kaio.constexpr):
 def store_swapped(
     acc: f32[:, :, :], c: OUT[:, :], ws: f32[:, :], m0: u32, n: u32, lt: u32, M: u32, N: u32,
     BM: kaio.constexpr, SPLIT: kaio.constexpr, OUT: kaio.constexpr, lo: u32 = 0,
+    CLAMP: kaio.constexpr = 0,
 ):  # fmt: skip
     """This lane's part of C^T's tile: acc[j, h, e] is c[m0 + 8 j + 2 t + e, n + h]
-    (columns n, n + 1 adjacent: one store a pair), rows ``lo`` .. M - 1 only. Without a K
+    (columns n, n + 1 adjacent: one store a pair), rows below M (``CLAMP``: and from ``lo``)
+    only. Without a K
     split rounded to OUT into ``c``; with one the raw f32 sums into this slice's rows of
     ``ws`` [SPLIT * M, N]."""
     if n < N:  # N % 8 == 0 and n even: n + 1 < N too
         for j in kaio.static_range(BM // 8):
             for e in kaio.static_range(2):
                 m = m0 + 8 * j + 2 * (lt % 4) + e
-                if m < M and m >= lo:
+                mine = m < M
+                if CLAMP:
+                    mine = m < M and m >= lo
+                if mine:
                     if SPLIT > 1:
                         raw = kaio.local(f32, 2)
                         raw[0] = acc[j, 0, e]
@@ -801,7 +806,7 @@ def int4_swap(
             if not CL and done:  # (with CL the one tile is summed below: cluster_sum)
                 top = tile_top(tile_row(origin), M, BM, CLAMP)
                 store_swapped(acc, c, ws, top, n, lane, M, N, BM, SPLIT, OUT,
-                              tile_row(origin) * BM)  # fmt: skip
+                              tile_row(origin) * BM, CLAMP)  # fmt: skip
         if CL:  # the one tile's partial sums, over the ring once every wgmma is done
             kaio.mbarrier_arrive(bars, (2, 0))
             kaio.mbarrier_wait(bars, (2, 0), u32(0))
