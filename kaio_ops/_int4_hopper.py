@@ -299,22 +299,6 @@ ROW_TRIES = 3  # the row tiles past ceil(M / BM) that ``cheapest_tiles`` weighs
 MIN_ROWS = 128
 
 
-# KW tiles whose last row tile lies mostly past M (rows that a's TMA copies fill with zeros)
-# ran slower than whole ones of the same plan, the more so the more of it: int4w rounds
-# A-C (H100), 6144x4096 KW tiles of 160 rows 95.0 µs at M=520 (120 rows past M) against
-# 52.7 at M=640; of 256 rows 112.6 at M=600 (168 past) against 71.9 at M=768; 8192x8192
-# 224 rows 157.2 at M=600 (72 past) against 123.0 at M=672; at 40 of 160 past M (M=600)
-# as fast as whole. ``kw_padding``: 1 + KW_PAD_COST x the share past KW_PAD_FREE.
-KW_PAD_FREE = 0.25
-KW_PAD_COST = 2
-
-
-def kw_padding(m: int, rows: int) -> float:
-    """The cost factor of KW tiles of ``rows`` rows for ``m`` (``KW_PAD_FREE``)."""
-    past = (-m % rows) / rows  # the share of the last row tile past m
-    return 1 + KW_PAD_COST * max(0.0, past - KW_PAD_FREE)
-
-
 def cheapest_tiles(m: int, bm: int, n: int, k: int, sms: int, wg: int, kws: tuple) -> tuple:
     """(KW, BM) of ``m``'s row tiles (``balanced_rows``: multiples of 32 with KW, else 8)
     that take the least time on ``sms`` multiprocessors, of KW or not as ``kws`` allows
@@ -332,7 +316,7 @@ def cheapest_tiles(m: int, bm: int, n: int, k: int, sms: int, wg: int, kws: tupl
             if swap_split(tiles, k, sms) > 1:
                 break
             if rows >= MIN_ROWS or count == first:
-                width = KW_TIME * kw_padding(m, rows) if kw else wg / 2  # (128-column tiles)
+                width = KW_TIME if kw else wg / 2  # (in tiles of 128 columns)
                 cost = math.ceil(tiles / sms) * (rows + ROW_COST) * width
                 best = min(best, (cost, kw, rows))
     return best
@@ -613,6 +597,15 @@ def store_swapped(
                         kaio.store_vector(c, (m, n), out)
 
 
+# Why CLAMP (every launch without CL: ``swap_launch_plan``): KW tiles whose last row tile
+# lay partly past M ran slower than whole ones of the same plan, the more so the more rows
+# past M (int4w rounds C and D of 2026-11-27, H100: 6144x4096 KW tiles of 160 rows 95.0 µs
+# at M=520, 120 rows past M, against 52.7 at M=640; of 256 rows 112.6 at M=600 against
+# 71.9 at M=768; 8192x8192 224 rows 157.2 at M=600 against 123.0 at M=672). With the last
+# row tile moved up (round D): 6144x4096 M=520 52.8 against 94.6 µs, M=600 (256 rows) 72.4
+# against 112.9; 8192x8192 M=600 126.9 against 155.2; 4096x4096 M=1500 0.945x cuBLAS
+# against 0.889x; 128-column tiles within 2% either way (57344x8192 M=300 0.833x against
+# 0.816x, 6144x4096 M=520 0.708x against 0.712x).
 @kaio.gpu_func
 def tile_top(r: u32, M: u32, BM: kaio.constexpr, CLAMP: kaio.constexpr) -> u32:
     """The first row of a that row tile ``r`` multiplies: ``r BM``, or with ``CLAMP`` at
@@ -667,7 +660,8 @@ def int4_swap(
     their partial tiles summed at the tile's end through shared memory (``red``, after the
     barriers) by warpgroup 0, which stores the tile: a K split inside the block, two
     warpgroups' latency on a tile that the grid has too few of to split otherwise (no
-    multicast pairs). ``SK``: the stream-K schedule of ``_gemm_streamk`` (the first
+    multicast pairs). ``CLAMP``: the last row tile ends at row M - 1 (``tile_top``; not
+    with ``CL``). ``SK``: the stream-K schedule of ``_gemm_streamk`` (the first
     ``dp_tiles`` tiles whole, a block each in turn, then the K steps of the others in equal
     runs, one a block: ``swap_schedule``), the parts of a tile split between blocks summed
     by the tile's head (``swap_fixup``: ``ws`` the other parts, ``counters`` zeroed, 4 WG a
@@ -1156,7 +1150,6 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     kw = int(bool(more[6])) if len(more) > 6 else 0
     late = int(bool(more[7])) if len(more) > 7 else 0
     sk = more[8] if len(more) > 8 else 0
-    clamp = int(bool(more[10])) if len(more) > 10 else 0
     if bufs not in (2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
     stages = stages or swap_stages(wg, bm, kw)
@@ -1186,12 +1179,10 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     cl = int(bool(more and more[0]) and 1 < split <= 8 // (1 + mc))
     if cl and split > 2 and not config[3] and more[0] != 2:  # CL 1: the workspace past 2
         cl = 0
-    if clamp and cl:
-        raise ValueError(f"int4_swap: CLAMP (the last row tile in a's rows) takes no CL, {config}")
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
-              "KW": kw, "LATE": late, "SK": sk, "CLAMP": clamp}  # fmt: skip
+              "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1295,6 +1286,6 @@ def swap_specializations() -> list:
                   "EARLY": early, "GROUP": GROUP_M, "KW": kw,
                   "LATE": int(i == len(cases) - 1),
                   "SK": int(len(plain) - 2 <= i < len(plain)),
-                  "CLAMP": int(i % 2 and not cl)}  # fmt: skip
+                  "CLAMP": 1 - cl}  # fmt: skip
         out.append((int4_swap, consts))
     return out

@@ -390,11 +390,12 @@ SWAP_CASES = [
     (70, 200, 256, "bfloat16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 4),
     (70, 200, 256, None, (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 16),
     (70, 200, 256, "float16", (2, 40, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 5),  # balanced_rows
-    # CLAMP (config[14]): the last row tile moved up to end at row M - 1 (rows 38-69 of 70,
-    # rows 38-63 repeated and stored by the tile before), with KW, and with SK's parts
-    (70, 200, 256, "float16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 0, 0, 1), 2),
-    (70, 72, 256, None, (2, 32, 4, 1, 0, 0, 2, 2, 0, 0, 1, 0, 0, 0, 1), 2),
-    (70, 200, 256, "bfloat16", (2, 40, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1, 1), 5),
+    # CLAMP (every launch without CL): the last row tile moved up to end at row M - 1 (rows
+    # 38-69 of 70, rows 38-63 repeated and stored by the tile before), with KW, and with
+    # SK's parts (the cases above with a partial last row tile take it too)
+    (70, 200, 256, "float16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0), 2),
+    (70, 72, 256, None, (2, 32, 4, 1, 0, 0, 2, 2, 0, 0, 1), 2),
+    (70, 200, 256, "bfloat16", (2, 40, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 5),
 ]
 
 
@@ -660,7 +661,7 @@ def test_int4_swap_registers_can_be_granted():
         consts = {"WG": wg, "BM": bm, "STAGES": _int4_hopper.swap_stages(wg, bm), "SPLIT": 2,
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
                   "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M,
-                  "KW": 0, "LATE": 0, "SK": 0}  # fmt: skip
+                  "KW": 0, "LATE": 0, "SK": 0, "CLAMP": 1}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
