@@ -289,10 +289,15 @@ def balanced_rows(m: int, most: int = 256, step: int = 8) -> int:
 
 # The cost of a row tile of BM rows in ``cheapest_tiles``: BM + ROW_COST (the words'
 # dequantization and a slice's fixed steps, the same for each row of a tile, counted in
-# rows), a KW tile's (BM x 64, two warpgroups) KW_TIME of a BM x 128 one's. From int4w
-# rounds A and B of 2026-11-27 (H100, K = 4096, one wave of tiles on 132 SMs: 152-, 200-
-# and 256-row tiles of 128 columns 32.5, 36.0 and 42.5 µs; KW tiles 0.54-0.58 of those
-# where L2 keeps up with their twice as many reads of a, 0.66-0.88 where it did not).
+# rows), a KW tile's (BM x 64, two warpgroups) KW_TIME of a BM x 128 one's: the values
+# that order the pairs int4w rounds A-D of 2026-11-27 timed (H100, x cuBLAS f16 in the same
+# passes; 28672x4096 M=1500 216 x 128 tiles 1.02x against 256 x 128's 0.95x, 10240x8192
+# M=1536 192 x 128 0.95x against 0.88x; 6144x4096 M=1536 192 x 128 0.96x against KW 256 x
+# 64's 0.84x, 8192x8192 M=600 152 x 128 0.88x against KW 0.67-0.69x, M=768 KW 256 x 64
+# 0.99x against 192 x 128's 0.94x, 6144x4096 M=520 KW 160 x 64 0.76x against 136 x 128's
+# 0.71x), all but 4096x4096 M=1500 (KW 0.95x, 192 x 128 0.97-0.98x). A KW tile reads a's
+# rows from L2 twice as often for its multiply-adds: 192-row ones at 6144x4096 M=1536 ran
+# at 0.64x.
 ROW_COST = 60
 KW_TIME = 0.52
 ROW_TRIES = 3  # the row tiles past ceil(M / BM) that ``cheapest_tiles`` weighs
@@ -574,9 +579,8 @@ def store_swapped(
 ):  # fmt: skip
     """This lane's part of C^T's tile: acc[j, h, e] is c[m0 + 8 j + 2 t + e, n + h]
     (columns n, n + 1 adjacent: one store a pair), rows below M (``CLAMP``: and from ``lo``)
-    only. Without a K
-    split rounded to OUT into ``c``; with one the raw f32 sums into this slice's rows of
-    ``ws`` [SPLIT * M, N]."""
+    only. Without a K split rounded to OUT into ``c``; with one the raw f32 sums into this
+    slice's rows of ``ws`` [SPLIT * M, N]."""
     if n < N:  # N % 8 == 0 and n even: n + 1 < N too
         for j in kaio.static_range(BM // 8):
             for e in kaio.static_range(2):
