@@ -190,9 +190,9 @@ KW_WAVE = 0.05
 # M=512 in clusters of 4 0.48x against 0.87x, KW tiles in cluster pairs 0.62x; 10240x8192
 # M=256 in clusters of 3 0.66x against 0.88x, a split of 3 through the workspace 0.88x).
 # Past 512 rows KW tiles of
-# 256 x 64 where they fill the last wave better by KW_WAVE than 256 x 128 ones (round A:
-# 6144x4096 M=1024, 384 tiles against 192 on 132 SMs, 0.96x against 0.83x; 10240x8192
-# M=1024, 640 against 320, 0.96x against 0.83x).
+# 256 x 64 where they fill the last wave better (round A: 6144x4096 M=1024, 384 tiles
+# against 192 on 132 SMs, 0.96x against 0.83x; 10240x8192 M=1024, 640 against 320, 0.96x
+# against 0.83x): now ``cheapest_tiles``' choice (KW_TIME).
 KW_SMALL_M = 64
 
 # At 65-512 rows, tiles of 128 x 192 (three consumer warpgroups side by side, EARLY off)
@@ -222,10 +222,11 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     up to ``KW_SMALL_M`` rows KW tiles where they fill the SMs with a K split of at most 2
     (a cluster pair) and the tiles of before would write a workspace of a quarter of the
     words or more; past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of
-    ``WIDE_GROUP`` rows, below it KW tiles where the 256 x 128 ones fill the SMs at least
-    once and the KW tiles fill the last wave better by ``KW_WAVE`` (the comment above
-    ``KW_SMALL_M``); past 256 rows ``balanced_rows`` x 128 tiles on the stream-K schedule
-    (SK, config[12]) where ``takes_streamk``."""
+    ``WIDE_GROUP`` rows, below it KW tiles or 128-column ones, whichever costs less
+    (``cheapest_tiles``); the row tiles as even as they can be (``balanced_rows``), and
+    without multicast as many as cost least (``cheapest_tiles``); past 256 rows
+    ``balanced_rows`` x 128 tiles on the stream-K schedule (SK, config[12]) where
+    ``takes_streamk`` and it costs less than the tiles above (``SK_TIME``)."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
@@ -260,25 +261,70 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
             wg, bm, early = 2, bm32, 0
         mine = math.ceil(m / bm) * math.ceil(n / (64 if kw else 64 * wg))
         three = math.ceil(m / 128) * math.ceil(n / 192)  # 128 x 192 tiles: 3 warpgroups
+        rows = balanced_rows(m, bm, 32 if kw else 8)  # (the row tiles' rows, both sides)
         if swap_split(mine, k, sms) == 1 and three <= sms:
-            if 128 * 192 < THREE_GAIN * bm * (64 if kw else 64 * wg) * math.ceil(mine / sms):
+            width = 64 if kw else 64 * wg
+            if balanced_rows(m, 128) * 192 < THREE_GAIN * rows * width * math.ceil(mine / sms):
                 wg, bm, early, kw = 3, 128, 0, 0
-    if n and sms and m > 512 and n < WIDE_N:
-        wide = math.ceil(m / bm) * math.ceil(n / 128)
-        narrow = math.ceil(m / bm) * math.ceil(n / 64)
-        if wide >= sms and wave_fill(narrow, sms) >= wave_fill(wide, sms) + KW_WAVE:
-            wg, early, kw = 2, 0, 1
     if m > 512 and n >= WIDE_N:
         mc, group = 1, WIDE_GROUP
+    rows, cost = balanced_rows(m, bm, 32 if kw else 8 + 8 * mc), math.inf  # (MC: 8-row halves)
+    if n and sms and not mc:  # past 512 rows KW tiles or not, whichever costs less
+        cost, kw, rows = cheapest_tiles(m, bm, n, k, sms, wg, (0, 1) if m > 512 else (kw,))
+        early = early * (1 - kw)
     if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, (wg, bm, kw)):
-        return 2, balanced_rows(m), 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 1, 1
-    return wg, bm, 0, 0, cl, mc, 0, bufs, early, group, kw
+        sk_rows = balanced_rows(m)  # (the stream-K tiles' whole work, spread over the SMs)
+        tiles = math.ceil(m / sk_rows) * math.ceil(n / 128)
+        if tiles / sms * (sk_rows + ROW_COST) * SK_TIME < cost:
+            return 2, sk_rows, 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 1, 1
+    return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw
 
 
-def balanced_rows(m: int) -> int:
-    """The rows of ``m``'s row tiles of at most 256, as even as multiples of 8 make them
-    (300 rows: two of 152, not 256 and a padded 256)."""
-    return -(-m // -(-m // 256) // 8) * 8
+def balanced_rows(m: int, most: int = 256, step: int = 8) -> int:
+    """The rows of ``m``'s row tiles of at most ``most`` (a multiple of ``step``), as even
+    as multiples of ``step`` make them (300 rows: two of 152, not 256 and a padded 256)."""
+    rows = -(-m // -(-m // most))
+    return -(-rows // step) * step
+
+
+# The cost of a row tile of BM rows in ``cheapest_tiles``: BM + ROW_COST (the words'
+# dequantization and a slice's fixed steps, the same for each row of a tile, counted in
+# rows), a KW tile's (BM x 64, two warpgroups) KW_TIME of a BM x 128 one's: the values
+# that order the pairs int4w rounds A-D of 2026-11-27 timed (H100, x cuBLAS f16 in the same
+# passes; 28672x4096 M=1500 216 x 128 tiles 1.02x against 256 x 128's 0.95x, 10240x8192
+# M=1536 192 x 128 0.95x against 0.88x; 6144x4096 M=1536 192 x 128 0.96x against KW 256 x
+# 64's 0.84x, 8192x8192 M=600 152 x 128 0.88x against KW 0.67-0.69x, M=768 KW 256 x 64
+# 0.99x against 192 x 128's 0.94x, 6144x4096 M=520 KW 160 x 64 0.76x against 136 x 128's
+# 0.71x), all but 4096x4096 M=1500 (KW 0.95x, 192 x 128 0.97-0.98x). A KW tile reads a's
+# rows from L2 twice as often for its multiply-adds: 192-row ones at 6144x4096 M=1536 ran
+# at 0.64x.
+ROW_COST = 60
+KW_TIME = 0.52
+ROW_TRIES = 3  # the row tiles past ceil(M / BM) that ``cheapest_tiles`` weighs
+MIN_ROWS = 128
+
+
+def cheapest_tiles(m: int, bm: int, n: int, k: int, sms: int, wg: int, kws: tuple) -> tuple:
+    """(KW, BM) of ``m``'s row tiles (``balanced_rows``: multiples of 32 with KW, else 8)
+    that take the least time on ``sms`` multiprocessors, of KW or not as ``kws`` allows
+    (``wg`` warpgroups side by side without): from ceil(m / bm) row tiles to ``ROW_TRIES``
+    more (of at least ``MIN_ROWS`` rows), each at its waves times BM + ``ROW_COST`` (times
+    ``KW_TIME`` with KW), where ceil(m / bm) row tiles need no K split (``swap_split``), and
+    without one only; else ``kws[0]`` and ceil(m / bm) row tiles."""
+    first = -(-m // bm)
+    best = (math.inf, kws[0], balanced_rows(m, bm, 32 if kws[0] else 8))
+    for kw in kws:
+        across = math.ceil(n / (64 if kw else 64 * wg))
+        for count in range(first, first + ROW_TRIES + 1):
+            rows = balanced_rows(m, -(-m // count), 32 if kw else 8)
+            tiles = math.ceil(m / rows) * across
+            if swap_split(tiles, k, sms) > 1:
+                break
+            if rows >= MIN_ROWS or count == first:
+                width = KW_TIME if kw else wg / 2  # (in tiles of 128 columns)
+                cost = math.ceil(tiles / sms) * (rows + ROW_COST) * width
+                best = min(best, (cost, kw, rows))
+    return best
 
 
 def takes_streamk(m: int, n: int, k: int, sms: int, tiles: tuple) -> bool:
@@ -315,6 +361,13 @@ def takes_streamk(m: int, n: int, k: int, sms: int, tiles: tuple) -> bool:
 # 0.875 of them: 0.81x against 0.88x) and where a's rows outgrow 8 MB (4096x14336 M=520,
 # 15 MB: 0.55x against 0.61x; 8192x28672 M=1024, 58 MB: 0.92x against 0.99x).
 SK_GAIN = 0.82
+# The stream-K schedule's cost against whole tiles' (``swap_plan``): its tiles' work spread
+# evenly over the SMs, in ``cheapest_tiles``' count, times SK_TIME (the parts' sums, a's
+# scattered reads). int4w rounds A and B (H100): 57344x8192 M=300, 896 tiles of 152 x 128
+# in 6.79 waves, stream-K 0.73x / 0.84x cuBLAS against whole tiles' 0.87x / 0.83x; with
+# 10240x8192 and 28672x4096 at 300-600 rows (0.88-1.37x, ahead of KW tiles) it puts SK_TIME
+# at 1.03-1.11.
+SK_TIME = 1.05
 SK_RUN = 128
 SK_A_BYTES = 8 << 20
 
@@ -521,16 +574,21 @@ def free_stage(bars: u64[:, :], s: i32, MC: kaio.constexpr):
 @kaio.gpu_func
 def store_swapped(
     acc: f32[:, :, :], c: OUT[:, :], ws: f32[:, :], m0: u32, n: u32, lt: u32, M: u32, N: u32,
-    BM: kaio.constexpr, SPLIT: kaio.constexpr, OUT: kaio.constexpr,
+    BM: kaio.constexpr, SPLIT: kaio.constexpr, OUT: kaio.constexpr, lo: u32 = 0,
+    CLAMP: kaio.constexpr = 0,
 ):  # fmt: skip
     """This lane's part of C^T's tile: acc[j, h, e] is c[m0 + 8 j + 2 t + e, n + h]
-    (columns n, n + 1 adjacent: one store a pair). Without a K split rounded to OUT into
-    ``c``; with one the raw f32 sums into this slice's rows of ``ws`` [SPLIT * M, N]."""
+    (columns n, n + 1 adjacent: one store a pair), rows below M (``CLAMP``: and from ``lo``)
+    only. Without a K split rounded to OUT into ``c``; with one the raw f32 sums into this
+    slice's rows of ``ws`` [SPLIT * M, N]."""
     if n < N:  # N % 8 == 0 and n even: n + 1 < N too
         for j in kaio.static_range(BM // 8):
             for e in kaio.static_range(2):
                 m = m0 + 8 * j + 2 * (lt % 4) + e
-                if m < M:
+                mine = m < M
+                if CLAMP:
+                    mine = m < M and m >= lo
+                if mine:
                     if SPLIT > 1:
                         raw = kaio.local(f32, 2)
                         raw[0] = acc[j, 0, e]
@@ -543,6 +601,27 @@ def store_swapped(
                         kaio.store_vector(c, (m, n), out)
 
 
+# Why CLAMP (every launch without CL: ``swap_launch_plan``): KW tiles whose last row tile
+# lay partly past M ran slower than whole ones of the same plan, the more so the more rows
+# past M (int4w rounds C and D of 2026-11-27, H100: 6144x4096 KW tiles of 160 rows 95.0 µs
+# at M=520, 120 rows past M, against 52.7 at M=640; of 256 rows 112.6 at M=600 against
+# 71.9 at M=768; 8192x8192 224 rows 157.2 at M=600 against 123.0 at M=672). With the last
+# row tile moved up (round D): 6144x4096 M=520 52.8 against 94.6 µs, M=600 (256 rows) 72.4
+# against 112.9; 8192x8192 M=600 126.9 against 155.2; 4096x4096 M=1500 0.945x cuBLAS
+# against 0.889x; 128-column tiles within 2% either way (57344x8192 M=300 0.833x against
+# 0.816x, 6144x4096 M=520 0.708x against 0.712x).
+@kaio.gpu_func
+def tile_top(r: u32, M: u32, BM: kaio.constexpr, CLAMP: kaio.constexpr) -> u32:
+    """The first row of a that row tile ``r`` multiplies: ``r BM``, or with ``CLAMP`` at
+    most M - BM (where M >= BM), the last row tile then ending at row M - 1 (it repeats the
+    rows of the tile before it that it overlaps, which that tile stores) rather than
+    reading rows past M (that a's TMA copies fill with zeros)."""
+    top = r * BM
+    if CLAMP:
+        top = kaio.min(top, kaio.max(M, u32(BM)) - BM)
+    return top
+
+
 @kaio.gpu_kernel
 def int4_swap(
     tx: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
@@ -551,7 +630,7 @@ def int4_swap(
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
-    SK: kaio.constexpr,
+    SK: kaio.constexpr, CLAMP: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -585,7 +664,8 @@ def int4_swap(
     their partial tiles summed at the tile's end through shared memory (``red``, after the
     barriers) by warpgroup 0, which stores the tile: a K split inside the block, two
     warpgroups' latency on a tile that the grid has too few of to split otherwise (no
-    multicast pairs). ``SK``: the stream-K schedule of ``_gemm_streamk`` (the first
+    multicast pairs). ``CLAMP``: the last row tile ends at row M - 1 (``tile_top``; not
+    with ``CL``). ``SK``: the stream-K schedule of ``_gemm_streamk`` (the first
     ``dp_tiles`` tiles whole, a block each in turn, then the K steps of the others in equal
     runs, one a block: ``swap_schedule``), the parts of a tile split between blocks summed
     by the tile's head (``swap_fixup``: ``ws`` the other parts, ``counters`` zeroed, 4 WG a
@@ -722,7 +802,9 @@ def int4_swap(
                 done = swap_fixup(ws, counters, acc, stage, bars, sched, tile, kb, k_tiles, t,
                                   BM, WG)  # fmt: skip
             if not CL and done:  # (with CL the one tile is summed below: cluster_sum)
-                store_swapped(acc, c, ws, tile_row(origin) * BM, n, lane, M, N, BM, SPLIT, OUT)
+                top = tile_top(tile_row(origin), M, BM, CLAMP)
+                store_swapped(acc, c, ws, top, n, lane, M, N, BM, SPLIT, OUT,
+                              tile_row(origin) * BM, CLAMP)  # fmt: skip
         if CL:  # the one tile's partial sums, over the ring once every wgmma is done
             kaio.mbarrier_arrive(bars, (2, 0))
             kaio.mbarrier_wait(bars, (2, 0), u32(0))
@@ -739,10 +821,12 @@ def int4_swap(
         if lt < 32:  # (two branches: the simulator runs either while the other waits)
             if lt == 0:
                 produce(sx, sw, ss, bars, tx, tw, ts, sched, segments, k_tiles, k_begin,
-                        grid_m, grid_n, mine, BM, COLS, STAGES, MC, 0, GROUP, SK)  # fmt: skip
+                        grid_m, grid_n, mine, M, BM, COLS, STAGES, MC, 0, GROUP, SK,
+                        CLAMP)  # fmt: skip
         elif lt == 32:
             produce(sx, sw, ss, bars, tx, tw, ts, sched, segments, k_tiles, k_begin,
-                    grid_m, grid_n, mine, BM, COLS, WSTAGES, MC, 1, GROUP, SK)  # fmt: skip
+                    grid_m, grid_n, mine, M, BM, COLS, WSTAGES, MC, 1, GROUP, SK,
+                    CLAMP)  # fmt: skip
         if CL:  # the cluster barriers below wait for the threads that have not exited
             return
     if CL:  # one tile a cluster: sum its K slices through distributed shared memory, in the
@@ -920,9 +1004,9 @@ def next_free(bars: u64[:, :], ring: i32[:], j: i32, FREE: kaio.constexpr,
 def produce(
     sx: f16[:, :, :], sw: u32[:, :, :], ss: f16[:, :], bars: u64[:, :], tx: kaio.tensormap,
     tw: kaio.tensormap, ts: kaio.tensormap, sched: i32[:], segments: i32, k_tiles: i32,
-    k_begin: u32, grid_m: u32, grid_n: u32, mine: u32, BM: kaio.constexpr,
+    k_begin: u32, grid_m: u32, grid_n: u32, mine: u32, M: u32, BM: kaio.constexpr,
     WG: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr, WORDS: kaio.constexpr,
-    GROUP: kaio.constexpr, SK: kaio.constexpr,
+    GROUP: kaio.constexpr, SK: kaio.constexpr, CLAMP: kaio.constexpr,
 ):  # fmt: skip
     """``int4_swap``'s copies, the K slices of the block's ``segments`` work items
     (``work_item``: tiles of ``k_tiles`` slices, or parts of them) into a ``STAGES``-deep
@@ -940,7 +1024,7 @@ def produce(
         tile, kb, ke = work_item(sched, i, k_tiles, SK)
         origin = swap_origin(u32(tile), grid_m, grid_n, GROUP)
         half = i32(mine * (BM // 2))
-        row = i32(tile_row(origin) * BM) + half * MC
+        row = i32(tile_top(tile_row(origin), M, BM, CLAMP)) + half * MC
         n0 = i32((tile_col(origin) * (1 + MC) + mine) * BNW)
         for kt in range(kb, ke):
             s = next_free(bars, ring, j, 1 + 3 * WORDS, STAGES)
@@ -1102,7 +1186,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
-              "KW": kw, "LATE": late, "SK": sk}  # fmt: skip
+              "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1205,6 +1289,7 @@ def swap_specializations() -> list:
                   "WSTAGES": swap_word_stages(wg, bm, stages, kw), "BUFS": bufs,
                   "EARLY": early, "GROUP": GROUP_M, "KW": kw,
                   "LATE": int(i == len(cases) - 1),
-                  "SK": int(len(plain) - 2 <= i < len(plain))}  # fmt: skip
+                  "SK": int(len(plain) - 2 <= i < len(plain)),
+                  "CLAMP": 1 - cl}  # fmt: skip
         out.append((int4_swap, consts))
     return out
