@@ -20,8 +20,10 @@ the others' results):
   sequence lengths (docs/performance.md's table).
 - ``ab``: interleaved A/B of variants (another commit's module from a file among them) and
   SDPA flash, each case's variants timed in turn (``--spec``; default ``AB_SPEC``).
+- ``kernels``: where a call's GPU time goes: each kernel's time a call (torch's profiler)
+  for ``--spec``'s variants, SDPA flash's included.
 
-Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table,repeat,ab}
+Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table,repeat,ab,kernels}
 [--out FILE.json]``.
 """
 
@@ -404,7 +406,6 @@ def ab(out_path, spec) -> None:
     import torch
 
     import kaio_ops  # noqa: F401  (the fused module's package, for _module_swapped)
-    from bench.attention_hopper import sdpa_flash
 
     rounds, reps = int(os.environ.get("ROUNDS", "5")), int(os.environ.get("REPS", "4"))
     spec = spec or AB_SPEC
@@ -413,23 +414,10 @@ def ab(out_path, spec) -> None:
     name = torch.cuda.get_device_name()
     for c in spec:
         b, h, hkv, s, d, dtype = c["b"], c["h"], c["hkv"], c["s"], c["d"], c["dtype"]
-        q, k, v, do = tensors(b, h, hkv, s, s, d, dtype)
+        inputs = tensors(b, h, hkv, s, s, d, dtype)
         for causal in c.get("causal", [False, True]):
             flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-            o, lse = forward_sdpa(q, k, v, causal)
-            fns = {}
-            for lab in c["variants"]:
-                if lab == "sdpa flash":
-                    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-                    out = sdpa_flash(*leaves, causal)
-                    fns[lab] = functools.partial(torch.autograd.grad, out, leaves, do,
-                                                 retain_graph=True)  # fmt: skip
-                    continue
-                kind, over = by[(lab, dtype, d)]
-                run = runner(kind, d, {x: y for x, y in over.items() if x != "module"})
-                if "module" in over:
-                    run = _module_swapped(run, over["module"])
-                fns[lab] = functools.partial(run, do, q, k, v, o, lse, causal)
+            fns = _variant_calls(c, causal, by, inputs)
             times = {lab: [] for lab in fns}
             first, diff = None, {}
             for lab, fn in list(fns.items()):
@@ -459,6 +447,70 @@ def ab(out_path, spec) -> None:
         print(
             f"{r['dtype']:>8} D{r['d']} B{r['b']} S{r['s']}{' causal' if r['causal'] else ''}:"
             f" {cells}"
+        )
+
+
+def _variant_calls(c: dict, causal: bool, by: dict, tensors_: tuple) -> dict:
+    """{label: a call of that variant of ``--spec``'s case c} on the inputs ``tensors_``
+    (q, k, v, do; o and lse from ``forward_sdpa``); "sdpa flash": SDPA's flash backward."""
+    import torch
+
+    from bench.attention_hopper import sdpa_flash
+
+    q, k, v, do = tensors_
+    o, lse = forward_sdpa(q, k, v, causal)
+    fns = {}
+    for lab in c["variants"]:
+        if lab == "sdpa flash":
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            out = sdpa_flash(*leaves, causal)
+            fns[lab] = functools.partial(torch.autograd.grad, out, leaves, do, retain_graph=True)
+            continue
+        kind, over = by[(lab, c["dtype"], c["d"])]
+        run = runner(kind, c["d"], {x: y for x, y in over.items() if x != "module"})
+        if "module" in over:
+            run = _module_swapped(run, over["module"])
+        fns[lab] = functools.partial(run, do, q, k, v, o, lse, causal)
+    return fns
+
+
+def kernels(out_path, spec) -> None:
+    """Each kernel's GPU time a call (µs; torch's profiler over ``CALLS`` calls, default 5,
+    after two) for every variant of ``spec``'s cases: where the time goes (the
+    preprocessing, the zeroing, the main kernel, the dQ conversion)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    calls = int(os.environ.get("CALLS", "5"))
+    by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants(spec)}
+    rows = []
+    for c in spec:
+        b, h, hkv, s, d, dtype = c["b"], c["h"], c["hkv"], c["s"], c["d"], c["dtype"]
+        inputs = tensors(b, h, hkv, s, s, d, dtype)
+        for causal in c.get("causal", [False, True]):
+            for lab, fn in _variant_calls(c, causal, by, inputs).items():
+                for _ in range(2):
+                    fn()
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(calls):
+                        fn()
+                    torch.cuda.synchronize()
+                us = {}
+                for a in prof.key_averages():
+                    t = getattr(a, "device_time_total", getattr(a, "cuda_time_total", 0))
+                    if t and not a.key.startswith(("cuda", "cuLaunch")):
+                        us[a.key] = round(t / calls, 1)
+                emit(rows, dict(variant=lab, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s,
+                                causal=causal, total_us=round(sum(us.values()), 1),
+                                kernels_us=us))  # fmt: skip
+    save(rows, out_path)
+    for r in rows:
+        cells = ", ".join(f"{k[:32]} {v:.0f}" for k, v in sorted(r["kernels_us"].items(),
+                                                                key=lambda x: -x[1]))  # fmt: skip
+        print(
+            f"{r['variant']} {r['dtype']} D{r['d']} B{r['b']} S{r['s']}"
+            f"{' causal' if r['causal'] else ''}: {r['total_us']:.0f} us = {cells}"
         )
 
 
@@ -611,7 +663,8 @@ def _json_lines(path):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument(
-        "step", choices=("warm", "check", "time", "tiny", "one", "table", "repeat", "ab")
+        "step",
+        choices=("warm", "check", "time", "tiny", "one", "table", "repeat", "ab", "kernels"),
     )
     p.add_argument("--out")
     p.add_argument("--jobs", type=int, default=8)
@@ -648,6 +701,8 @@ def main() -> None:
         repeat(args.out, load_spec(args.spec))
     elif args.step == "ab":
         ab(args.out, load_spec(args.spec))
+    elif args.step == "kernels":
+        kernels(args.out, load_spec(args.spec))
     elif args.step == "one":
         one()
     elif args.step == "table":
