@@ -7,7 +7,8 @@ contribution to an f32 buffer in a FIXED order, so that dQ has the same bits eve
 A block owns ``64 * WG`` keys (key block ``x``) of one K/V head and walks the query tiles of
 its group's heads; for each tile its consumers store the tile's dQ share (64 x D f32, in
 fragment order) to shared memory and the dQ writer (the producer warpgroup's second warp)
-adds it to the tile's 64 D floats of ``dq_acc`` with one ``bulk_reduce_add``. The writer
+adds it to the tile's 64 D floats of ``dq_acc`` with one ``bulk_reduce_add`` (the tile's
+first share: one ``bulk_store``, so that ``dq_acc`` needs no zeros before). The writer
 first waits (``kaio.wait_eq``, acquire loads) until the tile's semaphore (``sem``: an i32
 per (head, query tile), zeroed before the kernel) equals this block's rank among the tile's
 contributors, waits for its reduction to complete (``bulk_wait``), then releases the next
@@ -534,7 +535,8 @@ def write_dq_two(
     (the additions in any order: not deterministic), -1 no additions either (dQ wrong).
     ``NW``: the writers (the first lanes of warps 1 .. 3, then lane 16 of them), tile i
     writer i % NW's (``NW`` 3: each writer's wait for its last reduction to complete and
-    pass the turn on spread over three tiles). The walk begins at
+    pass the turn on spread over three tiles). The first turn on a tile (``ORDER`` 1) stores
+    its share, so that ``dq_acc`` needs no zeros before (``stores_first``). The walk begins at
     its item ``start``, the turns ``turn_rank``'s (``ROT``: ``rotated``); ``FINISH``: the
     tiles whose last turn is this key block's are the consumers' (``out_dq``), not a
     writer's. A work item after ``g0`` tiles of the block's others (``ITEMS``), the "full"
@@ -558,10 +560,13 @@ def write_dq_two(
                 kaio.wait_eq(sem, tile, rank)
             kaio.mbarrier_wait(bars, (1, full_bar(w, FULL)), ph)
             ph ^= 1
-            if ORDER >= 0:
+            if ORDER > 0 and rank == 0:  # the tile's first share: stored (no zeros before)
+                kaio.bulk_store(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
+            elif ORDER >= 0:
                 kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
+            if ORDER >= 0:
                 kaio.bulk_commit()
-                kaio.bulk_wait_read(0)
+                kaio.bulk_wait_read(0)  # (dq_s read: free for the consumers' next tile)
             for _a in kaio.static_range(3):
                 kaio.mbarrier_arrive(bars, (1, FULL + 1))
             last = tile
@@ -636,7 +641,8 @@ def attention_bwd_fused_ordered(
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
     over its group's query heads, and their share of dQ / scale added to ``dq_acc`` (f32,
-    whole 64-row tiles in fragment order, zeros before) in the fixed order of the
+    whole 64-row tiles in fragment order; zeros before unless ``stores_first``: the first
+    share stored) in the fixed order of the
     semaphores ``sem`` (i32 [B * H * n_tiles], zeros before). The arguments as
     ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s (its ``DQ`` 5 constexprs: PIPE 0,
     BM 64); ``EARLY``: ``write_dq_ordered``'s;
@@ -754,15 +760,15 @@ def attention_bwd_fused_ordered(
 
 @kaio.gpu_kernel(block_size=256)
 def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
-    """acc[0 .. n) = 0, four a thread (n a multiple of 4), and sem[0 .. m) = 0 (m <= n / 4):
-    the fused kernel's dQ sums and semaphores, in one launch."""
+    """acc[0 .. n) = 0, four a thread (n a multiple of 4; 0 where the kernel ``stores_first``),
+    and sem[0 .. m) = 0: the fused kernel's dQ sums and semaphores, in one launch."""
     zero_sums(acc, n, sem, m, i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()))
 
 
 @kaio.gpu_kernel(block_size=256)
 def zero_acc_sem_l2(acc: f32[:], n: i32, sem: i32[:], m: i32, lse: f32[:], l2: f32[:], rows: i32):
-    """``zero_acc_sem``, and l2[0 .. rows) = ``lse_log2(lse)`` (rows <= n / 4): the base-2
-    offsets the kernel's ``L2`` reads (one conversion a query row, not one a key block)."""
+    """``zero_acc_sem``, and l2[0 .. rows) = ``lse_log2(lse)``: the base-2 offsets the
+    kernel's ``L2`` reads (one conversion a query row, not one a key block)."""
     j = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x())
     zero_sums(acc, n, sem, m, j)
     if j < rows:
@@ -850,6 +856,14 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     return {**c, "STAGES": fit_stages(d, c)}
 
 
+def stores_first(c: dict) -> bool:
+    """Whether the kernel with constexprs ``c`` stores each tile's first dQ share (the
+    writers of ``write_dq_two`` with the fixed order) rather than adding it to zeros: then
+    the launch zeroes only the semaphores (at B16 H16 S1024 D64, 67 MB fewer bytes written,
+    and as many not read back by the first reductions)."""
+    return c["EARLY"] == 3 and c["ORDER"] == 1
+
+
 def constexprs(c: dict) -> dict:
     """The kernel's constexprs among ``ordered_config``'s (``HG`` is its argument ``hg``;
     ``ROT`` and ``FINISH`` as ``launch`` takes them: ``rotated``, ``finishes``)."""
@@ -899,8 +913,9 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     """Run the deterministic fused backward on checked operands (as
     ``_attention_hopper_bwd.launch``: q, do [B, H, Sq, D], k, v [B, Hkv, Sk, D], lse [B, H,
     Sq] f32, ``delta`` flat f32 [B * H * Sq]; ``dims``: (B * H, H, group, sq, sk, d, d);
-    ``cfg``: overrides of ``ordered_config(d)``'s constexprs): zero the dQ sums and the
-    semaphores, the kernel, then dQ rounded to q's type. Returns (dq, dk, dv)."""
+    ``cfg``: overrides of ``ordered_config(d)``'s constexprs): zero the semaphores (and the
+    dQ sums unless ``stores_first``), the kernel, then dQ rounded to q's type. Returns (dq,
+    dk, dv)."""
     import math
     import types
 
@@ -935,15 +950,16 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     acc_size = bh * -(-sq // 64) * 64 * d
     dq_acc = _arrays.output(da, (acc_size,), f32)
     sem = _arrays.output(da, (bh * n_tiles,), i32)
-    grid = -(-acc_size // 1024)
+    zeros = 0 if stores_first(c) else acc_size  # (the dQ sums' zeros)
+    grid = -(-max(zeros // 4, bh * n_tiles, rows_q) // 256)  # (a thread: 4 zeros, 1 sem, 1 row)
     if c["L2"]:  # lse_log2(lse) once a query row, for the kernel's stats
         l2 = _arrays.output(da, (rows_q,), f32)
         l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
-        zero_acc_sem_l2[grid, 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles, la.arg(rows_q),
+        zero_acc_sem_l2[grid, 256, stream, 0](dq_acc, zeros, sem, bh * n_tiles, la.arg(rows_q),
                                               l2_arg, rows_q)  # fmt: skip
         la = types.SimpleNamespace(obj=l2, kind=da.kind, arg=lambda *_: l2_arg)
     else:
-        zero_acc_sem[grid, 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
+        zero_acc_sem[grid, 256, stream, 0](dq_acc, zeros, sem, bh * n_tiles)
 
     tmap = functools.partial(row_map, d=d)
     stats = stats_maps(la, delta, rows_q, c["BM"])
