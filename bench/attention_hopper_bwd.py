@@ -86,7 +86,8 @@ def runner(kind: str, d: int, over: dict):
     from kaio_ops import _attention_hopper_bwd as hb
     from kaio_ops import attention
 
-    raw = attention.flash_attention_bwd.__wrapped__
+    raw = (_load(over["attention"]) if "attention" in over else attention).flash_attention_bwd
+    raw = raw.__wrapped__  # (unplanned; "attention": another commit's kaio_ops.attention)
     base, launch = hb.config, hb.launch
 
     fixed = over.get("deterministic", False)
@@ -151,7 +152,9 @@ def forward_sdpa(q, k, v, causal):
 
 def load_spec(path):
     """``--spec``'s cases: a JSON list of {dtype, d, b, h, hkv, s, causal: [bools], variants:
-    {label: overrides ("mma.sync": the old kernels)}}; None without a path."""
+    {label: overrides ("mma.sync": the old kernels; "module", "attention": the files of
+    another commit's ordered-kernel module and ``kaio_ops.attention``)}}; None without a
+    path."""
     if not path:
         return None
     with open(path) as f:
@@ -371,17 +374,26 @@ AB_SPEC = [
 ]  # fmt: skip
 
 
-def _module_swapped(run, path):
-    """``run`` with ``kaio_ops._attention_hopper_bwd_fused`` replaced by the module in file
-    ``path`` (another commit's copy, for an A/B of the two in one process)."""
-    import importlib
+@functools.cache
+def _load(path):
+    """The module in file ``path`` (another commit's copy of a kaio_ops module), loaded once
+    under a name of its own."""
     import importlib.util
-
-    import kaio_ops
 
     spec = importlib.util.spec_from_file_location(f"ab_{abs(hash(path))}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def _module_swapped(run, path):
+    """``run`` with ``kaio_ops._attention_hopper_bwd_fused`` replaced by the module in file
+    ``path`` (another commit's copy, for an A/B of the two in one process)."""
+    import importlib
+
+    import kaio_ops
+
+    mod = _load(path)
     name = "kaio_ops._attention_hopper_bwd_fused"
 
     def swapped(*a):
