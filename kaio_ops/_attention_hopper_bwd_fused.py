@@ -41,9 +41,10 @@ nkb and wraps around, and the turns on an item follow the order the walks reach 
 (``turn_rank``), so that a head's key blocks, launched side by side, add to different
 tiles at any time instead of queueing on the same ones; causal, the key blocks are
 launched in increasing order (the longest walks first, the shortest last: a shorter tail).
-With rotated walks, ``FINISH`` gives each tile's last turn the tile's dQ (``finish_dq``: the
-others' sum read once the semaphore says they are in, its own added, rounded and stored),
-and ``ITEMS`` runs several work items a block (measured slower: off).
+With rotated walks or the mask, ``FINISH`` gives each tile's last turn the tile's dQ
+(``finish_dq``: the others' sum read once the semaphore says they are in, its own added,
+rounded and stored; causal, key block 0 has the last turn on every tile), and ``ITEMS``
+runs several work items a block (measured slower: off).
 
 The simulator runs a kernel with ``wait_eq`` one block at a time in linear order: every
 wait is met at once there, and an order that needs a later block is reported.
@@ -306,8 +307,8 @@ def consume_late(
             if SCHED == 1:
                 wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
                                      n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
-                                     wph, fb, scale, FULL, D, BM, BK, NQ, TWO, DT,
-                                     FINISH)  # fmt: skip
+                                     wph, fb, scale, causal, FULL, D, BM, BK, NQ, TWO,
+                                     DT, FINISH, ROT)  # fmt: skip
                 fb = next_writer(fb, NW)
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
@@ -317,8 +318,8 @@ def consume_late(
             if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
                 wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
                                      n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
-                                     wph, fb, scale, FULL, D, BM, BK, NQ, TWO, DT,
-                                     FINISH)  # fmt: skip
+                                     wph, fb, scale, causal, FULL, D, BM, BK, NQ, TWO,
+                                     DT, FINISH, ROT)  # fmt: skip
                 fb = next_writer(fb, NW)
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
@@ -328,8 +329,8 @@ def consume_late(
                     free_buffer(bars, STAGES + qb, lt)
                 wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
                                      n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
-                                     wph, fb, scale, FULL, D, BM, BK, NQ, TWO, DT,
-                                     FINISH)  # fmt: skip
+                                     wph, fb, scale, causal, FULL, D, BM, BK, NQ, TWO,
+                                     DT, FINISH, ROT)  # fmt: skip
                 fb = next_writer(fb, NW)
             ps = st
             pt, pat0 = t, at0
@@ -347,7 +348,7 @@ def consume_late(
         release(bars, ps, lt)
         wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq, n_tiles, x,
                              nkb, total, g0 + total > 1, c0, lane, lt, handed, wph, fb, scale,
-                             FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
+                             causal, FULL, D, BM, BK, NQ, TWO, DT, FINISH, ROT)  # fmt: skip
         fb = next_writer(fb, NW)
     if ITEMS > 1:  # K and V read for the last time: the producer may load the next item's
         kaio.sync_warp()
@@ -459,12 +460,23 @@ def give_dq(
 
 
 @kaio.gpu_func
-def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, BM: kaio.constexpr,
-              BK: kaio.constexpr) -> i32:  # fmt: skip
-    """Whether key block x finishes the tile of item ``item`` of its rotated walk (tile t;
-    ``FINISH``, not causal: every key block adds to every tile): its turn there is the
-    last."""
-    return i32(turn_rank(x, nkb, t, item, total, 0, 1, BM, BK) == nkb - 1)
+def tile_turns(t: i32, nkb: i32, causal: i32, BM: kaio.constexpr, BK: kaio.constexpr) -> i32:
+    """The key blocks that add to query tile t: causal, those up to the last that sees it;
+    else all ``nkb``."""
+    n = nkb
+    if causal != 0:
+        n = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) + 1
+    return n
+
+
+@kaio.gpu_func
+def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, causal: i32,
+              ROT: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr) -> i32:  # fmt: skip
+    """Whether key block x finishes query tile t, item ``item`` of its walk (``FINISH``): its
+    turn there (``turn_rank``) is the last (``tile_turns``): with rotated walks (``ROT``, not
+    causal) the last to reach the tile, causal key block 0 on every tile."""
+    rank = turn_rank(x, nkb, t, item, total, causal, ROT, BM, BK)
+    return i32(rank == tile_turns(t, nkb, causal, BM, BK) - 1)
 
 
 @kaio.gpu_func
@@ -472,8 +484,9 @@ def out_dq(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], dq: DT[:], dqa: f32[:, :],
     t: i32, at0: i32, item: i32, q: i32, sq: i32, n_tiles: i32, x: i32, nkb: i32, total: i32,
     after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32, scale: f32,
-    FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
-    NQ: kaio.constexpr, TWO: kaio.constexpr, DT: kaio.constexpr, FINISH: kaio.constexpr,
+    causal: i32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
+    BK: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr, DT: kaio.constexpr,
+    FINISH: kaio.constexpr, ROT: kaio.constexpr,
 ) -> tuple[u32, i32]:  # fmt: skip
     """Query tile t's dQ share (head at row at0, item ``item`` of the walk; this thread's
     rows q, q + 8 of it) out of dqa: with ``FINISH``, where this key block has the tile's
@@ -481,8 +494,9 @@ def out_dq(
     dq_s of the last tile ``handed`` to them is free); without, to the writers (``after`` a
     first tile). Returns (the dq_s parity, handed)."""
     if FINISH:
-        if last_turn(x, nkb, t, item, total, BM, BK) != 0:
-            finish_dq(dq, dq_acc, sem, dqa, at0 // sq * n_tiles + t, nkb - 1, at0, t * BM + q,
+        if last_turn(x, nkb, t, item, total, causal, ROT, BM, BK) != 0:
+            before = tile_turns(t, nkb, causal, BM, BK) - 1
+            finish_dq(dq, dq_acc, sem, dqa, at0 // sq * n_tiles + t, before, at0, t * BM + q,
                       sq, c0, lane, lt, scale, D, BM, NQ, DT)  # fmt: skip
         else:
             wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, handed != 0, wph, fb, FULL,
@@ -550,7 +564,7 @@ def write_dq_two(
     for _i in range(total):
         mine = (g0 + _i) % NW == w
         if FINISH:  # (the tiles this key block finishes: the consumers')
-            mine = mine and last_turn(x, nkb, t, item, total, BM, BK) == 0
+            mine = mine and last_turn(x, nkb, t, item, total, causal, ROT, BM, BK) == 0
         if mine:
             tile = at0 // sq * n_tiles + t
             rank = turn_rank(x, nkb, t, item, total, causal, ROT, BM, BK)
@@ -653,7 +667,7 @@ def attention_bwd_fused_ordered(
     (``rotated``; ``hg`` 1): not causal, key block x's walk begins at item x W / nkb of its
     W; causal, the key blocks launched in increasing order (the longest walks first);
     either way a block may wait for a later one of its head (all of them must fit on the
-    GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
+    GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT`` or causal: ``finishes``):
     the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
     after the kernel; ``ITEMS`` > 1: each block runs ``items`` (the same number, a runtime
     value so that the loop is not unrolled) work items of the ``nkvh`` K/V heads' key blocks
@@ -811,14 +825,14 @@ HG = {64: (8, 1), 128: (4, 1)}
 
 # Whether the key blocks of a head may wait for later ones (``ROT``; not causal, rotated
 # walks; causal, the longest walks launched first) by head dim and mask, where they all fit
-# on the GPU at once (``rotated``), and whether then (not causal) the last turn on each tile
-# stores dQ (``FINISH``; ``finishes``). H100, B16 H16 S1024, TFLOP/s, each against main's
-# kernel in the same run: D 128 with both 344 and 355 against 311 and 314 (f16; SDPA flash
-# 211, 212), bf16 348 against 311; f16 B4 S4096 514 against 513; D 64 249 / 238 / 236 / 259
-# against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone) 114 / 173 against
-# 120 / 171.
+# on the GPU at once (``rotated``), and whether the last turn on each tile stores dQ
+# (``FINISH``, with rotated walks or causal: ``finishes``). H100, B16 H16 S1024, TFLOP/s,
+# each against main's kernel in the same run: D 128 with both 344 and 355 against 311 and
+# 314 (f16; SDPA flash 211, 212), bf16 348 against 311; f16 B4 S4096 514 against 513; D 64
+# 249 / 238 / 236 / 259 against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone)
+# 114 / 173 against 120 / 171.
 ROT = {64: (False, False), 128: (True, False)}
-FINISH = {64: False, 128: True}
+FINISH = {64: (False, False), 128: (True, False)}
 
 # Work items a block (``ITEMS``: (key block, K/V head) pairs, consecutive in the launch
 # order, run one after the other with the ring of Q and dO going on, K and V loaded again
@@ -850,7 +864,7 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c.update(SPLIT=on, L2=on, PFIRST=on)
     c["HG"] = HG[d][bool(causal)]
     c["ROT"] = ROT[d][bool(causal)]
-    c["FINISH"] = FINISH[d]
+    c["FINISH"] = FINISH[d][bool(causal)]
     c["ITEMS"] = ITEMS[d][bool(causal)]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     return {**c, "STAGES": fit_stages(d, c)}
@@ -881,9 +895,11 @@ def rotated(c: dict, nkb: int, sms: int) -> bool:
 
 def finishes(c: dict, rot: bool, causal: bool) -> bool:
     """Whether the kernel runs with ``finish`` (``FINISH`` in the configuration ``c``): with
-    ``rot`` (``rotated``), not causal (its last turns are key block 0's on every tile) and
-    the fixed order (``ORDER`` 1)."""
-    return bool(c.get("FINISH")) and rot and not causal and c["ORDER"] == 1
+    the fixed order (``ORDER`` 1) and the two writers (``EARLY`` 3), and with ``rot``
+    (``rotated``: each key block finishes the tiles its walk reaches last) or causal (key
+    block 0, the last turn on every tile, finishes them all); not the unmasked order
+    without rotation, whose last key block would finish every tile."""
+    return bool(c.get("FINISH")) and (rot or causal) and c["ORDER"] == 1 and c["EARLY"] == 3
 
 
 def fit_stages(d: int, c: dict) -> int:
