@@ -256,6 +256,7 @@ def consume_late(
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
     dqa = kaio.local(f32, (NQ // 8, 4))
+    dqo = kaio.local(f32, (NQ // 8, 4))  # FINISH: the other turns' sum (fetch_others)
     p = kaio.local(u32, (BM // 16, 4))  # SCHED 4, 6: P^T's A fragments
     af = kaio.local(u32, (D // 16, 4))  # (unused: issue_front's AREG 0)
     dka = kaio.local(f32, (D // 8, 4))
@@ -305,10 +306,11 @@ def consume_late(
             kaio.wgmma_wait(0)  # tile i - 1's products done: its stage (and dQ)
             release(bars, ps, lt)
             if SCHED == 1:
-                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
-                                     n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
-                                     wph, fb, scale, causal, FULL, D, BM, BK, NQ, TWO,
-                                     DT, FINISH, ROT)  # fmt: skip
+                fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
+                                   causal, c0, lt, FINISH, ROT, D, BM, BK, NQ)  # fmt: skip
+                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
+                                     n_tiles, nkb, causal, g0 + _i > 1, c0, lane, lt, handed, wph,
+                                     fb, scale, FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
@@ -316,21 +318,23 @@ def consume_late(
                 kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)  # dQ among them)
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
-                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
-                                     n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
-                                     wph, fb, scale, causal, FULL, D, BM, BK, NQ, TWO,
-                                     DT, FINISH, ROT)  # fmt: skip
+                fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
+                                   causal, c0, lt, FINISH, ROT, D, BM, BK, NQ)  # fmt: skip
+                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
+                                     n_tiles, nkb, causal, g0 + _i > 1, c0, lane, lt, handed, wph,
+                                     fb, scale, FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
+                fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
+                                   causal, c0, lt, FINISH, ROT, D, BM, BK, NQ)  # fmt: skip
                 kaio.wgmma_wait(0)
                 if NDS == 2:
                     free_buffer(bars, STAGES + qb, lt)
-                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
-                                     n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
-                                     wph, fb, scale, causal, FULL, D, BM, BK, NQ, TWO,
-                                     DT, FINISH, ROT)  # fmt: skip
+                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
+                                     n_tiles, nkb, causal, g0 + _i > 1, c0, lane, lt, handed, wph,
+                                     fb, scale, FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             ps = st
             pt, pat0 = t, at0
@@ -344,11 +348,13 @@ def consume_late(
         last = 1 if SCHED < 4 else 6  # (1: P^T from pt_s; 6: from p; both with dQ)
         issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                         last, DT)  # fmt: skip
+        fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles, causal,
+                           c0, lt, FINISH, ROT, D, BM, BK, NQ)  # fmt: skip
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
-        wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq, n_tiles, x,
-                             nkb, total, g0 + total > 1, c0, lane, lt, handed, wph, fb, scale,
-                             causal, FULL, D, BM, BK, NQ, TWO, DT, FINISH, ROT)  # fmt: skip
+        wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
+                             n_tiles, nkb, causal, g0 + total > 1, c0, lane, lt, handed, wph, fb,
+                             scale, FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
         fb = next_writer(fb, NW)
     if ITEMS > 1:  # K and V read for the last time: the producer may load the next item's
         kaio.sync_warp()
@@ -482,22 +488,22 @@ def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, causal: i32,
 @kaio.gpu_func
 def out_dq(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], dq: DT[:], dqa: f32[:, :],
-    t: i32, at0: i32, item: i32, q: i32, sq: i32, n_tiles: i32, x: i32, nkb: i32, total: i32,
-    after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32, scale: f32,
-    causal: i32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
+    dqo: f32[:, :], fin: i32, t: i32, at0: i32, q: i32, sq: i32, n_tiles: i32, nkb: i32,
+    causal: i32, after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32,
+    scale: f32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
     BK: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr, DT: kaio.constexpr,
-    FINISH: kaio.constexpr, ROT: kaio.constexpr,
+    FINISH: kaio.constexpr,
 ) -> tuple[u32, i32]:  # fmt: skip
-    """Query tile t's dQ share (head at row at0, item ``item`` of the walk; this thread's
-    rows q, q + 8 of it) out of dqa: with ``FINISH``, where this key block has the tile's
-    last turn (``last_turn``), ``finish_dq``, else to the writers (``give_dq``, after the
-    dq_s of the last tile ``handed`` to them is free); without, to the writers (``after`` a
-    first tile). Returns (the dq_s parity, handed)."""
+    """Query tile t's dQ share (head at row at0; this thread's rows q, q + 8 of it) out of
+    dqa: with ``FINISH``, where this key block has the tile's last turn (``fin``:
+    ``fetch_others``, whose sum of the other turns is in dqo), ``finish_dq``, else to the
+    writers (``give_dq``, after the dq_s of the last tile ``handed`` to them is free);
+    without, to the writers (``after`` a first tile). Returns (the dq_s parity, handed)."""
     if FINISH:
-        if last_turn(x, nkb, t, item, total, causal, ROT, BM, BK) != 0:
+        if fin != 0:
             before = tile_turns(t, nkb, causal, BM, BK) - 1
-            finish_dq(dq, dq_acc, sem, dqa, at0 // sq * n_tiles + t, before, at0, t * BM + q,
-                      sq, c0, lane, lt, scale, D, BM, NQ, DT)  # fmt: skip
+            finish_dq(dq, dqa, dqo, dq_acc, t, at0, t * BM + q, sq, n_tiles, before, c0, lane,
+                      lt, scale, D, BM, NQ, DT)  # fmt: skip
         else:
             wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, handed != 0, wph, fb, FULL,
                           D, NQ, TWO)  # fmt: skip
@@ -509,23 +515,64 @@ def out_dq(
 
 
 @kaio.gpu_func
-def finish_dq(
-    dq: DT[:], dq_acc: f32[:], sem: i32[:], dqa: f32[:, :], tile: i32, turns: i32, at0: i32,
-    q: i32, sq: i32, c0: i32, lane: u32, lt: u32, scale: f32, D: kaio.constexpr,
-    BM: kaio.constexpr, NQ: kaio.constexpr, DT: kaio.constexpr,
-):  # fmt: skip
-    """The last turn on a tile: once the ``turns`` before it have added theirs (the tile's
-    semaphore), this thread's fragment of their sum (``dq_acc``'s tile, fragment order:
-    ``store_dq_frags``) plus its own (dqa) times ``scale``, rounded to DT, to dq's rows q, q
-    + 8 of the head at row at0 (those below sq), the warpgroup's columns from c0: the tile
-    needs no reduction and no ``dq_convert_tiles``."""
-    if turns > 0:
-        kaio.wait_eq(sem, tile, turns)
+def fetch_others(
+    dqo: f32[:, :], dq_acc: f32[:], sem: i32[:], x: i32, nkb: i32, t: i32, at0: i32,
+    item: i32, total: i32, sq: i32, n_tiles: i32, causal: i32, c0: i32, lt: u32,
+    FINISH: kaio.constexpr, ROT: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
+    BK: kaio.constexpr, NQ: kaio.constexpr,
+) -> i32:  # fmt: skip
+    """``FINISH``: whether key block x finishes query tile t (head at row at0, item ``item``
+    of its walk: ``last_turn``), and then the wait until the turns before its own have
+    added theirs (the tile's semaphore), issued while the tile's dQ product runs; at D 64
+    also this thread's fragment of their sum (``others_sum``) in dqo (at D 128 its
+    registers beside the product's spill: ``finish_dq`` reads it). Else 0."""
+    fin = i32(0)
+    if FINISH:
+        fin = last_turn(x, nkb, t, item, total, causal, ROT, BM, BK)
+        if fin != 0:
+            before = tile_turns(t, nkb, causal, BM, BK) - 1
+            if before > 0:
+                kaio.wait_eq(sem, at0 // sq * n_tiles + t, before)
+            if D == 64:
+                for n in kaio.static_range(NQ // 8):
+                    for e in kaio.static_range(4):
+                        dqo[n, e] = 0.0
+                others_sum(dqo, dq_acc, t, at0, sq, n_tiles, before, c0, lt, D, BM, NQ)
+    return fin
+
+
+@kaio.gpu_func
+def others_sum(acc: f32[:, :], dq_acc: f32[:], t: i32, at0: i32, sq: i32, n_tiles: i32,
+               before: i32, c0: i32, lt: u32, D: kaio.constexpr, BM: kaio.constexpr,
+               NQ: kaio.constexpr):  # fmt: skip
+    """acc += this thread's fragment of query tile t's sum in ``dq_acc`` (head at row at0;
+    fragment order: ``store_dq_frags``), where ``before`` turns added to it."""
+    if before > 0:
+        tile = at0 // sq * n_tiles + t
         for n in kaio.static_range(NQ // 8):
             v = kaio.local(f32, 4)
             kaio.load_vector(v, dq_acc, tile * BM * D + ((c0 // 8 + n) * 128 + i32(lt)) * 4)
             for e in kaio.static_range(4):
-                dqa[n, e] += v[e]
+                acc[n, e] += v[e]
+
+
+@kaio.gpu_func
+def finish_dq(
+    dq: DT[:], dqa: f32[:, :], dqo: f32[:, :], dq_acc: f32[:], t: i32, at0: i32, q: i32,
+    sq: i32, n_tiles: i32, before: i32, c0: i32, lane: u32, lt: u32, scale: f32,
+    D: kaio.constexpr, BM: kaio.constexpr, NQ: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The last turn on query tile t (``before`` turns before it, their sum in dqo at D 64,
+    read now at D 128: ``fetch_others``): their sum plus this thread's own share (dqa)
+    times ``scale``, rounded to DT, to dq's rows q, q + 8 of the head at row at0 (those
+    below sq), the warpgroup's columns from c0: the tile needs no reduction and no
+    ``dq_convert_tiles``."""
+    if D == 64:
+        for n in kaio.static_range(NQ // 8):
+            for e in kaio.static_range(4):
+                dqa[n, e] += dqo[n, e]
+    else:
+        others_sum(dqa, dq_acc, t, at0, sq, n_tiles, before, c0, lt, D, BM, NQ)
     for h in kaio.static_range(2):
         if q + 8 * h < sq:
             store_pairs(dq, (at0 + q + 8 * h) * D + c0, dqa, h, scale, lane, NQ, DT)
