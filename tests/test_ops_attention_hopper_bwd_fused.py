@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import kaio
-import kaio_ops
 from kaio import f32, i32
 from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio_ops import _arrays, attention
@@ -194,14 +193,17 @@ def _hopper_gpu() -> bool:
 
 
 def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
-    """Random f16 q, k, v, do on the GPU, the forward's o and lse, and ``launch``'s checked
-    operands: (q, k, v, do, run) with ``run(**keywords)`` the backward's (dq, dk, dv)."""
+    """Random f16 q, k, v, do on the GPU, the forward's o and lse (in float64: no forward
+    kernel to compile), and ``launch``'s checked operands: (q, k, v, do, run) with
+    ``run(**keywords)`` the backward's (dq, dk, dv)."""
     import torch
+
+    from bench.attention_hopper_bwd import forward_ref
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     shapes = [(b, heads, rows, d) for heads, rows in ((h, sq), (hkv, sk), (hkv, sk), (h, sq))]
     q, k, v, do = [torch.randn(x, generator=gen, device="cuda").half() for x in shapes]
-    o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+    o, lse = forward_ref(q, k, v, causal)
     inputs = _arrays.Inputs("test")
     (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
     da = inputs.array(do, "do", ndim=4)
