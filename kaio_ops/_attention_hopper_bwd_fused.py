@@ -867,8 +867,10 @@ SCHED = {64: (4, 4), 128: (4, 4)}
 # (H100, the lead's final check, 2026-11-27, f16 / bf16): D 128 B1 S16384 431 / 437 against
 # 477 / 531, B4 S4096 410 / 416 against 421 / 412, B16 S1024 alike; D 64 B1 S16384 338 / 350
 # against 352 / 366, S4096 and S1024 alike: causal blocks finish at different times, so
-# spreading a head's key blocks apart only delays the turns.
-HG = {64: (8, 1), 128: (4, 1)}
+# spreading a head's key blocks apart only delays the turns. H100, f16 B16 H16 S1024 D 64
+# (2026-11-27, round B): HG 16 243 against 8's 237 (SDPA flash 186); earlier at B4 S4096 HG
+# 16 403 / 348 against 4's 402 / 348.
+HG = {64: (16, 1), 128: (4, 1)}
 
 # Whether the key blocks of a head may wait for later ones (``ROT``; not causal, rotated
 # walks; causal, the longest walks launched first) by head dim and mask, where they all fit
@@ -877,9 +879,11 @@ HG = {64: (8, 1), 128: (4, 1)}
 # each against main's kernel in the same run: D 128 with both 344 and 355 against 311 and
 # 314 (f16; SDPA flash 211, 212), bf16 348 against 311; f16 B4 S4096 514 against 513; D 64
 # 249 / 238 / 236 / 259 against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone)
-# 114 / 173 against 120 / 171.
+# 114 / 173 against 120 / 171. Causal FINISH (key block 0 finishes every tile), H100, f16
+# B16 H16 S1024 (2026-11-27, round B): D 128 239 against 230 without (SDPA flash 154); D 64
+# 132 against 132.
 ROT = {64: (False, False), 128: (True, False)}
-FINISH = {64: (False, False), 128: (True, False)}
+FINISH = {64: (False, False), 128: (True, True)}
 
 # Work items a block (``ITEMS``: (key block, K/V head) pairs, consecutive in the launch
 # order, run one after the other with the ring of Q and dO going on, K and V loaded again
