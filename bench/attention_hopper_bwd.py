@@ -527,18 +527,22 @@ def kernels(out_path, spec) -> None:
 
 
 def one() -> None:
-    """One call of the default kernels, f16 B1 H16 S4096 D128 (for Nsight Compute; ``ONE``:
+    """One call of the default kernels, f16 H16 D128, B1 S4096 (for Nsight Compute; ``ONE``:
     the name of another variant of ``NEW``; ``ONE_D``: the head dim; ``ONE_OVER``: JSON
-    overrides of the ordered kernel's configuration, with ``ONE`` "ordered")."""
+    overrides of the ordered kernel's configuration, with ``ONE`` "ordered"; ``ONE_B``,
+    ``ONE_S``: the batch and sequence length; ``ONE_CAUSAL`` 1: the mask; o and lse from
+    torch's flash forward)."""
     import torch
 
     d = int(os.environ.get("ONE_D", "128"))
+    b, s = int(os.environ.get("ONE_B", "1")), int(os.environ.get("ONE_S", "4096"))
+    causal = os.environ.get("ONE_CAUSAL") == "1"
     over = NEW[os.environ.get("ONE", "wgmma")]
     if "ONE_OVER" in os.environ:
         over = {**over, "ordered": json.loads(os.environ["ONE_OVER"])}
-    q, k, v, do = tensors(1, 16, 16, 4096, 4096, d, "float16")
-    o, lse = forward(q, k, v, False)
-    runner("new", d, over)(do, q, k, v, o, lse, False)
+    q, k, v, do = tensors(b, 16, 16, s, s, d, "float16")
+    o, lse = forward_sdpa(q, k, v, causal)
+    runner("new", d, over)(do, q, k, v, o, lse, causal)
     torch.cuda.synchronize()
 
 
