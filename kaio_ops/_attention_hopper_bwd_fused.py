@@ -43,8 +43,7 @@ tiles at any time instead of queueing on the same ones; causal, the key blocks a
 launched in increasing order (the longest walks first, the shortest last: a shorter tail).
 With rotated walks or the mask, ``FINISH`` gives each tile's last turn the tile's dQ
 (``finish_dq``: the others' sum read once the semaphore says they are in, its own added,
-rounded and stored; causal, key block 0 has the last turn on every tile), and ``ITEMS``
-runs several work items a block (measured slower: off).
+rounded and stored; causal, key block 0 has the last turn on every tile).
 
 The simulator runs a kernel with ``wait_eq`` one block at a time in linear order: every
 wait is met at once there, and an order that needs a later block is reported.
@@ -218,10 +217,8 @@ def consume_late(
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
     TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
     SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0, PFIRST: kaio.constexpr = 0,
-    ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0, ITEMS: kaio.constexpr = 1, it: i32 = 0,
-    g0: i32 = 0, st: i32 = 0, ph: u32 = 0, pb: i32 = 0, hph: u32 = 0, wph: u32 = 0, fb: i32 = 0,
-    handed: i32 = 0,
-) -> tuple[i32, u32, i32, u32, u32, i32, i32]:  # fmt: skip
+    ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0,
+):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
     three from shared memory (``pt_s``: dS^T in buffers 0 and 1, P^T in 2 and 3, by tile
@@ -246,12 +243,7 @@ def consume_late(
     ``L2``: ``grads_t``'s; ``PFIRST``: P^T computed once S^T is done, dS^T once dP^T is
     (``grads_t``'s ``WAIT``). The walk over the tiles begins at its item ``start``
     (``ROT``: ``walk_start``, ``rotated``); ``FINISH``: a tile's dQ where this key block has
-    its last turn goes to dq (``out_dq``). Then dK, dV stored. Work item ``it`` of the block
-    (``ITEMS``), after ``g0`` tiles of the others: the ring's next stage ``st`` (parity
-    ``ph``), the last tile's dS^T buffer ``pb`` (``hph``), the dq_s parity ``wph``, the next
-    writer ``fb`` and whether a tile was ``handed`` to the writers, all returned for the
-    next item; K and V land on ``turn[0]`` (phase ``it`` % 2), and once its products last
-    read them this warp's arrival on ``turn[1]``."""
+    its last turn goes to dq (``out_dq``). Then dK, dV stored."""
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
@@ -270,7 +262,8 @@ def consume_late(
     FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
     ROW = 0 if NDS == 3 else 1  # the dS^T buffers' barriers' row
     total = group * kaio.max(n_tiles - first, 0)
-    kaio.mbarrier_wait(turn, 0, u32(it % 2))  # K and V landed
+    st, ph, pb, hph, wph, fb, handed = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
+    kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
     at_first = first_head * sq
     t, at0 = walk(start, first, n_tiles, at_first, sq, ROT)
     BK = 64 * WG
@@ -282,10 +275,6 @@ def consume_late(
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
                 lane, BM, TSTATS, SPLIT, L2)  # fmt: skip
-        if g0 > 0:  # the buffers after the last item's last tile's (pb: tile i - 1's)
-            pb, hph = next_stage(pb, hph, NDS)
-            if SCHED >= 2 and SCHED < 6 and NDS == 2 and g0 > 1:
-                kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)
         hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
         ps = st  # tile i - 1's stage
         pt, pat0, item = t, at0, start  # tile i - 1's, and its item of the walk
@@ -309,19 +298,19 @@ def consume_late(
                 fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
                                    causal, c0, lt, FINISH, ROT, D, BM, BK, NQ)  # fmt: skip
                 wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                                     n_tiles, nkb, causal, g0 + _i > 1, c0, lane, lt, handed, wph,
+                                     n_tiles, nkb, causal, _i > 1, c0, lane, lt, handed, wph,
                                      fb, scale, FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
-            if SCHED >= 2 and SCHED < 6 and NDS == 2 and g0 + _i > 1:  # (the other wg's
+            if SCHED >= 2 and SCHED < 6 and NDS == 2 and _i > 1:  # (the other wg's
                 kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)  # dQ among them)
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
                 fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
                                    causal, c0, lt, FINISH, ROT, D, BM, BK, NQ)  # fmt: skip
                 wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                                     n_tiles, nkb, causal, g0 + _i > 1, c0, lane, lt, handed, wph,
+                                     n_tiles, nkb, causal, _i > 1, c0, lane, lt, handed, wph,
                                      fb, scale, FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
@@ -333,7 +322,7 @@ def consume_late(
                 if NDS == 2:
                     free_buffer(bars, STAGES + qb, lt)
                 wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                                     n_tiles, nkb, causal, g0 + _i > 1, c0, lane, lt, handed, wph,
+                                     n_tiles, nkb, causal, _i > 1, c0, lane, lt, handed, wph,
                                      fb, scale, FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             ps = st
@@ -353,16 +342,11 @@ def consume_late(
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
         wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                             n_tiles, nkb, causal, g0 + total > 1, c0, lane, lt, handed, wph, fb,
+                             n_tiles, nkb, causal, total > 1, c0, lane, lt, handed, wph, fb,
                              scale, FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
         fb = next_writer(fb, NW)
-    if ITEMS > 1:  # K and V read for the last time: the producer may load the next item's
-        kaio.sync_warp()
-        if lt % 32 == 0:
-            kaio.mbarrier_arrive(turn, 1)
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
-    return st, ph, pb, hph, wph, fb, handed
 
 
 @kaio.gpu_func
@@ -382,40 +366,21 @@ def interleaved(bx: i32, by: i32, nkb: i32, hg: i32, ny: i32) -> tuple[i32, i32]
 
 @kaio.gpu_func
 def work_item(
-    b: i32, it: i32, nkb: i32, nkvh: i32, hg: i32, rot: i32, heads: i32, group: i32, sq: i32,
-    causal: i32, items: i32, BM: kaio.constexpr, BK: kaio.constexpr,
-) -> tuple[i32, i32, i32, i32, i32, i32, i32]:  # fmt: skip
-    """(whether it exists, key block x, K/V head, first query head, first query tile, the
-    query tiles, the walk's first item) of work item ``it`` of block b (linear index; the
-    block's ``items`` items are consecutive in the launch order of ``interleaved`` over the
-    nkb key blocks of the ``nkvh`` K/V heads, reversed where causal without ``rot``: module
-    docstring)."""
-    i = b * items + it
-    ok = i32(i < nkb * nkvh)
-    i = kaio.min(i, nkb * nkvh - 1)
-    x, kvh = interleaved(i % nkb, i // nkb, nkb, hg, nkvh)  # hg K/V heads' key blocks in turn
+    b: i32, nkb: i32, nkvh: i32, hg: i32, rot: i32, heads: i32, group: i32, sq: i32,
+    causal: i32, BM: kaio.constexpr, BK: kaio.constexpr,
+) -> tuple[i32, i32, i32, i32, i32, i32]:  # fmt: skip
+    """(key block x, K/V head, first query head, first query tile, the query tiles, the
+    walk's first item) of block b (linear index; the launch order of ``interleaved`` over
+    the nkb key blocks of the ``nkvh`` K/V heads, reversed where causal without ``rot``:
+    module docstring)."""
+    x, kvh = interleaved(b % nkb, b // nkb, nkb, hg, nkvh)  # hg K/V heads' key blocks in turn
     if causal != 0 and rot == 0:
         x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
     first_head, first, n_tiles = key_block_queries(kvh, x * BK, heads, group, sq, causal, BM)
     start = i32(0)  # the walk's first item
     if rot != 0 and causal == 0:
         start = x * (group * n_tiles) // nkb
-    return ok, x, kvh, first_head, first, n_tiles, start
-
-
-@kaio.gpu_func
-def block_item(
-    it: i32, ok0: i32, x0: i32, kvh0: i32, fh0: i32, f0: i32, nt0: i32, s0: i32, b: i32,
-    nkb: i32, nkvh: i32, hg: i32, rot: i32, heads: i32, group: i32, sq: i32, causal: i32,
-    items: i32, BM: kaio.constexpr, BK: kaio.constexpr, ITEMS: kaio.constexpr,
-) -> tuple[i32, i32, i32, i32, i32, i32, i32]:  # fmt: skip
-    """``work_item``'s item ``it`` of block b; with ``ITEMS`` 1 the block's one item, computed
-    once before the roles split (``ok0`` .. ``s0``)."""
-    ok, x, kvh, fh, f, nt, s = ok0, x0, kvh0, fh0, f0, nt0, s0
-    if ITEMS > 1:
-        ok, x, kvh, fh, f, nt, s = work_item(b, it, nkb, nkvh, hg, rot, heads, group, sq, causal,
-                                             items, BM, BK)  # fmt: skip
-    return ok, x, kvh, fh, f, nt, s
+    return x, kvh, first_head, first, n_tiles, start
 
 
 @kaio.gpu_func
@@ -584,8 +549,8 @@ def write_dq_two(
     group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32, start: i32,
     FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
     ORDER: kaio.constexpr = 1, NW: kaio.constexpr = 2, ROT: kaio.constexpr = 0,
-    FINISH: kaio.constexpr = 0, g0: i32 = 0, ph: u32 = 0,
-) -> u32:  # fmt: skip
+    FINISH: kaio.constexpr = 0,
+):  # fmt: skip
     """``EARLY`` 3: writer ``w`` (0, 1: the first lanes of the producer warpgroup's warps 1
     and 2) of the tiles of parity w of the consumers' walk (``give_dq``'s ``TWO``): for each,
     the last one's turn passed on (its reduction complete), the turn on this one awaited,
@@ -600,16 +565,16 @@ def write_dq_two(
     its share, so that ``dq_acc`` needs no zeros before (``stores_first``). The walk begins at
     its item ``start``, the turns ``turn_rank``'s (``ROT``: ``rotated``); ``FINISH``: the
     tiles whose last turn is this key block's are the consumers' (``out_dq``), not a
-    writer's. A work item after ``g0`` tiles of the block's others (``ITEMS``), the "full"
-    barrier's parity ``ph`` after them: returns the parity after this one's."""
+    writer's."""
     at_first = first_head * sq
+    ph = u32(0)
     t, at0 = walk(start, first, n_tiles, at_first, sq, ROT)
     item = start
     last = i32(0)
     pending = i32(0)  # whether the turn on tile ``last`` is still to pass on
     total = group * kaio.max(n_tiles - first, 0)
     for _i in range(total):
-        mine = (g0 + _i) % NW == w
+        mine = _i % NW == w
         if FINISH:  # (the tiles this key block finishes: the consumers')
             mine = mine and last_turn(x, nkb, t, item, total, causal, ROT, BM, BK) == 0
         if mine:
@@ -640,7 +605,6 @@ def write_dq_two(
         pass_turn(sem, last)
     if ORDER == 0:
         kaio.bulk_wait(0)
-    return ph
 
 
 @kaio.gpu_func
@@ -691,13 +655,13 @@ def attention_bwd_fused_ordered(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     dq_acc: f32[:], sem: i32[:], dq: DT[:], sq: i32, sk: i32, heads: i32, group: i32, nkvh: i32,
-    scale_log2: f32, scale: f32, causal: i32, hg: i32, items: i32, D: kaio.constexpr,
+    scale_log2: f32, scale: f32, causal: i32, hg: i32, D: kaio.constexpr,
     BM: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
     AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
-    ITEMS: kaio.constexpr, ROT: kaio.constexpr, FINISH: kaio.constexpr,
+    ROT: kaio.constexpr, FINISH: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -716,9 +680,7 @@ def attention_bwd_fused_ordered(
     either way a block may wait for a later one of its head (all of them must fit on the
     GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT`` or causal: ``finishes``):
     the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
-    after the kernel; ``ITEMS`` > 1: each block runs ``items`` (the same number, a runtime
-    value so that the loop is not unrolled) work items of the ``nkvh`` K/V heads' key blocks
-    in turn (``work_item``; a 1-d grid); ``NDS``:
+    after the kernel; ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
     ``lse_log2(lse)``, ``zero_acc_sem_l2``)."""
@@ -740,13 +702,11 @@ def attention_bwd_fused_ordered(
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
     nkb = (sk + BK - 1) // BK
-    blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())  # (ITEMS: 1-d grid)
+    blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())
 
     t, wg, lt = thread_roles(WG)
     if t == 0:
         init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
-        if ITEMS > 1:  # K and V free (the next item's may land): an arrival a consumer warp
-            kaio.mbarrier_init(turn, 1, 4 * WG)
         for j in kaio.static_range(NW - 3 if NW > 3 else 0):  # writers 3 .. NW - 1's "full"
             kaio.mbarrier_init(bars, (1, STAGES + NBUF * WG + 2 + j), 4 * WG)
         if SCHED >= 2:  # the dS^T buffers' "free" (free_buffer), resp. NDS 3's "full"
@@ -754,33 +714,20 @@ def attention_bwd_fused_ordered(
                 kaio.mbarrier_init(bars, (0, STAGES + b), 4 * WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
-    st, ph, pb, hph, wph, fb, handed = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
-    g0 = i32(0)  # the tiles of the block's items before
-    ok0, x0, kvh0, fh0, f0, nt0, s0 = work_item(blk, 0, nkb, nkvh, hg, ROT, heads, group, sq,
-                                                causal, items, BM, BK)  # fmt: skip
+    x, kvh, first_head, first, n_tiles, start = work_item(blk, nkb, nkvh, hg, ROT, heads, group,
+                                                          sq, causal, BM, BK)  # fmt: skip
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         if SCHED:
-            for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
-                ok, x, kvh, first_head, first, n_tiles, start = block_item(
-                    it, ok0, x0, kvh0, fh0, f0, nt0, s0, blk, nkb, nkvh, hg, ROT, heads, group,
-                    sq, causal, items, BM, BK, ITEMS,
-                )  # fmt: skip
-                if ok != 0:
-                    st, ph, pb, hph, wph, fb, handed = consume_late(
-                        k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
-                        dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start, x,
-                        nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES,
-                        TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT, FINISH,
-                        ITEMS, it, g0, st, ph, pb, hph, wph, fb, handed,
-                    )  # fmt: skip
-                    g0 += group * kaio.max(n_tiles - first, 0)
+            consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
+                         dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start, x,
+                         nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES,
+                         TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT,
+                         FINISH)  # fmt: skip
         else:
-            ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
-            k0 = x * BK
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
-                         dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
+                         dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, x * BK, sq, sk,
                          causal, scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ,
                          LATE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads, warps 1 to 3 add dQ
@@ -788,32 +735,14 @@ def attention_bwd_fused_ordered(
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         w = i32(lt // 32) - 1 + 3 * i32(lt % 32 // 16)  # (writers 3-5: lane 16 of warps 1-3)
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
-            for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
-                ok, x, kvh, first_head, first, n_tiles, start = block_item(
-                    it, ok0, x0, kvh0, fh0, f0, nt0, s0, blk, nkb, nkvh, hg, ROT, heads, group,
-                    sq, causal, items, BM, BK, ITEMS,
-                )  # fmt: skip
-                if ok != 0:
-                    ph = write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first,
-                                      n_tiles, sq, x, nkb, causal, start,
-                                      STAGES + NBUF * WG, D, BM, BK, ORDER, NW, ROT, FINISH, g0,
-                                      ph)  # fmt: skip
-                    g0 += group * kaio.max(n_tiles - first, 0)
+            write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first, n_tiles, sq, x,
+                         nkb, causal, start, STAGES + NBUF * WG, D, BM, BK, ORDER, NW, ROT,
+                         FINISH)  # fmt: skip
         elif lt == 0:
-            for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
-                ok, x, kvh, first_head, first, n_tiles, start = block_item(
-                    it, ok0, x0, kvh0, fh0, f0, nt0, s0, blk, nkb, nkvh, hg, ROT, heads, group,
-                    sq, causal, items, BM, BK, ITEMS,
-                )  # fmt: skip
-                if ok != 0:
-                    kv = -1 if it == 0 else (it - 1) % 2  # (K and V again: once free)
-                    st, ph = produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl,
-                                     td, kvh * sk + x * BK, first_head * sq, sq, group, first,
-                                     n_tiles, D, BK, BM, STAGES, TSTATS, DT, WRAP=ROT, start=start,
-                                     st=st, ph=ph, ring0=g0, kv_ph=kv)  # fmt: skip
-                    g0 += group * kaio.max(n_tiles - first, 0)
+            produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
+                    kvh * sk + x * BK, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
+                    STAGES, TSTATS, DT, WRAP=ROT, start=start)  # fmt: skip
         elif lt >= 32 and EARLY < 3:
-            ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
                              sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
                              EARLY)  # fmt: skip
@@ -885,14 +814,6 @@ HG = {64: (16, 1), 128: (4, 1)}
 ROT = {64: (False, False), 128: (True, False)}
 FINISH = {64: (False, False), 128: (True, True)}
 
-# Work items a block (``ITEMS``: (key block, K/V head) pairs, consecutive in the launch
-# order, run one after the other with the ring of Q and dO going on, K and V loaded again
-# once the last item's products are done) by head dim and mask. H100, f16 B16 H16 S1024
-# D 64, TFLOP/s in the same runs: two items with ROT and FINISH 237 against their 249 with
-# one (main 226); causal, two items 116 against main's 120 (K and V loaded again at each
-# item cost as much as a new block): one.
-ITEMS = {64: (1, 1), 128: (1, 1)}
-
 # The dS^T buffers of SCHED 4 (``NDS``) by head dim (D 128: three do not fit beside three
 # ring stages): H200, f16 B4 H16 S4096, D 64 with HG 4, NDS 3 against 2: 360 against 334,
 # causal 295 against 282.
@@ -916,7 +837,6 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c["HG"] = HG[d][bool(causal)]
     c["ROT"] = ROT[d][bool(causal)]
     c["FINISH"] = FINISH[d][bool(causal)]
-    c["ITEMS"] = ITEMS[d][bool(causal)]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     return {**c, "STAGES": fit_stages(d, c)}
 
@@ -1010,8 +930,6 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         )
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
-    if c["ITEMS"] < 1 or c["ITEMS"] > 1 and c["EARLY"] != 3:
-        raise ValueError(f"_attention_hopper_bwd_fused.launch: ITEMS 1, or more with EARLY 3: {c}")
     stream, dq, dk, dv, rows_q, rows_kv = launch_outputs(qa, ka, da, d)
     n_tiles = -(-sq // c["BM"])  # the semaphores' (dq_acc: whole tiles of 64 rows)
     acc_size = bh * -(-sq // 64) * 64 * d
@@ -1032,18 +950,18 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     stats = stats_maps(la, delta, rows_q, c["BM"])
     bk = 64 * c["WG"]
     smem = smem_bytes(d, c)
-    nkb, items = -(-sk // bk), c["ITEMS"]
+    nkb = -(-sk // bk)
     rot = rotated(c, nkb, _arrays.multiprocessors(qa))
     finish = finishes(c, rot, causal)
-    hg = items if rot else c["HG"]  # (rotated walks: a head's key blocks side by side)
-    grid = (nkb, bh // group) if items == 1 else (-(-nkb * bh // group // items), 1)
+    hg = 1 if rot else c["HG"]  # (rotated walks: a head's key blocks side by side)
+    grid = (nkb, bh // group)
     dq_out = _arrays.output_arg(da, dq, (qa.size,))
     attention_bwd_fused_ordered[grid, 128 * c["WG"] + 128, stream, smem](
         tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c["BM"]),
         tmap(da, rows_q, c["BM"]), *stats, la.arg(rows_q), delta,
         _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
         dq_acc, sem, dq_out, sq, sk, heads, group, bh // group, math.log2(math.e) * scale, scale,
-        int(causal), hg, items, D=d, DT=qa.dtype, **{**constexprs(c), "ROT": int(rot),
+        int(causal), hg, D=d, DT=qa.dtype, **{**constexprs(c), "ROT": int(rot),
                                                       "FINISH": int(finish)},
     )  # fmt: skip
     if not finish:  # (else the last turn on each tile stored its dQ)

@@ -65,12 +65,9 @@ def poisoned_outputs(monkeypatch):
         (1, 2, 1, 256, 384, 64, np.float16, True, 4, 3, {"FINISH": True}),
         # the same at D 128 with a partial query tile, Sq < Sk
         (1, 2, 1, 200, 256, 128, np.float16, True, 4, 3, {"FINISH": True}),
-        # two work items a block (ITEMS): key block x of two K/V heads (HG 2), three key
-        # blocks (the last partial), five heads: the last block has one item
-        (5, 1, 1, 128, 320, 64, np.float16, False, 4, 3, {"ITEMS": 2, "HG": 2, "NDS": 3}),
-        # D 128 (two dS^T buffers and their "free" waits across the items), causal, two
-        # key blocks of a head a block (HG 1), the second of them seeing no query (Sq < Sk)
-        (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {"ITEMS": 2}),
+        # D 128's defaults with the mask (two dS^T buffers and their "free" waits, FINISH),
+        # three heads of one K/V head, the second key block seeing no query (Sq < Sk)
+        (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {}),
     ],
 )
 def test_ordered_backward_in_simulator(
@@ -223,16 +220,16 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
     [(128, True, 2, {}), (128, False, 4, {}), (64, True, 4, {}), (64, False, 3, {}),
      (64, False, 3, {"ROT": True}), (64, True, 4, {"ROT": True}),
      (64, False, 3, {"ROT": True, "FINISH": True}),
-     (128, False, 4, {"ROT": True, "FINISH": True}), (64, False, 3, {"ITEMS": 2}),
-     (128, True, 2, {"ITEMS": 2, "ROT": True}), (64, True, 4, {"FINISH": True}),
+     (128, False, 4, {"ROT": True, "FINISH": True}), (128, True, 2, {"ROT": True}),
+     (64, True, 4, {"FINISH": True}),
      (128, True, 2, {"FINISH": True})],
 )  # fmt: skip
 def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over):
     """Against float64 autograd (grouped-query heads, Sq < Sk, a partial query tile) and
     the same bits on three runs, at a size with many key blocks a query tile (three K/V
     heads: six blocks' heads, a partial group of ``HG``); ``over``: with ``ROT`` (rotated
-    walks, resp. the longest causal walks launched first), ``FINISH`` (with rotated walks,
-    or causal) and ``ITEMS``."""
+    walks, resp. the longest causal walks launched first) and ``FINISH`` (with rotated
+    walks, or causal)."""
     import torch
 
     from tests.test_ops_attention import _rel_t, _sdpa64
