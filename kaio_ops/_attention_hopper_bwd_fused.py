@@ -41,9 +41,8 @@ nkb and wraps around, and the turns on an item follow the order the walks reach 
 (``turn_rank``), so that a head's key blocks, launched side by side, add to different
 tiles at any time instead of queueing on the same ones; causal, the key blocks are
 launched in increasing order (the longest walks first, the shortest last: a shorter tail).
-With rotated walks or the mask, ``FINISH`` gives each tile's last turn the tile's dQ
-(``finish_dq``: the others' sum read once the semaphore says they are in, its own added,
-rounded and stored; causal, key block 0 has the last turn on every tile).
+With rotated walks, ``FINISH`` gives each tile's last turn the tile's dQ (``finish_dq``: the
+others' sum read once the semaphore says they are in, its own added, rounded and stored).
 
 The simulator runs a kernel with ``wait_eq`` one block at a time in linear order: every
 wait is met at once there, and an order that needs a later block is reported.
@@ -296,10 +295,10 @@ def consume_late(
             release(bars, ps, lt)
             if SCHED == 1:
                 fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
-                                   causal, c0, lt, FINISH, ROT, D, BM, BK, NQ)  # fmt: skip
+                                   c0, lt, FINISH, D, BM, BK, NQ)  # fmt: skip
                 wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                                     n_tiles, nkb, causal, _i > 1, c0, lane, lt, handed, wph,
-                                     fb, scale, FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
+                                     n_tiles, nkb, _i > 1, c0, lane, lt, handed, wph, fb,
+                                     scale, FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
@@ -308,22 +307,22 @@ def consume_late(
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
                 fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
-                                   causal, c0, lt, FINISH, ROT, D, BM, BK, NQ)  # fmt: skip
+                                   c0, lt, FINISH, D, BM, BK, NQ)  # fmt: skip
                 wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                                     n_tiles, nkb, causal, _i > 1, c0, lane, lt, handed, wph,
-                                     fb, scale, FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
+                                     n_tiles, nkb, _i > 1, c0, lane, lt, handed, wph, fb,
+                                     scale, FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
                 fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
-                                   causal, c0, lt, FINISH, ROT, D, BM, BK, NQ)  # fmt: skip
+                                   c0, lt, FINISH, D, BM, BK, NQ)  # fmt: skip
                 kaio.wgmma_wait(0)
                 if NDS == 2:
                     free_buffer(bars, STAGES + qb, lt)
                 wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                                     n_tiles, nkb, causal, _i > 1, c0, lane, lt, handed, wph,
-                                     fb, scale, FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
+                                     n_tiles, nkb, _i > 1, c0, lane, lt, handed, wph, fb,
+                                     scale, FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             ps = st
             pt, pat0 = t, at0
@@ -337,13 +336,13 @@ def consume_late(
         last = 1 if SCHED < 4 else 6  # (1: P^T from pt_s; 6: from p; both with dQ)
         issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                         last, DT)  # fmt: skip
-        fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles, causal,
-                           c0, lt, FINISH, ROT, D, BM, BK, NQ)  # fmt: skip
+        fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles, c0,
+                           lt, FINISH, D, BM, BK, NQ)  # fmt: skip
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
         wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                             n_tiles, nkb, causal, total > 1, c0, lane, lt, handed, wph, fb,
-                             scale, FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
+                             n_tiles, nkb, total > 1, c0, lane, lt, handed, wph, fb, scale,
+                             FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
         fb = next_writer(fb, NW)
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
@@ -431,33 +430,21 @@ def give_dq(
 
 
 @kaio.gpu_func
-def tile_turns(t: i32, nkb: i32, causal: i32, BM: kaio.constexpr, BK: kaio.constexpr) -> i32:
-    """The key blocks that add to query tile t: causal, those up to the last that sees it;
-    else all ``nkb``."""
-    n = nkb
-    if causal != 0:
-        n = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) + 1
-    return n
-
-
-@kaio.gpu_func
-def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, causal: i32,
-              ROT: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr) -> i32:  # fmt: skip
-    """Whether key block x finishes query tile t, item ``item`` of its walk (``FINISH``): its
-    turn there (``turn_rank``) is the last (``tile_turns``): with rotated walks (``ROT``, not
-    causal) the last to reach the tile, causal key block 0 on every tile."""
-    rank = turn_rank(x, nkb, t, item, total, causal, ROT, BM, BK)
-    return i32(rank == tile_turns(t, nkb, causal, BM, BK) - 1)
+def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, BM: kaio.constexpr,
+              BK: kaio.constexpr) -> i32:  # fmt: skip
+    """Whether key block x finishes the tile of item ``item`` of its rotated walk (tile t;
+    ``FINISH``, not causal: every key block adds to every tile): its turn there is the
+    last."""
+    return i32(turn_rank(x, nkb, t, item, total, 0, 1, BM, BK) == nkb - 1)
 
 
 @kaio.gpu_func
 def out_dq(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], dq: DT[:], dqa: f32[:, :],
     dqo: f32[:, :], fin: i32, t: i32, at0: i32, q: i32, sq: i32, n_tiles: i32, nkb: i32,
-    causal: i32, after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32,
-    scale: f32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
-    BK: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr, DT: kaio.constexpr,
-    FINISH: kaio.constexpr,
+    after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32, scale: f32,
+    FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, NQ: kaio.constexpr,
+    TWO: kaio.constexpr, DT: kaio.constexpr, FINISH: kaio.constexpr,
 ) -> tuple[u32, i32]:  # fmt: skip
     """Query tile t's dQ share (head at row at0; this thread's rows q, q + 8 of it) out of
     dqa: with ``FINISH``, where this key block has the tile's last turn (``fin``:
@@ -466,8 +453,7 @@ def out_dq(
     without, to the writers (``after`` a first tile). Returns (the dq_s parity, handed)."""
     if FINISH:
         if fin != 0:
-            before = tile_turns(t, nkb, causal, BM, BK) - 1
-            finish_dq(dq, dqa, dqo, dq_acc, t, at0, t * BM + q, sq, n_tiles, before, c0, lane,
+            finish_dq(dq, dqa, dqo, dq_acc, t, at0, t * BM + q, sq, n_tiles, nkb - 1, c0, lane,
                       lt, scale, D, BM, NQ, DT)  # fmt: skip
         else:
             wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, handed != 0, wph, fb, FULL,
@@ -482,9 +468,8 @@ def out_dq(
 @kaio.gpu_func
 def fetch_others(
     dqo: f32[:, :], dq_acc: f32[:], sem: i32[:], x: i32, nkb: i32, t: i32, at0: i32,
-    item: i32, total: i32, sq: i32, n_tiles: i32, causal: i32, c0: i32, lt: u32,
-    FINISH: kaio.constexpr, ROT: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
-    BK: kaio.constexpr, NQ: kaio.constexpr,
+    item: i32, total: i32, sq: i32, n_tiles: i32, c0: i32, lt: u32, FINISH: kaio.constexpr,
+    D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr, NQ: kaio.constexpr,
 ) -> i32:  # fmt: skip
     """``FINISH``: whether key block x finishes query tile t (head at row at0, item ``item``
     of its walk: ``last_turn``), and then the wait until the turns before its own have
@@ -493,9 +478,9 @@ def fetch_others(
     registers beside the product's spill: ``finish_dq`` reads it). Else 0."""
     fin = i32(0)
     if FINISH:
-        fin = last_turn(x, nkb, t, item, total, causal, ROT, BM, BK)
+        fin = last_turn(x, nkb, t, item, total, BM, BK)
         if fin != 0:
-            before = tile_turns(t, nkb, causal, BM, BK) - 1
+            before = nkb - 1
             if before > 0:
                 kaio.wait_eq(sem, at0 // sq * n_tiles + t, before)
             if D == 64:
@@ -576,7 +561,7 @@ def write_dq_two(
     for _i in range(total):
         mine = _i % NW == w
         if FINISH:  # (the tiles this key block finishes: the consumers')
-            mine = mine and last_turn(x, nkb, t, item, total, causal, ROT, BM, BK) == 0
+            mine = mine and last_turn(x, nkb, t, item, total, BM, BK) == 0
         if mine:
             tile = at0 // sq * n_tiles + t
             rank = turn_rank(x, nkb, t, item, total, causal, ROT, BM, BK)
@@ -678,7 +663,7 @@ def attention_bwd_fused_ordered(
     (``rotated``; ``hg`` 1): not causal, key block x's walk begins at item x W / nkb of its
     W; causal, the key blocks launched in increasing order (the longest walks first);
     either way a block may wait for a later one of its head (all of them must fit on the
-    GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT`` or causal: ``finishes``):
+    GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
     the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
     after the kernel; ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
@@ -803,16 +788,14 @@ HG = {64: (16, 1), 128: (4, 1)}
 
 # Whether the key blocks of a head may wait for later ones (``ROT``; not causal, rotated
 # walks; causal, the longest walks launched first) by head dim and mask, where they all fit
-# on the GPU at once (``rotated``), and whether the last turn on each tile stores dQ
-# (``FINISH``, with rotated walks or causal: ``finishes``). H100, B16 H16 S1024, TFLOP/s,
-# each against main's kernel in the same run: D 128 with both 344 and 355 against 311 and
-# 314 (f16; SDPA flash 211, 212), bf16 348 against 311; f16 B4 S4096 514 against 513; D 64
-# 249 / 238 / 236 / 259 against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone)
-# 114 / 173 against 120 / 171. Causal FINISH (key block 0 finishes every tile), H100, f16
-# B16 H16 S1024 (2026-11-27, round B): D 128 239 against 230 without (SDPA flash 154); D 64
-# 132 against 132.
+# on the GPU at once (``rotated``), and whether then (not causal) the last turn on each tile
+# stores dQ (``FINISH``; ``finishes``). H100, B16 H16 S1024, TFLOP/s, each against main's
+# kernel in the same run: D 128 with both 344 and 355 against 311 and 314 (f16; SDPA flash
+# 211, 212), bf16 348 against 311; f16 B4 S4096 514 against 513; D 64 249 / 238 / 236 / 259
+# against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone) 114 / 173 against
+# 120 / 171.
 ROT = {64: (False, False), 128: (True, False)}
-FINISH = {64: (False, False), 128: (True, True)}
+FINISH = {64: False, 128: True}
 
 # The dS^T buffers of SCHED 4 (``NDS``) by head dim (D 128: three do not fit beside three
 # ring stages): H200, f16 B4 H16 S4096, D 64 with HG 4, NDS 3 against 2: 360 against 334,
@@ -836,7 +819,7 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c.update(SPLIT=on, L2=on, PFIRST=on)
     c["HG"] = HG[d][bool(causal)]
     c["ROT"] = ROT[d][bool(causal)]
-    c["FINISH"] = FINISH[d][bool(causal)]
+    c["FINISH"] = FINISH[d]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     return {**c, "STAGES": fit_stages(d, c)}
 
@@ -866,11 +849,10 @@ def rotated(c: dict, nkb: int, sms: int) -> bool:
 
 def finishes(c: dict, rot: bool, causal: bool) -> bool:
     """Whether the kernel runs with ``finish`` (``FINISH`` in the configuration ``c``): with
-    the fixed order (``ORDER`` 1) and the two writers (``EARLY`` 3), and with ``rot``
-    (``rotated``: each key block finishes the tiles its walk reaches last) or causal (key
-    block 0, the last turn on every tile, finishes them all); not the unmasked order
-    without rotation, whose last key block would finish every tile."""
-    return bool(c.get("FINISH")) and (rot or causal) and c["ORDER"] == 1 and c["EARLY"] == 3
+    ``rot`` (``rotated``), not causal (its last turns are key block 0's on every tile: H100,
+    f16 B16 H16 S1024 D 128, that order finishing them ran 239 and 246 TFLOP/s against 230
+    and 255 without, B4 S4096 443 against 459) and the fixed order (``ORDER`` 1)."""
+    return bool(c.get("FINISH")) and rot and not causal and c["ORDER"] == 1
 
 
 def fit_stages(d: int, c: dict) -> int:
