@@ -782,8 +782,8 @@ SCHED = {64: (4, 4), 128: (4, 4)}
 # 477 / 531, B4 S4096 410 / 416 against 421 / 412, B16 S1024 alike; D 64 B1 S16384 338 / 350
 # against 352 / 366, S4096 and S1024 alike: causal blocks finish at different times, so
 # spreading a head's key blocks apart only delays the turns. H100, f16 B16 H16 S1024 D 64
-# (2026-11-27, round B): HG 16 243 against 8's 237 (SDPA flash 186); earlier at B4 S4096 HG
-# 16 403 / 348 against 4's 402 / 348.
+# (2026-11-27, two rounds): HG 16 243 and 246 against 8's 237 and 241 (SDPA flash 186, 194);
+# earlier at B4 S4096 HG 16 403 / 348 against 4's 402 / 348.
 HG = {64: (16, 1), 128: (4, 1)}
 
 # Whether the key blocks of a head may wait for later ones (``ROT``; not causal, rotated
