@@ -20,8 +20,10 @@ the others' results):
   sequence lengths (docs/performance.md's table).
 - ``ab``: interleaved A/B of variants (another commit's module from a file among them) and
   SDPA flash, each case's variants timed in turn (``--spec``; default ``AB_SPEC``).
+- ``kernels``: where a call's GPU time goes: each kernel's time a call (torch's profiler)
+  for ``--spec``'s variants, SDPA flash's included.
 
-Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table,repeat,ab}
+Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table,repeat,ab,kernels}
 [--out FILE.json]``.
 """
 
@@ -84,7 +86,8 @@ def runner(kind: str, d: int, over: dict):
     from kaio_ops import _attention_hopper_bwd as hb
     from kaio_ops import attention
 
-    raw = attention.flash_attention_bwd.__wrapped__
+    raw = (_load(over["attention"]) if "attention" in over else attention).flash_attention_bwd
+    raw = raw.__wrapped__  # (unplanned; "attention": another commit's kaio_ops.attention)
     base, launch = hb.config, hb.launch
 
     fixed = over.get("deterministic", False)
@@ -149,7 +152,9 @@ def forward_sdpa(q, k, v, causal):
 
 def load_spec(path):
     """``--spec``'s cases: a JSON list of {dtype, d, b, h, hkv, s, causal: [bools], variants:
-    {label: overrides ("mma.sync": the old kernels)}}; None without a path."""
+    {label: overrides ("mma.sync": the old kernels; "module", "attention": the files of
+    another commit's ordered-kernel module and ``kaio_ops.attention``)}}; None without a
+    path."""
     if not path:
         return None
     with open(path) as f:
@@ -369,17 +374,26 @@ AB_SPEC = [
 ]  # fmt: skip
 
 
-def _module_swapped(run, path):
-    """``run`` with ``kaio_ops._attention_hopper_bwd_fused`` replaced by the module in file
-    ``path`` (another commit's copy, for an A/B of the two in one process)."""
-    import importlib
+@functools.cache
+def _load(path):
+    """The module in file ``path`` (another commit's copy of a kaio_ops module), loaded once
+    under a name of its own."""
     import importlib.util
-
-    import kaio_ops
 
     spec = importlib.util.spec_from_file_location(f"ab_{abs(hash(path))}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def _module_swapped(run, path):
+    """``run`` with ``kaio_ops._attention_hopper_bwd_fused`` replaced by the module in file
+    ``path`` (another commit's copy, for an A/B of the two in one process)."""
+    import importlib
+
+    import kaio_ops
+
+    mod = _load(path)
     name = "kaio_ops._attention_hopper_bwd_fused"
 
     def swapped(*a):
@@ -404,7 +418,6 @@ def ab(out_path, spec) -> None:
     import torch
 
     import kaio_ops  # noqa: F401  (the fused module's package, for _module_swapped)
-    from bench.attention_hopper import sdpa_flash
 
     rounds, reps = int(os.environ.get("ROUNDS", "5")), int(os.environ.get("REPS", "4"))
     spec = spec or AB_SPEC
@@ -413,23 +426,10 @@ def ab(out_path, spec) -> None:
     name = torch.cuda.get_device_name()
     for c in spec:
         b, h, hkv, s, d, dtype = c["b"], c["h"], c["hkv"], c["s"], c["d"], c["dtype"]
-        q, k, v, do = tensors(b, h, hkv, s, s, d, dtype)
+        inputs = tensors(b, h, hkv, s, s, d, dtype)
         for causal in c.get("causal", [False, True]):
             flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-            o, lse = forward_sdpa(q, k, v, causal)
-            fns = {}
-            for lab in c["variants"]:
-                if lab == "sdpa flash":
-                    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-                    out = sdpa_flash(*leaves, causal)
-                    fns[lab] = functools.partial(torch.autograd.grad, out, leaves, do,
-                                                 retain_graph=True)  # fmt: skip
-                    continue
-                kind, over = by[(lab, dtype, d)]
-                run = runner(kind, d, {x: y for x, y in over.items() if x != "module"})
-                if "module" in over:
-                    run = _module_swapped(run, over["module"])
-                fns[lab] = functools.partial(run, do, q, k, v, o, lse, causal)
+            fns = _variant_calls(c, causal, by, inputs)
             times = {lab: [] for lab in fns}
             first, diff = None, {}
             for lab, fn in list(fns.items()):
@@ -462,19 +462,87 @@ def ab(out_path, spec) -> None:
         )
 
 
+def _variant_calls(c: dict, causal: bool, by: dict, tensors_: tuple) -> dict:
+    """{label: a call of that variant of ``--spec``'s case c} on the inputs ``tensors_``
+    (q, k, v, do; o and lse from ``forward_sdpa``); "sdpa flash": SDPA's flash backward."""
+    import torch
+
+    from bench.attention_hopper import sdpa_flash
+
+    q, k, v, do = tensors_
+    o, lse = forward_sdpa(q, k, v, causal)
+    fns = {}
+    for lab in c["variants"]:
+        if lab == "sdpa flash":
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            out = sdpa_flash(*leaves, causal)
+            fns[lab] = functools.partial(torch.autograd.grad, out, leaves, do, retain_graph=True)
+            continue
+        kind, over = by[(lab, c["dtype"], c["d"])]
+        run = runner(kind, c["d"], {x: y for x, y in over.items() if x != "module"})
+        if "module" in over:
+            run = _module_swapped(run, over["module"])
+        fns[lab] = functools.partial(run, do, q, k, v, o, lse, causal)
+    return fns
+
+
+def kernels(out_path, spec) -> None:
+    """Each kernel's GPU time a call (µs; torch's profiler over ``CALLS`` calls, default 5,
+    after two) for every variant of ``spec``'s cases: where the time goes (the
+    preprocessing, the zeroing, the main kernel, the dQ conversion)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    calls = int(os.environ.get("CALLS", "5"))
+    by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants(spec)}
+    rows = []
+    for c in spec:
+        b, h, hkv, s, d, dtype = c["b"], c["h"], c["hkv"], c["s"], c["d"], c["dtype"]
+        inputs = tensors(b, h, hkv, s, s, d, dtype)
+        for causal in c.get("causal", [False, True]):
+            for lab, fn in _variant_calls(c, causal, by, inputs).items():
+                for _ in range(2):
+                    fn()
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(calls):
+                        fn()
+                    torch.cuda.synchronize()
+                us = {}
+                for a in prof.key_averages():
+                    t = getattr(a, "device_time_total", getattr(a, "cuda_time_total", 0))
+                    if t and not a.key.startswith(("cuda", "cuLaunch")):
+                        us[a.key] = round(t / calls, 1)
+                emit(rows, dict(variant=lab, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s,
+                                causal=causal, total_us=round(sum(us.values()), 1),
+                                kernels_us=us))  # fmt: skip
+    save(rows, out_path)
+    for r in rows:
+        cells = ", ".join(f"{k[:32]} {v:.0f}" for k, v in sorted(r["kernels_us"].items(),
+                                                                key=lambda x: -x[1]))  # fmt: skip
+        print(
+            f"{r['variant']} {r['dtype']} D{r['d']} B{r['b']} S{r['s']}"
+            f"{' causal' if r['causal'] else ''}: {r['total_us']:.0f} us = {cells}"
+        )
+
+
 def one() -> None:
-    """One call of the default kernels, f16 B1 H16 S4096 D128 (for Nsight Compute; ``ONE``:
+    """One call of the default kernels, f16 H16 D128, B1 S4096 (for Nsight Compute; ``ONE``:
     the name of another variant of ``NEW``; ``ONE_D``: the head dim; ``ONE_OVER``: JSON
-    overrides of the ordered kernel's configuration, with ``ONE`` "ordered")."""
+    overrides of the ordered kernel's configuration, with ``ONE`` "ordered"; ``ONE_B``,
+    ``ONE_S``: the batch and sequence length; ``ONE_CAUSAL`` 1: the mask; o and lse from
+    torch's flash forward)."""
     import torch
 
     d = int(os.environ.get("ONE_D", "128"))
+    b, s = int(os.environ.get("ONE_B", "1")), int(os.environ.get("ONE_S", "4096"))
+    causal = os.environ.get("ONE_CAUSAL") == "1"
     over = NEW[os.environ.get("ONE", "wgmma")]
     if "ONE_OVER" in os.environ:
         over = {**over, "ordered": json.loads(os.environ["ONE_OVER"])}
-    q, k, v, do = tensors(1, 16, 16, 4096, 4096, d, "float16")
-    o, lse = forward(q, k, v, False)
-    runner("new", d, over)(do, q, k, v, o, lse, False)
+    q, k, v, do = tensors(b, 16, 16, s, s, d, "float16")
+    o, lse = forward_sdpa(q, k, v, causal)
+    runner("new", d, over)(do, q, k, v, o, lse, causal)
     torch.cuda.synchronize()
 
 
@@ -611,7 +679,8 @@ def _json_lines(path):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument(
-        "step", choices=("warm", "check", "time", "tiny", "one", "table", "repeat", "ab")
+        "step",
+        choices=("warm", "check", "time", "tiny", "one", "table", "repeat", "ab", "kernels"),
     )
     p.add_argument("--out")
     p.add_argument("--jobs", type=int, default=8)
@@ -648,6 +717,8 @@ def main() -> None:
         repeat(args.out, load_spec(args.spec))
     elif args.step == "ab":
         ab(args.out, load_spec(args.spec))
+    elif args.step == "kernels":
+        kernels(args.out, load_spec(args.spec))
     elif args.step == "one":
         one()
     elif args.step == "table":

@@ -93,9 +93,8 @@ def produce(
     first: i32, n_tiles: i32, D: kaio.constexpr, ONCE: kaio.constexpr, R: kaio.constexpr,
     STAGES: kaio.constexpr, STATS: kaio.constexpr, DT: kaio.constexpr,
     COLS: kaio.constexpr = 0, once_col: i32 = 0, ring_col: i32 = 0, stat_at: i32 = 0,
-    stat_stride: i32 = 0, WRAP: kaio.constexpr = 0, start: i32 = 0, st: i32 = 0, ph: u32 = 0,
-    ring0: i32 = 0, kv_ph: i32 = -1,
-) -> tuple[i32, u32]:  # fmt: skip
+    stat_stride: i32 = 0, WRAP: kaio.constexpr = 0, start: i32 = 0,
+):  # fmt: skip
     """The producer's copies: ``ONCE`` rows of ``ta``, ``tb`` from ``once_row`` into a_s,
     b_s (once, on ``turn[0]``), then for each head j < heads_n and tile t in first ..
     n_tiles the ``R`` rows from ``ring_row + j * head_stride + t * R`` of ``tx``, ``ty``
@@ -107,15 +106,9 @@ def produce(
     ``once_col``, head j's ring tiles those from ``ring_col + j * D``, and the stats of a
     row r of head j are at ``r + stat_at + j * stat_stride`` (0: columns from 0, stats at
     the rows). ``WRAP`` 1 (``COLS`` 0): the walk over (head, tile) begins at its item
-    ``start`` and wraps around past the last head (``walk_start``, ``next_tile_wrapped``).
-    Several walks in turn (a block of several work items): the ring's next stage ``st`` of
-    parity ``ph`` after ``ring0`` tiles, and with ``kv_ph`` >= 0 the tiles loaded once are
-    loaded again once ``turn[1]`` (the consumers' last reads of them) completed phase
-    ``kv_ph``. Returns the ring's next stage and parity."""
+    ``start`` and wraps around past the last head (``walk_start``, ``next_tile_wrapped``)."""
     C = D // 64
     STATS_ONCE = 2 * ONCE * 4 if STATS == 2 else 0
-    if kv_ph >= 0:
-        kaio.mbarrier_wait(turn, 1, u32(kv_ph))
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * ONCE * D * 2 + STATS_ONCE))
     for c in kaio.static_range(C):
         kaio.tma_load_2d(a_s, (c, 0, 0), ta, once_row, once_col + c * 64, turn, 0)
@@ -130,6 +123,7 @@ def produce(
         t, row0 = walk_start(start, first, n_tiles, ring_row, head_stride)
     col = i32(ring_col)  # COLS: head j's first column, its stats' offset
     sat = i32(stat_at)
+    st, ph = i32(0), u32(0)  # the ring's next stage and its parity
     for i in range(heads_n * kaio.max(n_tiles - first, 0)):
         row = row0 + t * R
         at = sat
@@ -143,7 +137,7 @@ def produce(
             if COLS:
                 col += D
                 sat += stat_stride
-        if i + ring0 >= STAGES:  # stage st held tile i - STAGES: wait until it is free
+        if i >= STAGES:  # stage st held tile i - STAGES: wait until it is free
             kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
         kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(2 * R * D * 2 + STATS_RING))
         for c in kaio.static_range(C):
@@ -161,7 +155,6 @@ def produce(
                 kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (0, st))
                 kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
         st, ph = next_stage(st, ph, STAGES)
-    return st, ph
 
 
 @kaio.gpu_func

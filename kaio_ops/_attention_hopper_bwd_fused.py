@@ -7,7 +7,8 @@ contribution to an f32 buffer in a FIXED order, so that dQ has the same bits eve
 A block owns ``64 * WG`` keys (key block ``x``) of one K/V head and walks the query tiles of
 its group's heads; for each tile its consumers store the tile's dQ share (64 x D f32, in
 fragment order) to shared memory and the dQ writer (the producer warpgroup's second warp)
-adds it to the tile's 64 D floats of ``dq_acc`` with one ``bulk_reduce_add``. The writer
+adds it to the tile's 64 D floats of ``dq_acc`` with one ``bulk_reduce_add`` (the tile's
+first share: one ``bulk_store``, so that ``dq_acc`` needs no zeros before). The writer
 first waits (``kaio.wait_eq``, acquire loads) until the tile's semaphore (``sem``: an i32
 per (head, query tile), zeroed before the kernel) equals this block's rank among the tile's
 contributors, waits for its reduction to complete (``bulk_wait``), then releases the next
@@ -41,8 +42,7 @@ nkb and wraps around, and the turns on an item follow the order the walks reach 
 tiles at any time instead of queueing on the same ones; causal, the key blocks are
 launched in increasing order (the longest walks first, the shortest last: a shorter tail).
 With rotated walks, ``FINISH`` gives each tile's last turn the tile's dQ (``finish_dq``: the
-others' sum read once the semaphore says they are in, its own added, rounded and stored),
-and ``ITEMS`` runs several work items a block (measured slower: off).
+others' sum read once the semaphore says they are in, its own added, rounded and stored).
 
 The simulator runs a kernel with ``wait_eq`` one block at a time in linear order: every
 wait is met at once there, and an order that needs a later block is reported.
@@ -216,10 +216,8 @@ def consume_late(
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
     TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
     SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0, PFIRST: kaio.constexpr = 0,
-    ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0, ITEMS: kaio.constexpr = 1, it: i32 = 0,
-    g0: i32 = 0, st: i32 = 0, ph: u32 = 0, pb: i32 = 0, hph: u32 = 0, wph: u32 = 0, fb: i32 = 0,
-    handed: i32 = 0,
-) -> tuple[i32, u32, i32, u32, u32, i32, i32]:  # fmt: skip
+    ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0,
+):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
     three from shared memory (``pt_s``: dS^T in buffers 0 and 1, P^T in 2 and 3, by tile
@@ -244,16 +242,12 @@ def consume_late(
     ``L2``: ``grads_t``'s; ``PFIRST``: P^T computed once S^T is done, dS^T once dP^T is
     (``grads_t``'s ``WAIT``). The walk over the tiles begins at its item ``start``
     (``ROT``: ``walk_start``, ``rotated``); ``FINISH``: a tile's dQ where this key block has
-    its last turn goes to dq (``out_dq``). Then dK, dV stored. Work item ``it`` of the block
-    (``ITEMS``), after ``g0`` tiles of the others: the ring's next stage ``st`` (parity
-    ``ph``), the last tile's dS^T buffer ``pb`` (``hph``), the dq_s parity ``wph``, the next
-    writer ``fb`` and whether a tile was ``handed`` to the writers, all returned for the
-    next item; K and V land on ``turn[0]`` (phase ``it`` % 2), and once its products last
-    read them this warp's arrival on ``turn[1]``."""
+    its last turn goes to dq (``out_dq``). Then dK, dV stored."""
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
     dqa = kaio.local(f32, (NQ // 8, 4))
+    dqo = kaio.local(f32, (NQ // 8, 4))  # FINISH: the other turns' sum (fetch_others)
     p = kaio.local(u32, (BM // 16, 4))  # SCHED 4, 6: P^T's A fragments
     af = kaio.local(u32, (D // 16, 4))  # (unused: issue_front's AREG 0)
     dka = kaio.local(f32, (D // 8, 4))
@@ -267,7 +261,8 @@ def consume_late(
     FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
     ROW = 0 if NDS == 3 else 1  # the dS^T buffers' barriers' row
     total = group * kaio.max(n_tiles - first, 0)
-    kaio.mbarrier_wait(turn, 0, u32(it % 2))  # K and V landed
+    st, ph, pb, hph, wph, fb, handed = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
+    kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
     at_first = first_head * sq
     t, at0 = walk(start, first, n_tiles, at_first, sq, ROT)
     BK = 64 * WG
@@ -279,10 +274,6 @@ def consume_late(
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
                 lane, BM, TSTATS, SPLIT, L2)  # fmt: skip
-        if g0 > 0:  # the buffers after the last item's last tile's (pb: tile i - 1's)
-            pb, hph = next_stage(pb, hph, NDS)
-            if SCHED >= 2 and SCHED < 6 and NDS == 2 and g0 > 1:
-                kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)
         hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
         ps = st  # tile i - 1's stage
         pt, pat0, item = t, at0, start  # tile i - 1's, and its item of the walk
@@ -303,32 +294,35 @@ def consume_late(
             kaio.wgmma_wait(0)  # tile i - 1's products done: its stage (and dQ)
             release(bars, ps, lt)
             if SCHED == 1:
-                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
-                                     n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
-                                     wph, fb, scale, FULL, D, BM, BK, NQ, TWO, DT,
-                                     FINISH)  # fmt: skip
+                fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
+                                   c0, lt, FINISH, D, BM, BK, NQ)  # fmt: skip
+                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
+                                     n_tiles, nkb, _i > 1, c0, lane, lt, handed, wph, fb,
+                                     scale, FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
-            if SCHED >= 2 and SCHED < 6 and NDS == 2 and g0 + _i > 1:  # (the other wg's
+            if SCHED >= 2 and SCHED < 6 and NDS == 2 and _i > 1:  # (the other wg's
                 kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)  # dQ among them)
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
-                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
-                                     n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
-                                     wph, fb, scale, FULL, D, BM, BK, NQ, TWO, DT,
-                                     FINISH)  # fmt: skip
+                fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
+                                   c0, lt, FINISH, D, BM, BK, NQ)  # fmt: skip
+                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
+                                     n_tiles, nkb, _i > 1, c0, lane, lt, handed, wph, fb,
+                                     scale, FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
+                fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
+                                   c0, lt, FINISH, D, BM, BK, NQ)  # fmt: skip
                 kaio.wgmma_wait(0)
                 if NDS == 2:
                     free_buffer(bars, STAGES + qb, lt)
-                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq,
-                                     n_tiles, x, nkb, total, g0 + _i > 1, c0, lane, lt, handed,
-                                     wph, fb, scale, FULL, D, BM, BK, NQ, TWO, DT,
-                                     FINISH)  # fmt: skip
+                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
+                                     n_tiles, nkb, _i > 1, c0, lane, lt, handed, wph, fb,
+                                     scale, FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
                 fb = next_writer(fb, NW)
             ps = st
             pt, pat0 = t, at0
@@ -342,19 +336,16 @@ def consume_late(
         last = 1 if SCHED < 4 else 6  # (1: P^T from pt_s; 6: from p; both with dQ)
         issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                         last, DT)  # fmt: skip
+        fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles, c0,
+                           lt, FINISH, D, BM, BK, NQ)  # fmt: skip
         kaio.wgmma_wait(0)
         release(bars, ps, lt)
-        wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, pt, pat0, item, q, sq, n_tiles, x,
-                             nkb, total, g0 + total > 1, c0, lane, lt, handed, wph, fb, scale,
-                             FULL, D, BM, BK, NQ, TWO, DT, FINISH)  # fmt: skip
+        wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
+                             n_tiles, nkb, total > 1, c0, lane, lt, handed, wph, fb, scale,
+                             FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
         fb = next_writer(fb, NW)
-    if ITEMS > 1:  # K and V read for the last time: the producer may load the next item's
-        kaio.sync_warp()
-        if lt % 32 == 0:
-            kaio.mbarrier_arrive(turn, 1)
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
-    return st, ph, pb, hph, wph, fb, handed
 
 
 @kaio.gpu_func
@@ -374,40 +365,21 @@ def interleaved(bx: i32, by: i32, nkb: i32, hg: i32, ny: i32) -> tuple[i32, i32]
 
 @kaio.gpu_func
 def work_item(
-    b: i32, it: i32, nkb: i32, nkvh: i32, hg: i32, rot: i32, heads: i32, group: i32, sq: i32,
-    causal: i32, items: i32, BM: kaio.constexpr, BK: kaio.constexpr,
-) -> tuple[i32, i32, i32, i32, i32, i32, i32]:  # fmt: skip
-    """(whether it exists, key block x, K/V head, first query head, first query tile, the
-    query tiles, the walk's first item) of work item ``it`` of block b (linear index; the
-    block's ``items`` items are consecutive in the launch order of ``interleaved`` over the
-    nkb key blocks of the ``nkvh`` K/V heads, reversed where causal without ``rot``: module
-    docstring)."""
-    i = b * items + it
-    ok = i32(i < nkb * nkvh)
-    i = kaio.min(i, nkb * nkvh - 1)
-    x, kvh = interleaved(i % nkb, i // nkb, nkb, hg, nkvh)  # hg K/V heads' key blocks in turn
+    b: i32, nkb: i32, nkvh: i32, hg: i32, rot: i32, heads: i32, group: i32, sq: i32,
+    causal: i32, BM: kaio.constexpr, BK: kaio.constexpr,
+) -> tuple[i32, i32, i32, i32, i32, i32]:  # fmt: skip
+    """(key block x, K/V head, first query head, first query tile, the query tiles, the
+    walk's first item) of block b (linear index; the launch order of ``interleaved`` over
+    the nkb key blocks of the ``nkvh`` K/V heads, reversed where causal without ``rot``:
+    module docstring)."""
+    x, kvh = interleaved(b % nkb, b // nkb, nkb, hg, nkvh)  # hg K/V heads' key blocks in turn
     if causal != 0 and rot == 0:
         x = nkb - 1 - x  # the last key blocks first: they add to each tile before the rest
     first_head, first, n_tiles = key_block_queries(kvh, x * BK, heads, group, sq, causal, BM)
     start = i32(0)  # the walk's first item
     if rot != 0 and causal == 0:
         start = x * (group * n_tiles) // nkb
-    return ok, x, kvh, first_head, first, n_tiles, start
-
-
-@kaio.gpu_func
-def block_item(
-    it: i32, ok0: i32, x0: i32, kvh0: i32, fh0: i32, f0: i32, nt0: i32, s0: i32, b: i32,
-    nkb: i32, nkvh: i32, hg: i32, rot: i32, heads: i32, group: i32, sq: i32, causal: i32,
-    items: i32, BM: kaio.constexpr, BK: kaio.constexpr, ITEMS: kaio.constexpr,
-) -> tuple[i32, i32, i32, i32, i32, i32, i32]:  # fmt: skip
-    """``work_item``'s item ``it`` of block b; with ``ITEMS`` 1 the block's one item, computed
-    once before the roles split (``ok0`` .. ``s0``)."""
-    ok, x, kvh, fh, f, nt, s = ok0, x0, kvh0, fh0, f0, nt0, s0
-    if ITEMS > 1:
-        ok, x, kvh, fh, f, nt, s = work_item(b, it, nkb, nkvh, hg, rot, heads, group, sq, causal,
-                                             items, BM, BK)  # fmt: skip
-    return ok, x, kvh, fh, f, nt, s
+    return x, kvh, first_head, first, n_tiles, start
 
 
 @kaio.gpu_func
@@ -469,20 +441,20 @@ def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, BM: kaio.constexp
 @kaio.gpu_func
 def out_dq(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], dq: DT[:], dqa: f32[:, :],
-    t: i32, at0: i32, item: i32, q: i32, sq: i32, n_tiles: i32, x: i32, nkb: i32, total: i32,
+    dqo: f32[:, :], fin: i32, t: i32, at0: i32, q: i32, sq: i32, n_tiles: i32, nkb: i32,
     after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32, scale: f32,
-    FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
-    NQ: kaio.constexpr, TWO: kaio.constexpr, DT: kaio.constexpr, FINISH: kaio.constexpr,
+    FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, NQ: kaio.constexpr,
+    TWO: kaio.constexpr, DT: kaio.constexpr, FINISH: kaio.constexpr,
 ) -> tuple[u32, i32]:  # fmt: skip
-    """Query tile t's dQ share (head at row at0, item ``item`` of the walk; this thread's
-    rows q, q + 8 of it) out of dqa: with ``FINISH``, where this key block has the tile's
-    last turn (``last_turn``), ``finish_dq``, else to the writers (``give_dq``, after the
-    dq_s of the last tile ``handed`` to them is free); without, to the writers (``after`` a
-    first tile). Returns (the dq_s parity, handed)."""
+    """Query tile t's dQ share (head at row at0; this thread's rows q, q + 8 of it) out of
+    dqa: with ``FINISH``, where this key block has the tile's last turn (``fin``:
+    ``fetch_others``, whose sum of the other turns is in dqo), ``finish_dq``, else to the
+    writers (``give_dq``, after the dq_s of the last tile ``handed`` to them is free);
+    without, to the writers (``after`` a first tile). Returns (the dq_s parity, handed)."""
     if FINISH:
-        if last_turn(x, nkb, t, item, total, BM, BK) != 0:
-            finish_dq(dq, dq_acc, sem, dqa, at0 // sq * n_tiles + t, nkb - 1, at0, t * BM + q,
-                      sq, c0, lane, lt, scale, D, BM, NQ, DT)  # fmt: skip
+        if fin != 0:
+            finish_dq(dq, dqa, dqo, dq_acc, t, at0, t * BM + q, sq, n_tiles, nkb - 1, c0, lane,
+                      lt, scale, D, BM, NQ, DT)  # fmt: skip
         else:
             wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, handed != 0, wph, fb, FULL,
                           D, NQ, TWO)  # fmt: skip
@@ -494,23 +466,63 @@ def out_dq(
 
 
 @kaio.gpu_func
-def finish_dq(
-    dq: DT[:], dq_acc: f32[:], sem: i32[:], dqa: f32[:, :], tile: i32, turns: i32, at0: i32,
-    q: i32, sq: i32, c0: i32, lane: u32, lt: u32, scale: f32, D: kaio.constexpr,
-    BM: kaio.constexpr, NQ: kaio.constexpr, DT: kaio.constexpr,
-):  # fmt: skip
-    """The last turn on a tile: once the ``turns`` before it have added theirs (the tile's
-    semaphore), this thread's fragment of their sum (``dq_acc``'s tile, fragment order:
-    ``store_dq_frags``) plus its own (dqa) times ``scale``, rounded to DT, to dq's rows q, q
-    + 8 of the head at row at0 (those below sq), the warpgroup's columns from c0: the tile
-    needs no reduction and no ``dq_convert_tiles``."""
-    if turns > 0:
-        kaio.wait_eq(sem, tile, turns)
+def fetch_others(
+    dqo: f32[:, :], dq_acc: f32[:], sem: i32[:], x: i32, nkb: i32, t: i32, at0: i32,
+    item: i32, total: i32, sq: i32, n_tiles: i32, c0: i32, lt: u32, FINISH: kaio.constexpr,
+    D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr, NQ: kaio.constexpr,
+) -> i32:  # fmt: skip
+    """``FINISH``: whether key block x finishes query tile t (head at row at0, item ``item``
+    of its walk: ``last_turn``), and then the wait until the turns before its own have
+    added theirs (the tile's semaphore), issued while the tile's dQ product runs; at D 64
+    also this thread's fragment of their sum (``others_sum``) in dqo (at D 128 its
+    registers beside the product's spill: ``finish_dq`` reads it). Else 0."""
+    fin = i32(0)
+    if FINISH:
+        fin = last_turn(x, nkb, t, item, total, BM, BK)
+        if fin != 0:
+            before = nkb - 1
+            if before > 0:
+                kaio.wait_eq(sem, at0 // sq * n_tiles + t, before)
+            if D == 64:
+                for n in kaio.static_range(NQ // 8):
+                    for e in kaio.static_range(4):
+                        dqo[n, e] = 0.0
+                others_sum(dqo, dq_acc, t, at0, sq, n_tiles, before, c0, lt, D, BM, NQ)
+    return fin
+
+
+@kaio.gpu_func
+def others_sum(acc: f32[:, :], dq_acc: f32[:], t: i32, at0: i32, sq: i32, n_tiles: i32,
+               before: i32, c0: i32, lt: u32, D: kaio.constexpr, BM: kaio.constexpr,
+               NQ: kaio.constexpr):  # fmt: skip
+    """acc += this thread's fragment of query tile t's sum in ``dq_acc`` (head at row at0;
+    fragment order: ``store_dq_frags``), where ``before`` turns added to it."""
+    if before > 0:
+        tile = at0 // sq * n_tiles + t
         for n in kaio.static_range(NQ // 8):
             v = kaio.local(f32, 4)
             kaio.load_vector(v, dq_acc, tile * BM * D + ((c0 // 8 + n) * 128 + i32(lt)) * 4)
             for e in kaio.static_range(4):
-                dqa[n, e] += v[e]
+                acc[n, e] += v[e]
+
+
+@kaio.gpu_func
+def finish_dq(
+    dq: DT[:], dqa: f32[:, :], dqo: f32[:, :], dq_acc: f32[:], t: i32, at0: i32, q: i32,
+    sq: i32, n_tiles: i32, before: i32, c0: i32, lane: u32, lt: u32, scale: f32,
+    D: kaio.constexpr, BM: kaio.constexpr, NQ: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The last turn on query tile t (``before`` turns before it, their sum in dqo at D 64,
+    read now at D 128: ``fetch_others``): their sum plus this thread's own share (dqa)
+    times ``scale``, rounded to DT, to dq's rows q, q + 8 of the head at row at0 (those
+    below sq), the warpgroup's columns from c0: the tile needs no reduction and no
+    ``dq_convert_tiles``."""
+    if D == 64:
+        for n in kaio.static_range(NQ // 8):
+            for e in kaio.static_range(4):
+                dqa[n, e] += dqo[n, e]
+    else:
+        others_sum(dqa, dq_acc, t, at0, sq, n_tiles, before, c0, lt, D, BM, NQ)
     for h in kaio.static_range(2):
         if q + 8 * h < sq:
             store_pairs(dq, (at0 + q + 8 * h) * D + c0, dqa, h, scale, lane, NQ, DT)
@@ -522,8 +534,8 @@ def write_dq_two(
     group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32, start: i32,
     FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
     ORDER: kaio.constexpr = 1, NW: kaio.constexpr = 2, ROT: kaio.constexpr = 0,
-    FINISH: kaio.constexpr = 0, g0: i32 = 0, ph: u32 = 0,
-) -> u32:  # fmt: skip
+    FINISH: kaio.constexpr = 0,
+):  # fmt: skip
     """``EARLY`` 3: writer ``w`` (0, 1: the first lanes of the producer warpgroup's warps 1
     and 2) of the tiles of parity w of the consumers' walk (``give_dq``'s ``TWO``): for each,
     the last one's turn passed on (its reduction complete), the turn on this one awaited,
@@ -534,19 +546,20 @@ def write_dq_two(
     (the additions in any order: not deterministic), -1 no additions either (dQ wrong).
     ``NW``: the writers (the first lanes of warps 1 .. 3, then lane 16 of them), tile i
     writer i % NW's (``NW`` 3: each writer's wait for its last reduction to complete and
-    pass the turn on spread over three tiles). The walk begins at
+    pass the turn on spread over three tiles). The first turn on a tile (``ORDER`` 1) stores
+    its share, so that ``dq_acc`` needs no zeros before (``stores_first``). The walk begins at
     its item ``start``, the turns ``turn_rank``'s (``ROT``: ``rotated``); ``FINISH``: the
     tiles whose last turn is this key block's are the consumers' (``out_dq``), not a
-    writer's. A work item after ``g0`` tiles of the block's others (``ITEMS``), the "full"
-    barrier's parity ``ph`` after them: returns the parity after this one's."""
+    writer's."""
     at_first = first_head * sq
+    ph = u32(0)
     t, at0 = walk(start, first, n_tiles, at_first, sq, ROT)
     item = start
     last = i32(0)
     pending = i32(0)  # whether the turn on tile ``last`` is still to pass on
     total = group * kaio.max(n_tiles - first, 0)
     for _i in range(total):
-        mine = (g0 + _i) % NW == w
+        mine = _i % NW == w
         if FINISH:  # (the tiles this key block finishes: the consumers')
             mine = mine and last_turn(x, nkb, t, item, total, BM, BK) == 0
         if mine:
@@ -558,10 +571,13 @@ def write_dq_two(
                 kaio.wait_eq(sem, tile, rank)
             kaio.mbarrier_wait(bars, (1, full_bar(w, FULL)), ph)
             ph ^= 1
-            if ORDER >= 0:
+            if ORDER > 0 and rank == 0:  # the tile's first share: stored (no zeros before)
+                kaio.bulk_store(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
+            elif ORDER >= 0:
                 kaio.bulk_reduce_add(dq_acc, tile * BM * D, dq_s, (0, 0), BM * D * 4)
+            if ORDER >= 0:
                 kaio.bulk_commit()
-                kaio.bulk_wait_read(0)
+                kaio.bulk_wait_read(0)  # (dq_s read: free for the consumers' next tile)
             for _a in kaio.static_range(3):
                 kaio.mbarrier_arrive(bars, (1, FULL + 1))
             last = tile
@@ -574,7 +590,6 @@ def write_dq_two(
         pass_turn(sem, last)
     if ORDER == 0:
         kaio.bulk_wait(0)
-    return ph
 
 
 @kaio.gpu_func
@@ -625,18 +640,19 @@ def attention_bwd_fused_ordered(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     dq_acc: f32[:], sem: i32[:], dq: DT[:], sq: i32, sk: i32, heads: i32, group: i32, nkvh: i32,
-    scale_log2: f32, scale: f32, causal: i32, hg: i32, items: i32, D: kaio.constexpr,
+    scale_log2: f32, scale: f32, causal: i32, hg: i32, D: kaio.constexpr,
     BM: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
     AREG: kaio.constexpr, TSTATS: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
-    ITEMS: kaio.constexpr, ROT: kaio.constexpr, FINISH: kaio.constexpr,
+    ROT: kaio.constexpr, FINISH: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
     over its group's query heads, and their share of dQ / scale added to ``dq_acc`` (f32,
-    whole 64-row tiles in fragment order, zeros before) in the fixed order of the
+    whole 64-row tiles in fragment order; zeros before unless ``stores_first``: the first
+    share stored) in the fixed order of the
     semaphores ``sem`` (i32 [B * H * n_tiles], zeros before). The arguments as
     ``_attention_hopper_bwd.attention_bwd_dkdv_wgmma``'s (its ``DQ`` 5 constexprs: PIPE 0,
     BM 64); ``EARLY``: ``write_dq_ordered``'s;
@@ -649,9 +665,7 @@ def attention_bwd_fused_ordered(
     either way a block may wait for a later one of its head (all of them must fit on the
     GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
     the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
-    after the kernel; ``ITEMS`` > 1: each block runs ``items`` (the same number, a runtime
-    value so that the loop is not unrolled) work items of the ``nkvh`` K/V heads' key blocks
-    in turn (``work_item``; a 1-d grid); ``NDS``:
+    after the kernel; ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
     ``lse_log2(lse)``, ``zero_acc_sem_l2``)."""
@@ -673,13 +687,11 @@ def attention_bwd_fused_ordered(
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
     nkb = (sk + BK - 1) // BK
-    blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())  # (ITEMS: 1-d grid)
+    blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())
 
     t, wg, lt = thread_roles(WG)
     if t == 0:
         init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
-        if ITEMS > 1:  # K and V free (the next item's may land): an arrival a consumer warp
-            kaio.mbarrier_init(turn, 1, 4 * WG)
         for j in kaio.static_range(NW - 3 if NW > 3 else 0):  # writers 3 .. NW - 1's "full"
             kaio.mbarrier_init(bars, (1, STAGES + NBUF * WG + 2 + j), 4 * WG)
         if SCHED >= 2:  # the dS^T buffers' "free" (free_buffer), resp. NDS 3's "full"
@@ -687,33 +699,20 @@ def attention_bwd_fused_ordered(
                 kaio.mbarrier_init(bars, (0, STAGES + b), 4 * WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
-    st, ph, pb, hph, wph, fb, handed = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
-    g0 = i32(0)  # the tiles of the block's items before
-    ok0, x0, kvh0, fh0, f0, nt0, s0 = work_item(blk, 0, nkb, nkvh, hg, ROT, heads, group, sq,
-                                                causal, items, BM, BK)  # fmt: skip
+    x, kvh, first_head, first, n_tiles, start = work_item(blk, nkb, nkvh, hg, ROT, heads, group,
+                                                          sq, causal, BM, BK)  # fmt: skip
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         if SCHED:
-            for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
-                ok, x, kvh, first_head, first, n_tiles, start = block_item(
-                    it, ok0, x0, kvh0, fh0, f0, nt0, s0, blk, nkb, nkvh, hg, ROT, heads, group,
-                    sq, causal, items, BM, BK, ITEMS,
-                )  # fmt: skip
-                if ok != 0:
-                    st, ph, pb, hph, wph, fb, handed = consume_late(
-                        k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
-                        dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start, x,
-                        nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES,
-                        TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT, FINISH,
-                        ITEMS, it, g0, st, ph, pb, hph, wph, fb, handed,
-                    )  # fmt: skip
-                    g0 += group * kaio.max(n_tiles - first, 0)
+            consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
+                         dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start, x,
+                         nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES,
+                         TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT,
+                         FINISH)  # fmt: skip
         else:
-            ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
-            k0 = x * BK
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
-                         dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, k0, sq, sk,
+                         dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, x * BK, sq, sk,
                          causal, scale_log2, scale, D, BM, WG, STAGES, PIPE, AREG, TSTATS, DQ,
                          LATE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads, warps 1 to 3 add dQ
@@ -721,32 +720,14 @@ def attention_bwd_fused_ordered(
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         w = i32(lt // 32) - 1 + 3 * i32(lt % 32 // 16)  # (writers 3-5: lane 16 of warps 1-3)
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
-            for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
-                ok, x, kvh, first_head, first, n_tiles, start = block_item(
-                    it, ok0, x0, kvh0, fh0, f0, nt0, s0, blk, nkb, nkvh, hg, ROT, heads, group,
-                    sq, causal, items, BM, BK, ITEMS,
-                )  # fmt: skip
-                if ok != 0:
-                    ph = write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first,
-                                      n_tiles, sq, x, nkb, causal, start,
-                                      STAGES + NBUF * WG, D, BM, BK, ORDER, NW, ROT, FINISH, g0,
-                                      ph)  # fmt: skip
-                    g0 += group * kaio.max(n_tiles - first, 0)
+            write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first, n_tiles, sq, x,
+                         nkb, causal, start, STAGES + NBUF * WG, D, BM, BK, ORDER, NW, ROT,
+                         FINISH)  # fmt: skip
         elif lt == 0:
-            for it in range(1 if ITEMS == 1 else items):  # (ITEMS 1: unrolled)
-                ok, x, kvh, first_head, first, n_tiles, start = block_item(
-                    it, ok0, x0, kvh0, fh0, f0, nt0, s0, blk, nkb, nkvh, hg, ROT, heads, group,
-                    sq, causal, items, BM, BK, ITEMS,
-                )  # fmt: skip
-                if ok != 0:
-                    kv = -1 if it == 0 else (it - 1) % 2  # (K and V again: once free)
-                    st, ph = produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl,
-                                     td, kvh * sk + x * BK, first_head * sq, sq, group, first,
-                                     n_tiles, D, BK, BM, STAGES, TSTATS, DT, WRAP=ROT, start=start,
-                                     st=st, ph=ph, ring0=g0, kv_ph=kv)  # fmt: skip
-                    g0 += group * kaio.max(n_tiles - first, 0)
+            produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
+                    kvh * sk + x * BK, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
+                    STAGES, TSTATS, DT, WRAP=ROT, start=start)  # fmt: skip
         elif lt >= 32 and EARLY < 3:
-            ok, x, kvh, first_head, first, n_tiles, start = ok0, x0, kvh0, fh0, f0, nt0, s0
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
                              sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
                              EARLY)  # fmt: skip
@@ -754,15 +735,15 @@ def attention_bwd_fused_ordered(
 
 @kaio.gpu_kernel(block_size=256)
 def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
-    """acc[0 .. n) = 0, four a thread (n a multiple of 4), and sem[0 .. m) = 0 (m <= n / 4):
-    the fused kernel's dQ sums and semaphores, in one launch."""
+    """acc[0 .. n) = 0, four a thread (n a multiple of 4; 0 where the kernel ``stores_first``),
+    and sem[0 .. m) = 0: the fused kernel's dQ sums and semaphores, in one launch."""
     zero_sums(acc, n, sem, m, i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()))
 
 
 @kaio.gpu_kernel(block_size=256)
 def zero_acc_sem_l2(acc: f32[:], n: i32, sem: i32[:], m: i32, lse: f32[:], l2: f32[:], rows: i32):
-    """``zero_acc_sem``, and l2[0 .. rows) = ``lse_log2(lse)`` (rows <= n / 4): the base-2
-    offsets the kernel's ``L2`` reads (one conversion a query row, not one a key block)."""
+    """``zero_acc_sem``, and l2[0 .. rows) = ``lse_log2(lse)``: the base-2 offsets the
+    kernel's ``L2`` reads (one conversion a query row, not one a key block)."""
     j = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x())
     zero_sums(acc, n, sem, m, j)
     if j < rows:
@@ -800,8 +781,10 @@ SCHED = {64: (4, 4), 128: (4, 4)}
 # (H100, the lead's final check, 2026-11-27, f16 / bf16): D 128 B1 S16384 431 / 437 against
 # 477 / 531, B4 S4096 410 / 416 against 421 / 412, B16 S1024 alike; D 64 B1 S16384 338 / 350
 # against 352 / 366, S4096 and S1024 alike: causal blocks finish at different times, so
-# spreading a head's key blocks apart only delays the turns.
-HG = {64: (8, 1), 128: (4, 1)}
+# spreading a head's key blocks apart only delays the turns. H100, f16 B16 H16 S1024 D 64
+# (2026-11-27, two rounds): HG 16 243 and 246 against 8's 237 and 241 (SDPA flash 186, 194);
+# earlier at B4 S4096 HG 16 403 / 348 against 4's 402 / 348.
+HG = {64: (16, 1), 128: (4, 1)}
 
 # Whether the key blocks of a head may wait for later ones (``ROT``; not causal, rotated
 # walks; causal, the longest walks launched first) by head dim and mask, where they all fit
@@ -813,14 +796,6 @@ HG = {64: (8, 1), 128: (4, 1)}
 # 120 / 171.
 ROT = {64: (False, False), 128: (True, False)}
 FINISH = {64: False, 128: True}
-
-# Work items a block (``ITEMS``: (key block, K/V head) pairs, consecutive in the launch
-# order, run one after the other with the ring of Q and dO going on, K and V loaded again
-# once the last item's products are done) by head dim and mask. H100, f16 B16 H16 S1024
-# D 64, TFLOP/s in the same runs: two items with ROT and FINISH 237 against their 249 with
-# one (main 226); causal, two items 116 against main's 120 (K and V loaded again at each
-# item cost as much as a new block): one.
-ITEMS = {64: (1, 1), 128: (1, 1)}
 
 # The dS^T buffers of SCHED 4 (``NDS``) by head dim (D 128: three do not fit beside three
 # ring stages): H200, f16 B4 H16 S4096, D 64 with HG 4, NDS 3 against 2: 360 against 334,
@@ -845,9 +820,16 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c["HG"] = HG[d][bool(causal)]
     c["ROT"] = ROT[d][bool(causal)]
     c["FINISH"] = FINISH[d]
-    c["ITEMS"] = ITEMS[d][bool(causal)]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     return {**c, "STAGES": fit_stages(d, c)}
+
+
+def stores_first(c: dict) -> bool:
+    """Whether the kernel with constexprs ``c`` stores each tile's first dQ share (the
+    writers of ``write_dq_two`` with the fixed order) rather than adding it to zeros: then
+    the launch zeroes only the semaphores (at B16 H16 S1024 D64, 67 MB fewer bytes written,
+    and as many not read back by the first reductions)."""
+    return c["EARLY"] == 3 and c["ORDER"] == 1
 
 
 def constexprs(c: dict) -> dict:
@@ -867,8 +849,9 @@ def rotated(c: dict, nkb: int, sms: int) -> bool:
 
 def finishes(c: dict, rot: bool, causal: bool) -> bool:
     """Whether the kernel runs with ``finish`` (``FINISH`` in the configuration ``c``): with
-    ``rot`` (``rotated``), not causal (its last turns are key block 0's on every tile) and
-    the fixed order (``ORDER`` 1)."""
+    ``rot`` (``rotated``), not causal (its last turns are key block 0's on every tile: H100,
+    f16 B16 H16 S1024 D 128, that order finishing them ran 239 and 246 TFLOP/s against 230
+    and 255 without, B4 S4096 443 against 459) and the fixed order (``ORDER`` 1)."""
     return bool(c.get("FINISH")) and rot and not causal and c["ORDER"] == 1
 
 
@@ -899,8 +882,9 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     """Run the deterministic fused backward on checked operands (as
     ``_attention_hopper_bwd.launch``: q, do [B, H, Sq, D], k, v [B, Hkv, Sk, D], lse [B, H,
     Sq] f32, ``delta`` flat f32 [B * H * Sq]; ``dims``: (B * H, H, group, sq, sk, d, d);
-    ``cfg``: overrides of ``ordered_config(d)``'s constexprs): zero the dQ sums and the
-    semaphores, the kernel, then dQ rounded to q's type. Returns (dq, dk, dv)."""
+    ``cfg``: overrides of ``ordered_config(d)``'s constexprs): zero the semaphores (and the
+    dQ sums unless ``stores_first``), the kernel, then dQ rounded to q's type. Returns (dq,
+    dk, dv)."""
     import math
     import types
 
@@ -928,39 +912,38 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         )
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
-    if c["ITEMS"] < 1 or c["ITEMS"] > 1 and c["EARLY"] != 3:
-        raise ValueError(f"_attention_hopper_bwd_fused.launch: ITEMS 1, or more with EARLY 3: {c}")
     stream, dq, dk, dv, rows_q, rows_kv = launch_outputs(qa, ka, da, d)
     n_tiles = -(-sq // c["BM"])  # the semaphores' (dq_acc: whole tiles of 64 rows)
     acc_size = bh * -(-sq // 64) * 64 * d
     dq_acc = _arrays.output(da, (acc_size,), f32)
     sem = _arrays.output(da, (bh * n_tiles,), i32)
-    grid = -(-acc_size // 1024)
+    zeros = 0 if stores_first(c) else acc_size  # (the dQ sums' zeros)
+    grid = -(-max(zeros // 4, bh * n_tiles, rows_q) // 256)  # (a thread: 4 zeros, 1 sem, 1 row)
     if c["L2"]:  # lse_log2(lse) once a query row, for the kernel's stats
         l2 = _arrays.output(da, (rows_q,), f32)
         l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
-        zero_acc_sem_l2[grid, 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles, la.arg(rows_q),
+        zero_acc_sem_l2[grid, 256, stream, 0](dq_acc, zeros, sem, bh * n_tiles, la.arg(rows_q),
                                               l2_arg, rows_q)  # fmt: skip
         la = types.SimpleNamespace(obj=l2, kind=da.kind, arg=lambda *_: l2_arg)
     else:
-        zero_acc_sem[grid, 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
+        zero_acc_sem[grid, 256, stream, 0](dq_acc, zeros, sem, bh * n_tiles)
 
     tmap = functools.partial(row_map, d=d)
     stats = stats_maps(la, delta, rows_q, c["BM"])
     bk = 64 * c["WG"]
     smem = smem_bytes(d, c)
-    nkb, items = -(-sk // bk), c["ITEMS"]
+    nkb = -(-sk // bk)
     rot = rotated(c, nkb, _arrays.multiprocessors(qa))
     finish = finishes(c, rot, causal)
-    hg = items if rot else c["HG"]  # (rotated walks: a head's key blocks side by side)
-    grid = (nkb, bh // group) if items == 1 else (-(-nkb * bh // group // items), 1)
+    hg = 1 if rot else c["HG"]  # (rotated walks: a head's key blocks side by side)
+    grid = (nkb, bh // group)
     dq_out = _arrays.output_arg(da, dq, (qa.size,))
     attention_bwd_fused_ordered[grid, 128 * c["WG"] + 128, stream, smem](
         tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c["BM"]),
         tmap(da, rows_q, c["BM"]), *stats, la.arg(rows_q), delta,
         _arrays.output_arg(da, dk, (ka.size,)), _arrays.output_arg(da, dv, (ka.size,)),
         dq_acc, sem, dq_out, sq, sk, heads, group, bh // group, math.log2(math.e) * scale, scale,
-        int(causal), hg, items, D=d, DT=qa.dtype, **{**constexprs(c), "ROT": int(rot),
+        int(causal), hg, D=d, DT=qa.dtype, **{**constexprs(c), "ROT": int(rot),
                                                       "FINISH": int(finish)},
     )  # fmt: skip
     if not finish:  # (else the last turn on each tile stored its dQ)

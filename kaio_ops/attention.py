@@ -410,8 +410,9 @@ def flash_attention_bwd(
     delta = _arrays.output(da, (bh * sq,), f32)
     stream = _arrays.stream_of(da)
     flat = [a.arg(a.size) for a in (qa, ka, va, da)]
-    tc.row_dot[-(-bh * sq // 8), 256, stream, 0](
-        oa.arg(oa.size), flat[3], delta, bh * sq, d, DT=qa.dtype
+    lanes = tc.row_lanes(d)
+    tc.row_dot_vec[-(-bh * sq * lanes // 256), 256, stream, 0](
+        oa.arg(oa.size), flat[3], delta, bh * sq, d, L=lanes, DT=qa.dtype
     )
     if hopper_takes(qa, dims, hopper_bwd256):  # sm_90, D 256: its wgmma kernels
         return hopper_bwd256.launch(qa, ka, va, da, la, delta, dims, bool(causal), scale)
@@ -459,6 +460,9 @@ def shipped():
                 yield tc.attention_bwd_dkdv, {"DP": dp, "BQ": bwd_tile(dp), **flags, **types}
     for dtype in (f32, f16, bf16):
         yield tc.row_dot, {"DT": dtype}
+    for dtype in (f16, bf16):  # flash_attention_bwd's: D a multiple of 8 up to 256
+        for lanes in (1, 2, 4, 8, 16, 32):
+            yield tc.row_dot_vec, {"L": lanes, "DT": dtype}
     yield hopper_bwd.dq_zero, {}  # the fused Hopper backward's dQ (f32 sums: SIMT kernels)
     for dtype in (f16, bf16):
         yield hopper_bwd.dq_convert, {"DT": dtype}

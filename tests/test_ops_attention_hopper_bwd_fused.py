@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import kaio
-import kaio_ops
 from kaio import f32, i32
 from kaio.ptx.ptxas import assemble, find_ptxas
 from kaio_ops import _arrays, attention
@@ -61,12 +60,9 @@ def poisoned_outputs(monkeypatch):
         # the last turn on each tile stores dQ (FINISH, with ROT): one key block, the only
         # turn (its walk over two heads' four tiles, the last partial)
         (1, 2, 1, 200, 128, 64, np.float16, False, 4, 3, {"ROT": True, "FINISH": True}),
-        # two work items a block (ITEMS): key block x of two K/V heads (HG 2), three key
-        # blocks (the last partial), five heads: the last block has one item
-        (5, 1, 1, 128, 320, 64, np.float16, False, 4, 3, {"ITEMS": 2, "HG": 2, "NDS": 3}),
-        # D 128 (two dS^T buffers and their "free" waits across the items), causal, two
-        # key blocks of a head a block (HG 1), the second of them seeing no query (Sq < Sk)
-        (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {"ITEMS": 2}),
+        # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
+        # heads of one K/V head, the second key block seeing no query (Sq < Sk)
+        (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {}),
     ],
 )
 def test_ordered_backward_in_simulator(
@@ -189,14 +185,17 @@ def _hopper_gpu() -> bool:
 
 
 def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
-    """Random f16 q, k, v, do on the GPU, the forward's o and lse, and ``launch``'s checked
-    operands: (q, k, v, do, run) with ``run(**keywords)`` the backward's (dq, dk, dv)."""
+    """Random f16 q, k, v, do on the GPU, the forward's o and lse (in float64: no forward
+    kernel to compile), and ``launch``'s checked operands: (q, k, v, do, run) with
+    ``run(**keywords)`` the backward's (dq, dk, dv)."""
     import torch
+
+    from bench.attention_hopper_bwd import forward_ref
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     shapes = [(b, heads, rows, d) for heads, rows in ((h, sq), (hkv, sk), (hkv, sk), (h, sq))]
     q, k, v, do = [torch.randn(x, generator=gen, device="cuda").half() for x in shapes]
-    o, lse = kaio_ops.flash_attention_with_stats(q, k, v, causal=causal)
+    o, lse = forward_ref(q, k, v, causal)
     inputs = _arrays.Inputs("test")
     (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
     da = inputs.array(do, "do", ndim=4)
@@ -216,14 +215,14 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
     [(128, True, 2, {}), (128, False, 4, {}), (64, True, 4, {}), (64, False, 3, {}),
      (64, False, 3, {"ROT": True}), (64, True, 4, {"ROT": True}),
      (64, False, 3, {"ROT": True, "FINISH": True}),
-     (128, False, 4, {"ROT": True, "FINISH": True}), (64, False, 3, {"ITEMS": 2}),
-     (128, True, 2, {"ITEMS": 2, "ROT": True})],
+     (128, False, 4, {"ROT": True, "FINISH": True}), (128, True, 2, {"ROT": True})],
 )  # fmt: skip
 def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over):
     """Against float64 autograd (grouped-query heads, Sq < Sk, a partial query tile) and
     the same bits on three runs, at a size with many key blocks a query tile (three K/V
     heads: six blocks' heads, a partial group of ``HG``); ``over``: with ``ROT`` (rotated
-    walks, resp. the longest causal walks launched first), ``FINISH`` and ``ITEMS``."""
+    walks, resp. the longest causal walks launched first) and ``FINISH`` (with rotated
+    walks)."""
     import torch
 
     from tests.test_ops_attention import _rel_t, _sdpa64
