@@ -182,6 +182,43 @@ def window_pages(
 
 
 @kaio.gpu_func
+def copy_key(
+    dst: DT[:, :],
+    row0: u32,
+    r: u32,
+    srow: u32,
+    col: u32,
+    k: DT[:],
+    v: DT[:],
+    key: u32,
+    kv_len: u32,
+    b: u32,
+    kvh: u32,
+    page: u32,
+    capacity: u32,
+    kv_heads: u32,
+    shift: u32,
+    pages: u32,
+    DP: kaio.constexpr,
+    PAGED: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """The 16 bytes at column ``col`` of key ``key``'s K and V rows into rows row0 + r (K)
+    and row0 + BN + r (V) of dst, swizzled as row ``srow``, by cp.async: zeros past kv_len
+    (masked keys multiply finite values); a paged cache's key lies in ``page``."""
+    inside = key < kv_len
+    if PAGED:
+        at = paged_row(page, key, kvh, kv_heads, shift, pages, DP)
+    else:
+        at = ((b * kv_heads + kvh) * capacity + key) * DP
+    index = kaio.select(inside, at + col, 0)
+    nbytes = kaio.select(inside, 16, 0)
+    swizzled = kaio.swizzle(dst, srow, col)
+    kaio.cp_async(dst, (row0 + r, swizzled), k, index, 16, nbytes)
+    kaio.cp_async(dst, (row0 + BN + r, swizzled), v, index, 16, nbytes)
+
+
+@kaio.gpu_func
 def load_stage(
     dst: DT[:, :],
     row0: u32,
@@ -213,17 +250,8 @@ def load_stage(
     col = tid % PIECES * 8
     for i in kaio.static_range(BN // STEP):
         r = r0 + i * STEP
-        key = key0 + r
-        inside = key < kv_len
-        if PAGED:
-            at = paged_row(pg[j, i], key, kvh, kv_heads, shift, pages, DP)
-        else:
-            at = ((b * kv_heads + kvh) * capacity + key) * DP
-        index = kaio.select(inside, at + col, 0)
-        nbytes = kaio.select(inside, 16, 0)
-        swizzled = kaio.swizzle(dst, r0 + i * STEP % 8, col)
-        kaio.cp_async(dst, (row0 + r, swizzled), k, index, 16, nbytes)
-        kaio.cp_async(dst, (row0 + BN + r, swizzled), v, index, 16, nbytes)
+        copy_key(dst, row0, r, r0 + i * STEP % 8, col, k, v, key0 + r, kv_len, b, kvh, pg[j, i],
+                 capacity, kv_heads, shift, pages, DP, PAGED, DT)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -256,17 +284,8 @@ def load_own(
     col = lane % PIECES * 8
     for i in kaio.static_range(16 // STEP):
         r = warp * 16 + r0 + i * STEP
-        key = key0 + r
-        inside = key < kv_len
-        if PAGED:
-            at = paged_row(page, key, kvh, kv_heads, shift, pages, DP)
-        else:
-            at = ((b * kv_heads + kvh) * capacity + key) * DP
-        index = kaio.select(inside, at + col, 0)
-        nbytes = kaio.select(inside, 16, 0)
-        swizzled = kaio.swizzle(dst, r0 + i * STEP % 8, col)
-        kaio.cp_async(dst, (row0 + r, swizzled), k, index, 16, nbytes)
-        kaio.cp_async(dst, (row0 + BN + r, swizzled), v, index, 16, nbytes)
+        copy_key(dst, row0, r, r0 + i * STEP % 8, col, k, v, key0 + r, kv_len, b, kvh, page,
+                 capacity, kv_heads, shift, pages, DP, PAGED, DT)  # fmt: skip
 
 
 @kaio.gpu_func
