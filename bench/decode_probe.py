@@ -67,7 +67,7 @@ if not os.environ.get("PROBE_BASE"):  # else kaio_ops from PYTHONPATH (main's, t
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio  # noqa: E402
-from kaio import f16, f32, i32, u32  # noqa: E402
+from kaio import f16, f32, i32, u32, u64  # noqa: E402
 from kaio_ops import _decode as dk  # noqa: E402
 from kaio_ops import decode  # noqa: E402
 
@@ -1979,6 +1979,247 @@ def warm_kf():
     return out
 
 
+@kaio.gpu_kernel(block_size=128)
+def tma_stream(
+    tk: kaio.tensormap,
+    tv: kaio.tensormap,
+    table: i32[:],
+    out: f32[:],
+    kv_heads: u32,
+    length: u32,
+    max_pages: u32,
+    PAGED: kaio.constexpr,
+    STAGES: kaio.constexpr,
+):
+    """Floor of kaio's per-head grid (block (b, kvh)) with the K/V copies by TMA (dec,
+    ninth pass): each 16-key page of a tile as two boxes of 16 rows x 64 columns (its
+    head's 256-byte rows, 2 KB apart in an NHD page) of K and two of V, issued by lanes 0 to
+    3 of warp 0 (a page each, from the block-table window), one mbarrier a stage, STAGES
+    tiles in flight, no arithmetic. A stage holds K's column halves then V's, 64 rows of
+    128 bytes each (the TMA's 128-byte swizzle). Contiguous: the same boxes of [B * Hkv *
+    L, D]."""
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    bkv = kaio.block_idx_x()
+    b = bkv // kv_heads
+    kvh = bkv % kv_heads
+    BN = dk.BN
+    kv_s = kaio.shared_dynamic(f16, (STAGES * 4 * BN, 64), 0)
+    bars = kaio.shared_dynamic(u64, (STAGES,), STAGES * 4 * BN * 128)
+    if tid == 0:
+        for s in kaio.static_range(STAGES):
+            kaio.mbarrier_init(bars, s, 1)
+        kaio.fence_proxy_async()
+    kaio.sync_threads()
+    win = kaio.local(u32, 3)
+    n = length // BN
+    if tid < 32:
+        if PAGED:
+            dk.window_start(win, 0, b, table, max_pages, 4, lane)
+        for j in kaio.static_range(STAGES - 1):
+            if j < n:
+                tma_tile(kv_s, bars, j, tk, tv, win, table, b, kvh, kv_heads, length,
+                         max_pages, lane, PAGED, STAGES)  # fmt: skip
+    acc = 0.0
+    for t in range(n):
+        if tid < 32:
+            if t + STAGES - 1 < n:  # into the stage tile t - 1 used (all past it)
+                tma_tile(kv_s, bars, t + STAGES - 1, tk, tv, win, table, b, kvh, kv_heads,
+                         length, max_pages, lane, PAGED, STAGES)  # fmt: skip
+        kaio.mbarrier_wait(bars, t % STAGES, u32(t // STAGES) & 1)
+        acc += f32(kv_s[t % STAGES * 4 * BN + tid % 64, tid // 64])
+        kaio.sync_threads()
+    out[bkv * 128 + tid] = acc
+
+
+@kaio.gpu_func
+def tma_tile(
+    kv_s: f16[:, :],
+    bars: u64[:],
+    t: u32,
+    tk: kaio.tensormap,
+    tv: kaio.tensormap,
+    win: u32[:],
+    table: i32[:],
+    b: u32,
+    kvh: u32,
+    kv_heads: u32,
+    length: u32,
+    max_pages: u32,
+    lane: u32,
+    PAGED: kaio.constexpr,
+    STAGES: kaio.constexpr,
+):
+    """Warp 0's TMA copies of key tile t (``tma_stream``) into stage t % STAGES: lane p < 4
+    copies page p of the tile (16 keys), K and V, both column halves."""
+    BN = dk.BN
+    st = t % STAGES
+    key0 = t * BN
+    row = i32(0)
+    col = i32(0)
+    if PAGED:
+        dk.window_page(win, key0, b, table, max_pages, 4, lane)  # (moves the window)
+        page = kaio.shfl_idx(win[1], (key0 >> 4) - win[0] + lane % 4)
+        row = i32(page * 16)
+        col = i32(kvh * 128)
+    else:
+        row = i32((b * kv_heads + kvh) * length + key0 + lane % 4 * 16)
+    if lane == 0:
+        kaio.mbarrier_arrive_expect_tx(bars, st, u32(2 * BN * 128 * 2))
+    kaio.sync_warp()
+    if lane < 4:
+        base = st * 4 * BN + lane * 16
+        for h in kaio.static_range(2):
+            kaio.tma_load_2d(kv_s, (base + h * BN, 0), tk, row, col + h * 64, bars, st)
+            kaio.tma_load_2d(kv_s, (base + (2 + h) * BN, 0), tv, row, col + h * 64, bars, st)
+
+
+@kaio.gpu_kernel(block_size=128)
+def prefetch_stream(
+    k: f16[:],
+    v: f16[:],
+    table: i32[:],
+    out: f32[:],
+    kv_heads: u32,
+    length: u32,
+    max_pages: u32,
+    pages: u32,
+    STAGES: kaio.constexpr,
+    AHEAD: kaio.constexpr,
+):
+    """``head_stream`` over a paged cache (4 stages' worth of cp.async, the window) with
+    an L2 prefetch of the pages AHEAD tiles past the newest copied: block (b, kvh) asks
+    for the kvh-th 1/Hkv of each such page (4 KB contiguous at Hkv 8, D 128: two keys of
+    every head) by cp.async.bulk.prefetch.L2, so the sequence's blocks together bring
+    each page to L2 in whole runs before their 256-byte rows are read."""
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    bkv = kaio.block_idx_x()
+    b = bkv // kv_heads
+    kvh = bkv % kv_heads
+    BN = dk.BN
+    kv_s = kaio.shared_dynamic(f16, (2 * STAGES * BN, 128), 0)
+    pg = kaio.local(u32, (1, BN // 8))  # (load_stage: 8 rows a thread)
+    win = kaio.local(u32, 3)
+    n = length // BN
+    PAGE = 16 * 128 * 8  # elements of a page (Hkv 8, D 128)
+    dk.window_start(win, 0, b, table, max_pages, 4, lane)
+    for j in kaio.static_range(STAGES - 1):
+        dk.window_pages(pg, win, j * BN, b, table, max_pages, 4, tid, lane, 128)
+        dk.load_stage(
+            kv_s, j * 2 * BN, k, v, j * BN, length, b, kvh, pg, 0, length, kv_heads, 4,
+            pages, tid, 128, True, f16,
+        )  # fmt: skip
+        kaio.cp_async_commit()
+    ahead = kaio.local(u32, 1)
+    pf = (STAGES - 1 + AHEAD) * (BN // 16)  # the first page prefetched in the loop
+    ahead[0] = u32(table[b * max_pages + kaio.min(pf + tid % 4, max_pages - 1)])
+    acc = 0.0
+    for t in range(n):
+        if t + STAGES - 1 < n:
+            key0 = (t + STAGES - 1) * BN
+            dk.window_pages(pg, win, key0, b, table, max_pages, 4, tid, lane, 128)
+            dk.load_stage(
+                kv_s, (t + STAGES - 1) % STAGES * 2 * BN, k, v, key0, length, b, kvh, pg, 0,
+                length, kv_heads, 4, pages, tid, 128, True, f16,
+            )  # fmt: skip
+            if tid < 4:
+                if pf + t * 4 + tid < max_pages:
+                    at = kaio.min(ahead[0], pages - 1) * PAGE + kvh * (PAGE // 8)
+                    kaio.prefetch_l2(k, at, 4096)
+                    kaio.prefetch_l2(v, at, 4096)
+                nxt = kaio.min(pf + (t + 1) * 4 + tid, max_pages - 1)
+                ahead[0] = u32(table[b * max_pages + nxt])
+        kaio.cp_async_commit()
+        kaio.cp_async_wait(STAGES - 1)
+        kaio.sync_threads()
+        acc += f32(kv_s[t % STAGES * 2 * BN + tid % 64, tid // 64])
+        kaio.sync_threads()
+    kaio.cp_async_wait_all()
+    out[bkv * 128 + tid] = acc
+
+
+def tma_maps(k, v, paged):
+    """The K and V tensor maps of ``tma_stream``: boxes of 16 rows x 64 columns, swizzled
+    128 bytes, over the pool as [pages * 16, Hkv * D] or the cache as [B * Hkv * L, D]."""
+    cols = k.shape[2] * k.shape[3] if paged else k.shape[3]
+    return [kaio.tensor_map_2d(x.view(-1, cols), (16, 64), 128) for x in (k, v)]
+
+
+M_CASES = ((16, 4096), (16, 32768), (64, 4096))
+
+
+def round_m(budget: float):
+    """(dec, ninth pass) Copy floors over the shuffled pool against the contiguous cache:
+    head_stream (cp.async, kaio's per-head grid), tma_stream (the same grid, TMA boxes of
+    a page's 16 rows, STAGES 4 and 6) and prefetch_stream (head_stream with an L2 bulk
+    prefetch of the pages 2 tiles ahead), beside the shipped kernel and SDPA; two passes,
+    the second reversed; SDPA first and last."""
+    for b, length, _, sets, lens, label in shapes(M_CASES, budget):
+        o = torch.empty(b * HKV * 128, device="cuda")
+        maps = {}
+        for i, (q, k, v, kc, vc, table) in enumerate(sets):
+            maps[i, True] = tma_maps(kc, vc, True)
+            maps[i, False] = tma_maps(k, v, False)
+        index = {id(s[0]): i for i, s in enumerate(sets)}
+        jobs = []
+
+        def tma(paged, st):
+            def f(q, k, v, kc, vc, table):
+                tk, tv = maps[index[id(q)], paged]
+                tma_stream[b * HKV, 128, None, st * 4 * 64 * 128 + 8 * st](
+                    tk, tv, table.view(-1), o, HKV, length, length // 16, PAGED=paged,
+                    STAGES=st,
+                )  # fmt: skip
+
+            return f
+
+        def pref(ahead, st=4):
+            def f(q, k, v, kc, vc, table):
+                prefetch_stream[b * HKV, 128, None, 2 * st * 64 * 128 * 2](
+                    kc.view(-1), vc.view(-1), table.view(-1), o, HKV, length, length // 16,
+                    kc.shape[0], STAGES=st, AHEAD=ahead,
+                )  # fmt: skip
+
+            return f
+
+        jobs.append(("kaio paged", run_kaio(lens)))
+        jobs.append(("kaio contiguous", run_kaio(lens, contiguous=True)))
+        jobs.append(("tma paged st4", tma(True, 4)))
+        jobs.append(("tma paged st6", tma(True, 6)))
+        jobs.append(("tma contiguous st4", tma(False, 4)))
+        jobs.append(("prefetch paged ahead2", pref(2)))
+        jobs.append(("prefetch paged ahead6", pref(6)))
+        for order in (jobs, jobs[::-1]):
+            floor_jobs(b, length, label, sets, ((True, 4, 0), (False, 2, 0)))
+            for name, fn in order:
+                show(f"{label} {name}", kernel_times(fn, sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_m():
+    """What round m launches."""
+    out = warm_k()[:1]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
+        c |= {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "SWAP": 1}
+        st = decode.one_split_stages(128, 1, paged)
+        own = decode.owns(1, paged, True)
+        out.append((decode.DECODE, {**c, "STAGES": st, "OWN": own,
+                                    "SYNC1": decode.stage_syncs(st, own)}))  # fmt: skip
+        c3 = {**c, "STAGES": 3, "OWN": 0, "SYNC1": decode.stage_syncs(3)}
+        out.append((decode.DECODE, c3))
+        out.append((tma_stream, {"PAGED": paged, "STAGES": 4}))
+    out.append((tma_stream, {"PAGED": True, "STAGES": 6}))
+    for ahead in (2, 6):
+        out.append((prefetch_stream, {"STAGES": 4, "AHEAD": ahead}))
+    for paged, st in ((True, 4), (False, 2)):
+        out.append((head_stream, {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0,
+                                  "TOUCH": 0}))  # fmt: skip
+    return out
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -2001,6 +2242,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "g4": (round_g4, 25),
     "k": (round_k, 30),
     "kf": (round_kf, 15),
+    "m": (round_m, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2015,6 +2257,7 @@ WARMS = {
     "warm_g4": warm_g4,
     "warm_k": warm_k,
     "warm_kf": warm_kf,
+    "warm_m": warm_m,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
