@@ -2149,47 +2149,50 @@ def tma_maps(k, v, paged):
 M_CASES = ((16, 4096), (16, 32768), (64, 4096))
 
 
+def m_jobs(b, length, sets, lens):
+    """(name, call) of round m's kernels at one shape: the shipped kernel in both layouts,
+    ``tma_stream`` and ``prefetch_stream``."""
+    o = torch.empty(b * HKV * 128, device="cuda")
+    maps = {id(s[0]): {True: tma_maps(s[3], s[4], True), False: tma_maps(s[1], s[2], False)}
+            for s in sets}  # fmt: skip
+
+    def tma(paged, st):
+        def f(q, k, v, kc, vc, table):
+            tk, tv = maps[id(q)][paged]
+            tma_stream[b * HKV, 128, None, st * 4 * 64 * 128 + 8 * st](
+                tk, tv, table.view(-1), o, HKV, length, length // 16, PAGED=paged, STAGES=st,
+            )  # fmt: skip
+
+        return f
+
+    def pref(ahead, st=4):
+        def f(q, k, v, kc, vc, table):
+            prefetch_stream[b * HKV, 128, None, 2 * st * 64 * 128 * 2](
+                kc.view(-1), vc.view(-1), table.view(-1), o, HKV, length, length // 16,
+                kc.shape[0], STAGES=st, AHEAD=ahead,
+            )  # fmt: skip
+
+        return f
+
+    return [
+        ("kaio paged", run_kaio(lens)),
+        ("kaio contiguous", run_kaio(lens, contiguous=True)),
+        ("tma paged st4", tma(True, 4)),
+        ("tma paged st6", tma(True, 6)),
+        ("tma contiguous st4", tma(False, 4)),
+        ("prefetch paged ahead2", pref(2)),
+        ("prefetch paged ahead6", pref(6)),
+    ]
+
+
 def round_m(budget: float):
     """(dec, ninth pass) Copy floors over the shuffled pool against the contiguous cache:
     head_stream (cp.async, kaio's per-head grid), tma_stream (the same grid, TMA boxes of
     a page's 16 rows, STAGES 4 and 6) and prefetch_stream (head_stream with an L2 bulk
-    prefetch of the pages 2 tiles ahead), beside the shipped kernel and SDPA; two passes,
-    the second reversed; SDPA first and last."""
+    prefetch of the pages 2 or 6 tiles ahead), beside the shipped kernel and SDPA; two
+    passes, the second reversed; SDPA first and last."""
     for b, length, _, sets, lens, label in shapes(M_CASES, budget):
-        o = torch.empty(b * HKV * 128, device="cuda")
-        maps = {}
-        for i, (q, k, v, kc, vc, table) in enumerate(sets):
-            maps[i, True] = tma_maps(kc, vc, True)
-            maps[i, False] = tma_maps(k, v, False)
-        index = {id(s[0]): i for i, s in enumerate(sets)}
-        jobs = []
-
-        def tma(paged, st):
-            def f(q, k, v, kc, vc, table):
-                tk, tv = maps[index[id(q)], paged]
-                tma_stream[b * HKV, 128, None, st * 4 * 64 * 128 + 8 * st](
-                    tk, tv, table.view(-1), o, HKV, length, length // 16, PAGED=paged,
-                    STAGES=st,
-                )  # fmt: skip
-
-            return f
-
-        def pref(ahead, st=4):
-            def f(q, k, v, kc, vc, table):
-                prefetch_stream[b * HKV, 128, None, 2 * st * 64 * 128 * 2](
-                    kc.view(-1), vc.view(-1), table.view(-1), o, HKV, length, length // 16,
-                    kc.shape[0], STAGES=st, AHEAD=ahead,
-                )  # fmt: skip
-
-            return f
-
-        jobs.append(("kaio paged", run_kaio(lens)))
-        jobs.append(("kaio contiguous", run_kaio(lens, contiguous=True)))
-        jobs.append(("tma paged st4", tma(True, 4)))
-        jobs.append(("tma paged st6", tma(True, 6)))
-        jobs.append(("tma contiguous st4", tma(False, 4)))
-        jobs.append(("prefetch paged ahead2", pref(2)))
-        jobs.append(("prefetch paged ahead6", pref(6)))
+        jobs = m_jobs(b, length, sets, lens)
         for order in (jobs, jobs[::-1]):
             floor_jobs(b, length, label, sets, ((True, 4, 0), (False, 2, 0)))
             for name, fn in order:
