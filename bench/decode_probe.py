@@ -355,6 +355,7 @@ def head_stream(
     DP: kaio.constexpr,
     LOCK: kaio.constexpr,
     TOUCH: kaio.constexpr,
+    CO: kaio.constexpr,
 ):
     """Floor of kaio's grid and copies: block (b, kvh) brings the K and V tiles of its
     sequence and head into shared memory as decode_fwd does (``load_stage``'s cp.async,
@@ -366,9 +367,12 @@ def head_stream(
     each page together. TOUCH > 0 (paged): lane 0 of warp w also copies 16 bytes of K and
     of V from page w of the tile TOUCH tiles past the newest copied (its table entry
     loaded a tile earlier), so that its address translation is warm before its rows are
-    read."""
+    read. CO > 1 (dec, ninth pass): the blocks of CO K/V heads of a sequence are one
+    cluster with no barrier (on one GPC, free-running)."""
     if LOCK > 1:
         kaio.cluster_dims(LOCK)
+    if CO > 1:
+        kaio.cluster_dims(CO)
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
     bkv = kaio.block_idx_x()
@@ -639,7 +643,7 @@ def round_r(budget: float):
                 src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
                 head_stream[b * HKV, 128, None, 2 * 4 * 64 * 128 * 2](
                     *src, table.view(-1), o, HKV, n, n // 16, kc.shape[0],
-                    PAGED=paged, STAGES=4, DP=128, LOCK=1, TOUCH=touch,
+                    PAGED=paged, STAGES=4, DP=128, LOCK=1, TOUCH=touch, CO=0,
                 )  # fmt: skip
 
             tag = "pages in order" if on is seq else f"touch={touch}"
@@ -717,7 +721,7 @@ def orders_round(budget: float, cases, orders, again: bool):
             src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
             head_stream[b * HKV, 128, None, 2 * 4 * 64 * 128 * 2](
                 *src, table.view(-1), o, HKV, n, n // 16, kc.shape[0],
-                PAGED=paged, STAGES=4, DP=128, LOCK=1, TOUCH=0,
+                PAGED=paged, STAGES=4, DP=128, LOCK=1, TOUCH=0, CO=0,
             )  # fmt: skip
 
         show(f"{label} floor contiguous", kernel_times(lambda *a: floor(*a, paged=False), one))
@@ -750,7 +754,7 @@ def round_t(budget: float):
 def warm_t():
     """What round t launches: the per-head defaults of its shapes, the floors."""
     out = [(probe_mark, {})]
-    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": 1, "TOUCH": 0})
+    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": 1, "TOUCH": 0, "CO": 0})
             for p in (False, True)]  # fmt: skip
     c = {"DP": 128, "MT": 1, "DT": f16, "CL": 1, "DIRECT": True, "FUSED": False}
     for paged in (False, True):
@@ -783,7 +787,7 @@ def round_v(budget: float):
 def warm_v():
     """What round v launches: the per-head defaults of its shapes (one split), the floors."""
     out = [(probe_mark, {})]
-    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": 1, "TOUCH": 0})
+    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": 1, "TOUCH": 0, "CO": 0})
             for p in (False, True)]  # fmt: skip
     for k, c in decode.shipped():
         if k is decode.DECODE and c["DP"] == 128 and c["MT"] == 1 and c["DT"] == f16:
@@ -837,7 +841,7 @@ def round_w(budget: float):
                     hk = HKV * 128 // dp
                     head_stream[b * hk, 128, None, 2 * st * 64 * dp * 2](
                         *src, table.view(-1), o, hk, n, n // 16, kc.shape[0], PAGED=paged,
-                        STAGES=st, DP=dp, LOCK=0, TOUCH=0,
+                        STAGES=st, DP=dp, LOCK=0, TOUCH=0, CO=0,
                     )  # fmt: skip
 
                 show(
@@ -912,18 +916,23 @@ def round_a(budget: float):
 
 def floor_jobs(b, length, label, sets, variants):
     """head_stream floors (kaio's grid and copies, no arithmetic) for (paged, STAGES, LOCK)
-    of ``variants``."""
+    or (paged, STAGES, LOCK, CO) of ``variants``."""
     o = torch.empty(b * HKV * 128, device="cuda")
-    for paged, st, lock in variants:
+    for paged, st, lock, *co in variants:
+        co = co[0] if co else 0
 
-        def floor(q, k, v, kc, vc, table, paged=paged, st=st, lock=lock):
+        def floor(q, k, v, kc, vc, table, paged=paged, st=st, lock=lock, co=co):
             src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
             head_stream[b * HKV, 128, None, 2 * st * 64 * 128 * 2](
                 *src, table.view(-1), o, HKV, length, length // 16, kc.shape[0], PAGED=paged,
-                STAGES=st, DP=128, LOCK=lock, TOUCH=0,
+                STAGES=st, DP=128, LOCK=lock, TOUCH=0, CO=co,
             )  # fmt: skip
 
-        show(f"{label} floor copies paged={paged} st={st} lock={lock}", kernel_times(floor, sets))
+        co_tag = f" co={co}" if co else ""
+        show(
+            f"{label} floor copies paged={paged} st={st} lock={lock}{co_tag}",
+            kernel_times(floor, sets),
+        )
 
 
 def round_bn(budget: float):
@@ -1178,7 +1187,7 @@ def warm_list():
     out = list(decode.shipped())
     out += [(probe_mark, {})] + [(stream, {"U": u}) for u in (8, 16)]
     out += [
-        (head_stream, {"PAGED": p, "STAGES": st, "DP": dp, "LOCK": 0, "TOUCH": 0})
+        (head_stream, {"PAGED": p, "STAGES": st, "DP": dp, "LOCK": 0, "TOUCH": 0, "CO": 0})
         for p in (False, True)
         for st, dp in ((3, 128), (4, 128), (3, 256))
     ]
@@ -1203,7 +1212,8 @@ def warm_few():
     """D 128 f16 decode_fwd for one M-tile: both layouts, 2 to 6 stages, one split, the
     fused merge and clusters of 8 and 16 (what the suite and rounds a and h launch)."""
     out = [(probe_mark, {})]
-    out += [(head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": lk, "TOUCH": 0}) for p, lk in
+    flags = {"STAGES": 4, "DP": 128, "TOUCH": 0, "CO": 0}
+    out += [(head_stream, {**flags, "PAGED": p, "LOCK": lk}) for p, lk in
             ((False, 1), (True, 1), (True, 8))]  # fmt: skip
     for paged in (False, True):
         for st in (2, 3, 4, 5, 6):
@@ -1234,7 +1244,7 @@ def warm_p():
     out.append((decode.DECODE, {**c, "PAGED": False, "STAGES": 4, "DIRECT": False,
                                 "FUSED": False, "PW": 0, "SPEC": 0, "CL": 8}))  # fmt: skip
     out += [
-        (head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": 1, "TOUCH": t})
+        (head_stream, {"PAGED": p, "STAGES": 4, "DP": 128, "LOCK": 1, "TOUCH": t, "CO": 0})
         for p, t in ((False, 0), (True, 0), (True, 2), (True, 4))
     ]
     out += [(page_stream, {"NT": nt, "STAGES": st, "HKV": 8}) for nt, st in
@@ -1766,7 +1776,9 @@ def warm_g2():
     out = warm_g3({**G_VARIANTS, **G_CANDIDATES})
     for paged in (False, True):
         st = decode.one_split_stages(128, 1, paged)
-        out.append((head_stream, {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0, "TOUCH": 0}))
+        out.append(
+            (head_stream, {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0, "TOUCH": 0, "CO": 0})
+        )
     return out
 
 
@@ -1785,7 +1797,7 @@ def warm_g():
         flags = {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "CL": 1}
         for name, edits in G_VARIANTS.items():
             out.append((decode_variant(name, edits), {**c, **flags, "STAGES": st}))
-        flags = {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0, "TOUCH": 0}
+        flags = {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0, "TOUCH": 0, "CO": 0}
         out.append((head_stream, flags))
     return out
 
@@ -1974,7 +1986,7 @@ def warm_kf():
     out = warm_k()
     for paged in (False, True):
         for st in (2, 3, 4):
-            flags = {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0, "TOUCH": 0}
+            flags = {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0, "TOUCH": 0, "CO": 0}
             out.append((head_stream, flags))
     return out
 
@@ -2182,6 +2194,7 @@ def m_jobs(b, length, sets, lens):
         ("tma contiguous st4", tma(False, 4)),
         ("prefetch paged ahead2", pref(2)),
         ("prefetch paged ahead6", pref(6)),
+        ("co", None),
     ]
 
 
@@ -2196,6 +2209,15 @@ def round_m(budget: float):
         for order in (jobs, jobs[::-1]):
             floor_jobs(b, length, label, sets, ((True, 4, 0), (False, 2, 0)))
             for name, fn in order:
+                if name == "co":  # a sequence's K/V heads one cluster (co-located, no barrier)
+                    floor_jobs(
+                        b,
+                        length,
+                        label,
+                        sets,
+                        ((True, 4, 0, 2), (True, 3, 0), (True, 3, 0, 4), (True, 3, 0, 8)),
+                    )
+                    continue
                 show(f"{label} {name}", kernel_times(fn, sets))
         again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
         show(f"{label} SDPA again", again)
@@ -2217,9 +2239,10 @@ def warm_m():
     out.append((tma_stream, {"PAGED": True, "STAGES": 6}))
     for ahead in (2, 6):
         out.append((prefetch_stream, {"STAGES": 4, "AHEAD": ahead}))
-    for paged, st in ((True, 4), (False, 2)):
+    for paged, st, co in ((True, 4, 0), (False, 2, 0), (True, 4, 2), (True, 3, 0), (True, 3, 4),
+                          (True, 3, 8)):  # fmt: skip
         out.append((head_stream, {"PAGED": paged, "STAGES": st, "DP": 128, "LOCK": 0,
-                                  "TOUCH": 0}))  # fmt: skip
+                                  "TOUCH": 0, "CO": co}))  # fmt: skip
     return out
 
 
