@@ -101,7 +101,6 @@ ORIG = {
     if hasattr(decode, n)
 }
 ORIG_SPEC = getattr(decode, "SPECULATE", False)
-ORIG_TMA = getattr(decode, "TMA_KEYS", False)
 ORIG_SPLIT_SPEC = getattr(decode, "SPLIT_SPEC", False)
 ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
@@ -138,7 +137,6 @@ def restore():
     decode.PAGED_CLUSTER_TILES = ORIG_PAGED_TILES
     decode.PAGE_WINDOW = ORIG_WINDOW
     decode.SPECULATE = ORIG_SPEC
-    decode.TMA_KEYS = ORIG_TMA
     decode.SPLIT_SPEC = ORIG_SPLIT_SPEC
     decode.SPREAD = ORIG_SPREAD
     decode.CLUSTERS = ORIG_CLUSTERS
@@ -279,7 +277,6 @@ def force(
     split_spec=None,
     plan=None,
     kernel=None,
-    tma=None,
     own=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
@@ -287,8 +284,6 @@ def force(
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
-    if tma is not None:  # the keys by TMA where a warp owns them (decode.TMA_KEYS)
-        decode.TMA_KEYS = tma
     if own is not None:  # each warp on its own keys (OWN) in every grid, or in none
         decode.owns = lambda *a, o=int(own): o
     if pages is not None:  # whole-page blocks (decode_pages) on or off
@@ -2198,8 +2193,6 @@ def m_jobs(b, length, sets, lens):
     return [
         ("kaio paged", run_kaio(lens)),
         ("kaio contiguous", run_kaio(lens, contiguous=True)),
-        ("kaio paged TMA", run_kaio(lens, tma=True, own=True)),
-        ("kaio contiguous TMA", run_kaio(lens, contiguous=True, tma=True, own=True)),
         ("tma paged st4", tma(True, 4)),
         ("tma paged st6", tma(True, 6)),
         ("tma contiguous st4", tma(False, 4)),
@@ -2216,9 +2209,6 @@ def round_m(budget: float):
     prefetch of the pages 2 or 6 tiles ahead), beside the shipped kernel and SDPA; two
     passes, the second reversed; SDPA first and last."""
     for b, length, _, sets, lens, label in shapes(M_CASES, budget):
-        for contiguous in (False, True):
-            err = check(sets, lens, contiguous=contiguous, tma=True, own=True)
-            print(f"{label} TMA contiguous={contiguous} rel err {err:.1e}", flush=True)
         jobs = m_jobs(b, length, sets, lens)
         for order in (jobs, jobs[::-1]):
             floor_jobs(b, length, label, sets, ((True, 4, 0), (False, 2, 0)))
@@ -2245,12 +2235,11 @@ def warm_m():
         c |= {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "SWAP": 1}
         st = decode.one_split_stages(128, 1, paged)
         own = decode.owns(1, paged, True)
-        out.append((decode.DECODE, {**c, "STAGES": st, "OWN": own, "TMA": 0,
+        out.append((decode.DECODE, {**c, "STAGES": st, "OWN": own,
                                     "SYNC1": decode.stage_syncs(st, own)}))  # fmt: skip
-        c3 = {**c, "STAGES": 3, "OWN": 0, "SYNC1": decode.stage_syncs(3), "TMA": 0}
+        c3 = {**c, "STAGES": 3, "OWN": 0, "SYNC1": decode.stage_syncs(3)}
         out.append((decode.DECODE, c3))
-        for stages in (st, 3):  # the same by TMA, each warp on its own keys
-            out.append((decode.DECODE, {**c, "STAGES": stages, "OWN": 1, "SYNC1": 0, "TMA": 1}))
+
         out.append((tma_stream, {"PAGED": paged, "STAGES": 4}))
     out.append((tma_stream, {"PAGED": True, "STAGES": 6}))
     for ahead in (2, 6):

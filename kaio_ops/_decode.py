@@ -40,7 +40,7 @@ whose entries each warp holds 64 at a time across its lanes (``window_pages``).
 from __future__ import annotations
 
 import kaio
-from kaio import bool_, f32, i32, u32, u64
+from kaio import bool_, f32, i32, u32
 from kaio_ops._attention_tc import (
     acc_rows_at,
     dot_rows_at,
@@ -289,58 +289,6 @@ def load_own(
 
 
 @kaio.gpu_func
-def tma_keys(
-    kv_h: DT[:, :],
-    bars: u64[:, :],
-    st: u32,
-    k_map: kaio.tensormap,
-    v_map: kaio.tensormap,
-    key0: u32,
-    b: u32,
-    kvh: u32,
-    page: u32,
-    capacity: u32,
-    kv_heads: u32,
-    shift: u32,
-    pages: u32,
-    warp: u32,
-    lane: u32,
-    DP: kaio.constexpr,
-    PAGED: kaio.constexpr,
-    DT: kaio.constexpr,
-):
-    """``TMA``: warp ``warp``'s own 16 keys key0 + 16 warp .. + 15 of a tile into stage st
-    of kv_h (64 columns a row: the stage's K rows of columns 64 c .. 64 c + 63 at
-    2 DP / 64 * BN * st + c BN, V's DP / 64 * BN rows after K's), each 64-column slice of
-    K and of V one TMA box of 16 rows (``k_map``, ``v_map``: [pool rows, Hkv * DP] of a
-    paged cache, the keys a 16-row run of ``page``, or [B * Hkv * capacity, DP]), issued by
-    lane 0 and completing on bars[st, warp]. Whole rows, past the length too (a paged
-    cache's page outside the pool counts as the last one): the caller zeroes V's rows past
-    it and masks K's."""
-    HALVES = DP // 64
-    key = key0 + warp * 16
-    row = i32(0)
-    col = i32(0)
-    if PAGED:
-        row = i32((kaio.min(page, pages - 1) << shift) + (key & ((u32(1) << shift) - 1)))
-        col = i32(kvh * DP)
-    else:
-        row = i32((b * kv_heads + kvh) * capacity + key)
-    # every lane's reads of the stage's last use ordered before the copies (ldmatrix reads
-    # through the generic proxy, the TMA writes through the asynchronous one)
-    kaio.fence_proxy_async()
-    kaio.sync_warp()
-    if lane == 0:
-        kaio.mbarrier_arrive_expect_tx(bars, (st, warp), u32(2 * HALVES * 16 * 64 * 2))
-        at = st * 2 * HALVES * BN + warp * 16
-        for c in kaio.static_range(HALVES):
-            kaio.tma_load_2d(kv_h, (at + c * BN, 0), k_map, row, col + c * 64, bars, (st, warp))
-            kaio.tma_load_2d(
-                kv_h, (at + (HALVES + c) * BN, 0), v_map, row, col + c * 64, bars, (st, warp)
-            )
-
-
-@kaio.gpu_func
 def copy_tile(
     kv_s: DT[:, :],
     row0: u32,
@@ -360,38 +308,26 @@ def copy_tile(
     shift: u32,
     pages: u32,
     tid: u32,
-    kv_h: DT[:, :],
-    bars: u64[:, :],
-    k_map: kaio.tensormap,
-    v_map: kaio.tensormap,
     DP: kaio.constexpr,
     PAGED: kaio.constexpr,
     PW: kaio.constexpr,
     OWN: kaio.constexpr,
-    TMA: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """The copies of the key tile key0 .. key0 + BN into the stage at row row0 of kv_s:
     ``OWN``, this warp's 16 keys (``load_own``, a paged cache's page from the warp's window
-    ``win``; with ``TMA``, ``tma_keys`` into kv_h instead); else the block's share of the
-    whole tile (``load_stage``; paged: its pages from the window (``PW``) or ``page_ids``'
-    pg[j])."""
+    ``win``); else the block's share of the whole tile (``load_stage``; paged: its pages
+    from the window (``PW``) or ``page_ids``' pg[j])."""
     lane = kaio.lane_id()
     if OWN:
         warp = tid // 32
         page = u32(0)
         if PAGED:
             page = window_page(win, key0 + warp * 16, b, block_table, max_pages, shift, lane)
-        if TMA:
-            tma_keys(
-                kv_h, bars, row0 // (2 * BN), k_map, v_map, key0, b, kvh, page, capacity,
-                kv_heads, shift, pages, warp, lane, DP, PAGED, DT,
-            )  # fmt: skip
-        else:
-            load_own(
-                kv_s, row0, k, v, key0, kv_len, b, kvh, page, capacity, kv_heads, shift, pages,
-                warp, lane, DP, PAGED, DT,
-            )  # fmt: skip
+        load_own(
+            kv_s, row0, k, v, key0, kv_len, b, kvh, page, capacity, kv_heads, shift, pages,
+            warp, lane, DP, PAGED, DT,
+        )  # fmt: skip
     else:
         if PAGED and PW:
             window_pages(pg, win, key0, b, block_table, max_pages, shift, tid, lane, DP)
@@ -459,8 +395,6 @@ def decode_fwd(
     q: DT[:],
     k: DT[:],
     v: DT[:],
-    k_map: kaio.tensormap,
-    v_map: kaio.tensormap,
     block_table: i32[:],
     seq_lens: i32[:],
     out: DT[:],
@@ -492,7 +426,6 @@ def decode_fwd(
     SWAP: kaio.constexpr,
     SYNC1: kaio.constexpr,
     OWN: kaio.constexpr,
-    TMA: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -515,11 +448,7 @@ def decode_fwd(
     such a group fills at most half). ``SYNC1`` (STAGES >= 3): one barrier a key tile, the
     wait for tile i first, then the copies into the stage tile i - 1 used. ``OWN`` (MT 1; a
     paged cache with ``PW``): each warp copies, waits for and reads only its own 16 keys
-    of each tile (``load_own``), so the key tiles need no barrier of the block. ``TMA``
-    (with OWN and SWAP, sm_90): a warp's 16 keys as TMA boxes (``tma_keys``, k_map and
-    v_map) into 64-column rows, on an mbarrier of the warp and stage; V's rows past the
-    length zeroed in shared memory (the boxes copy whole rows). Without it k_map and v_map
-    are never read."""
+    of each tile (``load_own``), so the key tiles need no barrier of the block."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -546,18 +475,6 @@ def decode_fwd(
     q_s = kaio.shared_dynamic(DT, (ROWS, DP), 2 * STAGES * BN * DP * 2)
     red_o = kaio.shared_dynamic(f32, (WARPS * 16, DP), 0)  # after the loop, over kv_s
     red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), (2 * STAGES * BN + ROWS) * DP * 2)
-    HALVES = DP // 64  # TMA: a key's 64-column slices, BN rows apart
-    kv_h = kaio.shared_dynamic(DT, (2 * STAGES * BN * HALVES, 64), 0)  # TMA's view of kv_s
-    # TMA: a barrier a stage and warp, past red_ml (else a stand-in, never used)
-    at = (2 * STAGES * BN + ROWS) * DP * 2 + 2 * WARPS * 16 * 4 if TMA else 0
-    bars = kaio.shared_dynamic(u64, (STAGES if TMA else 1, WARPS if TMA else 1), at)
-    if TMA:
-        if tid == 0:
-            for st in kaio.static_range(STAGES):
-                for w in kaio.static_range(WARPS):
-                    kaio.mbarrier_init(bars, (st, w), 1)
-            kaio.fence_proxy_async()
-        kaio.sync_threads()
 
     # Q first: its copies are in flight while the length is read (the K/V copies need it)
     load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True, DT)
@@ -573,8 +490,7 @@ def decode_fwd(
             if key0 < capacity:
                 copy_tile(
                     kv_s, j * 2 * BN, k, v, key0, capacity, b, kvh, pg, 0, win, block_table,
-                    capacity, max_pages, kv_heads, shift, pages, tid, kv_h, bars, k_map, v_map, DP,
-                    PAGED, PW, OWN, TMA, DT,
+                    capacity, max_pages, kv_heads, shift, pages, tid, DP, PAGED, PW, OWN, DT,
                 )  # fmt: skip
             kaio.cp_async_commit()
     kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
@@ -599,8 +515,8 @@ def decode_fwd(
             if j < count:
                 copy_tile(
                     kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, pg, j, win,
-                    block_table, capacity, max_pages, kv_heads, shift, pages, tid, kv_h, bars,
-                    k_map, v_map, DP, PAGED, PW, OWN, TMA, DT,
+                    block_table, capacity, max_pages, kv_heads, shift, pages, tid, DP, PAGED,
+                    PW, OWN, DT,
                 )  # fmt: skip
             kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
@@ -639,7 +555,7 @@ def decode_fwd(
             copy_tile(
                 kv_s, (i + STAGES - 1) % STAGES * 2 * BN, k, v, key0, kv_len, b, kvh, pg,
                 STAGES - 1, win, block_table, capacity, max_pages, kv_heads, shift, pages, tid,
-                kv_h, bars, k_map, v_map, DP, PAGED, PW, OWN, TMA, DT,
+                DP, PAGED, PW, OWN, DT,
             )  # fmt: skip
             if PAGED and not PW:  # the next tile's pages, used by the next iteration's copies
                 page_ids(
@@ -647,21 +563,13 @@ def decode_fwd(
                     tid, DP,
                 )  # fmt: skip
         kaio.cp_async_commit()
-        if TMA:  # this warp's keys of tile t have landed
-            kaio.mbarrier_wait(bars, (i % STAGES, warp), u32(i // STAGES) & 1)
-        elif OWN:
+        if OWN:
             kaio.cp_async_wait(STAGES - 1)  # this warp's keys of tile t have landed
             kaio.sync_warp()
         elif not SYNC1:
             kaio.cp_async_wait(STAGES - 1)  # tile t has landed
             kaio.sync_threads()
-        if TMA:
-            if t * BN + warp * 16 + 16 > kv_len:  # V's rows of this warp's keys past it: zeros
-                for c in kaio.static_range(HALVES):
-                    vrow = i % STAGES * 2 * HALVES * BN + (HALVES + c) * BN + warp * 16
-                    zero_rows(kv_h, vrow, t * BN + warp * 16, kv_len, lane, 32, 64, DT)
-                kaio.sync_warp()
-        elif SPEC:
+        if SPEC:
             if i < STAGES - 1 and (t + 1) * BN > kv_len:  # copied before the length was known
                 if OWN:  # V's rows of this warp's keys past it: zeros
                     zero_rows(
@@ -674,17 +582,11 @@ def decode_fwd(
         krow = stage + kpart * KW
         # the last tiles hold keys past the end or past a new token's position
         masked = i32((t + 1) * BN) + i32(sq) > i32(kv_len) + 1
-        if TMA:  # (SWAP) this warp's keys in kv_h's 64-column slices
-            krow = i % STAGES * 2 * HALVES * BN + warp * 16
-            key_scores(s, kf, kv_h, krow, acol, qb, lane, DP, BN, DT)
-            key_softmax(s, m, l, o, masked, t * BN + warp * 16, limit, lane, scale_log2, DP)
-            probs_as_b(pb, s, lane, DT)
-            key_values(o, pb, kv_h, krow + HALVES * BN, bcol, lane, DP, BN, DT)
-        elif SWAP:
-            key_scores(s, kf, kv_s, krow, acol, qb, lane, DP, 0, DT)  # S^T = K Q^T
+        if SWAP:
+            key_scores(s, kf, kv_s, krow, acol, qb, lane, DP, DT)  # S^T = K Q^T
             key_softmax(s, m, l, o, masked, t * BN + kpart * KW, limit, lane, scale_log2, DP)
             probs_as_b(pb, s, lane, DT)
-            key_values(o, pb, kv_s, krow + BN, bcol, lane, DP, 0, DT)  # O^T += V^T P^T
+            key_values(o, pb, kv_s, krow + BN, bcol, lane, DP, DT)  # O^T += V^T P^T
         else:
             if not QREG:
                 load_a(qf, q_s, mtile * 16, acol, lane, 0, DP, DT)
@@ -698,10 +600,6 @@ def decode_fwd(
     # columns of row r XOR-ed with r % 4 * 8: a store's 8 rows x 4 column pairs fall on 16
     # banks, not 4)
     kaio.cp_async_wait_all()
-    if TMA and SPEC:  # tiles copied before the length and never used: landed before exit
-        for j in kaio.static_range(STAGES - 1):
-            if j >= count and (split + j * splits) * BN < capacity:
-                kaio.mbarrier_wait(bars, (j, warp), 0)
     kaio.sync_threads()
     # (only the chunk's real rows: a K/V group of 4 heads and one new token fills 4 of 16)
     if SWAP:
@@ -928,17 +826,11 @@ def load_b(qb: u32[:, :], q_s: DT[:, :], bcol: u32[:], lane: u32, DP: kaio.const
 @kaio.gpu_func
 def key_scores(
     st: f32[:, :], kf: u32[:, :], kv_s: DT[:, :], krow: u32, acol: u32[:], qb: u32[:, :],
-    lane: u32, DP: kaio.constexpr, HR: kaio.constexpr, DT: kaio.constexpr,
+    lane: u32, DP: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """st[0] = S^T = K Q^T for the 16 keys of rows krow .. krow + 15 of kv_s (M) and the 8
-    query rows of qb (N): lane (g, t) holds keys g and g + 8, query rows 2t and 2t + 1.
-    ``HR`` > 0 (``TMA``'s layout): kv_s has 64 columns, a key's columns 64 c .. 64 c + 63
-    HR rows on from its columns 0 .. 63."""
-    if HR:
-        for kk in kaio.static_range(DP // 16):
-            kaio.ldmatrix(kf[kk], kv_s, (krow + kk // 4 * HR + lane % 16, acol[kk % 4]))
-    else:
-        load_a(kf, kv_s, krow, acol, lane, 0, DP, DT)
+    query rows of qb (N): lane (g, t) holds keys g and g + 8, query rows 2t and 2t + 1."""
+    load_a(kf, kv_s, krow, acol, lane, 0, DP, DT)
     for e in kaio.static_range(4):
         st[0, e] = 0.0
     for kk in kaio.static_range(DP // 16):
@@ -994,18 +886,14 @@ def probs_as_b(pb: u32[:, :], st: f32[:, :], lane: u32, DT: kaio.constexpr):
 @kaio.gpu_func
 def key_values(
     o: f32[:, :], pb: u32[:, :], kv_s: DT[:, :], vrow: u32, bcol: u32[:], lane: u32,
-    DP: kaio.constexpr, HR: kaio.constexpr, DT: kaio.constexpr,
+    DP: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """o[mi] += V^T P^T for the head-dim rows 16 mi .. 16 mi + 15 (M): A = the 16 value
-    rows vrow .. vrow + 15 of kv_s read transposed (ldmatrix .trans), B = P^T (pb). ``HR``:
-    as ``key_scores``'."""
+    rows vrow .. vrow + 15 of kv_s read transposed (ldmatrix .trans), B = P^T (pb)."""
     va = kaio.local(u32, (1, 4))
     for mi in kaio.static_range(DP // 16):
         row = vrow + lane // 16 * 8 + lane % 8
-        if HR:
-            kaio.ldmatrix_trans(va[0], kv_s, (row + mi // 4 * HR, bcol[mi % 4]))
-        else:
-            kaio.ldmatrix_trans(va[0], kv_s, (row, mi // 4 * 64 + bcol[mi % 4]))
+        kaio.ldmatrix_trans(va[0], kv_s, (row, mi // 4 * 64 + bcol[mi % 4]))
         mma(o, mi, va, 0, pb, 0, DT)
 
 

@@ -21,7 +21,6 @@ import math
 
 import numpy as np
 
-import kaio
 from kaio.types import bf16, f16, f32, i32, u32
 from kaio_ops import _arrays
 from kaio_ops import _decode as dk
@@ -89,9 +88,6 @@ PAGE_SPEC = True  # decode_pages splits the capacity: its first copies need no l
 KEYS_IN_M = True
 SYNC1 = True
 OWN_KEYS = True
-# where a warp owns its keys (OWN) and SWAP, on sm_90: the keys by TMA boxes of 16 rows
-# (``tma_keys``) instead of 16-byte cp.async. Off until measured (dec, ninth pass)
-TMA_KEYS = False
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -117,12 +113,6 @@ def owns(mt: int, paged: bool, alone: bool) -> int:
     paged cache read through the block-table window, one M-tile, in a grid of one split
     and at most a block a multiprocessor (``alone``)."""
     return int(OWN_KEYS and paged and PAGE_WINDOW and mt == 1 and alone)
-
-
-def tmas(swap: int, own: int, like) -> int:
-    """``decode_fwd``'s TMA (TMA_KEYS): a warp's own keys (``own``) of the SWAP products
-    by TMA boxes, on sm_90 (and in the simulator)."""
-    return int(TMA_KEYS and swap and own and _hopper(like))
 
 
 def stage_syncs(stages: int, own: int = 0) -> int:
@@ -157,12 +147,10 @@ def one_split_stages(dp: int, mt: int, paged: bool) -> int:
     return 2 if not paged else deep_stages(dp, mt)
 
 
-def shared_bytes(dp: int, mt: int, stages: int = 2, tma: int = 0) -> int:
+def shared_bytes(dp: int, mt: int, stages: int = 2) -> int:
     """Dynamic shared memory of ``decode_fwd``: the K/V stages, the Q rows, the warps'
-    maxima and sums (the warps' partial outputs reuse the K/V stages), and with ``tma`` an
-    mbarrier a stage and warp."""
-    bars = 8 * stages * dk.WARPS if tma else 0
-    return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4 + bars
+    maxima and sums (the warps' partial outputs reuse the K/V stages)."""
+    return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4
 
 
 def merge_shared(mt: int) -> int:
@@ -270,7 +258,7 @@ def plan_grid(
         if CLUSTER_BANDWIDTH and per > LONG_SPLIT and not streams_fast(like, blocks * cl):
             break  # (fewer splits: fewer SMs still)
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
-        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages), "OWN": 0, "TMA": 0}
+        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages), "OWN": 0}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
@@ -494,32 +482,6 @@ def _outputs(qa, splits: int) -> tuple:
     return out, lse, out_flat, lse_flat, part, part_lse
 
 
-_NO_MAPS: dict = {}  # (kind, device, dtype) -> decode_fwd's stand-in tensor map
-
-
-def _key_maps(like, cache, d: int, tma: int) -> list:
-    """``decode_fwd``'s k_map and v_map: with ``tma``, boxes of 16 rows x 64 columns
-    (128-byte swizzle) over the pool as [pages * page_size, Hkv * D] or the contiguous cache
-    as [B * Hkv * capacity, D]; else a stand-in, never read, over a constant placeholder,
-    its bytes zeros (no driver encoding: that needs sm_90)."""
-    if tma:
-        rows = cache.pages * cache.page_size if cache.paged else cache.k.size // d
-        cols = cache.k.size // rows
-        return [
-            kaio.tensor_map_2d(_arrays.view(a.obj, a.kind, (rows, cols)), (16, 64), 128)
-            for a in (cache.k, cache.v)
-        ]
-    key = (like.kind, like.device, like.dtype)
-    stand_in = _NO_MAPS.get(key)
-    if stand_in is None:
-        placeholder = _arrays.constant(_arrays.output(like, (16, 64)))
-        stand_in = kaio.tensor_map_2d(placeholder, (16, 64), 0)
-        if like.kind != "numpy":
-            stand_in._bytes = bytes(128)
-        _NO_MAPS[key] = stand_in
-    return [stand_in, stand_in]
-
-
 def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     inputs = _arrays.Inputs(op)
     qa = inputs.array(q, "q", ndim=4, dtypes=(f16, bf16), form="[B, H, Sq, D]")
@@ -557,9 +519,6 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     swap = swaps(group * sq, d)
     splits, stages, cl, shared = plan_grid(qa, DECODE, blocks, tiles, d, mt, cache.paged, swap)
     own = owns(mt, cache.paged, splits == 1 and blocks <= _arrays.multiprocessors(qa))
-    tma = tmas(swap, own, qa)
-    if tma:
-        shared = max(shared, shared_bytes(d, mt, stages, tma))
     rows = batch * heads * sq
     stream = _arrays.stream_of(qa)
     direct = splits == 1
@@ -572,14 +531,13 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     if counters is None:  # a stand-in, never read
         counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
     DECODE[(splits, blocks), dk.THREADS, stream, shared](
-        *flat, *_key_maps(qa, cache, d, tma), cache.table_arg(qa), lens.arg(batch), out_flat,
-        lse_flat, part, part_lse,
+        *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
         SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages, own),
-        OWN=own, TMA=tma,
+        OWN=own,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -679,7 +637,7 @@ def kv_cache_append(k_cache, v_cache, k, v, seq_lens, block_table=None) -> None:
 def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
     """(DECODE, constexprs) of each stage count and merge of one family of ``decode_fwd``
     (the one-split grid at its stages with and without OWN, which depends on the grid)."""
-    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap, "OWN": 0, "TMA": 0}
+    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap, "OWN": 0}
     base["PW"] = int(PAGE_WINDOW and paged)
     one = one_split_stages(dp, mt, paged)
     for direct, fused in ((True, False), (False, False), (False, True)):
@@ -689,8 +647,6 @@ def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
             yield DECODE, {**flags, "STAGES": stages, "SYNC1": stage_syncs(stages)}
             if direct and stages == one and owns(mt, paged, True):
                 yield DECODE, {**flags, "STAGES": stages, "SYNC1": 0, "OWN": 1}
-                if TMA_KEYS and swap:  # (sm_90)
-                    yield DECODE, {**flags, "STAGES": stages, "SYNC1": 0, "OWN": 1, "TMA": 1}
     # merged through a cluster (sm_90), a block a multiprocessor
     flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": speculates(paged, 2)}
     stages = deep_stages(dp, mt)
