@@ -101,7 +101,6 @@ ORIG = {
     if hasattr(decode, n)
 }
 ORIG_SPEC = getattr(decode, "SPECULATE", False)
-ORIG_CO = getattr(decode, "HEAD_CLUSTER", 1)
 ORIG_SPLIT_SPEC = getattr(decode, "SPLIT_SPEC", False)
 ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
@@ -138,7 +137,6 @@ def restore():
     decode.PAGED_CLUSTER_TILES = ORIG_PAGED_TILES
     decode.PAGE_WINDOW = ORIG_WINDOW
     decode.SPECULATE = ORIG_SPEC
-    decode.HEAD_CLUSTER = ORIG_CO
     decode.SPLIT_SPEC = ORIG_SPLIT_SPEC
     decode.SPREAD = ORIG_SPREAD
     decode.CLUSTERS = ORIG_CLUSTERS
@@ -280,15 +278,12 @@ def force(
     plan=None,
     kernel=None,
     own=None,
-    co=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
-    if co is not None:  # a one-split grid's K/V heads in clusters of co (HEAD_CLUSTER)
-        decode.HEAD_CLUSTER = co
     if own is not None:  # each warp on its own keys (OWN) in every grid, or in none
         decode.owns = lambda *a, o=int(own): o
     if pages is not None:  # whole-page blocks (decode_pages) on or off
@@ -2240,9 +2235,9 @@ def warm_m():
         c |= {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "SWAP": 1}
         st = decode.one_split_stages(128, 1, paged)
         own = decode.owns(1, paged, True)
-        out.append((decode.DECODE, {**c, "STAGES": st, "OWN": own, "CO": 1,
+        out.append((decode.DECODE, {**c, "STAGES": st, "OWN": own,
                                     "SYNC1": decode.stage_syncs(st, own)}))  # fmt: skip
-        c3 = {**c, "STAGES": 3, "OWN": 0, "SYNC1": decode.stage_syncs(3), "CO": 1}
+        c3 = {**c, "STAGES": 3, "OWN": 0, "SYNC1": decode.stage_syncs(3)}
         out.append((decode.DECODE, c3))
 
         out.append((tma_stream, {"PAGED": paged, "STAGES": 4}))
@@ -2256,18 +2251,16 @@ def warm_m():
     return out
 
 
-N_CASES = ((16, 4096), (64, 4096), (16, 32768), (16, 1024), (64, 1024))
-
-
-def round_n(budget: float):
-    """(dec, ninth pass) decode_fwd's one-split grids with a sequence's K/V heads in
-    clusters of 2 (HEAD_CLUSTER, no barrier) against the shipped grid, both layouts, each
-    checked against f32 SDPA first; two passes, the second reversed; SDPA first and last."""
-    variants = {"shipped": {}, "co2": {"co": 2}}
-    for _, _, _, sets, lens, label in shapes(N_CASES, budget):
-        for contiguous in (False, True):
-            err = check(sets, lens, contiguous=contiguous, co=2)
-            print(f"{label} co2 contiguous={contiguous} rel err {err:.1e}", flush=True)
+def variants_round(cases, variants: dict, budget: float):
+    """kaio under each of ``variants`` (name -> force()'s settings) against the shipped
+    defaults at ``cases``, both layouts, each variant checked against f32 SDPA first; two
+    passes, the second reversed; SDPA first and last."""
+    variants = {"shipped": {}, **variants}
+    for _, _, _, sets, lens, label in shapes(cases, budget):
+        for name, cfg in list(variants.items())[1:]:
+            for contiguous in (False, True):
+                err = check(sets, lens, contiguous=contiguous, **cfg)
+                print(f"{label} {name} contiguous={contiguous} rel err {err:.1e}", flush=True)
         jobs = [
             (f"{'contiguous' if c else 'paged'} {name}", run_kaio(lens, contiguous=c, **cfg))
             for name, cfg in variants.items()
@@ -2280,19 +2273,25 @@ def round_n(budget: float):
         show(f"{label} SDPA again", again)
 
 
-def warm_n():
-    """What round n launches: the one-split decode_fwd of each layout at its own stages
-    (B = 16) and at 3 (B = 64), with CO 1 and 2."""
+def round_o(budget: float):
+    """(dec, ninth pass) each warp on its own keys (OWN) in every grid, at B = 1 (clusters
+    of 8, or 16 splits through the fused merge over a paged cache at 32k keys)."""
+    variants_round(((1, 4096), (1, 32768), (1, 1024)), {"own": {"own": True}}, budget)
+
+
+def warm_o():
+    """What round o launches: B = 1's grids (clusters of 8 and, for the residency query,
+    of 16; paged at 32k keys 16 splits through the fused merge; 4 stages) with OWN 0 and
+    1."""
     out = warm_k()[:1]
     for paged in (False, True):
-        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
-        c |= {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "SWAP": 1}
-        st = decode.one_split_stages(128, 1, paged)
-        own = decode.owns(1, paged, True)
-        for co in (1, 2):
-            one = {"STAGES": st, "OWN": own, "SYNC1": decode.stage_syncs(st, own), "CO": co}
-            three = {"STAGES": 3, "OWN": 0, "SYNC1": decode.stage_syncs(3), "CO": co}
-            out += [(decode.DECODE, {**c, **one}), (decode.DECODE, {**c, **three})]
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "SWAP": 1}
+        c |= {"DIRECT": False, "STAGES": 4, "SPEC": 0, "SYNC1": 0}
+        grids = [{"FUSED": False, "CL": n} for n in (8, 16)]
+        grids += [{"FUSED": True, "CL": 1}] if paged else []
+        for grid in grids:
+            for own in (0, 1):
+                out.append((decode.DECODE, {**c, **grid, "OWN": own}))
     return out
 
 
@@ -2319,7 +2318,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "k": (round_k, 30),
     "kf": (round_kf, 15),
     "m": (round_m, 40),
-    "n": (round_n, 40),
+    "o": (round_o, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2335,7 +2334,7 @@ WARMS = {
     "warm_k": warm_k,
     "warm_kf": warm_kf,
     "warm_m": warm_m,
-    "warm_n": warm_n,
+    "warm_o": warm_o,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,

@@ -426,7 +426,6 @@ def decode_fwd(
     SWAP: kaio.constexpr,
     SYNC1: kaio.constexpr,
     OWN: kaio.constexpr,
-    CO: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -449,14 +448,9 @@ def decode_fwd(
     such a group fills at most half). ``SYNC1`` (STAGES >= 3): one barrier a key tile, the
     wait for tile i first, then the copies into the stage tile i - 1 used. ``OWN`` (MT 1; a
     paged cache with ``PW``): each warp copies, waits for and reads only its own 16 keys
-    of each tile (``load_own``), so the key tiles need no barrier of the block. ``CO`` > 1
-    (one split, sm_90): the grid is (the y blocks, 1) and CO consecutive ones, a sequence's
-    K/V heads (row chunks), one cluster with no barrier: they run on one GPC at once and
-    read each page's rows about together."""
+    of each tile (``load_own``), so the key tiles need no barrier of the block."""
     if CL > 1:
         kaio.cluster_dims(CL)
-    if CO > 1:
-        kaio.cluster_dims(CO)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
     KW = BN // KSPLIT
     ROWS = 16 * MT
@@ -468,11 +462,10 @@ def decode_fwd(
     g = lane // 4
     mtile = warp % MT
     kpart = warp // MT
-    split = u32(0) if CO > 1 else kaio.block_idx_x()
-    splits = u32(1) if CO > 1 else kaio.grid_dim_x()
-    by = kaio.block_idx_x() if CO > 1 else kaio.block_idx_y()  # (batch b, K/V head, chunk)
-    chunk = by % chunks
-    bkv = by // chunks
+    split = kaio.block_idx_x()
+    splits = kaio.grid_dim_x()
+    chunk = kaio.block_idx_y() % chunks
+    bkv = kaio.block_idx_y() // chunks
     b = bkv // kv_heads
     kvh = bkv % kv_heads
     nrows = group * sq  # the group's query rows, contiguous in q

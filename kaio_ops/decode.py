@@ -88,10 +88,6 @@ PAGE_SPEC = True  # decode_pages splits the capacity: its first copies need no l
 KEYS_IN_M = True
 SYNC1 = True
 OWN_KEYS = True
-# a one-split grid's blocks in clusters of HEAD_CLUSTER consecutive K/V heads (no barrier;
-# sm_90): off until measured (dec, ninth pass: the copy floor over a shuffled pool 0.1% to
-# 0.3% faster with clusters of 2)
-HEAD_CLUSTER = 1
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -117,13 +113,6 @@ def owns(mt: int, paged: bool, alone: bool) -> int:
     paged cache read through the block-table window, one M-tile, in a grid of one split
     and at most a block a multiprocessor (``alone``)."""
     return int(OWN_KEYS and paged and PAGE_WINDOW and mt == 1 and alone)
-
-
-def head_clusters(like, splits: int, blocks: int) -> int:
-    """``decode_fwd``'s CO: HEAD_CLUSTER consecutive blocks of a one-split grid one cluster
-    (on sm_90 and in the simulator, where they divide the blocks), else 1."""
-    co = HEAD_CLUSTER
-    return co if co > 1 and splits == 1 and blocks % co == 0 and _hopper(like) else 1
 
 
 def stage_syncs(stages: int, own: int = 0) -> int:
@@ -269,7 +258,7 @@ def plan_grid(
         if CLUSTER_BANDWIDTH and per > LONG_SPLIT and not streams_fast(like, blocks * cl):
             break  # (fewer splits: fewer SMs still)
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
-        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages), "OWN": 0, "CO": 1}
+        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages), "OWN": 0}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
@@ -541,15 +530,14 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
     if counters is None:  # a stand-in, never read
         counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
-    co = head_clusters(qa, splits, blocks)
-    DECODE[(splits, blocks) if co == 1 else (blocks, 1), dk.THREADS, stream, shared](
+    DECODE[(splits, blocks), dk.THREADS, stream, shared](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
         SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages, own),
-        OWN=own, CO=co,
+        OWN=own,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -649,7 +637,7 @@ def kv_cache_append(k_cache, v_cache, k, v, seq_lens, block_table=None) -> None:
 def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
     """(DECODE, constexprs) of each stage count and merge of one family of ``decode_fwd``
     (the one-split grid at its stages with and without OWN, which depends on the grid)."""
-    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap, "OWN": 0, "CO": 1}
+    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap, "OWN": 0}
     base["PW"] = int(PAGE_WINDOW and paged)
     one = one_split_stages(dp, mt, paged)
     for direct, fused in ((True, False), (False, False), (False, True)):

@@ -290,26 +290,23 @@ class _Launches:
 
 
 @pytest.mark.parametrize(
-    "merge, page_size, sq, d, dtype, stages, co",
+    "merge, page_size, sq, d, dtype, stages",
     [
-        ("direct", 16, 1, 128, np.float16, 4, 1),  # the suite's group of 4 heads: OWN
-        ("direct", 16, 1, 128, np.float16, 4, 2),  # the same, heads in clusters of 2
-        ("direct", 16, 2, 64, BF16, 3, 1),  # 8 rows: OWN at 3 stages
-        ("direct", None, 2, 64, BF16, 3, 2),  # SYNC1, heads in clusters of 2
-        ("fused", 16, 2, 64, np.float16, 3, 1),  # SYNC1
-        ("cluster", None, 1, 128, BF16, 3, 1),  # SYNC1
+        ("direct", 16, 1, 128, np.float16, 4),  # the suite's group of 4 heads: OWN
+        ("direct", 16, 2, 64, BF16, 3),  # 8 rows: OWN at 3 stages
+        ("direct", None, 2, 64, BF16, 3),  # SYNC1
+        ("fused", 16, 2, 64, np.float16, 3),  # SYNC1
+        ("cluster", None, 1, 128, BF16, 3),  # SYNC1
     ],
 )
 def test_keys_in_m_and_the_barriers_in_simulator(
-    monkeypatch, merge, page_size, sq, d, dtype, stages, co
+    monkeypatch, merge, page_size, sq, d, dtype, stages
 ):
     # decode_fwd with the keys in the mma's M dimension (SWAP: a group of 4 heads x Sq 1
     # or 2) and one barrier a key tile (SYNC1) or none (OWN: each warp copies and waits
     # for its own keys; a paged cache, one split), against float64 and the race checker:
-    # one split with its first copies before the length (its blocks in clusters of co
-    # K/V heads), or several merged; rows past each length hold NaN, which must not reach
-    # the output
-    monkeypatch.setattr(decode, "HEAD_CLUSTER", co)
+    # one split with its first copies before the length, or several merged; rows past
+    # each length hold NaN, which must not reach the output
     monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
     monkeypatch.setattr(decode, "splits_for", lambda *_: 1 if merge == "direct" else 3)
     monkeypatch.setattr(decode, "CLUSTER_MERGE", merge == "cluster")
@@ -335,8 +332,7 @@ def test_keys_in_m_and_the_barriers_in_simulator(
             q, k_cache, v_cache, np.array(lens, np.int32), table
         )
     own = int(page_size is not None and merge == "direct")
-    want = [(1, 1 - own, own, co)]
-    assert [(c["SWAP"], c["SYNC1"], c["OWN"], c["CO"]) for c in spy.constexprs] == want
+    assert [(c["SWAP"], c["SYNC1"], c["OWN"]) for c in spy.constexprs] == [(1, 1 - own, own)]
     ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
     out = out.astype(np.float64)
     assert np.isfinite(out).all() and not counters.any()
@@ -644,7 +640,7 @@ def assembled() -> list:
         pw = int(decode.PAGE_WINDOW and paged)
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
-        tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own, "CO": 1}
+        tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own}
         return {**base, "SPEC": spec, **flags, **tile}
 
     return [
