@@ -101,6 +101,7 @@ ORIG = {
     if hasattr(decode, n)
 }
 ORIG_SPEC = getattr(decode, "SPECULATE", False)
+ORIG_OWN_CLUSTER = getattr(decode, "OWN_CLUSTER", False)
 ORIG_SPLIT_SPEC = getattr(decode, "SPLIT_SPEC", False)
 ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
@@ -137,6 +138,7 @@ def restore():
     decode.PAGED_CLUSTER_TILES = ORIG_PAGED_TILES
     decode.PAGE_WINDOW = ORIG_WINDOW
     decode.SPECULATE = ORIG_SPEC
+    decode.OWN_CLUSTER = ORIG_OWN_CLUSTER
     decode.SPLIT_SPEC = ORIG_SPLIT_SPEC
     decode.SPREAD = ORIG_SPREAD
     decode.CLUSTERS = ORIG_CLUSTERS
@@ -278,12 +280,15 @@ def force(
     plan=None,
     kernel=None,
     own=None,
+    own_cluster=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
+    if own_cluster is not None:  # OWN in the cluster-merge grids (decode.OWN_CLUSTER)
+        decode.OWN_CLUSTER = own_cluster
     if own is not None:  # each warp on its own keys (OWN) in every grid, or in none
         decode.owns = lambda *a, o=int(own): o
     if pages is not None:  # whole-page blocks (decode_pages) on or off
@@ -2295,6 +2300,26 @@ def warm_o():
     return out
 
 
+def round_p2(budget: float):
+    """(dec, ninth pass) the cluster-merge grids with OWN (routed: decode.OWN_CLUSTER)
+    against them without, at B = 1, 2, 4 and 8."""
+    cases = ((1, 1024), (4, 4096), (1, 4096), (8, 1024), (2, 8192))
+    variants_round(cases, {"no own in clusters": {"own_cluster": False}}, budget)
+
+
+def warm_p2():
+    """What round p2 launches: the cluster-merge grids (clusters of 2, 4, 8 and, for the
+    residency query, 16; 4 stages) with OWN 0 and 1, both layouts."""
+    out = warm_k()[:1]
+    for paged in (False, True):
+        c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "SWAP": 1}
+        c |= {"DIRECT": False, "FUSED": False, "STAGES": 4, "SPEC": 0, "SYNC1": 0}
+        for cl in (8, 4, 2, 16):
+            for own in (1, 0):
+                out.append((decode.DECODE, {**c, "CL": cl, "OWN": own}))
+    return out
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -2319,6 +2344,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "kf": (round_kf, 15),
     "m": (round_m, 40),
     "o": (round_o, 40),
+    "p2": (round_p2, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2335,6 +2361,7 @@ WARMS = {
     "warm_kf": warm_kf,
     "warm_m": warm_m,
     "warm_o": warm_o,
+    "warm_p2": warm_p2,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,

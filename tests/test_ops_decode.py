@@ -296,7 +296,7 @@ class _Launches:
         ("direct", 16, 2, 64, BF16, 3),  # 8 rows: OWN at 3 stages
         ("direct", None, 2, 64, BF16, 3),  # SYNC1
         ("fused", 16, 2, 64, np.float16, 3),  # SYNC1
-        ("cluster", None, 1, 128, BF16, 3),  # SYNC1
+        ("cluster", None, 1, 128, BF16, 3),  # OWN in a cluster grid
     ],
 )
 def test_keys_in_m_and_the_barriers_in_simulator(
@@ -304,9 +304,9 @@ def test_keys_in_m_and_the_barriers_in_simulator(
 ):
     # decode_fwd with the keys in the mma's M dimension (SWAP: a group of 4 heads x Sq 1
     # or 2) and one barrier a key tile (SYNC1) or none (OWN: each warp copies and waits
-    # for its own keys; a paged cache, one split), against float64 and the race checker:
-    # one split with its first copies before the length, or several merged; rows past
-    # each length hold NaN, which must not reach the output
+    # for its own keys; a paged cache, one split, or a cluster merge), against float64 and
+    # the race checker: one split with its first copies before the length, or several
+    # merged; rows past each length hold NaN, which must not reach the output
     monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
     monkeypatch.setattr(decode, "splits_for", lambda *_: 1 if merge == "direct" else 3)
     monkeypatch.setattr(decode, "CLUSTER_MERGE", merge == "cluster")
@@ -331,7 +331,7 @@ def test_keys_in_m_and_the_barriers_in_simulator(
         out, lse = kaio_ops.flash_attention_decode_with_stats(
             q, k_cache, v_cache, np.array(lens, np.int32), table
         )
-    own = int(page_size is not None and merge == "direct")
+    own = int(page_size is not None and merge == "direct" or merge == "cluster")
     assert [(c["SWAP"], c["SYNC1"], c["OWN"]) for c in spy.constexprs] == [(1, 1 - own, own)]
     ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
     out = out.astype(np.float64)
@@ -651,7 +651,7 @@ def assembled() -> list:
         (decode.DECODE, fwd(256, 1, False, "kernel")),
         (decode.DECODE, fwd(256, 4, True, "fused")),
         (decode.DECODE, fwd(128, 1, False, "fused", dt=kaio.bf16)),
-        (decode.DECODE, fwd(128, 1, True, "cluster", deep=True, cl=16, swap=1)),
+        (decode.DECODE, fwd(128, 1, True, "cluster", deep=True, cl=16, swap=1, own=1)),
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1)),
         (decode.DECODE, fwd(128, 1, False, "direct", dt=kaio.bf16, swap=1)),
         (decode.DECODE, fwd(256, 4, False, "cluster", deep=True, cl=2, dt=kaio.bf16)),
