@@ -101,7 +101,7 @@ ORIG = {
     if hasattr(decode, n)
 }
 ORIG_SPEC = getattr(decode, "SPECULATE", False)
-ORIG_OWN_CLUSTER = getattr(decode, "OWN_CLUSTER", False)
+ORIG_OWN_TILES = getattr(decode, "OWN_CLUSTER_TILES", 0)
 ORIG_SPLIT_SPEC = getattr(decode, "SPLIT_SPEC", False)
 ORIG_CLUSTER = getattr(decode, "CLUSTER_MERGE", False)
 ORIG_TILES = getattr(decode, "CLUSTER_TILES", 8)
@@ -138,7 +138,7 @@ def restore():
     decode.PAGED_CLUSTER_TILES = ORIG_PAGED_TILES
     decode.PAGE_WINDOW = ORIG_WINDOW
     decode.SPECULATE = ORIG_SPEC
-    decode.OWN_CLUSTER = ORIG_OWN_CLUSTER
+    decode.OWN_CLUSTER_TILES = ORIG_OWN_TILES
     decode.SPLIT_SPEC = ORIG_SPLIT_SPEC
     decode.SPREAD = ORIG_SPREAD
     decode.CLUSTERS = ORIG_CLUSTERS
@@ -280,15 +280,15 @@ def force(
     plan=None,
     kernel=None,
     own=None,
-    own_cluster=None,
+    own_tiles=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
-    if own_cluster is not None:  # OWN in the cluster-merge grids (decode.OWN_CLUSTER)
-        decode.OWN_CLUSTER = own_cluster
+    if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
+        decode.OWN_CLUSTER_TILES = own_tiles
     if own is not None:  # each warp on its own keys (OWN) in every grid, or in none
         decode.owns = lambda *a, o=int(own): o
     if pages is not None:  # whole-page blocks (decode_pages) on or off
@@ -2301,10 +2301,11 @@ def warm_o():
 
 
 def round_p2(budget: float):
-    """(dec, ninth pass) the cluster-merge grids with OWN (routed: decode.OWN_CLUSTER)
-    against them without, at B = 1, 2, 4 and 8."""
+    """(dec, ninth pass) the cluster-merge grids with OWN against them without, at B = 1,
+    2, 4 and 8 (round D: OWN in every cluster grid, since routed only for splits of at
+    most decode.OWN_CLUSTER_TILES key tiles)."""
     cases = ((1, 1024), (4, 4096), (1, 4096), (8, 1024), (2, 8192))
-    variants_round(cases, {"no own in clusters": {"own_cluster": False}}, budget)
+    variants_round(cases, {"no own in clusters": {"own_tiles": 0}}, budget)
 
 
 def warm_p2():

@@ -88,11 +88,14 @@ PAGE_SPEC = True  # decode_pages splits the capacity: its first copies need no l
 KEYS_IN_M = True
 SYNC1 = True
 OWN_KEYS = True
-# OWN also in the grids merged through a cluster (B = 1 at 1k keys, clusters of 8 with 2
-# tiles a split: paged 6.06 / 6.11 us against 6.21, contiguous 5.66 against 5.73; at 4k
-# keys, 8 tiles a split, equal; over the fused merge's 16 splits, paged at 32k keys, 50.8
-# against 50.2: not there), dec, ninth pass
-OWN_CLUSTER = True
+# OWN also in the grids merged through a cluster whose splits take at most
+# OWN_CLUSTER_TILES key tiles (measured on an H100, kernel time, two rounds: B = 1 at 1k
+# keys, clusters of 8 with 2 tiles a split, paged 6.06 to 6.11 us against 6.21, contiguous
+# 5.66 against 5.73 to 5.76; with 8 or more tiles a split no faster: B1 L4096 paged 10.11
+# to 10.21 against 10.05 to 10.14, B4 L4096, B8 L1024 and B2 L8192 within 0.1 us either
+# way; over the fused merge's 16 splits, paged at 32k keys, 50.8 against 50.2), dec, ninth
+# pass
+OWN_CLUSTER_TILES = 2
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -113,14 +116,15 @@ def swaps(rows: int, dp: int) -> int:
     return int(KEYS_IN_M and rows <= 8 and dp <= 128)
 
 
-def owns(mt: int, paged: bool, alone: bool, cl: int = 1) -> int:
+def owns(mt: int, paged: bool, alone: bool, cl: int = 1, per: int = 0) -> int:
     """``decode_fwd``'s OWN (OWN_KEYS): each warp on its own 16 keys of a tile, one M-tile
     (a paged cache read through the block-table window), in a grid of one split and at
-    most a block a multiprocessor over a paged cache (``alone``), or one whose splits
-    merge through clusters of ``cl`` > 1 blocks (OWN_CLUSTER)."""
+    most a block a multiprocessor over a paged cache (``alone``), or one whose splits of
+    ``per`` key tiles merge through clusters of ``cl`` > 1 blocks (per up to
+    OWN_CLUSTER_TILES)."""
     if not (OWN_KEYS and mt == 1) or paged and not PAGE_WINDOW:
         return 0
-    return int(paged and alone or OWN_CLUSTER and cl > 1)
+    return int(paged and alone or cl > 1 and per <= OWN_CLUSTER_TILES)
 
 
 def stage_syncs(stages: int, own: int = 0) -> int:
@@ -266,7 +270,7 @@ def plan_grid(
         if CLUSTER_BANDWIDTH and per > LONG_SPLIT and not streams_fast(like, blocks * cl):
             break  # (fewer splits: fewer SMs still)
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
-        own = owns(mt, paged, False, cl)
+        own = owns(mt, paged, False, cl, per)
         consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages, own), "OWN": own}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
@@ -527,7 +531,8 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     tiles = -(-cache.capacity // dk.BN)
     swap = swaps(group * sq, d)
     splits, stages, cl, shared = plan_grid(qa, DECODE, blocks, tiles, d, mt, cache.paged, swap)
-    own = owns(mt, cache.paged, splits == 1 and blocks <= _arrays.multiprocessors(qa), cl)
+    alone = splits == 1 and blocks <= _arrays.multiprocessors(qa)
+    own = owns(mt, cache.paged, alone, cl, -(-tiles // splits))
     rows = batch * heads * sq
     stream = _arrays.stream_of(qa)
     direct = splits == 1
@@ -660,9 +665,9 @@ def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
     flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": speculates(paged, 2)}
     stages = deep_stages(dp, mt)
     for cl in CLUSTERS:
-        own = owns(mt, paged, False, cl)
-        yield DECODE, {**flags, "STAGES": stages, "CL": cl, "SYNC1": stage_syncs(stages, own),
-                       "OWN": own}  # fmt: skip
+        for own in sorted({0, owns(mt, paged, False, cl)}):  # (OWN: splits of few tiles)
+            sync1 = stage_syncs(stages, own)
+            yield DECODE, {**flags, "STAGES": stages, "CL": cl, "SYNC1": sync1, "OWN": own}
 
 
 def shipped():

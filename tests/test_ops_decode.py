@@ -310,6 +310,7 @@ def test_keys_in_m_and_the_barriers_in_simulator(
     monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
     monkeypatch.setattr(decode, "splits_for", lambda *_: 1 if merge == "direct" else 3)
     monkeypatch.setattr(decode, "CLUSTER_MERGE", merge == "cluster")
+    monkeypatch.setattr(decode, "OWN_CLUSTER_TILES", 3)  # (OWN in the cluster grid: 3 tiles)
     monkeypatch.setattr(decode, "one_split_stages", lambda *_: stages)
     monkeypatch.setattr(decode, "deep_stages", lambda *_: stages)
     monkeypatch.setattr(decode, "speculates", lambda paged, splits=1: int(splits == 1))
