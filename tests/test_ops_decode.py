@@ -756,6 +756,7 @@ def _sdpa_reference(q, k_cache, v_cache, lens, table, scale=None):
     "b, h, hkv, sq, d, capacity, lens",
     [
         (1, 32, 8, 1, 128, 4096, [4096]),
+        (1, 32, 8, 1, 128, 1024, [1000]),  # clusters of 8, 2 tiles a split: OWN
         (4, 32, 8, 1, 128, 8192, [1, 4095, 8192, 0]),
         (3, 32, 4, 4, 128, 2048, [2047, 16, 1000]),
         (2, 8, 1, 16, 64, 5000, [4999, 17]),
