@@ -1,0 +1,241 @@
+"""W4A16 decode at M = 9-16 with x resident in shared memory: ``out [M, N] = x [M, K] @ W``.
+
+The decode kernel (``_int4_decode``) gives each block one 32-column tile over all of K, so
+every tile's block reads all of x (16 rows: twice the words' bytes at M = 16) through L1
+from L2, and its grid of N / 32 tiles shares the SMs unevenly (10240 columns: 320 tiles,
+2.4 an SM). Here the grid is one block an SM, each a part of K (``KPART`` = 32 scale
+groups, 4096 values) and a run of tiles:
+
+- Block ``b`` takes K part ``b % PARTS`` and the tiles ``[c T / C, (c + 1) T / C)`` of
+  column group ``c = b // PARTS`` (C = blocks / PARTS): every SM streams the same words
+  within a tile.
+- Its ``WARPS`` (16) warps split the part's groups, two each (warp w: groups w and
+  w + 16 of the part), and copy x's rows for those groups into shared memory once
+  (``copy_x``, 128 KB a block): the tiles then read x from there (``ld.shared``), and x
+  crosses L2 once a block instead of once a tile.
+- Each warp walks its two groups of each tile in turn, the words of the next one loaded
+  while one is multiplied (the swapped mma of ``_int4_decode.multiply_swapped``, DEQ 6);
+  at a tile's end the warps' tiles are added in warp order through shared memory
+  (``partial``, two buffers: one barrier a tile).
+- With PARTS > 1 each block leaves its tiles' sums in ``ws[part, tile]``; the last block to
+  finish a tile (``counters``) adds the parts in part order into ``out``: the same bits on
+  every run.
+"""
+
+# ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
+from __future__ import annotations
+
+import kaio
+from kaio import f16, f32, i32, u32
+from kaio_ops import _arrays
+from kaio_ops._int4_decode import (
+    COLS,
+    LOADS,
+    ROWS_PER_GROUP,
+    _rows,
+    _split_arrays,
+    _words,
+    load_group,
+    partial_swapped,
+    swapped_load,
+)
+
+WARPS = 16  # warps a block (one block an SM)
+PER_WARP = 2  # scale groups a warp takes in each tile (the words' two register buffers)
+KPART = WARPS * PER_WARP  # scale groups a part of K
+MAX_TILES = 64  # tiles a block at most (its arrival flags)
+GROUP_HALVES = 128  # the halves of a row of x in one scale group
+PARTIAL_BYTES = 2 * WARPS * 16 * COLS * 4  # the warps' tiles, two buffers (dynamic, first)
+X_AT = PARTIAL_BYTES + 4 * MAX_TILES  # then the arrival flags, then x
+
+
+@kaio.gpu_func
+def x_at(warp: u32, j: kaio.constexpr, row: u32, chunk: u32, ROWS: kaio.constexpr) -> u32:
+    """The f16 index in the block's x of chunk ``chunk`` (8 halves) of ``row`` of warp
+    ``warp``'s group ``j`` (x [WARPS, PER_WARP, 8 ROWS rows, 128 halves]); the chunks of
+    odd rows swapped by halves of the row's 256 bytes (``chunk ^ 4``), so that the rows g,
+    g + 1 of a read phase fall on the two halves of the banks."""
+    return ((warp * PER_WARP + j) * 8 * ROWS + row) * GROUP_HALVES + 8 * (chunk ^ (4 * (row % 2)))
+
+
+@kaio.gpu_func
+def copy_x(
+    xs: f16[:], x: f16[:, :], first: u32, warp: u32, lane: u32, M: u32, ROWS: kaio.constexpr
+):
+    """Start this warp's copies of x for its groups ``first`` and ``first + WARPS`` into
+    ``xs`` (``x_at``): lane ``l`` copies chunk ``l % 16`` of rows ``l // 16 + 2 i`` (16
+    lanes a row: whole sectors); rows past M copy row M - 1 (their products are never
+    stored)."""
+    chunk = lane % 16
+    for j in kaio.static_range(PER_WARP):
+        group = first + j * WARPS
+        for i in kaio.static_range(4 * ROWS):
+            row = lane // 16 + 2 * i
+            src = (kaio.min(row, M - 1), group * GROUP_HALVES + 8 * chunk)
+            kaio.cp_async_cg(xs, (x_at(warp, j, row, chunk, ROWS),), x, src, 16)
+
+
+@kaio.gpu_func
+def read_x(
+    xr: u32[:, :, :, :], BUF: kaio.constexpr, u: kaio.constexpr, xs: f16[:], warp: u32,
+    g: u32, t: u32, ROWS: kaio.constexpr,
+):  # fmt: skip
+    """xr[BUF, u, r] = the 8 halves of x that load ``u`` of the warp's group BUF multiplies,
+    row ``g + 8 r`` (``load_x``'s fragments, from shared memory)."""
+    for r in kaio.static_range(ROWS):
+        kaio.load_vector(xr[BUF, u, r], xs, (x_at(warp, BUF, g + 8 * r, 4 * u + t, ROWS),))
+
+
+@kaio.gpu_func
+def add_tile(
+    partial: f32[:, :, :], buf: u32, out: DT[:, :], ws: f32[:, :, :], part: u32, tile: u32,
+    tid: u32, M: u32, N: u32, PARTS: u32, ROWS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The block's sums of ``tile``: its warps' tiles in partial[buf] added in warp order,
+    into ``out`` (one part of K) or ``ws[part, tile]``."""
+    for k in kaio.static_range(8 * ROWS * COLS // (WARPS * 32)):
+        o = tid + k * WARPS * 32
+        r = o // COLS
+        total = partial[buf * WARPS, r, o % COLS]
+        for s in kaio.static_range(1, WARPS):
+            total += partial[buf * WARPS + s, r, o % COLS]
+        c = tile * COLS + o % COLS
+        if PARTS > 1:
+            ws[part, tile, o] = total
+        elif r < M and c < N:
+            out[r, c] = DT(total)
+
+
+@kaio.gpu_func
+def finish_parts(
+    out: DT[:, :], ws: f32[:, :, :], counters: i32[:], flags: u32[:], first: u32, tiles: u32,
+    tid: u32, M: u32, N: u32, PARTS: u32, ROWS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """After every tile's sums are in ``ws``: for each of the block's ``tiles`` tiles from
+    ``first`` the last of its PARTS blocks to arrive (``counters``, back to 0 after) adds the
+    parts in order into ``out`` (fence, then count: the parts of every block counted are
+    visible to the one that counts last)."""
+    kaio.threadfence()
+    kaio.sync_threads()
+    if tid < tiles:
+        last = kaio.atomic_add(counters, first + tid, i32(1)) == i32(PARTS) - 1
+        if last:
+            counters[first + tid] = i32(0)  # ready for the next call (or graph replay)
+        flags[tid] = kaio.select(last, u32(1), u32(0))
+    kaio.sync_threads()
+    for i in range(tiles):
+        if flags[i] == 1:
+            kaio.threadfence()
+            tile = first + i
+            for k in kaio.static_range(8 * ROWS * COLS // (WARPS * 32)):
+                o = tid + k * WARPS * 32
+                r = o // COLS
+                c = tile * COLS + o % COLS
+                if r < M and c < N:
+                    total = ws[0, tile, o]
+                    for s in range(1, PARTS):
+                        total += ws[s, tile, o]
+                    out[r, c] = DT(total)
+
+
+@kaio.gpu_kernel
+def int4_resident(
+    x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], ws: f32[:, :, :],
+    counters: i32[:], M: u32, N: u32, PARTS: u32,
+    ROWS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``out = x @ W`` (the module docstring): block ``b`` multiplies K part ``b % PARTS``
+    of its column group's tiles, x's rows for its groups resident in shared memory (all of it
+    dynamic: ``shared_bytes``)."""
+    kaio.launch_bounds(WARPS * 32, 1)
+    partial = kaio.shared_dynamic(f32, (2 * WARPS, 16, COLS), 0)
+    flags = kaio.shared_dynamic(u32, (MAX_TILES,), PARTIAL_BYTES)
+    xs = kaio.shared_dynamic(f16, (WARPS * PER_WARP * 8 * ROWS * GROUP_HALVES,), X_AT)
+    tid = kaio.thread_idx_x()
+    warp = tid // 32
+    lane = tid % 32
+    g = lane // 4
+    t = lane % 4
+    part = kaio.block_idx_x() % PARTS
+    column_groups = kaio.grid_dim_x() // PARTS
+    c = kaio.block_idx_x() // PARTS
+    tiles = (N + COLS - 1) // COLS
+    first_tile = c * tiles // column_groups
+    end_tile = (c + 1) * tiles // column_groups
+    first = part * KPART + warp  # the warp's groups: first and first + WARPS
+    copy_x(xs, x, first, warp, lane, M, ROWS)
+    kaio.cp_async_commit()
+    acc = kaio.local(f32, (1, 4, 4))
+    words = kaio.local(u32, (PER_WARP, LOADS, 4))
+    xr = kaio.local(u32, (PER_WARP, LOADS, 2, 4))
+    sc = kaio.local(u32, (PER_WARP, 2))
+    col = kaio.select(first_tile * COLS + 4 * g < N, first_tile * COLS + 4 * g, 0)
+    load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, 0, 0, 0, 1)
+    kaio.cp_async_wait(0)
+    kaio.sync_warp()  # every lane's copies of the warp's x landed
+    for tile in range(first_tile, end_tile):
+        for i in kaio.static_range(4):
+            for e in kaio.static_range(4):
+                acc[0, i, e] = 0.0
+        col = kaio.select(tile * COLS + 4 * g < N, tile * COLS + 4 * g, 0)
+        nxt = tile + 1
+        ncol = kaio.select(nxt * COLS + 4 * g < N, nxt * COLS + 4 * g, 0)
+        for j in kaio.static_range(PER_WARP):
+            if j + 1 < PER_WARP:
+                load_group(
+                    words, xr, sc, j + 1, w, x, scales, first + (j + 1) * WARPS, col, g, t, M,
+                    ROWS, 0, 0, 0, 1,
+                )  # fmt: skip
+            elif nxt < end_tile:
+                load_group(words, xr, sc, 0, w, x, scales, first, ncol, g, t, M, ROWS, 0, 0, 0, 1)
+            for u in kaio.static_range(LOADS):
+                read_x(xr, j, u, xs, warp, g, t, ROWS)
+                swapped_load(acc, words, xr, sc, j, u, 6, ROWS)
+        buf = (tile - first_tile) % 2
+        partial_swapped(partial, buf * WARPS + warp, acc, g, t, ROWS)
+        kaio.sync_threads()  # partial[buf] whole; partial[1 - buf] read (the tile before)
+        add_tile(partial, buf, out, ws, part, tile, tid, M, N, PARTS, ROWS, DT)
+    if PARTS > 1:
+        finish_parts(
+            out, ws, counters, flags, first_tile, end_tile - first_tile, tid, M, N, PARTS, ROWS,
+            DT,
+        )  # fmt: skip
+
+
+def shared_bytes(rows: int) -> int:
+    """The dynamic shared memory of ``int4_resident``: the warps' tiles, the flags and x's
+    ``rows`` rows (16) of each warp's groups."""
+    return X_AT + WARPS * PER_WARP * rows * GROUP_HALVES * 2
+
+
+def grid(m: int, n: int, k: int, sms: int) -> tuple[int, int] | None:
+    """``(parts, blocks)`` of ``int4_resident`` for x [m, k] and N = n on ``sms`` SMs: K in
+    parts of ``KPART`` groups, ``sms // parts`` column groups of at least one tile and at
+    most ``MAX_TILES``; None where it does not apply (m not 9-16, K not whole parts)."""
+    if not 8 < m <= 16 or k % (KPART * 8 * ROWS_PER_GROUP):
+        return None
+    parts = k // (KPART * 8 * ROWS_PER_GROUP)
+    column_groups = sms // parts
+    tiles = -(-n // COLS)
+    if column_groups == 0 or tiles < column_groups or tiles > MAX_TILES * column_groups:
+        return None
+    return parts, parts * column_groups
+
+
+def matmul(
+    x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
+    sms: int = 0,
+):  # fmt: skip
+    """``x @ W`` in ``dtype`` [M, N] by ``int4_resident`` on ``sms`` SMs (0: the GPU's;
+    ``grid`` must apply; the operands as ``_int4_decode.fits`` takes them)."""
+    m, k = x.shape
+    n = words.shape[1]
+    parts, blocks = grid(m, n, k, sms or _arrays.multiprocessors(x))
+    rows = _rows(m)
+    out = _arrays.output(x, (m, n), dtype)
+    config = (blocks, WARPS * 32, _arrays.stream_of(x), shared_bytes(8 * rows))
+    int4_resident[config](
+        x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype),
+        **_split_arrays(x, -(-n // COLS), parts), M=m, N=n, PARTS=parts, ROWS=rows, DT=dtype,
+    )  # fmt: skip
+    return out
