@@ -60,19 +60,17 @@ def x_at(warp: u32, j: kaio.constexpr, row: u32, chunk: u32, ROWS: kaio.constexp
 
 @kaio.gpu_func
 def copy_x(
-    xs: f16[:], x: f16[:, :], first: u32, warp: u32, lane: u32, M: u32, ROWS: kaio.constexpr
-):
-    """Start this warp's copies of x for its groups ``first`` and ``first + WARPS`` into
-    ``xs`` (``x_at``): lane ``l`` copies chunk ``l % 16`` of rows ``l // 16 + 2 i`` (16
-    lanes a row: whole sectors); rows past M copy row M - 1 (their products are never
-    stored)."""
+    xs: f16[:], x: f16[:, :], group: u32, j: kaio.constexpr, warp: u32, lane: u32, M: u32,
+    ROWS: kaio.constexpr,
+):  # fmt: skip
+    """Start the copies of x for scale group ``group``, the warp's group ``j``, into ``xs``
+    (``x_at``): lane ``l`` copies chunk ``l % 16`` of rows ``l // 16 + 2 i`` (16 lanes a
+    row: whole sectors); rows past M copy row M - 1 (their products are never stored)."""
     chunk = lane % 16
-    for j in kaio.static_range(PER_WARP):
-        group = first + j * WARPS
-        for i in kaio.static_range(4 * ROWS):
-            row = lane // 16 + 2 * i
-            src = (kaio.min(row, M - 1), group * GROUP_HALVES + 8 * chunk)
-            kaio.cp_async_cg(xs, (x_at(warp, j, row, chunk, ROWS),), x, src, 16)
+    for i in kaio.static_range(4 * ROWS):
+        row = lane // 16 + 2 * i
+        src = (kaio.min(row, M - 1), group * GROUP_HALVES + 8 * chunk)
+        kaio.cp_async_cg(xs, (x_at(warp, j, row, chunk, ROWS),), x, src, 16)
 
 
 @kaio.gpu_func
@@ -142,7 +140,7 @@ def finish_parts(
 def int4_resident(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], ws: f32[:, :, :],
     counters: i32[:], M: u32, N: u32, PARTS: u32,
-    ROWS: kaio.constexpr, DT: kaio.constexpr,
+    ROWS: kaio.constexpr, DT: kaio.constexpr, EARLY: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (the module docstring): block ``b`` multiplies K part ``b % PARTS``
     of its column group's tiles, x's rows for its groups resident in shared memory (all of it
@@ -163,16 +161,26 @@ def int4_resident(
     first_tile = c * tiles // column_groups
     end_tile = (c + 1) * tiles // column_groups
     first = part * KPART + warp  # the warp's groups: first and first + WARPS
-    copy_x(xs, x, first, warp, lane, M, ROWS)
-    kaio.cp_async_commit()
     acc = kaio.local(f32, (1, 4, 4))
     words = kaio.local(u32, (PER_WARP, LOADS, 4))
     xr = kaio.local(u32, (PER_WARP, LOADS, 2, 4))
     sc = kaio.local(u32, (PER_WARP, 2))
     col = kaio.select(first_tile * COLS + 4 * g < N, first_tile * COLS + 4 * g, 0)
-    load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, 0, 0, 0, 1)
-    kaio.cp_async_wait(0)
-    kaio.sync_warp()  # every lane's copies of the warp's x landed
+    if EARLY == 1:  # the first tile's words of both groups first, then x group by group
+        for j in kaio.static_range(PER_WARP):
+            group = first + j * WARPS
+            load_group(words, xr, sc, j, w, x, scales, group, col, g, t, M, ROWS, 0, 0, 0, 1)
+        for j in kaio.static_range(PER_WARP):
+            copy_x(xs, x, first + j * WARPS, j, warp, lane, M, ROWS)
+            kaio.cp_async_commit()
+        kaio.cp_async_wait(PER_WARP - 1)
+    else:
+        for j in kaio.static_range(PER_WARP):
+            copy_x(xs, x, first + j * WARPS, j, warp, lane, M, ROWS)
+        kaio.cp_async_commit()
+        load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, 0, 0, 0, 1)
+        kaio.cp_async_wait(0)
+    kaio.sync_warp()  # every lane's copies of the warp's x (its first group's) landed
     for tile in range(first_tile, end_tile):
         for i in kaio.static_range(4):
             for e in kaio.static_range(4):
@@ -182,12 +190,16 @@ def int4_resident(
         ncol = kaio.select(nxt * COLS + 4 * g < N, nxt * COLS + 4 * g, 0)
         for j in kaio.static_range(PER_WARP):
             if j + 1 < PER_WARP:
-                load_group(
-                    words, xr, sc, j + 1, w, x, scales, first + (j + 1) * WARPS, col, g, t, M,
-                    ROWS, 0, 0, 0, 1,
-                )  # fmt: skip
+                if EARLY == 0 or tile > first_tile:
+                    load_group(
+                        words, xr, sc, j + 1, w, x, scales, first + (j + 1) * WARPS, col, g, t,
+                        M, ROWS, 0, 0, 0, 1,
+                    )  # fmt: skip
             elif nxt < end_tile:
                 load_group(words, xr, sc, 0, w, x, scales, first, ncol, g, t, M, ROWS, 0, 0, 0, 1)
+            if EARLY == 1 and j > 0:
+                kaio.cp_async_wait(0)
+                kaio.sync_warp()  # the warp's x of group j landed (the first tile's wait)
             for u in kaio.static_range(LOADS):
                 read_x(xr, j, u, xs, warp, g, t, ROWS)
                 swapped_load(acc, words, xr, sc, j, u, 6, ROWS)
@@ -224,7 +236,7 @@ def grid(m: int, n: int, k: int, sms: int) -> tuple[int, int] | None:
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    sms: int = 0,
+    sms: int = 0, early: int = 1,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` [M, N] by ``int4_resident`` on ``sms`` SMs (0: the GPU's;
     ``grid`` must apply; the operands as ``_int4_decode.fits`` takes them)."""
@@ -237,5 +249,6 @@ def matmul(
     int4_resident[config](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype),
         **_split_arrays(x, -(-n // COLS), parts), M=m, N=n, PARTS=parts, ROWS=rows, DT=dtype,
+        EARLY=early,
     )  # fmt: skip
     return out
