@@ -6,9 +6,10 @@ from L2, and its grid of N / 32 tiles shares the SMs unevenly (10240 columns: 32
 2.4 an SM). Here the grid is one block an SM, each a part of K (``KPART`` = 32 scale
 groups, 4096 values) and a run of tiles:
 
-- Block ``b`` takes K part ``b % PARTS`` and the tiles ``[c T / C, (c + 1) T / C)`` of
+- Block ``b`` takes K part ``b % PARTS`` and the tiles ``c, c + C, c + 2 C, ...`` of
   column group ``c = b // PARTS`` (C = blocks / PARTS): every SM streams the same words
-  within a tile.
+  within a tile, and the blocks at work read neighbouring tiles, the same rows of the words
+  (DRAM pages) at about the same time.
 - Its ``WARPS`` (16) warps split the part's groups, two each (warp w: groups w and
   w + 16 of the part), and copy x's rows for those groups into shared memory once
   (``copy_x``, 128 KB a block): the tiles then read x from there (``ld.shared``), and x
@@ -107,24 +108,24 @@ def add_tile(
 @kaio.gpu_func
 def finish_parts(
     out: DT[:, :], ws: f32[:, :, :], counters: i32[:], flags: u32[:], first: u32, tiles: u32,
-    tid: u32, M: u32, N: u32, PARTS: u32, ROWS: kaio.constexpr, DT: kaio.constexpr,
+    step: u32, tid: u32, M: u32, N: u32, PARTS: u32, ROWS: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """After every tile's sums are in ``ws``: for each of the block's ``tiles`` tiles from
-    ``first`` the last of its PARTS blocks to arrive (``counters``, back to 0 after) adds the
-    parts in order into ``out`` (fence, then count: the parts of every block counted are
+    """After every tile's sums are in ``ws``: for each of the block's ``tiles`` tiles
+    ``first + i step`` the last of its PARTS blocks to arrive (``counters``, back to 0 after)
+    adds the parts in order into ``out`` (fence, then count: the parts of every block counted are
     visible to the one that counts last)."""
     kaio.threadfence()
     kaio.sync_threads()
     if tid < tiles:
-        last = kaio.atomic_add(counters, first + tid, i32(1)) == i32(PARTS) - 1
+        last = kaio.atomic_add(counters, first + tid * step, i32(1)) == i32(PARTS) - 1
         if last:
-            counters[first + tid] = i32(0)  # ready for the next call (or graph replay)
+            counters[first + tid * step] = i32(0)  # ready for the next call (or graph replay)
         flags[tid] = kaio.select(last, u32(1), u32(0))
     kaio.sync_threads()
     for i in range(tiles):
         if flags[i] == 1:
             kaio.threadfence()
-            tile = first + i
+            tile = first + i * step
             for k in kaio.static_range(8 * ROWS * COLS // (WARPS * 32)):
                 o = tid + k * WARPS * 32
                 r = o // COLS
@@ -140,7 +141,7 @@ def finish_parts(
 def int4_resident(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], ws: f32[:, :, :],
     counters: i32[:], M: u32, N: u32, PARTS: u32,
-    ROWS: kaio.constexpr, DT: kaio.constexpr, EARLY: kaio.constexpr,
+    ROWS: kaio.constexpr, DT: kaio.constexpr, EARLY: kaio.constexpr, STRIDE: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (the module docstring): block ``b`` multiplies K part ``b % PARTS``
     of its column group's tiles, x's rows for its groups resident in shared memory (all of it
@@ -158,14 +159,17 @@ def int4_resident(
     column_groups = kaio.grid_dim_x() // PARTS
     c = kaio.block_idx_x() // PARTS
     tiles = (N + COLS - 1) // COLS
-    first_tile = c * tiles // column_groups
-    end_tile = (c + 1) * tiles // column_groups
+    start, step = c, column_groups  # tiles start + i step
+    runs = (tiles - c + column_groups - 1) // column_groups
+    if STRIDE == 0:  # a run of neighbouring tiles
+        start, step = c * tiles // column_groups, u32(1)
+        runs = (c + 1) * tiles // column_groups - start
     first = part * KPART + warp  # the warp's groups: first and first + WARPS
     acc = kaio.local(f32, (1, 4, 4))
     words = kaio.local(u32, (PER_WARP, LOADS, 4))
     xr = kaio.local(u32, (PER_WARP, LOADS, 2, 4))
     sc = kaio.local(u32, (PER_WARP, 2))
-    col = kaio.select(first_tile * COLS + 4 * g < N, first_tile * COLS + 4 * g, 0)
+    col = kaio.select(start * COLS + 4 * g < N, start * COLS + 4 * g, 0)
     if EARLY == 1:  # the first tile's words of both groups first, then x group by group
         for j in kaio.static_range(PER_WARP):
             group = first + j * WARPS
@@ -181,21 +185,22 @@ def int4_resident(
         load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, 0, 0, 0, 1)
         kaio.cp_async_wait(0)
     kaio.sync_warp()  # every lane's copies of the warp's x (its first group's) landed
-    for tile in range(first_tile, end_tile):
-        for i in kaio.static_range(4):
+    for i in range(runs):
+        tile = start + i * step
+        for q in kaio.static_range(4):
             for e in kaio.static_range(4):
-                acc[0, i, e] = 0.0
+                acc[0, q, e] = 0.0
         col = kaio.select(tile * COLS + 4 * g < N, tile * COLS + 4 * g, 0)
-        nxt = tile + 1
+        nxt = tile + step
         ncol = kaio.select(nxt * COLS + 4 * g < N, nxt * COLS + 4 * g, 0)
         for j in kaio.static_range(PER_WARP):
             if j + 1 < PER_WARP:
-                if EARLY == 0 or tile > first_tile:
+                if EARLY == 0 or i > 0:
                     load_group(
                         words, xr, sc, j + 1, w, x, scales, first + (j + 1) * WARPS, col, g, t,
                         M, ROWS, 0, 0, 0, 1,
                     )  # fmt: skip
-            elif nxt < end_tile:
+            elif i + 1 < runs:
                 load_group(words, xr, sc, 0, w, x, scales, first, ncol, g, t, M, ROWS, 0, 0, 0, 1)
             if EARLY == 1 and j > 0:
                 kaio.cp_async_wait(0)
@@ -203,14 +208,13 @@ def int4_resident(
             for u in kaio.static_range(LOADS):
                 read_x(xr, j, u, xs, warp, g, t, ROWS)
                 swapped_load(acc, words, xr, sc, j, u, 6, ROWS)
-        buf = (tile - first_tile) % 2
+        buf = i % 2
         partial_swapped(partial, buf * WARPS + warp, acc, g, t, ROWS)
         kaio.sync_threads()  # partial[buf] whole; partial[1 - buf] read (the tile before)
         add_tile(partial, buf, out, ws, part, tile, tid, M, N, PARTS, ROWS, DT)
     if PARTS > 1:
         finish_parts(
-            out, ws, counters, flags, first_tile, end_tile - first_tile, tid, M, N, PARTS, ROWS,
-            DT,
+            out, ws, counters, flags, start, runs, step, tid, M, N, PARTS, ROWS, DT,
         )  # fmt: skip
 
 
@@ -236,7 +240,7 @@ def grid(m: int, n: int, k: int, sms: int) -> tuple[int, int] | None:
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    sms: int = 0, early: int = 1,
+    sms: int = 0, early: int = 1, stride: int = 1,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` [M, N] by ``int4_resident`` on ``sms`` SMs (0: the GPU's;
     ``grid`` must apply; the operands as ``_int4_decode.fits`` takes them)."""
@@ -249,6 +253,6 @@ def matmul(
     int4_resident[config](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype),
         **_split_arrays(x, -(-n // COLS), parts), M=m, N=n, PARTS=parts, ROWS=rows, DT=dtype,
-        EARLY=early,
+        EARLY=early, STRIDE=stride,
     )  # fmt: skip
     return out
