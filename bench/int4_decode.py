@@ -194,6 +194,7 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
         calls["resident"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16)
         calls["resident e0"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16, 0, 0)
         calls["resident runs"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16, 0, 1, 0)
+        calls["resident pbuf2"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16, 0, 1, 1, 2)
     if args.baseline:  # an earlier version of the module, copied in as _int4_decode_v0
         import importlib
 

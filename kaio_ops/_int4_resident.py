@@ -17,7 +17,7 @@ groups, 4096 values) and a run of tiles:
 - Each warp walks its two groups of each tile in turn, the words of the next one loaded
   while one is multiplied (the swapped mma of ``_int4_decode.multiply_swapped``, DEQ 6);
   at a tile's end the warps' tiles are added in warp order through shared memory
-  (``partial``, two buffers: one barrier a tile).
+  (``partial``; ``PBUF`` 2 buffers: one barrier a tile, 1: two).
 - With PARTS > 1 each block leaves its tiles' sums in ``ws[part, tile]``; the last block to
   finish a tile (``counters``) adds the parts in part order into ``out``: the same bits on
   every run.
@@ -46,8 +46,6 @@ PER_WARP = 2  # scale groups a warp takes in each tile (the words' two register 
 KPART = WARPS * PER_WARP  # scale groups a part of K
 MAX_TILES = 64  # tiles a block at most (its arrival flags)
 GROUP_HALVES = 128  # the halves of a row of x in one scale group
-PARTIAL_BYTES = 2 * WARPS * 16 * COLS * 4  # the warps' tiles, two buffers (dynamic, first)
-X_AT = PARTIAL_BYTES + 4 * MAX_TILES  # then the arrival flags, then x
 
 
 @kaio.gpu_func
@@ -142,14 +140,16 @@ def int4_resident(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], ws: f32[:, :, :],
     counters: i32[:], M: u32, N: u32, PARTS: u32,
     ROWS: kaio.constexpr, DT: kaio.constexpr, EARLY: kaio.constexpr, STRIDE: kaio.constexpr,
+    PBUF: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (the module docstring): block ``b`` multiplies K part ``b % PARTS``
     of its column group's tiles, x's rows for its groups resident in shared memory (all of it
     dynamic: ``shared_bytes``)."""
     kaio.launch_bounds(WARPS * 32, 1)
-    partial = kaio.shared_dynamic(f32, (2 * WARPS, 16, COLS), 0)
-    flags = kaio.shared_dynamic(u32, (MAX_TILES,), PARTIAL_BYTES)
-    xs = kaio.shared_dynamic(f16, (WARPS * PER_WARP * 8 * ROWS * GROUP_HALVES,), X_AT)
+    X_HALVES = WARPS * PER_WARP * 8 * ROWS * GROUP_HALVES  # x, then the flags, the tiles
+    xs = kaio.shared_dynamic(f16, (X_HALVES,), 0)
+    flags = kaio.shared_dynamic(u32, (MAX_TILES,), 2 * X_HALVES)
+    partial = kaio.shared_dynamic(f32, (PBUF * WARPS, 16, COLS), 2 * X_HALVES + 4 * MAX_TILES)
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -208,20 +208,22 @@ def int4_resident(
             for u in kaio.static_range(LOADS):
                 read_x(xr, j, u, xs, warp, g, t, ROWS)
                 swapped_load(acc, words, xr, sc, j, u, 6, ROWS)
-        buf = i % 2
+        buf = i % PBUF
         partial_swapped(partial, buf * WARPS + warp, acc, g, t, ROWS)
         kaio.sync_threads()  # partial[buf] whole; partial[1 - buf] read (the tile before)
         add_tile(partial, buf, out, ws, part, tile, tid, M, N, PARTS, ROWS, DT)
+        if PBUF == 1:
+            kaio.sync_threads()  # partial read before the next tile's are written
     if PARTS > 1:
         finish_parts(
             out, ws, counters, flags, start, runs, step, tid, M, N, PARTS, ROWS, DT,
         )  # fmt: skip
 
 
-def shared_bytes(rows: int) -> int:
-    """The dynamic shared memory of ``int4_resident``: the warps' tiles, the flags and x's
-    ``rows`` rows (16) of each warp's groups."""
-    return X_AT + WARPS * PER_WARP * rows * GROUP_HALVES * 2
+def shared_bytes(rows: int, pbuf: int) -> int:
+    """The dynamic shared memory of ``int4_resident``: x's ``rows`` rows (16) of each warp's
+    groups, the flags and ``pbuf`` buffers of the warps' tiles."""
+    return WARPS * PER_WARP * rows * GROUP_HALVES * 2 + 4 * MAX_TILES + pbuf * WARPS * 16 * COLS * 4
 
 
 def grid(m: int, n: int, k: int, sms: int) -> tuple[int, int] | None:
@@ -240,7 +242,7 @@ def grid(m: int, n: int, k: int, sms: int) -> tuple[int, int] | None:
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    sms: int = 0, early: int = 1, stride: int = 1,
+    sms: int = 0, early: int = 1, stride: int = 1, pbuf: int = 1,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` [M, N] by ``int4_resident`` on ``sms`` SMs (0: the GPU's;
     ``grid`` must apply; the operands as ``_int4_decode.fits`` takes them)."""
@@ -249,10 +251,10 @@ def matmul(
     parts, blocks = grid(m, n, k, sms or _arrays.multiprocessors(x))
     rows = _rows(m)
     out = _arrays.output(x, (m, n), dtype)
-    config = (blocks, WARPS * 32, _arrays.stream_of(x), shared_bytes(8 * rows))
+    config = (blocks, WARPS * 32, _arrays.stream_of(x), shared_bytes(8 * rows, pbuf))
     int4_resident[config](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype),
         **_split_arrays(x, -(-n // COLS), parts), M=m, N=n, PARTS=parts, ROWS=rows, DT=dtype,
-        EARLY=early, STRIDE=stride,
+        EARLY=early, STRIDE=stride, PBUF=pbuf,
     )  # fmt: skip
     return out

@@ -242,14 +242,16 @@ RESIDENT_CASES = [(12, 100, 4096 * 2, 4), (16, 72, 4096, 2), (9, 132, 4096 * 2, 
 )
 def test_int4_resident_in_simulator(m, n, k, sms, early, stride, poisoned):
     """Every element against float64 products, f32 and f16 out (outputs and the parts'
-    workspace start as NaN); the same bits on a second call."""
+    workspace start as NaN); the same bits on a second call. One and two buffers of the
+    warps' tiles."""
+    pbuf = 1 + early
     a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(n))
     ref = a.astype(np.float64) @ w.astype(np.float64)
     with kaio.simulate():
         ops = _sim_operands(a, packed, scales)
-        c32 = _int4_resident.matmul(*ops, f32, sms, early, stride)
-        again = _int4_resident.matmul(*ops, f32, sms, early, stride)
-        c16 = _int4_resident.matmul(*ops, f16, sms, early, stride)
+        c32 = _int4_resident.matmul(*ops, f32, sms, early, stride, pbuf)
+        again = _int4_resident.matmul(*ops, f32, sms, early, stride, pbuf)
+        c16 = _int4_resident.matmul(*ops, f16, sms, early, stride, pbuf)
     np.testing.assert_allclose(c32, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     np.testing.assert_array_equal(c32, again)
     np.testing.assert_allclose(c16, ref, rtol=2.0**-10, atol=1e-5 * np.abs(ref).max())
