@@ -3,21 +3,21 @@
 The decode kernel (``_int4_decode``) gives each block one 32-column tile over all of K, so
 every tile's block reads all of x (16 rows: twice the words' bytes at M = 16) through L1
 from L2, and its grid of N / 32 tiles shares the SMs unevenly (10240 columns: 320 tiles,
-2.4 an SM). Here the grid is one block an SM, each a part of K (``KPART`` = 32 scale
-groups, 4096 values) and a run of tiles:
+2.4 an SM). Here the grid is one block an SM, each a part of K (``PER_WARP`` x 16 scale
+groups: 4096 or 2048 values) and a set of tiles:
 
 - Block ``b`` takes K part ``b % PARTS`` and the tiles ``c, c + C, c + 2 C, ...`` of
   column group ``c = b // PARTS`` (C = blocks / PARTS): every SM streams the same words
-  within a tile, and the blocks at work read neighbouring tiles, the same rows of the words
-  (DRAM pages) at about the same time.
-- Its ``WARPS`` (16) warps split the part's groups, two each (warp w: groups w and
-  w + 16 of the part), and copy x's rows for those groups into shared memory once
-  (``copy_x``, 128 KB a block): the tiles then read x from there (``ld.shared``), and x
-  crosses L2 once a block instead of once a tile.
-- Each warp walks its two groups of each tile in turn, the words of the next one loaded
-  while one is multiplied (the swapped mma of ``_int4_decode.multiply_swapped``, DEQ 6);
-  at a tile's end the warps' tiles are added in warp order through shared memory
-  (``partial``; ``PBUF`` 2 buffers: one barrier a tile, 1: two).
+  within a tile, and the blocks at work read neighbouring tiles (the same DRAM pages).
+- Its ``WARPS`` (16) warps split the part's groups, ``PER_WARP`` each (warp w: groups w,
+  w + 16), and copy x's rows for those groups into shared memory once (``copy_x``, 64 KB a
+  block per group a warp): the tiles then read x from there (``ld.shared``), and x crosses
+  L2 once a block instead of once a tile.
+- Each warp walks its groups of each tile in turn, the words of the next one loaded while
+  one is multiplied (two register buffers; the swapped mma of
+  ``_int4_decode.multiply_swapped``, DEQ 6); at a tile's end the warps' tiles are added in
+  warp order through shared memory (``partial``; ``PBUF`` 2 buffers: one barrier a tile,
+  1: two).
 - With PARTS > 1 each block leaves its tiles' sums in ``ws[part, tile]``; the last block to
   finish a tile (``counters``) adds the parts in part order into ``out``: the same bits on
   every run.
@@ -42,25 +42,27 @@ from kaio_ops._int4_decode import (
 )
 
 WARPS = 16  # warps a block (one block an SM)
-PER_WARP = 2  # scale groups a warp takes in each tile (the words' two register buffers)
-KPART = WARPS * PER_WARP  # scale groups a part of K
 MAX_TILES = 64  # tiles a block at most (its arrival flags)
 GROUP_HALVES = 128  # the halves of a row of x in one scale group
 
 
 @kaio.gpu_func
-def x_at(warp: u32, j: kaio.constexpr, row: u32, chunk: u32, ROWS: kaio.constexpr) -> u32:
+def x_at(
+    warp: u32, j: kaio.constexpr, row: u32, chunk: u32, ROWS: kaio.constexpr,
+    PER_WARP: kaio.constexpr,
+) -> u32:  # fmt: skip
     """The f16 index in the block's x of chunk ``chunk`` (8 halves) of ``row`` of warp
     ``warp``'s group ``j`` (x [WARPS, PER_WARP, 8 ROWS rows, 128 halves]); the chunks of
     odd rows swapped by halves of the row's 256 bytes (``chunk ^ 4``), so that the rows g,
     g + 1 of a read phase fall on the two halves of the banks."""
-    return ((warp * PER_WARP + j) * 8 * ROWS + row) * GROUP_HALVES + 8 * (chunk ^ (4 * (row % 2)))
+    at = ((warp * PER_WARP + j) * 8 * ROWS + row) * GROUP_HALVES
+    return at + 8 * (chunk ^ (4 * (row % 2)))
 
 
 @kaio.gpu_func
 def copy_x(
     xs: f16[:], x: f16[:, :], group: u32, j: kaio.constexpr, warp: u32, lane: u32, M: u32,
-    ROWS: kaio.constexpr,
+    ROWS: kaio.constexpr, PER_WARP: kaio.constexpr,
 ):  # fmt: skip
     """Start the copies of x for scale group ``group``, the warp's group ``j``, into ``xs``
     (``x_at``): lane ``l`` copies chunk ``l % 16`` of rows ``l // 16 + 2 i`` (16 lanes a
@@ -69,18 +71,19 @@ def copy_x(
     for i in kaio.static_range(4 * ROWS):
         row = lane // 16 + 2 * i
         src = (kaio.min(row, M - 1), group * GROUP_HALVES + 8 * chunk)
-        kaio.cp_async_cg(xs, (x_at(warp, j, row, chunk, ROWS),), x, src, 16)
+        kaio.cp_async_cg(xs, (x_at(warp, j, row, chunk, ROWS, PER_WARP),), x, src, 16)
 
 
 @kaio.gpu_func
 def read_x(
-    xr: u32[:, :, :, :], BUF: kaio.constexpr, u: kaio.constexpr, xs: f16[:], warp: u32,
-    g: u32, t: u32, ROWS: kaio.constexpr,
+    xr: u32[:, :, :, :], BUF: kaio.constexpr, j: kaio.constexpr, u: kaio.constexpr,
+    xs: f16[:], warp: u32, g: u32, t: u32, ROWS: kaio.constexpr, PER_WARP: kaio.constexpr,
 ):  # fmt: skip
-    """xr[BUF, u, r] = the 8 halves of x that load ``u`` of the warp's group BUF multiplies,
-    row ``g + 8 r`` (``load_x``'s fragments, from shared memory)."""
+    """xr[BUF, u, r] = the 8 halves of x that load ``u`` of the warp's group ``j``
+    multiplies, row ``g + 8 r`` (``load_x``'s fragments, from shared memory)."""
     for r in kaio.static_range(ROWS):
-        kaio.load_vector(xr[BUF, u, r], xs, (x_at(warp, BUF, g + 8 * r, 4 * u + t, ROWS),))
+        at = x_at(warp, j, g + 8 * r, 4 * u + t, ROWS, PER_WARP)
+        kaio.load_vector(xr[BUF, u, r], xs, (at,))
 
 
 @kaio.gpu_func
@@ -139,100 +142,91 @@ def finish_parts(
 def int4_resident(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], ws: f32[:, :, :],
     counters: i32[:], M: u32, N: u32, PARTS: u32,
-    ROWS: kaio.constexpr, DT: kaio.constexpr, EARLY: kaio.constexpr, STRIDE: kaio.constexpr,
-    PBUF: kaio.constexpr,
+    ROWS: kaio.constexpr, DT: kaio.constexpr, PER_WARP: kaio.constexpr, PBUF: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (the module docstring): block ``b`` multiplies K part ``b % PARTS``
-    of its column group's tiles, x's rows for its groups resident in shared memory (all of it
-    dynamic: ``shared_bytes``)."""
+    (``PER_WARP`` groups a warp) of its column group's tiles, x's rows for its groups
+    resident in shared memory (all of it dynamic: ``shared_bytes``)."""
     kaio.launch_bounds(WARPS * 32, 1)
     X_HALVES = WARPS * PER_WARP * 8 * ROWS * GROUP_HALVES  # x, then the flags, the tiles
     xs = kaio.shared_dynamic(f16, (X_HALVES,), 0)
     flags = kaio.shared_dynamic(u32, (MAX_TILES,), 2 * X_HALVES)
     partial = kaio.shared_dynamic(f32, (PBUF * WARPS, 16, COLS), 2 * X_HALVES + 4 * MAX_TILES)
+    UNROLL = 1 + PER_WARP % 2  # tiles a step: each unit's register buffer known (two)
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
     g = lane // 4
     t = lane % 4
     part = kaio.block_idx_x() % PARTS
-    column_groups = kaio.grid_dim_x() // PARTS
+    step = kaio.grid_dim_x() // PARTS  # the column groups: tiles c, c + step, ...
     c = kaio.block_idx_x() // PARTS
-    tiles = (N + COLS - 1) // COLS
-    start, step = c, column_groups  # tiles start + i step
-    runs = (tiles - c + column_groups - 1) // column_groups
-    if STRIDE == 0:  # a run of neighbouring tiles
-        start, step = c * tiles // column_groups, u32(1)
-        runs = (c + 1) * tiles // column_groups - start
-    first = part * KPART + warp  # the warp's groups: first and first + WARPS
+    runs = ((N + COLS - 1) // COLS - c + step - 1) // step
+    first = part * WARPS * PER_WARP + warp  # the warp's groups: first + j WARPS
     acc = kaio.local(f32, (1, 4, 4))
-    words = kaio.local(u32, (PER_WARP, LOADS, 4))
-    xr = kaio.local(u32, (PER_WARP, LOADS, 2, 4))
-    sc = kaio.local(u32, (PER_WARP, 2))
-    col = kaio.select(start * COLS + 4 * g < N, start * COLS + 4 * g, 0)
-    if EARLY == 1:  # the first tile's words of both groups first, then x group by group
-        for j in kaio.static_range(PER_WARP):
-            group = first + j * WARPS
-            load_group(words, xr, sc, j, w, x, scales, group, col, g, t, M, ROWS, 0, 0, 0, 1)
-        for j in kaio.static_range(PER_WARP):
-            copy_x(xs, x, first + j * WARPS, j, warp, lane, M, ROWS)
-            kaio.cp_async_commit()
-        kaio.cp_async_wait(PER_WARP - 1)
-    else:
-        for j in kaio.static_range(PER_WARP):
-            copy_x(xs, x, first + j * WARPS, j, warp, lane, M, ROWS)
-        kaio.cp_async_commit()
-        load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, 0, 0, 0, 1)
-        kaio.cp_async_wait(0)
-    kaio.sync_warp()  # every lane's copies of the warp's x (its first group's) landed
-    for i in range(runs):
-        tile = start + i * step
-        for q in kaio.static_range(4):
-            for e in kaio.static_range(4):
-                acc[0, q, e] = 0.0
-        col = kaio.select(tile * COLS + 4 * g < N, tile * COLS + 4 * g, 0)
-        nxt = tile + step
-        ncol = kaio.select(nxt * COLS + 4 * g < N, nxt * COLS + 4 * g, 0)
-        for j in kaio.static_range(PER_WARP):
-            if j + 1 < PER_WARP:
-                if EARLY == 0 or i > 0:
-                    load_group(
-                        words, xr, sc, j + 1, w, x, scales, first + (j + 1) * WARPS, col, g, t,
-                        M, ROWS, 0, 0, 0, 1,
-                    )  # fmt: skip
-            elif i + 1 < runs:
-                load_group(words, xr, sc, 0, w, x, scales, first, ncol, g, t, M, ROWS, 0, 0, 0, 1)
-            if EARLY == 1 and j > 0:
-                kaio.cp_async_wait(0)
-                kaio.sync_warp()  # the warp's x of group j landed (the first tile's wait)
-            for u in kaio.static_range(LOADS):
-                read_x(xr, j, u, xs, warp, g, t, ROWS)
-                swapped_load(acc, words, xr, sc, j, u, 6, ROWS)
-        buf = i % PBUF
-        partial_swapped(partial, buf * WARPS + warp, acc, g, t, ROWS)
-        kaio.sync_threads()  # partial[buf] whole; partial[1 - buf] read (the tile before)
-        add_tile(partial, buf, out, ws, part, tile, tid, M, N, PARTS, ROWS, DT)
-        if PBUF == 1:
-            kaio.sync_threads()  # partial read before the next tile's are written
+    words = kaio.local(u32, (2, LOADS, 4))
+    xr = kaio.local(u32, (2, LOADS, 2, 4))
+    sc = kaio.local(u32, (2, 2))
+    for j in kaio.static_range(PER_WARP):
+        copy_x(xs, x, first + j * WARPS, j, warp, lane, M, ROWS, PER_WARP)
+    kaio.cp_async_commit()
+    col = kaio.select(c * COLS + 4 * g < N, c * COLS + 4 * g, 0)
+    load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, 0, 0, 0, 1)
+    kaio.cp_async_wait(0)
+    kaio.sync_warp()  # every lane's copies of the warp's x landed
+    for i0 in range(0, runs, UNROLL):
+        for di in kaio.static_range(UNROLL):
+            i = i0 + di
+            if i < runs:
+                tile = c + i * step
+                col = kaio.select(tile * COLS + 4 * g < N, tile * COLS + 4 * g, 0)
+                nxt = (tile + step) * COLS + 4 * g
+                ncol = kaio.select(nxt < N, nxt, 0)
+                for q in kaio.static_range(4):
+                    for e in kaio.static_range(4):
+                        acc[0, q, e] = 0.0
+                for j in kaio.static_range(PER_WARP):
+                    b = (di * PER_WARP + j) % 2  # the unit's buffer; the next one's: 1 - b
+                    if j + 1 < PER_WARP:
+                        group = first + (j + 1) * WARPS
+                        load_group(
+                            words, xr, sc, 1 - b, w, x, scales, group, col, g, t, M, ROWS, 0, 0,
+                            0, 1,
+                        )  # fmt: skip
+                    elif i + 1 < runs:
+                        load_group(
+                            words, xr, sc, 1 - b, w, x, scales, first, ncol, g, t, M, ROWS, 0, 0,
+                            0, 1,
+                        )  # fmt: skip
+                    for u in kaio.static_range(LOADS):
+                        read_x(xr, b, j, u, xs, warp, g, t, ROWS, PER_WARP)
+                        swapped_load(acc, words, xr, sc, b, u, 6, ROWS)
+                buf = i % PBUF
+                partial_swapped(partial, buf * WARPS + warp, acc, g, t, ROWS)
+                kaio.sync_threads()  # partial[buf] whole; partial[1 - buf] read (the tile before)
+                add_tile(partial, buf, out, ws, part, tile, tid, M, N, PARTS, ROWS, DT)
+                if PBUF == 1:
+                    kaio.sync_threads()  # partial read before the next tile's are written
     if PARTS > 1:
-        finish_parts(
-            out, ws, counters, flags, start, runs, step, tid, M, N, PARTS, ROWS, DT,
-        )  # fmt: skip
+        finish_parts(out, ws, counters, flags, c, runs, step, tid, M, N, PARTS, ROWS, DT)
 
 
-def shared_bytes(rows: int, pbuf: int) -> int:
+def shared_bytes(rows: int, pbuf: int, per_warp: int) -> int:
     """The dynamic shared memory of ``int4_resident``: x's ``rows`` rows (16) of each warp's
-    groups, the flags and ``pbuf`` buffers of the warps' tiles."""
-    return WARPS * PER_WARP * rows * GROUP_HALVES * 2 + 4 * MAX_TILES + pbuf * WARPS * 16 * COLS * 4
+    ``per_warp`` groups, the flags and ``pbuf`` buffers of the warps' tiles."""
+    x = WARPS * per_warp * rows * GROUP_HALVES * 2
+    return x + 4 * MAX_TILES + pbuf * WARPS * 16 * COLS * 4
 
 
-def grid(m: int, n: int, k: int, sms: int) -> tuple[int, int] | None:
+def grid(m: int, n: int, k: int, sms: int, per_warp: int = 2) -> tuple[int, int] | None:
     """``(parts, blocks)`` of ``int4_resident`` for x [m, k] and N = n on ``sms`` SMs: K in
-    parts of ``KPART`` groups, ``sms // parts`` column groups of at least one tile and at
-    most ``MAX_TILES``; None where it does not apply (m not 9-16, K not whole parts)."""
-    if not 8 < m <= 16 or k % (KPART * 8 * ROWS_PER_GROUP):
+    parts of ``WARPS * per_warp`` groups, ``sms // parts`` column groups of at least one tile
+    and at most ``MAX_TILES``; None where it does not apply (m not 9-16, K not whole
+    parts)."""
+    group_values = 8 * ROWS_PER_GROUP
+    if not 8 < m <= 16 or k % (WARPS * per_warp * group_values):
         return None
-    parts = k // (KPART * 8 * ROWS_PER_GROUP)
+    parts = k // (WARPS * per_warp * group_values)
     column_groups = sms // parts
     tiles = -(-n // COLS)
     if column_groups == 0 or tiles < column_groups or tiles > MAX_TILES * column_groups:
@@ -242,19 +236,19 @@ def grid(m: int, n: int, k: int, sms: int) -> tuple[int, int] | None:
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    sms: int = 0, early: int = 1, stride: int = 1, pbuf: int = 1,
+    sms: int = 0, per_warp: int = 2, pbuf: int = 1,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` [M, N] by ``int4_resident`` on ``sms`` SMs (0: the GPU's;
     ``grid`` must apply; the operands as ``_int4_decode.fits`` takes them)."""
     m, k = x.shape
     n = words.shape[1]
-    parts, blocks = grid(m, n, k, sms or _arrays.multiprocessors(x))
+    parts, blocks = grid(m, n, k, sms or _arrays.multiprocessors(x), per_warp)
     rows = _rows(m)
     out = _arrays.output(x, (m, n), dtype)
-    config = (blocks, WARPS * 32, _arrays.stream_of(x), shared_bytes(8 * rows, pbuf))
+    config = (blocks, WARPS * 32, _arrays.stream_of(x), shared_bytes(8 * rows, pbuf, per_warp))
     int4_resident[config](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype),
         **_split_arrays(x, -(-n // COLS), parts), M=m, N=n, PARTS=parts, ROWS=rows, DT=dtype,
-        EARLY=early, STRIDE=stride, PBUF=pbuf,
+        PER_WARP=per_warp, PBUF=pbuf,
     )  # fmt: skip
     return out

@@ -232,36 +232,42 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
     np.testing.assert_array_equal(c, again)
 
 
-# (M, N, K, SMs): int4_resident over two K parts (one block adding them, one block's tiles
-# the other's but for one, the last tile partial) and over one (runs of 1 and 2 tiles)
-RESIDENT_CASES = [(12, 100, 4096 * 2, 4), (16, 72, 4096, 2), (9, 132, 4096 * 2, 2)]
+# (M, N, K, SMs, groups a warp): int4_resident over two K parts (one block adding them, one
+# block's tiles the other's but for one, the last tile partial), over one (sets of 1 and 2
+# tiles) and over four of 16 groups (one group a warp: the tiles in pairs, one unpaired)
+RESIDENT_CASES = [
+    (12, 100, 4096 * 2, 4, 2),
+    (16, 72, 4096, 2, 2),
+    (9, 132, 4096 * 2, 2, 2),
+    (16, 164, 2048 * 4, 4, 1),
+]
 
 
 @pytest.mark.parametrize(
-    "m, n, k, sms, early, stride", [(*c, e, 1 - e) for c in RESIDENT_CASES for e in (0, 1)]
+    "m, n, k, sms, per_warp, pbuf", [(*c, p) for c in RESIDENT_CASES for p in (1, 2)]
 )
-def test_int4_resident_in_simulator(m, n, k, sms, early, stride, poisoned):
+def test_int4_resident_in_simulator(m, n, k, sms, per_warp, pbuf, poisoned):
     """Every element against float64 products, f32 and f16 out (outputs and the parts'
     workspace start as NaN); the same bits on a second call. One and two buffers of the
     warps' tiles."""
-    pbuf = 1 + early
     a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(n))
     ref = a.astype(np.float64) @ w.astype(np.float64)
     with kaio.simulate():
         ops = _sim_operands(a, packed, scales)
-        c32 = _int4_resident.matmul(*ops, f32, sms, early, stride, pbuf)
-        again = _int4_resident.matmul(*ops, f32, sms, early, stride, pbuf)
-        c16 = _int4_resident.matmul(*ops, f16, sms, early, stride, pbuf)
+        c32 = _int4_resident.matmul(*ops, f32, sms, per_warp, pbuf)
+        again = _int4_resident.matmul(*ops, f32, sms, per_warp, pbuf)
+        c16 = _int4_resident.matmul(*ops, f16, sms, per_warp, pbuf)
     np.testing.assert_allclose(c32, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     np.testing.assert_array_equal(c32, again)
     np.testing.assert_allclose(c16, ref, rtol=2.0**-10, atol=1e-5 * np.abs(ref).max())
 
 
 def test_int4_resident_grid():
-    """K in parts of 4096 values, sms // parts column groups of 1 to 64 tiles; M 9-16."""
+    """K in parts of 4096 (2048) values, sms // parts column groups of 1 to 64 tiles; M 9-16."""
     assert _int4_resident.grid(16, 8192, 8192, 132) == (2, 132)
     assert _int4_resident.grid(9, 28672, 4096, 132) == (1, 132)
     assert _int4_resident.grid(16, 8192, 28672, 132) == (7, 126)
+    assert _int4_resident.grid(16, 10240, 8192, 132, 1) == (4, 132)
     assert _int4_resident.grid(8, 8192, 8192, 132) is None
     assert _int4_resident.grid(16, 8192, 6144, 132) is None  # K not whole parts
     assert _int4_resident.grid(16, 2048, 8192, 132) is None  # fewer tiles than column groups
