@@ -15,9 +15,11 @@ groups: 4096 or 2048 values) and a set of tiles:
   L2 once a block instead of once a tile.
 - Each warp walks its groups of each tile in turn, the words of the next one loaded while
   one is multiplied (two register buffers; the swapped mma of
-  ``_int4_decode.multiply_swapped``, DEQ 6); at a tile's end the warps' tiles are added in
-  warp order through shared memory (``partial``; ``PBUF`` 2 buffers: one barrier a tile,
-  1: two).
+  ``_int4_decode.multiply_swapped``, DEQ 6). At a tile's end it leaves its tile in one of
+  two buffers (``partial``) and adds its row of the tile before (``take_share``, the warps'
+  tiles in warp order): the warps meet at mbarriers (the buffer whole, then read), never
+  at a block barrier, so none waits for the slowest warp's words each tile (a block
+  barrier a tile measured 1.6x slower than the decode kernel).
 - With PARTS > 1 each block leaves its tiles' sums in ``ws[part, tile]``; the last block to
   finish a tile (``counters``) adds the parts in part order into ``out``: the same bits on
   every run.
@@ -27,7 +29,7 @@ groups: 4096 or 2048 values) and a set of tiles:
 from __future__ import annotations
 
 import kaio
-from kaio import f16, f32, i32, u32
+from kaio import f16, f32, i32, u32, u64
 from kaio_ops import _arrays
 from kaio_ops._int4_decode import (
     COLS,
@@ -87,23 +89,25 @@ def read_x(
 
 
 @kaio.gpu_func
-def add_tile(
-    partial: f32[:, :, :], buf: u32, out: DT[:, :], ws: f32[:, :, :], part: u32, tile: u32,
-    tid: u32, M: u32, N: u32, PARTS: u32, ROWS: kaio.constexpr, DT: kaio.constexpr,
+def take_share(
+    partial: f32[:, :, :], bars: u64[:], k: u32, out: DT[:, :], ws: f32[:, :, :], part: u32,
+    tile: u32, warp: u32, lane: u32, M: u32, N: u32, PARTS: u32, DT: kaio.constexpr,
 ):  # fmt: skip
-    """The block's sums of ``tile``: its warps' tiles in partial[buf] added in warp order,
-    into ``out`` (one part of K) or ``ws[part, tile]``."""
-    for k in kaio.static_range(8 * ROWS * COLS // (WARPS * 32)):
-        o = tid + k * WARPS * 32
-        r = o // COLS
-        total = partial[buf * WARPS, r, o % COLS]
-        for s in kaio.static_range(1, WARPS):
-            total += partial[buf * WARPS + s, r, o % COLS]
-        c = tile * COLS + o % COLS
-        if PARTS > 1:
-            ws[part, tile, o] = total
-        elif r < M and c < N:
-            out[r, c] = DT(total)
+    """Warp ``warp``'s share of the block's ``k``-th tile (``tile``): once every warp's tile is
+    in partial[k % 2] (``bars[k % 2]``), row ``warp``'s sums of the warps' tiles in warp
+    order, into ``out`` (one part of K) or ``ws[part, tile]``; then the warp says it is done
+    with the buffer (``bars[2 + k % 2]``)."""
+    b = k % 2
+    kaio.mbarrier_wait(bars, b, (k // 2) % 2)
+    total = partial[b * WARPS, warp, lane]
+    for s in kaio.static_range(1, WARPS):
+        total += partial[b * WARPS + s, warp, lane]
+    c = tile * COLS + lane
+    if PARTS > 1:
+        ws[part, tile, warp * COLS + lane] = total
+    elif warp < M and c < N:
+        out[warp, c] = DT(total)
+    kaio.mbarrier_arrive(bars, 2 + b)
 
 
 @kaio.gpu_func
@@ -142,7 +146,7 @@ def finish_parts(
 def int4_resident(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], ws: f32[:, :, :],
     counters: i32[:], M: u32, N: u32, PARTS: u32,
-    ROWS: kaio.constexpr, DT: kaio.constexpr, PER_WARP: kaio.constexpr, PBUF: kaio.constexpr,
+    ROWS: kaio.constexpr, DT: kaio.constexpr, PER_WARP: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (the module docstring): block ``b`` multiplies K part ``b % PARTS``
     (``PER_WARP`` groups a warp) of its column group's tiles, x's rows for its groups
@@ -151,7 +155,8 @@ def int4_resident(
     X_HALVES = WARPS * PER_WARP * 8 * ROWS * GROUP_HALVES  # x, then the flags, the tiles
     xs = kaio.shared_dynamic(f16, (X_HALVES,), 0)
     flags = kaio.shared_dynamic(u32, (MAX_TILES,), 2 * X_HALVES)
-    partial = kaio.shared_dynamic(f32, (PBUF * WARPS, 16, COLS), 2 * X_HALVES + 4 * MAX_TILES)
+    bars = kaio.shared_dynamic(u64, (4,), 2 * X_HALVES + 4 * MAX_TILES)
+    partial = kaio.shared_dynamic(f32, (2 * WARPS, 16, COLS), 2 * X_HALVES + 4 * MAX_TILES + 32)
     UNROLL = 1 + PER_WARP % 2  # tiles a step: each unit's register buffer known (two)
     tid = kaio.thread_idx_x()
     warp = tid // 32
@@ -172,8 +177,10 @@ def int4_resident(
     kaio.cp_async_commit()
     col = kaio.select(c * COLS + 4 * g < N, c * COLS + 4 * g, 0)
     load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, 0, 0, 0, 1)
+    if tid < 4:  # bars[b]: partial[b] whole; bars[2 + b]: partial[b] added (read)
+        kaio.mbarrier_init(bars, tid, WARPS * 32)
     kaio.cp_async_wait(0)
-    kaio.sync_warp()  # every lane's copies of the warp's x landed
+    kaio.sync_threads()  # the barriers made; every lane's copies of x landed
     for i0 in range(0, runs, UNROLL):
         for di in kaio.static_range(UNROLL):
             i = i0 + di
@@ -201,21 +208,28 @@ def int4_resident(
                     for u in kaio.static_range(LOADS):
                         read_x(xr, b, j, u, xs, warp, g, t, ROWS, PER_WARP)
                         swapped_load(acc, words, xr, sc, b, u, 6, ROWS)
-                buf = i % PBUF
-                partial_swapped(partial, buf * WARPS + warp, acc, g, t, ROWS)
-                kaio.sync_threads()  # partial[buf] whole; partial[1 - buf] read (the tile before)
-                add_tile(partial, buf, out, ws, part, tile, tid, M, N, PARTS, ROWS, DT)
-                if PBUF == 1:
-                    kaio.sync_threads()  # partial read before the next tile's are written
+                slot = i % 2
+                if i >= 2:  # the tile two before added: its buffer free
+                    kaio.mbarrier_wait(bars, 2 + slot, ((i - 2) // 2) % 2)
+                partial_swapped(partial, slot * WARPS + warp, acc, g, t, ROWS)
+                kaio.mbarrier_arrive(bars, slot)
+                if i >= 1:  # the tile before: the warps have left it a tile ago
+                    prev = tile - step
+                    take_share(
+                        partial, bars, i - 1, out, ws, part, prev, warp, lane, M, N, PARTS, DT
+                    )  # fmt: skip
+    if runs > 0:
+        last = c + (runs - 1) * step
+        take_share(partial, bars, runs - 1, out, ws, part, last, warp, lane, M, N, PARTS, DT)
     if PARTS > 1:
         finish_parts(out, ws, counters, flags, c, runs, step, tid, M, N, PARTS, ROWS, DT)
 
 
-def shared_bytes(rows: int, pbuf: int, per_warp: int) -> int:
+def shared_bytes(rows: int, per_warp: int) -> int:
     """The dynamic shared memory of ``int4_resident``: x's ``rows`` rows (16) of each warp's
-    ``per_warp`` groups, the flags and ``pbuf`` buffers of the warps' tiles."""
+    ``per_warp`` groups, the flags, the barriers and two buffers of the warps' tiles."""
     x = WARPS * per_warp * rows * GROUP_HALVES * 2
-    return x + 4 * MAX_TILES + pbuf * WARPS * 16 * COLS * 4
+    return x + 4 * MAX_TILES + 32 + 2 * WARPS * 16 * COLS * 4
 
 
 def grid(m: int, n: int, k: int, sms: int, per_warp: int = 2) -> tuple[int, int] | None:
@@ -236,7 +250,7 @@ def grid(m: int, n: int, k: int, sms: int, per_warp: int = 2) -> tuple[int, int]
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    sms: int = 0, per_warp: int = 2, pbuf: int = 1,
+    sms: int = 0, per_warp: int = 2,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` [M, N] by ``int4_resident`` on ``sms`` SMs (0: the GPU's;
     ``grid`` must apply; the operands as ``_int4_decode.fits`` takes them)."""
@@ -245,10 +259,10 @@ def matmul(
     parts, blocks = grid(m, n, k, sms or _arrays.multiprocessors(x), per_warp)
     rows = _rows(m)
     out = _arrays.output(x, (m, n), dtype)
-    config = (blocks, WARPS * 32, _arrays.stream_of(x), shared_bytes(8 * rows, pbuf, per_warp))
+    config = (blocks, WARPS * 32, _arrays.stream_of(x), shared_bytes(8 * rows, per_warp))
     int4_resident[config](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype),
         **_split_arrays(x, -(-n // COLS), parts), M=m, N=n, PARTS=parts, ROWS=rows, DT=dtype,
-        PER_WARP=per_warp, PBUF=pbuf,
+        PER_WARP=per_warp,
     )  # fmt: skip
     return out

@@ -243,20 +243,17 @@ RESIDENT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "m, n, k, sms, per_warp, pbuf", [(*c, p) for c in RESIDENT_CASES for p in (1, 2)]
-)
-def test_int4_resident_in_simulator(m, n, k, sms, per_warp, pbuf, poisoned):
+@pytest.mark.parametrize("m, n, k, sms, per_warp", RESIDENT_CASES)
+def test_int4_resident_in_simulator(m, n, k, sms, per_warp, poisoned):
     """Every element against float64 products, f32 and f16 out (outputs and the parts'
-    workspace start as NaN); the same bits on a second call. One and two buffers of the
-    warps' tiles."""
+    workspace start as NaN); the same bits on a second call."""
     a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(n))
     ref = a.astype(np.float64) @ w.astype(np.float64)
     with kaio.simulate():
         ops = _sim_operands(a, packed, scales)
-        c32 = _int4_resident.matmul(*ops, f32, sms, per_warp, pbuf)
-        again = _int4_resident.matmul(*ops, f32, sms, per_warp, pbuf)
-        c16 = _int4_resident.matmul(*ops, f16, sms, per_warp, pbuf)
+        c32 = _int4_resident.matmul(*ops, f32, sms, per_warp)
+        again = _int4_resident.matmul(*ops, f32, sms, per_warp)
+        c16 = _int4_resident.matmul(*ops, f16, sms, per_warp)
     np.testing.assert_allclose(c32, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     np.testing.assert_array_equal(c32, again)
     np.testing.assert_allclose(c16, ref, rtol=2.0**-10, atol=1e-5 * np.abs(ref).max())
