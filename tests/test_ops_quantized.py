@@ -1326,6 +1326,28 @@ def test_gpu_int4_decode_plans(m, n):
     assert torch.equal(out, kaio_ops.matmul_int4(x, packed, scales))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(16, 10240, 8192), (9, 28672, 4096), (12, 8192, 8192)])
+def test_gpu_int4_resident(m, n, k):
+    """``_int4_resident`` at real sizes (two K parts added by the last block to arrive; one
+    part), f32 out: every element against float64 products with the dequantized weights
+    within the f32 sums' slack, and the same bits twice (the parts added in order)."""
+    import torch
+
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(n)).half()
+    packed, scales, w = _torch_int4_weights(k, n, m + n)
+    inputs = _arrays.Inputs("test")
+    ops = [
+        inputs.array(v, f"v{i}", dtypes=(f16, kaio.i32)) for i, v in enumerate((x, packed, scales))
+    ]
+    out = _int4_resident.matmul(*ops, f32)
+    x64, w64 = x.double(), w.double()
+    exact = x64 @ w64
+    slack = k * 2.0**-24 * (x64.abs() @ w64.abs())
+    assert out.shape == (m, n) and bool(((out.double() - exact).abs() <= slack).all())
+    assert torch.equal(out, _int4_resident.matmul(*ops, f32))
+
+
 def _gpu_check(fused, separate, x, weights, scales, same_plan: bool):
     """On the GPU, with float64 products from torch: each fused output against the exact
     product as check_f16_product does, allowing the tensor cores' f32 sums 1 ulp per
