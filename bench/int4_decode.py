@@ -192,8 +192,10 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if args.resident and _int4_resident.grid(m, n, k, sms):
         calls["resident"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16)
+        calls["resident w3"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16, 0, 2, 3)
     if args.resident and _int4_resident.grid(m, n, k, sms, 1):
         calls["resident p1"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16, 0, 1)
+        calls["resident p1w3"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16, 0, 1, 3)
     if args.baseline:  # an earlier version of the module, copied in as _int4_decode_v0
         import importlib
 

@@ -146,7 +146,7 @@ def finish_parts(
 def int4_resident(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], ws: f32[:, :, :],
     counters: i32[:], M: u32, N: u32, PARTS: u32,
-    ROWS: kaio.constexpr, DT: kaio.constexpr, PER_WARP: kaio.constexpr,
+    ROWS: kaio.constexpr, DT: kaio.constexpr, PER_WARP: kaio.constexpr, WBUF: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (the module docstring): block ``b`` multiplies K part ``b % PARTS``
     (``PER_WARP`` groups a warp) of its column group's tiles, x's rows for its groups
@@ -157,7 +157,7 @@ def int4_resident(
     flags = kaio.shared_dynamic(u32, (MAX_TILES,), 2 * X_HALVES)
     bars = kaio.shared_dynamic(u64, (4,), 2 * X_HALVES + 4 * MAX_TILES)
     partial = kaio.shared_dynamic(f32, (2 * WARPS, 16, COLS), 2 * X_HALVES + 4 * MAX_TILES + 32)
-    UNROLL = 1 + PER_WARP % 2  # tiles a step: each unit's register buffer known (two)
+    UNROLL = WBUF if PER_WARP % WBUF else 1  # tiles a step: each unit's buffer known
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -169,14 +169,18 @@ def int4_resident(
     runs = ((N + COLS - 1) // COLS - c + step - 1) // step
     first = part * WARPS * PER_WARP + warp  # the warp's groups: first + j WARPS
     acc = kaio.local(f32, (1, 4, 4))
-    words = kaio.local(u32, (2, LOADS, 4))
-    xr = kaio.local(u32, (2, LOADS, 2, 4))
-    sc = kaio.local(u32, (2, 2))
+    words = kaio.local(u32, (WBUF, LOADS, 4))
+    xr = kaio.local(u32, (WBUF, LOADS, 2, 4))
+    sc = kaio.local(u32, (WBUF, 2))
     for j in kaio.static_range(PER_WARP):
         copy_x(xs, x, first + j * WARPS, j, warp, lane, M, ROWS, PER_WARP)
     kaio.cp_async_commit()
-    col = kaio.select(c * COLS + 4 * g < N, c * COLS + 4 * g, 0)
-    load_group(words, xr, sc, 0, w, x, scales, first, col, g, t, M, ROWS, 0, 0, 0, 1)
+    for a in kaio.static_range(WBUF - 1):  # the first units' words (unit a: buffer a)
+        if a // PER_WARP < runs:
+            at = (c + (a // PER_WARP) * step) * COLS + 4 * g
+            group = first + (a % PER_WARP) * WARPS
+            col = kaio.select(at < N, at, 0)
+            load_group(words, xr, sc, a, w, x, scales, group, col, g, t, M, ROWS, 0, 0, 0, 1)
     if tid < 4:  # bars[b]: partial[b] whole; bars[2 + b]: partial[b] added (read)
         kaio.mbarrier_init(bars, tid, WARPS * 32)
     kaio.cp_async_wait(0)
@@ -186,24 +190,18 @@ def int4_resident(
             i = i0 + di
             if i < runs:
                 tile = c + i * step
-                col = kaio.select(tile * COLS + 4 * g < N, tile * COLS + 4 * g, 0)
-                nxt = (tile + step) * COLS + 4 * g
-                ncol = kaio.select(nxt < N, nxt, 0)
                 for q in kaio.static_range(4):
                     for e in kaio.static_range(4):
                         acc[0, q, e] = 0.0
                 for j in kaio.static_range(PER_WARP):
-                    b = (di * PER_WARP + j) % 2  # the unit's buffer; the next one's: 1 - b
-                    if j + 1 < PER_WARP:
-                        group = first + (j + 1) * WARPS
+                    b = (di * PER_WARP + j) % WBUF  # the unit's buffer
+                    a = j + WBUF - 1  # the unit WBUF - 1 ahead: group a % PER_WARP, tile + d
+                    if i + a // PER_WARP < runs:
+                        at = (tile + (a // PER_WARP) * step) * COLS + 4 * g
+                        group = first + (a % PER_WARP) * WARPS
                         load_group(
-                            words, xr, sc, 1 - b, w, x, scales, group, col, g, t, M, ROWS, 0, 0,
-                            0, 1,
-                        )  # fmt: skip
-                    elif i + 1 < runs:
-                        load_group(
-                            words, xr, sc, 1 - b, w, x, scales, first, ncol, g, t, M, ROWS, 0, 0,
-                            0, 1,
+                            words, xr, sc, (b + WBUF - 1) % WBUF, w, x, scales, group,
+                            kaio.select(at < N, at, 0), g, t, M, ROWS, 0, 0, 0, 1,
                         )  # fmt: skip
                     for u in kaio.static_range(LOADS):
                         read_x(xr, b, j, u, xs, warp, g, t, ROWS, PER_WARP)
@@ -250,7 +248,7 @@ def grid(m: int, n: int, k: int, sms: int, per_warp: int = 2) -> tuple[int, int]
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    sms: int = 0, per_warp: int = 2,
+    sms: int = 0, per_warp: int = 2, wbuf: int = 2,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` [M, N] by ``int4_resident`` on ``sms`` SMs (0: the GPU's;
     ``grid`` must apply; the operands as ``_int4_decode.fits`` takes them)."""
@@ -263,6 +261,6 @@ def matmul(
     int4_resident[config](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype),
         **_split_arrays(x, -(-n // COLS), parts), M=m, N=n, PARTS=parts, ROWS=rows, DT=dtype,
-        PER_WARP=per_warp,
+        PER_WARP=per_warp, WBUF=wbuf,
     )  # fmt: skip
     return out

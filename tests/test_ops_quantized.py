@@ -232,28 +232,31 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
     np.testing.assert_array_equal(c, again)
 
 
-# (M, N, K, SMs, groups a warp): int4_resident over two K parts (one block adding them, one
-# block's tiles the other's but for one, the last tile partial), over one (sets of 1 and 2
-# tiles) and over four of 16 groups (one group a warp: the tiles in pairs, one unpaired)
+# (M, N, K, SMs, groups a warp, register buffers): int4_resident over two K parts (one block
+# adding them, one block's tiles the other's but for one, the last tile partial), over one
+# (sets of 1 and 2 tiles) and over four of 16 groups (one group a warp: the tiles in pairs,
+# one unpaired); three buffers (the tiles in threes, none whole, or one and a partial set)
 RESIDENT_CASES = [
-    (12, 100, 4096 * 2, 4, 2),
-    (16, 72, 4096, 2, 2),
-    (9, 132, 4096 * 2, 2, 2),
-    (16, 164, 2048 * 4, 4, 1),
+    (12, 100, 4096 * 2, 4, 2, 2),
+    (16, 72, 4096, 2, 2, 2),
+    (9, 132, 4096 * 2, 2, 2, 2),
+    (16, 164, 2048 * 4, 4, 1, 2),
+    (16, 164, 2048 * 2, 2, 1, 3),
+    (13, 132, 4096, 1, 2, 3),
 ]
 
 
-@pytest.mark.parametrize("m, n, k, sms, per_warp", RESIDENT_CASES)
-def test_int4_resident_in_simulator(m, n, k, sms, per_warp, poisoned):
+@pytest.mark.parametrize("m, n, k, sms, per_warp, wbuf", RESIDENT_CASES)
+def test_int4_resident_in_simulator(m, n, k, sms, per_warp, wbuf, poisoned):
     """Every element against float64 products, f32 and f16 out (outputs and the parts'
     workspace start as NaN); the same bits on a second call."""
     a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(n))
     ref = a.astype(np.float64) @ w.astype(np.float64)
     with kaio.simulate():
         ops = _sim_operands(a, packed, scales)
-        c32 = _int4_resident.matmul(*ops, f32, sms, per_warp)
-        again = _int4_resident.matmul(*ops, f32, sms, per_warp)
-        c16 = _int4_resident.matmul(*ops, f16, sms, per_warp)
+        c32 = _int4_resident.matmul(*ops, f32, sms, per_warp, wbuf)
+        again = _int4_resident.matmul(*ops, f32, sms, per_warp, wbuf)
+        c16 = _int4_resident.matmul(*ops, f16, sms, per_warp, wbuf)
     np.testing.assert_allclose(c32, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     np.testing.assert_array_equal(c32, again)
     np.testing.assert_allclose(c16, ref, rtol=2.0**-10, atol=1e-5 * np.abs(ref).max())
