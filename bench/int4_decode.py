@@ -193,9 +193,8 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
     if args.resident and _int4_resident.grid(m, n, k, sms):
         calls["resident"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16)
         calls["resident w3"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16, 0, 2, 3)
-    if args.resident and _int4_resident.grid(m, n, k, sms, 1):
-        calls["resident p1"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16, 0, 1)
-        calls["resident p1w3"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16, 0, 1, 3)
+        calls["w3 no x"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16, 0, 2, 3, 1)
+        calls["w3 words only"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16, 0, 2, 3, 2)
     if args.baseline:  # an earlier version of the module, copied in as _int4_decode_v0
         import importlib
 

@@ -147,6 +147,7 @@ def int4_resident(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], ws: f32[:, :, :],
     counters: i32[:], M: u32, N: u32, PARTS: u32,
     ROWS: kaio.constexpr, DT: kaio.constexpr, PER_WARP: kaio.constexpr, WBUF: kaio.constexpr,
+    ABL: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (the module docstring): block ``b`` multiplies K part ``b % PARTS``
     (``PER_WARP`` groups a warp) of its column group's tiles, x's rows for its groups
@@ -173,7 +174,8 @@ def int4_resident(
     xr = kaio.local(u32, (WBUF, LOADS, 2, 4))
     sc = kaio.local(u32, (WBUF, 2))
     for j in kaio.static_range(PER_WARP):
-        copy_x(xs, x, first + j * WARPS, j, warp, lane, M, ROWS, PER_WARP)
+        if ABL != 1:  # ABL 1 (ablation, wrong results): x never copied
+            copy_x(xs, x, first + j * WARPS, j, warp, lane, M, ROWS, PER_WARP)
     kaio.cp_async_commit()
     for a in kaio.static_range(WBUF - 1):  # the first units' words (unit a: buffer a)
         if a // PER_WARP < runs:
@@ -204,8 +206,12 @@ def int4_resident(
                             kaio.select(at < N, at, 0), g, t, M, ROWS, 0, 0, 0, 1,
                         )  # fmt: skip
                     for u in kaio.static_range(LOADS):
-                        read_x(xr, b, j, u, xs, warp, g, t, ROWS, PER_WARP)
-                        swapped_load(acc, words, xr, sc, b, u, 6, ROWS)
+                        if ABL == 2:  # ablation (wrong results): the words, no x, no product
+                            mix = words[b, u, 0] ^ words[b, u, 1] ^ words[b, u, 2] ^ sc[b, 0]
+                            acc[0, u, 0] += kaio.bitcast((mix ^ words[b, u, 3]) & 0x3FFFFFFF, f32)
+                        else:
+                            read_x(xr, b, j, u, xs, warp, g, t, ROWS, PER_WARP)
+                            swapped_load(acc, words, xr, sc, b, u, 6, ROWS)
                 slot = i % 2
                 if i >= 2:  # the tile two before added: its buffer free
                     kaio.mbarrier_wait(bars, 2 + slot, ((i - 2) // 2) % 2)
@@ -248,7 +254,7 @@ def grid(m: int, n: int, k: int, sms: int, per_warp: int = 2) -> tuple[int, int]
 
 def matmul(
     x: _arrays.Operand, words: _arrays.Operand, scales: _arrays.Operand, dtype=f32,
-    sms: int = 0, per_warp: int = 2, wbuf: int = 2,
+    sms: int = 0, per_warp: int = 2, wbuf: int = 2, abl: int = 0,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` [M, N] by ``int4_resident`` on ``sms`` SMs (0: the GPU's;
     ``grid`` must apply; the operands as ``_int4_decode.fits`` takes them)."""
@@ -261,6 +267,6 @@ def matmul(
     int4_resident[config](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype),
         **_split_arrays(x, -(-n // COLS), parts), M=m, N=n, PARTS=parts, ROWS=rows, DT=dtype,
-        PER_WARP=per_warp, WBUF=wbuf,
+        PER_WARP=per_warp, WBUF=wbuf, ABL=abl,
     )  # fmt: skip
     return out
