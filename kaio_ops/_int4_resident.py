@@ -117,8 +117,8 @@ def finish_parts(
 ):  # fmt: skip
     """After every tile's sums are in ``ws``: for each of the block's ``tiles`` tiles
     ``first + i step`` the last of its PARTS blocks to arrive (``counters``, back to 0 after)
-    adds the parts in order into ``out`` (fence, then count: the parts of every block counted are
-    visible to the one that counts last)."""
+    adds the parts in order into ``out``, a warp a tile (fence, then count: the parts of every
+    block counted are visible to the one that counts last)."""
     kaio.threadfence()
     kaio.sync_threads()
     if tid < tiles:
@@ -127,19 +127,22 @@ def finish_parts(
             counters[first + tid * step] = i32(0)  # ready for the next call (or graph replay)
         flags[tid] = kaio.select(last, u32(1), u32(0))
     kaio.sync_threads()
-    for i in range(tiles):
+    warp = tid // 32
+    lane = tid % 32
+    sums = kaio.local(f32, (16,))
+    kaio.threadfence()
+    for i in range(warp, tiles, WARPS):  # a warp a tile: the tiles' loads in flight together
         if flags[i] == 1:
-            kaio.threadfence()
             tile = first + i * step
-            for k in kaio.static_range(8 * ROWS * COLS // (WARPS * 32)):
-                o = tid + k * WARPS * 32
-                r = o // COLS
-                c = tile * COLS + o % COLS
+            for r in kaio.static_range(8 * ROWS):
+                sums[r] = ws[0, tile, r * COLS + lane]
+            for s in range(1, PARTS):
+                for r in kaio.static_range(8 * ROWS):
+                    sums[r] += ws[s, tile, r * COLS + lane]
+            c = tile * COLS + lane
+            for r in kaio.static_range(8 * ROWS):
                 if r < M and c < N:
-                    total = ws[0, tile, o]
-                    for s in range(1, PARTS):
-                        total += ws[s, tile, o]
-                    out[r, c] = DT(total)
+                    out[r, c] = DT(sums[r])
 
 
 @kaio.gpu_kernel
