@@ -7,8 +7,7 @@ Per (N x K, M): cuBLAS f16, ``matmul_int4`` as routed (``_int4_decode.plan``),
 the decode kernel with each ``--warps`` count a block, and with ``--baseline W,...`` another
 version of the module copied in as ``kaio_ops/_int4_decode_v0.py`` (an A/B in one run); the
 floor (``bench/floors.read_words``: every word read once, nothing else) once per shape.
-``--once`` runs each kernel once eagerly and times nothing (for a profiler); ``--resident``
-adds ``_int4_resident`` (x resident in shared memory) where its grid applies.
+``--once`` runs each kernel once eagerly and times nothing (for a profiler).
 
 Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16] [--warps 4,8]
 [--variants W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/SP,...] [--out DIR] [--budget S] [--prewarm N]
@@ -37,7 +36,7 @@ import kaio  # noqa: E402
 import kaio_ops  # noqa: E402
 from bench.int4_wgmma import L2_BYTES, graph_time, operand  # noqa: E402
 from bench.quantized import int4_bytes, int4_inputs, read_only  # noqa: E402
-from kaio_ops import _int4_decode, _int4_resident  # noqa: E402
+from kaio_ops import _int4_decode  # noqa: E402
 
 SHAPES = "8192x8192,10240x8192,57344x8192,8192x28672,4096x4096,6144x4096,28672x4096,4096x14336"
 T0 = time.time()
@@ -57,9 +56,6 @@ def main() -> None:
     )
     p.add_argument("--budget", type=float, default=40.0)
     p.add_argument("--once", action="store_true", help="run each kernel eagerly, no timing")
-    p.add_argument(
-        "--resident", action="store_true", help="also _int4_resident (x resident, M = 9-16)"
-    )
     p.add_argument("--no-routed", action="store_true", help="skip matmul_int4 as routed")
     p.add_argument("--prewarm", type=int, default=0, help="compile first in N processes")
     p.add_argument(
@@ -189,12 +185,6 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
         name = "plan " + "".join(f"{k[0].lower()}{v}" for k, v in extra.items())
         w, t = planned[0], {**planned[1], **extra}
         calls[name] = lambda i, w=w, t=t: _int4_decode.matmul(*ops[i], kaio.f16, w, t)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if args.resident and _int4_resident.grid(m, n, k, sms):
-        calls["resident"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16)
-        calls["resident w3"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16, 0, 2, 3)
-        calls["w3 no x"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16, 0, 2, 3, 1)
-        calls["w3 words only"] = lambda i: _int4_resident.matmul(*ops[i], kaio.f16, 0, 2, 3, 2)
     if args.baseline:  # an earlier version of the module, copied in as _int4_decode_v0
         import importlib
 

@@ -380,38 +380,28 @@ def multiply_swapped(
     not 128: half the mma at M <= 8. The k order is the unswapped one (pairs j and j + 4 of
     each word, or DEQ 6's bytes); acc[0, 2 r + p, e] is x row ``8 r + 2 t + e % 2``, column
     ``4 g + 2 p + e // 2`` of the block."""
-    for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread)
-        swapped_load(acc, words, xr, sc, BUF, u, DEQ, ROWS)
-
-
-@kaio.gpu_func
-def swapped_load(
-    acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
-    BUF: kaio.constexpr, u: kaio.constexpr, DEQ: kaio.constexpr, ROWS: kaio.constexpr,
-):  # fmt: skip
-    """``multiply_swapped``'s products of load ``u`` of buffer BUF: its words dequantized
-    (A, the weights), x's fragments xr[BUF, u] (B, ROWS slabs) multiplied into acc."""
     aw = kaio.local(u32, (2, 2, 4))
     bx = kaio.local(u32, (2, 2, 2))
     b = kaio.local(u32, (4, 2, 2))
-    dequantize_load(b, words, sc, BUF, u, DEQ)
-    for i in kaio.static_range(4):
-        for h in kaio.static_range(2):
-            for r in kaio.static_range(2):
-                aw[i // 2, h, 2 * r + i % 2] = b[i, h, r]
-    for s in kaio.static_range(ROWS):
-        for h in kaio.static_range(2):
-            for r in kaio.static_range(2):
-                sel = LOW_HALVES if r == 0 else HIGH_HALVES
-                if DEQ == 6:  # the weights' pairs are x's own halves
-                    bx[s, h, r] = xr[BUF, u, s, 2 * h + r]
-                else:
-                    bx[s, h, r] = kaio.prmt(xr[BUF, u, s, h], xr[BUF, u, s, h + 2], sel)
-    for s in kaio.static_range(ROWS):
-        for p in kaio.static_range(2):
+    for u in kaio.static_range(LOADS):
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread)
+        dequantize_load(b, words, sc, BUF, u, DEQ)
+        for i in kaio.static_range(4):
             for h in kaio.static_range(2):
-                kaio.mma_f16(acc[0, 2 * s + p], aw[p, h], bx[s, h], acc[0, 2 * s + p])
+                for r in kaio.static_range(2):
+                    aw[i // 2, h, 2 * r + i % 2] = b[i, h, r]
+        for s in kaio.static_range(ROWS):
+            for h in kaio.static_range(2):
+                for r in kaio.static_range(2):
+                    sel = LOW_HALVES if r == 0 else HIGH_HALVES
+                    if DEQ == 6:  # the weights' pairs are x's own halves
+                        bx[s, h, r] = xr[BUF, u, s, 2 * h + r]
+                    else:
+                        bx[s, h, r] = kaio.prmt(xr[BUF, u, s, h], xr[BUF, u, s, h + 2], sel)
+        for s in kaio.static_range(ROWS):
+            for p in kaio.static_range(2):
+                for h in kaio.static_range(2):
+                    kaio.mma_f16(acc[0, 2 * s + p], aw[p, h], bx[s, h], acc[0, 2 * s + p])
 
 
 @kaio.gpu_func
@@ -637,7 +627,11 @@ def decode_columns(
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
         if SWAP == 1:
-            partial_swapped(partial, warp, acc, g, t, ROWS)
+            for slab in kaio.static_range(ROWS):
+                for p in kaio.static_range(2):
+                    for e in kaio.static_range(4):
+                        row = 8 * slab + 2 * t + e % 2
+                        partial[warp, row, 4 * g + 2 * p + e // 2] = acc[0, 2 * slab + p, e]
         else:
             for i in kaio.static_range(4):
                 for e in kaio.static_range(4):
@@ -681,20 +675,6 @@ def decode_columns(
                     for s in kaio.static_range(1, SPLIT):
                         total += ws[s, block, o]
                     out[r, c] = DT(total)
-
-
-@kaio.gpu_func
-def partial_swapped(
-    partial: f32[:, :, :], slot: u32, acc: f32[:, :, :], g: u32, t: u32, ROWS: kaio.constexpr
-):
-    """partial[slot] = a warp's tile (16 rows x 32 columns) from the swapped mma's
-    accumulators (``multiply_swapped``: acc[0, 2 r + p, e] is row ``8 r + 2 t + e % 2``,
-    column ``4 g + 2 p + e // 2``)."""
-    for slab in kaio.static_range(ROWS):
-        for p in kaio.static_range(2):
-            for e in kaio.static_range(4):
-                row = 8 * slab + 2 * t + e % 2
-                partial[slot, row, 4 * g + 2 * p + e // 2] = acc[0, 2 * slab + p, e]
 
 
 @kaio.gpu_func

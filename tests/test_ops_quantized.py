@@ -17,7 +17,7 @@ import kaio
 import kaio_ops
 from kaio import f16, f32, u32
 from kaio.ptx.ptxas import assemble, find_ptxas
-from kaio_ops import _arrays, _int4_decode, _int4_resident, _int8_decode, _prefill
+from kaio_ops import _arrays, _int4_decode, _int8_decode, _prefill
 from kaio_ops._matmul_kernels import qkv_kernel
 from kaio_ops.matmul import CONFIGS, Plan, heuristic, k_slices
 from kaio_ops.quantized import FALLBACK, _qkv_plan, project_int8, qkv_constexprs, specializations
@@ -230,48 +230,6 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
         again = _int4_decode.matmul(*ops, f32, warps, tune)
     np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     np.testing.assert_array_equal(c, again)
-
-
-# (M, N, K, SMs, groups a warp, register buffers): int4_resident over two K parts (one block
-# adding them, one block's tiles the other's but for one, the last tile partial), over one
-# (sets of 1 and 2 tiles) and over four of 16 groups (one group a warp: the tiles in pairs,
-# one unpaired); three buffers (the tiles in threes, none whole, or one and a partial set)
-RESIDENT_CASES = [
-    (12, 100, 4096 * 2, 4, 2, 2),
-    (16, 72, 4096, 2, 2, 2),
-    (9, 132, 4096 * 2, 2, 2, 2),
-    (16, 164, 2048 * 4, 4, 1, 2),
-    (16, 164, 2048 * 2, 2, 1, 3),
-    (13, 132, 4096, 1, 2, 3),
-]
-
-
-@pytest.mark.parametrize("m, n, k, sms, per_warp, wbuf", RESIDENT_CASES)
-def test_int4_resident_in_simulator(m, n, k, sms, per_warp, wbuf, poisoned):
-    """Every element against float64 products, f32 and f16 out (outputs and the parts'
-    workspace start as NaN); the same bits on a second call."""
-    a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(n))
-    ref = a.astype(np.float64) @ w.astype(np.float64)
-    with kaio.simulate():
-        ops = _sim_operands(a, packed, scales)
-        c32 = _int4_resident.matmul(*ops, f32, sms, per_warp, wbuf)
-        again = _int4_resident.matmul(*ops, f32, sms, per_warp, wbuf)
-        c16 = _int4_resident.matmul(*ops, f16, sms, per_warp, wbuf)
-    np.testing.assert_allclose(c32, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
-    np.testing.assert_array_equal(c32, again)
-    np.testing.assert_allclose(c16, ref, rtol=2.0**-10, atol=1e-5 * np.abs(ref).max())
-
-
-def test_int4_resident_grid():
-    """K in parts of 4096 (2048) values, sms // parts column groups of 1 to 64 tiles; M 9-16."""
-    assert _int4_resident.grid(16, 8192, 8192, 132) == (2, 132)
-    assert _int4_resident.grid(9, 28672, 4096, 132) == (1, 132)
-    assert _int4_resident.grid(16, 8192, 28672, 132) == (7, 126)
-    assert _int4_resident.grid(16, 10240, 8192, 132, 1) == (4, 132)
-    assert _int4_resident.grid(8, 8192, 8192, 132) is None
-    assert _int4_resident.grid(16, 8192, 6144, 132) is None  # K not whole parts
-    assert _int4_resident.grid(16, 2048, 8192, 132) is None  # fewer tiles than column groups
-    assert _int4_resident.grid(16, 32 * 64 * 66 + 32, 8192, 132) is None  # 65 tiles a group
 
 
 @pytest.mark.parametrize(
@@ -1327,28 +1285,6 @@ def test_gpu_int4_decode_plans(m, n):
     slack = k * 2.0**-24 * (x64.abs() @ w64.abs())
     assert out.shape == (m, n) and bool(((out.double() - exact).abs() <= slack).all())
     assert torch.equal(out, kaio_ops.matmul_int4(x, packed, scales))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m, n, k", [(16, 10240, 8192), (9, 28672, 4096), (12, 8192, 8192)])
-def test_gpu_int4_resident(m, n, k):
-    """``_int4_resident`` at real sizes (two K parts added by the last block to arrive; one
-    part), f32 out: every element against float64 products with the dequantized weights
-    within the f32 sums' slack, and the same bits twice (the parts added in order)."""
-    import torch
-
-    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(n)).half()
-    packed, scales, w = _torch_int4_weights(k, n, m + n)
-    inputs = _arrays.Inputs("test")
-    ops = [
-        inputs.array(v, f"v{i}", dtypes=(f16, kaio.i32)) for i, v in enumerate((x, packed, scales))
-    ]
-    out = _int4_resident.matmul(*ops, f32)
-    x64, w64 = x.double(), w.double()
-    exact = x64 @ w64
-    slack = k * 2.0**-24 * (x64.abs() @ w64.abs())
-    assert out.shape == (m, n) and bool(((out.double() - exact).abs() <= slack).all())
-    assert torch.equal(out, _int4_resident.matmul(*ops, f32))
 
 
 def _gpu_check(fused, separate, x, weights, scales, same_plan: bool):
