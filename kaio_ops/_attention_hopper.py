@@ -705,11 +705,26 @@ def consume_tile(
 
 
 @kaio.gpu_func
+def slot_tile(tile_s: i32[:], turn: u64[:], it: i32, lt: u32, QB: kaio.constexpr) -> i32:
+    """``PERSIST`` 4, a consumer warp: the block's tile ``it`` (``tile_of``'s index; -1: no
+    more) from its Q buffer's slot, which the producer wrote before the Q copy whose barrier
+    this waits on; lane 0 reads it, tells the producer (``turn[7]``) and gives it to the
+    warp."""
+    b, landed, read = q_buffer(it, QB)
+    kaio.mbarrier_wait(turn, landed, u32(it // QB) & 1)
+    got = i32(0)
+    if lt % 32 == 0:
+        got = tile_s[b]
+        kaio.mbarrier_arrive(turn, 7)
+    return kaio.shfl_idx(got, 0)
+
+
+@kaio.gpu_func
 def consume_stream(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
-    out: DT[:], lse: f32[:], wg: u32, lt: u32, first: i32, step: i32, end: i32, rounds: i32,
-    n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32,
-    scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
+    out: DT[:], lse: f32[:], tile_s: i32[:], wg: u32, lt: u32, first: i32, step: i32, end: i32,
+    rounds: i32, n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32,
+    causal: i32, scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, PERSIST: kaio.constexpr,
     QB: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr, LSE: kaio.constexpr = 0,
     HEXP: kaio.constexpr = 0,
@@ -720,7 +735,9 @@ def consume_stream(
     fresh row maxima and sums) runs while the P V does, then the finished tile's rows are
     stored and O is zeroed. Only the block's first step (S, softmax, P) and its last P V
     stand alone. The Q tiles come from ``QB`` buffers (``q_buffer``: with two, the producer
-    loads the next tile's Q while this one's is read; ``HEXP``: ``consume_tile``'s)."""
+    loads the next tile's Q while this one's is read; ``HEXP``: ``consume_tile``'s); the
+    work tiles from ``work_tile``, or with ``PERSIST`` 4 from the producer's slots
+    (``tile_s``, ``slot_tile``) until one holds -1 (``rounds``: ``end``, a bound)."""
     BM = 64 * WG
     C = D // 64
     lane = lt % 32
@@ -744,8 +761,16 @@ def consume_stream(
     # flush, stand alone)
     prev_bh = i32(0)  # the finished tile's (batch, head) and this thread's first row of it
     prev_row0 = i32(0)
-    for k in range(rounds):
-        w = work_tile(k, first, step, end, n_qt, PERSIST)
+    k = i32(0)
+    while k < rounds:
+        w = i32(-1)
+        if PERSIST == 4:  # (at most ``end`` tiles: the loop ends at the slot's -1)
+            w = slot_tile(tile_s, turn, it, lt, QB)
+            if w < 0:
+                k = rounds
+        else:
+            w = work_tile(k, first, step, end, n_qt, PERSIST)
+        k += 1
         if w >= 0:
             bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sq, sk, causal, BM, BN)
             row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
@@ -1068,9 +1093,11 @@ def attention_fwd_wgmma(
     if wg < WG and XT:  # the consumers, the block's tiles as one stream
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        consume_stream(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
-                       n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN, WG,
-                       STAGES, PIPE, PERSIST, QB, ONES, DT, LSE, HEXP)  # fmt: skip
+        if PERSIST == 4:
+            rounds = end
+        consume_stream(q_s, k_s, v_s, bars, turn, out, lse, tile_s, wg, lt, first, step, end,
+                       rounds, n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN,
+                       WG, STAGES, PIPE, PERSIST, QB, ONES, DT, LSE, HEXP)  # fmt: skip
     elif wg < WG and PERSIST == 4:  # the consumers, tiles as the producer takes them
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -1080,13 +1107,7 @@ def attention_fwd_wgmma(
         done = i32(0)
         w = i32(0)
         while w >= 0:
-            b, landed, read = q_buffer(done, QB)
-            kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)
-            got = i32(0)  # lane 0 of each warp reads the slot (-1: no more), tells the producer
-            if lt % 32 == 0:
-                got = tile_s[b]
-                kaio.mbarrier_arrive(turn, 7)
-            w = kaio.shfl_idx(got, 0)
+            w = slot_tile(tile_s, turn, done, lt, QB)
             if w >= 0:
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sq, sk, causal,
                                                BM, BN)  # fmt: skip
