@@ -630,6 +630,8 @@ def grid(
         for dtype, d in dict.fromkeys((dt, dd) for _, dt, dd, _, _ in ok):
             q, k, v = tensors(b, h, hkv, s, sk, d, dtype)
             for causal in causals:
+                if causal and s != sk:  # (SDPA flash takes the mask only where Sq = Sk)
+                    continue
                 flops = 4 * b * h * s * sk * d / (2 if causal else 1)
                 fns = {"sdpa flash": partial(sdpa_flash, q, k, v, causal)}
                 for label, dt, dd, kind, over in ok:

@@ -86,6 +86,7 @@ from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_ro
 from kaio_ops._matmul_hopper import next_stage
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
+MAX_CHAINS = 4  # a row max's independent chains of ``max`` (``softmax_step``'s CHAINS)
 SHARED_LIMIT = 227 * 1024
 PRODUCER_REGS = 24  # registers a thread of the producer warpgroup keeps (setmaxnreg)
 
@@ -243,7 +244,7 @@ def softmax_tile(
                 for e in kaio.static_range(2):
                     s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
     for h in kaio.static_range(2):
-        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT)
+        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT, MAX_CHAINS)
     if LSE == 1 and SUMS == 0:
         if masked:  # a row with few keys sees them all here: its sum to the last bit
             for h in kaio.static_range(2):
