@@ -86,7 +86,6 @@ from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_ro
 from kaio_ops._matmul_hopper import next_stage
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
-MAX_CHAINS = 4  # a row max's independent chains of ``max`` (``softmax_step``'s CHAINS)
 SHARED_LIMIT = 227 * 1024
 PRODUCER_REGS = 24  # registers a thread of the producer warpgroup keeps (setmaxnreg)
 
@@ -244,7 +243,7 @@ def softmax_tile(
                 for e in kaio.static_range(2):
                     s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
     for h in kaio.static_range(2):
-        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT, MAX_CHAINS)
+        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT)
     if LSE == 1 and SUMS == 0:
         if masked:  # a row with few keys sees them all here: its sum to the last bit
             for h in kaio.static_range(2):
@@ -506,51 +505,28 @@ def advance(pos: i32[:], STAGES: kaio.constexpr):
 
 
 @kaio.gpu_func
-def turn_of(w: u32) -> i32:
-    """The ``turn`` barrier on which warpgroup w waits for its turn on the tensor cores (PIPE
-    2, 4): 0, 1, and 8 for a third (2 to 7 are the Q buffers', ``zero_tail``'s and the
-    slot's)."""
-    return kaio.select(w < 2, i32(w), i32(w) + 6)
-
-
-@kaio.gpu_func
-def take_turn(turn: u64[:], wg: u32, gj: i32):
-    """PIPE 2, 4: wait for warpgroup ``wg``'s turn at the block's overlapped step ``gj``: the
-    warpgroups issue their products in turn, 0, 1, ... (the one before it arrives when it has
-    issued its own: ``pass_turn``), warpgroup 0 first at step 1."""
-    if wg == 0:
-        if gj > 1:
-            kaio.mbarrier_wait(turn, 0, u32(gj - 2) & 1)
-    else:
-        kaio.mbarrier_wait(turn, turn_of(wg), u32(gj - 1) & 1)
-
-
-@kaio.gpu_func
-def pass_turn(turn: u64[:], wg: u32, lt: u32, WG: kaio.constexpr):
-    """PIPE 2, 4: the next warpgroup's turn (an arrival from each warp of this one)."""
-    if lt % 32 == 0:
-        kaio.mbarrier_arrive(turn, turn_of((wg + 1) % WG))
-
-
-@kaio.gpu_func
 def overlap_step(
     s: f32[:, :], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     wg: u32, lt: u32, qc: i32, gj: i32, row0: i32, sk: i32, causal: i32, scale_log2: f32,
     st: i32, ph: u32, ps: i32, pph: u32, j: i32, D: kaio.constexpr, BN: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr, LSE: kaio.constexpr,
-    HEXP: kaio.constexpr, MASK: kaio.constexpr = 1, WG: kaio.constexpr = 2,
+    HEXP: kaio.constexpr, MASK: kaio.constexpr = 1,
 ):  # fmt: skip
     """One overlapped step of ``consume_tile`` (PIPE 1 to 4): S = Q K_j^T (stage ``st``,
     parity ``ph``) issued with the pending P_{j-1} V_{j-1} (stage ``ps``, parity ``pph``),
     the softmax of tile j while P V runs, then P of tile j packed (``gj``: the block's
-    overlapped steps so far, for the turns of PIPE 2 and 4 among the ``WG`` warpgroups;
-    ``MASK`` 0: a tile that no row of the warpgroup masks, ``softmax_tile``'s)."""
+    overlapped steps so far, for the ping-pong turns of PIPE 2 and 4; ``MASK`` 0: a tile
+    that no row of the warpgroup masks, ``softmax_tile``'s)."""
     lane = lt % 32
     DO = D + 8 * ONES
     kaio.mbarrier_wait(bars, (0, st), ph)
     if PIPE == 2 or PIPE == 4:  # wait for this warpgroup's turn on the tensor cores
-        take_turn(turn, wg, gj)
+        if wg == 0:
+            if gj > 1:
+                kaio.mbarrier_wait(turn, 0, u32(gj - 2) & 1)
+        else:
+            kaio.mbarrier_wait(turn, 1, u32(gj - 1) & 1)
     kaio.wgmma_fence()
     issue_s(s, q_s, k_s, st, wg, qc, D, DT)
     if PIPE >= 3:
@@ -558,8 +534,8 @@ def overlap_step(
     kaio.mbarrier_wait(bars, (1, ps), pph)
     kaio.wgmma_fence()
     issue_pv(o, p, v_s, ps, BN, DT)
-    if PIPE == 2 or PIPE == 4:
-        pass_turn(turn, wg, lt, WG)
+    if (PIPE == 2 or PIPE == 4) and lt % 32 == 0:  # the other warpgroup's turn
+        kaio.mbarrier_arrive(turn, 1 - wg)
     kaio.wgmma_wait(1)  # S_j done
     if lt == 0:
         kaio.mbarrier_arrive(bars, (2, st))
@@ -606,7 +582,6 @@ def consume_tile(
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
     LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
     HEXP: kaio.constexpr = 0, DIAG: kaio.constexpr = 0, OV: kaio.constexpr = 0,
-    WG: kaio.constexpr = 2,
 ) -> tuple[i32, u32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` from ``lo`` and below
@@ -616,15 +591,13 @@ def consume_tile(
     block's earlier tiles, returned as it stands after this one: ``(st, ph)`` the ring's
     stage and phase parity, ``g`` the ping-pong steps taken, ``done`` the tiles done (whose
     count picks the Q buffer, ``q_buffer``, of ``QB``). ``turn[0]``, ``turn[1]``: the
-    turn barriers of warpgroups 0 and 1 (PIPE 2, 4; ``turn[8]``: a third's, of ``WG``),
-    ``turn[2]`` (``turn[5]``): the Q
+    ping-pong barriers of warpgroups 0 and 1 (PIPE 2, 4), ``turn[2]`` (``turn[5]``): the Q
     tile landed, ``turn[4]`` (``turn[6]``): the Q tile read (by every consumer warpgroup).
     ``ONES`` 1: the row sums come from O's 8 more columns (``ones_sums``), the V stages
     having a column block of ones; ``LSE`` 1 with it: the masked tiles' rounding of the
     probabilities added back to the sums (``softmax_tile``).
     ``SKIP`` 1: the key tiles past the warpgroup's rows are only freed (``skip_tile``; for
-    tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips;
-    with PIPE 2, 4 the warpgroup still takes and passes its turn at those steps).
+    tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips).
     ``DIAG`` 1 (PIPE 1 to 4): the steps over the key tiles that no row of the block masks
     run in a loop of their own, without the mask's test (``overlap_step``). ``OV`` 1: the
     rows of O stored as 16-byte vectors (``store_quads``)."""
@@ -644,8 +617,8 @@ def consume_tile(
     kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)  # this tile's Q landed
     n_mine = n_tiles  # the key tiles this warpgroup's rows see; with SKIP those past them
     # (causal: past the diagonal; rows all past sq: all but one) are freed as they land
-    # (``skip_tile``)
-    if SKIP == 1:
+    # (``skip_tile``); ping-pong takes turns at every step
+    if SKIP == 1 and PIPE != 2 and PIPE != 4:
         if causal != 0:
             n_mine = kaio.max(1, kaio.min(n_tiles, (q0 + 64 * i32(wg) + 64 + BN - 1) // BN))
         if q0 + 64 * i32(wg) >= sq:
@@ -691,7 +664,7 @@ def consume_tile(
             for j in range(1, j0):
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 0, WG)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0)  # fmt: skip
                 ps = st
                 pph = ph
                 st, ph = next_stage(st, ph, STAGES)
@@ -702,13 +675,13 @@ def consume_tile(
             if plain:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 0, WG)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0)  # fmt: skip
                 ps = st
                 pph = ph
             elif SKIP == 0 or j < n_mine:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 1, WG)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP)  # fmt: skip
                 ps = st
                 pph = ph
             else:  # a key tile past this warpgroup's rows
@@ -716,9 +689,6 @@ def consume_tile(
                     if PIPE >= 3:
                         rescale_rows(o, alpha, DO)
                     pv_tile(o, p, v_s, bars, ps, pph, lt, BN, DT)
-                if PIPE == 2 or PIPE == 4:  # (the others' turns go on)
-                    take_turn(turn, wg, g + j)
-                    pass_turn(turn, wg, lt, WG)
                 skip_tile(bars, st, ph, lt)
             st, ph = next_stage(st, ph, STAGES)
         g += n_tiles - 1
@@ -735,54 +705,11 @@ def consume_tile(
 
 
 @kaio.gpu_func
-def slot_tile(tile_s: i32[:], turn: u64[:], it: i32, lt: u32, QB: kaio.constexpr) -> i32:
-    """``PERSIST`` 4, a consumer warp: the block's tile ``it`` (``tile_of``'s index; -1: no
-    more) from its Q buffer's slot, which the producer wrote before the Q copy whose barrier
-    this waits on; lane 0 reads it, tells the producer (``turn[7]``) and gives it to the
-    warp."""
-    b, landed, read = q_buffer(it, QB)
-    kaio.mbarrier_wait(turn, landed, u32(it // QB) & 1)
-    got = i32(0)
-    if lt % 32 == 0:
-        got = tile_s[b]
-        kaio.mbarrier_arrive(turn, 7)
-    return kaio.shfl_idx(got, 0)
-
-
-@kaio.gpu_func
-def consume_counter(
-    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
-    out: DT[:], lse: f32[:], tile_s: i32[:], wg: u32, lt: u32, n_qt: i32, bhs: i32, hs: i32,
-    heads: i32, group: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, D: kaio.constexpr,
-    BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr,
-    DT: kaio.constexpr, ONES: kaio.constexpr, LSE: kaio.constexpr, QB: kaio.constexpr,
-    HEXP: kaio.constexpr, DIAG: kaio.constexpr, OV: kaio.constexpr,
-):  # fmt: skip
-    """``PERSIST`` 4, consumer warpgroup ``wg``: each tile the producer took (``slot_tile``,
-    until -1) a tile at a time (``consume_tile``, its state carried from tile to tile)."""
-    st = i32(0)
-    ph = u32(0)
-    g = i32(0)
-    done = i32(0)
-    w = i32(0)
-    while w >= 0:
-        w = slot_tile(tile_s, turn, done, lt, QB)
-        if w >= 0:
-            bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sq, sk, causal,
-                                           64 * WG, BN)  # fmt: skip
-            st, ph, g, done = consume_tile(
-                q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq, q0,
-                n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN, STAGES, PIPE, DT,
-                ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, WG,
-            )  # fmt: skip
-
-
-@kaio.gpu_func
 def consume_stream(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
-    out: DT[:], lse: f32[:], tile_s: i32[:], wg: u32, lt: u32, first: i32, step: i32, end: i32,
-    rounds: i32, n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32,
-    causal: i32, scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
+    out: DT[:], lse: f32[:], wg: u32, lt: u32, first: i32, step: i32, end: i32, rounds: i32,
+    n_qt: i32, bhs: i32, hs: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32,
+    scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr,
     STAGES: kaio.constexpr, PIPE: kaio.constexpr, PERSIST: kaio.constexpr,
     QB: kaio.constexpr, ONES: kaio.constexpr, DT: kaio.constexpr, LSE: kaio.constexpr = 0,
     HEXP: kaio.constexpr = 0,
@@ -793,9 +720,7 @@ def consume_stream(
     fresh row maxima and sums) runs while the P V does, then the finished tile's rows are
     stored and O is zeroed. Only the block's first step (S, softmax, P) and its last P V
     stand alone. The Q tiles come from ``QB`` buffers (``q_buffer``: with two, the producer
-    loads the next tile's Q while this one's is read; ``HEXP``: ``consume_tile``'s); the
-    work tiles from ``work_tile``, or with ``PERSIST`` 4 from the producer's slots
-    (``tile_s``, ``slot_tile``) until one holds -1 (``rounds``: ``end``, a bound)."""
+    loads the next tile's Q while this one's is read; ``HEXP``: ``consume_tile``'s)."""
     BM = 64 * WG
     C = D // 64
     lane = lt % 32
@@ -819,16 +744,8 @@ def consume_stream(
     # flush, stand alone)
     prev_bh = i32(0)  # the finished tile's (batch, head) and this thread's first row of it
     prev_row0 = i32(0)
-    k = i32(0)
-    while k < rounds:
-        w = i32(-1)
-        if PERSIST == 4:  # (at most ``end`` tiles: the loop ends at the slot's -1)
-            w = slot_tile(tile_s, turn, it, lt, QB)
-            if w < 0:
-                k = rounds
-        else:
-            w = work_tile(k, first, step, end, n_qt, PERSIST)
-        k += 1
+    for k in range(rounds):
+        w = work_tile(k, first, step, end, n_qt, PERSIST)
         if w >= 0:
             bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sq, sk, causal, BM, BN)
             row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
@@ -1031,17 +948,14 @@ def planned_tile(
 
 @kaio.gpu_func
 def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
-                  STAGES: kaio.constexpr, SLOT: kaio.constexpr = 0,
-                  PIPE: kaio.constexpr = 0):  # fmt: skip
+                  STAGES: kaio.constexpr, SLOT: kaio.constexpr = 0):  # fmt: skip
     """The block's barriers (``attention_fwd_wgmma``'s ``bars`` and ``turn``) initialized by
     its first thread, then the block synchronized: each stage's K and V "full" barriers
     (one arrival: the producer's, with the copies' bytes) and "free" ones (an arrival from
     each consumer warpgroup), the ping-pong turns (an arrival from each warp of the other
     warpgroup), Q landed (one), a partial key tile's V landed (one, ``zero_tail``), Q read
     (each consumer warpgroup), and the same two of the second Q buffer (``q_buffer``);
-    ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp);
-    ``PIPE`` 2, 4 (the forward's ``turn``, of 10): a third warpgroup's turns (``turn[8]``,
-    ``turn_of``)."""
+    ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp)."""
     if t == 0:
         for s in kaio.static_range(STAGES):
             for r in kaio.static_range(2):
@@ -1056,8 +970,6 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
         kaio.mbarrier_init(turn, 6, WG)
         if SLOT:
             kaio.mbarrier_init(turn, 7, 4 * WG)
-        if PIPE == 2 or PIPE == 4:
-            kaio.mbarrier_init(turn, 8, 4)
         kaio.fence_proxy_async()
     kaio.sync_threads()
 
@@ -1118,12 +1030,12 @@ def attention_fwd_wgmma(
     # turn[0], turn[1]: warpgroup 0's, 1's turn on the tensor cores (PIPE 2, 4), turn[2]: Q
     # landed, turn[3]: a partial key tile's V landed (the producer's, ``zero_tail``), turn[4]:
     # Q read by every consumer warpgroup; turn[5], turn[6]: the second Q buffer's landed and
-    # read (QB 2); turn[7]: the tile slot read (PERSIST 4); turn[8]: a third warpgroup's turn
+    # read (QB 2)
     bars = kaio.shared_dynamic(u64, (4, STAGES), Q_BYTES + STAGES * (KV_BYTES + V_BYTES))
-    turn = kaio.shared_dynamic(u64, (10,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES)
+    turn = kaio.shared_dynamic(u64, (8,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES)
     # PERSIST 4: the work tile of each Q buffer (``produce_dynamic``)
     tile_s = kaio.shared_dynamic(
-        i32, (4,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES + 80
+        i32, (4,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES + 64
     )
     t, wg, lt = thread_roles(WG)
     n_qt = (sq + BM - 1) // BM
@@ -1143,7 +1055,7 @@ def attention_fwd_wgmma(
     if PERSIST == 5:  # a plan's tiles (``balanced_plan``): as many for every block
         rounds = sched[0]
         step = rounds
-    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4, PIPE)
+    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4)
     if ONES:  # each V stage's column block of ones (the copies never write it)
         one = kaio.local(DT, 8)
         for e in kaio.static_range(8):
@@ -1156,26 +1068,33 @@ def attention_fwd_wgmma(
     if wg < WG and XT:  # the consumers, the block's tiles as one stream
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        if PERSIST == 4:
-            rounds = end
-        consume_stream(q_s, k_s, v_s, bars, turn, out, lse, tile_s, wg, lt, first, step, end,
-                       rounds, n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN,
-                       WG, STAGES, PIPE, PERSIST, QB, ONES, DT, LSE, HEXP)  # fmt: skip
+        consume_stream(q_s, k_s, v_s, bars, turn, out, lse, wg, lt, first, step, end, rounds,
+                       n_qt, bhs, hs, heads, group, sq, sk, causal, scale_log2, D, BN, WG,
+                       STAGES, PIPE, PERSIST, QB, ONES, DT, LSE, HEXP)  # fmt: skip
     elif wg < WG and PERSIST == 4:  # the consumers, tiles as the producer takes them
         if REGS:
             kaio.setmaxnreg_inc(REGS)
-        if (PIPE == 2 or PIPE == 4) and wg == 0:  # turns: a loop in each warpgroup's branch
-            consume_counter(q_s, k_s, v_s, bars, turn, out, lse, tile_s, wg, lt, n_qt, bhs, hs,
-                            heads, group, sq, sk, causal, scale_log2, D, BN, WG, STAGES, PIPE,
-                            DT, ONES, LSE, QB, HEXP, DIAG, OV)  # fmt: skip
-        elif (PIPE == 2 or PIPE == 4) and wg == 1:  # (the simulator's lockstep: docs/hopper.md)
-            consume_counter(q_s, k_s, v_s, bars, turn, out, lse, tile_s, wg, lt, n_qt, bhs, hs,
-                            heads, group, sq, sk, causal, scale_log2, D, BN, WG, STAGES, PIPE,
-                            DT, ONES, LSE, QB, HEXP, DIAG, OV)  # fmt: skip
-        else:
-            consume_counter(q_s, k_s, v_s, bars, turn, out, lse, tile_s, wg, lt, n_qt, bhs, hs,
-                            heads, group, sq, sk, causal, scale_log2, D, BN, WG, STAGES, PIPE,
-                            DT, ONES, LSE, QB, HEXP, DIAG, OV)  # fmt: skip
+        st = i32(0)  # (``consume_tile``'s state, as below)
+        ph = u32(0)
+        g = i32(0)
+        done = i32(0)
+        w = i32(0)
+        while w >= 0:
+            b, landed, read = q_buffer(done, QB)
+            kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)
+            got = i32(0)  # lane 0 of each warp reads the slot (-1: no more), tells the producer
+            if lt % 32 == 0:
+                got = tile_s[b]
+                kaio.mbarrier_arrive(turn, 7)
+            w = kaio.shfl_idx(got, 0)
+            if w >= 0:
+                bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sq, sk, causal,
+                                               BM, BN)  # fmt: skip
+                st, ph, g, done = consume_tile(
+                    q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
+                    q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
+                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
+                )  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -1188,23 +1107,17 @@ def attention_fwd_wgmma(
             if w >= 0:
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sq, sk, causal,
                                                BM, BN)  # fmt: skip
-                if (PIPE == 2 or PIPE == 4) and wg == 0:  # turns: a loop in each branch
+                if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
                     st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, WG,
-                    )  # fmt: skip
-                elif (PIPE == 2 or PIPE == 4) and wg == 1:
-                    st, ph, g, done = consume_tile(
-                        q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
-                        q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, WG,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
                     )  # fmt: skip
                 else:
                     st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, WG,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
                     )  # fmt: skip
     elif PERSIST == 4:  # the producer warpgroup: its first warp takes the tiles
         producer_start(REGS)
@@ -1238,7 +1151,7 @@ def attention_fwd_wgmma(
 def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int = 0) -> int:
     """The dynamic shared memory of ``attention_fwd_wgmma``: ``qb`` Q buffers, the K/V ring
     (``ones``: a column block of ones beside each V stage), its barriers."""
-    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 96
+    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 80
 
 
 def config(d: int, causal: bool = False) -> dict:
@@ -1499,11 +1412,15 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
         hs = 1
     if cfg.get("PERSIST") == 5 and not section:
         hs = plan_section(sk, d, group)
-    if cfg["PIPE"] in (2, 4) and cfg["WG"] not in (2, 3):
+    if cfg["PIPE"] in (2, 4) and cfg["PERSIST"] == 4:
         raise ValueError(
-            f"attention_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) takes turns among two or "
-            f"three consumer warpgroups, got WG = {cfg['WG']}: use PIPE 0, 1 or 3 for other "
-            f"counts"
+            f"attention_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) with tiles taken from a "
+            f"counter (PERSIST 4) is not written: use PIPE 0, 1 or 3, or PERSIST 0 to 3"
+        )
+    if cfg["PIPE"] in (2, 4) and cfg["WG"] != 2:
+        raise ValueError(
+            f"attention_fwd_wgmma: ping-pong (PIPE {cfg['PIPE']}) takes turns between two "
+            f"consumer warpgroups, got WG = {cfg['WG']}: use PIPE 0, 1 or 3 for other counts"
         )
     bm = 64 * cfg["WG"]
     out = _arrays.output(qa, qa.shape)

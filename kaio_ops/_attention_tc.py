@@ -277,7 +277,6 @@ def softmax_step(
     SUMS: kaio.constexpr = 1,
     PAIRS: kaio.constexpr = 0,
     DT: kaio.constexpr = kaio.f16,
-    CHAINS: kaio.constexpr = 1,
 ) -> f32:  # fmt: skip
     """One online-softmax step of this lane's row half h (row g + 8h of the warp's 16) over
     the scores s of NB n-tiles (masked ones -inf): the running max m[h] (base 2, scaled) and
@@ -287,18 +286,11 @@ def softmax_step(
     probabilities elsewhere, e.g. on the tensor cores). ``PAIRS`` 1 (with SUMS 0): the
     exponentials of each pair of columns in one ``ex2.approx`` of a DT pair (f16x2: one
     MUFU.EX2 for two probabilities, max rel. error 2^-9.9 and the exponent rounded to f16),
-    whose bits go to s[n, 2h] (s[n, 2h + 1] is left as it was). ``CHAINS``: the row's max
-    over this lane's 2 NB scores as that many independent chains of ``max``, then theirs (a
-    chain's steps wait on each other: fewer steps in a row)."""
-    tops = kaio.local(f32, CHAINS)
-    for i in kaio.static_range(2 * NB):
-        if i < CHAINS:
-            tops[i] = s[i // 2, 2 * h + i % 2]
-        else:
-            tops[i % CHAINS] = kaio.max(tops[i % CHAINS], s[i // 2, 2 * h + i % 2])
-    top = tops[0]
-    for c in kaio.static_range(1, CHAINS):
-        top = kaio.max(top, tops[c])
+    whose bits go to s[n, 2h] (s[n, 2h + 1] is left as it was)."""
+    top = NEG_INF
+    for n in kaio.static_range(NB):
+        for e in kaio.static_range(2):
+            top = kaio.max(top, s[n, 2 * h + e])
     top = kaio.max(top, kaio.shfl_xor(top, 1))
     top = kaio.max(top, kaio.shfl_xor(top, 2))
     m_new = kaio.max(m[h], top * scale_log2)
