@@ -616,12 +616,12 @@ def consume_tile(
     qc = b * (D // 64)  # the Q buffer's first 64-column block
     kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)  # this tile's Q landed
     n_mine = n_tiles  # the key tiles this warpgroup's rows see; with SKIP those past them
-    # (causal: past the diagonal; rows all past sq or before lo, never stored: all but one)
-    # are freed as they land (``skip_tile``); ping-pong takes turns at every step
+    # (causal: past the diagonal; rows all past sq: all but one) are freed as they land
+    # (``skip_tile``); ping-pong takes turns at every step
     if SKIP == 1 and PIPE != 2 and PIPE != 4:
         if causal != 0:
             n_mine = kaio.max(1, kaio.min(n_tiles, (q0 + 64 * i32(wg) + 64 + BN - 1) // BN))
-        if q0 + 64 * i32(wg) >= sq or q0 + 64 * i32(wg) + 64 <= lo:
+        if q0 + 64 * i32(wg) >= sq:
             n_mine = 1
     if PIPE == 0:
         for j in range(n_tiles):
@@ -753,7 +753,7 @@ def consume_stream(
             if causal != 0:  # least one; one where the rows are all past sq: none of them
                 # is stored)
                 n_mine = kaio.max(1, kaio.min(n_tiles, (q0 + 64 * i32(wg) + 64 + BN - 1) // BN))
-            if q0 + 64 * i32(wg) >= sq or q0 + 64 * i32(wg) + 64 <= 0:
+            if q0 + 64 * i32(wg) >= sq:
                 n_mine = 1
             b, landed, read = q_buffer(it, QB)
             kaio.mbarrier_wait(turn, landed, u32(it // QB) & 1)  # this tile's Q landed
@@ -879,28 +879,28 @@ def tile_of(
     tiles first (the causal mask's longest), its heads inner: query tile ``n_qt - 1 - r //
     h`` of (batch, head) ``section * hs + r % h``, for the section's r-th tile and h heads.
     ``hs`` 1: one head's tiles after another's; ``hs`` = ``bhs``: every head's heaviest
-    first. The tiles end at sq (``first_row``), so that where BM does not divide sq the
-    partial tile is the lightest (causal) or the last of its head's, not the heaviest."""
+    first. Causal: the tiles end at sq (``first_row``), so that where BM does not divide sq
+    the partial tile is the lightest, not the heaviest."""
     first = t // (hs * n_qt) * hs
     h = kaio.min(hs, bhs - first)
     r = t - first * n_qt
     bh = first + r % h
-    q0 = first_row(n_qt - 1 - r // h, n_qt, sq, BM)
+    q0 = first_row(n_qt - 1 - r // h, n_qt, sq, causal, BM)
     kvh, n_tiles = kv_head_and_tiles(bh, q0, heads, group, sk, causal, BM, BN)
     return bh, q0, kvh, n_tiles
 
 
 @kaio.gpu_func
-def first_row(x: i32, n_qt: i32, sq: i32, BM: kaio.constexpr) -> i32:
-    """The first row of query tile ``x`` of a head's ``n_qt`` tiles of ``BM`` rows: x BM -
-    (n_qt BM - sq), the tiles ending at sq and the first starting up to BM - 1 rows before
-    the head's (rows that are not stored, ``store_rows``, and whose warpgroups skip their
-    key tiles, ``consume_tile``). With the mask its few rows then see 1 key tile, where the
-    last tile's would see them all and keep their warpgroup busy with the tile's others idle
-    (fwd64, issue 36: D 64's 192 rows); without it the partial tile (as many key tiles, fewer
-    busy warpgroups) comes last of its head's, ``tile_of``'s heaviest first, so that the
-    launch ends on light tiles (fwd64's third pass)."""
-    return x * BM - (n_qt * BM - sq)
+def first_row(x: i32, n_qt: i32, sq: i32, causal: i32, BM: kaio.constexpr) -> i32:
+    """The first row of query tile ``x`` of a head's ``n_qt`` tiles of ``BM`` rows: x BM, or
+    with the mask x BM - (n_qt BM - sq), the tiles ending at sq and the first starting up to
+    BM - 1 rows before the head's (rows that see no key and are not stored, ``store_rows``):
+    its few rows then see 1 key tile, where the last tile's would see them all and keep
+    their warpgroup busy with the tile's others idle (fwd64, issue 36: D 64's 192 rows)."""
+    q0 = x * BM
+    if causal != 0:
+        q0 -= n_qt * BM - sq
+    return q0
 
 
 @kaio.gpu_func
