@@ -1230,8 +1230,9 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     ``config``'s persistent blocks: f16 +2.3%, bf16 +2.6% and +2.9% at B16 H16 S1024; at
     S 2048 5% slower; fwd64's second pass); on it O stored as 16-byte vectors (``OV`` 1:
     f16 +3.3% at B16 H16 S1024, +3.6% at Sk 512, with the mask +2.0% and +1.5% at S 2048)
-    and with the mask the unmasked key tiles apart (``DIAG`` 1: +1.0% and +1.8%; fwd64's
-    third pass).
+    and with the mask the unmasked key tiles apart (``DIAG`` 1: +1.6% and +2.6% against the
+    same counter without it); both against main: f16 +2.3% to +2.8% at B16 H16 S1024, with
+    the mask +3.2% to +3.3% there and at S 2048; bf16 +1.9% to +2.8% (fwd64's third pass).
     D64 with the mask past SHORT_KEYS keys, either type: ``SECTION`` D64_SECTION
     (``launch``'s sections of heads).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
