@@ -247,6 +247,7 @@ def check(out_path):
     save(rows, out_path)
 
 
+D64_COUNTER = {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": 2, "ONES": 1, "OV": 1}
 TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or None)
     (128, False, 300, {}, None),  # the routed kernels, a partial last key tile, GQA
     (128, True, 300, {}, None),
@@ -290,6 +291,10 @@ TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or Non
     # 24: the same with 200 keys: each head's partial last key tile in a query tile of two
     # key tiles, fewer than the ring's three stages (``zero_tail``'s barrier)
     (64, True, 200, {"PERSIST": 4, "PIPE": 1, "QB": 2, "STAGES": 3, "SECTION": 2, "ONES": 1}, 3),
+    # 25, 26: D64's counter routes since fwd64's third pass: with the mask O as 16-byte
+    # vectors and the unmasked key tiles apart; without it O as vectors
+    (64, True, 300, {**D64_COUNTER, "PIPE": 1, "DIAG": 1}, 3),
+    (64, False, 300, {**D64_COUNTER, "PIPE": 3}, 3),
 ]
 
 
@@ -630,6 +635,8 @@ def grid(
         for dtype, d in dict.fromkeys((dt, dd) for _, dt, dd, _, _ in ok):
             q, k, v = tensors(b, h, hkv, s, sk, d, dtype)
             for causal in causals:
+                if causal and s != sk:  # (SDPA flash takes the mask only where Sq = Sk)
+                    continue
                 flops = 4 * b * h * s * sk * d / (2 if causal else 1)
                 fns = {"sdpa flash": partial(sdpa_flash, q, k, v, causal)}
                 for label, dt, dd, kind, over in ok:

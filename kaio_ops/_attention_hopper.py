@@ -1228,12 +1228,17 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     its sums by FADD: 311 TFLOP/s against a tile a block's 257 at B16 H16 S1024, fwd64's
     second pass); the same without the mask at most SHORT_KEYS keys (in place of
     ``config``'s persistent blocks: f16 +2.3%, bf16 +2.6% and +2.9% at B16 H16 S1024; at
-    S 2048 5% slower; fwd64's second pass).
+    S 2048 5% slower; fwd64's second pass); on it O stored as 16-byte vectors (``OV`` 1:
+    f16 +3.3% at B16 H16 S1024, +3.6% at Sk 512, with the mask +2.0% and +1.5% at S 2048)
+    and with the mask the unmasked key tiles apart (``DIAG`` 1: +1.6% and +2.6% against the
+    same counter without it); both against main: f16 +2.3% to +2.8% at B16 H16 S1024, with
+    the mask +3.2% to +3.3% there and at S 2048; bf16 +1.9% to +2.8% (fwd64's third pass).
     D64 with the mask past SHORT_KEYS keys, either type: ``SECTION`` D64_SECTION
     (``launch``'s sections of heads).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
-    S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster);
+    S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster on
+    its routes then, faster on the counter since, above);
     ``DIAG`` 1 (the unmasked key tiles in a loop of their own) at D 128 with the mask (+1%
     to +2%). ``PERSIST`` 5 (each block's tiles from a plan made on the host,
     ``balanced_plan``: the tiles heaviest first in sections of heads, ``plan_section``, each
@@ -1251,7 +1256,9 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
         every["SECTION"] = D64_SECTION
     f16 = dt in (None, kaio.f16)
     if d == 64 and many and 0 < sk <= (D64_COUNTER_KEYS if causal else SHORT_KEYS):  # (counter)
-        return {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION, "ONES": int(f16)}
+        diag = {"DIAG": 1} if causal else {}
+        return {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION, "ONES": int(f16),
+                "OV": 1, **diag}  # fmt: skip
     if d > 128 or not f16:
         return every
     more = d == 128 and many

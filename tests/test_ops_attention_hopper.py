@@ -222,15 +222,18 @@ def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, 
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=5e-4 if dtype == np.float16 else 3e-3)
 
 
+D64_COUNTER = {"QB": 2, "ONES": 1, "STAGES": 3, "OV": 1}  # (the route's, but PERSIST's)
+
+
 @pytest.mark.parametrize(
     "d, h, sq, sk, causal, over, ctas, section",
     [
         # the mask, grouped-query heads, partial last key tiles, two Q buffers, three
-        # stages (D64's route), three blocks taking 8 tiles from the counter, heads in
-        # sections of two
-        (64, 4, 256, 300, True, {"PIPE": 1, "QB": 2, "ONES": 1, "STAGES": 3}, 3, 2),
+        # stages, O as 16-byte vectors, the unmasked key tiles apart (D64's route), three
+        # blocks taking 8 tiles from the counter, heads in sections of two
+        (64, 4, 256, 300, True, {**D64_COUNTER, "PIPE": 1, "DIAG": 1}, 3, 2),
         # one block takes every head's tiles (one head a section, as launch picks)
-        (64, 4, 128, 128, False, {"PIPE": 3}, 1, 0),
+        (64, 4, 128, 128, False, {"PIPE": 3, "OV": 1}, 1, 0),
         # f16 D128's options at 1024 keys or fewer (extras: two Q buffers), a partial last
         # key tile
         (128, 2, 256, 200, False, hopper.extras(128, False, kaio.f16, 200), 2, 0),
@@ -339,8 +342,9 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     for f16 at D 128 with the mask or at most SHORT_KEYS keys, where the launch has many
     query tiles (and there tiles taken from a counter, with ROUTE_COUNTER); at D 64 with the
     mask and at most D64_COUNTER_KEYS keys, without it at most SHORT_KEYS (either type),
-    tiles from the counter with two Q buffers and three stages; O stored as 16-byte vectors
-    at D 128 and 256 (either type), the unmasked key tiles apart at D 128 with the mask, and
+    tiles from the counter with two Q buffers and three stages, O stored as 16-byte vectors
+    and with the mask the unmasked key tiles apart; O stored as 16-byte vectors at D 128 and
+    256 (either type), the unmasked key tiles apart at D 128 with the mask, and
     there (either type) the tiles of a balanced plan where the launch has many; at D 64 with
     the mask past SHORT_KEYS keys (either type) D64_SECTION heads a section; nothing more
     for bf16 or D 256."""
@@ -360,9 +364,10 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     assert hopper.extras(64, False, f16, 2048) == hopper.extras(64, False, f16, 4096)
     assert hopper.extras(64, False, f16, 4096) == {"ONES": 1}
     assert hopper.extras(64, True, f16, 4096) == {"ONES": 1, **sections}
-    counter = {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, **sections}
-    assert hopper.extras(64, False, f16, 1024) == counter
-    assert hopper.extras(64, False, bf16, 1024) == {**counter, "ONES": 0}
+    plain = {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, **sections, **ov}  # (the counter)
+    counter = {**plain, "DIAG": 1}  # (with the mask)
+    assert hopper.extras(64, False, f16, 1024) == plain
+    assert hopper.extras(64, False, bf16, 1024) == {**plain, "ONES": 0}
     assert hopper.extras(64, True, f16, 1024) == hopper.extras(64, True, f16, 2048) == counter
     assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1}
     assert hopper.extras(64, True, f16, 256) == counter  # (a partial last key tile's V
