@@ -20,8 +20,8 @@ the others' results):
   sequence lengths (docs/performance.md's table).
 - ``ab``: interleaved A/B of variants (another commit's module from a file among them) and
   SDPA flash, each case's variants timed in turn (``--spec``; default ``AB_SPEC``).
-- ``kernels``: where a call's GPU time goes: each kernel's time a call (torch's profiler)
-  for ``--spec``'s variants, SDPA flash's included.
+- ``kernels``: where a call's GPU time goes: each kernel's time a call (CUDA events around
+  each launch) for ``--spec``'s variants, SDPA flash's whole call beside.
 
 Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table,repeat,ab,kernels}
 [--out FILE.json]``.
@@ -30,6 +30,7 @@ Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table,re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -486,14 +487,47 @@ def _variant_calls(c: dict, causal: bool, by: dict, tensors_: tuple) -> dict:
     return fns
 
 
-def kernels(out_path, spec) -> None:
-    """Each kernel's GPU time a call (µs; torch's profiler over ``CALLS`` calls, default 5,
-    after two) for every variant of ``spec``'s cases: where the time goes (the
-    preprocessing, the zeroing, the main kernel, the dQ conversion)."""
+@contextlib.contextmanager
+def _launches_timed(log: list):
+    """Within it, every kaio kernel launch appends (kernel name, start event, end event) to
+    ``log``: CUDA events recorded on torch's current stream around the launch (the ops launch
+    on it), so that ``elapsed_time`` is that kernel's GPU time."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
-    calls = int(os.environ.get("CALLS", "5"))
+    from kaio.kernel import Kernel
+
+    index = Kernel.__getitem__
+
+    def timed_index(kernel, config):
+        launch = index(kernel, config)
+
+        def timed(*args, **kwargs):
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            launch(*args, **kwargs)
+            end.record()
+            log.append((kernel.__name__, start, end))
+
+        return timed
+
+    Kernel.__getitem__ = timed_index
+    try:
+        yield
+    finally:
+        Kernel.__getitem__ = index
+
+
+def kernels(out_path, spec) -> None:
+    """Each kernel's GPU time a call (µs; CUDA events around each launch, ``_launches_timed``,
+    the median over ``CALLS`` calls, default 7, after one) for every variant of ``spec``'s
+    cases, and the whole call's (events around it; SDPA flash: the call only): where the
+    time goes (the preprocessing, the zeroing, the main kernel, the dQ conversion). The
+    events between launches add a little host time between kernels, never inside one."""
+    import statistics
+
+    import torch
+
+    calls = int(os.environ.get("CALLS", "7"))
     by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants(spec)}
     rows = []
     for c in spec:
@@ -501,28 +535,30 @@ def kernels(out_path, spec) -> None:
         inputs = tensors(b, h, hkv, s, s, d, dtype)
         for causal in c.get("causal", [False, True]):
             for lab, fn in _variant_calls(c, causal, by, inputs).items():
-                for _ in range(2):
-                    fn()
+                fn()
                 torch.cuda.synchronize()
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(calls):
+                per, whole = {}, []
+                for _ in range(calls):
+                    log = []
+                    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                    with _launches_timed(log):
+                        start.record()
                         fn()
-                    torch.cuda.synchronize()
-                us = {}
-                for a in prof.key_averages():
-                    t = getattr(a, "device_time_total", getattr(a, "cuda_time_total", 0))
-                    if t and not a.key.startswith(("cuda", "cuLaunch")):
-                        us[a.key] = round(t / calls, 1)
+                        end.record()
+                    end.synchronize()
+                    whole.append(start.elapsed_time(end) * 1e3)
+                    for i, (name, e0, e1) in enumerate(log):
+                        per.setdefault(f"{i} {name}", []).append(e0.elapsed_time(e1) * 1e3)
+                us = {k: round(statistics.median(v), 1) for k, v in per.items()}
                 emit(rows, dict(variant=lab, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s,
-                                causal=causal, total_us=round(sum(us.values()), 1),
+                                causal=causal, call_us=round(statistics.median(whole), 1),
                                 kernels_us=us))  # fmt: skip
     save(rows, out_path)
     for r in rows:
-        cells = ", ".join(f"{k[:32]} {v:.0f}" for k, v in sorted(r["kernels_us"].items(),
-                                                                key=lambda x: -x[1]))  # fmt: skip
+        cells = ", ".join(f"{k} {v:.1f}" for k, v in r["kernels_us"].items())
         print(
             f"{r['variant']} {r['dtype']} D{r['d']} B{r['b']} S{r['s']}"
-            f"{' causal' if r['causal'] else ''}: {r['total_us']:.0f} us = {cells}"
+            f"{' causal' if r['causal'] else ''}: call {r['call_us']:.0f} us = {cells}"
         )
 
 
