@@ -294,36 +294,28 @@ def consume_late(
             kaio.wgmma_wait(0)  # tile i - 1's products done: its stage (and dQ)
             release(bars, ps, lt)
             if SCHED == 1:
-                fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
-                                   c0, lt, FINISH, D, BM, BK, NQ)  # fmt: skip
-                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                                     n_tiles, nkb, _i > 1, c0, lane, lt, handed, wph, fb,
-                                     scale, FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
-                fb = next_writer(fb, NW)
+                wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
+                                         item, total, q, sq, n_tiles, _i > 1, c0, lane, lt,
+                                         handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
+                                         DT, FINISH, DONE)  # fmt: skip
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
             if SCHED >= 2 and SCHED < 6 and NDS == 2 and _i > 1:  # (the other wg's
                 kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)  # dQ among them)
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
-                fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
-                                   c0, lt, FINISH, D, BM, BK, NQ)  # fmt: skip
-                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                                     n_tiles, nkb, _i > 1, c0, lane, lt, handed, wph, fb,
-                                     scale, FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
-                fb = next_writer(fb, NW)
+                wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
+                                         item, total, q, sq, n_tiles, _i > 1, c0, lane, lt,
+                                         handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
+                                         DT, FINISH, DONE)  # fmt: skip
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
-                fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
-                                   c0, lt, FINISH, D, BM, BK, NQ)  # fmt: skip
-                kaio.wgmma_wait(0)
-                if NDS == 2:
-                    free_buffer(bars, STAGES + qb, lt)
-                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                                     n_tiles, nkb, _i > 1, c0, lane, lt, handed, wph, fb,
-                                     scale, FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
-                fb = next_writer(fb, NW)
+                wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
+                                         item, total, q, sq, n_tiles, _i > 1, c0, lane, lt,
+                                         handed, wph, fb, scale, STAGES + qb, FULL, D, BM, BK,
+                                         NQ, TWO, NW, DT, FINISH,
+                                         AWAIT_FREE if NDS == 2 else AWAIT)  # fmt: skip
             ps = st
             pt, pat0 = t, at0
             item += 1
@@ -336,14 +328,9 @@ def consume_late(
         last = 1 if SCHED < 4 else 6  # (1: P^T from pt_s; 6: from p; both with dQ)
         issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                         last, DT)  # fmt: skip
-        fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles, c0,
-                           lt, FINISH, D, BM, BK, NQ)  # fmt: skip
-        kaio.wgmma_wait(0)
-        release(bars, ps, lt)
-        wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                             n_tiles, nkb, total > 1, c0, lane, lt, handed, wph, fb, scale,
-                             FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
-        fb = next_writer(fb, NW)
+        dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0, item, total, q, sq,
+               n_tiles, total > 1, c0, lane, lt, handed, wph, fb, scale, ps, FULL, D, BM, BK, NQ,
+               TWO, NW, DT, FINISH, AWAIT_RELEASE)  # fmt: skip
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
 
@@ -436,6 +423,41 @@ def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, BM: kaio.constexp
     ``FINISH``, not causal: every key block adds to every tile): its turn there is the
     last."""
     return i32(turn_rank(x, nkb, t, item, total, 0, 1, BM, BK) == nkb - 1)
+
+
+# What ``dq_out`` does between the issue of FINISH's wait and the tile's hand-off: nothing
+# (the dQ product is done), await the product, and then arrive on the P^T / dS^T buffer's
+# "free" barrier (``free_buffer``) or release the ring stage (``release``).
+DONE, AWAIT, AWAIT_FREE, AWAIT_RELEASE = 0, 1, 2, 3
+
+
+@kaio.gpu_func
+def dq_out(
+    dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], dq: DT[:], dqa: f32[:, :],
+    dqo: f32[:, :], x: i32, nkb: i32, t: i32, at0: i32, item: i32, total: i32, q: i32, sq: i32,
+    n_tiles: i32, after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32,
+    scale: f32, b: i32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
+    BK: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr, NW: kaio.constexpr,
+    DT: kaio.constexpr, FINISH: kaio.constexpr, THEN: kaio.constexpr,
+) -> tuple[u32, i32, i32]:  # fmt: skip
+    """Query tile t's dQ share (dqa; head at row at0, item ``item`` of key block x's walk)
+    out of the consumers: ``fetch_others`` (``FINISH``: the wait for the other turns issued
+    while the tile's dQ product runs), then ``THEN`` (``DONE``, ``AWAIT``, ``AWAIT_FREE``:
+    then ``free_buffer`` of buffer barrier b, ``AWAIT_RELEASE``: ``release`` of ring stage
+    b), then ``out_dq`` (``after`` a first tile) and the next tile's writer. Returns (the
+    dq_s parity, handed, the next writer)."""
+    fin = fetch_others(dqo, dq_acc, sem, x, nkb, t, at0, item, total, sq, n_tiles, c0, lt,
+                       FINISH, D, BM, BK, NQ)  # fmt: skip
+    if THEN != DONE:
+        kaio.wgmma_wait(0)
+    if THEN == AWAIT_FREE:
+        free_buffer(bars, b, lt)
+    elif THEN == AWAIT_RELEASE:
+        release(bars, b, lt)
+    wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, t, at0, q, sq, n_tiles,
+                         nkb, after, c0, lane, lt, handed, wph, fb, scale, FULL, D, BM, NQ, TWO,
+                         DT, FINISH)  # fmt: skip
+    return wph, handed, next_writer(fb, NW)
 
 
 @kaio.gpu_func
