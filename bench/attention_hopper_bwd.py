@@ -441,8 +441,7 @@ def ab(out_path, spec) -> None:
                     del fns[lab], times[lab]
                     continue
                 first = first or grads  # each variant's dq, dk, dv against the first's
-                diff[lab] = [(g - f).abs().max().item() / f.abs().max().item()
-                             for g, f in zip(grads, first, strict=True)]  # fmt: skip
+                diff[lab] = _differences(grads, first)
             torch.cuda.synchronize()
             labs = list(fns)
             for r in range(rounds):
@@ -461,6 +460,13 @@ def ab(out_path, spec) -> None:
             f"{r['dtype']:>8} D{r['d']} B{r['b']} S{r['s']}{' causal' if r['causal'] else ''}:"
             f" {cells}"
         )
+
+
+def _differences(grads: list, first: list) -> list:
+    """The largest difference of each gradient from the first variant's, over the largest
+    value of the first's."""
+    return [(g - f).abs().max().item() / f.abs().max().item()
+            for g, f in zip(grads, first, strict=True)]  # fmt: skip
 
 
 def _variant_calls(c: dict, causal: bool, by: dict, tensors_: tuple) -> dict:
@@ -520,9 +526,10 @@ def _launches_timed(log: list):
 def kernels(out_path, spec) -> None:
     """Each kernel's GPU time a call (µs; CUDA events around each launch, ``_launches_timed``,
     the median over ``CALLS`` calls, default 7, after one) for every variant of ``spec``'s
-    cases, and the whole call's (events around it; SDPA flash: the call only): where the
-    time goes (the preprocessing, the zeroing, the main kernel, the dQ conversion). The
-    events between launches add a little host time between kernels, never inside one."""
+    cases, their sum, and the whole call's (events around it, the host's gaps between the
+    kernels included; SDPA flash: the call only), with the largest difference of its
+    gradients from the first variant's: where the time goes (the preprocessing, the
+    zeroing, the main kernel, the dQ conversion)."""
     import statistics
 
     import torch
@@ -534,8 +541,11 @@ def kernels(out_path, spec) -> None:
         b, h, hkv, s, d, dtype = c["b"], c["h"], c["hkv"], c["s"], c["d"], c["dtype"]
         inputs = tensors(b, h, hkv, s, s, d, dtype)
         for causal in c.get("causal", [False, True]):
+            first = None
             for lab, fn in _variant_calls(c, causal, by, inputs).items():
-                fn()
+                grads = [g.float() for g in fn()]
+                first = first or grads
+                diff = max(_differences(grads, first))
                 torch.cuda.synchronize()
                 per, whole = {}, []
                 for _ in range(calls):
@@ -552,13 +562,14 @@ def kernels(out_path, spec) -> None:
                 us = {k: round(statistics.median(v), 1) for k, v in per.items()}
                 emit(rows, dict(variant=lab, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s,
                                 causal=causal, call_us=round(statistics.median(whole), 1),
-                                kernels_us=us))  # fmt: skip
+                                diff=diff, kernels_us=us))  # fmt: skip
     save(rows, out_path)
     for r in rows:
         cells = ", ".join(f"{k} {v:.1f}" for k, v in r["kernels_us"].items())
         print(
             f"{r['variant']} {r['dtype']} D{r['d']} B{r['b']} S{r['s']}"
-            f"{' causal' if r['causal'] else ''}: call {r['call_us']:.0f} us = {cells}"
+            f"{' causal' if r['causal'] else ''}: call {r['call_us']:.0f} us ({r['diff']:.0e}),"
+            f" kernels {sum(r['kernels_us'].values()):.0f} = {cells}"
         )
 
 

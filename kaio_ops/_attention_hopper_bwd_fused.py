@@ -297,7 +297,7 @@ def consume_late(
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
                                          item, total, q, sq, n_tiles, _i > 1, c0, lane, lt,
                                          handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
-                                         DT, FINISH, DONE)  # fmt: skip
+                                         DT, FINISH, ROT, DONE)  # fmt: skip
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
             if SCHED >= 2 and SCHED < 6 and NDS == 2 and _i > 1:  # (the other wg's
@@ -307,14 +307,14 @@ def consume_late(
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
                                          item, total, q, sq, n_tiles, _i > 1, c0, lane, lt,
                                          handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
-                                         DT, FINISH, DONE)  # fmt: skip
+                                         DT, FINISH, ROT, DONE)  # fmt: skip
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
                                          item, total, q, sq, n_tiles, _i > 1, c0, lane, lt,
                                          handed, wph, fb, scale, STAGES + qb, FULL, D, BM, BK,
-                                         NQ, TWO, NW, DT, FINISH,
+                                         NQ, TWO, NW, DT, FINISH, ROT,
                                          AWAIT_FREE if NDS == 2 else AWAIT)  # fmt: skip
             ps = st
             pt, pat0 = t, at0
@@ -330,7 +330,7 @@ def consume_late(
                         last, DT)  # fmt: skip
         dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0, item, total, q, sq,
                n_tiles, total > 1, c0, lane, lt, handed, wph, fb, scale, ps, FULL, D, BM, BK, NQ,
-               TWO, NW, DT, FINISH, AWAIT_RELEASE)  # fmt: skip
+               TWO, NW, DT, FINISH, ROT, AWAIT_RELEASE)  # fmt: skip
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
 
@@ -417,12 +417,12 @@ def give_dq(
 
 
 @kaio.gpu_func
-def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, BM: kaio.constexpr,
-              BK: kaio.constexpr) -> i32:  # fmt: skip
-    """Whether key block x finishes the tile of item ``item`` of its rotated walk (tile t;
-    ``FINISH``, not causal: every key block adds to every tile): its turn there is the
-    last."""
-    return i32(turn_rank(x, nkb, t, item, total, 0, 1, BM, BK) == nkb - 1)
+def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, ROT: kaio.constexpr,
+              BM: kaio.constexpr, BK: kaio.constexpr) -> i32:  # fmt: skip
+    """Whether key block x finishes the tile of item ``item`` of its walk (tile t; ``FINISH``,
+    not causal: every key block adds to every tile): its turn there is the last (``ROT``:
+    of the rotated walks' order; else key block nkb - 1's)."""
+    return i32(turn_rank(x, nkb, t, item, total, 0, ROT, BM, BK) == nkb - 1)
 
 
 # What ``dq_out`` does between the issue of FINISH's wait and the tile's hand-off: nothing
@@ -438,7 +438,7 @@ def dq_out(
     n_tiles: i32, after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32,
     scale: f32, b: i32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
     BK: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr, NW: kaio.constexpr,
-    DT: kaio.constexpr, FINISH: kaio.constexpr, THEN: kaio.constexpr,
+    DT: kaio.constexpr, FINISH: kaio.constexpr, ROT: kaio.constexpr, THEN: kaio.constexpr,
 ) -> tuple[u32, i32, i32]:  # fmt: skip
     """Query tile t's dQ share (dqa; head at row at0, item ``item`` of key block x's walk)
     out of the consumers: ``fetch_others`` (``FINISH``: the wait for the other turns issued
@@ -447,7 +447,7 @@ def dq_out(
     b), then ``out_dq`` (``after`` a first tile) and the next tile's writer. Returns (the
     dq_s parity, handed, the next writer)."""
     fin = fetch_others(dqo, dq_acc, sem, x, nkb, t, at0, item, total, sq, n_tiles, c0, lt,
-                       FINISH, D, BM, BK, NQ)  # fmt: skip
+                       FINISH, ROT, D, BM, BK, NQ)  # fmt: skip
     if THEN != DONE:
         kaio.wgmma_wait(0)
     if THEN == AWAIT_FREE:
@@ -491,7 +491,8 @@ def out_dq(
 def fetch_others(
     dqo: f32[:, :], dq_acc: f32[:], sem: i32[:], x: i32, nkb: i32, t: i32, at0: i32,
     item: i32, total: i32, sq: i32, n_tiles: i32, c0: i32, lt: u32, FINISH: kaio.constexpr,
-    D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr, NQ: kaio.constexpr,
+    ROT: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
+    NQ: kaio.constexpr,
 ) -> i32:  # fmt: skip
     """``FINISH``: whether key block x finishes query tile t (head at row at0, item ``item``
     of its walk: ``last_turn``), and then the wait until the turns before its own have
@@ -500,7 +501,7 @@ def fetch_others(
     registers beside the product's spill: ``finish_dq`` reads it). Else 0."""
     fin = i32(0)
     if FINISH:
-        fin = last_turn(x, nkb, t, item, total, BM, BK)
+        fin = last_turn(x, nkb, t, item, total, ROT, BM, BK)
         if fin != 0:
             before = nkb - 1
             if before > 0:
@@ -583,7 +584,7 @@ def write_dq_two(
     for _i in range(total):
         mine = _i % NW == w
         if FINISH:  # (the tiles this key block finishes: the consumers')
-            mine = mine and last_turn(x, nkb, t, item, total, BM, BK) == 0
+            mine = mine and last_turn(x, nkb, t, item, total, ROT, BM, BK) == 0
         if mine:
             tile = at0 // sq * n_tiles + t
             rank = turn_rank(x, nkb, t, item, total, causal, ROT, BM, BK)
@@ -870,11 +871,13 @@ def rotated(c: dict, nkb: int, sms: int) -> bool:
 
 
 def finishes(c: dict, rot: bool, causal: bool) -> bool:
-    """Whether the kernel runs with ``finish`` (``FINISH`` in the configuration ``c``): with
-    ``rot`` (``rotated``), not causal (its last turns are key block 0's on every tile: H100,
-    f16 B16 H16 S1024 D 128, that order finishing them ran 239 and 246 TFLOP/s against 230
-    and 255 without, B4 S4096 443 against 459) and the fixed order (``ORDER`` 1)."""
-    return bool(c.get("FINISH")) and rot and not causal and c["ORDER"] == 1
+    """Whether the kernel runs with ``finish`` (``FINISH`` in the configuration ``c``): not
+    causal (its last turns are key block 0's on every tile: H100, f16 B16 H16 S1024 D 128,
+    that order finishing them ran 239 and 246 TFLOP/s against 230 and 255 without, B4 S4096
+    443 against 459), with the fixed order (``ORDER`` 1) and the walks ``c`` asks for:
+    rotated (``rot``) where its ``ROT`` is on, else key block nkb - 1 has every last turn."""
+    walks = rot or not c.get("ROT")
+    return bool(c.get("FINISH")) and walks and not causal and c["ORDER"] == 1
 
 
 def fit_stages(d: int, c: dict) -> int:

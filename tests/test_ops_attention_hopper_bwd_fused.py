@@ -60,6 +60,9 @@ def poisoned_outputs(monkeypatch):
         # the last turn on each tile stores dQ (FINISH, with ROT): one key block, the only
         # turn (its walk over two heads' four tiles, the last partial)
         (1, 2, 1, 200, 128, 64, np.float16, False, 4, 3, {"ROT": True, "FINISH": True}),
+        # FINISH in the increasing order (no ROT): key block 1 of 2 has every last turn
+        # (two heads' four tiles, the last partial)
+        (1, 2, 1, 200, 256, 64, np.float16, False, 4, 3, {"FINISH": True}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
         # heads of one K/V head, the second key block seeing no query (Sq < Sk)
         (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {}),
@@ -214,7 +217,7 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
     "d, causal, hkv, over",
     [(128, True, 2, {}), (128, False, 4, {}), (64, True, 4, {}), (64, False, 3, {}),
      (64, False, 3, {"ROT": True}), (64, True, 4, {"ROT": True}),
-     (64, False, 3, {"ROT": True, "FINISH": True}),
+     (64, False, 3, {"ROT": True, "FINISH": True}), (64, False, 3, {"FINISH": True}),
      (128, False, 4, {"ROT": True, "FINISH": True}), (128, True, 2, {"ROT": True})],
 )  # fmt: skip
 def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over):
