@@ -59,6 +59,7 @@ from kaio_ops._attention_hopper_bwd import (
     _ds_buffers,
     config,
     consume_dkdv,
+    convert_four,
     dq_convert_tiles,
     grads_t,
     hand_dq,
@@ -712,6 +713,7 @@ def attention_bwd_fused_ordered(
     nkb = (sk + BK - 1) // BK
     blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())
 
+    kaio.launch_dependents()  # (dq_convert_behind may start once every block has begun)
     t, wg, lt = thread_roles(WG)
     if t == 0:
         init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
@@ -786,6 +788,35 @@ def zero_sums(acc: f32[:], n: i32, sem: i32[:], m: i32, j: i32):
         sem[j] = 0
 
 
+@kaio.gpu_kernel(block_size=256)
+def dq_convert_behind(dq: DT[:], acc: f32[:], sem: i32[:], rows: i32, sq: i32, nkb: i32,
+                      causal: i32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
+                      BK: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """``dq_convert_tiles`` behind the ordered kernel: launched with programmatic dependent
+    launch (its ``grid_dependency_wait``), it starts once every block of that kernel has
+    begun (``launch_dependents``), on the multiprocessors its last blocks leave idle, and
+    each thread converts its four floats once every turn on their query tile is in (the
+    tile's semaphore equals ``tile_turns``: the last reduction completed and released);
+    the wait at its end keeps it from completing before that kernel does."""
+    i = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()) * 4
+    row = i // D
+    if row < rows:
+        t = row % sq // BM
+        kaio.wait_eq(sem, row // sq * ((sq + BM - 1) // BM) + t, tile_turns(t, nkb, causal, BM, BK))
+        convert_four(dq, acc, i, sq, scale, D, DT)
+    kaio.grid_dependency_wait()
+
+
+@kaio.gpu_func
+def tile_turns(t: i32, nkb: i32, causal: i32, BM: kaio.constexpr, BK: kaio.constexpr) -> i32:
+    """The key blocks that add to query tile t: causal, those up to the last that sees it;
+    else all ``nkb``."""
+    n = nkb
+    if causal != 0:
+        n = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) + 1
+    return n
+
+
 # The consumers' schedule (``consume_late``) by head dim and mask (not causal, causal):
 # measured on an H100 (f16 B4 H16 S4096, TFLOP/s at 2.5x the forward's FLOPs), SCHED 4 /
 # 2 / 0: D 128 454 / 418 / 392, causal 400 / 422 / 371; D 64 (4 / 2 / 1) 318 / 303 / 285,
@@ -826,6 +857,12 @@ FINISH = {64: False, 128: True}
 NDS = {64: 3, 128: 2}
 
 
+# Whether dQ's conversion runs behind the kernel (``dq_convert_behind``: on the
+# multiprocessors its last blocks leave idle, each tile once its turns are in) rather than
+# after it (``dq_convert_tiles``), by head dim and mask.
+BEHIND = {64: (False, False), 128: (False, False)}
+
+
 def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> dict:
     """The kernel's constexprs for head dim ``d``: ``_attention_hopper_bwd.config(d)``'s
     fused ones (``DQ`` 5), ``SCHED`` ``sched`` (default ``SCHED[d][causal]``), ``EARLY`` 3
@@ -844,6 +881,7 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c["ROT"] = ROT[d][bool(causal)]
     c["FINISH"] = FINISH[d]
     c["NDS"] = NDS[d] if sched >= 4 else 2
+    c["BEHIND"] = BEHIND[d][bool(causal)]
     return {**c, "STAGES": fit_stages(d, c)}
 
 
@@ -856,9 +894,10 @@ def stores_first(c: dict) -> bool:
 
 
 def constexprs(c: dict) -> dict:
-    """The kernel's constexprs among ``ordered_config``'s (``HG`` is its argument ``hg``;
-    ``ROT`` and ``FINISH`` as ``launch`` takes them: ``rotated``, ``finishes``)."""
-    return {k: int(v) for k, v in c.items() if k != "HG"}
+    """The kernel's constexprs among ``ordered_config``'s (``HG`` is its argument ``hg``,
+    ``BEHIND`` the launch's choice of conversion; ``ROT`` and ``FINISH`` as ``launch`` takes
+    them: ``rotated``, ``finishes``)."""
+    return {k: int(v) for k, v in c.items() if k not in ("HG", "BEHIND")}
 
 
 def rotated(c: dict, nkb: int, sms: int) -> bool:
@@ -971,10 +1010,16 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         int(causal), hg, D=d, DT=qa.dtype, **{**constexprs(c), "ROT": int(rot),
                                                       "FINISH": int(finish)},
     )  # fmt: skip
-    if not finish:  # (else the last turn on each tile stored its dQ)
-        dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
-            dq_out, dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
-        )
+    if finish:  # (the last turn on each tile stored its dQ)
+        return dq, dk, dv
+    grid = -(-qa.size // 1024)
+    if c["BEHIND"] and c["ORDER"] == 1:  # (the semaphores' counts: the fixed order's)
+        dq_convert_behind[grid, 256, stream, 0](
+            dq_out, dq_acc, sem, bh * sq, sq, nkb, int(causal), scale, D=d, BM=c["BM"], BK=bk,
+            DT=qa.dtype,
+        )  # fmt: skip
+    else:
+        dq_convert_tiles[grid, 256, stream, 0](dq_out, dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype)
     return dq, dk, dv
 
 
@@ -992,3 +1037,6 @@ def specializations():
                     yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **c}
     yield zero_acc_sem, {}
     yield zero_acc_sem_l2, {}
+    for dt in (f16, bf16):
+        for d in (64, 128):
+            yield dq_convert_behind, {"D": d, "BM": 64, "BK": 128, "DT": dt}

@@ -41,8 +41,9 @@ def poisoned_outputs(monkeypatch):
         # D 128, bf16, two batches, grouped-query, Sq > Sk with a partial key tile; each
         # tile's dQ product after the next tile's P^T and dS^T
         (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2, {}),
-        # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query
-        (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3, {}),
+        # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query; dQ converted
+        # behind the kernel (BEHIND: each tile once its semaphore counts its turns)
+        (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3, {"BEHIND": 1}),
         # each tile's dQ product with its dV and dK (SCHED 6: the next tile's S^T and dP^T
         # meanwhile), three dS^T buffers, the masked and unmasked probabilities in two
         # branches (SPLIT), lse_log2 once a row (L2), PFIRST; causal, grouped-query, a
@@ -50,8 +51,8 @@ def poisoned_outputs(monkeypatch):
         (1, 2, 1, 200, 128, 64, np.float16, True, 6, 3, {"SPLIT": 1, "L2": 1, "PFIRST": 1}),
         # three dS^T buffers (NDS 3), three writers, P^T before dP^T's product is awaited
         # (PFIRST), two K/V heads' key blocks interleaved in the launch order (HG 2; three
-        # heads: the last group has one)
-        (3, 1, 1, 128, 256, 64, np.float16, False, 4, 3, {"NDS": 3, "NW": 3, "HG": 2}),
+        # heads: the last group has one), dQ converted behind the kernel
+        (3, 1, 1, 128, 256, 64, np.float16, False, 4, 3, {"NDS": 3, "NW": 3, "HG": 2, "BEHIND": 1}),
         # rotated walks (ROT) without the semaphores (ORDER 0: the simulator runs the
         # blocks of a kernel with wait_eq in linear order, and a rotated walk waits for
         # later ones; turn_rank's turns are checked below): three key blocks whose walks
@@ -168,7 +169,8 @@ SHIPPED = [(k, c) for k, c in fused.specializations() if c.get("DT") != kaio.bf1
 @pytest.mark.parametrize("index", range(len(SHIPPED)))
 def test_specializations_assemble_for_sm_90a(index):
     """No spills, no serialized wgmma (f16: bf16 differs in the wgmma's type only); the SIMT
-    zeroing kernel for sm_80 too."""
+    zeroing kernels for sm_80 too (the conversion behind the kernel needs sm_90's
+    griddepcontrol)."""
     kernel, constexprs = SHIPPED[index]
     ptx = kernel.ptx(arch="sm_90", **constexprs)
     hopper = ".target sm_90a" in ptx
@@ -176,7 +178,7 @@ def test_specializations_assemble_for_sm_90a(index):
     spills = re.search(r"(\d+) bytes spill stores", report)
     assert spills and spills[1] == "0", (constexprs, report)
     assert "C7518" not in report and "C7508" not in report and "C7510" not in report, report
-    if not hopper:
+    if not hopper and "griddepcontrol" not in ptx:
         assemble(kernel.ptx(arch="sm_80", **constexprs), "sm_80")
 
 
@@ -218,14 +220,15 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
     [(128, True, 2, {}), (128, False, 4, {}), (64, True, 4, {}), (64, False, 3, {}),
      (64, False, 3, {"ROT": True}), (64, True, 4, {"ROT": True}),
      (64, False, 3, {"ROT": True, "FINISH": True}), (64, False, 3, {"FINISH": True}),
+     (64, True, 4, {"BEHIND": 1}), (128, False, 4, {"ROT": False, "FINISH": False, "BEHIND": 1}),
      (128, False, 4, {"ROT": True, "FINISH": True}), (128, True, 2, {"ROT": True})],
 )  # fmt: skip
 def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over):
     """Against float64 autograd (grouped-query heads, Sq < Sk, a partial query tile) and
     the same bits on three runs, at a size with many key blocks a query tile (three K/V
     heads: six blocks' heads, a partial group of ``HG``); ``over``: with ``ROT`` (rotated
-    walks, resp. the longest causal walks launched first) and ``FINISH`` (with rotated
-    walks)."""
+    walks, resp. the longest causal walks launched first), ``FINISH`` (with rotated walks
+    or in the increasing order) and ``BEHIND`` (dQ converted behind the kernel)."""
     import torch
 
     from tests.test_ops_attention import _rel_t, _sdpa64
@@ -243,19 +246,20 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over):
 
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("causal", [False, True])
-def test_gpu_ordered_backward_replays_in_a_cuda_graph(causal):
+@pytest.mark.parametrize("causal, over", [(False, {}), (True, {}), (True, {"BEHIND": 1})])
+def test_gpu_ordered_backward_replays_in_a_cuda_graph(causal, over):
     """Captured in a CUDA graph, replayed twice: the semaphores are zeroed inside the
     captured work, so each replay equals the eager call bit for bit (a replay that found
-    the last call's counts would wait forever or add out of order)."""
+    the last call's counts would wait forever or add out of order); ``over``: with dQ
+    converted behind the kernel (``BEHIND``: a programmatic dependent launch)."""
     import torch
 
     *_, run = _gpu_operands(1, 4, 4, 1024, 1024, 128, causal, 5)
-    eager = run(ordered=True)
+    eager = run(ordered=over or True)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = run(ordered=True)
+        captured = run(ordered=over or True)
     for _ in range(2):
         for g in captured:
             g.fill_(float("nan"))
