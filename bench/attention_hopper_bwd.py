@@ -40,7 +40,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.attention_hopper import emit, save, time_calls  # noqa: E402
+from bench.attention_hopper import SLEEP_CYCLES, emit, save, time_calls  # noqa: E402
 
 NEW = {  # name: overrides of _attention_hopper_bwd.config's constexprs, per kernel
     "wgmma": {},  # the fused kernel (dQ by bulk reductions)
@@ -59,6 +59,11 @@ D64 = {
 DEFAULTS = (("float16", 128), ("bfloat16", 128), ("float16", 64), ("bfloat16", 64))
 
 
+# ``--spec`` labels that are not variants: SDPA's flash backward, and the public op as users
+# call it (``kaio_ops.flash_attention_bwd``: its call plan, its defaults).
+PEERS = ("sdpa flash", "public")
+
+
 def variants(spec=None):
     """(label, dtype name, head dim, kind, overrides): every backward the steps launch, the
     default kernels first (a check cut short by its timeout still covers them); with
@@ -67,7 +72,7 @@ def variants(spec=None):
         seen = {}
         for case in spec:
             for label, over in case["variants"].items():
-                if label == "sdpa flash":  # (ab's peer: no kaio kernel)
+                if label in PEERS:  # (no overrides of kaio's kernels)
                     continue
                 kind = "old" if label == "mma.sync" else "new"
                 seen[(label, case["dtype"], case["d"])] = (kind, over or {})
@@ -471,7 +476,8 @@ def _differences(grads: list, first: list) -> list:
 
 def _variant_calls(c: dict, causal: bool, by: dict, tensors_: tuple) -> dict:
     """{label: a call of that variant of ``--spec``'s case c} on the inputs ``tensors_``
-    (q, k, v, do; o and lse from ``forward_sdpa``); "sdpa flash": SDPA's flash backward."""
+    (q, k, v, do; o and lse from ``forward_sdpa``); ``PEERS``: SDPA's flash backward, the
+    public op."""
     import torch
 
     from bench.attention_hopper import sdpa_flash
@@ -484,6 +490,11 @@ def _variant_calls(c: dict, causal: bool, by: dict, tensors_: tuple) -> dict:
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
             out = sdpa_flash(*leaves, causal)
             fns[lab] = functools.partial(torch.autograd.grad, out, leaves, do, retain_graph=True)
+            continue
+        if lab == "public":
+            import kaio_ops
+
+            fns[lab] = functools.partial(kaio_ops.flash_attention_bwd, do, q, k, v, o, lse, causal)
             continue
         kind, over = by[(lab, c["dtype"], c["d"])]
         run = runner(kind, c["d"], {x: y for x, y in over.items() if x != "module"})
@@ -525,11 +536,11 @@ def _launches_timed(log: list):
 
 def kernels(out_path, spec) -> None:
     """Each kernel's GPU time a call (µs; CUDA events around each launch, ``_launches_timed``,
-    the median over ``CALLS`` calls, default 7, after one) for every variant of ``spec``'s
-    cases, their sum, and the whole call's (events around it, the host's gaps between the
-    kernels included; SDPA flash: the call only), with the largest difference of its
-    gradients from the first variant's: where the time goes (the preprocessing, the
-    zeroing, the main kernel, the dQ conversion)."""
+    the median over ``CALLS`` calls, default 7, after one, each queued behind a GPU sleep:
+    the GPU's own time, no host gaps) for every variant of ``spec``'s cases, their sum, and
+    the whole call's (events around it; SDPA flash: the call only), with the largest
+    difference of its gradients from the first variant's: where the time goes (the
+    preprocessing, the zeroing, the main kernel, the dQ conversion)."""
     import statistics
 
     import torch
@@ -551,6 +562,7 @@ def kernels(out_path, spec) -> None:
                 for _ in range(calls):
                     log = []
                     start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                    torch.cuda._sleep(SLEEP_CYCLES)  # (the launches queue up behind it)
                     with _launches_timed(log):
                         start.record()
                         fn()

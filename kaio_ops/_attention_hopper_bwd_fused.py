@@ -217,7 +217,7 @@ def consume_late(
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
     TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
     SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0, PFIRST: kaio.constexpr = 0,
-    ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0,
+    ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0, DQW: kaio.constexpr = 0,
 ):  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
@@ -243,7 +243,9 @@ def consume_late(
     ``L2``: ``grads_t``'s; ``PFIRST``: P^T computed once S^T is done, dS^T once dP^T is
     (``grads_t``'s ``WAIT``). The walk over the tiles begins at its item ``start``
     (``ROT``: ``walk_start``, ``rotated``); ``FINISH``: a tile's dQ where this key block has
-    its last turn goes to dq (``out_dq``). Then dK, dV stored."""
+    its last turn goes to dq (``out_dq``). ``DQW`` (``SCHED`` 2, 4 with three dS^T buffers):
+    tile i - 1's dQ product is awaited and handed on only once tile i + 1's S^T and dP^T
+    are issued (its latency beside them, not before them). Then dK, dV stored."""
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
@@ -278,12 +280,18 @@ def consume_late(
         hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
         ps = st  # tile i - 1's stage
         pt, pat0, item = t, at0, start  # tile i - 1's, and its item of the walk
+        qt, qat0, qitem = t, at0, start  # DQW: the tile whose dQ product is in flight
         st, ph = next_stage(st, ph, STAGES)
         t, at0 = walk_next(t, at0, first, n_tiles, sq, at_first, group, ROT)
         for _i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT)
+            if DQW and _i > 1:  # tile i - 2's dQ, issued at the end of the last turn
+                wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, qt, qat0,
+                                         qitem, total, q, sq, n_tiles, _i > 2, c0, lane, lt,
+                                         handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
+                                         DT, FINISH, ROT, 2)  # fmt: skip
             kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)  # tile i - 1's, every warp
             issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                             SCHED, DT)  # fmt: skip
@@ -312,11 +320,14 @@ def consume_late(
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
-                wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
-                                         item, total, q, sq, n_tiles, _i > 1, c0, lane, lt,
-                                         handed, wph, fb, scale, STAGES + qb, FULL, D, BM, BK,
-                                         NQ, TWO, NW, DT, FINISH, ROT,
-                                         AWAIT_FREE if NDS == 2 else AWAIT)  # fmt: skip
+                if DQW:  # (awaited once the next tile's front products are issued)
+                    qt, qat0, qitem = pt, pat0, item
+                else:
+                    wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt,
+                                             pat0, item, total, q, sq, n_tiles, _i > 1, c0, lane,
+                                             lt, handed, wph, fb, scale, STAGES + qb, FULL, D,
+                                             BM, BK, NQ, TWO, NW, DT, FINISH, ROT, 0,
+                                             FREE if NDS == 2 else 0)  # fmt: skip
             ps = st
             pt, pat0 = t, at0
             item += 1
@@ -327,11 +338,22 @@ def consume_late(
         kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)
         kaio.wgmma_fence()
         last = 1 if SCHED < 4 else 6  # (1: P^T from pt_s; 6: from p; both with dQ)
-        issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
-                        last, DT)  # fmt: skip
+        if DQW:  # dV, dK; the dQ in flight out; the last tile's dQ
+            issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
+                            SCHED, DT)  # fmt: skip
+            if total > 1:
+                wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, qt, qat0,
+                                         qitem, total, q, sq, n_tiles, total > 2, c0, lane, lt,
+                                         handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
+                                         DT, FINISH, ROT, 2)  # fmt: skip
+            kaio.wgmma_fence()
+            issue_dq(dqa, pt_s, pb, k_s, wg, D, NQ, WG, 5, DT)
+        else:
+            issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
+                            last, DT)  # fmt: skip
         dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0, item, total, q, sq,
                n_tiles, total > 1, c0, lane, lt, handed, wph, fb, scale, ps, FULL, D, BM, BK, NQ,
-               TWO, NW, DT, FINISH, ROT, AWAIT_RELEASE)  # fmt: skip
+               TWO, NW, DT, FINISH, ROT, 0, RELEASE)  # fmt: skip
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
 
@@ -426,10 +448,12 @@ def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, ROT: kaio.constex
     return i32(turn_rank(x, nkb, t, item, total, 0, ROT, BM, BK) == nkb - 1)
 
 
-# What ``dq_out`` does between the issue of FINISH's wait and the tile's hand-off: nothing
-# (the dQ product is done), await the product, and then arrive on the P^T / dS^T buffer's
-# "free" barrier (``free_buffer``) or release the ring stage (``release``).
-DONE, AWAIT, AWAIT_FREE, AWAIT_RELEASE = 0, 1, 2, 3
+# What ``dq_out`` does once the tile's dQ product is awaited (its ``THEN``): nothing, arrive
+# on the P^T / dS^T buffer's "free" barrier (``free_buffer``) or release the ring stage
+# (``release``); its ``LEFT``: the wgmma groups left in flight by that wait (``DONE``: no
+# wait, the product is done).
+FREE, RELEASE = 1, 2
+DONE = -1
 
 
 @kaio.gpu_func
@@ -439,21 +463,22 @@ def dq_out(
     n_tiles: i32, after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32,
     scale: f32, b: i32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
     BK: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr, NW: kaio.constexpr,
-    DT: kaio.constexpr, FINISH: kaio.constexpr, ROT: kaio.constexpr, THEN: kaio.constexpr,
+    DT: kaio.constexpr, FINISH: kaio.constexpr, ROT: kaio.constexpr, LEFT: kaio.constexpr,
+    THEN: kaio.constexpr = 0,
 ) -> tuple[u32, i32, i32]:  # fmt: skip
     """Query tile t's dQ share (dqa; head at row at0, item ``item`` of key block x's walk)
     out of the consumers: ``fetch_others`` (``FINISH``: the wait for the other turns issued
-    while the tile's dQ product runs), then ``THEN`` (``DONE``, ``AWAIT``, ``AWAIT_FREE``:
-    then ``free_buffer`` of buffer barrier b, ``AWAIT_RELEASE``: ``release`` of ring stage
-    b), then ``out_dq`` (``after`` a first tile) and the next tile's writer. Returns (the
-    dq_s parity, handed, the next writer)."""
+    while the tile's dQ product runs), then the product awaited (``wgmma_wait(LEFT)``; not
+    with ``DONE``) and ``THEN`` (``FREE``: ``free_buffer`` of buffer barrier b,
+    ``RELEASE``: ``release`` of ring stage b), then ``out_dq`` (``after`` a first tile) and
+    the next tile's writer. Returns (the dq_s parity, handed, the next writer)."""
     fin = fetch_others(dqo, dq_acc, sem, x, nkb, t, at0, item, total, sq, n_tiles, c0, lt,
                        FINISH, ROT, D, BM, BK, NQ)  # fmt: skip
-    if THEN != DONE:
-        kaio.wgmma_wait(0)
-    if THEN == AWAIT_FREE:
+    if LEFT != DONE:
+        kaio.wgmma_wait(LEFT)
+    if THEN == FREE:
         free_buffer(bars, b, lt)
-    elif THEN == AWAIT_RELEASE:
+    elif THEN == RELEASE:
         release(bars, b, lt)
     wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, t, at0, q, sq, n_tiles,
                          nkb, after, c0, lane, lt, handed, wph, fb, scale, FULL, D, BM, NQ, TWO,
@@ -670,7 +695,7 @@ def attention_bwd_fused_ordered(
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
-    ROT: kaio.constexpr, FINISH: kaio.constexpr,
+    ROT: kaio.constexpr, FINISH: kaio.constexpr, DQW: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -689,7 +714,7 @@ def attention_bwd_fused_ordered(
     either way a block may wait for a later one of its head (all of them must fit on the
     GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
     the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
-    after the kernel; ``NDS``:
+    after the kernel; ``DQW``: ``consume_late``'s; ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
     ``lse_log2(lse)``, ``zero_acc_sem_l2``)."""
@@ -734,7 +759,7 @@ def attention_bwd_fused_ordered(
                          dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start, x,
                          nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES,
                          TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT,
-                         FINISH)  # fmt: skip
+                         FINISH, DQW)  # fmt: skip
         else:
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, x * BK, sq, sk,
@@ -857,6 +882,10 @@ FINISH = {64: False, 128: True}
 NDS = {64: 3, 128: 2}
 
 
+# Whether a tile's dQ product is awaited only once the next tile's front products are
+# issued (``consume_late``'s ``DQW``; SCHED 4 with three dS^T buffers), by head dim.
+DQW = {64: 0, 128: 0}
+
 # Whether dQ's conversion runs behind the kernel (``dq_convert_behind``: on the
 # multiprocessors its last blocks leave idle, each tile once its turns are in) rather than
 # after it (``dq_convert_tiles``), by head dim and mask.
@@ -882,6 +911,7 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c["FINISH"] = FINISH[d]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     c["BEHIND"] = BEHIND[d][bool(causal)]
+    c["DQW"] = DQW[d]
     return {**c, "STAGES": fit_stages(d, c)}
 
 
@@ -968,6 +998,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         raise ValueError(f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 to 4: {c}")
     if c["NW"] not in range(2, 7) or c["NW"] > 2 and c["EARLY"] != 3:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: NW 2, or 3 to 6 with EARLY 3: {c}")
+    if c.get("DQW") and (c["SCHED"] != 4 or c["NDS"] != 3):
+        raise ValueError(f"_attention_hopper_bwd_fused.launch: DQW needs SCHED 4, NDS 3: {c}")
     if c["NDS"] not in (2, 3) or c["NDS"] == 3 and c["SCHED"] < 4:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: NDS 2, or 3 with SCHED 4, 6: {c}")
     if not c["SCHED"] and (c["SPLIT"] or c["L2"] or c["PFIRST"]):
@@ -1031,7 +1063,9 @@ def specializations():
         for d in (64, 128):
             seen = []
             for causal in (False, True):  # the configurations taken (by mask)
-                c = constexprs(ordered_config(d, None, causal))
+                cfg = ordered_config(d, None, causal)
+                rot = bool(cfg["ROT"]) and cfg["EARLY"] == 3  # (rotated, where all fit)
+                c = {**constexprs(cfg), "ROT": int(rot), "FINISH": int(finishes(cfg, rot, causal))}
                 if c not in seen:
                     seen.append(c)
                     yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **c}

@@ -42,8 +42,11 @@ def poisoned_outputs(monkeypatch):
         # tile's dQ product after the next tile's P^T and dS^T
         (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2, {}),
         # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query; dQ converted
-        # behind the kernel (BEHIND: each tile once its semaphore counts its turns)
-        (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3, {"BEHIND": 1}),
+        # behind the kernel (BEHIND: each tile once its semaphore counts its turns); each
+        # tile's dQ awaited after the next tile's front products (DQW)
+        (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3, {"BEHIND": 1, "DQW": 1}),
+        # DQW on walks of one, two and three tiles (causal, Sq < Sk)
+        (1, 1, 1, 192, 256, 64, np.float16, True, 4, 3, {"DQW": 1}),
         # each tile's dQ product with its dV and dK (SCHED 6: the next tile's S^T and dP^T
         # meanwhile), three dS^T buffers, the masked and unmasked probabilities in two
         # branches (SPLIT), lse_log2 once a row (L2), PFIRST; causal, grouped-query, a
@@ -63,7 +66,7 @@ def poisoned_outputs(monkeypatch):
         (1, 2, 1, 200, 128, 64, np.float16, False, 4, 3, {"ROT": True, "FINISH": True}),
         # FINISH in the increasing order (no ROT): key block 1 of 2 has every last turn
         # (two heads' four tiles, the last partial)
-        (1, 2, 1, 200, 256, 64, np.float16, False, 4, 3, {"FINISH": True}),
+        (1, 2, 1, 200, 256, 64, np.float16, False, 4, 3, {"FINISH": True, "DQW": 1}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
         # heads of one K/V head, the second key block seeing no query (Sq < Sk)
         (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {}),
@@ -220,7 +223,8 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
     [(128, True, 2, {}), (128, False, 4, {}), (64, True, 4, {}), (64, False, 3, {}),
      (64, False, 3, {"ROT": True}), (64, True, 4, {"ROT": True}),
      (64, False, 3, {"ROT": True, "FINISH": True}), (64, False, 3, {"FINISH": True}),
-     (64, True, 4, {"BEHIND": 1}), (128, False, 4, {"ROT": False, "FINISH": False, "BEHIND": 1}),
+     (64, True, 4, {"BEHIND": 1, "DQW": 1}), (64, False, 3, {"DQW": 1}),
+     (128, False, 4, {"ROT": False, "FINISH": False, "BEHIND": 1}),
      (128, False, 4, {"ROT": True, "FINISH": True}), (128, True, 2, {"ROT": True})],
 )  # fmt: skip
 def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over):
@@ -228,7 +232,8 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over):
     the same bits on three runs, at a size with many key blocks a query tile (three K/V
     heads: six blocks' heads, a partial group of ``HG``); ``over``: with ``ROT`` (rotated
     walks, resp. the longest causal walks launched first), ``FINISH`` (with rotated walks
-    or in the increasing order) and ``BEHIND`` (dQ converted behind the kernel)."""
+    or in the increasing order), ``BEHIND`` (dQ converted behind the kernel) and ``DQW``
+    (each tile's dQ awaited after the next tile's front products)."""
     import torch
 
     from tests.test_ops_attention import _rel_t, _sdpa64
