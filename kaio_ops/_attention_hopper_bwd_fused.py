@@ -218,7 +218,9 @@ def consume_late(
     TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
     SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0, PFIRST: kaio.constexpr = 0,
     ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0, DQW: kaio.constexpr = 0,
-):  # fmt: skip
+    PERSIST: kaio.constexpr = 0, kb: i32 = 0, kph: u32 = 0, g0: i32 = 0, st: i32 = 0,
+    ph: u32 = 0, pb: i32 = 0, hph: u32 = 0, wph: u32 = 0, fb: i32 = 0,
+) -> tuple[i32, u32, i32, u32, u32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
     three from shared memory (``pt_s``: dS^T in buffers 0 and 1, P^T in 2 and 3, by tile
@@ -245,7 +247,11 @@ def consume_late(
     (``ROT``: ``walk_start``, ``rotated``); ``FINISH``: a tile's dQ where this key block has
     its last turn goes to dq (``out_dq``). ``DQW`` (``SCHED`` 2, 4 with three dS^T buffers):
     tile i - 1's dQ product is awaited and handed on only once tile i + 1's S^T and dP^T
-    are issued (its latency beside them, not before them). Then dK, dV stored."""
+    are issued (its latency beside them, not before them). ``PERSIST``: one work item of a
+    persistent block, after ``g0`` tiles of its others: K and V in buffer ``kb`` (landed:
+    ``turn[kb]``'s phase ``kph``; freed once its products are done: ``turn[2 + kb]``), the
+    ring, the dS^T buffers, dq_s's parity and the writers going on from the state given
+    (st, ph, pb, hph, wph, fb; returned for the next item). Then dK, dV stored."""
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
@@ -264,8 +270,9 @@ def consume_late(
     FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
     ROW = 0 if NDS == 3 else 1  # the dS^T buffers' barriers' row
     total = group * kaio.max(n_tiles - first, 0)
-    st, ph, pb, hph, wph, fb, handed = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
-    kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
+    handed = i32(0)
+    kc = kb * (D // 64)  # K's and V's first 64-column block
+    kaio.mbarrier_wait(turn, kb, kph)  # K and V landed
     at_first = first_head * sq
     t, at0 = walk(start, first, n_tiles, at_first, sq, ROT)
     BK = 64 * WG
@@ -273,7 +280,7 @@ def consume_late(
     if total > 0:
         kaio.mbarrier_wait(bars, (0, st), ph)
         kaio.wgmma_fence()
-        issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT)
+        issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT, kc)
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
                 lane, BM, TSTATS, SPLIT, L2)  # fmt: skip
@@ -286,15 +293,15 @@ def consume_late(
         for _i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
-            issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT)
+            issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT, kc)
             if DQW and _i > 1:  # tile i - 2's dQ, issued at the end of the last turn
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, qt, qat0,
-                                         qitem, total, q, sq, n_tiles, _i > 2, c0, lane, lt,
+                                         qitem, total, q, sq, n_tiles, g0 + _i > 2, c0, lane, lt,
                                          handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
                                          DT, FINISH, ROT, 2)  # fmt: skip
             kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)  # tile i - 1's, every warp
             issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
-                            SCHED, DT)  # fmt: skip
+                            SCHED, DT, kc)  # fmt: skip
             BACK = 3 if SCHED % 5 == 1 else 2  # the back products' groups
             kaio.wgmma_wait(BACK + PFIRST)  # S^T, dP^T done (SCHED 4, 6: with dV's A, p, in
             # flight: p is packed again only after the wait for all; PFIRST: S^T only)
@@ -304,7 +311,7 @@ def consume_late(
             release(bars, ps, lt)
             if SCHED == 1:
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
-                                         item, total, q, sq, n_tiles, _i > 1, c0, lane, lt,
+                                         item, total, q, sq, n_tiles, g0 + _i > 1, c0, lane, lt,
                                          handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
                                          DT, FINISH, ROT, DONE)  # fmt: skip
             qb = pb  # tile i - 1's buffers
@@ -314,17 +321,18 @@ def consume_late(
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
-                                         item, total, q, sq, n_tiles, _i > 1, c0, lane, lt,
+                                         item, total, q, sq, n_tiles, g0 + _i > 1, c0, lane, lt,
                                          handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
                                          DT, FINISH, ROT, DONE)  # fmt: skip
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
-                issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
+                issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT, kc)
                 if DQW:  # (awaited once the next tile's front products are issued)
                     qt, qat0, qitem = pt, pat0, item
                 else:
                     wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt,
-                                             pat0, item, total, q, sq, n_tiles, _i > 1, c0, lane,
+                                             pat0, item, total, q, sq, n_tiles, g0 + _i > 1, c0,
+                                             lane,
                                              lt, handed, wph, fb, scale, STAGES + qb, FULL, D,
                                              BM, BK, NQ, TWO, NW, DT, FINISH, ROT, 0,
                                              FREE if NDS == 2 else 0)  # fmt: skip
@@ -340,22 +348,30 @@ def consume_late(
         last = 1 if SCHED < 4 else 6  # (1: P^T from pt_s; 6: from p; both with dQ)
         if DQW:  # dV, dK; the dQ in flight out; the last tile's dQ
             issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
-                            SCHED, DT)  # fmt: skip
+                            SCHED, DT, kc)  # fmt: skip
             if total > 1:
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, qt, qat0,
-                                         qitem, total, q, sq, n_tiles, total > 2, c0, lane, lt,
+                                         qitem, total, q, sq, n_tiles, g0 + total > 2, c0, lane,
+                                         lt,
                                          handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
                                          DT, FINISH, ROT, 2)  # fmt: skip
             kaio.wgmma_fence()
-            issue_dq(dqa, pt_s, pb, k_s, wg, D, NQ, WG, 5, DT)
+            issue_dq(dqa, pt_s, pb, k_s, wg, D, NQ, WG, 5, DT, kc)
         else:
             issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
-                            last, DT)  # fmt: skip
-        dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0, item, total, q, sq,
-               n_tiles, total > 1, c0, lane, lt, handed, wph, fb, scale, ps, FULL, D, BM, BK, NQ,
-               TWO, NW, DT, FINISH, ROT, 0, RELEASE)  # fmt: skip
+                            last, DT, kc)  # fmt: skip
+        wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0, item,
+                                 total, q, sq, n_tiles, g0 + total > 1, c0, lane, lt, handed, wph,
+                                 fb, scale, ps, FULL, D, BM, BK, NQ, TWO, NW, DT, FINISH, ROT, 0,
+                                 RELEASE)  # fmt: skip
+        pb, hph = next_stage(pb, hph, NDS)  # (the next item's first tile: the next buffer)
+    if PERSIST:  # K and V read for the last time: the producer may load an item after next's
+        kaio.sync_warp()
+        if lt % 32 == 0:
+            kaio.mbarrier_arrive(turn, 2 + kb)
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
+    return st, ph, pb, hph, wph, fb
 
 
 @kaio.gpu_func
@@ -583,8 +599,8 @@ def write_dq_two(
     group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32, start: i32,
     FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
     ORDER: kaio.constexpr = 1, NW: kaio.constexpr = 2, ROT: kaio.constexpr = 0,
-    FINISH: kaio.constexpr = 0,
-):  # fmt: skip
+    FINISH: kaio.constexpr = 0, g0: i32 = 0, ph: u32 = 0,
+) -> u32:  # fmt: skip
     """``EARLY`` 3: writer ``w`` (0, 1: the first lanes of the producer warpgroup's warps 1
     and 2) of the tiles of parity w of the consumers' walk (``give_dq``'s ``TWO``): for each,
     the last one's turn passed on (its reduction complete), the turn on this one awaited,
@@ -599,16 +615,16 @@ def write_dq_two(
     its share, so that ``dq_acc`` needs no zeros before (``stores_first``). The walk begins at
     its item ``start``, the turns ``turn_rank``'s (``ROT``: ``rotated``); ``FINISH``: the
     tiles whose last turn is this key block's are the consumers' (``out_dq``), not a
-    writer's."""
+    writer's. A persistent block's work item after ``g0`` tiles of its others: tile i is
+    writer (g0 + i) % NW's, its "full" barrier's parity ``ph`` (returned: the next)."""
     at_first = first_head * sq
-    ph = u32(0)
     t, at0 = walk(start, first, n_tiles, at_first, sq, ROT)
     item = start
     last = i32(0)
     pending = i32(0)  # whether the turn on tile ``last`` is still to pass on
     total = group * kaio.max(n_tiles - first, 0)
     for _i in range(total):
-        mine = _i % NW == w
+        mine = (g0 + _i) % NW == w
         if FINISH:  # (the tiles this key block finishes: the consumers')
             mine = mine and last_turn(x, nkb, t, item, total, ROT, BM, BK) == 0
         if mine:
@@ -639,6 +655,7 @@ def write_dq_two(
         pass_turn(sem, last)
     if ORDER == 0:
         kaio.bulk_wait(0)
+    return ph
 
 
 @kaio.gpu_func
@@ -646,19 +663,19 @@ def issue_back_late(
     dka: f32[:, :], dva: f32[:, :], dqa: f32[:, :], p: u32[:, :], pt_s: DT[:, :, :], b: i32,
     k_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, wg: u32,
     D: kaio.constexpr, BM: kaio.constexpr, NQ: kaio.constexpr, WG: kaio.constexpr,
-    SCHED: kaio.constexpr, DT: kaio.constexpr,
+    SCHED: kaio.constexpr, DT: kaio.constexpr, kc: i32 = 0,
 ):  # fmt: skip
     """Issue a tile's dV += P^T dO (P^T: this warpgroup's rows of ``pt_s[2 + b]``; ``SCHED``
     4, 6: the registers ``p``), dK += dS^T Q (``pt_s[b]``; dO, Q in stage st) and (``SCHED``
-    1, 6) dQ = dS K (every row of ``pt_s[b]``, this warpgroup's NQ columns of K), each its
-    own group."""
+    1, 6) dQ = dS K (every row of ``pt_s[b]``, this warpgroup's NQ columns of K from its
+    64-column block ``kc``), each its own group."""
     if SCHED >= 4:
         issue_pv(dva, p, do_s, st, BM, DT)
     else:
         issue_pt(dva, pt_s, 2 + b, wg, do_s, st, BM, DT)
     issue_pt(dka, pt_s, b, wg, q_s, st, BM, DT)
     if SCHED % 5 == 1:  # (1, 6)
-        issue_dq(dqa, pt_s, b, k_s, wg, D, NQ, WG, 5, DT)
+        issue_dq(dqa, pt_s, b, k_s, wg, D, NQ, WG, 5, DT, kc)
 
 
 @kaio.gpu_func
@@ -695,7 +712,7 @@ def attention_bwd_fused_ordered(
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
-    ROT: kaio.constexpr, FINISH: kaio.constexpr, DQW: kaio.constexpr,
+    ROT: kaio.constexpr, FINISH: kaio.constexpr, DQW: kaio.constexpr, PERSIST: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -714,7 +731,12 @@ def attention_bwd_fused_ordered(
     either way a block may wait for a later one of its head (all of them must fit on the
     GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
     the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
-    after the kernel; ``DQW``: ``consume_late``'s; ``NDS``:
+    after the kernel; ``DQW``: ``consume_late``'s; ``PERSIST`` (``SCHED`` 4, ``EARLY`` 3,
+    the fixed order, neither ``ROT`` nor ``FINISH``): a persistent block (a 1-d grid of at
+    most one block a multiprocessor) runs the work items blk, blk + the grid, ... of the
+    launch order one after the other, K and V in two buffers (an item's loaded while the
+    one before runs), the ring, the dS^T buffers and the dQ writers going on across them
+    (an item waits only for items before it in the launch order: those run or ran); ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
     ``lse_log2(lse)``, ``zero_acc_sem_l2``)."""
@@ -724,19 +746,23 @@ def attention_bwd_fused_ordered(
     TILE = BK * 64 * 2  # one K or V column block, resp. P^T or dS^T buffer (64 queries)
     RING = 2 * STAGES * BM * D * 2  # Q and dO: the ring
     NB = STAGES + NBUF * WG + 2 + (NW - 3 if NW > 3 else 0)  # (writers 3 .. NW - 1's "full")
-    k_s = kaio.shared_dynamic(DT, (D // 64, BK, 64), 0)
-    v_s = kaio.shared_dynamic(DT, (D // 64, BK, 64), D // 64 * TILE)
-    q_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), D // 32 * TILE)
-    do_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), D // 32 * TILE + RING // 2)
-    ds_s = kaio.shared_dynamic(DT, (NPT, BK, 64), D // 32 * TILE + RING)
-    DQS = D // 32 * TILE + RING + NPT * TILE
+    KC = (1 + PERSIST) * D // 64  # K's (and V's) 64-column blocks: PERSIST, two buffers
+    k_s = kaio.shared_dynamic(DT, (KC, BK, 64), 0)
+    v_s = kaio.shared_dynamic(DT, (KC, BK, 64), KC * TILE)
+    KV = 2 * KC * TILE
+    q_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), KV)
+    do_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), KV + RING // 2)
+    ds_s = kaio.shared_dynamic(DT, (NPT, BK, 64), KV + RING)
+    DQS = KV + RING + NPT * TILE
     dq_s = kaio.shared_dynamic(f32, (BM * D // 4, 4), DQS)  # fragment order (store_dq_frags)
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), DQS + BM * (D + 4) * 4)
     BARS = DQS + BM * (D + 4) * 4 + 2 * STAGES * BM * 4
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
-    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
+    turn = kaio.shared_dynamic(u64, (2 + 2 * PERSIST,), BARS + 16 * NB)  # (PERSIST: K/V free)
     nkb = (sk + BK - 1) // BK
     blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())
+    stride = i32(kaio.grid_dim_x())  # PERSIST: a 1-d grid, items blk, blk + stride, ...
+    items = 1 if PERSIST == 0 else (nkb * nkvh - blk + stride - 1) // stride
 
     kaio.launch_dependents()  # (dq_convert_behind may start once every block has begun)
     t, wg, lt = thread_roles(WG)
@@ -747,6 +773,10 @@ def attention_bwd_fused_ordered(
         if SCHED >= 2:  # the dS^T buffers' "free" (free_buffer), resp. NDS 3's "full"
             for b in kaio.static_range(NDS):
                 kaio.mbarrier_init(bars, (0, STAGES + b), 4 * WG)
+        if PERSIST:  # K and V's second buffer landed; either free (an arrival a consumer warp)
+            kaio.mbarrier_init(turn, 1, 1)
+            for b in kaio.static_range(2):
+                kaio.mbarrier_init(turn, 2 + b, 4 * WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
     x, kvh, first_head, first, n_tiles, start = work_item(blk, nkb, nkvh, hg, ROT, heads, group,
@@ -755,11 +785,20 @@ def attention_bwd_fused_ordered(
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         if SCHED:
-            consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
-                         dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start, x,
-                         nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES,
-                         TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT,
-                         FINISH, DQW)  # fmt: skip
+            st, ph, pb, hph, wph, fb, g0 = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
+            for j in range(items):  # (PERSIST 0: one, unrolled)
+                if PERSIST:
+                    x, kvh, first_head, first, n_tiles, start = work_item(
+                        blk + j * stride, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
+                    )  # fmt: skip
+                st, ph, pb, hph, wph, fb = consume_late(
+                    k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
+                    dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start, x,
+                    nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS,
+                    SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT, FINISH, DQW, PERSIST,
+                    j % 2, u32(j // 2 % 2), g0, st, ph, pb, hph, wph, fb,
+                )  # fmt: skip
+                g0 += group * kaio.max(n_tiles - first, 0)
         else:
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, x * BK, sq, sk,
@@ -770,13 +809,29 @@ def attention_bwd_fused_ordered(
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         w = i32(lt // 32) - 1 + 3 * i32(lt % 32 // 16)  # (writers 3-5: lane 16 of warps 1-3)
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
-            write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first, n_tiles, sq, x,
-                         nkb, causal, start, STAGES + NBUF * WG, D, BM, BK, ORDER, NW, ROT,
-                         FINISH)  # fmt: skip
+            ph, g0 = u32(0), i32(0)
+            for j in range(items):  # (PERSIST 0: one, unrolled)
+                if PERSIST:
+                    x, kvh, first_head, first, n_tiles, start = work_item(
+                        blk + j * stride, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
+                    )  # fmt: skip
+                ph = write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first, n_tiles,
+                                  sq, x, nkb, causal, start, STAGES + NBUF * WG, D, BM, BK,
+                                  ORDER, NW, ROT, FINISH, g0, ph)  # fmt: skip
+                g0 += group * kaio.max(n_tiles - first, 0)
         elif lt == 0:
-            produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
-                    kvh * sk + x * BK, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
-                    STAGES, TSTATS, DT, WRAP=ROT, start=start)  # fmt: skip
+            st, ph, g0 = i32(0), u32(0), i32(0)
+            for j in range(items):  # (PERSIST 0: one, unrolled)
+                if PERSIST:
+                    x, kvh, first_head, first, n_tiles, start = work_item(
+                        blk + j * stride, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
+                    )  # fmt: skip
+                kv = -1 if j < 2 else (j - 2) // 2 % 2  # (buffer j % 2 again: once free)
+                st, ph = produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
+                                 kvh * sk + x * BK, first_head * sq, sq, group, first, n_tiles, D,
+                                 BK, BM, STAGES, TSTATS, DT, WRAP=ROT, start=start, kb=j % 2,
+                                 st=st, ph=ph, ring0=g0, kv_ph=kv)  # fmt: skip
+                g0 += group * kaio.max(n_tiles - first, 0)
         elif lt >= 32 and EARLY < 3:
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
                              sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
@@ -886,6 +941,11 @@ NDS = {64: 3, 128: 2}
 # issued (``consume_late``'s ``DQW``; SCHED 4 with three dS^T buffers), by head dim.
 DQW = {64: 0, 128: 0}
 
+# Whether the blocks are persistent (``PERSIST``: one a multiprocessor, each running work
+# items in turn, the next item's K and V loaded while one runs), by head dim and mask; D 64
+# only (two K and V buffers do not fit beside D 128's ring).
+PERSIST = {64: (0, 0), 128: (0, 0)}
+
 # Whether dQ's conversion runs behind the kernel (``dq_convert_behind``: on the
 # multiprocessors its last blocks leave idle, each tile once its turns are in) rather than
 # after it (``dq_convert_tiles``), by head dim and mask.
@@ -912,6 +972,7 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c["NDS"] = NDS[d] if sched >= 4 else 2
     c["BEHIND"] = BEHIND[d][bool(causal)]
     c["DQW"] = DQW[d]
+    c["PERSIST"] = PERSIST[d][bool(causal)]
     return {**c, "STAGES": fit_stages(d, c)}
 
 
@@ -967,6 +1028,8 @@ def _buffers(c: dict) -> int:
 def smem_bytes(d: int, c: dict) -> int:
     """The kernel's dynamic shared memory for head dim ``d`` and constexprs ``c``."""
     more = 32 * max(c.get("NW", 2) - 3, 0)  # (writers 3 .. NW - 1's barriers)
+    if c.get("PERSIST"):  # K and V's second buffer, its two barriers
+        more += 2 * 64 * c["WG"] * d * 2 + 16
     return more + shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
                                _buffers(c))  # fmt: skip
 
@@ -998,6 +1061,12 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         raise ValueError(f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 to 4: {c}")
     if c["NW"] not in range(2, 7) or c["NW"] > 2 and c["EARLY"] != 3:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: NW 2, or 3 to 6 with EARLY 3: {c}")
+    if c.get("PERSIST") and (c["SCHED"] != 4 or c["NDS"] != 3 or c["EARLY"] != 3 or c["ROT"]
+                             or c["FINISH"]):  # fmt: skip
+        raise ValueError(
+            f"_attention_hopper_bwd_fused.launch: PERSIST needs SCHED 4, NDS 3, EARLY 3, "
+            f"neither ROT nor FINISH: {c}"
+        )
     if c.get("DQW") and (c["SCHED"] != 4 or c["NDS"] != 3):
         raise ValueError(f"_attention_hopper_bwd_fused.launch: DQW needs SCHED 4, NDS 3: {c}")
     if c["NDS"] not in (2, 3) or c["NDS"] == 3 and c["SCHED"] < 4:
@@ -1033,6 +1102,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     finish = finishes(c, rot, causal)
     hg = 1 if rot else c["HG"]  # (rotated walks: a head's key blocks side by side)
     grid = (nkb, bh // group)
+    if c["PERSIST"]:  # at most one block a multiprocessor
+        grid = (min(nkb * (bh // group), _arrays.multiprocessors(qa)),)
     dq_out = _arrays.output_arg(da, dq, (qa.size,))
     attention_bwd_fused_ordered[grid, 128 * c["WG"] + 128, stream, smem](
         tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c["BM"]),

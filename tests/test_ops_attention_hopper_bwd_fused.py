@@ -31,6 +31,16 @@ def poisoned_outputs(monkeypatch):
     poison_allocations(monkeypatch)
 
 
+def _with_multiprocessors(monkeypatch, over: dict) -> dict:
+    """``over`` without its "SMS": the multiprocessors the launch then sees (persistent
+    blocks: a grid of that many), where it names them."""
+    over = dict(over)
+    if "SMS" in over:
+        sms = over.pop("SMS")
+        monkeypatch.setattr(_arrays, "multiprocessors", lambda like: sms)
+    return over
+
+
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, d, dtype, causal, sched, early, more",
     [
@@ -67,6 +77,23 @@ def poisoned_outputs(monkeypatch):
         # FINISH in the increasing order (no ROT): key block 1 of 2 has every last turn
         # (two heads' four tiles, the last partial)
         (1, 2, 1, 200, 256, 64, np.float16, False, 4, 3, {"FINISH": True, "DQW": 1}),
+        # persistent blocks (PERSIST; two "multiprocessors": a grid of two blocks, each
+        # running its work items in turn, K and V in two buffers), without the semaphores
+        # (ORDER 0: the simulator runs block 0's items before block 1's); grouped-query,
+        # three K/V heads' two key blocks, a partial query tile; with DQW
+        (
+            3,
+            2,
+            1,
+            200,
+            256,
+            64,
+            np.float16,
+            False,
+            4,
+            3,
+            {"PERSIST": 1, "ORDER": 0, "DQW": 1, "SMS": 2},
+        ),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
         # heads of one K/V head, the second key block seeing no query (Sq < Sk)
         (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {}),
@@ -79,6 +106,7 @@ def test_ordered_backward_in_simulator(
     with two ring stages (the simulator runs the blocks in linear order: each wait is met by
     the blocks before, and a wait for a later block fails)."""
     launch = hopper_bwd.launch
+    more = _with_multiprocessors(monkeypatch, more)
     over = {"SCHED": sched, "EARLY": early, "STAGES": 2, **more}
     monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=over))
     cfg = small(2, 0, 0, 5, 0)
@@ -224,17 +252,22 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
      (64, False, 3, {"ROT": True}), (64, True, 4, {"ROT": True}),
      (64, False, 3, {"ROT": True, "FINISH": True}), (64, False, 3, {"FINISH": True}),
      (64, True, 4, {"BEHIND": 1, "DQW": 1}), (64, False, 3, {"DQW": 1}),
+     (64, False, 3, {"PERSIST": 1, "DQW": 1, "SMS": 7}),
      (128, False, 4, {"ROT": False, "FINISH": False, "BEHIND": 1}),
      (128, False, 4, {"ROT": True, "FINISH": True}), (128, True, 2, {"ROT": True})],
 )  # fmt: skip
-def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over):
+def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, monkeypatch):
     """Against float64 autograd (grouped-query heads, Sq < Sk, a partial query tile) and
     the same bits on three runs, at a size with many key blocks a query tile (three K/V
     heads: six blocks' heads, a partial group of ``HG``); ``over``: with ``ROT`` (rotated
     walks, resp. the longest causal walks launched first), ``FINISH`` (with rotated walks
-    or in the increasing order), ``BEHIND`` (dQ converted behind the kernel) and ``DQW``
-    (each tile's dQ awaited after the next tile's front products)."""
+    or in the increasing order), ``BEHIND`` (dQ converted behind the kernel), ``DQW``
+    (each tile's dQ awaited after the next tile's front products) and ``PERSIST``
+    (persistent blocks; ``SMS``: the multiprocessors the launch sees, so that each block
+    runs several work items)."""
     import torch
+
+    over = _with_multiprocessors(monkeypatch, over)
 
     from tests.test_ops_attention import _rel_t, _sdpa64
 
