@@ -732,7 +732,7 @@ def attention_bwd_fused_ordered(
     GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
     the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
     after the kernel; ``DQW``: ``consume_late``'s; ``PERSIST`` (``SCHED`` 4, ``EARLY`` 3,
-    the fixed order, neither ``ROT`` nor ``FINISH``): a persistent block (a 1-d grid of at
+    ``NDS`` 3, neither ``ROT`` nor ``FINISH``): a persistent block (a 1-d grid of at
     most one block a multiprocessor) runs the work items blk, blk + the grid, ... of the
     launch order one after the other, K and V in two buffers (an item's loaded while the
     one before runs), the ring, the dS^T buffers and the dQ writers going on across them
