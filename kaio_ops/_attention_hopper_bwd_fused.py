@@ -59,7 +59,6 @@ from kaio_ops._attention_hopper_bwd import (
     _ds_buffers,
     config,
     consume_dkdv,
-    convert_four,
     dq_convert_tiles,
     grads_t,
     hand_dq,
@@ -217,9 +216,9 @@ def consume_late(
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
     TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
     SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0, PFIRST: kaio.constexpr = 0,
-    ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0, DQW: kaio.constexpr = 0,
-    PERSIST: kaio.constexpr = 0, kb: i32 = 0, kph: u32 = 0, g0: i32 = 0, st: i32 = 0,
-    ph: u32 = 0, pb: i32 = 0, hph: u32 = 0, wph: u32 = 0, fb: i32 = 0,
+    ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0, PERSIST: kaio.constexpr = 0,
+    kb: i32 = 0, kph: u32 = 0, g0: i32 = 0, st: i32 = 0, ph: u32 = 0, pb: i32 = 0,
+    hph: u32 = 0, wph: u32 = 0, fb: i32 = 0,
 ) -> tuple[i32, u32, i32, u32, u32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
@@ -245,10 +244,8 @@ def consume_late(
     ``L2``: ``grads_t``'s; ``PFIRST``: P^T computed once S^T is done, dS^T once dP^T is
     (``grads_t``'s ``WAIT``). The walk over the tiles begins at its item ``start``
     (``ROT``: ``walk_start``, ``rotated``); ``FINISH``: a tile's dQ where this key block has
-    its last turn goes to dq (``out_dq``). ``DQW`` (``SCHED`` 2, 4 with three dS^T buffers):
-    tile i - 1's dQ product is awaited and handed on only once tile i + 1's S^T and dP^T
-    are issued (its latency beside them, not before them). ``PERSIST``: one work item of a
-    persistent block, after ``g0`` tiles of its others: K and V in buffer ``kb`` (landed:
+    its last turn goes to dq (``out_dq``). ``PERSIST``: one work item of a persistent
+    block, after ``g0`` tiles of its others: K and V in buffer ``kb`` (landed:
     ``turn[kb]``'s phase ``kph``; freed once its products are done: ``turn[2 + kb]``), the
     ring, the dS^T buffers, dq_s's parity and the writers going on from the state given
     (st, ph, pb, hph, wph, fb; returned for the next item). Then dK, dV stored."""
@@ -287,18 +284,12 @@ def consume_late(
         hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
         ps = st  # tile i - 1's stage
         pt, pat0, item = t, at0, start  # tile i - 1's, and its item of the walk
-        qt, qat0, qitem = t, at0, start  # DQW: the tile whose dQ product is in flight
         st, ph = next_stage(st, ph, STAGES)
         t, at0 = walk_next(t, at0, first, n_tiles, sq, at_first, group, ROT)
         for _i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
             issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT, kc)
-            if DQW and _i > 1:  # tile i - 2's dQ, issued at the end of the last turn
-                wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, qt, qat0,
-                                         qitem, total, q, sq, n_tiles, g0 + _i > 2, c0, lane, lt,
-                                         handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
-                                         DT, FINISH, ROT, 2)  # fmt: skip
             kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)  # tile i - 1's, every warp
             issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                             SCHED, DT, kc)  # fmt: skip
@@ -313,7 +304,7 @@ def consume_late(
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
                                          item, total, q, sq, n_tiles, g0 + _i > 1, c0, lane, lt,
                                          handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
-                                         DT, FINISH, ROT, DONE)  # fmt: skip
+                                         DT, FINISH, DONE)  # fmt: skip
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
             if SCHED >= 2 and SCHED < 6 and NDS == 2 and _i > 1:  # (the other wg's
@@ -323,19 +314,15 @@ def consume_late(
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
                                          item, total, q, sq, n_tiles, g0 + _i > 1, c0, lane, lt,
                                          handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
-                                         DT, FINISH, ROT, DONE)  # fmt: skip
+                                         DT, FINISH, DONE)  # fmt: skip
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT, kc)
-                if DQW:  # (awaited once the next tile's front products are issued)
-                    qt, qat0, qitem = pt, pat0, item
-                else:
-                    wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt,
-                                             pat0, item, total, q, sq, n_tiles, g0 + _i > 1, c0,
-                                             lane,
-                                             lt, handed, wph, fb, scale, STAGES + qb, FULL, D,
-                                             BM, BK, NQ, TWO, NW, DT, FINISH, ROT, 0,
-                                             FREE if NDS == 2 else 0)  # fmt: skip
+                wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
+                                         item, total, q, sq, n_tiles, g0 + _i > 1, c0, lane, lt,
+                                         handed, wph, fb, scale, STAGES + qb, FULL, D, BM, BK,
+                                         NQ, TWO, NW, DT, FINISH, 0,
+                                         FREE if NDS == 2 else 0)  # fmt: skip
             ps = st
             pt, pat0 = t, at0
             item += 1
@@ -346,23 +333,11 @@ def consume_late(
         kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)
         kaio.wgmma_fence()
         last = 1 if SCHED < 4 else 6  # (1: P^T from pt_s; 6: from p; both with dQ)
-        if DQW:  # dV, dK; the dQ in flight out; the last tile's dQ
-            issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
-                            SCHED, DT, kc)  # fmt: skip
-            if total > 1:
-                wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, qt, qat0,
-                                         qitem, total, q, sq, n_tiles, g0 + total > 2, c0, lane,
-                                         lt,
-                                         handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
-                                         DT, FINISH, ROT, 2)  # fmt: skip
-            kaio.wgmma_fence()
-            issue_dq(dqa, pt_s, pb, k_s, wg, D, NQ, WG, 5, DT, kc)
-        else:
-            issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
-                            last, DT, kc)  # fmt: skip
+        issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
+                        last, DT, kc)  # fmt: skip
         wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0, item,
                                  total, q, sq, n_tiles, g0 + total > 1, c0, lane, lt, handed, wph,
-                                 fb, scale, ps, FULL, D, BM, BK, NQ, TWO, NW, DT, FINISH, ROT, 0,
+                                 fb, scale, ps, FULL, D, BM, BK, NQ, TWO, NW, DT, FINISH, 0,
                                  RELEASE)  # fmt: skip
         pb, hph = next_stage(pb, hph, NDS)  # (the next item's first tile: the next buffer)
     if PERSIST:  # K and V read for the last time: the producer may load an item after next's
@@ -387,6 +362,30 @@ def interleaved(bx: i32, by: i32, nkb: i32, hg: i32, ny: i32) -> tuple[i32, i32]
     hk = kaio.min(hg, ny - g * hg)  # (the last group: the heads left)
     r = lin - g * hg * nkb
     return r // hk, g * hg + r % hk
+
+
+@kaio.gpu_func
+def persistent_item(blk: i32, j: i32, grid: i32) -> i32:
+    """The work item (its index in the launch order) of round j of persistent block blk of
+    ``grid``: the rounds run up and down the blocks in turn (item j grid + blk in even
+    rounds, j grid + grid - 1 - blk in odd ones), so that with the mask, whose walks grow
+    longer along each head's key blocks in the launch order, a block's items even out; a
+    block's items still come in increasing order (each waits only for items before it:
+    no deadlock while all the blocks run)."""
+    r = blk
+    if j % 2 == 1:
+        r = grid - 1 - blk
+    return j * grid + r
+
+
+@kaio.gpu_func
+def persistent_items(blk: i32, n: i32, grid: i32) -> i32:
+    """The rounds of ``persistent_item`` in which persistent block blk of ``grid`` has one of
+    the ``n`` work items (all but the last round's, where the item may be past the last)."""
+    rounds = (n + grid - 1) // grid
+    if persistent_item(blk, rounds - 1, grid) >= n:
+        rounds -= 1
+    return rounds
 
 
 @kaio.gpu_func
@@ -456,12 +455,12 @@ def give_dq(
 
 
 @kaio.gpu_func
-def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, ROT: kaio.constexpr,
-              BM: kaio.constexpr, BK: kaio.constexpr) -> i32:  # fmt: skip
-    """Whether key block x finishes the tile of item ``item`` of its walk (tile t; ``FINISH``,
-    not causal: every key block adds to every tile): its turn there is the last (``ROT``:
-    of the rotated walks' order; else key block nkb - 1's)."""
-    return i32(turn_rank(x, nkb, t, item, total, 0, ROT, BM, BK) == nkb - 1)
+def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, BM: kaio.constexpr,
+              BK: kaio.constexpr) -> i32:  # fmt: skip
+    """Whether key block x finishes the tile of item ``item`` of its rotated walk (tile t;
+    ``FINISH``, not causal: every key block adds to every tile): its turn there is the
+    last."""
+    return i32(turn_rank(x, nkb, t, item, total, 0, 1, BM, BK) == nkb - 1)
 
 
 # What ``dq_out`` does once the tile's dQ product is awaited (its ``THEN``): nothing, arrive
@@ -479,8 +478,7 @@ def dq_out(
     n_tiles: i32, after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32,
     scale: f32, b: i32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
     BK: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr, NW: kaio.constexpr,
-    DT: kaio.constexpr, FINISH: kaio.constexpr, ROT: kaio.constexpr, LEFT: kaio.constexpr,
-    THEN: kaio.constexpr = 0,
+    DT: kaio.constexpr, FINISH: kaio.constexpr, LEFT: kaio.constexpr, THEN: kaio.constexpr = 0,
 ) -> tuple[u32, i32, i32]:  # fmt: skip
     """Query tile t's dQ share (dqa; head at row at0, item ``item`` of key block x's walk)
     out of the consumers: ``fetch_others`` (``FINISH``: the wait for the other turns issued
@@ -489,7 +487,7 @@ def dq_out(
     ``RELEASE``: ``release`` of ring stage b), then ``out_dq`` (``after`` a first tile) and
     the next tile's writer. Returns (the dq_s parity, handed, the next writer)."""
     fin = fetch_others(dqo, dq_acc, sem, x, nkb, t, at0, item, total, sq, n_tiles, c0, lt,
-                       FINISH, ROT, D, BM, BK, NQ)  # fmt: skip
+                       FINISH, D, BM, BK, NQ)  # fmt: skip
     if LEFT != DONE:
         kaio.wgmma_wait(LEFT)
     if THEN == FREE:
@@ -533,8 +531,7 @@ def out_dq(
 def fetch_others(
     dqo: f32[:, :], dq_acc: f32[:], sem: i32[:], x: i32, nkb: i32, t: i32, at0: i32,
     item: i32, total: i32, sq: i32, n_tiles: i32, c0: i32, lt: u32, FINISH: kaio.constexpr,
-    ROT: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
-    NQ: kaio.constexpr,
+    D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr, NQ: kaio.constexpr,
 ) -> i32:  # fmt: skip
     """``FINISH``: whether key block x finishes query tile t (head at row at0, item ``item``
     of its walk: ``last_turn``), and then the wait until the turns before its own have
@@ -543,7 +540,7 @@ def fetch_others(
     registers beside the product's spill: ``finish_dq`` reads it). Else 0."""
     fin = i32(0)
     if FINISH:
-        fin = last_turn(x, nkb, t, item, total, ROT, BM, BK)
+        fin = last_turn(x, nkb, t, item, total, BM, BK)
         if fin != 0:
             before = nkb - 1
             if before > 0:
@@ -626,7 +623,7 @@ def write_dq_two(
     for _i in range(total):
         mine = (g0 + _i) % NW == w
         if FINISH:  # (the tiles this key block finishes: the consumers')
-            mine = mine and last_turn(x, nkb, t, item, total, ROT, BM, BK) == 0
+            mine = mine and last_turn(x, nkb, t, item, total, BM, BK) == 0
         if mine:
             tile = at0 // sq * n_tiles + t
             rank = turn_rank(x, nkb, t, item, total, causal, ROT, BM, BK)
@@ -712,7 +709,7 @@ def attention_bwd_fused_ordered(
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
-    ROT: kaio.constexpr, FINISH: kaio.constexpr, DQW: kaio.constexpr, PERSIST: kaio.constexpr,
+    ROT: kaio.constexpr, FINISH: kaio.constexpr, PERSIST: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -731,7 +728,7 @@ def attention_bwd_fused_ordered(
     either way a block may wait for a later one of its head (all of them must fit on the
     GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
     the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
-    after the kernel; ``DQW``: ``consume_late``'s; ``PERSIST`` (``SCHED`` 4, ``EARLY`` 3,
+    after the kernel; ``PERSIST`` (``SCHED`` 4, ``EARLY`` 3,
     ``NDS`` 3, neither ``ROT`` nor ``FINISH``): a persistent block (a 1-d grid of at
     most one block a multiprocessor) runs the work items blk, blk + the grid, ... of the
     launch order one after the other, K and V in two buffers (an item's loaded while the
@@ -761,10 +758,9 @@ def attention_bwd_fused_ordered(
     turn = kaio.shared_dynamic(u64, (2 + 2 * PERSIST,), BARS + 16 * NB)  # (PERSIST: K/V free)
     nkb = (sk + BK - 1) // BK
     blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())
-    stride = i32(kaio.grid_dim_x())  # PERSIST: a 1-d grid, items blk, blk + stride, ...
-    items = 1 if PERSIST == 0 else (nkb * nkvh - blk + stride - 1) // stride
+    stride = i32(kaio.grid_dim_x())  # PERSIST: a 1-d grid; its rounds of work items
+    items = 1 if PERSIST == 0 else persistent_items(blk, nkb * nkvh, stride)
 
-    kaio.launch_dependents()  # (dq_convert_behind may start once every block has begun)
     t, wg, lt = thread_roles(WG)
     if t == 0:
         init_barriers(bars, turn, WG, STAGES, DQ, NBUF)
@@ -787,16 +783,17 @@ def attention_bwd_fused_ordered(
         if SCHED:
             st, ph, pb, hph, wph, fb, g0 = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
+                b = persistent_item(blk, j, stride)
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
-                        blk + j * stride, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
+                        b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
                     )  # fmt: skip
                 st, ph, pb, hph, wph, fb = consume_late(
                     k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
-                    dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start, x,
-                    nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES, TSTATS,
-                    SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT, FINISH, DQW, PERSIST,
-                    j % 2, u32(j // 2 % 2), g0, st, ph, pb, hph, wph, fb,
+                    dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start,
+                    x, nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES,
+                    TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT, FINISH,
+                    PERSIST, j % 2, u32(j // 2 % 2), g0, st, ph, pb, hph, wph, fb,
                 )  # fmt: skip
                 g0 += group * kaio.max(n_tiles - first, 0)
         else:
@@ -811,26 +808,28 @@ def attention_bwd_fused_ordered(
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
             ph, g0 = u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
+                b = persistent_item(blk, j, stride)
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
-                        blk + j * stride, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
+                        b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
                     )  # fmt: skip
-                ph = write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first, n_tiles,
-                                  sq, x, nkb, causal, start, STAGES + NBUF * WG, D, BM, BK,
-                                  ORDER, NW, ROT, FINISH, g0, ph)  # fmt: skip
+                ph = write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first,
+                                  n_tiles, sq, x, nkb, causal, start, STAGES + NBUF * WG, D,
+                                  BM, BK, ORDER, NW, ROT, FINISH, g0, ph)  # fmt: skip
                 g0 += group * kaio.max(n_tiles - first, 0)
         elif lt == 0:
             st, ph, g0 = i32(0), u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
+                b = persistent_item(blk, j, stride)
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
-                        blk + j * stride, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
+                        b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
                     )  # fmt: skip
                 kv = -1 if j < 2 else (j - 2) // 2 % 2  # (buffer j % 2 again: once free)
-                st, ph = produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
-                                 kvh * sk + x * BK, first_head * sq, sq, group, first, n_tiles, D,
-                                 BK, BM, STAGES, TSTATS, DT, WRAP=ROT, start=start, kb=j % 2,
-                                 st=st, ph=ph, ring0=g0, kv_ph=kv)  # fmt: skip
+                st, ph = produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl,
+                                 td, kvh * sk + x * BK, first_head * sq, sq, group, first,
+                                 n_tiles, D, BK, BM, STAGES, TSTATS, DT, WRAP=ROT, start=start,
+                                 kb=j % 2, st=st, ph=ph, ring0=g0, kv_ph=kv)  # fmt: skip
                 g0 += group * kaio.max(n_tiles - first, 0)
         elif lt >= 32 and EARLY < 3:
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
@@ -866,35 +865,6 @@ def zero_sums(acc: f32[:], n: i32, sem: i32[:], m: i32, j: i32):
         kaio.store_vector(acc, i, z)
     if j < m:
         sem[j] = 0
-
-
-@kaio.gpu_kernel(block_size=256)
-def dq_convert_behind(dq: DT[:], acc: f32[:], sem: i32[:], rows: i32, sq: i32, nkb: i32,
-                      causal: i32, scale: f32, D: kaio.constexpr, BM: kaio.constexpr,
-                      BK: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """``dq_convert_tiles`` behind the ordered kernel: launched with programmatic dependent
-    launch (its ``grid_dependency_wait``), it starts once every block of that kernel has
-    begun (``launch_dependents``), on the multiprocessors its last blocks leave idle, and
-    each thread converts its four floats once every turn on their query tile is in (the
-    tile's semaphore equals ``tile_turns``: the last reduction completed and released);
-    the wait at its end keeps it from completing before that kernel does."""
-    i = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()) * 4
-    row = i // D
-    if row < rows:
-        t = row % sq // BM
-        kaio.wait_eq(sem, row // sq * ((sq + BM - 1) // BM) + t, tile_turns(t, nkb, causal, BM, BK))
-        convert_four(dq, acc, i, sq, scale, D, DT)
-    kaio.grid_dependency_wait()
-
-
-@kaio.gpu_func
-def tile_turns(t: i32, nkb: i32, causal: i32, BM: kaio.constexpr, BK: kaio.constexpr) -> i32:
-    """The key blocks that add to query tile t: causal, those up to the last that sees it;
-    else all ``nkb``."""
-    n = nkb
-    if causal != 0:
-        n = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) + 1
-    return n
 
 
 # The consumers' schedule (``consume_late``) by head dim and mask (not causal, causal):
@@ -937,19 +907,10 @@ FINISH = {64: False, 128: True}
 NDS = {64: 3, 128: 2}
 
 
-# Whether a tile's dQ product is awaited only once the next tile's front products are
-# issued (``consume_late``'s ``DQW``; SCHED 4 with three dS^T buffers), by head dim.
-DQW = {64: 0, 128: 0}
-
 # Whether the blocks are persistent (``PERSIST``: one a multiprocessor, each running work
 # items in turn, the next item's K and V loaded while one runs), by head dim and mask; D 64
 # only (two K and V buffers do not fit beside D 128's ring).
-PERSIST = {64: (0, 0), 128: (0, 0)}
-
-# Whether dQ's conversion runs behind the kernel (``dq_convert_behind``: on the
-# multiprocessors its last blocks leave idle, each tile once its turns are in) rather than
-# after it (``dq_convert_tiles``), by head dim and mask.
-BEHIND = {64: (False, False), 128: (False, False)}
+PERSIST = {64: (1, 0), 128: (0, 0)}
 
 
 def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> dict:
@@ -970,8 +931,6 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c["ROT"] = ROT[d][bool(causal)]
     c["FINISH"] = FINISH[d]
     c["NDS"] = NDS[d] if sched >= 4 else 2
-    c["BEHIND"] = BEHIND[d][bool(causal)]
-    c["DQW"] = DQW[d]
     c["PERSIST"] = PERSIST[d][bool(causal)]
     return {**c, "STAGES": fit_stages(d, c)}
 
@@ -985,10 +944,17 @@ def stores_first(c: dict) -> bool:
 
 
 def constexprs(c: dict) -> dict:
-    """The kernel's constexprs among ``ordered_config``'s (``HG`` is its argument ``hg``,
-    ``BEHIND`` the launch's choice of conversion; ``ROT`` and ``FINISH`` as ``launch`` takes
-    them: ``rotated``, ``finishes``)."""
-    return {k: int(v) for k, v in c.items() if k not in ("HG", "BEHIND")}
+    """The kernel's constexprs among ``ordered_config``'s (``HG`` is its argument ``hg``;
+    ``ROT`` and ``FINISH`` as ``launch`` takes them: ``rotated``, ``finishes``)."""
+    return {k: int(v) for k, v in c.items() if k != "HG"}
+
+
+def persistent(c: dict) -> bool:
+    """Whether the kernel runs with persistent blocks: ``PERSIST`` in the configuration
+    ``c``, with ``SCHED`` 4, three dS^T buffers, the two writers and neither ``ROT`` nor
+    ``FINISH`` (whose rotated walks wait for later blocks of a head)."""
+    return (bool(c.get("PERSIST")) and c["SCHED"] == 4 and c["NDS"] == 3 and c["EARLY"] == 3
+            and not c["ROT"] and not c["FINISH"])  # fmt: skip
 
 
 def rotated(c: dict, nkb: int, sms: int) -> bool:
@@ -1001,13 +967,11 @@ def rotated(c: dict, nkb: int, sms: int) -> bool:
 
 
 def finishes(c: dict, rot: bool, causal: bool) -> bool:
-    """Whether the kernel runs with ``finish`` (``FINISH`` in the configuration ``c``): not
-    causal (its last turns are key block 0's on every tile: H100, f16 B16 H16 S1024 D 128,
-    that order finishing them ran 239 and 246 TFLOP/s against 230 and 255 without, B4 S4096
-    443 against 459), with the fixed order (``ORDER`` 1) and the walks ``c`` asks for:
-    rotated (``rot``) where its ``ROT`` is on, else key block nkb - 1 has every last turn."""
-    walks = rot or not c.get("ROT")
-    return bool(c.get("FINISH")) and walks and not causal and c["ORDER"] == 1
+    """Whether the kernel runs with ``finish`` (``FINISH`` in the configuration ``c``): with
+    ``rot`` (``rotated``), not causal (its last turns are key block 0's on every tile: H100,
+    f16 B16 H16 S1024 D 128, that order finishing them ran 239 and 246 TFLOP/s against 230
+    and 255 without, B4 S4096 443 against 459) and the fixed order (``ORDER`` 1)."""
+    return bool(c.get("FINISH")) and rot and not causal and c["ORDER"] == 1
 
 
 def fit_stages(d: int, c: dict) -> int:
@@ -1050,6 +1014,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     bh, heads, group, sq, sk, d, _ = dims
     cfg = cfg or {}
     c = {**ordered_config(d, cfg.get("SCHED"), causal), **cfg}  # (EARLY too)
+    c["PERSIST"] = int(persistent(c))
     if "STAGES" not in cfg:  # as many as fit with the overrides
         c["STAGES"] = fit_stages(d, c)
     if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64 or (c["SCHED"] and c["LATE"]):
@@ -1061,14 +1026,6 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         raise ValueError(f"_attention_hopper_bwd_fused.launch: EARLY 3 needs SCHED 1 to 4: {c}")
     if c["NW"] not in range(2, 7) or c["NW"] > 2 and c["EARLY"] != 3:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: NW 2, or 3 to 6 with EARLY 3: {c}")
-    if c.get("PERSIST") and (c["SCHED"] != 4 or c["NDS"] != 3 or c["EARLY"] != 3 or c["ROT"]
-                             or c["FINISH"]):  # fmt: skip
-        raise ValueError(
-            f"_attention_hopper_bwd_fused.launch: PERSIST needs SCHED 4, NDS 3, EARLY 3, "
-            f"neither ROT nor FINISH: {c}"
-        )
-    if c.get("DQW") and (c["SCHED"] != 4 or c["NDS"] != 3):
-        raise ValueError(f"_attention_hopper_bwd_fused.launch: DQW needs SCHED 4, NDS 3: {c}")
     if c["NDS"] not in (2, 3) or c["NDS"] == 3 and c["SCHED"] < 4:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: NDS 2, or 3 with SCHED 4, 6: {c}")
     if not c["SCHED"] and (c["SPLIT"] or c["L2"] or c["PFIRST"]):
@@ -1113,16 +1070,10 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         int(causal), hg, D=d, DT=qa.dtype, **{**constexprs(c), "ROT": int(rot),
                                                       "FINISH": int(finish)},
     )  # fmt: skip
-    if finish:  # (the last turn on each tile stored its dQ)
-        return dq, dk, dv
-    grid = -(-qa.size // 1024)
-    if c["BEHIND"] and c["ORDER"] == 1:  # (the semaphores' counts: the fixed order's)
-        dq_convert_behind[grid, 256, stream, 0](
-            dq_out, dq_acc, sem, bh * sq, sq, nkb, int(causal), scale, D=d, BM=c["BM"], BK=bk,
-            DT=qa.dtype,
-        )  # fmt: skip
-    else:
-        dq_convert_tiles[grid, 256, stream, 0](dq_out, dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype)
+    if not finish:  # (else the last turn on each tile stored its dQ)
+        dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
+            dq_out, dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
+        )
     return dq, dk, dv
 
 
@@ -1142,6 +1093,3 @@ def specializations():
                     yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **c}
     yield zero_acc_sem, {}
     yield zero_acc_sem_l2, {}
-    for dt in (f16, bf16):
-        for d in (64, 128):
-            yield dq_convert_behind, {"D": d, "BM": 64, "BK": 128, "DT": dt}

@@ -51,12 +51,8 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
         # D 128, bf16, two batches, grouped-query, Sq > Sk with a partial key tile; each
         # tile's dQ product after the next tile's P^T and dS^T
         (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2, {}),
-        # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query; dQ converted
-        # behind the kernel (BEHIND: each tile once its semaphore counts its turns); each
-        # tile's dQ awaited after the next tile's front products (DQW)
-        (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3, {"BEHIND": 1, "DQW": 1}),
-        # DQW on walks of one, two and three tiles (causal, Sq < Sk)
-        (1, 1, 1, 192, 256, 64, np.float16, True, 4, 3, {"DQW": 1}),
+        # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query
+        (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3, {}),
         # each tile's dQ product with its dV and dK (SCHED 6: the next tile's S^T and dP^T
         # meanwhile), three dS^T buffers, the masked and unmasked probabilities in two
         # branches (SPLIT), lse_log2 once a row (L2), PFIRST; causal, grouped-query, a
@@ -64,8 +60,8 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
         (1, 2, 1, 200, 128, 64, np.float16, True, 6, 3, {"SPLIT": 1, "L2": 1, "PFIRST": 1}),
         # three dS^T buffers (NDS 3), three writers, P^T before dP^T's product is awaited
         # (PFIRST), two K/V heads' key blocks interleaved in the launch order (HG 2; three
-        # heads: the last group has one), dQ converted behind the kernel
-        (3, 1, 1, 128, 256, 64, np.float16, False, 4, 3, {"NDS": 3, "NW": 3, "HG": 2, "BEHIND": 1}),
+        # heads: the last group has one)
+        (3, 1, 1, 128, 256, 64, np.float16, False, 4, 3, {"NDS": 3, "NW": 3, "HG": 2}),
         # rotated walks (ROT) without the semaphores (ORDER 0: the simulator runs the
         # blocks of a kernel with wait_eq in linear order, and a rotated walk waits for
         # later ones; turn_rank's turns are checked below): three key blocks whose walks
@@ -74,26 +70,12 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
         # the last turn on each tile stores dQ (FINISH, with ROT): one key block, the only
         # turn (its walk over two heads' four tiles, the last partial)
         (1, 2, 1, 200, 128, 64, np.float16, False, 4, 3, {"ROT": True, "FINISH": True}),
-        # FINISH in the increasing order (no ROT): key block 1 of 2 has every last turn
-        # (two heads' four tiles, the last partial)
-        (1, 2, 1, 200, 256, 64, np.float16, False, 4, 3, {"FINISH": True, "DQW": 1}),
-        # persistent blocks (PERSIST; two "multiprocessors": a grid of two blocks, each
-        # running its work items in turn, K and V in two buffers), without the semaphores
+        # persistent blocks (PERSIST; four "multiprocessors": a grid of four blocks, each
+        # running its work items in turn, K and V in two buffers: nine items, blocks of
+        # three, two, two and two, the last round's partial), without the semaphores
         # (ORDER 0: the simulator runs block 0's items before block 1's); grouped-query,
-        # three K/V heads' two key blocks, a partial query tile; with DQW
-        (
-            3,
-            2,
-            1,
-            200,
-            256,
-            64,
-            np.float16,
-            False,
-            4,
-            3,
-            {"PERSIST": 1, "ORDER": 0, "DQW": 1, "SMS": 2},
-        ),
+        # three K/V heads' three key blocks, a partial query tile (the mask's: the GPU case)
+        (3, 2, 1, 200, 384, 64, np.float16, False, 4, 3, {"PERSIST": 1, "ORDER": 0, "SMS": 4}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
         # heads of one K/V head, the second key block seeing no query (Sq < Sk)
         (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {}),
@@ -200,8 +182,7 @@ SHIPPED = [(k, c) for k, c in fused.specializations() if c.get("DT") != kaio.bf1
 @pytest.mark.parametrize("index", range(len(SHIPPED)))
 def test_specializations_assemble_for_sm_90a(index):
     """No spills, no serialized wgmma (f16: bf16 differs in the wgmma's type only); the SIMT
-    zeroing kernels for sm_80 too (the conversion behind the kernel needs sm_90's
-    griddepcontrol)."""
+    zeroing kernel for sm_80 too."""
     kernel, constexprs = SHIPPED[index]
     ptx = kernel.ptx(arch="sm_90", **constexprs)
     hopper = ".target sm_90a" in ptx
@@ -209,7 +190,7 @@ def test_specializations_assemble_for_sm_90a(index):
     spills = re.search(r"(\d+) bytes spill stores", report)
     assert spills and spills[1] == "0", (constexprs, report)
     assert "C7518" not in report and "C7508" not in report and "C7510" not in report, report
-    if not hopper and "griddepcontrol" not in ptx:
+    if not hopper:
         assemble(kernel.ptx(arch="sm_80", **constexprs), "sm_80")
 
 
@@ -250,21 +231,17 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
     "d, causal, hkv, over",
     [(128, True, 2, {}), (128, False, 4, {}), (64, True, 4, {}), (64, False, 3, {}),
      (64, False, 3, {"ROT": True}), (64, True, 4, {"ROT": True}),
-     (64, False, 3, {"ROT": True, "FINISH": True}), (64, False, 3, {"FINISH": True}),
-     (64, True, 4, {"BEHIND": 1, "DQW": 1}), (64, False, 3, {"DQW": 1}),
-     (64, False, 3, {"PERSIST": 1, "DQW": 1, "SMS": 7}),
-     (128, False, 4, {"ROT": False, "FINISH": False, "BEHIND": 1}),
+     (64, False, 3, {"ROT": True, "FINISH": True}), (64, False, 3, {"PERSIST": 1, "SMS": 7}),
+     (64, True, 4, {"PERSIST": 1, "SMS": 7}),
      (128, False, 4, {"ROT": True, "FINISH": True}), (128, True, 2, {"ROT": True})],
 )  # fmt: skip
 def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, monkeypatch):
     """Against float64 autograd (grouped-query heads, Sq < Sk, a partial query tile) and
     the same bits on three runs, at a size with many key blocks a query tile (three K/V
     heads: six blocks' heads, a partial group of ``HG``); ``over``: with ``ROT`` (rotated
-    walks, resp. the longest causal walks launched first), ``FINISH`` (with rotated walks
-    or in the increasing order), ``BEHIND`` (dQ converted behind the kernel), ``DQW``
-    (each tile's dQ awaited after the next tile's front products) and ``PERSIST``
-    (persistent blocks; ``SMS``: the multiprocessors the launch sees, so that each block
-    runs several work items)."""
+    walks, resp. the longest causal walks launched first), ``FINISH`` (with rotated walks)
+    and ``PERSIST`` (persistent blocks; ``SMS``: the multiprocessors the launch sees, so
+    that each block runs several work items)."""
     import torch
 
     over = _with_multiprocessors(monkeypatch, over)
@@ -284,20 +261,20 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, m
 
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("causal, over", [(False, {}), (True, {}), (True, {"BEHIND": 1})])
-def test_gpu_ordered_backward_replays_in_a_cuda_graph(causal, over):
+@pytest.mark.parametrize("d, causal", [(128, False), (128, True), (64, False)])
+def test_gpu_ordered_backward_replays_in_a_cuda_graph(d, causal):
     """Captured in a CUDA graph, replayed twice: the semaphores are zeroed inside the
     captured work, so each replay equals the eager call bit for bit (a replay that found
-    the last call's counts would wait forever or add out of order); ``over``: with dQ
-    converted behind the kernel (``BEHIND``: a programmatic dependent launch)."""
+    the last call's counts would wait forever or add out of order); the defaults (D 64:
+    persistent blocks)."""
     import torch
 
-    *_, run = _gpu_operands(1, 4, 4, 1024, 1024, 128, causal, 5)
-    eager = run(ordered=over or True)
+    *_, run = _gpu_operands(1, 4, 4, 1024, 1024, d, causal, 5)
+    eager = run(ordered=True)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = run(ordered=over or True)
+        captured = run(ordered=True)
     for _ in range(2):
         for g in captured:
             g.fill_(float("nan"))
