@@ -392,30 +392,6 @@ def interleaved(bx: i32, by: i32, nkb: i32, hg: i32, ny: i32) -> tuple[i32, i32]
 
 
 @kaio.gpu_func
-def persistent_item(blk: i32, j: i32, grid: i32) -> i32:
-    """The work item (its index in the launch order) of round j of persistent block blk of
-    ``grid``: the rounds run up and down the blocks in turn (item j grid + blk in even
-    rounds, j grid + grid - 1 - blk in odd ones), so that with the mask, whose walks grow
-    longer along each head's key blocks in the launch order, a block's items even out; a
-    block's items still come in increasing order (each waits only for items before it:
-    no deadlock while all the blocks run)."""
-    r = blk
-    if j % 2 == 1:
-        r = grid - 1 - blk
-    return j * grid + r
-
-
-@kaio.gpu_func
-def persistent_items(blk: i32, n: i32, grid: i32) -> i32:
-    """The rounds of ``persistent_item`` in which persistent block blk of ``grid`` has one of
-    the ``n`` work items (all but the last round's, where the item may be past the last)."""
-    rounds = (n + grid - 1) // grid
-    if persistent_item(blk, rounds - 1, grid) >= n:
-        rounds -= 1
-    return rounds
-
-
-@kaio.gpu_func
 def work_item(
     b: i32, nkb: i32, nkvh: i32, hg: i32, rot: i32, heads: i32, group: i32, sq: i32,
     causal: i32, BM: kaio.constexpr, BK: kaio.constexpr,
@@ -788,8 +764,11 @@ def attention_bwd_fused_ordered(
     turn = kaio.shared_dynamic(u64, (2 + 2 * PERSIST + TAILC,), BARS + 16 * NB)
     nkb = (sk + BK - 1) // BK
     blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())
-    stride = i32(kaio.grid_dim_x())  # PERSIST: a 1-d grid; its rounds of work items
-    items = 1 if PERSIST == 0 else persistent_items(blk, nkb * nkvh, stride)
+    # PERSIST: a 1-d grid, work items blk, blk + stride, ... (H100, f16 B16 H16 S1024 D 64:
+    # 298 TFLOP/s against 282 without; with the odd rounds' items taken in reverse, 234
+    # against 264: a block late in its head's turns then became early in the next round's)
+    stride = i32(kaio.grid_dim_x())
+    items = 1 if PERSIST == 0 else (nkb * nkvh - blk + stride - 1) // stride
 
     t, wg, lt = thread_roles(WG)
     if t == 0:
@@ -815,7 +794,7 @@ def attention_bwd_fused_ordered(
         if SCHED:
             st, ph, pb, hph, wph, fb, g0 = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                b = persistent_item(blk, j, stride)
+                b = blk + j * stride
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
                         b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
@@ -845,7 +824,7 @@ def attention_bwd_fused_ordered(
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
             ph, g0 = u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                b = persistent_item(blk, j, stride)
+                b = blk + j * stride
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
                         b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
@@ -859,7 +838,7 @@ def attention_bwd_fused_ordered(
         elif lt == 0:
             st, ph, g0 = i32(0), u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                b = persistent_item(blk, j, stride)
+                b = blk + j * stride
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
                         b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
