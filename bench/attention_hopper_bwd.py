@@ -40,7 +40,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.attention_hopper import SLEEP_CYCLES, emit, save, time_calls  # noqa: E402
+from bench.attention_hopper import SLEEP_CYCLES, emit, save, time_calls, time_queued  # noqa: E402
 
 NEW = {  # name: overrides of _attention_hopper_bwd.config's constexprs, per kernel
     "wgmma": {},  # the fused kernel (dQ by bulk reductions)
@@ -420,12 +420,15 @@ def ab(out_path, spec) -> None:
     rounds (default 5, the order rotated each round) of ``REPS`` calls (default 4) with
     CUDA events, on o and lse from torch's flash forward (``forward_sdpa``): TFLOP/s of the
     median round and of the best, and each variant's dq, dk, dv against the first
-    variant's (largest difference over the first's largest value)."""
+    variant's (largest difference over the first's largest value). ``QUEUED`` 1: each
+    round's calls queued behind a GPU sleep (``time_queued``: the GPU's time alone, no
+    host lead in the window)."""
     import torch
 
     import kaio_ops  # noqa: F401  (the fused module's package, for _module_swapped)
 
     rounds, reps = int(os.environ.get("ROUNDS", "5")), int(os.environ.get("REPS", "4"))
+    queued = os.environ.get("QUEUED") == "1"
     spec = spec or AB_SPEC
     by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants(spec)}
     rows = []
@@ -451,14 +454,17 @@ def ab(out_path, spec) -> None:
             labs = list(fns)
             for r in range(rounds):
                 for lab in labs[r % len(labs) :] + labs[: r % len(labs)]:
-                    times[lab].append(time_calls(fns[lab], reps=reps, rounds=1))
+                    fn = fns[lab]
+                    ms = time_queued(fn, reps) if queued else time_calls(fn, reps=reps, rounds=1)
+                    times[lab].append(ms)
             tf = {lab: flops / sorted(t)[len(t) // 2] / 1e9 for lab, t in times.items()}
             best = {lab: flops / min(t) / 1e9 for lab, t in times.items()}
             emit(rows, dict(gpu=name, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s, causal=causal,
                             tflops=tf, best=best, diff=diff))  # fmt: skip
     save(rows, out_path)
-    print(f"\n{name}: backward TFLOP/s, interleaved (median of {rounds} rounds of {reps}; the"
-          " largest difference from the first variant's gradients)")  # fmt: skip
+    print(f"\n{name}: backward TFLOP/s, interleaved (median of {rounds} rounds of {reps}"
+          f"{', queued' if queued else ''}; the largest difference from the first variant's"
+          " gradients)")  # fmt: skip
     for r in rows:
         cells = "  ".join(f"{k} {v:.0f} ({max(r['diff'][k]):.0e})" for k, v in r["tflops"].items())
         print(
