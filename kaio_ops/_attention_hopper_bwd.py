@@ -1166,31 +1166,23 @@ def dq_convert_tiles(dq: DT[:], acc: f32[:], rows: i32, sq: i32, scale: f32, D: 
     16) + 4 (r % 8) + c % 8 / 2) 4 + 2 (r % 16 / 8) + c % 2 (the fragment of thread 32 (r /
     16) + 4 (r % 8) + c % 8 / 2 of the warpgroup that had column c)."""
     i = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()) * 4
-    if i // D < rows:
-        convert_four(dq, acc, i, sq, scale, D, DT)
-
-
-@kaio.gpu_func
-def convert_four(dq: DT[:], acc: f32[:], i: i32, sq: i32, scale: f32, D: kaio.constexpr,
-                 DT: kaio.constexpr):  # fmt: skip
-    """``dq_convert_tiles``'s four columns of dq from flat index i (of a row below its
-    rows)."""
     row = i // D
-    col = i % D
-    r = row % sq
-    at = (row // sq * ((sq + 63) // 64) + r // 64) * 64 * D  # the tile's first float
-    r = r % 64
-    at += (col // 8 * 128 + r // 16 * 32 + r % 8 * 4 + col % 8 // 2) * 4 + r % 16 // 8 * 2
-    x = kaio.local(f32, 4)
-    pair = kaio.local(f32, 2)
-    for j in kaio.static_range(2):  # columns col + 2j, + 1: the next thread's pair
-        kaio.load_vector(pair, acc, at + 4 * j)
-        for e in kaio.static_range(2):
-            x[2 * j + e] = pair[e]
-    y = kaio.local(DT, 4)
-    for e in kaio.static_range(4):
-        y[e] = DT(x[e] * scale)
-    kaio.store_vector(dq, i, y)
+    if row < rows:
+        col = i % D
+        r = row % sq
+        at = (row // sq * ((sq + 63) // 64) + r // 64) * 64 * D  # the tile's first float
+        r = r % 64
+        at += (col // 8 * 128 + r // 16 * 32 + r % 8 * 4 + col % 8 // 2) * 4 + r % 16 // 8 * 2
+        x = kaio.local(f32, 4)
+        pair = kaio.local(f32, 2)
+        for j in kaio.static_range(2):  # columns col + 2j, + 1: the next thread's pair
+            kaio.load_vector(pair, acc, at + 4 * j)
+            for e in kaio.static_range(2):
+                x[2 * j + e] = pair[e]
+        y = kaio.local(DT, 4)
+        for e in kaio.static_range(4):
+            y[e] = DT(x[e] * scale)
+        kaio.store_vector(dq, i, y)
 
 
 # Whether the fused kernel is flash_attention_bwd's default for head dim d (else the pair).

@@ -59,7 +59,6 @@ from kaio_ops._attention_hopper_bwd import (
     _ds_buffers,
     config,
     consume_dkdv,
-    convert_four,
     dq_convert_tiles,
     grads_t,
     hand_dq,
@@ -348,32 +347,6 @@ def consume_late(
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
     return st, ph, pb, hph, wph, fb
-
-
-@kaio.gpu_func
-def convert_tail(dq: DT[:], dq_acc: f32[:], sem: i32[:], tiles: i32, turns: i32, sq: i32,
-                 n_tiles: i32, scale: f32, lane: u32, D: kaio.constexpr, BM: kaio.constexpr,
-                 DT: kaio.constexpr):  # fmt: skip
-    """``TAILC``: a consumer warp whose block ran out of work items converts quarters of
-    query tiles (16 rows) to dq: it takes the next (``sem[tiles]``, a counter past the
-    ``tiles`` semaphores: early heads' tiles first, whose turns came first), waits until all
-    ``turns`` of that tile are in (its semaphore; each lane's acquire load), and rounds
-    its rows below sq (``convert_four``, four columns a lane at a time)."""
-    while True:
-        g = i32(0)
-        if lane == 0:
-            g = kaio.atomic_add(sem, tiles, 1)
-        g = kaio.shfl_idx(g, 0)
-        if g >= 4 * tiles:
-            break
-        tile = g // 4
-        kaio.wait_eq(sem, tile, turns)
-        row0 = tile % n_tiles * BM + g % 4 * 16  # the quarter's first row in its head
-        head_row = tile // n_tiles * sq
-        for k in kaio.static_range(16 * D // 128):  # 16 rows of D, four columns a lane
-            e = (k * 32 + i32(lane)) * 4
-            if row0 + e // D < sq:
-                convert_four(dq, dq_acc, (head_row + row0) * D + e, sq, scale, D, DT)
 
 
 @kaio.gpu_func
@@ -712,7 +685,7 @@ def attention_bwd_fused_ordered(
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
-    ROT: kaio.constexpr, FINISH: kaio.constexpr, PERSIST: kaio.constexpr, TAILC: kaio.constexpr,
+    ROT: kaio.constexpr, FINISH: kaio.constexpr, PERSIST: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -731,9 +704,7 @@ def attention_bwd_fused_ordered(
     either way a block may wait for a later one of its head (all of them must fit on the
     GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
     the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
-    after the kernel; ``TAILC`` (with ``PERSIST``, not causal): the blocks convert dQ's
-    tiles once their work items are done (``convert_tail``), no ``dq_convert_tiles``;
-    ``PERSIST`` (``SCHED`` 4, ``EARLY`` 3,
+    after the kernel; ``PERSIST`` (``SCHED`` 4, ``EARLY`` 3,
     ``NDS`` 3, neither ``ROT`` nor ``FINISH``): a persistent block (a 1-d grid of at
     most one block a multiprocessor) runs the work items blk, blk + the grid, ... of the
     launch order one after the other, K and V in two buffers (an item's loaded while the
@@ -760,8 +731,7 @@ def attention_bwd_fused_ordered(
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), DQS + BM * (D + 4) * 4)
     BARS = DQS + BM * (D + 4) * 4 + 2 * STAGES * BM * 4
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
-    # (PERSIST: K and V free; TAILC: the writers' last turns passed)
-    turn = kaio.shared_dynamic(u64, (2 + 2 * PERSIST + TAILC,), BARS + 16 * NB)
+    turn = kaio.shared_dynamic(u64, (2 + 2 * PERSIST,), BARS + 16 * NB)  # (PERSIST: K/V free)
     nkb = (sk + BK - 1) // BK
     blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())
     # PERSIST: a 1-d grid, work items blk, blk + stride, ... (H100, f16 B16 H16 S1024 D 64:
@@ -782,8 +752,6 @@ def attention_bwd_fused_ordered(
             kaio.mbarrier_init(turn, 1, 1)
             for b in kaio.static_range(2):
                 kaio.mbarrier_init(turn, 2 + b, 4 * WG)
-        if TAILC:  # an arrival a writer
-            kaio.mbarrier_init(turn, 4, NW)
         kaio.fence_proxy_async()
     kaio.sync_threads()
     x, kvh, first_head, first, n_tiles, start = work_item(blk, nkb, nkvh, hg, ROT, heads, group,
@@ -807,11 +775,6 @@ def attention_bwd_fused_ordered(
                     PERSIST, j % 2, u32(j // 2 % 2), g0, st, ph, pb, hph, wph, fb,
                 )  # fmt: skip
                 g0 += group * kaio.max(n_tiles - first, 0)
-            if TAILC:  # (every work item of this block done, its writers' turns passed)
-                kaio.mbarrier_wait(turn, 4, 0)
-                nt = (sq + BM - 1) // BM
-                convert_tail(dq, dq_acc, sem, nkvh * group * nt, nkb, sq, nt, scale, lt % 32, D,
-                             BM, DT)  # fmt: skip
         else:
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, x * BK, sq, sk,
@@ -833,8 +796,6 @@ def attention_bwd_fused_ordered(
                                   n_tiles, sq, x, nkb, causal, start, STAGES + NBUF * WG, D,
                                   BM, BK, ORDER, NW, ROT, FINISH, g0, ph)  # fmt: skip
                 g0 += group * kaio.max(n_tiles - first, 0)
-            if TAILC:
-                kaio.mbarrier_arrive(turn, 4)
         elif lt == 0:
             st, ph, g0 = i32(0), u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
@@ -927,13 +888,15 @@ NDS = {64: 3, 128: 2}
 
 # Whether the blocks are persistent (``PERSIST``: one a multiprocessor, each running work
 # items in turn, the next item's K and V loaded while one runs), by head dim and mask; D 64
-# only (two K and V buffers do not fit beside D 128's ring).
+# only (two K and V buffers do not fit beside D 128's ring). H100, f16 H16 D 64, TFLOP/s
+# against the same kernel without (and main's module), each call's GPU time (queued, round
+# D): B16 S1024 345 against 331 (332), B4 S4096 443 against 439, B1 S16384 471 against 463;
+# through the same host path (round B) B16 S1024 298 against 282. With the mask (items of
+# unequal walks: blocks given the same share end apart) B16 S1024 160 against 185, B4 S4096
+# 224 against 317 (the odd rounds' items reversed to even the walks out: 172 against 178).
+# Tried: the blocks converting dQ's tiles themselves once their items are done (no
+# dq_convert_tiles): 327 against 345, 449 against 443, 447 against 471.
 PERSIST = {64: (1, 0), 128: (0, 0)}
-
-# Whether persistent blocks without the mask convert dQ's tiles once their work items are
-# done (``TAILC``: on the multiprocessors the last items leave idle) rather than
-# ``dq_convert_tiles`` after the kernel, by head dim.
-TAILC = {64: 0, 128: 0}
 
 
 def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> dict:
@@ -955,7 +918,6 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c["FINISH"] = FINISH[d]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     c["PERSIST"] = PERSIST[d][bool(causal)]
-    c["TAILC"] = TAILC[d]
     return {**c, "STAGES": fit_stages(d, c)}
 
 
@@ -1017,7 +979,7 @@ def smem_bytes(d: int, c: dict) -> int:
     """The kernel's dynamic shared memory for head dim ``d`` and constexprs ``c``."""
     more = 32 * max(c.get("NW", 2) - 3, 0)  # (writers 3 .. NW - 1's barriers)
     if c.get("PERSIST"):  # K and V's second buffer, its two barriers
-        more += 2 * 64 * c["WG"] * d * 2 + 16 + 8 * bool(c.get("TAILC"))  # (TAILC's barrier)
+        more += 2 * 64 * c["WG"] * d * 2 + 16
     return more + shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
                                _buffers(c))  # fmt: skip
 
@@ -1039,7 +1001,6 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     cfg = cfg or {}
     c = {**ordered_config(d, cfg.get("SCHED"), causal), **cfg}  # (EARLY too)
     c["PERSIST"] = int(persistent(c))
-    c["TAILC"] = int(c["PERSIST"] and bool(c.get("TAILC")) and not causal and c["ORDER"] == 1)
     if "STAGES" not in cfg:  # as many as fit with the overrides
         c["STAGES"] = fit_stages(d, c)
     if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64 or (c["SCHED"] and c["LATE"]):
@@ -1063,17 +1024,17 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     n_tiles = -(-sq // c["BM"])  # the semaphores' (dq_acc: whole tiles of 64 rows)
     acc_size = bh * -(-sq // 64) * 64 * d
     dq_acc = _arrays.output(da, (acc_size,), f32)
-    sem = _arrays.output(da, (bh * n_tiles + 1,), i32)  # (TAILC: the tiles' counter last)
+    sem = _arrays.output(da, (bh * n_tiles,), i32)
     zeros = 0 if stores_first(c) else acc_size  # (the dQ sums' zeros)
-    grid = -(-max(zeros // 4, bh * n_tiles + 1, rows_q) // 256)  # (a thread: 4 zeros, 1 sem, 1 row)
+    grid = -(-max(zeros // 4, bh * n_tiles, rows_q) // 256)  # (a thread: 4 zeros, 1 sem, 1 row)
     if c["L2"]:  # lse_log2(lse) once a query row, for the kernel's stats
         l2 = _arrays.output(da, (rows_q,), f32)
         l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
-        zero_acc_sem_l2[grid, 256, stream, 0](dq_acc, zeros, sem, bh * n_tiles + 1,
-                                              la.arg(rows_q), l2_arg, rows_q)  # fmt: skip
+        zero_acc_sem_l2[grid, 256, stream, 0](dq_acc, zeros, sem, bh * n_tiles, la.arg(rows_q),
+                                              l2_arg, rows_q)  # fmt: skip
         la = types.SimpleNamespace(obj=l2, kind=da.kind, arg=lambda *_: l2_arg)
     else:
-        zero_acc_sem[grid, 256, stream, 0](dq_acc, zeros, sem, bh * n_tiles + 1)
+        zero_acc_sem[grid, 256, stream, 0](dq_acc, zeros, sem, bh * n_tiles)
 
     tmap = functools.partial(row_map, d=d)
     stats = stats_maps(la, delta, rows_q, c["BM"])
@@ -1095,7 +1056,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         int(causal), hg, D=d, DT=qa.dtype, **{**constexprs(c), "ROT": int(rot),
                                                       "FINISH": int(finish)},
     )  # fmt: skip
-    if not finish and not c["TAILC"]:  # (else the kernel stored dQ)
+    if not finish:  # (else the last turn on each tile stored its dQ)
         dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
             dq_out, dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
         )
