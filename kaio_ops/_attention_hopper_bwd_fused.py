@@ -891,7 +891,8 @@ NDS = {64: 3, 128: 2}
 # only (two K and V buffers do not fit beside D 128's ring). H100, f16 H16 D 64, TFLOP/s
 # against the same kernel without (and main's module), each call's GPU time (queued, round
 # D): B16 S1024 345 against 331 (332), B4 S4096 443 against 439, B1 S16384 471 against 463;
-# through the same host path (round B) B16 S1024 298 against 282. With the mask (items of
+# through the same host path B16 S1024 298 against 282 (round B), 281 against main's 270,
+# B4 S4096 403 against 394, bf16 B16 S1024 258 against 239 (round E). With the mask (items of
 # unequal walks: blocks given the same share end apart) B16 S1024 160 against 185, B4 S4096
 # 224 against 317 (the odd rounds' items reversed to even the walks out: 172 against 178).
 # Tried: the blocks converting dQ's tiles themselves once their items are done (no
