@@ -736,7 +736,7 @@ def attention_bwd_fused_ordered(
     blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())
     # PERSIST: a 1-d grid, work items blk, blk + stride, ... (H100, f16 B16 H16 S1024 D 64:
     # 298 TFLOP/s against 282 without; with the odd rounds' items taken in reverse, 234
-    # against 264: a block late in its head's turns then became early in the next round's)
+    # against 264: likely a block late in its head's turns then holding an early turn)
     stride = i32(kaio.grid_dim_x())
     items = 1 if PERSIST == 0 else (nkb * nkvh - blk + stride - 1) // stride
 
