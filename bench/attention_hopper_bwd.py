@@ -20,8 +20,8 @@ the others' results):
   sequence lengths (docs/performance.md's table).
 - ``ab``: interleaved A/B of variants (another commit's module from a file among them) and
   SDPA flash, each case's variants timed in turn (``--spec``; default ``AB_SPEC``).
-- ``kernels``: where a call's GPU time goes: each kernel's time a call (torch's profiler)
-  for ``--spec``'s variants, SDPA flash's included.
+- ``kernels``: where a call's GPU time goes: each kernel's time a call (CUDA events around
+  each launch) for ``--spec``'s variants, SDPA flash's whole call beside.
 
 Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table,repeat,ab,kernels}
 [--out FILE.json]``.
@@ -30,6 +30,7 @@ Usage: ``python bench/attention_hopper_bwd.py {warm,check,time,tiny,one,table,re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -39,7 +40,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.attention_hopper import emit, save, time_calls  # noqa: E402
+from bench.attention_hopper import SLEEP_CYCLES, emit, save, time_calls, time_queued  # noqa: E402
 
 NEW = {  # name: overrides of _attention_hopper_bwd.config's constexprs, per kernel
     "wgmma": {},  # the fused kernel (dQ by bulk reductions)
@@ -58,6 +59,11 @@ D64 = {
 DEFAULTS = (("float16", 128), ("bfloat16", 128), ("float16", 64), ("bfloat16", 64))
 
 
+# ``--spec`` labels that are not variants: SDPA's flash backward, and the public op as users
+# call it (``kaio_ops.flash_attention_bwd``: its call plan, its defaults).
+PEERS = ("sdpa flash", "public")
+
+
 def variants(spec=None):
     """(label, dtype name, head dim, kind, overrides): every backward the steps launch, the
     default kernels first (a check cut short by its timeout still covers them); with
@@ -66,7 +72,7 @@ def variants(spec=None):
         seen = {}
         for case in spec:
             for label, over in case["variants"].items():
-                if label == "sdpa flash":  # (ab's peer: no kaio kernel)
+                if label in PEERS:  # (no overrides of kaio's kernels)
                     continue
                 kind = "old" if label == "mma.sync" else "new"
                 seen[(label, case["dtype"], case["d"])] = (kind, over or {})
@@ -414,12 +420,15 @@ def ab(out_path, spec) -> None:
     rounds (default 5, the order rotated each round) of ``REPS`` calls (default 4) with
     CUDA events, on o and lse from torch's flash forward (``forward_sdpa``): TFLOP/s of the
     median round and of the best, and each variant's dq, dk, dv against the first
-    variant's (largest difference over the first's largest value)."""
+    variant's (largest difference over the first's largest value). ``QUEUED`` 1: each
+    round's calls queued behind a GPU sleep (``time_queued``: the GPU's time alone, no
+    host lead in the window)."""
     import torch
 
     import kaio_ops  # noqa: F401  (the fused module's package, for _module_swapped)
 
     rounds, reps = int(os.environ.get("ROUNDS", "5")), int(os.environ.get("REPS", "4"))
+    queued = os.environ.get("QUEUED") == "1"
     spec = spec or AB_SPEC
     by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants(spec)}
     rows = []
@@ -440,20 +449,22 @@ def ab(out_path, spec) -> None:
                     del fns[lab], times[lab]
                     continue
                 first = first or grads  # each variant's dq, dk, dv against the first's
-                diff[lab] = [(g - f).abs().max().item() / f.abs().max().item()
-                             for g, f in zip(grads, first, strict=True)]  # fmt: skip
+                diff[lab] = _differences(grads, first)
             torch.cuda.synchronize()
             labs = list(fns)
             for r in range(rounds):
                 for lab in labs[r % len(labs) :] + labs[: r % len(labs)]:
-                    times[lab].append(time_calls(fns[lab], reps=reps, rounds=1))
+                    fn = fns[lab]
+                    ms = time_queued(fn, reps) if queued else time_calls(fn, reps=reps, rounds=1)
+                    times[lab].append(ms)
             tf = {lab: flops / sorted(t)[len(t) // 2] / 1e9 for lab, t in times.items()}
             best = {lab: flops / min(t) / 1e9 for lab, t in times.items()}
             emit(rows, dict(gpu=name, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s, causal=causal,
                             tflops=tf, best=best, diff=diff))  # fmt: skip
     save(rows, out_path)
-    print(f"\n{name}: backward TFLOP/s, interleaved (median of {rounds} rounds of {reps}; the"
-          " largest difference from the first variant's gradients)")  # fmt: skip
+    print(f"\n{name}: backward TFLOP/s, interleaved (median of {rounds} rounds of {reps}"
+          f"{', queued' if queued else ''}; the largest difference from the first variant's"
+          " gradients)")  # fmt: skip
     for r in rows:
         cells = "  ".join(f"{k} {v:.0f} ({max(r['diff'][k]):.0e})" for k, v in r["tflops"].items())
         print(
@@ -462,9 +473,17 @@ def ab(out_path, spec) -> None:
         )
 
 
+def _differences(grads: list, first: list) -> list:
+    """The largest difference of each gradient from the first variant's, over the largest
+    value of the first's."""
+    return [(g - f).abs().max().item() / f.abs().max().item()
+            for g, f in zip(grads, first, strict=True)]  # fmt: skip
+
+
 def _variant_calls(c: dict, causal: bool, by: dict, tensors_: tuple) -> dict:
     """{label: a call of that variant of ``--spec``'s case c} on the inputs ``tensors_``
-    (q, k, v, do; o and lse from ``forward_sdpa``); "sdpa flash": SDPA's flash backward."""
+    (q, k, v, do; o and lse from ``forward_sdpa``); ``PEERS``: SDPA's flash backward, the
+    public op."""
     import torch
 
     from bench.attention_hopper import sdpa_flash
@@ -478,6 +497,11 @@ def _variant_calls(c: dict, causal: bool, by: dict, tensors_: tuple) -> dict:
             out = sdpa_flash(*leaves, causal)
             fns[lab] = functools.partial(torch.autograd.grad, out, leaves, do, retain_graph=True)
             continue
+        if lab == "public":
+            import kaio_ops
+
+            fns[lab] = functools.partial(kaio_ops.flash_attention_bwd, do, q, k, v, o, lse, causal)
+            continue
         kind, over = by[(lab, c["dtype"], c["d"])]
         run = runner(kind, c["d"], {x: y for x, y in over.items() if x != "module"})
         if "module" in over:
@@ -486,43 +510,84 @@ def _variant_calls(c: dict, causal: bool, by: dict, tensors_: tuple) -> dict:
     return fns
 
 
-def kernels(out_path, spec) -> None:
-    """Each kernel's GPU time a call (µs; torch's profiler over ``CALLS`` calls, default 5,
-    after two) for every variant of ``spec``'s cases: where the time goes (the
-    preprocessing, the zeroing, the main kernel, the dQ conversion)."""
+@contextlib.contextmanager
+def _launches_timed(log: list):
+    """Within it, every kaio kernel launch appends (kernel name, start event, end event) to
+    ``log``: CUDA events recorded on torch's current stream around the launch (the ops launch
+    on it), so that ``elapsed_time`` is that kernel's GPU time."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
-    calls = int(os.environ.get("CALLS", "5"))
+    from kaio.kernel import Kernel
+
+    index = Kernel.__getitem__
+
+    def timed_index(kernel, config):
+        launch = index(kernel, config)
+
+        def timed(*args, **kwargs):
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            launch(*args, **kwargs)
+            end.record()
+            log.append((kernel.__name__, start, end))
+
+        return timed
+
+    Kernel.__getitem__ = timed_index
+    try:
+        yield
+    finally:
+        Kernel.__getitem__ = index
+
+
+def kernels(out_path, spec) -> None:
+    """Each kernel's GPU time a call (µs; CUDA events around each launch, ``_launches_timed``,
+    the median over ``CALLS`` calls, default 7, after one, each queued behind a GPU sleep:
+    the GPU's own time, no host gaps) for every variant of ``spec``'s cases, their sum, and
+    the whole call's (events around it; SDPA flash: the call only), with the largest
+    difference of its gradients from the first variant's: where the time goes (the
+    preprocessing, the zeroing, the main kernel, the dQ conversion)."""
+    import statistics
+
+    import torch
+
+    calls = int(os.environ.get("CALLS", "7"))
     by = {(lab, dt, d): (kind, over) for lab, dt, d, kind, over in variants(spec)}
     rows = []
     for c in spec:
         b, h, hkv, s, d, dtype = c["b"], c["h"], c["hkv"], c["s"], c["d"], c["dtype"]
         inputs = tensors(b, h, hkv, s, s, d, dtype)
         for causal in c.get("causal", [False, True]):
+            first = None
             for lab, fn in _variant_calls(c, causal, by, inputs).items():
-                for _ in range(2):
-                    fn()
+                grads = [g.float() for g in fn()]
+                first = first or grads
+                diff = max(_differences(grads, first))
                 torch.cuda.synchronize()
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(calls):
+                per, whole = {}, []
+                for _ in range(calls):
+                    log = []
+                    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                    torch.cuda._sleep(SLEEP_CYCLES)  # (the launches queue up behind it)
+                    with _launches_timed(log):
+                        start.record()
                         fn()
-                    torch.cuda.synchronize()
-                us = {}
-                for a in prof.key_averages():
-                    t = getattr(a, "device_time_total", getattr(a, "cuda_time_total", 0))
-                    if t and not a.key.startswith(("cuda", "cuLaunch")):
-                        us[a.key] = round(t / calls, 1)
+                        end.record()
+                    end.synchronize()
+                    whole.append(start.elapsed_time(end) * 1e3)
+                    for i, (name, e0, e1) in enumerate(log):
+                        per.setdefault(f"{i} {name}", []).append(e0.elapsed_time(e1) * 1e3)
+                us = {k: round(statistics.median(v), 1) for k, v in per.items()}
                 emit(rows, dict(variant=lab, dtype=dtype, d=d, b=b, h=h, hkv=hkv, s=s,
-                                causal=causal, total_us=round(sum(us.values()), 1),
-                                kernels_us=us))  # fmt: skip
+                                causal=causal, call_us=round(statistics.median(whole), 1),
+                                diff=diff, kernels_us=us))  # fmt: skip
     save(rows, out_path)
     for r in rows:
-        cells = ", ".join(f"{k[:32]} {v:.0f}" for k, v in sorted(r["kernels_us"].items(),
-                                                                key=lambda x: -x[1]))  # fmt: skip
+        cells = ", ".join(f"{k} {v:.1f}" for k, v in r["kernels_us"].items())
         print(
             f"{r['variant']} {r['dtype']} D{r['d']} B{r['b']} S{r['s']}"
-            f"{' causal' if r['causal'] else ''}: {r['total_us']:.0f} us = {cells}"
+            f"{' causal' if r['causal'] else ''}: call {r['call_us']:.0f} us ({r['diff']:.0e}),"
+            f" kernels {sum(r['kernels_us'].values()):.0f} = {cells}"
         )
 
 

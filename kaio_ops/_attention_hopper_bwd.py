@@ -93,8 +93,9 @@ def produce(
     first: i32, n_tiles: i32, D: kaio.constexpr, ONCE: kaio.constexpr, R: kaio.constexpr,
     STAGES: kaio.constexpr, STATS: kaio.constexpr, DT: kaio.constexpr,
     COLS: kaio.constexpr = 0, once_col: i32 = 0, ring_col: i32 = 0, stat_at: i32 = 0,
-    stat_stride: i32 = 0, WRAP: kaio.constexpr = 0, start: i32 = 0,
-):  # fmt: skip
+    stat_stride: i32 = 0, WRAP: kaio.constexpr = 0, start: i32 = 0, kb: i32 = 0, st: i32 = 0,
+    ph: u32 = 0, ring0: i32 = 0, kv_ph: i32 = -1,
+) -> tuple[i32, u32]:  # fmt: skip
     """The producer's copies: ``ONCE`` rows of ``ta``, ``tb`` from ``once_row`` into a_s,
     b_s (once, on ``turn[0]``), then for each head j < heads_n and tile t in first ..
     n_tiles the ``R`` rows from ``ring_row + j * head_stride + t * R`` of ``tx``, ``ty``
@@ -106,13 +107,20 @@ def produce(
     ``once_col``, head j's ring tiles those from ``ring_col + j * D``, and the stats of a
     row r of head j are at ``r + stat_at + j * stat_stride`` (0: columns from 0, stats at
     the rows). ``WRAP`` 1 (``COLS`` 0): the walk over (head, tile) begins at its item
-    ``start`` and wraps around past the last head (``walk_start``, ``next_tile_wrapped``)."""
+    ``start`` and wraps around past the last head (``walk_start``, ``next_tile_wrapped``).
+    Several walks in turn (a persistent block's work items): the tiles loaded once go to
+    buffer ``kb`` (their 64-column blocks from ``kb`` D / 64) on ``turn[kb]``, once with
+    ``kv_ph`` >= 0 ``turn[2 + kb]`` (the consumers' last reads of that buffer) completed
+    phase ``kv_ph``; the ring goes on from stage ``st`` of parity ``ph`` after ``ring0``
+    tiles. Returns the ring's next stage and parity."""
     C = D // 64
     STATS_ONCE = 2 * ONCE * 4 if STATS == 2 else 0
-    kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * ONCE * D * 2 + STATS_ONCE))
+    if kv_ph >= 0:
+        kaio.mbarrier_wait(turn, 2 + kb, u32(kv_ph))
+    kaio.mbarrier_arrive_expect_tx(turn, kb, u32(2 * ONCE * D * 2 + STATS_ONCE))
     for c in kaio.static_range(C):
-        kaio.tma_load_2d(a_s, (c, 0, 0), ta, once_row, once_col + c * 64, turn, 0)
-        kaio.tma_load_2d(b_s, (c, 0, 0), tb, once_row, once_col + c * 64, turn, 0)
+        kaio.tma_load_2d(a_s, (kb * C + c, 0, 0), ta, once_row, once_col + c * 64, turn, kb)
+        kaio.tma_load_2d(b_s, (kb * C + c, 0, 0), tb, once_row, once_col + c * 64, turn, kb)
     if STATS == 2:
         kaio.tma_load_2d(stats, (0, 0, 0), tl, 0, once_row + stat_at, turn, 0)
         kaio.tma_load_2d(stats, (1, 0, 0), td, 0, once_row + stat_at, turn, 0)
@@ -123,7 +131,6 @@ def produce(
         t, row0 = walk_start(start, first, n_tiles, ring_row, head_stride)
     col = i32(ring_col)  # COLS: head j's first column, its stats' offset
     sat = i32(stat_at)
-    st, ph = i32(0), u32(0)  # the ring's next stage and its parity
     for i in range(heads_n * kaio.max(n_tiles - first, 0)):
         row = row0 + t * R
         at = sat
@@ -137,7 +144,7 @@ def produce(
             if COLS:
                 col += D
                 sat += stat_stride
-        if i >= STAGES:  # stage st held tile i - STAGES: wait until it is free
+        if i + ring0 >= STAGES:  # stage st held tile i - STAGES: wait until it is free
             kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
         kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(2 * R * D * 2 + STATS_RING))
         for c in kaio.static_range(C):
@@ -155,6 +162,7 @@ def produce(
                 kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (0, st))
                 kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
         st, ph = next_stage(st, ph, STAGES)
+    return st, ph
 
 
 @kaio.gpu_func
@@ -293,18 +301,19 @@ def probs_t(
 def issue_front(
     s: f32[:, :], dp: f32[:, :], a_s: DT[:, :, :], b_s: DT[:, :, :], x_s: DT[:, :, :, :],
     y_s: DT[:, :, :, :], af: u32[:, :], bf: u32[:, :], st: i32, wg: u32, D: kaio.constexpr,
-    AREG: kaio.constexpr, DT: kaio.constexpr,
+    AREG: kaio.constexpr, DT: kaio.constexpr, kc: i32 = 0,
 ):  # fmt: skip
     """Issue a tile's first two products, each its own group: s = A X^T and dp = B Y^T for
-    this warpgroup's 64 rows of the tiles loaded once (a_s, b_s; where ``AREG``, their A
-    fragments ``af``, ``bf`` from ``load_frags``) and the ring's stage st of x_s, y_s
-    (S^T = K Q^T and dP^T = V dO^T, resp. S = Q K^T and dP = dO V^T)."""
+    this warpgroup's 64 rows of the tiles loaded once (a_s, b_s from their 64-column block
+    ``kc``: 0, or D / 64 for a second buffer; where ``AREG``, their A fragments ``af``,
+    ``bf`` from ``load_frags``) and the ring's stage st of x_s, y_s (S^T = K Q^T and dP^T =
+    V dO^T, resp. S = Q K^T and dP = dO V^T)."""
     if AREG:
         issue_s_regs(s, af, x_s, st, D, DT)
         issue_s_regs(dp, bf, y_s, st, D, DT)
     else:
-        issue_s(s, a_s, x_s, st, wg, 0, D, DT)
-        issue_s(dp, b_s, y_s, st, wg, 0, D, DT)
+        issue_s(s, a_s, x_s, st, wg, kc, D, DT)
+        issue_s(dp, b_s, y_s, st, wg, kc, D, DT)
 
 
 @kaio.gpu_func
@@ -595,17 +604,19 @@ def store_ds(ds_s: DT[:, :, :], b: i32, dp: f32[:, :], kr: i32, lane: u32, BM: k
 def issue_dq(
     dqa: f32[:, :], ds_s: DT[:, :, :], b: i32, k_s: DT[:, :, :], wg: u32, D: kaio.constexpr,
     NQ: kaio.constexpr, WG: kaio.constexpr, DQ: kaio.constexpr, DT: kaio.constexpr,
+    kc: i32 = 0,
 ):  # fmt: skip
     """Issue dqa = dS K (its first product overwrites) and commit: the 64 queries of ds_s
-    buffer b (M-major) times the keys of k_s (N-major), the warpgroup's 64 keys and all D
-    columns (``DQ`` 1) or the block's 64 WG keys and columns wg NQ .. (2)."""
+    buffer b (M-major) times the keys of k_s (N-major; from its 64-column block ``kc``), the
+    warpgroup's 64 keys and all D columns (``DQ`` 1) or the block's 64 WG keys and columns
+    wg NQ .. (2)."""
     rows = 64 if DQ == 1 else 64 * WG
     r0 = 64 * i32(wg) if DQ == 1 else 0
     c0 = 0 if DQ == 1 else i32(wg) * NQ
     for kk in kaio.static_range(rows // 16):
         da = kaio.smem_descriptor(ds_s, (b, r0 + kk * 16, 0), SW, 64 * WG * SW, 1024)
-        dk = kaio.smem_descriptor(k_s, (c0 // 64, r0 + kk * 16, c0 % 64), SW, 64 * WG * SW,
-                                  1024)  # fmt: skip
+        dk = kaio.smem_descriptor(k_s, (kc + c0 // 64, r0 + kk * 16, c0 % 64), SW,
+                                  64 * WG * SW, 1024)  # fmt: skip
         if DT == kaio.bf16:
             kaio.wgmma_bf16(dqa, da, dk, kk > 0, True, True)
         else:

@@ -216,8 +216,10 @@ def consume_late(
     WG: kaio.constexpr, STAGES: kaio.constexpr, TSTATS: kaio.constexpr, SCHED: kaio.constexpr,
     TWO: kaio.constexpr, DT: kaio.constexpr, NW: kaio.constexpr, NDS: kaio.constexpr,
     SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0, PFIRST: kaio.constexpr = 0,
-    ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0,
-):  # fmt: skip
+    ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0, PERSIST: kaio.constexpr = 0,
+    kb: i32 = 0, kph: u32 = 0, g0: i32 = 0, st: i32 = 0, ph: u32 = 0, pb: i32 = 0,
+    hph: u32 = 0, wph: u32 = 0, fb: i32 = 0,
+) -> tuple[i32, u32, i32, u32, u32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
     three from shared memory (``pt_s``: dS^T in buffers 0 and 1, P^T in 2 and 3, by tile
@@ -242,7 +244,11 @@ def consume_late(
     ``L2``: ``grads_t``'s; ``PFIRST``: P^T computed once S^T is done, dS^T once dP^T is
     (``grads_t``'s ``WAIT``). The walk over the tiles begins at its item ``start``
     (``ROT``: ``walk_start``, ``rotated``); ``FINISH``: a tile's dQ where this key block has
-    its last turn goes to dq (``out_dq``). Then dK, dV stored."""
+    its last turn goes to dq (``out_dq``). ``PERSIST``: one work item of a persistent
+    block, after ``g0`` tiles of its others: K and V in buffer ``kb`` (landed:
+    ``turn[kb]``'s phase ``kph``; freed once its products are done: ``turn[2 + kb]``), the
+    ring, the dS^T buffers, dq_s's parity and the writers going on from the state given
+    (st, ph, pb, hph, wph, fb; returned for the next item). Then dK, dV stored."""
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
@@ -261,8 +267,9 @@ def consume_late(
     FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
     ROW = 0 if NDS == 3 else 1  # the dS^T buffers' barriers' row
     total = group * kaio.max(n_tiles - first, 0)
-    st, ph, pb, hph, wph, fb, handed = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
-    kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
+    handed = i32(0)
+    kc = kb * (D // 64)  # K's and V's first 64-column block
+    kaio.mbarrier_wait(turn, kb, kph)  # K and V landed
     at_first = first_head * sq
     t, at0 = walk(start, first, n_tiles, at_first, sq, ROT)
     BK = 64 * WG
@@ -270,7 +277,7 @@ def consume_late(
     if total > 0:
         kaio.mbarrier_wait(bars, (0, st), ph)
         kaio.wgmma_fence()
-        issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT)
+        issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT, kc)
         kaio.wgmma_wait(0)
         grads_t(s, dp, stats, st, lse, delta, at0, key0, t * BM, sq, sk, causal, scale_log2,
                 lane, BM, TSTATS, SPLIT, L2)  # fmt: skip
@@ -282,10 +289,10 @@ def consume_late(
         for _i in range(1, total):
             kaio.mbarrier_wait(bars, (0, st), ph)
             kaio.wgmma_fence()
-            issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT)
+            issue_front(s, dp, k_s, v_s, q_s, do_s, af, af, st, wg, D, 0, DT, kc)
             kaio.mbarrier_wait(bars, (ROW, STAGES + pb), hph)  # tile i - 1's, every warp
             issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
-                            SCHED, DT)  # fmt: skip
+                            SCHED, DT, kc)  # fmt: skip
             BACK = 3 if SCHED % 5 == 1 else 2  # the back products' groups
             kaio.wgmma_wait(BACK + PFIRST)  # S^T, dP^T done (SCHED 4, 6: with dV's A, p, in
             # flight: p is packed again only after the wait for all; PFIRST: S^T only)
@@ -294,36 +301,28 @@ def consume_late(
             kaio.wgmma_wait(0)  # tile i - 1's products done: its stage (and dQ)
             release(bars, ps, lt)
             if SCHED == 1:
-                fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
-                                   c0, lt, FINISH, D, BM, BK, NQ)  # fmt: skip
-                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                                     n_tiles, nkb, _i > 1, c0, lane, lt, handed, wph, fb,
-                                     scale, FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
-                fb = next_writer(fb, NW)
+                wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
+                                         item, total, q, sq, n_tiles, g0 + _i > 1, c0, lane, lt,
+                                         handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
+                                         DT, FINISH, DONE)  # fmt: skip
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
             if SCHED >= 2 and SCHED < 6 and NDS == 2 and _i > 1:  # (the other wg's
                 kaio.mbarrier_wait(bars, (0, STAGES + pb), hph ^ 1)  # dQ among them)
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
-                fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
-                                   c0, lt, FINISH, D, BM, BK, NQ)  # fmt: skip
-                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                                     n_tiles, nkb, _i > 1, c0, lane, lt, handed, wph, fb,
-                                     scale, FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
-                fb = next_writer(fb, NW)
+                wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
+                                         item, total, q, sq, n_tiles, g0 + _i > 1, c0, lane, lt,
+                                         handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
+                                         DT, FINISH, DONE)  # fmt: skip
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
-                issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT)
-                fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles,
-                                   c0, lt, FINISH, D, BM, BK, NQ)  # fmt: skip
-                kaio.wgmma_wait(0)
-                if NDS == 2:
-                    free_buffer(bars, STAGES + qb, lt)
-                wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                                     n_tiles, nkb, _i > 1, c0, lane, lt, handed, wph, fb,
-                                     scale, FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
-                fb = next_writer(fb, NW)
+                issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT, kc)
+                wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
+                                         item, total, q, sq, n_tiles, g0 + _i > 1, c0, lane, lt,
+                                         handed, wph, fb, scale, STAGES + qb, FULL, D, BM, BK,
+                                         NQ, TWO, NW, DT, FINISH, 0,
+                                         FREE if NDS == 2 else 0)  # fmt: skip
             ps = st
             pt, pat0 = t, at0
             item += 1
@@ -335,17 +334,19 @@ def consume_late(
         kaio.wgmma_fence()
         last = 1 if SCHED < 4 else 6  # (1: P^T from pt_s; 6: from p; both with dQ)
         issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
-                        last, DT)  # fmt: skip
-        fin = fetch_others(dqo, dq_acc, sem, x, nkb, pt, pat0, item, total, sq, n_tiles, c0,
-                           lt, FINISH, D, BM, BK, NQ)  # fmt: skip
-        kaio.wgmma_wait(0)
-        release(bars, ps, lt)
-        wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, pt, pat0, q, sq,
-                             n_tiles, nkb, total > 1, c0, lane, lt, handed, wph, fb, scale,
-                             FULL, D, BM, NQ, TWO, DT, FINISH)  # fmt: skip
-        fb = next_writer(fb, NW)
+                        last, DT, kc)  # fmt: skip
+        wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0, item,
+                                 total, q, sq, n_tiles, g0 + total > 1, c0, lane, lt, handed, wph,
+                                 fb, scale, ps, FULL, D, BM, BK, NQ, TWO, NW, DT, FINISH, 0,
+                                 RELEASE)  # fmt: skip
+        pb, hph = next_stage(pb, hph, NDS)  # (the next item's first tile: the next buffer)
+    if PERSIST:  # K and V read for the last time: the producer may load an item after next's
+        kaio.sync_warp()
+        if lt % 32 == 0:
+            kaio.mbarrier_arrive(turn, 2 + kb)
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
+    return st, ph, pb, hph, wph, fb
 
 
 @kaio.gpu_func
@@ -436,6 +437,43 @@ def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, BM: kaio.constexp
     ``FINISH``, not causal: every key block adds to every tile): its turn there is the
     last."""
     return i32(turn_rank(x, nkb, t, item, total, 0, 1, BM, BK) == nkb - 1)
+
+
+# What ``dq_out`` does once the tile's dQ product is awaited (its ``THEN``): nothing, arrive
+# on the P^T / dS^T buffer's "free" barrier (``free_buffer``) or release the ring stage
+# (``release``); its ``LEFT``: the wgmma groups left in flight by that wait (``DONE``: no
+# wait, the product is done).
+FREE, RELEASE = 1, 2
+DONE = -1
+
+
+@kaio.gpu_func
+def dq_out(
+    dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], dq: DT[:], dqa: f32[:, :],
+    dqo: f32[:, :], x: i32, nkb: i32, t: i32, at0: i32, item: i32, total: i32, q: i32, sq: i32,
+    n_tiles: i32, after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32,
+    scale: f32, b: i32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
+    BK: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr, NW: kaio.constexpr,
+    DT: kaio.constexpr, FINISH: kaio.constexpr, LEFT: kaio.constexpr, THEN: kaio.constexpr = 0,
+) -> tuple[u32, i32, i32]:  # fmt: skip
+    """Query tile t's dQ share (dqa; head at row at0, item ``item`` of key block x's walk)
+    out of the consumers: ``fetch_others`` (``FINISH``: the wait for the other turns issued
+    while the tile's dQ product runs), then the product awaited (``wgmma_wait(LEFT)``; not
+    with ``DONE``) and ``THEN`` (``FREE``: ``free_buffer`` of buffer barrier b,
+    ``RELEASE``: ``release`` of ring stage b), then ``out_dq`` (``after`` a first tile) and
+    the next tile's writer. Returns (the dq_s parity, handed, the next writer)."""
+    fin = fetch_others(dqo, dq_acc, sem, x, nkb, t, at0, item, total, sq, n_tiles, c0, lt,
+                       FINISH, D, BM, BK, NQ)  # fmt: skip
+    if LEFT != DONE:
+        kaio.wgmma_wait(LEFT)
+    if THEN == FREE:
+        free_buffer(bars, b, lt)
+    elif THEN == RELEASE:
+        release(bars, b, lt)
+    wph, handed = out_dq(dq_s, bars, dq_acc, sem, dq, dqa, dqo, fin, t, at0, q, sq, n_tiles,
+                         nkb, after, c0, lane, lt, handed, wph, fb, scale, FULL, D, BM, NQ, TWO,
+                         DT, FINISH)  # fmt: skip
+    return wph, handed, next_writer(fb, NW)
 
 
 @kaio.gpu_func
@@ -534,8 +572,8 @@ def write_dq_two(
     group: i32, first: i32, n_tiles: i32, sq: i32, x: i32, nkb: i32, causal: i32, start: i32,
     FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
     ORDER: kaio.constexpr = 1, NW: kaio.constexpr = 2, ROT: kaio.constexpr = 0,
-    FINISH: kaio.constexpr = 0,
-):  # fmt: skip
+    FINISH: kaio.constexpr = 0, g0: i32 = 0, ph: u32 = 0,
+) -> u32:  # fmt: skip
     """``EARLY`` 3: writer ``w`` (0, 1: the first lanes of the producer warpgroup's warps 1
     and 2) of the tiles of parity w of the consumers' walk (``give_dq``'s ``TWO``): for each,
     the last one's turn passed on (its reduction complete), the turn on this one awaited,
@@ -550,16 +588,16 @@ def write_dq_two(
     its share, so that ``dq_acc`` needs no zeros before (``stores_first``). The walk begins at
     its item ``start``, the turns ``turn_rank``'s (``ROT``: ``rotated``); ``FINISH``: the
     tiles whose last turn is this key block's are the consumers' (``out_dq``), not a
-    writer's."""
+    writer's. A persistent block's work item after ``g0`` tiles of its others: tile i is
+    writer (g0 + i) % NW's, its "full" barrier's parity ``ph`` (returned: the next)."""
     at_first = first_head * sq
-    ph = u32(0)
     t, at0 = walk(start, first, n_tiles, at_first, sq, ROT)
     item = start
     last = i32(0)
     pending = i32(0)  # whether the turn on tile ``last`` is still to pass on
     total = group * kaio.max(n_tiles - first, 0)
     for _i in range(total):
-        mine = _i % NW == w
+        mine = (g0 + _i) % NW == w
         if FINISH:  # (the tiles this key block finishes: the consumers')
             mine = mine and last_turn(x, nkb, t, item, total, BM, BK) == 0
         if mine:
@@ -590,6 +628,7 @@ def write_dq_two(
         pass_turn(sem, last)
     if ORDER == 0:
         kaio.bulk_wait(0)
+    return ph
 
 
 @kaio.gpu_func
@@ -597,19 +636,19 @@ def issue_back_late(
     dka: f32[:, :], dva: f32[:, :], dqa: f32[:, :], p: u32[:, :], pt_s: DT[:, :, :], b: i32,
     k_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :], st: i32, wg: u32,
     D: kaio.constexpr, BM: kaio.constexpr, NQ: kaio.constexpr, WG: kaio.constexpr,
-    SCHED: kaio.constexpr, DT: kaio.constexpr,
+    SCHED: kaio.constexpr, DT: kaio.constexpr, kc: i32 = 0,
 ):  # fmt: skip
     """Issue a tile's dV += P^T dO (P^T: this warpgroup's rows of ``pt_s[2 + b]``; ``SCHED``
     4, 6: the registers ``p``), dK += dS^T Q (``pt_s[b]``; dO, Q in stage st) and (``SCHED``
-    1, 6) dQ = dS K (every row of ``pt_s[b]``, this warpgroup's NQ columns of K), each its
-    own group."""
+    1, 6) dQ = dS K (every row of ``pt_s[b]``, this warpgroup's NQ columns of K from its
+    64-column block ``kc``), each its own group."""
     if SCHED >= 4:
         issue_pv(dva, p, do_s, st, BM, DT)
     else:
         issue_pt(dva, pt_s, 2 + b, wg, do_s, st, BM, DT)
     issue_pt(dka, pt_s, b, wg, q_s, st, BM, DT)
     if SCHED % 5 == 1:  # (1, 6)
-        issue_dq(dqa, pt_s, b, k_s, wg, D, NQ, WG, 5, DT)
+        issue_dq(dqa, pt_s, b, k_s, wg, D, NQ, WG, 5, DT, kc)
 
 
 @kaio.gpu_func
@@ -646,7 +685,7 @@ def attention_bwd_fused_ordered(
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
-    ROT: kaio.constexpr, FINISH: kaio.constexpr,
+    ROT: kaio.constexpr, FINISH: kaio.constexpr, PERSIST: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -665,7 +704,12 @@ def attention_bwd_fused_ordered(
     either way a block may wait for a later one of its head (all of them must fit on the
     GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
     the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
-    after the kernel; ``NDS``:
+    after the kernel; ``PERSIST`` (``SCHED`` 4, ``EARLY`` 3,
+    ``NDS`` 3, neither ``ROT`` nor ``FINISH``): a persistent block (a 1-d grid of at
+    most one block a multiprocessor) runs the work items blk, blk + the grid, ... of the
+    launch order one after the other, K and V in two buffers (an item's loaded while the
+    one before runs), the ring, the dS^T buffers and the dQ writers going on across them
+    (an item waits only for items before it in the launch order: those run or ran); ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
     ``lse_log2(lse)``, ``zero_acc_sem_l2``)."""
@@ -675,19 +719,26 @@ def attention_bwd_fused_ordered(
     TILE = BK * 64 * 2  # one K or V column block, resp. P^T or dS^T buffer (64 queries)
     RING = 2 * STAGES * BM * D * 2  # Q and dO: the ring
     NB = STAGES + NBUF * WG + 2 + (NW - 3 if NW > 3 else 0)  # (writers 3 .. NW - 1's "full")
-    k_s = kaio.shared_dynamic(DT, (D // 64, BK, 64), 0)
-    v_s = kaio.shared_dynamic(DT, (D // 64, BK, 64), D // 64 * TILE)
-    q_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), D // 32 * TILE)
-    do_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), D // 32 * TILE + RING // 2)
-    ds_s = kaio.shared_dynamic(DT, (NPT, BK, 64), D // 32 * TILE + RING)
-    DQS = D // 32 * TILE + RING + NPT * TILE
+    KC = (1 + PERSIST) * D // 64  # K's (and V's) 64-column blocks: PERSIST, two buffers
+    k_s = kaio.shared_dynamic(DT, (KC, BK, 64), 0)
+    v_s = kaio.shared_dynamic(DT, (KC, BK, 64), KC * TILE)
+    KV = 2 * KC * TILE
+    q_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), KV)
+    do_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), KV + RING // 2)
+    ds_s = kaio.shared_dynamic(DT, (NPT, BK, 64), KV + RING)
+    DQS = KV + RING + NPT * TILE
     dq_s = kaio.shared_dynamic(f32, (BM * D // 4, 4), DQS)  # fragment order (store_dq_frags)
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), DQS + BM * (D + 4) * 4)
     BARS = DQS + BM * (D + 4) * 4 + 2 * STAGES * BM * 4
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
-    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * NB)
+    turn = kaio.shared_dynamic(u64, (2 + 2 * PERSIST,), BARS + 16 * NB)  # (PERSIST: K/V free)
     nkb = (sk + BK - 1) // BK
     blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())
+    # PERSIST: a 1-d grid, work items blk, blk + stride, ... (H100, f16 B16 H16 S1024 D 64:
+    # 298 TFLOP/s against 282 without; with the odd rounds' items taken in reverse, 234
+    # against 264: likely a block late in its head's turns then holding an early turn)
+    stride = i32(kaio.grid_dim_x())
+    items = 1 if PERSIST == 0 else (nkb * nkvh - blk + stride - 1) // stride
 
     t, wg, lt = thread_roles(WG)
     if t == 0:
@@ -697,6 +748,10 @@ def attention_bwd_fused_ordered(
         if SCHED >= 2:  # the dS^T buffers' "free" (free_buffer), resp. NDS 3's "full"
             for b in kaio.static_range(NDS):
                 kaio.mbarrier_init(bars, (0, STAGES + b), 4 * WG)
+        if PERSIST:  # K and V's second buffer landed; either free (an arrival a consumer warp)
+            kaio.mbarrier_init(turn, 1, 1)
+            for b in kaio.static_range(2):
+                kaio.mbarrier_init(turn, 2 + b, 4 * WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
     x, kvh, first_head, first, n_tiles, start = work_item(blk, nkb, nkvh, hg, ROT, heads, group,
@@ -705,11 +760,21 @@ def attention_bwd_fused_ordered(
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         if SCHED:
-            consume_late(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
-                         dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start, x,
-                         nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES,
-                         TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT,
-                         FINISH)  # fmt: skip
+            st, ph, pb, hph, wph, fb, g0 = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
+            for j in range(items):  # (PERSIST 0: one, unrolled)
+                b = blk + j * stride
+                if PERSIST:
+                    x, kvh, first_head, first, n_tiles, start = work_item(
+                        b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
+                    )  # fmt: skip
+                st, ph, pb, hph, wph, fb = consume_late(
+                    k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
+                    dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start,
+                    x, nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES,
+                    TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT, FINISH,
+                    PERSIST, j % 2, u32(j // 2 % 2), g0, st, ph, pb, hph, wph, fb,
+                )  # fmt: skip
+                g0 += group * kaio.max(n_tiles - first, 0)
         else:
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, x * BK, sq, sk,
@@ -720,13 +785,31 @@ def attention_bwd_fused_ordered(
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         w = i32(lt // 32) - 1 + 3 * i32(lt % 32 // 16)  # (writers 3-5: lane 16 of warps 1-3)
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
-            write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first, n_tiles, sq, x,
-                         nkb, causal, start, STAGES + NBUF * WG, D, BM, BK, ORDER, NW, ROT,
-                         FINISH)  # fmt: skip
+            ph, g0 = u32(0), i32(0)
+            for j in range(items):  # (PERSIST 0: one, unrolled)
+                b = blk + j * stride
+                if PERSIST:
+                    x, kvh, first_head, first, n_tiles, start = work_item(
+                        b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
+                    )  # fmt: skip
+                ph = write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first,
+                                  n_tiles, sq, x, nkb, causal, start, STAGES + NBUF * WG, D,
+                                  BM, BK, ORDER, NW, ROT, FINISH, g0, ph)  # fmt: skip
+                g0 += group * kaio.max(n_tiles - first, 0)
         elif lt == 0:
-            produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td,
-                    kvh * sk + x * BK, first_head * sq, sq, group, first, n_tiles, D, BK, BM,
-                    STAGES, TSTATS, DT, WRAP=ROT, start=start)  # fmt: skip
+            st, ph, g0 = i32(0), u32(0), i32(0)
+            for j in range(items):  # (PERSIST 0: one, unrolled)
+                b = blk + j * stride
+                if PERSIST:
+                    x, kvh, first_head, first, n_tiles, start = work_item(
+                        b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
+                    )  # fmt: skip
+                kv = -1 if j < 2 else (j - 2) // 2 % 2  # (buffer j % 2 again: once free)
+                st, ph = produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl,
+                                 td, kvh * sk + x * BK, first_head * sq, sq, group, first,
+                                 n_tiles, D, BK, BM, STAGES, TSTATS, DT, WRAP=ROT, start=start,
+                                 kb=j % 2, st=st, ph=ph, ring0=g0, kv_ph=kv)  # fmt: skip
+                g0 += group * kaio.max(n_tiles - first, 0)
         elif lt >= 32 and EARLY < 3:
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
                              sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
@@ -803,6 +886,20 @@ FINISH = {64: False, 128: True}
 NDS = {64: 3, 128: 2}
 
 
+# Whether the blocks are persistent (``PERSIST``: one a multiprocessor, each running work
+# items in turn, the next item's K and V loaded while one runs), by head dim and mask; D 64
+# only (two K and V buffers do not fit beside D 128's ring). H100, f16 H16 D 64, TFLOP/s
+# against the same kernel without (and main's module), each call's GPU time (queued, round
+# D): B16 S1024 345 against 331 (332), B4 S4096 443 against 439, B1 S16384 471 against 463;
+# through the same host path B16 S1024 298 against 282 (round B), 281 against main's 270,
+# B4 S4096 403 against 394, bf16 B16 S1024 258 against 239 (round E). With the mask (items of
+# unequal walks: blocks given the same share end apart) B16 S1024 160 against 185, B4 S4096
+# 224 against 317 (the odd rounds' items reversed to even the walks out: 172 against 178).
+# Tried: the blocks converting dQ's tiles themselves once their items are done (no
+# dq_convert_tiles): 327 against 345, 449 against 443, 447 against 471.
+PERSIST = {64: (1, 0), 128: (0, 0)}
+
+
 def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> dict:
     """The kernel's constexprs for head dim ``d``: ``_attention_hopper_bwd.config(d)``'s
     fused ones (``DQ`` 5), ``SCHED`` ``sched`` (default ``SCHED[d][causal]``), ``EARLY`` 3
@@ -821,6 +918,7 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c["ROT"] = ROT[d][bool(causal)]
     c["FINISH"] = FINISH[d]
     c["NDS"] = NDS[d] if sched >= 4 else 2
+    c["PERSIST"] = PERSIST[d][bool(causal)]
     return {**c, "STAGES": fit_stages(d, c)}
 
 
@@ -836,6 +934,14 @@ def constexprs(c: dict) -> dict:
     """The kernel's constexprs among ``ordered_config``'s (``HG`` is its argument ``hg``;
     ``ROT`` and ``FINISH`` as ``launch`` takes them: ``rotated``, ``finishes``)."""
     return {k: int(v) for k, v in c.items() if k != "HG"}
+
+
+def persistent(c: dict) -> bool:
+    """Whether the kernel runs with persistent blocks: ``PERSIST`` in the configuration
+    ``c``, with ``SCHED`` 4, three dS^T buffers, the two writers and neither ``ROT`` nor
+    ``FINISH`` (whose rotated walks wait for later blocks of a head)."""
+    return (bool(c.get("PERSIST")) and c["SCHED"] == 4 and c["NDS"] == 3 and c["EARLY"] == 3
+            and not c["ROT"] and not c["FINISH"])  # fmt: skip
 
 
 def rotated(c: dict, nkb: int, sms: int) -> bool:
@@ -873,6 +979,8 @@ def _buffers(c: dict) -> int:
 def smem_bytes(d: int, c: dict) -> int:
     """The kernel's dynamic shared memory for head dim ``d`` and constexprs ``c``."""
     more = 32 * max(c.get("NW", 2) - 3, 0)  # (writers 3 .. NW - 1's barriers)
+    if c.get("PERSIST"):  # K and V's second buffer, its two barriers
+        more += 2 * 64 * c["WG"] * d * 2 + 16
     return more + shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
                                _buffers(c))  # fmt: skip
 
@@ -893,6 +1001,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     bh, heads, group, sq, sk, d, _ = dims
     cfg = cfg or {}
     c = {**ordered_config(d, cfg.get("SCHED"), causal), **cfg}  # (EARLY too)
+    c["PERSIST"] = int(persistent(c))
     if "STAGES" not in cfg:  # as many as fit with the overrides
         c["STAGES"] = fit_stages(d, c)
     if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64 or (c["SCHED"] and c["LATE"]):
@@ -937,6 +1046,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     finish = finishes(c, rot, causal)
     hg = 1 if rot else c["HG"]  # (rotated walks: a head's key blocks side by side)
     grid = (nkb, bh // group)
+    if c["PERSIST"]:  # at most one block a multiprocessor
+        grid = (min(nkb * (bh // group), _arrays.multiprocessors(qa)),)
     dq_out = _arrays.output_arg(da, dq, (qa.size,))
     attention_bwd_fused_ordered[grid, 128 * c["WG"] + 128, stream, smem](
         tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c["BM"]),
@@ -961,7 +1072,9 @@ def specializations():
         for d in (64, 128):
             seen = []
             for causal in (False, True):  # the configurations taken (by mask)
-                c = constexprs(ordered_config(d, None, causal))
+                cfg = ordered_config(d, None, causal)
+                rot = bool(cfg["ROT"]) and cfg["EARLY"] == 3  # (rotated, where all fit)
+                c = {**constexprs(cfg), "ROT": int(rot), "FINISH": int(finishes(cfg, rot, causal))}
                 if c not in seen:
                     seen.append(c)
                     yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **c}

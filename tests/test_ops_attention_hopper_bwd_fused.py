@@ -31,6 +31,16 @@ def poisoned_outputs(monkeypatch):
     poison_allocations(monkeypatch)
 
 
+def _with_multiprocessors(monkeypatch, over: dict) -> dict:
+    """``over`` without its "SMS": the multiprocessors the launch then sees (persistent
+    blocks: a grid of that many), where it names them."""
+    over = dict(over)
+    if "SMS" in over:
+        sms = over.pop("SMS")
+        monkeypatch.setattr(_arrays, "multiprocessors", lambda like: sms)
+    return over
+
+
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, d, dtype, causal, sched, early, more",
     [
@@ -60,6 +70,12 @@ def poisoned_outputs(monkeypatch):
         # the last turn on each tile stores dQ (FINISH, with ROT): one key block, the only
         # turn (its walk over two heads' four tiles, the last partial)
         (1, 2, 1, 200, 128, 64, np.float16, False, 4, 3, {"ROT": True, "FINISH": True}),
+        # persistent blocks (PERSIST; four "multiprocessors": a grid of four blocks, each
+        # running its work items in turn, K and V in two buffers: nine items, blocks of
+        # three, two, two and two, the last round's partial), without the semaphores
+        # (ORDER 0: the simulator runs block 0's items before block 1's); grouped-query,
+        # three K/V heads' three key blocks, a partial query tile (the mask's: the GPU case)
+        (3, 2, 1, 200, 384, 64, np.float16, False, 4, 3, {"PERSIST": 1, "ORDER": 0, "SMS": 4}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
         # heads of one K/V head, the second key block seeing no query (Sq < Sk)
         (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {}),
@@ -72,6 +88,7 @@ def test_ordered_backward_in_simulator(
     with two ring stages (the simulator runs the blocks in linear order: each wait is met by
     the blocks before, and a wait for a later block fails)."""
     launch = hopper_bwd.launch
+    more = _with_multiprocessors(monkeypatch, more)
     over = {"SCHED": sched, "EARLY": early, "STAGES": 2, **more}
     monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=over))
     cfg = small(2, 0, 0, 5, 0)
@@ -214,16 +231,20 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
     "d, causal, hkv, over",
     [(128, True, 2, {}), (128, False, 4, {}), (64, True, 4, {}), (64, False, 3, {}),
      (64, False, 3, {"ROT": True}), (64, True, 4, {"ROT": True}),
-     (64, False, 3, {"ROT": True, "FINISH": True}),
+     (64, False, 3, {"ROT": True, "FINISH": True}), (64, False, 3, {"PERSIST": 1, "SMS": 7}),
+     (64, True, 4, {"PERSIST": 1, "SMS": 7}),
      (128, False, 4, {"ROT": True, "FINISH": True}), (128, True, 2, {"ROT": True})],
 )  # fmt: skip
-def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over):
+def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, monkeypatch):
     """Against float64 autograd (grouped-query heads, Sq < Sk, a partial query tile) and
     the same bits on three runs, at a size with many key blocks a query tile (three K/V
     heads: six blocks' heads, a partial group of ``HG``); ``over``: with ``ROT`` (rotated
-    walks, resp. the longest causal walks launched first) and ``FINISH`` (with rotated
-    walks)."""
+    walks, resp. the longest causal walks launched first), ``FINISH`` (with rotated walks)
+    and ``PERSIST`` (persistent blocks; ``SMS``: the multiprocessors the launch sees, so
+    that each block runs several work items)."""
     import torch
+
+    over = _with_multiprocessors(monkeypatch, over)
 
     from tests.test_ops_attention import _rel_t, _sdpa64
 
@@ -240,14 +261,15 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over):
 
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("causal", [False, True])
-def test_gpu_ordered_backward_replays_in_a_cuda_graph(causal):
+@pytest.mark.parametrize("d, causal", [(128, False), (128, True), (64, False)])
+def test_gpu_ordered_backward_replays_in_a_cuda_graph(d, causal):
     """Captured in a CUDA graph, replayed twice: the semaphores are zeroed inside the
     captured work, so each replay equals the eager call bit for bit (a replay that found
-    the last call's counts would wait forever or add out of order)."""
+    the last call's counts would wait forever or add out of order); the defaults (D 64:
+    persistent blocks)."""
     import torch
 
-    *_, run = _gpu_operands(1, 4, 4, 1024, 1024, 128, causal, 5)
+    *_, run = _gpu_operands(1, 4, 4, 1024, 1024, d, causal, 5)
     eager = run(ordered=True)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
