@@ -223,7 +223,9 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     (a cluster pair) and the tiles of before would write a workspace of a quarter of the
     words or more; past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of
     ``WIDE_GROUP`` rows, below it KW tiles or 128-column ones, whichever costs less
-    (``cheapest_tiles``); the row tiles as even as they can be (``balanced_rows``), and
+    (``cheapest_tiles``), and past 256 rows BM x 192 tiles (three warpgroups, at most
+    ``THREE_ROWS``) where they cost less still; the row tiles as even as they can be
+    (``balanced_rows``), and
     without multicast as many as cost least (``cheapest_tiles``); past 256 rows
     ``balanced_rows`` x 128 tiles on the stream-K schedule (SK, config[12]) where
     ``takes_streamk`` and it costs less than the tiles above (``SK_TIME``)."""
@@ -269,10 +271,14 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     if m > 512 and n >= WIDE_N:
         mc, group = 1, WIDE_GROUP
     rows, cost = balanced_rows(m, bm, 32 if kw else 8 + 8 * mc), math.inf  # (MC: 8-row halves)
-    if n and sms and not mc:  # past 512 rows KW tiles or not, whichever costs less
-        cost, kw, rows = cheapest_tiles(m, bm, n, k, sms, wg, (0, 1) if m > 512 else (kw,))
-        early = early * (1 - kw)
-    if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, (wg, bm, kw)):
+    band = (wg, bm, kw)
+    if n and sms and not mc:  # past 512 rows KW tiles or not, past 256 BM x 192 ones too
+        kinds = ((wg, 0), (wg, 1)) if m > 512 else ((wg, kw),)
+        if m > 256 and wg == 2:
+            kinds += ((3, 0),)
+        cost, wg, kw, rows = cheapest_tiles(m, bm, n, k, sms, kinds)
+        early = early * (1 - kw) * (wg < 3)
+    if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, band):
         sk_rows = balanced_rows(m)  # (the stream-K tiles' whole work, spread over the SMs)
         tiles = math.ceil(m / sk_rows) * math.ceil(n / 128)
         if tiles / sms * (sk_rows + ROW_COST) * SK_TIME < cost:
@@ -303,27 +309,51 @@ KW_TIME = 0.52
 ROW_TRIES = 3  # the row tiles past ceil(M / BM) that ``cheapest_tiles`` weighs
 MIN_ROWS = 128
 
+# Past 256 rows, tiles of BM x 192 (three consumer warpgroups side by side, at most
+# THREE_ROWS rows: a thread's 128 registers at 512 threads), each costing THREE_TIME x (BM +
+# THREE_ROW_COST) in the units above (int4w round A of 2026-11-27, H100, x cuBLAS f16, the
+# median of 3 interleaved passes, against the route in the same passes: 6144x4096 M=520
+# 128 tiles of 136 x 192 0.94x against 384 KW tiles of 160 x 64 0.75x, M=600 152 x 192
+# 1.00x against 0.84x; 10240x8192 M=300 108 tiles of 152 x 192 0.97x against stream-K's
+# 0.86x; 57344x8192 M=300 598 of 152 x 192 0.93x against 896 of 152 x 128 0.80x): three
+# warpgroups hide a slice's dequantization and waits behind each other's wgmmas better
+# than two, so that their row tiles' fixed cost is smaller.
+THREE_ROWS = 176
+THREE_MIN_ROWS = 136
+THREE_TIME = 1.0
+THREE_ROW_COST = 135
+# (WG, KW): (a tile's time in 128-column tiles of as many rows, its fixed cost in rows,
+# its least and most rows)
+TILE_COSTS = {
+    (2, 0): (1.0, ROW_COST, 0, 256),
+    (2, 1): (KW_TIME, ROW_COST, 0, 256),
+    (3, 0): (THREE_TIME, THREE_ROW_COST, THREE_MIN_ROWS, THREE_ROWS),
+}
 
-def cheapest_tiles(m: int, bm: int, n: int, k: int, sms: int, wg: int, kws: tuple) -> tuple:
-    """(KW, BM) of ``m``'s row tiles (``balanced_rows``: multiples of 32 with KW, else 8)
-    that take the least time on ``sms`` multiprocessors, of KW or not as ``kws`` allows
-    (``wg`` warpgroups side by side without): from ceil(m / bm) row tiles to ``ROW_TRIES``
-    more (of at least ``MIN_ROWS`` rows), each at its waves times BM + ``ROW_COST`` (times
-    ``KW_TIME`` with KW), where ceil(m / bm) row tiles need no K split (``swap_split``), and
-    without one only; else ``kws[0]`` and ceil(m / bm) row tiles."""
-    first = -(-m // bm)
-    best = (math.inf, kws[0], balanced_rows(m, bm, 32 if kws[0] else 8))
-    for kw in kws:
+
+def cheapest_tiles(m: int, bm: int, n: int, k: int, sms: int, kinds: tuple) -> tuple:
+    """(cost, WG, KW, BM) of ``m``'s row tiles (``balanced_rows``: multiples of 32 with KW,
+    else 8) that take the least time on ``sms`` multiprocessors, of the ``kinds`` (WG, KW)
+    (``TILE_COSTS``; BM at most ``bm`` and the kind's most, at least the kind's least; WG
+    warpgroups side by side without KW): from ceil(m / BM) row tiles to ``ROW_TRIES`` more
+    (of at least ``MIN_ROWS`` rows), each at its waves times its time, BM + the fixed rows
+    times the kind's width, where ceil(m / BM) row tiles need no K split (``swap_split``),
+    and without one only; else ``kinds[0]`` and ceil(m / bm) row tiles."""
+    wg0, kw0 = kinds[0]
+    best = (math.inf, wg0, kw0, balanced_rows(m, bm, 32 if kw0 else 8))
+    for wg, kw in kinds:
+        width, fixed, least, most = TILE_COSTS.get((wg, kw), (wg / 2, ROW_COST, 0, bm))
+        most = min(most, bm)
         across = math.ceil(n / (64 if kw else 64 * wg))
+        first = -(-m // most)
         for count in range(first, first + ROW_TRIES + 1):
             rows = balanced_rows(m, -(-m // count), 32 if kw else 8)
             tiles = math.ceil(m / rows) * across
             if swap_split(tiles, k, sms) > 1:
                 break
-            if rows >= MIN_ROWS or count == first:
-                width = KW_TIME if kw else wg / 2  # (in tiles of 128 columns)
-                cost = math.ceil(tiles / sms) * (rows + ROW_COST) * width
-                best = min(best, (cost, kw, rows))
+            if (rows >= MIN_ROWS or count == first) and rows >= least:
+                cost = math.ceil(tiles / sms) * (rows + fixed) * width
+                best = min(best, (cost, wg, kw, rows))
     return best
 
 

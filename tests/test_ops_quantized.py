@@ -504,7 +504,7 @@ def test_int4_swap_plan_bands():
     assert plan(256, 4096, 14336) == (2, 2, 256, 1, 0, g, 1)  # K past 4096: a cluster pair
     assert plan(128, 4096, 4096) == (2, 2, 128, 1, 0, g, 1)
     assert plan(256, 8192, 8192) == (1, 2, 256, 0, 0, g, 1)  # 256 x 128 needed a split
-    assert plan(512, 8192, 8192) == (1, 2, 256, 0, 0, g, 0)  # 128 tiles of 256 x 128
+    assert plan(512, 8192, 8192) == (1, 3, 176, 0, 0, g, 0)  # 129 of 176 x 192, not 256 x 128
     assert plan(256, 57344, 8192) == (1, 2, 256, 0, 0, g, 1)  # 896 tiles fill 97% of 7 waves
     assert plan(256, 28672, 4096) == (1, 2, 256, 0, 0, g, 0)  # 448 no better than 224
     assert plan(1024, 57344, 8192) == (1, 2, 256, 0, 1, wide, 0)
@@ -529,7 +529,12 @@ def test_int4_swap_plan_bands():
     # 3 x 32 of 200)
     assert plan(300, 6144, 4096) == (1, 2, 152, 0, 0, g, 0)  # not 3 x 32 tiles of 128 x 192
     assert plan(300, 4096, 4096)[1:3] == (2, 160)  # KW tiles: multiples of 32 rows
-    assert plan(300, 57344, 8192) == (1, 2, 152, 0, 0, g, 0)
+    # past 256 rows BM x 192 tiles (3 warpgroups) where they cost least: 6144x4096 M=520 one
+    # wave of 136 x 192 (128 tiles), not 384 KW tiles of 160 x 64; 57344x8192 M=300 598 tiles
+    # of 152 x 192 in 5 waves, not 896 of 152 x 128 in 7; none under THREE_MIN_ROWS rows
+    assert plan(520, 6144, 4096) == (1, 3, 136, 0, 0, g, 0)
+    assert plan(300, 57344, 8192) == (1, 3, 152, 0, 0, g, 0)
+    assert plan(300, 6144, 4096)[1] == 2  # (three row tiles of 104 x 192 would be too few rows)
     assert plan(600, 4096, 4096) == (1, 2, 152, 0, 0, g, 0)
 
 
@@ -637,7 +642,7 @@ def test_int4_swap_plans_fit():
               (10240, 8192), (57344, 8192))  # fmt: skip
     seen = {}
     for n, k in shapes:
-        for m in (17, 32, 64, 100, 128, 200, 256, 448, 512, 1024, 1500, 2048, 8192):
+        for m in (17, 32, 64, 100, 128, 200, 256, 448, 512, 520, 1024, 1500, 2048, 3000, 8192):
             split, _, _, consts = _int4_hopper.swap_launch_plan(
                 m, n, k, _int4_hopper.swap_plan(m, n, k, 132), 132, f16
             )
