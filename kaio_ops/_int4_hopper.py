@@ -268,7 +268,7 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
             width = 64 if kw else 64 * wg
             if balanced_rows(m, 128) * 192 < THREE_GAIN * rows * width * math.ceil(mine / sms):
                 wg, bm, early, kw = 3, 128, 0, 0
-    if m > 512 and n >= WIDE_N:
+    if m > 512 and n >= WIDE_N and m % 256 == 0:  # (whole 256-row tiles: WIDE_N's comment)
         mc, group = 1, WIDE_GROUP
     rows, cost = balanced_rows(m, bm, 32 if kw else 8 + 8 * mc), math.inf  # (MC: 8-row halves)
     band = (wg, bm, kw)
@@ -279,11 +279,27 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
         cost, wg, kw, rows = cheapest_tiles(m, bm, n, k, sms, kinds)
         early = early * (1 - kw) * (wg < 3)
     if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, band):
-        sk_rows = balanced_rows(m)  # (the stream-K tiles' whole work, spread over the SMs)
-        tiles = math.ceil(m / sk_rows) * math.ceil(n / 128)
-        if tiles / sms * (sk_rows + ROW_COST) * SK_TIME < cost:
-            return 2, sk_rows, 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 1, 1
+        sk_cost, sk_wg, sk_rows = streamk_tiles(m, n, k, sms)
+        if sk_cost < cost:
+            return sk_wg, sk_rows, 0, 0, 0, 0, 0, bufs, int(sk_wg == 2), group, 0, 0, 1, 1
     return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw
+
+
+def streamk_tiles(m: int, n: int, k: int, sms: int) -> tuple:
+    """(cost, WG, BM) of the stream-K schedule's tiles for an ``m x n x k`` product on
+    ``sms`` multiprocessors: ``balanced_rows`` x 128 (two warpgroups), or x 192 (three, of
+    ``THREE_MIN_ROWS`` to ``THREE_ROWS`` rows, where a block's run is ``SK_RUN`` K steps or
+    more), whichever costs less: the tiles' work spread evenly over the SMs, in
+    ``cheapest_tiles``' count (``TILE_COSTS``), times ``SK_TIME``."""
+    best = (math.inf, 2, balanced_rows(m))
+    for wg, most in ((2, 256), (3, THREE_ROWS)):
+        width, fixed, least, _ = TILE_COSTS[(wg, 0)]
+        rows = balanced_rows(m, most)
+        tiles = math.ceil(m / rows) * math.ceil(n / (64 * wg))
+        if rows >= least and (wg == 2 or tiles * -(-k // BK) >= SK_RUN * sms):
+            cost = tiles / sms * (rows + fixed) * width * (SK_TIME if wg == 2 else SK_THREE_TIME)
+            best = min(best, (cost + SK_FIXED, wg, rows))
+    return best
 
 
 def balanced_rows(m: int, most: int = 256, step: int = 8) -> int:
@@ -321,7 +337,7 @@ MIN_ROWS = 128
 THREE_ROWS = 176
 THREE_MIN_ROWS = 136
 THREE_TIME = 1.0
-THREE_ROW_COST = 135
+THREE_ROW_COST = 144
 # (WG, KW): (a tile's time in 128-column tiles of as many rows, its fixed cost in rows,
 # its least and most rows)
 TILE_COSTS = {
@@ -398,8 +414,10 @@ SK_GAIN = 0.82
 # 10240x8192 and 28672x4096 at 300-600 rows (0.88-1.37x, ahead of KW tiles) it puts SK_TIME
 # at 1.03-1.11.
 SK_TIME = 1.05
+SK_THREE_TIME = 1.0  # (three warpgroups' stream-K tiles: their comment)
+SK_FIXED = 50
 SK_RUN = 128
-SK_A_BYTES = 8 << 20
+SK_A_BYTES = 10 << 20
 
 
 def takes(a, b, s) -> bool:

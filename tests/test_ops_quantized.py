@@ -408,6 +408,8 @@ SWAP_CASES = [
     (70, 200, 256, "bfloat16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 4),
     (70, 200, 256, None, (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 16),
     (70, 200, 256, "float16", (2, 40, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 5),  # balanced_rows
+    # three warpgroups' 40 x 192 tiles (2 x 2, the second column 8 wide) on 3 blocks
+    (70, 200, 256, "float16", (3, 40, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1), 3),
     # CLAMP (every launch without CL): the last row tile moved up to end at row M - 1 (rows
     # 38-69 of 70, rows 38-63 repeated and stored by the tile before), with KW, and with
     # SK's parts (the cases above with a partial last row tile take it too)
@@ -497,14 +499,14 @@ def test_int4_swap_plan_bands():
     assert plan(1024, 4096, 4096)[6] == 0  # 128 tiles of 256 x 128 fill as well as 256
     assert plan(512, 6144, 4096) == (1, 3, 128, 0, 0, g, 0)  # 128 of 128 x 192, not 96
     assert plan(256, 10240, 8192) == (1, 3, 128, 0, 0, g, 0)  # 108, not 80 of 256 x 128
-    assert plan(512, 10240, 8192) == (1, 2, 256, 0, 0, g, 0)  # stream-K (below)
+    assert plan(512, 10240, 8192) == (1, 3, 176, 0, 0, g, 0)  # stream-K, 176 x 192 (below)
     assert plan(1000, 1024, 14336)[6] == 0  # 32 tiles of 256 x 128: a K split, not KW
     assert plan(512, 4096, 4096) == (1, 2, 256, 0, 0, g, 1)  # 128 KW tiles of 256 x 64
     assert plan(256, 4096, 4096) == (1, 2, 128, 0, 0, g, 1)  # 128-row ones, no split
     assert plan(256, 4096, 14336) == (2, 2, 256, 1, 0, g, 1)  # K past 4096: a cluster pair
     assert plan(128, 4096, 4096) == (2, 2, 128, 1, 0, g, 1)
     assert plan(256, 8192, 8192) == (1, 2, 256, 0, 0, g, 1)  # 256 x 128 needed a split
-    assert plan(512, 8192, 8192) == (1, 3, 176, 0, 0, g, 0)  # 129 of 176 x 192, not 256 x 128
+    assert plan(512, 8192, 8192) == (1, 2, 256, 0, 0, g, 0)  # 128 tiles of 256 x 128
     assert plan(256, 57344, 8192) == (1, 2, 256, 0, 0, g, 1)  # 896 tiles fill 97% of 7 waves
     assert plan(256, 28672, 4096) == (1, 2, 256, 0, 0, g, 0)  # 448 no better than 224
     assert plan(1024, 57344, 8192) == (1, 2, 256, 0, 1, wide, 0)
@@ -521,8 +523,8 @@ def test_int4_swap_plan_bands():
           (1024, 10240, 8192), (512, 4096, 4096), (1024, 8192, 28672), (520, 4096, 14336),
           (256, 10240, 8192), (300, 28672, 4096), (600, 28672, 4096), (300, 57344, 8192),
           (512, 28672, 4096)) if len(_int4_hopper.swap_plan(m, n, k, 132)) > 12]  # fmt: skip
-    assert sk == [(300, 10240, 8192), (512, 10240, 8192), (300, 28672, 4096),
-                  (600, 28672, 4096)]  # fmt: skip
+    assert sk == [(512, 10240, 8192), (300, 28672, 4096), (600, 28672, 4096),
+                  (300, 57344, 8192)]  # fmt: skip
     assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[1] == 152  # two row tiles of 152
     # balanced row tiles (300 rows: two of 152, not 256 + 44 or three of 128), and more of
     # them where they fill the waves better (600 rows of N = 4096: 4 x 32 tiles of 152, not
