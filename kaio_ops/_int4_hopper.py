@@ -149,6 +149,9 @@ SWAP_PLANS = (
 # group of 8 rows of a spans 32 MB there while the 235 MB of words stream past it); at
 # 28672x4096 and 8192x8192 within the passes' spread of the route (0.95-1.04x either way),
 # at 4096x4096 M=8192 0.90x against 0.95x: those keep 256 x 128 tiles in groups of 8.
+# Only on whole 256-row tiles (M a multiple of 256: the rows measured): at 57344x8192
+# M=600 208-row pairs ran at 0.82-0.88x against stream-K's 0.98x on 152 x 192 tiles (int4w
+# rounds A-C of 2026-11-27).
 WIDE_N = 32768
 WIDE_GROUP = 4
 
@@ -326,14 +329,23 @@ ROW_TRIES = 3  # the row tiles past ceil(M / BM) that ``cheapest_tiles`` weighs
 MIN_ROWS = 128
 
 # Past 256 rows, tiles of BM x 192 (three consumer warpgroups side by side, at most
-# THREE_ROWS rows: a thread's 128 registers at 512 threads), each costing THREE_TIME x (BM +
-# THREE_ROW_COST) in the units above (int4w round A of 2026-11-27, H100, x cuBLAS f16, the
-# median of 3 interleaved passes, against the route in the same passes: 6144x4096 M=520
-# 128 tiles of 136 x 192 0.94x against 384 KW tiles of 160 x 64 0.75x, M=600 152 x 192
-# 1.00x against 0.84x; 10240x8192 M=300 108 tiles of 152 x 192 0.97x against stream-K's
-# 0.86x; 57344x8192 M=300 598 of 152 x 192 0.93x against 896 of 152 x 128 0.80x): three
-# warpgroups hide a slice's dequantization and waits behind each other's wgmmas better
-# than two, so that their row tiles' fixed cost is smaller.
+# THREE_ROWS rows: a thread's 128 registers at 512 threads; at least THREE_MIN_ROWS), each
+# costing THREE_TIME x (BM + THREE_ROW_COST) in the units above: the values that order the
+# pairs int4w rounds A-C of 2026-11-27 timed (H100, x cuBLAS f16, the median of 3-4
+# interleaved passes, against the route of before in the same passes) but one: 6144x4096
+# M=520 128 tiles of 136 x 192 0.93-0.94x against 384 KW tiles of 160 x 64 0.75x, M=600 152
+# x 192 1.00x against 0.84x; 10240x8192 M=300 108 tiles of 152 x 192 0.97-0.98x against
+# stream-K's 0.86x, M=1500 168 x 192 0.96x against 192 x 128's 0.92x; 8192x8192 M=520 176
+# x 192 1.03x against 136 x 128's 0.82x, M=3000 168 x 192 0.99x / 1.08x against 256 x 128's
+# 0.97x / 1.02x; 4096x14336 M=3000 1.01x / 1.14x against 0.98x / 1.06x. On whole 256-row
+# tiles 256 x 128 stays ahead (8192x8192 M=512 1.04x against 176 x 192's 0.99x, M=1024
+# 0.99x against 0.97x; 4096x4096 M=4096 1.00x against 0.96x; 28672x4096 M=1024 1.02x
+# against 0.94x), and at 28672x4096 M=3000 216 x 128 (0.98x / 0.96x against 168 x 192's
+# 0.90x / 0.95x: the one pair out of order). Under 136 rows they lost everywhere
+# (6144x4096 M=300 104 rows 0.77x against 0.84x, M=384 128 rows 0.78x against 0.84x;
+# 8192x28672 M=768 128 rows 0.84x against 0.98x). (Likely why: three warpgroups hide a
+# slice's dequantization and waits behind each other's wgmmas better than two; not
+# profiled.)
 THREE_ROWS = 176
 THREE_MIN_ROWS = 136
 THREE_TIME = 1.0
@@ -414,7 +426,15 @@ SK_GAIN = 0.82
 # 10240x8192 and 28672x4096 at 300-600 rows (0.88-1.37x, ahead of KW tiles) it puts SK_TIME
 # at 1.03-1.11.
 SK_TIME = 1.05
-SK_THREE_TIME = 1.0  # (three warpgroups' stream-K tiles: their comment)
+# Stream-K on BM x 192 tiles (three warpgroups, ``streamk_tiles``) costs SK_THREE_TIME of
+# their work spread evenly, and every stream-K schedule SK_FIXED more (its parts' sums,
+# whatever the tiles): int4w round C of 2026-11-27 (H100, x cuBLAS f16, the median of 4
+# interleaved passes): 28672x4096 M=300, 300 tiles of 152 x 192 in 2.27 waves, 1.02x against
+# stream-K on 152 x 128 tiles 0.87x; 57344x8192 M=600, 1196 of 152 x 192 in 9.06 waves,
+# 0.98x against 208-row multicast pairs' 0.88x (a's rows 9.8 MB: SK_A_BYTES 10 MB); where
+# the tiles are fewer than the SMs whole ones won (10240x8192 M=300, 108 tiles: 0.98x
+# whole, 0.96x stream-K, 0.87x stream-K on 152 x 128).
+SK_THREE_TIME = 1.0
 SK_FIXED = 50
 SK_RUN = 128
 SK_A_BYTES = 10 << 20
