@@ -511,14 +511,13 @@ def test_int4_swap_plan_bands():
     assert plan(256, 28672, 4096) == (1, 2, 256, 0, 0, g, 0)  # 448 no better than 224
     assert plan(1024, 57344, 8192) == (1, 2, 256, 0, 1, wide, 0)
     assert plan(1024, _int4_hopper.WIDE_N - 8, 8192)[4:] == (0, g, 0)
-    # the stream-K schedule (SK, balanced_rows x 128 tiles) where a block's run is long, a's
-    # rows fit L2 and the run is well under the route's waves: 10240x8192 at 257-512 rows
-    # (runs of 155 steps against 2.42 waves of 320 KW tiles), the padded row tiles of
-    # 28672x4096 past 256 rows (not at 512: 896 KW tiles; not 57344x8192 at 300 rows, whose
-    # 896 tiles of 152 x 128 fill 97% of their waves: SK_FILL), not where the tiles fill
-    # their waves (1024 rows), the runs are short (4096x4096 M=512: 31 steps), the run is
-    # near the route's waves (6144x4096 M=1600) or a's rows outgrow L2 (8192x28672 M=1024,
-    # 4096x14336 M=520)
+    # the stream-K schedule (SK, balanced_rows x 128 or x 192 tiles) where a block's run is
+    # long, a's rows fit L2, the run is well under the route's waves and it costs less than
+    # whole tiles: 10240x8192 M=512 (176 x 192 tiles; at 300 rows one wave of 108 whole
+    # tiles of 152 x 192), the padded row tiles of 28672x4096 and 57344x8192 at 300 rows
+    # (not 28672x4096 at 512: 896 KW tiles), not where the tiles fill their waves (1024
+    # rows), the runs are short (4096x4096 M=512: 31 steps), the run is near the route's
+    # waves (6144x4096 M=1600) or a's rows outgrow L2 (8192x28672 M=1024, 4096x14336 M=520)
     sk = [(m, n, k) for m, n, k in ((300, 10240, 8192), (512, 10240, 8192), (1600, 6144, 4096),
           (1024, 10240, 8192), (512, 4096, 4096), (1024, 8192, 28672), (520, 4096, 14336),
           (256, 10240, 8192), (300, 28672, 4096), (600, 28672, 4096), (300, 57344, 8192),
