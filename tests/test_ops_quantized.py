@@ -1198,21 +1198,23 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
      (250, 10240, 1024, "float16"), (300, 10240, 8192, "bfloat16"),
      (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
      (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16"),
-     (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (600, 32768, 1024, "float16"),
+     (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (1024, 32768, 1024, "float16"),
      (120, 4096, 2048, "float16"), (200, 1024, 4096, "bfloat16"),
-     (600, 4096, 2048, "float16"), (1500, 6144, 1024, "bfloat16")],
+     (600, 4096, 2048, "float16"), (1500, 6144, 1024, "bfloat16"),
+     (600, 28672, 2048, "bfloat16")],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
     """M > 16 on sm_90 (the wgmma kernel: at 17 rows KW tiles of 32 x 64 in cluster pairs,
     at 40 rows of N = 10240 4 consumer warpgroups side by side and a workspace K split of 3,
-    at 700 rows of N = 6144 KW tiles of 192 x 64 (they cost least), at 250
+    at 700 rows of N = 6144 176 x 192 tiles (three warpgroups; they cost least), at 250
     rows of N = 10240 3 consumer warpgroups on 128 x 192 tiles, the last column of tiles
-    partly past N; at 300 rows of 10240 x 8192 the stream-K schedule (SK: tiles split
-    between blocks, summed by the tile's head); at 65-512
+    partly past N, at 300 rows of 10240 x 8192 on 152 x 192 ones; at 600 rows of 28672 x
+    2048 the stream-K schedule on 152 x 192 tiles (SK: tiles split between blocks, summed by
+    the tile's head); at 65-512
     rows two warpgroups sharing BM x 64 tiles, each every other K slice
     (KW: a cluster pair's K split at 120 and 200 rows; 128-row tiles at 100 rows, 256 at 256,
     160 at 300; 128-row tiles and a K split of 4 through the workspace at 200 rows of N =
-    1024), 256-row tiles past 512 rows (multicast pairs of 208 rows in
+    1024), 256-row tiles past 512 rows (multicast pairs of 256 rows in
     groups of 4 rows at N = 32768; balanced row tiles, as many as cost least: 600 rows in
     four of 152, 1500 in eight of 192 x 128, not KW tiles), every M up to 4096; elsewhere
     the other paths): every
