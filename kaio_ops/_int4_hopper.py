@@ -277,7 +277,7 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     band = (wg, bm, kw)
     if n and sms and not mc:  # past 512 rows KW tiles or not, past 256 BM x 192 ones too
         kinds = ((wg, 0), (wg, 1)) if m > 512 else ((wg, kw),)
-        if m > 256 and wg == 2:
+        if m > 256 and wg == 2 and m % 256:  # (whole 256-row tiles: THREE_ROWS' comment)
             kinds += ((3, 0),)
         cost, wg, kw, rows = cheapest_tiles(m, bm, n, k, sms, kinds)
         early = early * (1 - kw) * (wg < 3)
@@ -291,11 +291,12 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
 def streamk_tiles(m: int, n: int, k: int, sms: int) -> tuple:
     """(cost, WG, BM) of the stream-K schedule's tiles for an ``m x n x k`` product on
     ``sms`` multiprocessors: ``balanced_rows`` x 128 (two warpgroups), or x 192 (three, of
-    ``THREE_MIN_ROWS`` to ``THREE_ROWS`` rows, where a block's run is ``SK_RUN`` K steps or
-    more), whichever costs less: the tiles' work spread evenly over the SMs, in
-    ``cheapest_tiles``' count (``TILE_COSTS``), times ``SK_TIME``."""
+    ``THREE_MIN_ROWS`` to ``THREE_ROWS`` rows, where ``m`` is no multiple of 256 and a
+    block's run is ``SK_RUN`` K steps or more), whichever costs less: the tiles' work
+    spread evenly over the SMs, in ``cheapest_tiles``' count (``TILE_COSTS``), times
+    ``SK_TIME`` (``SK_THREE_TIME``), plus ``SK_FIXED``."""
     best = (math.inf, 2, balanced_rows(m))
-    for wg, most in ((2, 256), (3, THREE_ROWS)):
+    for wg, most in ((2, 256), (3, THREE_ROWS))[: 1 + bool(m % 256)]:
         width, fixed, least, _ = TILE_COSTS[(wg, 0)]
         rows = balanced_rows(m, most)
         tiles = math.ceil(m / rows) * math.ceil(n / (64 * wg))
@@ -331,8 +332,8 @@ MIN_ROWS = 128
 # Past 256 rows, tiles of BM x 192 (three consumer warpgroups side by side, at most
 # THREE_ROWS rows: a thread's 128 registers at 512 threads; at least THREE_MIN_ROWS), each
 # costing THREE_TIME x (BM + THREE_ROW_COST) in the units above: the values that order the
-# pairs int4w rounds A-C of 2026-11-27 timed (H100, x cuBLAS f16, the median of 3-4
-# interleaved passes, against the route of before in the same passes) but one: 6144x4096
+# pairs int4w rounds A-D of 2026-11-27 timed (H100, x cuBLAS f16, the median of 3-4
+# interleaved passes, against the route of before in the same passes): 6144x4096
 # M=520 128 tiles of 136 x 192 0.93-0.94x against 384 KW tiles of 160 x 64 0.75x, M=600 152
 # x 192 1.00x against 0.84x; 10240x8192 M=300 108 tiles of 152 x 192 0.97-0.98x against
 # stream-K's 0.86x, M=1500 168 x 192 0.96x against 192 x 128's 0.92x; 8192x8192 M=520 176
@@ -340,12 +341,13 @@ MIN_ROWS = 128
 # 0.97x / 1.02x; 4096x14336 M=3000 1.01x / 1.14x against 0.98x / 1.06x. On whole 256-row
 # tiles 256 x 128 stays ahead (8192x8192 M=512 1.04x against 176 x 192's 0.99x, M=1024
 # 0.99x against 0.97x; 4096x4096 M=4096 1.00x against 0.96x; 28672x4096 M=1024 1.02x
-# against 0.94x), and at 28672x4096 M=3000 216 x 128 (0.98x / 0.96x against 168 x 192's
-# 0.90x / 0.95x: the one pair out of order). Under 136 rows they lost everywhere
-# (6144x4096 M=300 104 rows 0.77x against 0.84x, M=384 128 rows 0.78x against 0.84x;
-# 8192x28672 M=768 128 rows 0.84x against 0.98x). (Likely why: three warpgroups hide a
-# slice's dequantization and waits behind each other's wgmmas better than two; not
-# profiled.)
+# against 0.94x; round D: 10240x8192 M=512 on the stream-K schedule 0.95x against 176 x
+# 192's 0.88x): where M is a multiple of 256 they are not weighed. 28672x4096 M=3000 went
+# both ways (216 x 128 0.98x / 0.96x / 0.89x against 168 x 192's 0.90x / 0.95x / 0.93x).
+# Under 136 rows they lost everywhere (6144x4096 M=300 104 rows 0.77x against 0.84x, M=384
+# 128 rows 0.78x against 0.84x; 8192x28672 M=768 128 rows 0.84x against 0.98x). (Likely
+# why they win: three warpgroups hide a slice's dequantization and waits behind each
+# other's wgmmas better than two; not profiled.)
 THREE_ROWS = 176
 THREE_MIN_ROWS = 136
 THREE_TIME = 1.0

@@ -499,7 +499,7 @@ def test_int4_swap_plan_bands():
     assert plan(1024, 4096, 4096)[6] == 0  # 128 tiles of 256 x 128 fill as well as 256
     assert plan(512, 6144, 4096) == (1, 3, 128, 0, 0, g, 0)  # 128 of 128 x 192, not 96
     assert plan(256, 10240, 8192) == (1, 3, 128, 0, 0, g, 0)  # 108, not 80 of 256 x 128
-    assert plan(512, 10240, 8192) == (1, 3, 176, 0, 0, g, 0)  # stream-K, 176 x 192 (below)
+    assert plan(512, 10240, 8192) == (1, 2, 256, 0, 0, g, 0)  # stream-K (below)
     assert plan(1000, 1024, 14336)[6] == 0  # 32 tiles of 256 x 128: a K split, not KW
     assert plan(512, 4096, 4096) == (1, 2, 256, 0, 0, g, 1)  # 128 KW tiles of 256 x 64
     assert plan(256, 4096, 4096) == (1, 2, 128, 0, 0, g, 1)  # 128-row ones, no split
@@ -513,7 +513,7 @@ def test_int4_swap_plan_bands():
     assert plan(1024, _int4_hopper.WIDE_N - 8, 8192)[4:] == (0, g, 0)
     # the stream-K schedule (SK, balanced_rows x 128 or x 192 tiles) where a block's run is
     # long, a's rows fit L2, the run is well under the route's waves and it costs less than
-    # whole tiles: 10240x8192 M=512 (176 x 192 tiles; at 300 rows one wave of 108 whole
+    # whole tiles: 10240x8192 M=512 (256 x 128 tiles; at 300 rows one wave of 108 whole
     # tiles of 152 x 192), the padded row tiles of 28672x4096 and 57344x8192 at 300 rows
     # (not 28672x4096 at 512: 896 KW tiles), not where the tiles fill their waves (1024
     # rows), the runs are short (4096x4096 M=512: 31 steps), the run is near the route's
@@ -536,6 +536,8 @@ def test_int4_swap_plan_bands():
     assert plan(520, 6144, 4096) == (1, 3, 136, 0, 0, g, 0)
     assert plan(300, 57344, 8192) == (1, 3, 152, 0, 0, g, 0)
     assert plan(300, 6144, 4096)[1] == 2  # (three row tiles of 104 x 192 would be too few rows)
+    assert plan(1024, 8192, 8192)[1] == 2  # whole 256-row tiles: no BM x 192 weighed
+    assert _int4_hopper.swap_plan(600, 57344, 8192, 132)[:2] == (3, 152)  # stream-K, not MC
     assert plan(600, 4096, 4096) == (1, 2, 152, 0, 0, g, 0)
 
 
