@@ -435,7 +435,10 @@ SK_TIME = 1.05
 # stream-K on 152 x 128 tiles 0.87x; 57344x8192 M=600, 1196 of 152 x 192 in 9.06 waves,
 # 0.98x against 208-row multicast pairs' 0.88x (a's rows 9.8 MB: SK_A_BYTES 10 MB); where
 # the tiles are fewer than the SMs whole ones won (10240x8192 M=300, 108 tiles: 0.98x
-# whole, 0.96x stream-K, 0.87x stream-K on 152 x 128).
+# whole, 0.96x stream-K, 0.87x stream-K on 152 x 128). Rounds D and E: 57344x8192 M=300
+# 1.01x / 0.89x against 152 x 128's 0.83x / 0.84x, M=520 0.91x against 176-row multicast
+# pairs' 0.79x, M=600 0.88x / 0.87x against 0.87x / 0.87x; 28672x4096 M=600 1.25x / 1.33x
+# against stream-K on 200 x 128's 1.30x / 1.38x (the one loss, above cuBLAS both).
 SK_THREE_TIME = 1.0
 SK_FIXED = 50
 SK_RUN = 128
