@@ -149,6 +149,9 @@ SWAP_PLANS = (
 # group of 8 rows of a spans 32 MB there while the 235 MB of words stream past it); at
 # 28672x4096 and 8192x8192 within the passes' spread of the route (0.95-1.04x either way),
 # at 4096x4096 M=8192 0.90x against 0.95x: those keep 256 x 128 tiles in groups of 8.
+# Only on whole 256-row tiles (M a multiple of 256: the rows measured): at 57344x8192
+# M=600 208-row pairs ran at 0.82-0.88x against stream-K's 0.98x on 152 x 192 tiles (int4w
+# rounds A-C of 2026-11-27).
 WIDE_N = 32768
 WIDE_GROUP = 4
 
@@ -223,7 +226,9 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     (a cluster pair) and the tiles of before would write a workspace of a quarter of the
     words or more; past 512 rows at N >= ``WIDE_N``, multicast pairs in groups of
     ``WIDE_GROUP`` rows, below it KW tiles or 128-column ones, whichever costs less
-    (``cheapest_tiles``); the row tiles as even as they can be (``balanced_rows``), and
+    (``cheapest_tiles``), and past 256 rows BM x 192 tiles (three warpgroups, at most
+    ``THREE_ROWS``) where they cost less still; the row tiles as even as they can be
+    (``balanced_rows``), and
     without multicast as many as cost least (``cheapest_tiles``); past 256 rows
     ``balanced_rows`` x 128 tiles on the stream-K schedule (SK, config[12]) where
     ``takes_streamk`` and it costs less than the tiles above (``SK_TIME``)."""
@@ -266,18 +271,39 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
             width = 64 if kw else 64 * wg
             if balanced_rows(m, 128) * 192 < THREE_GAIN * rows * width * math.ceil(mine / sms):
                 wg, bm, early, kw = 3, 128, 0, 0
-    if m > 512 and n >= WIDE_N:
+    if m > 512 and n >= WIDE_N and m % 256 == 0:  # (whole 256-row tiles: WIDE_N's comment)
         mc, group = 1, WIDE_GROUP
     rows, cost = balanced_rows(m, bm, 32 if kw else 8 + 8 * mc), math.inf  # (MC: 8-row halves)
-    if n and sms and not mc:  # past 512 rows KW tiles or not, whichever costs less
-        cost, kw, rows = cheapest_tiles(m, bm, n, k, sms, wg, (0, 1) if m > 512 else (kw,))
-        early = early * (1 - kw)
-    if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, (wg, bm, kw)):
-        sk_rows = balanced_rows(m)  # (the stream-K tiles' whole work, spread over the SMs)
-        tiles = math.ceil(m / sk_rows) * math.ceil(n / 128)
-        if tiles / sms * (sk_rows + ROW_COST) * SK_TIME < cost:
-            return 2, sk_rows, 0, 0, 0, 0, 0, bufs, 1, group, 0, 0, 1, 1
+    band = (wg, bm, kw)
+    if n and sms and not mc:  # past 512 rows KW tiles or not, past 256 BM x 192 ones too
+        kinds = ((wg, 0), (wg, 1)) if m > 512 else ((wg, kw),)
+        if m > 256 and wg == 2 and m % 256:  # (whole 256-row tiles: THREE_ROWS' comment)
+            kinds += ((3, 0),)
+        cost, wg, kw, rows = cheapest_tiles(m, bm, n, k, sms, kinds)
+        early = early * (1 - kw) * (wg < 3)
+    if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, band):
+        sk_cost, sk_wg, sk_rows = streamk_tiles(m, n, k, sms)
+        if sk_cost < cost:
+            return sk_wg, sk_rows, 0, 0, 0, 0, 0, bufs, int(sk_wg == 2), group, 0, 0, 1, 1
     return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw
+
+
+def streamk_tiles(m: int, n: int, k: int, sms: int) -> tuple:
+    """(cost, WG, BM) of the stream-K schedule's tiles for an ``m x n x k`` product on
+    ``sms`` multiprocessors: ``balanced_rows`` x 128 (two warpgroups), or x 192 (three, of
+    ``THREE_MIN_ROWS`` to ``THREE_ROWS`` rows, where ``m`` is no multiple of 256 and a
+    block's run is ``SK_RUN`` K steps or more), whichever costs less: the tiles' work
+    spread evenly over the SMs, in ``cheapest_tiles``' count (``TILE_COSTS``), times
+    ``SK_TIME`` (``SK_THREE_TIME``), plus ``SK_FIXED``."""
+    best = (math.inf, 2, balanced_rows(m))
+    for wg, most in ((2, 256), (3, THREE_ROWS))[: 1 + bool(m % 256)]:
+        width, fixed, least, _ = TILE_COSTS[(wg, 0)]
+        rows = balanced_rows(m, most)
+        tiles = math.ceil(m / rows) * math.ceil(n / (64 * wg))
+        if rows >= least and (wg == 2 or tiles * -(-k // BK) >= SK_RUN * sms):
+            cost = tiles / sms * (rows + fixed) * width * (SK_TIME if wg == 2 else SK_THREE_TIME)
+            best = min(best, (cost + SK_FIXED, wg, rows))
+    return best
 
 
 def balanced_rows(m: int, most: int = 256, step: int = 8) -> int:
@@ -303,27 +329,61 @@ KW_TIME = 0.52
 ROW_TRIES = 3  # the row tiles past ceil(M / BM) that ``cheapest_tiles`` weighs
 MIN_ROWS = 128
 
+# Past 256 rows, tiles of BM x 192 (three consumer warpgroups side by side, at most
+# THREE_ROWS rows: a thread's 128 registers at 512 threads; at least THREE_MIN_ROWS), each
+# costing THREE_TIME x (BM + THREE_ROW_COST) in the units above: the values that order the
+# pairs int4w rounds A-D of 2026-11-27 timed (H100, x cuBLAS f16, the median of 3-4
+# interleaved passes, against the route of before in the same passes): 6144x4096
+# M=520 128 tiles of 136 x 192 0.93-0.94x against 384 KW tiles of 160 x 64 0.75x, M=600 152
+# x 192 1.00x against 0.84x; 10240x8192 M=300 108 tiles of 152 x 192 0.97-0.98x against
+# stream-K's 0.86x, M=1500 168 x 192 0.96x against 192 x 128's 0.92x; 8192x8192 M=520 176
+# x 192 1.03x against 136 x 128's 0.82x, M=3000 168 x 192 0.99x / 1.08x against 256 x 128's
+# 0.97x / 1.02x; 4096x14336 M=3000 1.01x / 1.14x against 0.98x / 1.06x. On whole 256-row
+# tiles 256 x 128 stays ahead (8192x8192 M=512 1.04x against 176 x 192's 0.99x, M=1024
+# 0.99x against 0.97x; 4096x4096 M=4096 1.00x against 0.96x; 28672x4096 M=1024 1.02x
+# against 0.94x; round D: 10240x8192 M=512 on the stream-K schedule 0.95x against 176 x
+# 192's 0.88x): where M is a multiple of 256 they are not weighed. 28672x4096 M=3000 went
+# both ways (216 x 128 0.98x / 0.96x / 0.89x against 168 x 192's 0.90x / 0.95x / 0.93x).
+# Under 136 rows they lost everywhere (6144x4096 M=300 104 rows 0.77x against 0.84x, M=384
+# 128 rows 0.78x against 0.84x; 8192x28672 M=768 128 rows 0.84x against 0.98x). (Likely
+# why they win: three warpgroups hide a slice's dequantization and waits behind each
+# other's wgmmas better than two; not profiled.)
+THREE_ROWS = 176
+THREE_MIN_ROWS = 136
+THREE_TIME = 1.0
+THREE_ROW_COST = 144
+# (WG, KW): (a tile's time in 128-column tiles of as many rows, its fixed cost in rows,
+# its least and most rows)
+TILE_COSTS = {
+    (2, 0): (1.0, ROW_COST, 0, 256),
+    (2, 1): (KW_TIME, ROW_COST, 0, 256),
+    (3, 0): (THREE_TIME, THREE_ROW_COST, THREE_MIN_ROWS, THREE_ROWS),
+}
 
-def cheapest_tiles(m: int, bm: int, n: int, k: int, sms: int, wg: int, kws: tuple) -> tuple:
-    """(KW, BM) of ``m``'s row tiles (``balanced_rows``: multiples of 32 with KW, else 8)
-    that take the least time on ``sms`` multiprocessors, of KW or not as ``kws`` allows
-    (``wg`` warpgroups side by side without): from ceil(m / bm) row tiles to ``ROW_TRIES``
-    more (of at least ``MIN_ROWS`` rows), each at its waves times BM + ``ROW_COST`` (times
-    ``KW_TIME`` with KW), where ceil(m / bm) row tiles need no K split (``swap_split``), and
-    without one only; else ``kws[0]`` and ceil(m / bm) row tiles."""
-    first = -(-m // bm)
-    best = (math.inf, kws[0], balanced_rows(m, bm, 32 if kws[0] else 8))
-    for kw in kws:
+
+def cheapest_tiles(m: int, bm: int, n: int, k: int, sms: int, kinds: tuple) -> tuple:
+    """(cost, WG, KW, BM) of ``m``'s row tiles (``balanced_rows``: multiples of 32 with KW,
+    else 8) that take the least time on ``sms`` multiprocessors, of the ``kinds`` (WG, KW)
+    (``TILE_COSTS``; BM at most ``bm`` and the kind's most, at least the kind's least; WG
+    warpgroups side by side without KW): from ceil(m / BM) row tiles to ``ROW_TRIES`` more
+    (of at least ``MIN_ROWS`` rows), each at its waves times its time, BM + the fixed rows
+    times the kind's width, where ceil(m / BM) row tiles need no K split (``swap_split``),
+    and without one only; else ``kinds[0]`` and ceil(m / bm) row tiles."""
+    wg0, kw0 = kinds[0]
+    best = (math.inf, wg0, kw0, balanced_rows(m, bm, 32 if kw0 else 8))
+    for wg, kw in kinds:
+        width, fixed, least, most = TILE_COSTS.get((wg, kw), (wg / 2, ROW_COST, 0, bm))
+        most = min(most, bm)
         across = math.ceil(n / (64 if kw else 64 * wg))
+        first = -(-m // most)
         for count in range(first, first + ROW_TRIES + 1):
             rows = balanced_rows(m, -(-m // count), 32 if kw else 8)
             tiles = math.ceil(m / rows) * across
             if swap_split(tiles, k, sms) > 1:
                 break
-            if rows >= MIN_ROWS or count == first:
-                width = KW_TIME if kw else wg / 2  # (in tiles of 128 columns)
-                cost = math.ceil(tiles / sms) * (rows + ROW_COST) * width
-                best = min(best, (cost, kw, rows))
+            if (rows >= MIN_ROWS or count == first) and rows >= least:
+                cost = math.ceil(tiles / sms) * (rows + fixed) * width
+                best = min(best, (cost, wg, kw, rows))
     return best
 
 
@@ -368,8 +428,21 @@ SK_GAIN = 0.82
 # 10240x8192 and 28672x4096 at 300-600 rows (0.88-1.37x, ahead of KW tiles) it puts SK_TIME
 # at 1.03-1.11.
 SK_TIME = 1.05
+# Stream-K on BM x 192 tiles (three warpgroups, ``streamk_tiles``) costs SK_THREE_TIME of
+# their work spread evenly, and every stream-K schedule SK_FIXED more (its parts' sums,
+# whatever the tiles): int4w round C of 2026-11-27 (H100, x cuBLAS f16, the median of 4
+# interleaved passes): 28672x4096 M=300, 300 tiles of 152 x 192 in 2.27 waves, 1.02x against
+# stream-K on 152 x 128 tiles 0.87x; 57344x8192 M=600, 1196 of 152 x 192 in 9.06 waves,
+# 0.98x against 208-row multicast pairs' 0.88x (a's rows 9.8 MB: SK_A_BYTES 10 MB); where
+# the tiles are fewer than the SMs whole ones won (10240x8192 M=300, 108 tiles: 0.98x
+# whole, 0.96x stream-K, 0.87x stream-K on 152 x 128). Rounds D and E: 57344x8192 M=300
+# 1.01x / 0.89x against 152 x 128's 0.83x / 0.84x, M=520 0.91x against 176-row multicast
+# pairs' 0.79x, M=600 0.88x / 0.87x against 0.87x / 0.87x; 28672x4096 M=600 1.25x / 1.33x
+# against stream-K on 200 x 128's 1.30x / 1.38x (the one loss, above cuBLAS both).
+SK_THREE_TIME = 1.0
+SK_FIXED = 50
 SK_RUN = 128
-SK_A_BYTES = 8 << 20
+SK_A_BYTES = 10 << 20
 
 
 def takes(a, b, s) -> bool:

@@ -408,6 +408,8 @@ SWAP_CASES = [
     (70, 200, 256, "bfloat16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 4),
     (70, 200, 256, None, (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 16),
     (70, 200, 256, "float16", (2, 40, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 5),  # balanced_rows
+    # three warpgroups' 40 x 192 tiles (2 x 2, the second column 8 wide) on 3 blocks
+    (70, 200, 256, "float16", (3, 40, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1), 3),
     # CLAMP (every launch without CL): the last row tile moved up to end at row M - 1 (rows
     # 38-69 of 70, rows 38-63 repeated and stored by the tile before), with KW, and with
     # SK's parts (the cases above with a partial last row tile take it too)
@@ -509,27 +511,33 @@ def test_int4_swap_plan_bands():
     assert plan(256, 28672, 4096) == (1, 2, 256, 0, 0, g, 0)  # 448 no better than 224
     assert plan(1024, 57344, 8192) == (1, 2, 256, 0, 1, wide, 0)
     assert plan(1024, _int4_hopper.WIDE_N - 8, 8192)[4:] == (0, g, 0)
-    # the stream-K schedule (SK, balanced_rows x 128 tiles) where a block's run is long, a's
-    # rows fit L2 and the run is well under the route's waves: 10240x8192 at 257-512 rows
-    # (runs of 155 steps against 2.42 waves of 320 KW tiles), the padded row tiles of
-    # 28672x4096 past 256 rows (not at 512: 896 KW tiles; not 57344x8192 at 300 rows, whose
-    # 896 tiles of 152 x 128 fill 97% of their waves: SK_FILL), not where the tiles fill
-    # their waves (1024 rows), the runs are short (4096x4096 M=512: 31 steps), the run is
-    # near the route's waves (6144x4096 M=1600) or a's rows outgrow L2 (8192x28672 M=1024,
-    # 4096x14336 M=520)
+    # the stream-K schedule (SK, balanced_rows x 128 or x 192 tiles) where a block's run is
+    # long, a's rows fit L2, the run is well under the route's waves and it costs less than
+    # whole tiles: 10240x8192 M=512 (256 x 128 tiles; at 300 rows one wave of 108 whole
+    # tiles of 152 x 192), the padded row tiles of 28672x4096 and 57344x8192 at 300 rows
+    # (not 28672x4096 at 512: 896 KW tiles), not where the tiles fill their waves (1024
+    # rows), the runs are short (4096x4096 M=512: 31 steps), the run is near the route's
+    # waves (6144x4096 M=1600) or a's rows outgrow L2 (8192x28672 M=1024, 4096x14336 M=520)
     sk = [(m, n, k) for m, n, k in ((300, 10240, 8192), (512, 10240, 8192), (1600, 6144, 4096),
           (1024, 10240, 8192), (512, 4096, 4096), (1024, 8192, 28672), (520, 4096, 14336),
           (256, 10240, 8192), (300, 28672, 4096), (600, 28672, 4096), (300, 57344, 8192),
           (512, 28672, 4096)) if len(_int4_hopper.swap_plan(m, n, k, 132)) > 12]  # fmt: skip
-    assert sk == [(300, 10240, 8192), (512, 10240, 8192), (300, 28672, 4096),
-                  (600, 28672, 4096)]  # fmt: skip
+    assert sk == [(512, 10240, 8192), (300, 28672, 4096), (600, 28672, 4096),
+                  (300, 57344, 8192)]  # fmt: skip
     assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[1] == 152  # two row tiles of 152
     # balanced row tiles (300 rows: two of 152, not 256 + 44 or three of 128), and more of
     # them where they fill the waves better (600 rows of N = 4096: 4 x 32 tiles of 152, not
     # 3 x 32 of 200)
     assert plan(300, 6144, 4096) == (1, 2, 152, 0, 0, g, 0)  # not 3 x 32 tiles of 128 x 192
     assert plan(300, 4096, 4096)[1:3] == (2, 160)  # KW tiles: multiples of 32 rows
-    assert plan(300, 57344, 8192) == (1, 2, 152, 0, 0, g, 0)
+    # past 256 rows BM x 192 tiles (3 warpgroups) where they cost least: 6144x4096 M=520 one
+    # wave of 136 x 192 (128 tiles), not 384 KW tiles of 160 x 64; 57344x8192 M=300 598 tiles
+    # of 152 x 192 in 5 waves, not 896 of 152 x 128 in 7; none under THREE_MIN_ROWS rows
+    assert plan(520, 6144, 4096) == (1, 3, 136, 0, 0, g, 0)
+    assert plan(300, 57344, 8192) == (1, 3, 152, 0, 0, g, 0)
+    assert plan(300, 6144, 4096)[1] == 2  # (three row tiles of 104 x 192 would be too few rows)
+    assert plan(1024, 8192, 8192)[1] == 2  # whole 256-row tiles: no BM x 192 weighed
+    assert _int4_hopper.swap_plan(600, 57344, 8192, 132)[:2] == (3, 152)  # stream-K, not MC
     assert plan(600, 4096, 4096) == (1, 2, 152, 0, 0, g, 0)
 
 
@@ -637,7 +645,7 @@ def test_int4_swap_plans_fit():
               (10240, 8192), (57344, 8192))  # fmt: skip
     seen = {}
     for n, k in shapes:
-        for m in (17, 32, 64, 100, 128, 200, 256, 448, 512, 1024, 1500, 2048, 8192):
+        for m in (17, 32, 64, 100, 128, 200, 256, 448, 512, 520, 1024, 1500, 2048, 3000, 8192):
             split, _, _, consts = _int4_hopper.swap_launch_plan(
                 m, n, k, _int4_hopper.swap_plan(m, n, k, 132), 132, f16
             )
@@ -1192,21 +1200,23 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
      (250, 10240, 1024, "float16"), (300, 10240, 8192, "bfloat16"),
      (200, 4104, 4096, None), (1000, 1024, 14336, "float16"),
      (300, 4096, 4096, None), (2048, 8192, 4096, "float16"), (4096, 4096, 4096, "bfloat16"),
-     (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (600, 32768, 1024, "float16"),
+     (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (1024, 32768, 1024, "float16"),
      (120, 4096, 2048, "float16"), (200, 1024, 4096, "bfloat16"),
-     (600, 4096, 2048, "float16"), (1500, 6144, 1024, "bfloat16")],
+     (600, 4096, 2048, "float16"), (1500, 6144, 1024, "bfloat16"),
+     (600, 28672, 2048, "bfloat16")],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
     """M > 16 on sm_90 (the wgmma kernel: at 17 rows KW tiles of 32 x 64 in cluster pairs,
     at 40 rows of N = 10240 4 consumer warpgroups side by side and a workspace K split of 3,
-    at 700 rows of N = 6144 KW tiles of 192 x 64 (they cost least), at 250
+    at 700 rows of N = 6144 176 x 192 tiles (three warpgroups; they cost least), at 250
     rows of N = 10240 3 consumer warpgroups on 128 x 192 tiles, the last column of tiles
-    partly past N; at 300 rows of 10240 x 8192 the stream-K schedule (SK: tiles split
-    between blocks, summed by the tile's head); at 65-512
+    partly past N, at 300 rows of 10240 x 8192 on 152 x 192 ones; at 600 rows of 28672 x
+    2048 the stream-K schedule on 152 x 192 tiles (SK: tiles split between blocks, summed by
+    the tile's head); at 65-512
     rows two warpgroups sharing BM x 64 tiles, each every other K slice
     (KW: a cluster pair's K split at 120 and 200 rows; 128-row tiles at 100 rows, 256 at 256,
     160 at 300; 128-row tiles and a K split of 4 through the workspace at 200 rows of N =
-    1024), 256-row tiles past 512 rows (multicast pairs of 208 rows in
+    1024), 256-row tiles past 512 rows (multicast pairs of 256 rows in
     groups of 4 rows at N = 32768; balanced row tiles, as many as cost least: 600 rows in
     four of 152, 1500 in eight of 192 x 128, not KW tiles), every M up to 4096; elsewhere
     the other paths): every
