@@ -999,9 +999,12 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "squares" in cases:
         jobs += [(p, False) for s in SQUARE_PLANS for p in [H.config(s, s, s, 132),
                                                            *SQUARE_PLANS[s]]]  # fmt: skip
-    if "gaps" in cases or "pdl" in cases:  # (each with and without PDL: _warm_pdl)
+    if "gaps" in cases or "pdl" in cases or "pdlsweep" in cases:  # (with and without PDL)
         cs = set(GAP_CASES) | (set(PDL_CASES) if "pdl" in cases else set())
-        jobs += [(H.config(*c, 132), False, min(c[0], 256), p) for c in cs for p in (0, 1)]
+        if "pdlsweep" in cases:
+            cs = {(m, n, k) for m in ms for mo in models for n, k in SHAPES[mo]}
+        jobs += [(H.config(*c, 132), False, min(H.a_rows(c[0], 1, 1), 256), p) for c in cs
+                 for p in (0, 1)]  # fmt: skip
     if "paired" in cases:
         for m in ms:
             for n, k in BAND_SHAPES:
@@ -1113,6 +1116,13 @@ def main() -> None:
                 print(f"budget: skipped pdl {m}x{n}x{k}", flush=True)
                 continue
             recs.append(pdl_case(m, n, k, log))
+    if "pdlsweep" in cases:  # the same at --ms over the models' shapes
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                if time.time() - t0 > args.budget:
+                    print(f"budget: skipped pdl {m}x{n}x{k}", flush=True)
+                    continue
+                recs.append(pdl_case(m, n, k, log))
     if "widths" in cases:  # 128 x 200 where config takes it, against the plan before
         for m, n, k in WIDTH_CASES:
             if time.time() - t0 > args.budget:
