@@ -748,6 +748,20 @@ def split_plans(m, n, k, sms=132):
     return out
 
 
+def alternate_plans(m, n, k, sms=132):
+    """The routed plan's tile with two consumer warpgroups on every other K slice each
+    (``NS`` 2, the sums added through shared memory), the deepest ring that fits as many
+    blocks a multiprocessor as the routed plan (at most its stages), where the routed tile
+    is 64 rows of one warpgroup, swapped or not, or ``shared_plan``'s."""
+    wg, bn, stages, _, _, *rest = full = full_plan(H.config(m, n, k, sms))
+    occ, swap, ns = full[7], full[9], (full + (0,))[11]
+    if (wg, ns) not in ((1, 0), (2, 1)) or bn > 96:  # (three sums of 128 columns: spills)
+        return []
+    limit = (H.SHARED_LIMIT + 1024) // occ - 1024
+    fits = [s for s in range(2, stages + 1) if H.shared_bytes(2, bn, s, 1, 64, 2) <= limit]
+    return [(2, bn, fits[-1], 2, 1, 1, 1, occ, 0, swap, H.GROUP_ROWS, 2)] if fits else []
+
+
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
     FUSE, SWAP, GROUP); ``GEMV`` as it is."""
@@ -1009,6 +1023,13 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         for m in ms:
             for n, k in BAND_SHAPES:
                 jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *paired_plans(m, n, k)]]
+    if "alt" in cases:
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                jobs += [
+                    (p, False, rows) for p in [H.config(m, n, k, 132), *alternate_plans(m, n, k)]
+                ]
     if "sweepbefore" in cases:  # the routing before this branch: no PDL
         for m in ms:
             for n, k in shapes:
@@ -1110,6 +1131,8 @@ def main() -> None:
                 recs.append(run_case(1, n, k, False, [GEMV], log, f"M=1 {n}x{k}"))
     if "rings" in cases:  # deeper rings, one block a multiprocessor
         over_shapes(ms, ring_plans, RING_SHAPES, "ring ")
+    if "alt" in cases:  # two warpgroups on every other K slice of the routed narrow tile
+        over_shapes(ms, alternate_plans)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
         for m, n, k in PDL_CASES:
             if time.time() - t0 > args.budget:

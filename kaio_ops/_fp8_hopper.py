@@ -606,7 +606,7 @@ def last_part(
 @kaio.gpu_func
 def consume_tiles(
     acc: f32[:, :, :], part0: f32[:, :, :], part1: f32[:, :, :], sa_s: f16[:, :, :],
-    sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], out: DT[:, :],
+    sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], red: f32[:, :], out: DT[:, :],
     ebuf: DT[:, :, :], ws: f32[:, :], cnt: i32[:], sa: f32[:], sb: f32[:], bias: DT[:],
     tile0: i32, step: i32, my_tiles: i32,
     k_tiles: i32, tiles_m: i32, tiles_n: i32, full: i32, parts: i32, rank: i32, m: i32, n: i32,
@@ -616,8 +616,10 @@ def consume_tiles(
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
     CL: kaio.constexpr, SPLIT: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr,
 ):  # fmt: skip
-    """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue (``NS``:
-    of its half of the tile's columns, the 64 rows shared with the other warpgroup); with
+    """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue (``NS``
+    1: of its half of the tile's columns, the 64 rows shared with the other warpgroup; 2:
+    warpgroup 0's, of the whole tile, once it added warpgroup 1's sums, of the other K
+    slices: ``consume_alternate``, ``add_warpgroup_sums``); with
     ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
     tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``; with
     ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``). The
@@ -628,9 +630,9 @@ def consume_tiles(
     g = i32(0)
     cs = i32(0)  # PROMOTE 7: the stage of the carried slice, whether one is
     carried = False
-    CW = BN // (1 + NS)  # noqa: N806  (the warpgroup's columns)
-    wa = wg * (1 - NS)  # the warpgroup's 64 rows of the stage's A (NS: both the same)
-    nb = i32(wg) * CW * NS  # and its first B^T row
+    CW = BN // (1 + (NS == 1))  # noqa: N806  (the warpgroup's columns)
+    wa = wg * (NS == 0)  # the warpgroup's 64 rows of the stage's A (NS: both the same)
+    nb = i32(wg) * CW * (NS == 1)  # and its first B^T row
     for i in range(my_tiles):
         u = tile0 + i * step
         count = k_tiles
@@ -639,7 +641,12 @@ def consume_tiles(
         if SPLIT > 1:
             tile, kb, ke, slot = unit_of(u, k_tiles, full, parts)
             count = ke - kb
-        if PROMOTE == 5 or PROMOTE == 6:  # two sums in turn, one group in flight
+        if NS == 2:  # every other K slice; warpgroup 0 adds 1's sums and stores the tile
+            st, ph, g = consume_alternate(acc, part0, part1, sa_s, sb_s, bars, st, ph, g, count,
+                                          wg, lt, CW, STAGES, FP8, f32, CL)  # fmt: skip
+            if not add_warpgroup_sums(acc, red, turn, i, wg, lt, CW):
+                continue
+        elif PROMOTE == 5 or PROMOTE == 6:  # two sums in turn, one group in flight
             zero(acc, CW)
             st, ph, g = consume_pair(acc, part0, part1, sa_s, sb_s, bars, st, ph, g, count, wg,
                                      lt, CW, STAGES, PROMOTE == 5, FP8, f32, CL)  # fmt: skip
@@ -688,6 +695,75 @@ def consume_tiles(
 
 
 @kaio.gpu_func
+def consume_alternate(
+    acc: ACC[:, :, :], part0: ACC[:, :, :], part1: ACC[:, :, :], sa: f16[:, :, :],
+    sb: f16[:, :, :], bars: u64[:, :], st: i32, ph: u32, g: i32, k_tiles: i32, wg: u32,
+    lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr, KIND: kaio.constexpr,
+    ACC: kaio.constexpr, CL: kaio.constexpr,
+):  # fmt: skip
+    """``NS`` 2: warpgroup ``wg``'s sums of a tile's K slices ``wg``, ``wg + 2``, ... (the
+    other warpgroup takes the others: two chains of wgmmas a block instead of one) over the
+    whole 64 x BN tile into ``acc``, as ``consume``'s ``PROMOTE`` 2 (two slice sums in turn,
+    one group of wgmmas in flight, each slice's stage freed by this warpgroup alone). The
+    ring position after all ``k_tiles`` slices returned, as ``consume``."""
+    zero(acc, BN)
+    i = i32(0)  # the warpgroup's slices so far
+    ps = i32(0)  # the stage of its slice before
+    for kt in range(k_tiles):
+        if kt % 2 == i32(wg):
+            s = st
+            kaio.mbarrier_wait(bars, (0, s), ph)
+            kaio.wgmma_fence()
+            if i % 2 == 0:
+                wgmma_slice(part0, sa, sb, s, 0, True, 0, KIND, ACC)
+            else:
+                wgmma_slice(part1, sa, sb, s, 0, True, 0, KIND, ACC)
+            kaio.wgmma_commit()
+            kaio.wgmma_wait(1)
+            if i > 0:  # the slice before's stage and sum
+                free_stage(bars, ps, lt, CL)
+                promote_either(acc, part0, part1, i % 2 == 1, BN // 8)
+            ps = s
+            i += 1
+        st, ph = next_stage(st, ph, STAGES)
+        g += 1
+    kaio.wgmma_wait(0)
+    if i > 0:  # the last slice's
+        free_stage(bars, ps, lt, CL)
+        promote_either(acc, part0, part1, i % 2 == 1, BN // 8)
+    return st, ph, g
+
+
+@kaio.gpu_func
+def add_warpgroup_sums(
+    acc: f32[:, :, :], red: f32[:, :], turn: u64[:], i: i32, wg: u32, lt: u32,
+    BN: kaio.constexpr,
+) -> bool_:  # fmt: skip
+    """``NS`` 2, after the warpgroups' sums of their tile number ``i``: warpgroup 1 puts its
+    ``acc`` into ``red`` (a thread's values in a column: no bank conflicts), warpgroup 0
+    adds them to its own (the even slices' sums plus the odd ones', always in that order)
+    and returns True: it stores the tile. ``turn[0]``: the sums are in ``red`` (128
+    arrivals a tile); ``turn[1]``: warpgroup 0 has read them, ``red`` is free again."""
+    par = u32(i & 1)
+    if wg == 1:
+        if i > 0:
+            kaio.mbarrier_wait(turn, 1, par ^ 1)
+        for j in kaio.static_range(BN // 8):
+            for h in kaio.static_range(2):
+                for e in kaio.static_range(2):
+                    red[4 * j + 2 * h + e, lt] = acc[j, h, e]
+        kaio.mbarrier_arrive(turn, 0)
+    else:
+        kaio.mbarrier_wait(turn, 0, par)
+        for j in kaio.static_range(BN // 8):
+            for h in kaio.static_range(2):
+                for e in kaio.static_range(2):
+                    acc[j, h, e] += red[4 * j + 2 * h + e, lt]
+        kaio.mbarrier_arrive(turn, 1)
+    return wg == 0
+
+
+@kaio.gpu_func
 def carry_slice(
     part: f32[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], st: i32, ph: u32,
     wg: u32, STAGES: kaio.constexpr, KIND: kaio.constexpr,
@@ -730,8 +806,8 @@ def matmul_fp8_wgmma(
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
-    ROWS = 64 * WG - 64 * (WG - 1) * NS  # noqa: N806  (compile-time ints, as the constexprs;
-    CW = BN // (1 + NS)  # noqa: N806  NS: two warpgroups share 64 rows, half the columns each)
+    ROWS = 64 * WG - 64 * (WG - 1) * (NS > 0)  # noqa: N806  (compile-time ints, as the
+    CW = BN // (1 + (NS == 1))  # noqa: N806  constexprs; NS: two warpgroups share 64 rows)
     # a decode tile's A stages hold only the AR rows copied (a_stage_rows), the ring padded
     # so that the last stage's 64-row wgmma operand stays inside it
     SR = ROWS + (AR - ROWS) * ((WG == 1) * (CL == 1) * (AR < 64))  # noqa: N806
@@ -740,12 +816,17 @@ def matmul_fp8_wgmma(
     sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), A_BYTES)
     bars = kaio.shared_dynamic(u64, (2, STAGES), A_BYTES + STAGES * BK * BN * 2)
     turn = kaio.shared_dynamic(u64, (2,), A_BYTES + STAGES * (BK * BN * 2 + 16))
+    # NS 2: warpgroup 1's sums on their way to warpgroup 0 (add_warpgroup_sums; else a stub)
+    RED = 1 + (CW // 2 - 1) * (NS == 2)  # noqa: N806  (a thread's values)
+    red = kaio.shared_dynamic(
+        f32, (RED, 1 + 127 * (NS == 2)), A_BYTES + STAGES * (BK * BN * 2 + 16) + 16
+    )
     # VEC 2, 3: each consumer warp's 16 rows of C on their way out (rows padded by 16
     # bytes, 32 where BN is an odd multiple of 8: ebuf_row)
     on = VEC >= 2  # (else a stub of 8 values)
     ebuf = kaio.shared_dynamic(
         DT, (1 + (WG * 4 - 1) * on, 1 + 15 * on, 8 + (BN + 8 * (BN % 16 != 0)) * on),
-        A_BYTES + STAGES * (BK * BN * 2 + 16) + 16,
+        A_BYTES + STAGES * (BK * BN * 2 + 16) + 16 + 512 * RED * (NS == 2),
     )  # fmt: skip
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
@@ -756,6 +837,9 @@ def matmul_fp8_wgmma(
     if PROMOTE == 4 and t == 0:  # turn[w]: warpgroup w may issue (an arrival a warp)
         kaio.mbarrier_init(turn, 0, 4)
         kaio.mbarrier_init(turn, 1, 4)
+    if NS == 2 and t == 0:  # add_warpgroup_sums': an arrival a thread
+        kaio.mbarrier_init(turn, 0, 128)
+        kaio.mbarrier_init(turn, 1, 128)
     rank = i32(0)
     if CL == 2:  # the cluster's pair of tiles: tile0, step and the counts in pairs
         rank = i32(kaio.cluster_rank())
@@ -766,7 +850,8 @@ def matmul_fp8_wgmma(
     if SPLIT > 1:  # units: the whole tiles, then the parts of the split ones (unit_of)
         units = full + (tiles_m * tiles_n - full) * parts
         my_tiles = (units - tile0 + step - 1) // step
-    init_ring(bars, t, STAGES, WG * CL)  # "free": lane 0 of each consumer warpgroup (of both)
+    # "free": lane 0 of each consumer warpgroup (of both blocks; NS 2: of the one that read it)
+    init_ring(bars, t, STAGES, (1 + (WG - 1) * (NS != 2)) * CL)
     if CL == 2:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
     if PDL:  # (no global memory touched above)
@@ -779,20 +864,20 @@ def matmul_fp8_wgmma(
     wide1 = (CW // 8 - 1) * ((PROMOTE == 2) + (PROMOTE == 6)) + (CW // 16 - 1) * (PROMOTE == 5)
     part1 = kaio.local(f32, (1 + wide1, 2, 2))
     if wg < WG:  # the consumers
-        if WG > 1:  # the registers the producer warpgroup gave up
+        if WG > 1 and NS != 2:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
         if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, out, ebuf, ws, cnt, sa,
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, red, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
                           BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS)  # fmt: skip
         else:
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, out, ebuf, ws, cnt, sa,
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, red, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
                           BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
-        if WG > 1:
+        if WG > 1 and NS != 2:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
             produce_all(sa_s, sb_s, bars, ta, tb, tile0, my_tiles if SPLIT > 1 else slices,
@@ -858,8 +943,9 @@ def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64, ns: 
     rows = 64 if ns else 64 * wg
     sr = a_stage_rows(1 if ns else wg, 1, ar)
     ebuf = wg * 4 * 16 * ebuf_row(bn) * 2 if vec >= 2 else 32  # (a stub: 8 values)
+    red = bn * 256 if ns == 2 else 0  # (NS 2: warpgroup 1's sums, 128 threads' bn / 2 f32)
     a_bytes = (stages * sr + rows - sr) * BK * 2
-    return a_bytes + stages * (bn * BK * 2 + 16) + 16 + ebuf
+    return a_bytes + stages * (bn * BK * 2 + 16) + 16 + red + ebuf
 
 
 def stages_for(wg: int, bn: int, most: int = 12, vec: int = 1, ar: int = 64,
@@ -1195,5 +1281,10 @@ def specializations():
         matmul_fp8_wgmma,
         {**shared_c, "BN": 96, "STAGES": 11, "PROMOTE": 2, "VEC": 1, "AR": 64, "NS": 1},
     )  # fmt: skip  (two warpgroups on 64 rows)
+    yield (
+        matmul_fp8_wgmma,
+        {**shared_c, "BN": 16, "STAGES": 8, "PROMOTE": 2, "VEC": 1, "AR": 64, "SWAP": 1,
+         "NS": 2, "COL_B": 0, "PDL": 0},
+    )  # fmt: skip  (two warpgroups on every other K slice of a swapped tile)
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
                       "BIAS": 1, "DT": bf16}  # fmt: skip

@@ -262,6 +262,7 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((2, 128, 2, 2, 1, 2), 300, 272, 384, "both", "bf16"),  # clusters of two, multicast B
         ((2, 64, 3, 2, 1, 1, 1, 1, 0, 0, 8, 1), 130, 208, 384, "both", "bf16"),  # 64 rows, two
         ((2, 128, 3, 1, 3, 1, 1, 1, 0, 0, 8, 1), 70, 272, 256, "row", "f16"),  # halves (NS)
+        ((2, 64, 3, 2, 1, 1, 1, 1, 0, 0, 8, 2), 100, 208, 640, "row", "f16"),  # odd K slices
         ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
         ((2, 128, 3, 4, 1), 260, 144, 384, "col", "bf16"),  # warpgroups issuing in turn
         ((1, 64, 3, 2, 1, 1, 3), 20, 192, 640, "both", "f16"),  # last tile split 3 ways
@@ -356,6 +357,7 @@ def _force_plan(monkeypatch, plan) -> list:
         ((2, 8, 4, 2, 1, 1, 1, 1, 0, 1), 3, 272, 384, "both", "bf16", "e5m2"),  # 128-row tiles
         ((1, 32, 3, 2, 1, 1, 3, 1, 1, 1), 30, 144, 640, "both", "bf16", "e4m3"),  # 3 parts
         ((2, 16, 3, 1, 1, 1, 2, 1, 0, 1), 9, 128, 512, "row", "f16", "e4m3"),  # split, 2 WG
+        ((2, 8, 4, 2, 1, 1, 1, 2, 0, 1, 8, 2), 5, 144, 640, "both", "bf16", "e4m3"),  # NS 2
     ],
 )
 def test_swapped_plans_sim(plan, m, n, k, scales, out, name, monkeypatch):
@@ -513,7 +515,7 @@ def test_hopper_kernel_assembles_for_sm_90a():
             assert " 0 bytes spill stores" in assemble(ptx, "sm_90")
             continue
         fp8 = constexprs["FP8"].name
-        halves = constexprs["PROMOTE"] in (3, 5) or constexprs.get("NS")  # (or a warpgroup's)
+        halves = constexprs["PROMOTE"] in (3, 5) or constexprs.get("NS") == 1  # (a warpgroup's)
         width = constexprs["BN"] // (2 if halves else 1)
         assert f"wgmma.mma_async.sync.aligned.m64n{width}k32.f32.{fp8}" in ptx
         assert ("griddepcontrol.wait;" in ptx) == bool(constexprs["PDL"])
