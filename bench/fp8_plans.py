@@ -753,7 +753,7 @@ def alternate_plans(m, n, k, sms=132):
     (``NS`` 2, the sums added through shared memory), the deepest ring that fits as many
     blocks a multiprocessor as the routed plan (at most its stages), where the routed tile
     is 64 rows of one warpgroup, swapped or not, or ``shared_plan``'s."""
-    wg, bn, stages, _, _, *rest = full = full_plan(H.config(m, n, k, sms))
+    wg, bn, stages, *_ = full = full_plan(H.config(m, n, k, sms))
     occ, swap, ns = full[7], full[9], (full + (0,))[11]
     if (wg, ns) not in ((1, 0), (2, 1)) or bn > 96:  # (three sums of 128 columns: spills)
         return []

@@ -799,7 +799,9 @@ def matmul_fp8_wgmma(
     in ``cnt``). ``SWAP``: the roles swapped (``swap_plan``): ``ta`` maps B^T [n, K] and
     ``tb`` A [m, K], the kernel's ``m`` is N and ``n`` is M, its tiles are of C^T, stored
     transposed (``store_transposed``). ``NS`` (two consumer warpgroups): 64 x BN tiles, the
-    warpgroups sharing the rows, each multiplying half the columns (``CW``). ``PDL``:
+    warpgroups sharing the rows, each multiplying half the columns (1, ``CW``) or every
+    other K slice of the whole tile (2, ``PROMOTE`` 2's sums: ``consume_alternate``, the
+    other warpgroup's sums added through ``red``; no ``setmaxnreg``). ``PDL``:
     launched with programmatic stream serialization (``programmatic``), its launch and
     set-up overlapping the end of the kernel before it, every thread waiting for that
     kernel's writes before any global access (``kaio.grid_dependency_wait``)."""
@@ -1281,10 +1283,8 @@ def specializations():
         matmul_fp8_wgmma,
         {**shared_c, "BN": 96, "STAGES": 11, "PROMOTE": 2, "VEC": 1, "AR": 64, "NS": 1},
     )  # fmt: skip  (two warpgroups on 64 rows)
-    yield (
-        matmul_fp8_wgmma,
-        {**shared_c, "BN": 16, "STAGES": 8, "PROMOTE": 2, "VEC": 1, "AR": 64, "SWAP": 1,
-         "NS": 2, "COL_B": 0, "PDL": 0},
-    )  # fmt: skip  (two warpgroups on every other K slice of a swapped tile)
+    alternate = {"BN": 16, "STAGES": 8, "PROMOTE": 2, "VEC": 1, "AR": 64, "SWAP": 1, "NS": 2}
+    # (two warpgroups on every other K slice of a swapped tile)
+    yield matmul_fp8_wgmma, {**shared_c, **alternate, "COL_B": 0, "PDL": 0}
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
                       "BIAS": 1, "DT": bf16}  # fmt: skip
