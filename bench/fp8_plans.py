@@ -762,6 +762,29 @@ def alternate_plans(m, n, k, sms=132):
     return [(2, bn, fits[-1], 2, 1, 1, 1, occ, 0, swap, H.GROUP_ROWS, 2)] if fits else []
 
 
+def kc_plans(m, n, k, sms=132):
+    """Tiles whose K slices a cluster of ``KC`` blocks shares (each block a part, the parts'
+    sums added through distributed shared memory, a tile a cluster) where the clusters
+    fill most of the multiprocessors once (swapped decode tiles: twice, two blocks a
+    multiprocessor), the deepest ring that fits (at most 16 stages)."""
+    out = []
+    if m <= H.SWAP_M:  # the swapped tile: 64 weight rows by a's rows
+        shapes, occ, swap = [(1, max(8, -(-m // 8) * 8), -(-n // 64))], 2, 1
+    else:
+        shapes, occ, swap = [], 1, 0
+        for wg, bn in ((2, 64), (2, 96), (2, 128), (1, 64), (1, 128)):
+            shapes.append((wg, bn, -(-m // (64 * wg)) * -(-n // bn)))
+    limit = (H.SHARED_LIMIT + 1024) // occ - 1024
+    for wg, bn, tiles in shapes:
+        for kc in (2, 4):
+            if not (0.75 * sms <= tiles * kc <= occ * sms and k // 128 >= 2 * kc):
+                continue
+            fits = [s for s in range(2, 17) if H.shared_bytes(wg, bn, s, 1, 64, 0, kc) <= limit]
+            promote = 2 if wg == 1 or bn <= 64 else 1  # (no setmaxnreg: 168 registers)
+            out.append((wg, bn, fits[-1], promote, 1, 1, 1, 1, 0, swap, H.GROUP_ROWS, 0, kc))
+    return out
+
+
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
     FUSE, SWAP, GROUP); ``GEMV`` as it is."""
@@ -844,7 +867,7 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL)  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL, KC=1)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -1030,6 +1053,11 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 jobs += [
                     (p, False, rows) for p in [H.config(m, n, k, 132), *alternate_plans(m, n, k)]
                 ]
+    if "kc" in cases:
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *kc_plans(m, n, k)]]
     if "sweepbefore" in cases:  # the routing before this branch: no PDL
         for m in ms:
             for n, k in shapes:
@@ -1133,6 +1161,8 @@ def main() -> None:
         over_shapes(ms, ring_plans, RING_SHAPES, "ring ")
     if "alt" in cases:  # two warpgroups on every other K slice of the routed narrow tile
         over_shapes(ms, alternate_plans)
+    if "kc" in cases:  # a tile's K slices over a cluster of blocks
+        over_shapes(ms, kc_plans)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
         for m, n, k in PDL_CASES:
             if time.time() - t0 > args.budget:

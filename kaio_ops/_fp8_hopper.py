@@ -155,18 +155,20 @@ def load_slice(
 def produce_all(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
     tile0: i32, count: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32, full: i32,
-    parts: i32, BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr,
+    parts: i32, kr: i32, BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr,
     ROWS: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr, AR: kaio.constexpr,
+    KC: kaio.constexpr,
 ):  # fmt: skip
     """The producer's loop: every K slice of the block's tiles (from tile ``tile0``, ``step``
     apart; ``count`` slices; ``_matmul_hopper.next_position``) through ``load_slice``, each
     stage reused once the consumers freed it (8-bit operands, A and B^T K-major: also
     ``kaio_ops._int8_hopper``'s). With ``SPLIT`` (the tiles from ``full`` on split in
     ``parts`` along K), ``count`` units instead (``unit_of``), from ``tile0``, ``step``
-    apart."""
+    apart; with ``KC``, part ``kr`` of the K slices of each of its ``count`` tiles
+    (``k_range``)."""
     s = i32(0)  # the ring position: stage, phase parity
     ph = u32(0)
-    if SPLIT == 1:
+    if SPLIT == 1 and KC == 1:
         kt = i32(0)
         tile = tile0
         row0, col0 = tile_origin(tile0, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
@@ -180,6 +182,8 @@ def produce_all(
         g = i32(0)  # slices so far
         for i in range(count):
             tile, kb, ke, _slot = unit_of(tile0 + i * step, k_tiles, full, parts)
+            if KC > 1:
+                kb, ke = k_range(kr, k_tiles, KC)
             row0, col0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
             for kt in range(kb, ke):
                 wait_free(bars, s, ph, g, STAGES)
@@ -609,12 +613,13 @@ def consume_tiles(
     sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], red: f32[:, :], out: DT[:, :],
     ebuf: DT[:, :, :], ws: f32[:, :], cnt: i32[:], sa: f32[:], sb: f32[:], bias: DT[:],
     tile0: i32, step: i32, my_tiles: i32,
-    k_tiles: i32, tiles_m: i32, tiles_n: i32, full: i32, parts: i32, rank: i32, m: i32, n: i32,
-    wg: u32, lt: u32,
+    k_tiles: i32, tiles_m: i32, tiles_n: i32, full: i32, parts: i32, rank: i32, kr: i32,
+    m: i32, n: i32, wg: u32, lt: u32,
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
     CL: kaio.constexpr, SPLIT: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr,
+    KC: kaio.constexpr,
 ):  # fmt: skip
     """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue (``NS``
     1: of its half of the tile's columns, the 64 rows shared with the other warpgroup; 2:
@@ -622,7 +627,9 @@ def consume_tiles(
     slices: ``consume_alternate``, ``add_warpgroup_sums``); with
     ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
     tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``; with
-    ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``). The
+    ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``); with ``KC``,
+    part ``kr`` of its tile's K slices, its sums left in ``red`` (``put_sums``) for
+    ``store_cluster_sums``. The
     per-tensor scales are loaded at each epilogue (loading them once before the first tile
     instead ran 0.3% slower on an H100: docs/performance.md)."""
     st = i32(0)  # the ring position: stage, phase parity, slices so far
@@ -640,6 +647,9 @@ def consume_tiles(
         tile = u
         if SPLIT > 1:
             tile, kb, ke, slot = unit_of(u, k_tiles, full, parts)
+            count = ke - kb
+        if KC > 1:
+            kb, ke = k_range(kr, k_tiles, KC)
             count = ke - kb
         if NS == 2:  # every other K slice; warpgroup 0 adds 1's sums and stores the tile
             st, ph, g = consume_alternate(acc, part0, part1, sa_s, sb_s, bars, st, ph, g, count,
@@ -660,6 +670,9 @@ def consume_tiles(
                                 lt, CW, STAGES, PROMOTE, FP8, f32, CL, cs, carried,
                                 nb)  # fmt: skip
             carried = False
+        if KC > 1:  # the kernel sums the cluster's parts, stores them (store_cluster_sums)
+            put_sums(acc, red, wg, lt, CW)
+            continue
         tr, tc = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = tr + rank * ROWS + 64 * i32(wa)
         col0 = tc + nb
@@ -764,6 +777,43 @@ def add_warpgroup_sums(
 
 
 @kaio.gpu_func
+def put_sums(acc: f32[:, :, :], red: f32[:, :], wg: u32, lt: u32, BN: kaio.constexpr):
+    """``KC``: consumer thread ``wg * 128 + lt``'s sums into its column of ``red`` (no bank
+    conflicts), for the cluster's ``store_cluster_sums``."""
+    for j in kaio.static_range(BN // 8):
+        for h in kaio.static_range(2):
+            for e in kaio.static_range(2):
+                red[4 * j + 2 * h + e, wg * 128 + lt] = acc[j, h, e]
+
+
+@kaio.gpu_func
+def store_cluster_sums(
+    acc: f32[:, :, :], red: f32[:, :], out: DT[:, :], ebuf: DT[:, :, :], sa: f32[:],
+    sb: f32[:], bias: DT[:], tile: i32, tiles_m: i32, tiles_n: i32, kr: i32, m: i32, n: i32,
+    wg: u32, lt: u32, BN: kaio.constexpr, GROUP: kaio.constexpr, ROW_A: kaio.constexpr,
+    COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr, VEC: kaio.constexpr,
+    SWAP: kaio.constexpr, KC: kaio.constexpr, ROWS: kaio.constexpr,
+):  # fmt: skip
+    """``KC``, once the cluster synced after ``put_sums``: consumer warp ``w`` of block ``w %
+    KC`` adds the ``KC`` blocks' sums of its rows of the cluster's ``tile`` in rank order
+    (``kaio.cluster_load``, its own included: the same bits in whichever block) and stores
+    them (``epilogue_fp8``, whose stores are each warp's own). The kernel's last
+    ``cluster_sync`` keeps each block until the others have read it."""
+    c = i32(wg * 128 + lt)  # the consumer thread
+    if (c // 32) % KC == kr:
+        for j in kaio.static_range(BN // 8):
+            for h in kaio.static_range(2):
+                for e in kaio.static_range(2):
+                    v = kaio.cluster_load(red, (4 * j + 2 * h + e, c), 0)
+                    for p in kaio.static_range(1, KC):
+                        v += kaio.cluster_load(red, (4 * j + 2 * h + e, c), p)
+                    acc[j, h, e] = v
+        tr, tc = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
+        epilogue_fp8(acc, out, ebuf, sa, sb, sa[0], sb[0], bias, tr + 64 * i32(wg), tc, m, n,
+                     wg, lt, BN, ROW_A, COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
+
+
+@kaio.gpu_func
 def carry_slice(
     part: f32[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], st: i32, ph: u32,
     wg: u32, STAGES: kaio.constexpr, KIND: kaio.constexpr,
@@ -788,6 +838,7 @@ def matmul_fp8_wgmma(
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
     AR: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr, PDL: kaio.constexpr,
+    KC: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -808,6 +859,8 @@ def matmul_fp8_wgmma(
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
+    if KC > 1:
+        kaio.cluster_dims(KC)
     ROWS = 64 * WG - 64 * (WG - 1) * (NS > 0)  # noqa: N806  (compile-time ints, as the
     CW = BN // (1 + (NS == 1))  # noqa: N806  constexprs; NS: two warpgroups share 64 rows)
     # a decode tile's A stages hold only the AR rows copied (a_stage_rows), the ring padded
@@ -818,17 +871,17 @@ def matmul_fp8_wgmma(
     sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), A_BYTES)
     bars = kaio.shared_dynamic(u64, (2, STAGES), A_BYTES + STAGES * BK * BN * 2)
     turn = kaio.shared_dynamic(u64, (2,), A_BYTES + STAGES * (BK * BN * 2 + 16))
-    # NS 2: warpgroup 1's sums on their way to warpgroup 0 (add_warpgroup_sums; else a stub)
-    RED = 1 + (CW // 2 - 1) * (NS == 2)  # noqa: N806  (a thread's values)
-    red = kaio.shared_dynamic(
-        f32, (RED, 1 + 127 * (NS == 2)), A_BYTES + STAGES * (BK * BN * 2 + 16) + 16
-    )
+    # NS 2: warpgroup 1's sums on their way to warpgroup 0 (add_warpgroup_sums); KC: every
+    # consumer thread's to the cluster (add_cluster_sums); else a stub
+    RED = 1 + (CW // 2 - 1) * ((NS == 2) + (KC > 1))  # noqa: N806  (a thread's values)
+    RT = 1 + (128 * (1 + (WG - 1) * (KC > 1)) - 1) * ((NS == 2) + (KC > 1))  # noqa: N806
+    red = kaio.shared_dynamic(f32, (RED, RT), A_BYTES + STAGES * (BK * BN * 2 + 16) + 16)
     # VEC 2, 3: each consumer warp's 16 rows of C on their way out (rows padded by 16
     # bytes, 32 where BN is an odd multiple of 8: ebuf_row)
     on = VEC >= 2  # (else a stub of 8 values)
     ebuf = kaio.shared_dynamic(
         DT, (1 + (WG * 4 - 1) * on, 1 + 15 * on, 8 + (BN + 8 * (BN % 16 != 0)) * on),
-        A_BYTES + STAGES * (BK * BN * 2 + 16) + 16 + 512 * RED * (NS == 2),
+        A_BYTES + STAGES * (BK * BN * 2 + 16) + 16 + 4 * RED * RT * ((NS == 2) + (KC > 1)),
     )  # fmt: skip
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
@@ -836,6 +889,9 @@ def matmul_fp8_wgmma(
     tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(
         m, n, k2, ROWS * CL, BN, BK
     )
+    # the producer's registers to the consumers (not with NS 2: decode tiles, two blocks a
+    # multiprocessor; nor KC, whose sums are stored after the branches)
+    NREG = (WG > 1) * (NS != 2) * (KC == 1)  # noqa: N806
     if PROMOTE == 4 and t == 0:  # turn[w]: warpgroup w may issue (an arrival a warp)
         kaio.mbarrier_init(turn, 0, 4)
         kaio.mbarrier_init(turn, 1, 4)
@@ -852,6 +908,12 @@ def matmul_fp8_wgmma(
     if SPLIT > 1:  # units: the whole tiles, then the parts of the split ones (unit_of)
         units = full + (tiles_m * tiles_n - full) * parts
         my_tiles = (units - tile0 + step - 1) // step
+    kr = i32(0)
+    if KC > 1:  # a cluster's KC blocks: the same tile, each part kr of its K slices
+        kr = i32(kaio.cluster_rank())
+        tile0 = tile0 // KC
+        step = step // KC
+        my_tiles = (tiles_m * tiles_n - tile0 + step - 1) // step
     # "free": lane 0 of each consumer warpgroup (of both blocks; NS 2: of the one that read it)
     init_ring(bars, t, STAGES, (1 + (WG - 1) * (NS != 2)) * CL)
     if CL == 2:
@@ -866,27 +928,34 @@ def matmul_fp8_wgmma(
     wide1 = (CW // 8 - 1) * ((PROMOTE == 2) + (PROMOTE == 6)) + (CW // 16 - 1) * (PROMOTE == 5)
     part1 = kaio.local(f32, (1 + wide1, 2, 2))
     if wg < WG:  # the consumers
-        if WG > 1 and NS != 2:  # the registers the producer warpgroup gave up
+        if NREG:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
         if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, red, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
-                          rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS)  # fmt: skip
+                          rank, kr, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A,
+                          COL_B, BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS, KC)  # fmt: skip
         else:
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, red, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
-                          rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS)  # fmt: skip
+                          rank, kr, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A,
+                          COL_B, BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS, KC)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
-        if WG > 1 and NS != 2:
+        if NREG:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
-            produce_all(sa_s, sb_s, bars, ta, tb, tile0, my_tiles if SPLIT > 1 else slices,
-                        k_tiles, step, tiles_m, tiles_n, full, parts, BN, STAGES, GROUP, ROWS,
-                        CL, SPLIT, AR)  # fmt: skip
-    if CL == 2:
-        kaio.cluster_sync()  # no block leaves while the other may still write to it
+            produce_all(sa_s, sb_s, bars, ta, tb, tile0,
+                        my_tiles if SPLIT > 1 or KC > 1 else slices, k_tiles, step, tiles_m,
+                        tiles_n, full, parts, kr, BN, STAGES, GROUP, ROWS, CL, SPLIT, AR,
+                        KC)  # fmt: skip
+    if KC > 1:  # a tile a cluster: its parts' sums added, each warp's rows by one block
+        kaio.cluster_sync()
+        if wg < WG:
+            store_cluster_sums(acc, red, out, ebuf, sa, sb, bias, tile0, tiles_m, tiles_n, kr, m,
+                               n, wg, lt, BN, GROUP, ROW_A, COL_B, BIAS, DT, VEC, SWAP, KC,
+                               ROWS)  # fmt: skip
+    if CL == 2 or KC > 1:
+        kaio.cluster_sync()  # no block leaves while another may still write to it or read it
 
 
 @kaio.gpu_kernel(block_size=SUM_THREADS)
@@ -936,7 +1005,9 @@ def ebuf_row(bn: int) -> int:
     return bn + 8 + 8 * (bn % 16 != 0)
 
 
-def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64, ns: int = 0) -> int:
+def shared_bytes(
+    wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64, ns: int = 0, kc: int = 1
+) -> int:
     """The dynamic shared memory of a ``64 * wg x bn`` tile ring of ``stages`` (8-bit
     operands, 128 values of K a stage; A stages of ``a_stage_rows`` rows for ``ar`` A
     rows copied, padded to a last 64-row operand; ``ns``: 64 rows shared by the ``wg``
@@ -945,7 +1016,8 @@ def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64, ns: 
     rows = 64 if ns else 64 * wg
     sr = a_stage_rows(1 if ns else wg, 1, ar)
     ebuf = wg * 4 * 16 * ebuf_row(bn) * 2 if vec >= 2 else 32  # (a stub: 8 values)
-    red = bn * 256 if ns == 2 else 0  # (NS 2: warpgroup 1's sums, 128 threads' bn / 2 f32)
+    # NS 2: warpgroup 1's sums, 128 threads' bn / 2 f32; KC: every consumer thread's
+    red = bn * 256 if ns == 2 else bn * 256 * wg if kc > 1 else 0
     a_bytes = (stages * sr + rows - sr) * BK * 2
     return a_bytes + stages * (bn * BK * 2 + 16) + 16 + red + ebuf
 
@@ -1175,13 +1247,14 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     from kaio_ops.linear import _counters, _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
-    cl, split, occ, fuse, swap, group, ns = (*rest, *(1, 1, 1, 0, 0, GROUP_ROWS, 0)[len(rest) :])[
-        :7
-    ]
-    if (split > 1 or occ > 1) and cl > 1:
+    defaults = (1, 1, 1, 0, 0, GROUP_ROWS, 0, 1)
+    cl, split, occ, fuse, swap, group, ns, kc = (*rest, *defaults[len(rest) :])[:8]
+    if (split > 1 or occ > 1 or kc > 1) and cl > 1:
         raise ValueError(
             f"matmul_fp8: plan {plan}: a K split or OCC > 1 needs CL = 1 (one block a tile)"
         )
+    if kc > 1 and (split > 1 or ns == 2 or -(-k // (2 * BK)) < kc):
+        raise ValueError(f"matmul_fp8: plan {plan}: KC needs SPLIT 1, NS < 2, K slices >= KC")
     if swap:  # C^T = B^T A^T: the weights are the 64-row operand, the rows of a the columns
         a_units, bt_units, m, n = bt_units, a_units, n, m
         fuse, vec = 1, 1  # (sum_parts and the shared epilogue store tiles of C, not C^T)
@@ -1193,17 +1266,20 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
         SWAP=int(bool(swap)), NS=ns, PDL=programmatic(swap) if PDL is None else PDL,
+        KC=kc,
     )  # fmt: skip
     if vec >= 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
         constexprs["VEC"] = 1
         if plan is None:  # config's: the ring takes the buffers' room
             stages = constexprs["STAGES"] = stages_for(wg, bn)
-    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar, ns)
+    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar, ns, kc)
     tiles = -(-m // (rows * cl)) * -(-n // bn)
     full = split_from(tiles, sms * occ, split)
     units = full + (tiles - full) * split
-    if cl == 1:
+    if kc > 1:  # a cluster a tile (add_cluster_sums syncs the cluster once)
+        grid = kc * tiles
+    elif cl == 1:
         grid = min(sms * occ, units)
     else:
         grid = 2 * min(tiles, _clusters(threads, shared, constexprs))
@@ -1260,11 +1336,12 @@ def specializations():
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
-                                 else 64 * wg, "SWAP": 0, "NS": 0, "PDL": i % 2}  # fmt: skip
+                                 else 64 * wg, "SWAP": 0, "NS": 0, "PDL": i % 2,
+                                 "KC": 1}  # fmt: skip
     shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
                 "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0,
-                "NS": 0, "PDL": 1}  # fmt: skip
+                "NS": 0, "PDL": 1, "KC": 1}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
     yield (
         matmul_fp8_wgmma,
@@ -1286,5 +1363,7 @@ def specializations():
     alternate = {"BN": 16, "STAGES": 8, "PROMOTE": 2, "VEC": 1, "AR": 64, "SWAP": 1, "NS": 2}
     # (two warpgroups on every other K slice of a swapped tile)
     yield matmul_fp8_wgmma, {**shared_c, **alternate, "COL_B": 0, "PDL": 0}
+    # (a tile's K slices over a cluster of two, the sums added through shared memory)
+    yield matmul_fp8_wgmma, {**shared_c, "BN": 64, "STAGES": 8, "PROMOTE": 2, "VEC": 1, "KC": 2}
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
                       "BIAS": 1, "DT": bf16}  # fmt: skip

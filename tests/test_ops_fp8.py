@@ -263,6 +263,8 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((2, 64, 3, 2, 1, 1, 1, 1, 0, 0, 8, 1), 130, 208, 384, "both", "bf16"),  # 64 rows, two
         ((2, 128, 3, 1, 3, 1, 1, 1, 0, 0, 8, 1), 70, 272, 256, "row", "f16"),  # halves (NS)
         ((2, 64, 3, 2, 1, 1, 1, 1, 0, 0, 8, 2), 100, 208, 640, "row", "f16"),  # odd K slices
+        ((2, 64, 3, 2, 1, 1, 1, 1, 0, 0, 8, 0, 2), 130, 144, 640, "both", "bf16"),  # KC 2
+        ((1, 32, 3, 2, 1, 1, 1, 1, 0, 0, 8, 0, 4), 20, 96, 1024, "col", "f32"),  # K over 4
         ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
         ((2, 128, 3, 4, 1), 260, 144, 384, "col", "bf16"),  # warpgroups issuing in turn
         ((1, 64, 3, 2, 1, 1, 3), 20, 192, 640, "both", "f16"),  # last tile split 3 ways
@@ -358,6 +360,7 @@ def _force_plan(monkeypatch, plan) -> list:
         ((1, 32, 3, 2, 1, 1, 3, 1, 1, 1), 30, 144, 640, "both", "bf16", "e4m3"),  # 3 parts
         ((2, 16, 3, 1, 1, 1, 2, 1, 0, 1), 9, 128, 512, "row", "f16", "e4m3"),  # split, 2 WG
         ((2, 8, 4, 2, 1, 1, 1, 2, 0, 1, 8, 2), 5, 144, 640, "both", "bf16", "e4m3"),  # NS 2
+        ((1, 8, 4, 2, 1, 1, 1, 1, 0, 1, 8, 0, 2), 5, 144, 640, "row", "f16", "e5m2"),  # KC 2
     ],
 )
 def test_swapped_plans_sim(plan, m, n, k, scales, out, name, monkeypatch):
