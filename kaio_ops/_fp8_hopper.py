@@ -1233,17 +1233,20 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
     BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[,
-    GROUP]]]]]]), default ``config``'s; CL: 1, or clusters of two tiles one above the other
-    (2); SPLIT > 1 (one block a cluster): the tiles of
-    the last partial wave split that many ways along K (``split_from``), their raw sums in a
-    workspace made like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one
+    GROUP[, NS[, KC]]]]]]]]), default ``config``'s; CL: 1, or clusters of two tiles one
+    above the other (2); SPLIT > 1 (one block a cluster): the tiles of the last partial
+    wave split that many ways along K (``split_from``), their raw sums in a workspace made
+    like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one
     block a cluster; default 1): a persistent grid of up to OCC blocks a multiprocessor
     (with a ring of STAGES small enough that OCC blocks' shared memory fits one: more blocks
     streaming the weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the
     kernel, by each warp's last arrival (``last_part``; counters from ``linear._counters``),
     not by ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the
     weights, BN of a's rows a tile; its K split always summed in the kernel. GROUP: the tile
-    rows a group of the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``)."""
+    rows a group of the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``). NS:
+    the kernel's (two warpgroups on a 64-row tile). KC > 1 (SPLIT 1): a cluster of KC
+    blocks a tile, each multiplying part of its K slices (a grid of KC blocks a tile, not
+    persistent)."""
     from kaio_ops.linear import _counters, _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
