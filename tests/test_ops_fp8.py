@@ -657,12 +657,16 @@ def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch
     "plan, m",
     [((1, 32, 32, 2, 1), 1), ((1, 16, 26, 2, 1, 1, 1, 2), 16), ((1, 32, 17, 2, 1, 1, 2, 2), 13),
      ((1, 64, 7, 2, 1, 1, 1, 2), 64), ((1, 48, 27, 2, 1), 5), ((1, 32, 17, 2, 1, 1, 2, 2, 1), 16),
-     ((1, 64, 7, 2, 1, 1, 3, 2, 1), 40)],
+     ((1, 64, 7, 2, 1, 1, 3, 2, 1), 40), ((2, 8, 8, 2, 1, 1, 1, 2, 0, 1, 8, 2), 5),
+     ((2, 48, 12, 2, 1, 1, 1, 1, 0, 0, 8, 2), 64), ((1, 16, 12, 2, 1, 1, 1, 1, 0, 1, 8, 0, 4), 13),
+     ((2, 64, 8, 2, 1, 1, 1, 1, 0, 0, 8, 0, 2), 128),
+     ((2, 128, 5, 1, 1, 1, 1, 1, 0, 0, 8, 0, 4), 250)],
 )  # fmt: skip
 def test_decode_plans_gpu_vs_scaled_mm(plan, m, monkeypatch):
     """Decode tiles (one warpgroup, A stages of only the rows copied) with deep rings, two
     blocks a multiprocessor (OCC) and a K split (its parts summed by ``sum_parts`` or in the
-    kernel), forced, against torch._scaled_mm."""
+    kernel), two warpgroups on every other K slice (``NS`` 2, swapped or not), a tile's K
+    slices over a cluster (``KC``), forced, against torch._scaled_mm."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
