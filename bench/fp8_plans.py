@@ -779,7 +779,7 @@ def kc_plans(m, n, k, sms=132):
         for kc in (2, 4):
             if not (0.75 * sms <= tiles * kc <= occ * sms and k // 128 >= 2 * kc):
                 continue
-            fits = [s for s in range(2, 17) if H.shared_bytes(wg, bn, s, 1, 64, 0, kc) <= limit]
+            fits = [s for s in range(2, 17) if H.shared_bytes(wg, bn, s) <= limit]
             promote = 2 if wg == 1 or bn <= 64 else 1  # (no setmaxnreg: 168 registers)
             out.append((wg, bn, fits[-1], promote, 1, 1, 1, 1, 0, swap, H.GROUP_ROWS, 0, kc))
     return out

@@ -628,8 +628,8 @@ def consume_tiles(
     ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
     tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``; with
     ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``); with ``KC``,
-    part ``kr`` of its tile's K slices, its sums left in ``red`` (``put_sums``) for
-    ``store_cluster_sums``. The
+    part ``kr`` of its tile's K slices, its sums left in ``acc`` for the kernel's
+    ``put_sums`` and ``store_cluster_sums``. The
     per-tensor scales are loaded at each epilogue (loading them once before the first tile
     instead ran 0.3% slower on an H100: docs/performance.md)."""
     st = i32(0)  # the ring position: stage, phase parity, slices so far
@@ -671,7 +671,6 @@ def consume_tiles(
                                 nb)  # fmt: skip
             carried = False
         if KC > 1:  # the kernel sums the cluster's parts, stores them (store_cluster_sums)
-            put_sums(acc, red, wg, lt, CW)
             continue
         tr, tc = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = tr + rank * ROWS + 64 * i32(wa)
@@ -872,16 +871,18 @@ def matmul_fp8_wgmma(
     bars = kaio.shared_dynamic(u64, (2, STAGES), A_BYTES + STAGES * BK * BN * 2)
     turn = kaio.shared_dynamic(u64, (2,), A_BYTES + STAGES * (BK * BN * 2 + 16))
     # NS 2: warpgroup 1's sums on their way to warpgroup 0 (add_warpgroup_sums); KC: every
-    # consumer thread's to the cluster (add_cluster_sums); else a stub
+    # consumer thread's to the cluster (put_sums), over the ring, which is done by then (a
+    # tile a cluster); else a stub
     RED = 1 + (CW // 2 - 1) * ((NS == 2) + (KC > 1))  # noqa: N806  (a thread's values)
     RT = 1 + (128 * (1 + (WG - 1) * (KC > 1)) - 1) * ((NS == 2) + (KC > 1))  # noqa: N806
-    red = kaio.shared_dynamic(f32, (RED, RT), A_BYTES + STAGES * (BK * BN * 2 + 16) + 16)
+    red_at = (A_BYTES + STAGES * (BK * BN * 2 + 16) + 16) * (KC == 1)
+    red = kaio.shared_dynamic(f32, (RED, RT), red_at)
     # VEC 2, 3: each consumer warp's 16 rows of C on their way out (rows padded by 16
     # bytes, 32 where BN is an odd multiple of 8: ebuf_row)
     on = VEC >= 2  # (else a stub of 8 values)
     ebuf = kaio.shared_dynamic(
         DT, (1 + (WG * 4 - 1) * on, 1 + 15 * on, 8 + (BN + 8 * (BN % 16 != 0)) * on),
-        A_BYTES + STAGES * (BK * BN * 2 + 16) + 16 + 4 * RED * RT * ((NS == 2) + (KC > 1)),
+        A_BYTES + STAGES * (BK * BN * 2 + 16) + 16 + 4 * RED * RT * (NS == 2),
     )  # fmt: skip
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
@@ -949,6 +950,9 @@ def matmul_fp8_wgmma(
                         tiles_n, full, parts, kr, BN, STAGES, GROUP, ROWS, CL, SPLIT, AR,
                         KC)  # fmt: skip
     if KC > 1:  # a tile a cluster: its parts' sums added, each warp's rows by one block
+        kaio.sync_threads()  # (the ring read: its room takes the sums)
+        if wg < WG:
+            put_sums(acc, red, wg, lt, CW)
         kaio.cluster_sync()
         if wg < WG:
             store_cluster_sums(acc, red, out, ebuf, sa, sb, bias, tile0, tiles_m, tiles_n, kr, m,
@@ -1005,9 +1009,7 @@ def ebuf_row(bn: int) -> int:
     return bn + 8 + 8 * (bn % 16 != 0)
 
 
-def shared_bytes(
-    wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64, ns: int = 0, kc: int = 1
-) -> int:
+def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64, ns: int = 0) -> int:
     """The dynamic shared memory of a ``64 * wg x bn`` tile ring of ``stages`` (8-bit
     operands, 128 values of K a stage; A stages of ``a_stage_rows`` rows for ``ar`` A
     rows copied, padded to a last 64-row operand; ``ns``: 64 rows shared by the ``wg``
@@ -1016,8 +1018,7 @@ def shared_bytes(
     rows = 64 if ns else 64 * wg
     sr = a_stage_rows(1 if ns else wg, 1, ar)
     ebuf = wg * 4 * 16 * ebuf_row(bn) * 2 if vec >= 2 else 32  # (a stub: 8 values)
-    # NS 2: warpgroup 1's sums, 128 threads' bn / 2 f32; KC: every consumer thread's
-    red = bn * 256 if ns == 2 else bn * 256 * wg if kc > 1 else 0
+    red = bn * 256 if ns == 2 else 0  # (NS 2: warpgroup 1's sums, 128 threads' bn / 2 f32)
     a_bytes = (stages * sr + rows - sr) * BK * 2
     return a_bytes + stages * (bn * BK * 2 + 16) + 16 + red + ebuf
 
@@ -1256,8 +1257,11 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         raise ValueError(
             f"matmul_fp8: plan {plan}: a K split or OCC > 1 needs CL = 1 (one block a tile)"
         )
-    if kc > 1 and (split > 1 or ns == 2 or -(-k // (2 * BK)) < kc):
-        raise ValueError(f"matmul_fp8: plan {plan}: KC needs SPLIT 1, NS < 2, K slices >= KC")
+    if kc > 1 and (split > 1 or ns == 2 or -(-k // (2 * BK)) < kc or stages < 2 * wg):
+        raise ValueError(
+            f"matmul_fp8: plan {plan}: KC needs SPLIT 1, NS < 2, K slices >= KC and a ring "
+            "that holds the consumers' sums (put_sums)"
+        )
     if swap:  # C^T = B^T A^T: the weights are the 64-row operand, the rows of a the columns
         a_units, bt_units, m, n = bt_units, a_units, n, m
         fuse, vec = 1, 1  # (sum_parts and the shared epilogue store tiles of C, not C^T)
@@ -1276,7 +1280,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         constexprs["VEC"] = 1
         if plan is None:  # config's: the ring takes the buffers' room
             stages = constexprs["STAGES"] = stages_for(wg, bn)
-    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar, ns, kc)
+    threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar, ns)
     tiles = -(-m // (rows * cl)) * -(-n // bn)
     full = split_from(tiles, sms * occ, split)
     units = full + (tiles - full) * split
