@@ -928,7 +928,7 @@ def _warm(jobs):
     m[, pdl]]: the rows, which set a decode tile's A rows copied; ``_fp8_hopper.PDL``)."""
     use_ptxas()
     for plan, rowwise, *rows in jobs:
-        (a, b, sa, sb) = operands(*rows[:1] or [256], 256, 256, rowwise, 1)[0]
+        (a, b, sa, sb) = operands(*rows[:1] or [256], 256, 1024, rowwise, 1)[0]  # (KC 4: 8 slices)
         H.PDL = rows[1] if len(rows) > 1 else ROUTED_PDL
         with_plan(plan)(a, b, sa, sb)
         if rows == [1]:  # (gemv_fp8, which a forced plan bypasses)
