@@ -1039,7 +1039,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "gaps" in cases or "pdl" in cases or "pdlsweep" in cases:  # (with and without PDL)
         cs = set(GAP_CASES) | (set(PDL_CASES) if "pdl" in cases else set())
         if "pdlsweep" in cases:
-            cs = {(m, n, k) for m in ms for mo in models for n, k in SHAPES[mo]}
+            cs = {(m, n, k) for m in ms if m <= H.SWAP_M for mo in models for n, k in SHAPES[mo]}
         jobs += [(H.config(*c, 132), False, min(H.a_rows(c[0], 1, 1), 256), p) for c in cs
                  for p in (0, 1)]  # fmt: skip
     if "paired" in cases:
@@ -1172,8 +1172,8 @@ def main() -> None:
                 print(f"budget: skipped pdl {m}x{n}x{k}", flush=True)
                 continue
             recs.append(pdl_case(m, n, k, log))
-    if "pdlsweep" in cases:  # the same at --ms over the models' shapes
-        for m in ms:
+    if "pdlsweep" in cases:  # the same at --ms (the swapped tiles') over the models' shapes
+        for m in [m for m in ms if m <= H.SWAP_M]:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 if time.time() - t0 > args.budget:
                     print(f"budget: skipped pdl {m}x{n}x{k}", flush=True)
