@@ -1154,15 +1154,19 @@ NS_M = 128  # a's rows up to which narrow tiles run as shared_plan's (two warpgr
 
 
 def shared_plan(m: int, n: int, sms: int) -> tuple:
-    """The plan of 64-row tiles whose two consumer warpgroups share the rows, each
-    multiplying half the columns (``NS``; cuBLAS's kernel at 128 rows runs 64 x 64 tiles on
-    384 threads), the narrowest multiple of 32 columns whose tiles fit one wave, the deepest
-    ring that fits (at most 16 stages), two slice sums in turn a warpgroup. Measured on an
-    H100 (bench/fp8_plans.py --cases ns, docs/performance.md): at 128 rows 2-3% faster than
-    64 x 64 tiles of one warpgroup or 128 x 64 of two at N = 4096, 6144 and 8192."""
+    """The plan of 64-row tiles whose two consumer warpgroups share the rows (``NS``;
+    cuBLAS's kernel at 128 rows runs 64 x 64 tiles on 384 threads), the narrowest multiple
+    of 32 columns whose tiles fit one wave, the deepest ring that fits (at most 16 stages),
+    two slice sums in turn a warpgroup: each warpgroup multiplies every other K slice of the
+    whole tile (``NS`` 2) where it is 64 columns wide, else half the columns (1). Measured
+    on an H100 (bench/fp8_plans.py --cases ns, alt; docs/performance.md): at 128 rows half
+    the columns each ran 2-3% faster than 64 x 64 tiles of one warpgroup or 128 x 64 of two
+    at N = 4096, 6144 and 8192; every other K slice 6-7% faster again at N = 4096 (K =
+    4096 and 14336), the same at 6144 (96 columns)."""
     bn = next(b for b in range(32, 257, 32) if -(-m // 64) * -(-n // b) <= sms or b == 256)
-    fits = [s for s in range(2, 17) if shared_bytes(2, bn, s, 1, 64, 1) <= SHARED_LIMIT]
-    return 2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 0, GROUP_ROWS, 1
+    ns = 2 if bn <= 64 else 1
+    fits = [s for s in range(2, 17) if shared_bytes(2, bn, s, 1, 64, ns) <= SHARED_LIMIT]
+    return 2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 0, GROUP_ROWS, ns
 
 
 def config(m: int, n: int, k: int, sms: int) -> tuple:
@@ -1282,6 +1286,8 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
             stages = constexprs["STAGES"] = stages_for(wg, bn)
     threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar, ns)
     tiles = -(-m // (rows * cl)) * -(-n // bn)
+    if swap and constexprs["PDL"]:  # (the next kernel's blocks placed beside this one's)
+        shared = max(shared, exclusive_shared(1 if tiles <= sms else occ))
     full = split_from(tiles, sms * occ, split)
     units = full + (tiles - full) * split
     if kc > 1:  # a cluster a tile (add_cluster_sums syncs the cluster once)
@@ -1305,6 +1311,17 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
             ws, out, sa, sb, bias, m, n, full, split, ROWS=rows, BN=bn, GROUP=group,
             **flags, DT=dt,
         )  # fmt: skip
+
+
+SM_SHARED = 228 * 1024  # shared memory a multiprocessor (H100, H200), 1 KB a block reserved
+
+
+def exclusive_shared(blocks: int) -> int:
+    """The dynamic shared memory that lets at most ``blocks`` blocks share a multiprocessor:
+    with programmatic dependent launch, the next kernel's blocks are placed while this
+    one's run, and would otherwise crowd two or three small decode blocks onto some
+    multiprocessors (bench/fp8_plans.py --cases pdlsweep: 8 x 4096 x 4096 twice as slow)."""
+    return SM_SHARED // (blocks + 1) - 1024 + 16
 
 
 _CLUSTERS: dict = {}
