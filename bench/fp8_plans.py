@@ -194,6 +194,10 @@ def with_plan(plan, out_dtype=None):
             H.config = lambda *args: keep[0](*args)
         elif plan == BEFORE:  # (unplanned too)
             H.config, H.PDL = (lambda *args: without_200(*args, config=keep[0])[0]), 0
+        elif plan == MAIN:  # (unplanned too)
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            before = main_plan(keep[0](a.shape[0], b.shape[1], a.shape[1], sms), a.shape[0])
+            H.config, H.PDL = (lambda *args: before), int(not full_plan(before)[9])
         else:
             H.config = lambda *args: tuple(plan)
             D.MAX_M = D.SM90_MAX_M = 0
@@ -207,6 +211,7 @@ def with_plan(plan, out_dtype=None):
 
 ROUTED_PDL = H.PDL  # (_warm sets H.PDL for a job, and back)
 GEMV = "gemv"  # the plan name of _fp8_decode's kernel (with_plan)
+MAIN = "main"  # the plan name of main's routing before this branch (with_plan, main_plan)
 BEFORE = "before"  # the plan name of the routing before this branch (with_plan)
 
 
@@ -794,10 +799,26 @@ def kc_plans(m, n, k, sms=132):
     return out
 
 
+def main_plan(plan, m) -> tuple:
+    """The plan main's ``config`` picked (at 79c8fca, before the fp8 branch of 2026-11-27)
+    where ``config`` now picks ``plan`` for ``m`` rows: ``shared_plan``'s half the columns
+    a warpgroup (``NS`` 1) where it now takes every other K slice (``NS`` 2), and one
+    warpgroup's tile where ``alternating_plan``'s now; ``with_plan`` also launches the
+    swapped tiles without programmatic dependent launch, as main did."""
+    full = full_plan(plan)
+    if len(full) < 12 or full[11] != 2:
+        return plan
+    bn = full[1]
+    if m <= 64:
+        return H.plan(1, bn)
+    fits = [s for s in range(2, 17) if H.shared_bytes(2, bn, s, 1, 64, 1) <= H.SHARED_LIMIT]
+    return (*full[:2], fits[-1], *full[3:11], 1)
+
+
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
     FUSE, SWAP, GROUP); ``GEMV`` as it is."""
-    if plan in (GEMV, BEFORE):
+    if plan in (GEMV, BEFORE, MAIN):
         return (plan,)
     return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS)[len(plan) - 5 :])
 
@@ -813,7 +834,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     for plan in [None, *plans]:
         if plan is not None and full_plan(plan) == full_plan(rec["pick_plan"]):
             continue  # timed as "pick"
-        named = plan in (GEMV, BEFORE)
+        named = plan in (GEMV, BEFORE, MAIN)
         name = "pick" if plan is None else plan if named else "/".join(map(str, plan))
         _plan.clear()
         fn = with_plan(plan)
@@ -830,7 +851,8 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     best = None
     for name, t in ms.items():
         rec[name].update(us=t * 1e3, x=rec["cublas_us"] / (t * 1e3))
-        plan = name if name in ("pick", GEMV, BEFORE) else tuple(int(x) for x in name.split("/"))
+        named = name in ("pick", GEMV, BEFORE, MAIN)
+        plan = name if named else tuple(int(x) for x in name.split("/"))
         if rec[name]["err"] < 1e-2 and plan not in NOT_SHIPPED:
             if best is None or t * 1e3 < rec[best]["us"]:
                 best = name
@@ -1067,6 +1089,13 @@ def warm(cases, ms, models, processes: int = 14) -> None:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
                 jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *kc_plans(m, n, k)]]
+    if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                pick = H.config(m, n, k, 132)
+                before = main_plan(pick, m)
+                jobs += [(pick, False, rows), (before, False, rows, int(not full_plan(before)[9]))]
     if "sweepbefore" in cases:  # the routing before this branch: no PDL
         for m in ms:
             for n, k in shapes:
@@ -1173,6 +1202,8 @@ def main() -> None:
         over_shapes(ms, ring_plans, RING_SHAPES, "ring ")
     if "alt" in cases:  # two warpgroups on every other K slice of the routed narrow tile
         over_shapes(ms, alternate_plans, some=True)
+    if "vsmain" in cases:  # the routed plans against main's routing
+        over_shapes(ms, lambda m, n, k: [MAIN])
     if "kc" in cases:  # a tile's K slices over a cluster of blocks
         over_shapes(ms, kc_plans, some=True)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch

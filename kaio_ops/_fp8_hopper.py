@@ -30,10 +30,11 @@ swapped, C^T = B^T A^T (cuBLAS's decode layout, its ``64x8`` tiles): the weights
 that are not there; the same kernel (both operands K-major), the tensor maps and M, N
 exchanged by ``launch``, the tiles of C^T stored transposed (``store_transposed``: lanes
 trading values so that each stores two adjacent columns of C). ``swap_config`` routes them
-up to ``SWAP_M`` rows. ``PDL``: the unswapped kernel is launched with programmatic dependent
-launch (``programmatic``): it is placed and set up while the kernel before it ends, and
-waits for that kernel's writes (``kaio.grid_dependency_wait``) before it touches global
-memory.
+up to ``SWAP_M`` rows. ``PDL``: the kernel is launched with programmatic dependent launch:
+it is placed and set up while the kernel before it ends, and waits for that kernel's writes
+(``kaio.grid_dependency_wait``) before it touches global memory; the swapped tiles with
+their shared memory padded so that the next kernel's blocks cannot crowd onto their
+multiprocessors (``exclusive_shared``).
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -852,7 +853,7 @@ def matmul_fp8_wgmma(
     warpgroups sharing the rows, each multiplying half the columns (1, ``CW``) or every
     other K slice of the whole tile (2, ``PROMOTE`` 2's sums: ``consume_alternate``, the
     other warpgroup's sums added through ``red``; no ``setmaxnreg``). ``PDL``:
-    launched with programmatic stream serialization (``programmatic``), its launch and
+    launched with programmatic stream serialization, its launch and
     set-up overlapping the end of the kernel before it, every thread waiting for that
     kernel's writes before any global access (``kaio.grid_dependency_wait``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
@@ -1105,17 +1106,11 @@ def estimate(m: int, n: int, k: int, sms: int, wg: int, bn: int, cl: int) -> tup
     return best
 
 
-PDL = None  # matmul_fp8_wgmma's PDL: None, programmatic's; 0 or 1 forced (bench/fp8_plans.py)
-
-
-def programmatic(swap: int) -> int:
-    """Whether ``matmul_fp8_wgmma`` is launched with programmatic dependent launch (its
-    ``PDL``): its launch and set-up then overlap the end of the kernel before it, 1 to 1.6
-    µs a call (H100, bench/fp8_plans.py --cases pdl, docs/performance.md: 128 x 4096 x 4096
-    0.86x -> 0.94x of cuBLAS, 4096^3 1.00x -> 1.02x). Not for the swapped decode tiles: at
-    32 rows (two blocks a multiprocessor, beside the next kernel's) one round ran them 10
-    times slower."""
-    return 0 if swap else 1
+# matmul_fp8_wgmma's PDL: 1, programmatic dependent launch (H100, bench/fp8_plans.py --cases
+# pdl, pdlsweep, docs/performance.md: its launch and set-up overlap the end of the kernel
+# before it, 1 to 1.6 µs a call: 128 x 4096 x 4096 0.86x -> 0.94x of cuBLAS, 4096^3 1.00x
+# -> 1.02x, the swapped decode tiles 2% to 18% faster at 1 to 32 rows); 0 forced off (tests)
+PDL = 1
 
 
 SWAP_M = 32  # a's rows up to which the swapped tiles run (swap_config; one row: _fp8_decode)
@@ -1151,6 +1146,18 @@ def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
 
 
 NS_M = 128  # a's rows up to which narrow tiles run as shared_plan's (two warpgroups, 64 rows)
+ALTERNATE_BN = 96  # the widest 64-row tile whose warpgroups multiply every other K slice (NS 2):
+# its acc and two slice sums fit the 168 registers of a thread without setmaxnreg
+
+
+def alternating_plan(bn: int, most: int = 12) -> tuple:
+    """The plan of a 64 x ``bn`` tile multiplied by two consumer warpgroups, each every
+    other K slice (``NS`` 2), the deepest ring (at most ``most`` stages) that fits. Measured
+    on an H100 (bench/fp8_plans.py --cases alt, docs/performance.md) at 64 rows against one
+    warpgroup's tile: 1-9% faster at all six shapes where the tile is at most 96 wide
+    (4096 x 4096 1.14x against 1.05x of cuBLAS), 1-2% at 10240 x 8192 from 1 to 32 rows."""
+    fits = [s for s in range(2, most + 1) if shared_bytes(2, bn, s, 1, 64, 2) <= SHARED_LIMIT]
+    return 2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 0, GROUP_ROWS, 2
 
 
 def shared_plan(m: int, n: int, sms: int) -> tuple:
@@ -1164,16 +1171,18 @@ def shared_plan(m: int, n: int, sms: int) -> tuple:
     at N = 4096, 6144 and 8192; every other K slice 6-7% faster again at N = 4096 (K =
     4096 and 14336), the same at 6144 (96 columns)."""
     bn = next(b for b in range(32, 257, 32) if -(-m // 64) * -(-n // b) <= sms or b == 256)
-    ns = 2 if bn <= 64 else 1
-    fits = [s for s in range(2, 17) if shared_bytes(2, bn, s, 1, 64, ns) <= SHARED_LIMIT]
-    return 2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 0, GROUP_ROWS, ns
+    if bn <= 64:
+        return alternating_plan(bn, 16)
+    fits = [s for s in range(2, 17) if shared_bytes(2, bn, s, 1, 64, 1) <= SHARED_LIMIT]
+    return 2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 0, GROUP_ROWS, 1
 
 
 def config(m: int, n: int, k: int, sms: int) -> tuple:
     """(WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT[, OCC, FUSE, SWAP]) for an ``m x n`` output
     on ``sms`` multiprocessors. Up to ``SWAP_M`` rows the swapped tiles (``swap_config``)
     where they fit the multiprocessors. Up to 64 rows the weights' bytes are the cost:
-    64-row tiles of 16 to 128 columns (two slice sums in turn), the width that fills the
+    64-row tiles of 16 to 128 columns (two slice sums in turn; up to ``ALTERNATE_BN``
+    columns two warpgroups on every other K slice: ``alternating_plan``), the width that fills the
     waves of tiles best (each tile costs about 64 columns more than its width: 32 columns
     for N = 4096, 48 for 6144, 112 for 28672). Past that, the tile of ``RATES`` whose
     ``estimate`` is least: its speed times how well its tiles fill the waves, the last
@@ -1189,7 +1198,7 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
         return swapped
     if m <= 64:
         bn = min(range(16, 129, 16), key=lambda b: (waves(64, b) * (b + 64), -b))
-        return plan(1, bn)
+        return alternating_plan(bn) if bn <= ALTERNATE_BN else plan(1, bn)
     (*_, split), tile = min((estimate(m, n, k, sms, *tile), tile) for tile in RATES)
     # narrow tiles: two warpgroups on 64 rows (one warpgroup's 64 x 64 only past 96 rows: at
     # 96 it tied or lost on an H100, at 128 it gained 3%)
@@ -1276,7 +1285,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
-        SWAP=int(bool(swap)), NS=ns, PDL=programmatic(swap) if PDL is None else PDL,
+        SWAP=int(bool(swap)), NS=ns, PDL=PDL,
         KC=kc,
     )  # fmt: skip
     if vec >= 2 and dt.itemsize != 2:
@@ -1320,7 +1329,8 @@ def exclusive_shared(blocks: int) -> int:
     """The dynamic shared memory that lets at most ``blocks`` blocks share a multiprocessor:
     with programmatic dependent launch, the next kernel's blocks are placed while this
     one's run, and would otherwise crowd two or three small decode blocks onto some
-    multiprocessors (bench/fp8_plans.py --cases pdlsweep: 8 x 4096 x 4096 twice as slow)."""
+    multiprocessors (H100, bench/fp8_plans.py --cases pdlsweep: unpadded, 8 x 4096 x 4096
+    ran at 0.42x of cuBLAS and 32 x 28672 x 4096 at 0.82x, padded at 1.06x and 1.04x)."""
     return SM_SHARED // (blocks + 1) - 1024 + 16
 
 
