@@ -761,7 +761,7 @@ def alternate_plans(m, n, k, sms=132):
     ``NS`` 2 already, its ``NS`` 1 (half the columns each, the route before)."""
     wg, bn, stages, *_ = full = full_plan(H.config(m, n, k, sms))
     occ, swap, ns = full[7], full[9], (full + (0,))[11]
-    if ns == 2 and not swap:
+    if ns == 2 and m > 64:  # (shared_plan's; at 64 rows vsmain times main's one warpgroup)
         fits = [s for s in range(2, 17) if H.shared_bytes(2, bn, s, 1, 64, 1) <= H.SHARED_LIMIT]
         return [(*full[:2], fits[-1], *full[3:11], 1)]
     if 128 < m <= 256 and n <= 6144:  # 64-row tiles, two blocks a multiprocessor
@@ -769,11 +769,12 @@ def alternate_plans(m, n, k, sms=132):
         limit = (H.SHARED_LIMIT + 1024) // 2 - 1024
         fits = [s for s in range(2, 17) if H.shared_bytes(2, bn, s, 1, 64, 2) <= limit]
         return [(2, bn, fits[-1], 2, 1, 1, 1, 2, 0, 0, H.GROUP_ROWS, 2)]
-    if (wg, ns) not in ((1, 0), (2, 1)) or bn > 96 or swap:  # (three sums of 128 columns
-        return []  # spill; the swapped tiles ran no faster: fp8 round A, 2026-11-27)
+    if (wg, ns) not in ((1, 0), (2, 1)) or bn > 128 or swap:  # (the swapped tiles ran no
+        return []  # faster: fp8 round A, 2026-11-27)
     limit = (H.SHARED_LIMIT + 1024) // occ - 1024
     fits = [s for s in range(2, stages + 1) if H.shared_bytes(2, bn, s, 1, 64, 2) <= limit]
-    return [(2, bn, fits[-1], 2, 1, 1, 1, occ, 0, swap, H.GROUP_ROWS, 2)] if fits else []
+    promote = 2 if bn <= H.ALTERNATE_BN else 1  # (three sums of 112 columns or more spill)
+    return [(2, bn, fits[-1], promote, 1, 1, 1, occ, 0, swap, H.GROUP_ROWS, 2)] if fits else []
 
 
 def kc_plans(m, n, k, sms=132):

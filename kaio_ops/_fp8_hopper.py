@@ -654,7 +654,7 @@ def consume_tiles(
             count = ke - kb
         if NS == 2:  # every other K slice; warpgroup 0 adds 1's sums and stores the tile
             st, ph, g = consume_alternate(acc, part0, part1, sa_s, sb_s, bars, st, ph, g, count,
-                                          wg, lt, CW, STAGES, FP8, f32, CL)  # fmt: skip
+                                          wg, lt, CW, STAGES, PROMOTE, FP8, f32, CL)  # fmt: skip
             if not add_warpgroup_sums(acc, red, turn, i, wg, lt, CW):
                 continue
         elif PROMOTE == 5 or PROMOTE == 6:  # two sums in turn, one group in flight
@@ -711,39 +711,51 @@ def consume_tiles(
 def consume_alternate(
     acc: ACC[:, :, :], part0: ACC[:, :, :], part1: ACC[:, :, :], sa: f16[:, :, :],
     sb: f16[:, :, :], bars: u64[:, :], st: i32, ph: u32, g: i32, k_tiles: i32, wg: u32,
-    lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr, KIND: kaio.constexpr,
-    ACC: kaio.constexpr, CL: kaio.constexpr,
+    lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
+    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
 ):  # fmt: skip
     """``NS`` 2: warpgroup ``wg``'s sums of a tile's K slices ``wg``, ``wg + 2``, ... (the
     other warpgroup takes the others: two chains of wgmmas a block instead of one) over the
     whole 64 x BN tile into ``acc``, as ``consume``'s ``PROMOTE`` 2 (two slice sums in turn,
-    one group of wgmmas in flight, each slice's stage freed by this warpgroup alone). The
-    ring position after all ``k_tiles`` slices returned, as ``consume``."""
+    one group of wgmmas in flight) or 1 (one sum, waited for: the registers of two sums,
+    for wider tiles; the other warpgroup's wgmmas run meanwhile), each slice's stage freed
+    by this warpgroup alone. The ring position after all ``k_tiles`` slices returned, as
+    ``consume``."""
     zero(acc, BN)
     i = i32(0)  # the warpgroup's slices so far
     ps = i32(0)  # the stage of its slice before
     for kt in range(k_tiles):
         if kt % 2 == i32(wg):
-            s = st
-            kaio.mbarrier_wait(bars, (0, s), ph)
-            kaio.wgmma_fence()
-            if i % 2 == 0:
-                wgmma_slice(part0, sa, sb, s, 0, True, 0, KIND, ACC)
+            if PROMOTE == 1:
+                kaio.mbarrier_wait(bars, (0, st), ph)
+                kaio.wgmma_fence()
+                wgmma_slice(part0, sa, sb, st, 0, True, 0, KIND, ACC)
+                kaio.wgmma_commit()
+                kaio.wgmma_wait(0)
+                free_stage(bars, st, lt, CL)
+                promote(acc, part0, 0, BN // 8)
             else:
-                wgmma_slice(part1, sa, sb, s, 0, True, 0, KIND, ACC)
-            kaio.wgmma_commit()
-            kaio.wgmma_wait(1)
-            if i > 0:  # the slice before's stage and sum
-                free_stage(bars, ps, lt, CL)
-                promote_either(acc, part0, part1, i % 2 == 1, BN // 8)
-            ps = s
-            i += 1
+                s = st
+                kaio.mbarrier_wait(bars, (0, s), ph)
+                kaio.wgmma_fence()
+                if i % 2 == 0:
+                    wgmma_slice(part0, sa, sb, s, 0, True, 0, KIND, ACC)
+                else:
+                    wgmma_slice(part1, sa, sb, s, 0, True, 0, KIND, ACC)
+                kaio.wgmma_commit()
+                kaio.wgmma_wait(1)
+                if i > 0:  # the slice before's stage and sum
+                    free_stage(bars, ps, lt, CL)
+                    promote_either(acc, part0, part1, i % 2 == 1, BN // 8)
+                ps = s
+                i += 1
         st, ph = next_stage(st, ph, STAGES)
         g += 1
-    kaio.wgmma_wait(0)
-    if i > 0:  # the last slice's
-        free_stage(bars, ps, lt, CL)
-        promote_either(acc, part0, part1, i % 2 == 1, BN // 8)
+    if PROMOTE == 2:
+        kaio.wgmma_wait(0)
+        if i > 0:  # the last slice's
+            free_stage(bars, ps, lt, CL)
+            promote_either(acc, part0, part1, i % 2 == 1, BN // 8)
     return st, ph, g
 
 
