@@ -755,22 +755,17 @@ def split_plans(m, n, k, sms=132):
 
 def alternate_plans(m, n, k, sms=132):
     """The routed plan's tile with two consumer warpgroups on every other K slice each
-    (``NS`` 2, the sums added through shared memory), the deepest ring that fits as many
-    blocks a multiprocessor as the routed plan (at most its stages), where the routed tile
-    is 64 rows of one warpgroup (not swapped) or ``shared_plan``'s; where that is
-    ``NS`` 2 already, its ``NS`` 1 (half the columns each, the route before)."""
+    (``NS`` 2, the sums added through shared memory; one slice sum waited for past
+    ``ALTERNATE_BN`` columns), the deepest ring that fits as many blocks a multiprocessor
+    as the routed plan (at most its stages), where the routed tile is 64 rows of one
+    warpgroup or ``shared_plan``'s half the columns each (``NS`` 1); where it is swapped
+    (16 to 32 rows, N up to 8192), the unswapped plan instead (``NS`` 2 at 64 rows)."""
     wg, bn, stages, *_ = full = full_plan(H.config(m, n, k, sms))
     occ, swap, ns = full[7], full[9], (full + (0,))[11]
-    if ns == 2 and m > 64:  # (shared_plan's; at 64 rows vsmain times main's one warpgroup)
-        fits = [s for s in range(2, 17) if H.shared_bytes(2, bn, s, 1, 64, 1) <= H.SHARED_LIMIT]
-        return [(*full[:2], fits[-1], *full[3:11], 1)]
-    if 128 < m <= 256 and n <= 6144:  # 64-row tiles, two blocks a multiprocessor
-        bn = 64 if n <= 4096 else 96
-        limit = (H.SHARED_LIMIT + 1024) // 2 - 1024
-        fits = [s for s in range(2, 17) if H.shared_bytes(2, bn, s, 1, 64, 2) <= limit]
-        return [(2, bn, fits[-1], 2, 1, 1, 1, 2, 0, 0, H.GROUP_ROWS, 2)]
-    if (wg, ns) not in ((1, 0), (2, 1)) or bn > 128 or swap:  # (the swapped tiles ran no
-        return []  # faster: fp8 round A, 2026-11-27)
+    if swap:  # (the swapped tiles with NS 2 ran no faster: fp8 round A, 2026-11-27)
+        return [unswapped(m, n, k, sms)] if m >= 16 and n <= 8192 else []
+    if (wg, ns) not in ((1, 0), (2, 1)) or bn > 128:
+        return []
     limit = (H.SHARED_LIMIT + 1024) // occ - 1024
     fits = [s for s in range(2, stages + 1) if H.shared_bytes(2, bn, s, 1, 64, 2) <= limit]
     promote = 2 if bn <= H.ALTERNATE_BN else 1  # (three sums of 112 columns or more spill)
