@@ -863,11 +863,14 @@ def matmul_fp8_wgmma(
     ``tb`` A [m, K], the kernel's ``m`` is N and ``n`` is M, its tiles are of C^T, stored
     transposed (``store_transposed``). ``NS`` (two consumer warpgroups): 64 x BN tiles, the
     warpgroups sharing the rows, each multiplying half the columns (1, ``CW``) or every
-    other K slice of the whole tile (2, ``PROMOTE`` 2's sums: ``consume_alternate``, the
-    other warpgroup's sums added through ``red``; no ``setmaxnreg``). ``PDL``:
-    launched with programmatic stream serialization, its launch and
-    set-up overlapping the end of the kernel before it, every thread waiting for that
-    kernel's writes before any global access (``kaio.grid_dependency_wait``)."""
+    other K slice of the whole tile (2, ``PROMOTE`` 2's or 1's sums: ``consume_alternate``,
+    the other warpgroup's sums added through ``red``; no ``setmaxnreg``). ``KC``: clusters
+    of ``KC`` blocks, a tile a cluster, block ``kr`` multiplying part ``kr`` of its K slices
+    (``k_range``), the parts' sums added through distributed shared memory (``put_sums``
+    over the ring, ``store_cluster_sums``). ``PDL``: launched with programmatic stream
+    serialization, its launch and set-up overlapping the end of the kernel before it,
+    every thread waiting for that kernel's writes before any global access
+    (``kaio.grid_dependency_wait``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
