@@ -798,10 +798,13 @@ def kc_plans(m, n, k, sms=132):
 def main_plan(plan, m) -> tuple:
     """The plan main's ``config`` picked (at 79c8fca, before the fp8 branch of 2026-11-27)
     where ``config`` now picks ``plan`` for ``m`` rows: ``shared_plan``'s half the columns
-    a warpgroup (``NS`` 1) where it now takes every other K slice (``NS`` 2), and one
-    warpgroup's tile where ``alternating_plan``'s now; ``with_plan`` also launches the
-    swapped tiles without programmatic dependent launch, as main did."""
+    a warpgroup (``NS`` 1) where it now takes every other K slice (``NS`` 2), one
+    warpgroup's tile where ``alternating_plan``'s now, the swapped tiles' K slices not split
+    over a cluster (``KC``); ``with_plan`` also launches the swapped tiles without
+    programmatic dependent launch, as main did."""
     full = full_plan(plan)
+    if len(full) > 12 and full[12] > 1:
+        return full[:12]
     if len(full) < 12 or full[11] != 2:
         return plan
     bn = full[1]

@@ -1149,15 +1149,19 @@ def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
     most what fits ``1 / SWAP_OCC`` of one). None where the ``n / 64`` tiles would leave
     some multiprocessors with one block and others with two (more tiles than
     multiprocessors but fewer than the slots: 10240 columns): the unswapped tiles were
-    faster there. Measured on an H100 (bench/fp8_plans.py --cases swap and decode;
-    docs/performance.md)."""
+    faster there. Where at most half the multiprocessors would have a tile, K is long and
+    the tile 16 columns wide or more, each tile's K slices are split over a cluster of two
+    blocks (``KC``: 32 x 4096 x 14336 0.99x of cuBLAS against 0.94x, 16 rows 1.09x against
+    1.08x; at K = 4096 and at 8 rows it lost or tied). Measured on an H100
+    (bench/fp8_plans.py --cases swap, decode, kc; docs/performance.md)."""
     tiles = -(-n // 64)
     if sms < tiles <= SWAP_OCC * sms:
         return None
     bn = max(8, -(-m // 8) * 8)
     most = stages_for(1, bn, 32, limit=(SHARED_LIMIT + 1024) // SWAP_OCC - 1024)
     stages = min(most, swap_stages(n, k, sms))
-    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1
+    kc = 2 if 2 * tiles <= sms and k > 8192 and bn >= 16 else 1
+    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1, GROUP_ROWS, 0, kc
 
 
 NS_M = 128  # a's rows up to which narrow tiles run as shared_plan's (two warpgroups, 64 rows)

@@ -427,7 +427,7 @@ def test_config_plans_fit(sms):
     for m in [1 << i for i in range(14)] + [3, 100, 1000]:
         for n, k in shapes:
             wg, bn, stages, promote, vec, cl, split, *rest = H.config(m, n, k, sms)
-            occ, _, swap, _, ns = (*rest, 1, 0, 0, 0, 0)[:5]
+            occ, _, swap, _, ns, kc = (*rest, 1, 0, 0, 0, 0, 1)[:6]
             room = H.shared_bytes(wg, bn, stages, vec, 64, ns) + 1024
             assert occ * room <= H.SHARED_LIMIT + 1024
             assert promote == H.promotion(1 if ns else wg, bn // (1 + (ns == 1)))
@@ -438,6 +438,7 @@ def test_config_plans_fit(sms):
             assert ns != 2 or (m <= H.NS_M and bn <= H.ALTERNATE_BN and wg == 2)
             assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
             assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8) and wg == 1)
+            assert kc == 1 or (swap and 2 * -(-n // 64) <= sms and k // 128 >= 2 * kc)
     assert {(wg, bn) for wg, bn, _ in H.RATES} <= set(H.PLANS)  # each in the PTX checks
     if sms == 132:
         assert min(H.config(s, s, s, sms)[1] for s in (4096, 8192)) >= 192
