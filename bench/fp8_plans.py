@@ -26,7 +26,10 @@ tile alone and in clusters of two with each epilogue at K = 1024 and 2048, ``squ
 warpgroups on a 64-row tile) up to 256 rows, ``nsroute`` the routed plans against
 ``unshared``'s, ``once`` one call of cuBLAS and kaio at ``ONCE_CASES`` (for ncu), ``gaps``
 the kernels' spans and gaps at ``GAP_CASES``, ``pdl`` the routed plans with and without
-programmatic dependent launch at ``PDL_CASES``. Writes ``DIR/fp8_plans.jsonl`` (one line
+programmatic dependent launch at ``PDL_CASES`` (``pdlsweep``: at the ``--ms`` up to
+``SWAP_M`` over the models' shapes), ``alt`` ``alternate_plans`` (two warpgroups on every
+other K slice), ``kc`` ``kc_plans`` (a tile's K slices over a cluster), ``vsmain`` the
+routed plans against main's routing (``main_plan``). Writes ``DIR/fp8_plans.jsonl`` (one line
 per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds have
 passed."""
 
