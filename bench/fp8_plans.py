@@ -26,7 +26,10 @@ tile alone and in clusters of two with each epilogue at K = 1024 and 2048, ``squ
 warpgroups on a 64-row tile) up to 256 rows, ``nsroute`` the routed plans against
 ``unshared``'s, ``once`` one call of cuBLAS and kaio at ``ONCE_CASES`` (for ncu), ``gaps``
 the kernels' spans and gaps at ``GAP_CASES``, ``pdl`` the routed plans with and without
-programmatic dependent launch at ``PDL_CASES``. Writes ``DIR/fp8_plans.jsonl`` (one line
+programmatic dependent launch at ``PDL_CASES`` (``pdlsweep``: at the ``--ms`` up to
+``SWAP_M`` over the models' shapes), ``alt`` ``alternate_plans`` (two warpgroups on every
+other K slice), ``kc`` ``kc_plans`` (a tile's K slices over a cluster), ``vsmain`` the
+routed plans against main's routing (``main_plan``). Writes ``DIR/fp8_plans.jsonl`` (one line
 per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds have
 passed."""
 
@@ -194,6 +197,10 @@ def with_plan(plan, out_dtype=None):
             H.config = lambda *args: keep[0](*args)
         elif plan == BEFORE:  # (unplanned too)
             H.config, H.PDL = (lambda *args: without_200(*args, config=keep[0])[0]), 0
+        elif plan == MAIN:  # (unplanned too)
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            before = main_plan(keep[0](a.shape[0], b.shape[1], a.shape[1], sms), a.shape[0])
+            H.config, H.PDL = (lambda *args: before), int(not full_plan(before)[9])
         else:
             H.config = lambda *args: tuple(plan)
             D.MAX_M = D.SM90_MAX_M = 0
@@ -207,6 +214,7 @@ def with_plan(plan, out_dtype=None):
 
 ROUTED_PDL = H.PDL  # (_warm sets H.PDL for a job, and back)
 GEMV = "gemv"  # the plan name of _fp8_decode's kernel (with_plan)
+MAIN = "main"  # the plan name of main's routing before this branch (with_plan, main_plan)
 BEFORE = "before"  # the plan name of the routing before this branch (with_plan)
 
 
@@ -748,10 +756,71 @@ def split_plans(m, n, k, sms=132):
     return out
 
 
+def alternate_plans(m, n, k, sms=132):
+    """The routed plan's tile with two consumer warpgroups on every other K slice each
+    (``NS`` 2, the sums added through shared memory; one slice sum waited for past
+    ``ALTERNATE_BN`` columns), the deepest ring that fits as many blocks a multiprocessor
+    as the routed plan (at most its stages), where the routed tile is 64 rows of one
+    warpgroup or ``shared_plan``'s half the columns each (``NS`` 1); where it is swapped
+    (16 to 32 rows, N up to 8192), the unswapped plan instead (``NS`` 2 at 64 rows)."""
+    wg, bn, stages, *_ = full = full_plan(H.config(m, n, k, sms))
+    occ, swap, ns = full[7], full[9], (full + (0,))[11]
+    if swap:  # (the swapped tiles with NS 2 ran no faster: fp8 round A, 2026-11-27)
+        return [unswapped(m, n, k, sms)] if m >= 16 and n <= 8192 else []
+    if (wg, ns) not in ((1, 0), (2, 1)) or bn > 128:
+        return []
+    limit = (H.SHARED_LIMIT + 1024) // occ - 1024
+    fits = [s for s in range(2, stages + 1) if H.shared_bytes(2, bn, s, 1, 64, 2) <= limit]
+    promote = 2 if bn <= H.ALTERNATE_BN else 1  # (three sums of 112 columns or more spill)
+    return [(2, bn, fits[-1], promote, 1, 1, 1, occ, 0, swap, H.GROUP_ROWS, 2)] if fits else []
+
+
+def kc_plans(m, n, k, sms=132):
+    """Tiles whose K slices a cluster of ``KC`` blocks shares (each block a part, the parts'
+    sums added through distributed shared memory, a tile a cluster) where the clusters
+    fill most of the multiprocessors once (swapped decode tiles: twice, two blocks a
+    multiprocessor), the deepest ring that fits (at most 16 stages)."""
+    out = []
+    if m <= H.SWAP_M:  # the swapped tile: 64 weight rows by a's rows
+        shapes, occ, swap = [(1, max(8, -(-m // 8) * 8), -(-n // 64))], 2, 1
+    else:
+        shapes, occ, swap = [], 1, 0
+        for wg, bn in ((2, 64), (2, 96), (2, 128), (1, 64), (1, 128)):
+            shapes.append((wg, bn, -(-m // (64 * wg)) * -(-n // bn)))
+    limit = (H.SHARED_LIMIT + 1024) // occ - 1024
+    for wg, bn, tiles in shapes:
+        for kc in (2, 4):
+            if not (0.75 * sms <= tiles * kc <= occ * sms and k // 128 >= 2 * kc):
+                continue
+            fits = [s for s in range(2, 17) if H.shared_bytes(wg, bn, s) <= limit]
+            promote = 2 if wg == 1 or bn <= 64 else 1  # (no setmaxnreg: 168 registers)
+            out.append((wg, bn, fits[-1], promote, 1, 1, 1, 1, 0, swap, H.GROUP_ROWS, 0, kc))
+    return out
+
+
+def main_plan(plan, m) -> tuple:
+    """The plan main's ``config`` picked (at 79c8fca, before the fp8 branch of 2026-11-27)
+    where ``config`` now picks ``plan`` for ``m`` rows: ``shared_plan``'s half the columns
+    a warpgroup (``NS`` 1) where it now takes every other K slice (``NS`` 2), one
+    warpgroup's tile where ``alternating_plan``'s now, the swapped tiles' K slices not split
+    over a cluster (``KC``); ``with_plan`` also launches the swapped tiles without
+    programmatic dependent launch, as main did."""
+    full = full_plan(plan)
+    if len(full) > 12 and full[12] > 1:
+        return full[:12]
+    if len(full) < 12 or full[11] != 2:
+        return plan
+    bn = full[1]
+    if m <= 64:
+        return H.plan(1, bn)
+    fits = [s for s in range(2, 17) if H.shared_bytes(2, bn, s, 1, 64, 1) <= H.SHARED_LIMIT]
+    return (*full[:2], fits[-1], *full[3:11], 1)
+
+
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
     FUSE, SWAP, GROUP); ``GEMV`` as it is."""
-    if plan in (GEMV, BEFORE):
+    if plan in (GEMV, BEFORE, MAIN):
         return (plan,)
     return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS)[len(plan) - 5 :])
 
@@ -767,7 +836,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     for plan in [None, *plans]:
         if plan is not None and full_plan(plan) == full_plan(rec["pick_plan"]):
             continue  # timed as "pick"
-        named = plan in (GEMV, BEFORE)
+        named = plan in (GEMV, BEFORE, MAIN)
         name = "pick" if plan is None else plan if named else "/".join(map(str, plan))
         _plan.clear()
         fn = with_plan(plan)
@@ -784,7 +853,8 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     best = None
     for name, t in ms.items():
         rec[name].update(us=t * 1e3, x=rec["cublas_us"] / (t * 1e3))
-        plan = name if name in ("pick", GEMV, BEFORE) else tuple(int(x) for x in name.split("/"))
+        named = name in ("pick", GEMV, BEFORE, MAIN)
+        plan = name if named else tuple(int(x) for x in name.split("/"))
         if rec[name]["err"] < 1e-2 and plan not in NOT_SHIPPED:
             if best is None or t * 1e3 < rec[best]["us"]:
                 best = name
@@ -830,7 +900,7 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL)  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL, KC=1)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -891,7 +961,7 @@ def _warm(jobs):
     m[, pdl]]: the rows, which set a decode tile's A rows copied; ``_fp8_hopper.PDL``)."""
     use_ptxas()
     for plan, rowwise, *rows in jobs:
-        (a, b, sa, sb) = operands(*rows[:1] or [256], 256, 256, rowwise, 1)[0]
+        (a, b, sa, sb) = operands(*rows[:1] or [256], 256, 1024, rowwise, 1)[0]  # (KC 4: 8 slices)
         H.PDL = rows[1] if len(rows) > 1 else ROUTED_PDL
         with_plan(plan)(a, b, sa, sb)
         if rows == [1]:  # (gemv_fp8, which a forced plan bypasses)
@@ -999,13 +1069,35 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     if "squares" in cases:
         jobs += [(p, False) for s in SQUARE_PLANS for p in [H.config(s, s, s, 132),
                                                            *SQUARE_PLANS[s]]]  # fmt: skip
-    if "gaps" in cases or "pdl" in cases:  # (each with and without PDL: _warm_pdl)
+    if "gaps" in cases or "pdl" in cases or "pdlsweep" in cases:  # (with and without PDL)
         cs = set(GAP_CASES) | (set(PDL_CASES) if "pdl" in cases else set())
-        jobs += [(H.config(*c, 132), False, min(c[0], 256), p) for c in cs for p in (0, 1)]
+        if "pdlsweep" in cases:
+            cs = {(m, n, k) for m in ms if m <= H.SWAP_M for mo in models for n, k in SHAPES[mo]}
+        jobs += [(H.config(*c, 132), False, min(H.a_rows(c[0], 1, 1), 256), p) for c in cs
+                 for p in (0, 1)]  # fmt: skip
     if "paired" in cases:
         for m in ms:
             for n, k in BAND_SHAPES:
                 jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *paired_plans(m, n, k)]]
+    if "alt" in cases:
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                jobs += [
+                    (p, False, rows) for p in [H.config(m, n, k, 132), *alternate_plans(m, n, k)]
+                ]
+    if "kc" in cases:
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *kc_plans(m, n, k)]]
+    if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                pick = H.config(m, n, k, 132)
+                before = main_plan(pick, m)
+                jobs += [(pick, False, rows), (before, False, rows, int(not full_plan(before)[9]))]
     if "sweepbefore" in cases:  # the routing before this branch: no PDL
         for m in ms:
             for n, k in shapes:
@@ -1039,18 +1131,21 @@ def main() -> None:
     log = open(os.path.join(args.out, "fp8_plans.jsonl"), "a")  # noqa: SIM115
     recs = []
 
-    def over_shapes(rows: list, plans_of, shapes=None, tag="") -> None:
+    def over_shapes(rows: list, plans_of, shapes=None, tag="", some=False) -> None:
         """Time each M of ``rows`` at every shape of ``models`` (or ``shapes``: (N, K) pairs;
-        ``run_case`` with ``plans_of(m, n, k)``, labelled ``tag`` first) while the budget
-        lasts; a failing case is printed and the run goes on."""
+        ``run_case`` with ``plans_of(m, n, k)``, labelled ``tag`` first; ``some``: only
+        where that gives a plan) while the budget lasts; a failing case is printed and the
+        run goes on."""
         for m in rows:
             for n, k in shapes or [s for mo in models for s in SHAPES[mo]]:
                 if time.time() - t0 > args.budget:
                     print(f"budget: skipped M={m} {n}x{k}", flush=True)
                     continue
+                plans = plans_of(m, n, k)
+                if some and not plans:
+                    continue
                 try:
-                    recs.append(run_case(m, n, k, False, plans_of(m, n, k), log,
-                                         f"{tag}M={m} {n}x{k}"))  # fmt: skip
+                    recs.append(run_case(m, n, k, False, plans, log, f"{tag}M={m} {n}x{k}"))
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
 
@@ -1107,12 +1202,25 @@ def main() -> None:
                 recs.append(run_case(1, n, k, False, [GEMV], log, f"M=1 {n}x{k}"))
     if "rings" in cases:  # deeper rings, one block a multiprocessor
         over_shapes(ms, ring_plans, RING_SHAPES, "ring ")
+    if "alt" in cases:  # two warpgroups on every other K slice of the routed narrow tile
+        over_shapes(ms, alternate_plans, some=True)
+    if "vsmain" in cases:  # the routed plans against main's routing
+        over_shapes(ms, lambda m, n, k: [MAIN])
+    if "kc" in cases:  # a tile's K slices over a cluster of blocks
+        over_shapes(ms, kc_plans, some=True)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
         for m, n, k in PDL_CASES:
             if time.time() - t0 > args.budget:
                 print(f"budget: skipped pdl {m}x{n}x{k}", flush=True)
                 continue
             recs.append(pdl_case(m, n, k, log))
+    if "pdlsweep" in cases:  # the same at --ms (the swapped tiles') over the models' shapes
+        for m in [m for m in ms if m <= H.SWAP_M]:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                if time.time() - t0 > args.budget:
+                    print(f"budget: skipped pdl {m}x{n}x{k}", flush=True)
+                    continue
+                recs.append(pdl_case(m, n, k, log))
     if "widths" in cases:  # 128 x 200 where config takes it, against the plan before
         for m, n, k in WIDTH_CASES:
             if time.time() - t0 > args.budget:

@@ -30,10 +30,11 @@ swapped, C^T = B^T A^T (cuBLAS's decode layout, its ``64x8`` tiles): the weights
 that are not there; the same kernel (both operands K-major), the tensor maps and M, N
 exchanged by ``launch``, the tiles of C^T stored transposed (``store_transposed``: lanes
 trading values so that each stores two adjacent columns of C). ``swap_config`` routes them
-up to ``SWAP_M`` rows. ``PDL``: the unswapped kernel is launched with programmatic dependent
-launch (``programmatic``): it is placed and set up while the kernel before it ends, and
-waits for that kernel's writes (``kaio.grid_dependency_wait``) before it touches global
-memory.
+up to ``SWAP_M`` rows. ``PDL``: the kernel is launched with programmatic dependent launch:
+it is placed and set up while the kernel before it ends, and waits for that kernel's writes
+(``kaio.grid_dependency_wait``) before it touches global memory; the swapped tiles with
+their shared memory padded so that the next kernel's blocks cannot crowd onto their
+multiprocessors (``exclusive_shared``).
 
 Accumulation is promoted, as CUTLASS's default FP8 GEMMs and ``torch._scaled_mm`` (without
 ``use_fast_accum``) do: Hopper's fp8 wgmma keeps its running sum with fewer bits than f32
@@ -155,18 +156,20 @@ def load_slice(
 def produce_all(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
     tile0: i32, count: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32, full: i32,
-    parts: i32, BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr,
+    parts: i32, kr: i32, BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr,
     ROWS: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr, AR: kaio.constexpr,
+    KC: kaio.constexpr,
 ):  # fmt: skip
     """The producer's loop: every K slice of the block's tiles (from tile ``tile0``, ``step``
     apart; ``count`` slices; ``_matmul_hopper.next_position``) through ``load_slice``, each
     stage reused once the consumers freed it (8-bit operands, A and B^T K-major: also
     ``kaio_ops._int8_hopper``'s). With ``SPLIT`` (the tiles from ``full`` on split in
     ``parts`` along K), ``count`` units instead (``unit_of``), from ``tile0``, ``step``
-    apart."""
+    apart; with ``KC``, part ``kr`` of the K slices of each of its ``count`` tiles
+    (``k_range``)."""
     s = i32(0)  # the ring position: stage, phase parity
     ph = u32(0)
-    if SPLIT == 1:
+    if SPLIT == 1 and KC == 1:
         kt = i32(0)
         tile = tile0
         row0, col0 = tile_origin(tile0, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
@@ -180,6 +183,8 @@ def produce_all(
         g = i32(0)  # slices so far
         for i in range(count):
             tile, kb, ke, _slot = unit_of(tile0 + i * step, k_tiles, full, parts)
+            if KC > 1:
+                kb, ke = k_range(kr, k_tiles, KC)
             row0, col0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
             for kt in range(kb, ke):
                 wait_free(bars, s, ph, g, STAGES)
@@ -606,21 +611,26 @@ def last_part(
 @kaio.gpu_func
 def consume_tiles(
     acc: f32[:, :, :], part0: f32[:, :, :], part1: f32[:, :, :], sa_s: f16[:, :, :],
-    sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], out: DT[:, :],
+    sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], red: f32[:, :], out: DT[:, :],
     ebuf: DT[:, :, :], ws: f32[:, :], cnt: i32[:], sa: f32[:], sb: f32[:], bias: DT[:],
     tile0: i32, step: i32, my_tiles: i32,
-    k_tiles: i32, tiles_m: i32, tiles_n: i32, full: i32, parts: i32, rank: i32, m: i32, n: i32,
-    wg: u32, lt: u32,
+    k_tiles: i32, tiles_m: i32, tiles_n: i32, full: i32, parts: i32, rank: i32, kr: i32,
+    m: i32, n: i32, wg: u32, lt: u32,
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
     CL: kaio.constexpr, SPLIT: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr,
+    KC: kaio.constexpr,
 ):  # fmt: skip
-    """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue (``NS``:
-    of its half of the tile's columns, the 64 rows shared with the other warpgroup); with
+    """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue (``NS``
+    1: of its half of the tile's columns, the 64 rows shared with the other warpgroup; 2:
+    warpgroup 0's, of the whole tile, once it added warpgroup 1's sums, of the other K
+    slices: ``consume_alternate``, ``add_warpgroup_sums``); with
     ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
     tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``; with
-    ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``). The
+    ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``); with ``KC``,
+    part ``kr`` of its tile's K slices, its sums left in ``acc`` for the kernel's
+    ``put_sums`` and ``store_cluster_sums``. The
     per-tensor scales are loaded at each epilogue (loading them once before the first tile
     instead ran 0.3% slower on an H100: docs/performance.md)."""
     st = i32(0)  # the ring position: stage, phase parity, slices so far
@@ -628,9 +638,9 @@ def consume_tiles(
     g = i32(0)
     cs = i32(0)  # PROMOTE 7: the stage of the carried slice, whether one is
     carried = False
-    CW = BN // (1 + NS)  # noqa: N806  (the warpgroup's columns)
-    wa = wg * (1 - NS)  # the warpgroup's 64 rows of the stage's A (NS: both the same)
-    nb = i32(wg) * CW * NS  # and its first B^T row
+    CW = BN // (1 + (NS == 1))  # noqa: N806  (the warpgroup's columns)
+    wa = wg * (NS == 0)  # the warpgroup's 64 rows of the stage's A (NS: both the same)
+    nb = i32(wg) * CW * (NS == 1)  # and its first B^T row
     for i in range(my_tiles):
         u = tile0 + i * step
         count = k_tiles
@@ -639,7 +649,15 @@ def consume_tiles(
         if SPLIT > 1:
             tile, kb, ke, slot = unit_of(u, k_tiles, full, parts)
             count = ke - kb
-        if PROMOTE == 5 or PROMOTE == 6:  # two sums in turn, one group in flight
+        if KC > 1:
+            kb, ke = k_range(kr, k_tiles, KC)
+            count = ke - kb
+        if NS == 2:  # every other K slice; warpgroup 0 adds 1's sums and stores the tile
+            st, ph, g = consume_alternate(acc, part0, part1, sa_s, sb_s, bars, st, ph, g, count,
+                                          wg, lt, CW, STAGES, PROMOTE, FP8, f32, CL)  # fmt: skip
+            if not add_warpgroup_sums(acc, red, turn, i, wg, lt, CW):
+                continue
+        elif PROMOTE == 5 or PROMOTE == 6:  # two sums in turn, one group in flight
             zero(acc, CW)
             st, ph, g = consume_pair(acc, part0, part1, sa_s, sb_s, bars, st, ph, g, count, wg,
                                      lt, CW, STAGES, PROMOTE == 5, FP8, f32, CL)  # fmt: skip
@@ -653,6 +671,8 @@ def consume_tiles(
                                 lt, CW, STAGES, PROMOTE, FP8, f32, CL, cs, carried,
                                 nb)  # fmt: skip
             carried = False
+        if KC > 1:  # the kernel sums the cluster's parts, stores them (store_cluster_sums)
+            continue
         tr, tc = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = tr + rank * ROWS + 64 * i32(wa)
         col0 = tc + nb
@@ -688,6 +708,124 @@ def consume_tiles(
 
 
 @kaio.gpu_func
+def consume_alternate(
+    acc: ACC[:, :, :], part0: ACC[:, :, :], part1: ACC[:, :, :], sa: f16[:, :, :],
+    sb: f16[:, :, :], bars: u64[:, :], st: i32, ph: u32, g: i32, k_tiles: i32, wg: u32,
+    lt: u32, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
+    KIND: kaio.constexpr, ACC: kaio.constexpr, CL: kaio.constexpr,
+):  # fmt: skip
+    """``NS`` 2: warpgroup ``wg``'s sums of a tile's K slices ``wg``, ``wg + 2``, ... (the
+    other warpgroup takes the others: two chains of wgmmas a block instead of one) over the
+    whole 64 x BN tile into ``acc``, as ``consume``'s ``PROMOTE`` 2 (two slice sums in turn,
+    one group of wgmmas in flight) or 1 (one sum, waited for: the registers of two sums,
+    for wider tiles; the other warpgroup's wgmmas run meanwhile), each slice's stage freed
+    by this warpgroup alone. The ring position after all ``k_tiles`` slices returned, as
+    ``consume``."""
+    zero(acc, BN)
+    i = i32(0)  # the warpgroup's slices so far
+    ps = i32(0)  # the stage of its slice before
+    for kt in range(k_tiles):
+        if kt % 2 == i32(wg):
+            if PROMOTE == 1:
+                kaio.mbarrier_wait(bars, (0, st), ph)
+                kaio.wgmma_fence()
+                wgmma_slice(part0, sa, sb, st, 0, True, 0, KIND, ACC)
+                kaio.wgmma_commit()
+                kaio.wgmma_wait(0)
+                free_stage(bars, st, lt, CL)
+                promote(acc, part0, 0, BN // 8)
+            else:
+                s = st
+                kaio.mbarrier_wait(bars, (0, s), ph)
+                kaio.wgmma_fence()
+                if i % 2 == 0:
+                    wgmma_slice(part0, sa, sb, s, 0, True, 0, KIND, ACC)
+                else:
+                    wgmma_slice(part1, sa, sb, s, 0, True, 0, KIND, ACC)
+                kaio.wgmma_commit()
+                kaio.wgmma_wait(1)
+                if i > 0:  # the slice before's stage and sum
+                    free_stage(bars, ps, lt, CL)
+                    promote_either(acc, part0, part1, i % 2 == 1, BN // 8)
+                ps = s
+                i += 1
+        st, ph = next_stage(st, ph, STAGES)
+        g += 1
+    if PROMOTE == 2:
+        kaio.wgmma_wait(0)
+        if i > 0:  # the last slice's
+            free_stage(bars, ps, lt, CL)
+            promote_either(acc, part0, part1, i % 2 == 1, BN // 8)
+    return st, ph, g
+
+
+@kaio.gpu_func
+def add_warpgroup_sums(
+    acc: f32[:, :, :], red: f32[:, :], turn: u64[:], i: i32, wg: u32, lt: u32,
+    BN: kaio.constexpr,
+) -> bool_:  # fmt: skip
+    """``NS`` 2, after the warpgroups' sums of their tile number ``i``: warpgroup 1 puts its
+    ``acc`` into ``red`` (a thread's values in a column: no bank conflicts), warpgroup 0
+    adds them to its own (the even slices' sums plus the odd ones', always in that order)
+    and returns True: it stores the tile. ``turn[0]``: the sums are in ``red`` (128
+    arrivals a tile); ``turn[1]``: warpgroup 0 has read them, ``red`` is free again."""
+    par = u32(i & 1)
+    if wg == 1:
+        if i > 0:
+            kaio.mbarrier_wait(turn, 1, par ^ 1)
+        for j in kaio.static_range(BN // 8):
+            for h in kaio.static_range(2):
+                for e in kaio.static_range(2):
+                    red[4 * j + 2 * h + e, lt] = acc[j, h, e]
+        kaio.mbarrier_arrive(turn, 0)
+    else:
+        kaio.mbarrier_wait(turn, 0, par)
+        for j in kaio.static_range(BN // 8):
+            for h in kaio.static_range(2):
+                for e in kaio.static_range(2):
+                    acc[j, h, e] += red[4 * j + 2 * h + e, lt]
+        kaio.mbarrier_arrive(turn, 1)
+    return wg == 0
+
+
+@kaio.gpu_func
+def put_sums(acc: f32[:, :, :], red: f32[:, :], wg: u32, lt: u32, BN: kaio.constexpr):
+    """``KC``: consumer thread ``wg * 128 + lt``'s sums into its column of ``red`` (no bank
+    conflicts), for the cluster's ``store_cluster_sums``."""
+    for j in kaio.static_range(BN // 8):
+        for h in kaio.static_range(2):
+            for e in kaio.static_range(2):
+                red[4 * j + 2 * h + e, wg * 128 + lt] = acc[j, h, e]
+
+
+@kaio.gpu_func
+def store_cluster_sums(
+    acc: f32[:, :, :], red: f32[:, :], out: DT[:, :], ebuf: DT[:, :, :], sa: f32[:],
+    sb: f32[:], bias: DT[:], tile: i32, tiles_m: i32, tiles_n: i32, kr: i32, m: i32, n: i32,
+    wg: u32, lt: u32, BN: kaio.constexpr, GROUP: kaio.constexpr, ROW_A: kaio.constexpr,
+    COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr, VEC: kaio.constexpr,
+    SWAP: kaio.constexpr, KC: kaio.constexpr, ROWS: kaio.constexpr,
+):  # fmt: skip
+    """``KC``, once the cluster synced after ``put_sums``: consumer warp ``w`` of block ``w %
+    KC`` adds the ``KC`` blocks' sums of its rows of the cluster's ``tile`` in rank order
+    (``kaio.cluster_load``, its own included: the same bits in whichever block) and stores
+    them (``epilogue_fp8``, whose stores are each warp's own). The kernel's last
+    ``cluster_sync`` keeps each block until the others have read it."""
+    c = i32(wg * 128 + lt)  # the consumer thread
+    if (c // 32) % KC == kr:
+        for j in kaio.static_range(BN // 8):
+            for h in kaio.static_range(2):
+                for e in kaio.static_range(2):
+                    v = kaio.cluster_load(red, (4 * j + 2 * h + e, c), 0)
+                    for p in kaio.static_range(1, KC):
+                        v += kaio.cluster_load(red, (4 * j + 2 * h + e, c), p)
+                    acc[j, h, e] = v
+        tr, tc = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
+        epilogue_fp8(acc, out, ebuf, sa, sb, sa[0], sb[0], bias, tr + 64 * i32(wg), tc, m, n,
+                     wg, lt, BN, ROW_A, COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
+
+
+@kaio.gpu_func
 def carry_slice(
     part: f32[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], st: i32, ph: u32,
     wg: u32, STAGES: kaio.constexpr, KIND: kaio.constexpr,
@@ -712,6 +850,7 @@ def matmul_fp8_wgmma(
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
     AR: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr, PDL: kaio.constexpr,
+    KC: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -723,15 +862,22 @@ def matmul_fp8_wgmma(
     in ``cnt``). ``SWAP``: the roles swapped (``swap_plan``): ``ta`` maps B^T [n, K] and
     ``tb`` A [m, K], the kernel's ``m`` is N and ``n`` is M, its tiles are of C^T, stored
     transposed (``store_transposed``). ``NS`` (two consumer warpgroups): 64 x BN tiles, the
-    warpgroups sharing the rows, each multiplying half the columns (``CW``). ``PDL``:
-    launched with programmatic stream serialization (``programmatic``), its launch and
-    set-up overlapping the end of the kernel before it, every thread waiting for that
-    kernel's writes before any global access (``kaio.grid_dependency_wait``)."""
+    warpgroups sharing the rows, each multiplying half the columns (1, ``CW``) or every
+    other K slice of the whole tile (2, ``PROMOTE`` 2's or 1's sums: ``consume_alternate``,
+    the other warpgroup's sums added through ``red``; no ``setmaxnreg``). ``KC``: clusters
+    of ``KC`` blocks, a tile a cluster, block ``kr`` multiplying part ``kr`` of its K slices
+    (``k_range``), the parts' sums added through distributed shared memory (``put_sums``
+    over the ring, ``store_cluster_sums``). ``PDL``: launched with programmatic stream
+    serialization, its launch and set-up overlapping the end of the kernel before it,
+    every thread waiting for that kernel's writes before any global access
+    (``kaio.grid_dependency_wait``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
-    ROWS = 64 * WG - 64 * (WG - 1) * NS  # noqa: N806  (compile-time ints, as the constexprs;
-    CW = BN // (1 + NS)  # noqa: N806  NS: two warpgroups share 64 rows, half the columns each)
+    if KC > 1:
+        kaio.cluster_dims(KC)
+    ROWS = 64 * WG - 64 * (WG - 1) * (NS > 0)  # noqa: N806  (compile-time ints, as the
+    CW = BN // (1 + (NS == 1))  # noqa: N806  constexprs; NS: two warpgroups share 64 rows)
     # a decode tile's A stages hold only the AR rows copied (a_stage_rows), the ring padded
     # so that the last stage's 64-row wgmma operand stays inside it
     SR = ROWS + (AR - ROWS) * ((WG == 1) * (CL == 1) * (AR < 64))  # noqa: N806
@@ -740,12 +886,19 @@ def matmul_fp8_wgmma(
     sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), A_BYTES)
     bars = kaio.shared_dynamic(u64, (2, STAGES), A_BYTES + STAGES * BK * BN * 2)
     turn = kaio.shared_dynamic(u64, (2,), A_BYTES + STAGES * (BK * BN * 2 + 16))
+    # NS 2: warpgroup 1's sums on their way to warpgroup 0 (add_warpgroup_sums); KC: every
+    # consumer thread's to the cluster (put_sums), over the ring, which is done by then (a
+    # tile a cluster); else a stub
+    RED = 1 + (CW // 2 - 1) * ((NS == 2) + (KC > 1))  # noqa: N806  (a thread's values)
+    RT = 1 + (128 * (1 + (WG - 1) * (KC > 1)) - 1) * ((NS == 2) + (KC > 1))  # noqa: N806
+    red_at = (A_BYTES + STAGES * (BK * BN * 2 + 16) + 16) * (KC == 1)
+    red = kaio.shared_dynamic(f32, (RED, RT), red_at)
     # VEC 2, 3: each consumer warp's 16 rows of C on their way out (rows padded by 16
     # bytes, 32 where BN is an odd multiple of 8: ebuf_row)
     on = VEC >= 2  # (else a stub of 8 values)
     ebuf = kaio.shared_dynamic(
         DT, (1 + (WG * 4 - 1) * on, 1 + 15 * on, 8 + (BN + 8 * (BN % 16 != 0)) * on),
-        A_BYTES + STAGES * (BK * BN * 2 + 16) + 16,
+        A_BYTES + STAGES * (BK * BN * 2 + 16) + 16 + 4 * RED * RT * (NS == 2),
     )  # fmt: skip
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
@@ -753,9 +906,15 @@ def matmul_fp8_wgmma(
     tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(
         m, n, k2, ROWS * CL, BN, BK
     )
+    # the producer's registers to the consumers (not with NS 2: decode tiles, two blocks a
+    # multiprocessor; nor KC, whose sums are stored after the branches)
+    NREG = (WG > 1) * (NS != 2) * (KC == 1)  # noqa: N806
     if PROMOTE == 4 and t == 0:  # turn[w]: warpgroup w may issue (an arrival a warp)
         kaio.mbarrier_init(turn, 0, 4)
         kaio.mbarrier_init(turn, 1, 4)
+    if NS == 2 and t == 0:  # add_warpgroup_sums': an arrival a thread
+        kaio.mbarrier_init(turn, 0, 128)
+        kaio.mbarrier_init(turn, 1, 128)
     rank = i32(0)
     if CL == 2:  # the cluster's pair of tiles: tile0, step and the counts in pairs
         rank = i32(kaio.cluster_rank())
@@ -766,7 +925,14 @@ def matmul_fp8_wgmma(
     if SPLIT > 1:  # units: the whole tiles, then the parts of the split ones (unit_of)
         units = full + (tiles_m * tiles_n - full) * parts
         my_tiles = (units - tile0 + step - 1) // step
-    init_ring(bars, t, STAGES, WG * CL)  # "free": lane 0 of each consumer warpgroup (of both)
+    kr = i32(0)
+    if KC > 1:  # a cluster's KC blocks: the same tile, each part kr of its K slices
+        kr = i32(kaio.cluster_rank())
+        tile0 = tile0 // KC
+        step = step // KC
+        my_tiles = (tiles_m * tiles_n - tile0 + step - 1) // step
+    # "free": lane 0 of each consumer warpgroup (of both blocks; NS 2: of the one that read it)
+    init_ring(bars, t, STAGES, (1 + (WG - 1) * (NS != 2)) * CL)
     if CL == 2:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
     if PDL:  # (no global memory touched above)
@@ -779,27 +945,37 @@ def matmul_fp8_wgmma(
     wide1 = (CW // 8 - 1) * ((PROMOTE == 2) + (PROMOTE == 6)) + (CW // 16 - 1) * (PROMOTE == 5)
     part1 = kaio.local(f32, (1 + wide1, 2, 2))
     if wg < WG:  # the consumers
-        if WG > 1:  # the registers the producer warpgroup gave up
+        if NREG:  # the registers the producer warpgroup gave up
             kaio.setmaxnreg_inc(CONSUMER_REGS[WG])
         if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, out, ebuf, ws, cnt, sa,
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, red, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
-                          rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS)  # fmt: skip
+                          rank, kr, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A,
+                          COL_B, BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS, KC)  # fmt: skip
         else:
-            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, out, ebuf, ws, cnt, sa,
+            consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, red, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
-                          rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
-                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS)  # fmt: skip
+                          rank, kr, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A,
+                          COL_B, BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS, KC)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
-        if WG > 1:
+        if NREG:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
-            produce_all(sa_s, sb_s, bars, ta, tb, tile0, my_tiles if SPLIT > 1 else slices,
-                        k_tiles, step, tiles_m, tiles_n, full, parts, BN, STAGES, GROUP, ROWS,
-                        CL, SPLIT, AR)  # fmt: skip
-    if CL == 2:
-        kaio.cluster_sync()  # no block leaves while the other may still write to it
+            produce_all(sa_s, sb_s, bars, ta, tb, tile0,
+                        my_tiles if SPLIT > 1 or KC > 1 else slices, k_tiles, step, tiles_m,
+                        tiles_n, full, parts, kr, BN, STAGES, GROUP, ROWS, CL, SPLIT, AR,
+                        KC)  # fmt: skip
+    if KC > 1:  # a tile a cluster: its parts' sums added, each warp's rows by one block
+        kaio.sync_threads()  # (the ring read: its room takes the sums)
+        if wg < WG:
+            put_sums(acc, red, wg, lt, CW)
+        kaio.cluster_sync()
+        if wg < WG:
+            store_cluster_sums(acc, red, out, ebuf, sa, sb, bias, tile0, tiles_m, tiles_n, kr, m,
+                               n, wg, lt, BN, GROUP, ROW_A, COL_B, BIAS, DT, VEC, SWAP, KC,
+                               ROWS)  # fmt: skip
+    if CL == 2 or KC > 1:
+        kaio.cluster_sync()  # no block leaves while another may still write to it or read it
 
 
 @kaio.gpu_kernel(block_size=SUM_THREADS)
@@ -858,8 +1034,9 @@ def shared_bytes(wg: int, bn: int, stages: int, vec: int = 1, ar: int = 64, ns: 
     rows = 64 if ns else 64 * wg
     sr = a_stage_rows(1 if ns else wg, 1, ar)
     ebuf = wg * 4 * 16 * ebuf_row(bn) * 2 if vec >= 2 else 32  # (a stub: 8 values)
+    red = bn * 256 if ns == 2 else 0  # (NS 2: warpgroup 1's sums, 128 threads' bn / 2 f32)
     a_bytes = (stages * sr + rows - sr) * BK * 2
-    return a_bytes + stages * (bn * BK * 2 + 16) + 16 + ebuf
+    return a_bytes + stages * (bn * BK * 2 + 16) + 16 + red + ebuf
 
 
 def stages_for(wg: int, bn: int, most: int = 12, vec: int = 1, ar: int = 64,
@@ -944,17 +1121,11 @@ def estimate(m: int, n: int, k: int, sms: int, wg: int, bn: int, cl: int) -> tup
     return best
 
 
-PDL = None  # matmul_fp8_wgmma's PDL: None, programmatic's; 0 or 1 forced (bench/fp8_plans.py)
-
-
-def programmatic(swap: int) -> int:
-    """Whether ``matmul_fp8_wgmma`` is launched with programmatic dependent launch (its
-    ``PDL``): its launch and set-up then overlap the end of the kernel before it, 1 to 1.6
-    µs a call (H100, bench/fp8_plans.py --cases pdl, docs/performance.md: 128 x 4096 x 4096
-    0.86x -> 0.94x of cuBLAS, 4096^3 1.00x -> 1.02x). Not for the swapped decode tiles: at
-    32 rows (two blocks a multiprocessor, beside the next kernel's) one round ran them 10
-    times slower."""
-    return 0 if swap else 1
+# matmul_fp8_wgmma's PDL: 1, programmatic dependent launch (H100, bench/fp8_plans.py --cases
+# pdl, pdlsweep, docs/performance.md: its launch and set-up overlap the end of the kernel
+# before it, 1 to 1.6 µs a call: 128 x 4096 x 4096 0.86x -> 0.94x of cuBLAS, 4096^3 1.00x
+# -> 1.02x, the swapped decode tiles 2% to 18% faster at 1 to 32 rows); 0 forced off (tests)
+PDL = 1
 
 
 SWAP_M = 32  # a's rows up to which the swapped tiles run (swap_config; one row: _fp8_decode)
@@ -978,28 +1149,49 @@ def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
     most what fits ``1 / SWAP_OCC`` of one). None where the ``n / 64`` tiles would leave
     some multiprocessors with one block and others with two (more tiles than
     multiprocessors but fewer than the slots: 10240 columns): the unswapped tiles were
-    faster there. Measured on an H100 (bench/fp8_plans.py --cases swap and decode;
-    docs/performance.md)."""
+    faster there. Where at most half the multiprocessors would have a tile, K is long and
+    the tile 16 columns wide or more, each tile's K slices are split over a cluster of two
+    blocks (``KC``: 32 x 4096 x 14336 0.99x of cuBLAS against 0.94x, 16 rows 1.09x against
+    1.08x; at K = 4096 and at 8 rows it lost or tied). Measured on an H100
+    (bench/fp8_plans.py --cases swap, decode, kc; docs/performance.md)."""
     tiles = -(-n // 64)
     if sms < tiles <= SWAP_OCC * sms:
         return None
     bn = max(8, -(-m // 8) * 8)
     most = stages_for(1, bn, 32, limit=(SHARED_LIMIT + 1024) // SWAP_OCC - 1024)
     stages = min(most, swap_stages(n, k, sms))
-    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1
+    kc = 2 if 2 * tiles <= sms and k > 8192 and bn >= 16 else 1
+    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1, GROUP_ROWS, 0, kc
 
 
 NS_M = 128  # a's rows up to which narrow tiles run as shared_plan's (two warpgroups, 64 rows)
+ALTERNATE_BN = 96  # the widest 64-row tile whose warpgroups multiply every other K slice (NS 2):
+# its acc and two slice sums fit the 168 registers of a thread without setmaxnreg
+
+
+def alternating_plan(bn: int, most: int = 12) -> tuple:
+    """The plan of a 64 x ``bn`` tile multiplied by two consumer warpgroups, each every
+    other K slice (``NS`` 2), the deepest ring (at most ``most`` stages) that fits. Measured
+    on an H100 (bench/fp8_plans.py --cases alt, docs/performance.md) at 64 rows against one
+    warpgroup's tile: 1-9% faster at all six shapes where the tile is at most 96 wide
+    (4096 x 4096 1.14x against 1.05x of cuBLAS), 1-2% at 10240 x 8192 from 1 to 32 rows."""
+    fits = [s for s in range(2, most + 1) if shared_bytes(2, bn, s, 1, 64, 2) <= SHARED_LIMIT]
+    return 2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 0, GROUP_ROWS, 2
 
 
 def shared_plan(m: int, n: int, sms: int) -> tuple:
-    """The plan of 64-row tiles whose two consumer warpgroups share the rows, each
-    multiplying half the columns (``NS``; cuBLAS's kernel at 128 rows runs 64 x 64 tiles on
-    384 threads), the narrowest multiple of 32 columns whose tiles fit one wave, the deepest
-    ring that fits (at most 16 stages), two slice sums in turn a warpgroup. Measured on an
-    H100 (bench/fp8_plans.py --cases ns, docs/performance.md): at 128 rows 2-3% faster than
-    64 x 64 tiles of one warpgroup or 128 x 64 of two at N = 4096, 6144 and 8192."""
+    """The plan of 64-row tiles whose two consumer warpgroups share the rows (``NS``;
+    cuBLAS's kernel at 128 rows runs 64 x 64 tiles on 384 threads), the narrowest multiple
+    of 32 columns whose tiles fit one wave, the deepest ring that fits (at most 16 stages),
+    two slice sums in turn a warpgroup: each warpgroup multiplies every other K slice of the
+    whole tile (``NS`` 2) where it is 64 columns wide, else half the columns (1). Measured
+    on an H100 (bench/fp8_plans.py --cases ns, alt; docs/performance.md): at 128 rows half
+    the columns each ran 2-3% faster than 64 x 64 tiles of one warpgroup or 128 x 64 of two
+    at N = 4096, 6144 and 8192; every other K slice 6-7% faster again at N = 4096 (K =
+    4096 and 14336), the same at 6144 (96 columns)."""
     bn = next(b for b in range(32, 257, 32) if -(-m // 64) * -(-n // b) <= sms or b == 256)
+    if bn <= 64:
+        return alternating_plan(bn, 16)
     fits = [s for s in range(2, 17) if shared_bytes(2, bn, s, 1, 64, 1) <= SHARED_LIMIT]
     return 2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 0, GROUP_ROWS, 1
 
@@ -1008,7 +1200,8 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
     """(WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT[, OCC, FUSE, SWAP]) for an ``m x n`` output
     on ``sms`` multiprocessors. Up to ``SWAP_M`` rows the swapped tiles (``swap_config``)
     where they fit the multiprocessors. Up to 64 rows the weights' bytes are the cost:
-    64-row tiles of 16 to 128 columns (two slice sums in turn), the width that fills the
+    64-row tiles of 16 to 128 columns (two slice sums in turn; up to ``ALTERNATE_BN``
+    columns two warpgroups on every other K slice: ``alternating_plan``), the width that fills the
     waves of tiles best (each tile costs about 64 columns more than its width: 32 columns
     for N = 4096, 48 for 6144, 112 for 28672). Past that, the tile of ``RATES`` whose
     ``estimate`` is least: its speed times how well its tiles fill the waves, the last
@@ -1024,7 +1217,7 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
         return swapped
     if m <= 64:
         bn = min(range(16, 129, 16), key=lambda b: (waves(64, b) * (b + 64), -b))
-        return plan(1, bn)
+        return alternating_plan(bn) if bn <= ALTERNATE_BN else plan(1, bn)
     (*_, split), tile = min((estimate(m, n, k, sms, *tile), tile) for tile in RATES)
     # narrow tiles: two warpgroups on 64 rows (one warpgroup's 64 x 64 only past 96 rows: at
     # 96 it tied or lost on an H100, at 128 it gained 3%)
@@ -1073,26 +1266,33 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
     BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[,
-    GROUP]]]]]]), default ``config``'s; CL: 1, or clusters of two tiles one above the other
-    (2); SPLIT > 1 (one block a cluster): the tiles of
-    the last partial wave split that many ways along K (``split_from``), their raw sums in a
-    workspace made like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one
+    GROUP[, NS[, KC]]]]]]]]), default ``config``'s; CL: 1, or clusters of two tiles one
+    above the other (2); SPLIT > 1 (one block a cluster): the tiles of the last partial
+    wave split that many ways along K (``split_from``), their raw sums in a workspace made
+    like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one
     block a cluster; default 1): a persistent grid of up to OCC blocks a multiprocessor
     (with a ring of STAGES small enough that OCC blocks' shared memory fits one: more blocks
     streaming the weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the
     kernel, by each warp's last arrival (``last_part``; counters from ``linear._counters``),
     not by ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the
     weights, BN of a's rows a tile; its K split always summed in the kernel. GROUP: the tile
-    rows a group of the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``)."""
+    rows a group of the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``). NS:
+    the kernel's (two warpgroups on a 64-row tile). KC > 1 (SPLIT 1): a cluster of KC
+    blocks a tile, each multiplying part of its K slices (a grid of KC blocks a tile, not
+    persistent)."""
     from kaio_ops.linear import _counters, _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
-    cl, split, occ, fuse, swap, group, ns = (*rest, *(1, 1, 1, 0, 0, GROUP_ROWS, 0)[len(rest) :])[
-        :7
-    ]
-    if (split > 1 or occ > 1) and cl > 1:
+    defaults = (1, 1, 1, 0, 0, GROUP_ROWS, 0, 1)
+    cl, split, occ, fuse, swap, group, ns, kc = (*rest, *defaults[len(rest) :])[:8]
+    if (split > 1 or occ > 1 or kc > 1) and cl > 1:
         raise ValueError(
             f"matmul_fp8: plan {plan}: a K split or OCC > 1 needs CL = 1 (one block a tile)"
+        )
+    if kc > 1 and (split > 1 or ns == 2 or -(-k // (2 * BK)) < kc or stages < 2 * wg):
+        raise ValueError(
+            f"matmul_fp8: plan {plan}: KC needs SPLIT 1, NS < 2, K slices >= KC and a ring "
+            "that holds the consumers' sums (put_sums)"
         )
     if swap:  # C^T = B^T A^T: the weights are the 64-row operand, the rows of a the columns
         a_units, bt_units, m, n = bt_units, a_units, n, m
@@ -1104,7 +1304,8 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
-        SWAP=int(bool(swap)), NS=ns, PDL=programmatic(swap) if PDL is None else PDL,
+        SWAP=int(bool(swap)), NS=ns, PDL=PDL,
+        KC=kc,
     )  # fmt: skip
     if vec >= 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
@@ -1113,9 +1314,13 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
             stages = constexprs["STAGES"] = stages_for(wg, bn)
     threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar, ns)
     tiles = -(-m // (rows * cl)) * -(-n // bn)
+    if swap and constexprs["PDL"]:  # (the next kernel's blocks placed beside this one's)
+        shared = max(shared, exclusive_shared(1 if tiles <= sms else occ))
     full = split_from(tiles, sms * occ, split)
     units = full + (tiles - full) * split
-    if cl == 1:
+    if kc > 1:  # a cluster a tile (add_cluster_sums syncs the cluster once)
+        grid = kc * tiles
+    elif cl == 1:
         grid = min(sms * occ, units)
     else:
         grid = 2 * min(tiles, _clusters(threads, shared, constexprs))
@@ -1134,6 +1339,18 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
             ws, out, sa, sb, bias, m, n, full, split, ROWS=rows, BN=bn, GROUP=group,
             **flags, DT=dt,
         )  # fmt: skip
+
+
+SM_SHARED = 228 * 1024  # shared memory a multiprocessor (H100, H200), 1 KB a block reserved
+
+
+def exclusive_shared(blocks: int) -> int:
+    """The dynamic shared memory that lets at most ``blocks`` blocks share a multiprocessor:
+    with programmatic dependent launch, the next kernel's blocks are placed while this
+    one's run, and would otherwise crowd two or three small decode blocks onto some
+    multiprocessors (H100, bench/fp8_plans.py --cases pdlsweep: unpadded, 8 x 4096 x 4096
+    ran at 0.42x of cuBLAS and 32 x 28672 x 4096 at 0.82x, padded at 1.06x and 1.04x)."""
+    return SM_SHARED // (blocks + 1) - 1024 + 16
 
 
 _CLUSTERS: dict = {}
@@ -1172,11 +1389,12 @@ def specializations():
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
-                                 else 64 * wg, "SWAP": 0, "NS": 0, "PDL": i % 2}  # fmt: skip
+                                 else 64 * wg, "SWAP": 0, "NS": 0, "PDL": i % 2,
+                                 "KC": 1}  # fmt: skip
     shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
                 "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0,
-                "NS": 0, "PDL": 1}  # fmt: skip
+                "NS": 0, "PDL": 1, "KC": 1}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
     yield (
         matmul_fp8_wgmma,
@@ -1195,5 +1413,10 @@ def specializations():
         matmul_fp8_wgmma,
         {**shared_c, "BN": 96, "STAGES": 11, "PROMOTE": 2, "VEC": 1, "AR": 64, "NS": 1},
     )  # fmt: skip  (two warpgroups on 64 rows)
+    alternate = {"BN": 16, "STAGES": 8, "PROMOTE": 2, "VEC": 1, "AR": 64, "SWAP": 1, "NS": 2}
+    # (two warpgroups on every other K slice of a swapped tile)
+    yield matmul_fp8_wgmma, {**shared_c, **alternate, "COL_B": 0, "PDL": 0}
+    # (a tile's K slices over a cluster of two, the sums added through shared memory)
+    yield matmul_fp8_wgmma, {**shared_c, "BN": 64, "STAGES": 8, "PROMOTE": 2, "VEC": 1, "KC": 2}
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
                       "BIAS": 1, "DT": bf16}  # fmt: skip

@@ -262,6 +262,10 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((2, 128, 2, 2, 1, 2), 300, 272, 384, "both", "bf16"),  # clusters of two, multicast B
         ((2, 64, 3, 2, 1, 1, 1, 1, 0, 0, 8, 1), 130, 208, 384, "both", "bf16"),  # 64 rows, two
         ((2, 128, 3, 1, 3, 1, 1, 1, 0, 0, 8, 1), 70, 272, 256, "row", "f16"),  # halves (NS)
+        ((2, 64, 3, 2, 1, 1, 1, 1, 0, 0, 8, 2), 100, 208, 640, "row", "f16"),  # odd K slices
+        ((2, 128, 3, 1, 1, 1, 1, 1, 0, 0, 8, 2), 70, 272, 384, "col", "bf16"),  # one sum each
+        ((2, 64, 4, 2, 1, 1, 1, 1, 0, 0, 8, 0, 2), 130, 144, 640, "both", "bf16"),  # KC 2
+        ((1, 32, 3, 2, 1, 1, 1, 1, 0, 0, 8, 0, 4), 20, 96, 1024, "col", "f32"),  # K over 4
         ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
         ((2, 128, 3, 4, 1), 260, 144, 384, "col", "bf16"),  # warpgroups issuing in turn
         ((1, 64, 3, 2, 1, 1, 3), 20, 192, 640, "both", "f16"),  # last tile split 3 ways
@@ -356,6 +360,8 @@ def _force_plan(monkeypatch, plan) -> list:
         ((2, 8, 4, 2, 1, 1, 1, 1, 0, 1), 3, 272, 384, "both", "bf16", "e5m2"),  # 128-row tiles
         ((1, 32, 3, 2, 1, 1, 3, 1, 1, 1), 30, 144, 640, "both", "bf16", "e4m3"),  # 3 parts
         ((2, 16, 3, 1, 1, 1, 2, 1, 0, 1), 9, 128, 512, "row", "f16", "e4m3"),  # split, 2 WG
+        ((2, 8, 4, 2, 1, 1, 1, 2, 0, 1, 8, 2), 5, 144, 640, "both", "bf16", "e4m3"),  # NS 2
+        ((1, 8, 4, 2, 1, 1, 1, 1, 0, 1, 8, 0, 2), 5, 144, 640, "row", "f16", "e5m2"),  # KC 2
     ],
 )
 def test_swapped_plans_sim(plan, m, n, k, scales, out, name, monkeypatch):
@@ -410,7 +416,8 @@ def test_config_plans_fit(sms):
     """Every plan ``config`` picks over the M sweep (1..8192) at the Llama-3 shapes fits: its
     ring in shared memory (beside the epilogue's buffers where C goes through shared
     memory: two consumer warpgroups, 128 to 224 columns), a promotion mode its registers
-    hold, a K split only with one block a tile and two slices a part; on an H100's 132
+    hold (two warpgroups on every other K slice of a tile at most ``ALTERNATE_BN`` wide), a
+    K split only with one block a tile and two slices a part; on an H100's 132
     multiprocessors 4096^3 and 8192^3 take tiles of 192 columns or more (faster than 128 x
     128 tiles there: the H100 rounds' sweep, docs/performance.md)."""
     from kaio_ops import _fp8_hopper as H
@@ -420,16 +427,18 @@ def test_config_plans_fit(sms):
     for m in [1 << i for i in range(14)] + [3, 100, 1000]:
         for n, k in shapes:
             wg, bn, stages, promote, vec, cl, split, *rest = H.config(m, n, k, sms)
-            occ, _, swap, _, ns = (*rest, 1, 0, 0, 0, 0)[:5]
+            occ, _, swap, _, ns, kc = (*rest, 1, 0, 0, 0, 0, 1)[:6]
             room = H.shared_bytes(wg, bn, stages, vec, 64, ns) + 1024
             assert occ * room <= H.SHARED_LIMIT + 1024
-            assert promote == H.promotion(1 if ns else wg, bn // (1 + ns))
+            assert promote == H.promotion(1 if ns else wg, bn // (1 + (ns == 1)))
             shared_c = wg == 2 and 128 <= bn <= 224 and not ns  # C through shared memory
             assert vec == (3 if shared_c else 1)
             assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64) or ns
-            assert not ns or (m <= H.NS_M and -(-m // 64) * -(-n // bn) <= sms)
+            assert ns != 1 or (m <= H.NS_M and -(-m // 64) * -(-n // bn) <= sms)
+            assert ns != 2 or (m <= H.NS_M and bn <= H.ALTERNATE_BN and wg == 2)
             assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
             assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8) and wg == 1)
+            assert kc == 1 or (swap and 2 * -(-n // 64) <= sms and k // 128 >= 2 * kc)
     assert {(wg, bn) for wg, bn, _ in H.RATES} <= set(H.PLANS)  # each in the PTX checks
     if sms == 132:
         assert min(H.config(s, s, s, sms)[1] for s in (4096, 8192)) >= 192
@@ -513,7 +522,7 @@ def test_hopper_kernel_assembles_for_sm_90a():
             assert " 0 bytes spill stores" in assemble(ptx, "sm_90")
             continue
         fp8 = constexprs["FP8"].name
-        halves = constexprs["PROMOTE"] in (3, 5) or constexprs.get("NS")  # (or a warpgroup's)
+        halves = constexprs["PROMOTE"] in (3, 5) or constexprs.get("NS") == 1  # (a warpgroup's)
         width = constexprs["BN"] // (2 if halves else 1)
         assert f"wgmma.mma_async.sync.aligned.m64n{width}k32.f32.{fp8}" in ptx
         assert ("griddepcontrol.wait;" in ptx) == bool(constexprs["PDL"])
@@ -650,14 +659,19 @@ def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "plan, m",
-    [((1, 32, 32, 2, 1), 1), ((1, 16, 26, 2, 1, 1, 1, 2), 16), ((1, 32, 17, 2, 1, 1, 2, 2), 13),
+    [((2, 48, 12, 2, 1, 1, 1, 1, 0, 0, 8, 2), 64), ((2, 128, 8, 1, 1, 1, 1, 1, 0, 0, 8, 2), 100),
+     ((2, 8, 8, 2, 1, 1, 1, 2, 0, 1, 8, 2), 5), ((1, 16, 12, 2, 1, 1, 1, 1, 0, 1, 8, 0, 4), 13),
+     ((2, 64, 8, 2, 1, 1, 1, 1, 0, 0, 8, 0, 2), 128),
+     ((2, 128, 5, 1, 1, 1, 1, 1, 0, 0, 8, 0, 4), 250),
+     ((1, 32, 32, 2, 1), 1), ((1, 16, 26, 2, 1, 1, 1, 2), 16), ((1, 32, 17, 2, 1, 1, 2, 2), 13),
      ((1, 64, 7, 2, 1, 1, 1, 2), 64), ((1, 48, 27, 2, 1), 5), ((1, 32, 17, 2, 1, 1, 2, 2, 1), 16),
      ((1, 64, 7, 2, 1, 1, 3, 2, 1), 40)],
 )  # fmt: skip
 def test_decode_plans_gpu_vs_scaled_mm(plan, m, monkeypatch):
     """Decode tiles (one warpgroup, A stages of only the rows copied) with deep rings, two
     blocks a multiprocessor (OCC) and a K split (its parts summed by ``sum_parts`` or in the
-    kernel), forced, against torch._scaled_mm."""
+    kernel), two warpgroups on every other K slice (``NS`` 2, swapped or not), a tile's K
+    slices over a cluster (``KC``), forced, against torch._scaled_mm."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
