@@ -94,12 +94,16 @@ RECYCLING = [True]
 MISS = object()  # replay_only's answer when the call has no plan
 _NONE = ("none",)  # the key of an optional array given as None
 _ALL: list[dict] = []  # every op's plans (for clear)
+_CELLS: list[tuple] = []  # every op's fast path cells (FAST, LAST: for clear)
 
 
 def clear() -> None:
     """Drop every op's plans (after changing a setting plans were built with)."""
     for plans in _ALL:
         plans.clear()
+    for cells in _CELLS:
+        for cell in cells:
+            cell[0] = None
 
 
 def plans_of(op: Callable) -> dict:
@@ -544,6 +548,7 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     lines.append(f"    return {returned}")
     replay = compile_function(lines, env, "replay", "<kaio op plan>")
     replay.plan = plan
+    replay.body = lines[1:]  # the lines after the header, which _fast puts after its checks
     if held is not None:  # the kept workspaces go back to the allocator with the plan
         weakref.finalize(replay, _give_back, env["HELD"], env["FREE"]).atexit = False
     return replay
@@ -605,6 +610,83 @@ def _held_workspaces(env: dict, scratch: list, inputs: int, recycled: list) -> l
         f"    ws = ({take})",
         f"{names} = ws",
     ]
+
+
+def tensor_check(tensors: list) -> Callable | None:
+    """``check(*tensors)``: True when each tensor has the Python type, dispatch keys, dtype,
+    device, shape, strides and ``requires_grad`` that the tensor in its place in ``tensors``
+    has (torch's ``TensorGuards``, the check torch.compile's guards make: one C call for
+    every tensor, a fraction of reading those accessors one by one); False for anything else
+    in a place, a non-tensor included. The dispatch keys are read under the thread's
+    dispatch state (inference mode, autocast), so a check made in one state refuses every
+    tensor in another where their keys differ. None where this torch has no such check."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        return TensorGuards(
+            *tensors,
+            dynamic_dims_sizes=[list(t.shape) for t in tensors],
+            dynamic_dims_strides=[list(t.stride()) for t in tensors],
+        ).check
+    except Exception:  # noqa: BLE001 (an older or newer torch: the plans' key path only)
+        return None
+
+
+def _fast(
+    replay: Callable, names: list, positions: list, args: tuple, env: dict
+) -> Callable | None:
+    """``fast(<every parameter of the op, positionally>)``: ``replay`` for a call with the
+    signature of ``args`` (a call that hit ``replay``'s plan with torch tensors, or None for
+    an optional array, at ``positions`` of ``names``), MISS for any other call. It checks
+    what the call's key would hold: every tensor at once (``tensor_check``: type, dtype,
+    shape, strides, device; also its dispatch keys and ``requires_grad``, which the key does
+    not hold, so it is stricter), the optional arrays given as None, each address's
+    alignment, every other argument (by value and type), the stream, and that no recording
+    or simulation is on; then runs the replay's own lines (its callers ask the op's
+    ``when`` first). None where there is no ``tensor_check`` or the replay has no lines (or
+    the first array is None). ``env``: the wrapper's namespace (RAW, recordings,
+    SIMULATING)."""
+    body = getattr(replay, "body", None)
+    tensors = [args[i] for i in positions if args[i] is not None]
+    first = args[positions[0]]
+    check = tensor_check(tensors) if body is not None and first is not None else None
+    if check is None:
+        return None
+    fenv = dict(replay.__globals__)  # the replay's own state (kept outputs, buffers) shared
+    fenv.update(CHECK=check, REPLAY=replay, MISS=MISS, RAW=env["RAW"])
+    fenv.update(recordings=env["recordings"], SIMULATING=env["SIMULATING"])
+    checked = ", ".join(names[i] for i in positions if args[i] is not None)
+    conditions = [f"{names[i]} is None" for i in positions if args[i] is None]
+    for i, name in enumerate(names):
+        if i not in positions:
+            fenv[f"V{i}"], fenv[f"T{i}"] = args[i], type(args[i])
+            conditions.append(f"{name} == V{i} and type({name}) is T{i}")
+    device = first.get_device()
+    if device >= 0:  # the stream the key holds: the first array's device's current one
+        fenv["DEV"], fenv["STREAM"] = device, env["RAW"](device)
+        conditions.append("RAW(DEV) == STREAM")
+    lines = [f"def fast({', '.join(names)}):"]
+    lines += [
+        f"    if recordings[0] or SIMULATING[0] or not CHECK({checked}):",
+        "        return MISS",
+    ]
+    if conditions:
+        lines += [f"    if not ({' and '.join(conditions)}):", "        return MISS"]
+    addresses = []
+    for j, i in enumerate(positions):
+        value = "0" if args[i] is None else f"{names[i]}.data_ptr()"
+        lines.append(f"    p{j} = {value}")
+        if args[i] is not None:
+            addresses.append((f"p{j}", args[i].data_ptr() & 15))
+    if all(rest == 0 for _, rest in addresses):  # the common case: every array 16-byte aligned
+        misaligned = f"({' | '.join(p for p, _ in addresses)}) & 15"
+    else:
+        misaligned = " or ".join(f"{p} & 15 != {rest}" for p, rest in addresses)
+    lines += [f"    if {misaligned}:", "        return MISS"]
+    source = "\n".join(replay.body)
+    lines += [f"    a{j} = {names[i]}" for j, i in enumerate(positions)
+              if re.search(rf"\ba{j}\b", source)]  # fmt: skip
+    return compile_function(lines + replay.body, fenv, "fast", "<kaio op plan, fast path>")
 
 
 def planned(*array_names: str, when: Callable[[], bool] | None = None) -> Callable:
@@ -681,6 +763,25 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
         _UNBOUND.append(env)
     env["stream_key"] = lambda obj, raw: stream_key(obj, raw)  # looked up per call: patchable
     env.update(current=current, plans=plans, slow=slow, fn=fn, WHEN=when)
+    # the fast path (_fast): FAST[0], the function of the plan hit by the last two calls in
+    # a row (None: off), LAST[0] the plan the last call hit
+    fast, last = [None], [None]
+    _CELLS.append((fast, last))
+
+    def arm(replay, args: tuple):
+        """The fast path of ``replay`` for calls like ``args``, made once per plan and
+        inference mode; None where it has none (and the count of hits starts again)."""
+        import torch
+
+        fasts = replay.__dict__.setdefault("fasts", {})
+        mode = torch.is_inference_mode_enabled()
+        if mode not in fasts:
+            fasts[mode] = _fast(replay, names, positions, args, env)
+        if fasts[mode] is None:
+            last[0] = None
+        return fasts[mode]
+
+    env.update(FAST=fast, LAST=last, ARM=arm)
     header = []
     for i, name in enumerate(names):
         default = signature.parameters[name].default
@@ -692,6 +793,26 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
     # the wrapper keeps the op's keyword-only parameters; replay_only takes every parameter
     # positionally, in signature order, as the torch dispatcher passes them
     wrapper_header = header[:first] + (["*"] if named else []) + header[first:]
+    all_args = ", ".join(names)
+    # a call of the plan the last two calls hit: its fast path, which checks the call's
+    # signature in one C call and replays; a call of another signature turns it off until
+    # two calls in a row hit one plan again (calls that take turns between plans pay
+    # nothing for it)
+    prologue = [
+        "quick = FAST[0]",
+        "if quick is not None:",
+        f"    got = quick({all_args})",
+        "    if got is not MISS:",
+        "        return got",
+        "    FAST[0] = None",
+    ]
+    # after a hit: arm the fast path when the last call hit the same plan (torch calls)
+    arming = [
+        "if replay is not LAST[0]:",
+        "    LAST[0] = replay",
+        "elif flat:",
+        f"    FAST[0] = ARM(replay, ({all_args},))",
+    ]
     lines = [f"def {fn.__name__}({', '.join(wrapper_header)}):", "    try:"]
     # the common call, torch tensors (or None for an optional array) only: one flat key of
     # torch's own accessors (no tuple per array); contiguity stands for the strides, which a
@@ -704,7 +825,7 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
     for j, a in enumerate(array_names):
         device = "d" if j == 0 else f"{a}.get_device()"
         if j == 0:
-            fast_lines.append(f"        d = {a}.get_device()")
+            fast_lines += [f"        d = {a}.get_device()", "        flat = True"]
         described = (
             f"{a}.dtype, {a}.shape, {a}.is_contiguous() or {a}.stride(), {device}, p{j} & 15"
         )
@@ -726,6 +847,7 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
                 "    else:",
                 f"        k{j}, p{j} = other({name})",
                 f"        stream = stream_key({name}, RAW)",
+                "    flat = False",
             ]
         else:
             describe_lines += [
@@ -741,7 +863,6 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
     keys = [f"k{j}" for j in range(len(array_names))] + [f"{n}, type({n})" for n in others]
     pointers = ", ".join(f"p{j}" for j in range(len(array_names)))
     arrays_args = ", ".join(array_names)
-    all_args = ", ".join(names)
     call_args = ", ".join(names[:first] + [f"{n}={n}" for n in named])
     # simulate() blocks: the thread's count, read only while a block is open somewhere
     simulating = "(SIMULATING[0] and current.simulating)"
@@ -752,8 +873,9 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
     lines += ["    " + line for line in [*fast_lines, "    else:"]]
     lines += ["        " + line for line in describe_lines]
     body = lines[1:]
-    if when is not None:  # planned(when=...): no plans while it says no
-        lines[1:1] = ["    if not WHEN():", f"        return fn({call_args})"]
+    # planned(when=...): no plans while it says no (the fast path's plans included)
+    unplanned = ["    if not WHEN():", f"        return fn({call_args})"] if when else []
+    lines[1:1] = unplanned + ["    " + line for line in prologue]
     lines += [
         "    except Exception:  # not an array these keys describe (a meta tensor, say)",
         f"        return fn({call_args})",
@@ -765,11 +887,13 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
         f"        return slow(key, ({all_args},), ({pointers},))",
         "    if replay is None:",
         f"        return fn({call_args})",
+        *["    " + line for line in arming],
         f"    return replay({pointers}, {arrays_args})",
     ]
     # replay_only: the same lookup, MISS instead of running the op (kaio_ops.torch's impl)
     lines += [f"def replay_only({', '.join(header)}):"]
     lines += ["    if not WHEN():", "        return MISS"] if when is not None else []
+    lines += ["    " + line for line in prologue]
     lines += body
     lines += [
         "    except Exception:",
@@ -777,6 +901,7 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
         "    replay = plans.get(key)",
         "    if replay is None or recordings[0]:",
         "        return MISS",
+        *["    " + line for line in arming],
         f"    return replay({pointers}, {arrays_args})",
     ]
     # dispatch_entry(fallback): replay_only with the miss handled inside (``fallback`` called
@@ -784,6 +909,7 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
     lines += ["def dispatch_entry(FALLBACK):", f"    def {fn.__name__}({', '.join(header)}):"]
     if when is not None:
         lines += ["        if not WHEN():", f"            return FALLBACK({all_args})"]
+    lines += ["        " + line for line in prologue]
     lines += ["    " + line for line in body]
     lines += [
         "        except Exception:",
@@ -791,6 +917,7 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
         "        replay = plans.get(key)",
         "        if replay is None or recordings[0]:",
         f"            return FALLBACK({all_args})",
+        *["        " + line for line in arming],
         f"        return replay({pointers}, {arrays_args})",
         f"    return {fn.__name__}",
     ]
