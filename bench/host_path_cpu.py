@@ -119,7 +119,8 @@ def torch_twin(op, arrays: tuple) -> tuple | None:
     allocations = []
     while f"A{len(allocations)}" in made:
         _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
-        allocations.append((None, "torch", device, None, shape, dtype))
+        output = torch.empty(shape, dtype=_arrays.torch_dtype(dtype))  # the recorded call's
+        allocations.append((output, "torch", device, None, shape, dtype))
     returned = replay.source.strip().splitlines()[-1].split("return ", 1)[1]
     inputs = replay.__code__.co_argcount // 2  # (addresses, arrays) of every array parameter
     twin = _plan._replay(replay.plan, inputs, allocations, returned)

@@ -337,7 +337,7 @@ def _solo_refs() -> int | None:
     return alone if probe([(held, 0)]) == alone + 1 else None
 
 
-def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype) -> list[str] | None:
+def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[str] | None:
     """The lines that make output ``o{j}`` (a new one: the expression ``fresh``, an
     ``EMPTY_LIKE`` of an input or ``A{j}()``) and its address ``q{j}``, handing out again
     the tensor the plan's last call returned when the caller has
@@ -360,7 +360,13 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype) -> list[str] |
     process is recorded on a stream, no output is handed out again (``RECYCLING``); nor by
     a plan built while torch.distributed is initialized (its collectives record their
     tensors' streams in C++, out of the watch's sight). ``KAIO_RECYCLE_OUTPUTS=0`` turns
-    it off."""
+    it off.
+
+    ``made``: the output the recorded call made (None if unknown). Its ``tensor_check``
+    tells "still what that call made" in one C call, where the thread is in the inference
+    mode it was made in (``inf``, read once a call; the check also reads the dispatch state,
+    so a tensor made in the other mode, or under autocast, fails it); the accessors one by
+    one otherwise."""
     import torch
 
     size = math.prod(shape) * dtype.itemsize
@@ -385,11 +391,17 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype) -> list[str] |
     env["RECYCLING"] = RECYCLING
     env[f"KEPT{j}"], env[f"S{j}"], env[f"D{j}"] = [], torch.Size(shape), _arrays.torch_dtype(dtype)
     o = f"o{j}"
+    unchanged = (
+        f"{o}.shape == S{j} and {o}.is_contiguous() and {o}.dtype is D{j} "
+        f"and not {o}.requires_grad and {o}.is_inference() is inf"
+    )
+    check = tensor_check([made]) if isinstance(made, torch.Tensor) else None
+    if check is not None:
+        env[f"OUT{j}"], env[f"MODE{j}"] = check, torch.is_inference_mode_enabled()
+        unchanged = f"(inf is MODE{j} and OUT{j}({o})) or ({unchanged})"
     same = (
         f"REFS({o}) == SOLO and {o}._use_count() == 1 and {o}.data_ptr() == q{j} "
-        f"and {o}.shape == S{j} and {o}.is_contiguous() and {o}.dtype is D{j} "
-        f"and not {o}.requires_grad and {o}.is_inference() is INFERENCE() "
-        f"and not WEAK({o}) and RECYCLING[0]"
+        f"and ({unchanged}) and not WEAK({o}) and RECYCLING[0]"
     )
     return [
         "try:",
@@ -477,7 +489,7 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     scratch, tensors = [], []  # (j, bytes) from the allocator; (j, line) as tensors
     made_like = []  # (j, the input position) of outputs made with torch.empty_like
     recycled = []  # the outputs among those that a later call may hand out again
-    for j, (_made, kind, device, like, shape, dtype, *twin) in enumerate(allocations):
+    for j, (made, kind, device, like, shape, dtype, *twin) in enumerate(allocations):
         if kind == "torch":
             import torch
 
@@ -502,7 +514,9 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
             fresh = f"EMPTY_LIKE(a{made_like[-1][1]})"
         make = [f"o{j} = {fresh}"]
         # a returned output (like an input or not: matmul_tc's f32 of f16 inputs)
-        again = _recycled(env, j, fresh, shape, dtype) if kind == "torch" and j in kept else None
+        again = None
+        if kind == "torch" and j in kept:
+            again = _recycled(env, j, fresh, shape, dtype, made)
         if again is not None:
             make, address = again, f"q{j}"
             recycled.append(j)
@@ -510,6 +524,7 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     launches = plan.code(env, lambda source: f"p{source}") if plan is not None else []
     if recycled:  # whether the stream is capturing, once; what this call made kept after it
         lines.append(f"    capturing = {_capture_test(env)}")
+        lines.append("    inf = INFERENCE()")
         launches = launches + [
             "    if not capturing:",
             *[f"        KEPT{j}.append((o{j}, q{j}))" for j in recycled],

@@ -1300,11 +1300,15 @@ def test_a_subscript_hands_out_the_direct_launch_once_a_launcher_is_bound(fake):
     assert len(recorder.launches) == 1 and len(fake.calls) == 4
 
 
-def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
+@pytest.mark.parametrize("told", [False, True], ids=["accessors", "tensor_check"])
+def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch, told):
     """A small output made like an input comes back from the next call of its plan when
     the caller has dropped it, and never while anything still refers to it (the caller, a
     view, a DLPack capsule, a weak reference), after it was changed (resized, made to need a
-    gradient), or while the stream is being captured (nor one made during a capture)."""
+    gradient, viewed as another dtype or shape through ``.data``), in the other inference
+    mode, or while the stream is being captured (nor one made during a capture). The same
+    whether "unchanged" is told by its accessors or, from the recorded call's output
+    (``told``), by one ``tensor_check``."""
     import weakref
 
     torch = pytest.importorskip("torch")
@@ -1316,8 +1320,9 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
     monkeypatch.setattr(_plan, "RECYCLING", [True])
     assert _plan.RECYCLE_BYTES == 1 << 20  # on by default
     x = torch.randn(2, 64, dtype=torch.float16)
-    replay = _plan._replay(None, 1, [(None, "torch", 0, None, (2, 64), f16, 0)], "o0")
-    assert "KEPT0.pop()" in replay.source
+    made = torch.empty(2, 64, dtype=torch.float16) if told else None
+    replay = _plan._replay(None, 1, [(made, "torch", 0, None, (2, 64), f16, 0)], "o0")
+    assert "KEPT0.pop()" in replay.source and ("OUT0(o0)" in replay.source) == told
 
     def call():
         return replay(x.data_ptr(), x)
@@ -1343,11 +1348,28 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
         last, kept = dropped(keep)
         assert not again(call(), last)
         del kept
-    for change in (lambda t: t.resize_(4, 64), lambda t: t.requires_grad_(True)):
+    changes = (
+        lambda t: t.resize_(4, 64),
+        lambda t: t.requires_grad_(True),
+        lambda t: setattr(t, "data", t.view(torch.int16)),  # same address, another dtype
+        lambda t: setattr(t, "data", t.view(1, 128)),  # same address, another shape
+        lambda t: setattr(t, "data", t.as_strided((2, 64), (1, 2))),  # another strides
+    )
+    for change in changes:
         last, _ = dropped(change)
         fresh = call()
         assert not again(fresh, last) and fresh.shape == (2, 64) and not fresh.requires_grad
+        assert fresh.dtype == torch.float16 and fresh.is_contiguous()
         del fresh
+    for _ in range(2):  # the other inference mode: a new output, of that mode
+        last, _ = dropped()
+        with torch.inference_mode():
+            fresh = call()
+            assert not again(fresh, last) and fresh.is_inference()
+            del fresh
+            last, _ = dropped()
+            assert again(call(), last)  # handed out again in that mode too
+        assert not call().is_inference()
     capturing[0] = True
     last, _ = dropped()
     made = [weakref.ref(call()) for _ in range(2)]  # none kept
