@@ -810,16 +810,16 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
     wrapper_header = header[:first] + (["*"] if named else []) + header[first:]
     all_args = ", ".join(names)
     # a call of the plan the last two calls hit: its fast path, which checks the call's
-    # signature in one C call and replays; a call of another signature turns it off until
-    # two calls in a row hit one plan again (calls that take turns between plans pay
-    # nothing for it)
+    # signature in one C call and replays; a call it does not serve turns it off until two
+    # calls in a row hit one plan again (calls that take turns between plans pay nothing
+    # for it; calls of one plan that its check refuses, a third of a failed check each)
     prologue = [
         "quick = FAST[0]",
         "if quick is not None:",
         f"    got = quick({all_args})",
         "    if got is not MISS:",
         "        return got",
-        "    FAST[0] = None",
+        "    FAST[0] = LAST[0] = None",
     ]
     # after a hit: arm the fast path when the last call hit the same plan (torch calls)
     arming = [

@@ -975,6 +975,90 @@ def test_torch_calls_replay_only_their_own_plan(monkeypatch):
         assert entry(*stale, 1e-6) == ("fell back", (*stale, 1e-6))
 
 
+def _plan_of_marks(keys, key, shape, arrays: int = 2) -> list:
+    """A replay (``_plan._replay``, no launches) of an op of ``arrays`` array parameters,
+    stored under ``key``, that returns the mark "replayed" and counts its calls in the
+    returned list."""
+    replay = _plan._replay(None, arrays, [(None, "torch", 0, None, shape, f32, None)], "o0")
+    served: list = []
+    replay.__globals__["A0"] = lambda: served.append(1) or "replayed"
+    keys.plans[key] = replay
+    return served
+
+
+def test_the_fast_path_serves_only_the_signature_of_its_plan(monkeypatch):
+    """Two calls in a row that hit one plan arm its fast path (one tensor_check for every
+    tensor), which then serves the calls of that signature (through the op, replay_only and
+    dispatch_entry); a call of any other signature (shape, dtype, strides, alignment, scalar
+    value or type, stream) or in a recording is not served by it but looked up as before,
+    and turns it off until two calls in a row hit one plan again; a tensor the check refuses
+    but the key allows (one requiring a gradient) is replayed through the key.
+    Calls that take turns between plans never arm it; clear() turns it off."""
+    pytest.importorskip("torch")
+    keys = _TorchKeys(monkeypatch, kaio_ops.rms_norm)
+    t, torch, op = keys.tensor, keys.torch, kaio_ops.rms_norm
+    fast = op.__globals__["FAST"]
+    x, w = t(4, 64), t(64)
+    served = _plan_of_marks(keys, keys.key(x, w), (4, 64))
+    assert [op(x, w), fast[0]] == ["replayed", None]  # a hit: counted
+    assert op(x, w) == "replayed" and fast[0] is not None  # the second in a row: armed
+    quick = fast[0]
+    assert op(t(4, 64), t(64)) == "replayed" and fast[0] is quick and len(served) == 3
+    assert op.replay_only(t(4, 64), t(64), 1e-6) == "replayed" and fast[0] is quick
+    entry = op.dispatch_entry(lambda *args: "fell back")
+    assert entry(t(4, 64), t(64), 1e-6) == "replayed" and fast[0] is quick
+    stale = [
+        (t(8, 64), t(64)),  # shape
+        (t(4, 64, dtype=torch.float16), t(64, dtype=torch.float16)),  # dtype
+        (t(4, 64, t=True), t(64)),  # strides
+        (t(4, 64, offset=1), t(64)),  # alignment
+        (t(4, 64), t(64), 1e-3),  # a scalar's value
+        (t(4, 64), t(64), 1),  # its type
+    ]
+    for args in stale:
+        misses = len(keys.misses)
+        assert op(*args) is None and len(keys.misses) == misses + 1  # looked up: a miss
+        assert fast[0] is None
+        assert op(x, w) == "replayed" and fast[0] is None
+        assert op(x, w) == "replayed" and fast[0] is quick  # armed again, the same function
+    keys.stream = 0x7F00_0000_2000  # another stream: another key
+    assert op(x, w) is None and fast[0] is None
+    keys.stream = 0x7F00_0000_1000
+    for _ in range(2):
+        op(x, w)
+    with _plan.recording():
+        assert op(x, w) is None  # a recording looks up (a miss here)
+    for _ in range(2):
+        op(x, w)
+    assert op(t(4, 64).requires_grad_(), w) == "replayed" and fast[0] is None  # by the key
+    assert op(x, w) == "replayed" and fast[0] is quick  # the second hit in a row
+    other = t(4, 32), t(32)
+    _plan_of_marks(keys, keys.key(*other), (4, 32))
+    fast[0] = op.__globals__["LAST"][0] = None
+    for _ in range(3):  # taking turns: never armed
+        assert op(x, w) == "replayed" and op(*other) == "replayed" and fast[0] is None
+    op(x, w)
+    op(x, w)
+    assert fast[0] is not None
+    _plan.clear()
+    assert fast[0] is None and op.__globals__["LAST"][0] is None
+
+
+def test_the_fast_path_of_an_optional_array(monkeypatch):
+    """A fast path armed with an optional array given as None serves only calls that give
+    None there."""
+    pytest.importorskip("torch")
+    keys = _TorchKeys(monkeypatch, kaio_ops.linear)
+    t, op = keys.tensor, kaio_ops.linear
+    x, w = t(2, 64), t(32, 64)
+    _plan_of_marks(keys, keys.key(x, w), (2, 32), arrays=4)
+    for _ in range(3):
+        assert op(x, w) == "replayed"
+    assert op.__globals__["FAST"][0] is not None
+    assert op(x, w, t(32)) is None  # a bias: looked up, a miss
+    assert op(x, w, residual=t(2, 32)) is None
+
+
 def test_torch_keys_of_an_optional_array(monkeypatch):
     """An optional array given as None and given as a tensor make different keys."""
     pytest.importorskip("torch")
