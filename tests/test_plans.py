@@ -1134,8 +1134,10 @@ def test_a_torch_workspace_comes_from_the_caching_allocator(fake, monkeypatch):
     """A torch array an op makes for its kernels and does not return (linear's split-K
     workspace at decode size) is taken from torch's caching allocator on the plan's stream
     and given back after the launches, when torch's current device is the plan's; a tensor
-    otherwise. Outputs are always tensors."""
+    otherwise (here where the capture of the stream cannot be told: a plan on a created
+    stream). Outputs are always tensors."""
     torch = pytest.importorskip("torch")
+    fake.stream = 0x7F00_0000_6000
     # a K split summed by gemm_reduce (2 rows over FIXUP_ROWS; the kernel's own sum makes
     # one launch)
     monkeypatch.setattr(importlib.import_module("kaio_ops.linear"), "FIXUP_ROWS", 1)
@@ -1163,12 +1165,55 @@ def test_a_torch_workspace_comes_from_the_caching_allocator(fake, monkeypatch):
     fake.calls = []
     out = twin(x.ptr, w.ptr, 0, 0)
     size = math.prod(allocations[1][4]) * allocations[1][5].itemsize
-    assert log == [("allocate", size, 0), ("free", 0xABC000, 2)] and tensors == [out]
+    assert log == [("allocate", size, fake.stream), ("free", 0xABC000, 2)] and tensors == [out]
     assert all(0xABC000.to_bytes(8, "little") in call[5] for call in fake.calls)
     device[0], log[:], tensors[:], fake.calls = 1, [], [], []  # torch's current device: 1
     assert twin(x.ptr, w.ptr, 0, 0) is out and not log and len(tensors) == 2
     workspace = tensors[1].data_ptr().to_bytes(8, "little")
     assert all(workspace in call[5] for call in fake.calls)
+
+
+def test_a_plan_on_the_legacy_default_stream_owns_its_small_workspace(fake, monkeypatch):
+    """A plan on the legacy default stream (its calls' kernels run in order from any
+    thread, never captured) takes its small workspace from the allocator once, when it is
+    made on its GPU, passes that address to every launch, and gives it back when dropped;
+    made while another GPU is current, its calls take their own."""
+    import gc
+
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(importlib.import_module("kaio_ops.linear"), "FIXUP_ROWS", 1)
+    x, w = fake.array((2, 4096), f16), fake.array((4096, 4096), f16)
+    kaio_ops.linear(x, w)
+    (replay,) = _plan.plans_of(kaio_ops.linear).values()
+    made = replay.__globals__
+    allocations = []
+    while f"A{len(allocations)}" in made:
+        _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
+        allocations.append((None, "torch", device, None, shape, dtype))
+    log, device, addresses = [], [0], itertools.count(0xA000, 0x1000)
+    allocator = (
+        lambda: device[0],
+        lambda size, stream: log.append(("allocate", size, stream)) or next(addresses),
+        lambda address: log.append(("free", address)),
+    )
+    monkeypatch.setattr(_plan, "_raw_allocator", lambda: allocator)
+    size = math.prod(allocations[1][4]) * allocations[1][5].itemsize
+    twin = _plan._replay(replay.plan, 4, allocations, "o0")
+    assert log == [("allocate", size, 0)] and "ALLOCATE" not in twin.source
+    out = torch.empty(allocations[0][4], dtype=_arrays.torch_dtype(allocations[0][5]))
+    twin.__globals__["A0"] = lambda: out  # on the CPU
+    fake.calls = []
+    for current_device in (0, 1, 0):
+        device[0] = current_device
+        assert twin(x.ptr, w.ptr, 0, 0) is out
+    assert len(log) == 1 and fake.calls
+    assert all(0xA000.to_bytes(8, "little") in call[5] for call in fake.calls)
+    del twin
+    gc.collect()
+    assert log[1:] == [("free", 0xA000)]
+    device[0] = 1  # made while GPU 1 is current: the calls take their own
+    twin = _plan._replay(replay.plan, 4, allocations, "o0")
+    assert len(log) == 2 and "ALLOCATE" in twin.source
 
 
 @pytest.mark.gpu
