@@ -631,7 +631,8 @@ def test_torch_ops_fast_path_takes_keyword_only_arguments_positionally(fake, mon
 def test_linear_on_hopper_replays_its_tensor_maps(fake, monkeypatch):
     """The Hopper GEMM takes TMA tensor maps, which hold their array's address: a plan
     encodes the map again for each call's address (x seen as [M, K] through a view the op
-    makes, w as it is), keeping those it has met."""
+    makes, w as it is), keeping those it has met, and where a buffer's map holds another
+    address."""
     tensormap = importlib.import_module("kaio.tensormap")  # the module, not the annotation
     encoded = []
 
@@ -668,6 +669,14 @@ def test_linear_on_hopper_replays_its_tensor_maps(fake, monkeypatch):
         x = fake.array((1, 32, 64), f16)
         planned, unplanned, _ = fake.run(kaio_ops.linear, x, w, residual=r)
         assert planned == unplanned and x.ptr.to_bytes(8, "little") in planned[0][5]
+    # a buffer whose map holds the call's address keeps it; another address is encoded
+    xs = [fake.array((1, 32, 64), f16) for _ in range(2)]
+    for i in (0, 0, 1, 0, 1, 1):
+        fake.calls = []
+        kaio_ops.linear(xs[i], w, residual=r)
+        (call,) = fake.calls
+        assert xs[i].ptr.to_bytes(8, "little") in call[5]
+        assert xs[1 - i].ptr.to_bytes(8, "little") not in call[5]
 
 
 @pytest.mark.gpu

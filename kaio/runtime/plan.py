@@ -215,7 +215,9 @@ class CallPlan:
             # a parameter buffer holds every constant entry from when it is made: a call
             # writes only the addresses of its arrays (8-byte entries at 8-byte offsets) and
             # the maps over them (128 bytes at 64-byte offsets), not the whole format
-            writes = []
+            # a map is encoded again only where its buffer holds another address's map
+            # (``mapped``: the address each map of the buffer was last encoded for)
+            writes, maps = [], 0
             offsets = prepared.offsets
             for k, (source, add) in sources.items():
                 where = address(source)
@@ -224,13 +226,20 @@ class CallPlan:
                     e, tm = prepared.maps[k]
                     env[f"MAP{i}_{e}"] = map_encoder(tm)
                     at = offsets[e]
-                    writes.append(f"buf[{at}:{at + 128}] = MAP{i}_{e}({where})")
+                    writes += [
+                        f"at = {where}",
+                        f"if mapped[{maps}] != at:",
+                        f"    buf[{at}:{at + 128}] = MAP{i}_{e}(at)",
+                        f"    mapped[{maps}] = at",
+                    ]
+                    maps += 1
                 else:
                     writes.append(f"words[{offsets[prepared.arrays[k]] // 8}] = {where}")
             filled = struct.pack(prepared.fmt, *prepared.values)
 
-            def new(filled=filled, offsets=offsets) -> tuple:
-                return _filled_slot(filled, offsets)
+            def new(filled=filled, offsets=offsets, maps=maps) -> tuple:
+                slot = _filled_slot(filled, offsets)
+                return (*slot, [None] * maps) if maps else slot
 
             free = env[f"free{i}"] = [new()]
             env[f"take{i}"], env[f"give{i}"] = free.pop, free.append  # bound once
@@ -248,11 +257,12 @@ class CallPlan:
                 env[f"DEV{i}"] = prepared.device.ordinal
                 home = launcher.home_test(prepared.device.ordinal, f"DEV{i}", env)
                 lines.append(f"home = {home}")
+            unpack = "buf, words, params, mapped" if maps else "buf, words, params"
             lines += [
                 "try:",
-                f"    buf, words, params = slot = take{i}()",
+                f"    {unpack} = slot = take{i}()",
                 "except IndexError:",
-                f"    buf, words, params = slot = new{i}()",
+                f"    {unpack} = slot = new{i}()",
                 *writes,
                 "if home:",
                 f"    rc = {call}",
