@@ -709,8 +709,8 @@ def _fast(
             conditions.append(f"{name} == V{i} and type({name}) is T{i}")
     device = first.get_device()
     if device >= 0:  # the stream the key holds: the first array's device's current one
-        fenv["DEV"], fenv["STREAM"] = device, env["RAW"](device)
-        conditions.append("RAW(DEV) == STREAM")
+        fenv["ON"], fenv["STREAM"] = device, env["RAW"](device)
+        conditions.append("RAW(ON) == STREAM")
     lines = [f"def fast({', '.join(names)}):"]
     lines += [
         f"    if recordings[0] or SIMULATING[0] or not CHECK({checked}):",
