@@ -28,6 +28,12 @@ nothing is stored) inside ``kaio.runtime.plan.recording()``; its launches, outpu
 allocations (``_arrays.output``) and result become the plan for that key. So an argument of
 a planned call goes kaio_ops -> plan -> launch, once, top to bottom.
 
+An op called again and again with one signature takes a shorter way: once two calls in a
+row hit one plan, the next call first tries that plan's fast function (``_fast``), which
+tells the call's signature by one C call over all its tensors (``tensor_check``, torch's
+own ``TensorGuards``) and a few comparisons (alignment, the other arguments, the stream),
+and replays; a call it does not serve (MISS) turns it off and takes the key.
+
 What the key holds is exactly what the ops' choices may depend on: shapes and dtypes (grids,
 tiles, K splits), alignment (16-byte vector paths), device (SM count, arch), stream, the
 non-array arguments (eps, causal, scale...). Process-wide settings read when the plan is built
