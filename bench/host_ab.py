@@ -52,10 +52,39 @@ def _check(label: str, op, args: tuple, torch_call) -> None:
                 raise AssertionError(f"{label}: relative error {error:.2e} against torch")
 
 
+def _turns():
+    """``launch_overhead.op_pairs``'s form of ``linear`` over two weights of other shapes
+    taking turns, as a layer's projections do (``linear_turns``: two calls a call of the
+    row)."""
+    import torch.nn.functional as F
+
+    import kaio_ops
+
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    w1, w2 = (torch.randn(n, 4096, device="cuda", dtype=torch.float16) for n in (4096, 1024))
+
+    def linear_turns(x, w1, w2):
+        return kaio_ops.linear(x, w1), kaio_ops.linear(x, w2)
+
+    label = "linear [1, 4096] x [4096, 4096]^T, then x [1024, 4096]^T (2 calls)"
+    return (
+        label,
+        linear_turns,
+        (x, w1, w2),
+        "F.linear, twice",
+        lambda: (F.linear(x, w1), F.linear(x, w2)),
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("trees", nargs=2, help="BASE_TREE NEW_TREE")
-    p.add_argument("--ops", nargs="+", required=True, help="kaio_ops names (launch_overhead's)")
+    p.add_argument(
+        "--ops",
+        nargs="+",
+        required=True,
+        help="kaio_ops names (launch_overhead's), and linear_turns (linear over two weights)",
+    )
     p.add_argument("--batches", type=int, default=10)
     p.add_argument("--spin-ms", type=float, default=4.0)
     p.add_argument("--json", default=None)
@@ -70,7 +99,8 @@ def main() -> None:
     rows, failed = [], {}
     for which, tree in zip(("base", "new"), trees, strict=True):
         tree.use()
-        for label, op, op_args, spelled, torch_call in L.op_pairs():
+        pairs = L.op_pairs() + ([_turns()] if "linear_turns" in args.ops else [])
+        for label, op, op_args, spelled, torch_call in pairs:
             if op.__name__ not in args.ops:
                 continue
             try:
