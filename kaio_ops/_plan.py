@@ -527,7 +527,11 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
             make, address = again, f"q{j}"
             recycled.append(j)
         tensors.append((j, make + ([f"p{inputs + j} = {address}"] if plan else [])))
-    launches = plan.code(env, lambda source: f"p{source}") if plan is not None else []
+    owned = _owned_workspaces(env, scratch, raw)
+    constants = {
+        inputs + j: address for (j, _, _), address in zip(scratch, owned or [], strict=False)
+    }
+    launches = plan.code(env, lambda source: f"p{source}", constants) if plan is not None else []
     if recycled:  # whether the stream is capturing, once; what this call made kept after it
         lines.append(f"    capturing = {_capture_test(env)}")
         lines.append("    inf = INFERENCE()")
@@ -536,12 +540,9 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
             *[f"        KEPT{j}.append((o{j}, q{j}))" for j in recycled],
         ]
     held = None  # the workspaces kept between calls (_held_workspaces)
-    owned = _owned_workspaces(env, scratch, raw)
-    if owned is not None:  # the plan's own, for good: their addresses are constants
+    if owned is not None:  # the plan's own, for good: constants packed in its buffers
         raw_js = {j for j, _, _ in scratch}
         lines += ["    " + line for j, made in tensors if j not in raw_js for line in made]
-        at = zip(scratch, owned, strict=True)
-        lines += [f"    p{inputs + j} = {address}" for (j, _, _), address in at]
         lines += launches
     elif scratch and len({device for _, _, device in scratch}) == 1:
         env["CURRENT"], env["ALLOCATE"], env["FREE"] = raw

@@ -1558,7 +1558,7 @@ def test_a_plan_on_the_default_stream_does_not_ask_about_captures(monkeypatch):
         class Plan:  # one launch on ``stream`` that the replay does not need to run here
             steps = [(types.SimpleNamespace(stream=stream), {})]
 
-            def code(self, env, address):
+            def code(self, env, address, constants=None):
                 return []
 
         replay = _plan._replay(Plan(), 1, [(None, "torch", 0, None, (2, 64), f16, 0)], "o0")
