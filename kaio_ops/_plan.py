@@ -884,7 +884,7 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
         )
         if a in optional:
             fast_lines.append(f"        p{j} = 0 if {a} is None else {a}.data_ptr()")
-            fast_keys.append(f"*((None,) if {a} is None else ({described},))")
+            fast_keys.append(f"None if {a} is None else ({described})")
         else:
             fast_lines.append(f"        p{j} = {a}.data_ptr()")
             fast_keys.append(described)
