@@ -432,23 +432,27 @@ def _error(torch, got, want) -> float:
 
 @pytest.mark.gpu
 def test_replays_compute_on_new_inputs_streams_and_graphs():
-    """Replayed calls on a GPU: new inputs each call, another stream, a CUDA graph captured
-    from replays (its kernels read the captured inputs' new contents)."""
+    """Replayed calls on a GPU: new inputs each call (the later ones through the fast path,
+    calls of another shape and in inference mode between them), another stream, a CUDA
+    graph captured from replays (its kernels read the captured inputs' new contents)."""
     torch = _torch_cuda()
     _plan.clear()
     w = torch.randn(4096, device="cuda", dtype=torch.float16)
-    for _ in range(3):
-        x = torch.randn(2, 4096, device="cuda", dtype=torch.float16)
-        out = kaio_ops.rms_norm(x, w)
-        assert _error(torch, out, _rms_reference(torch, x, w)) < 1e-3
-    assert len(_plan.plans_of(kaio_ops.rms_norm)) == 1
+    for rows in (2, 2, 2, 2, 2, 3, 2, 2, 2, "inference", 2, 2, 2):
+        with torch.inference_mode(rows == "inference"):
+            x = torch.randn(2 if rows == "inference" else rows, 4096, device="cuda").half()
+            out = kaio_ops.rms_norm(x, w)
+            assert _error(torch, out, _rms_reference(torch, x, w)) < 1e-3
+            del out
+    assert kaio_ops.rms_norm.__globals__["FAST"][0] is not None
+    assert len(_plan.plans_of(kaio_ops.rms_norm)) == 2
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         x = torch.randn(2, 4096, device="cuda", dtype=torch.float16)
         out = kaio_ops.rms_norm(x, w)
     side.synchronize()
     assert _error(torch, out, _rms_reference(torch, x, w)) < 1e-3
-    assert len(_plan.plans_of(kaio_ops.rms_norm)) == 2
+    assert len(_plan.plans_of(kaio_ops.rms_norm)) == 3
     static = torch.randn(2, 4096, device="cuda", dtype=torch.float16)
     capture = torch.cuda.Stream()
     with torch.cuda.stream(capture):
