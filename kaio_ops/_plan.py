@@ -368,6 +368,10 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[
     tensors' streams in C++, out of the watch's sight). ``KAIO_RECYCLE_OUTPUTS=0`` turns
     it off.
 
+    When the last output is still referenced (a chain, ``h = add(h, r)``, passes it back in),
+    it is kept for a later call and the one before it, dropped by then, is tried: a plan
+    keeps at most two.
+
     ``made``: the output the recorded call made (None if unknown). Its ``tensor_check``
     tells "still what that call made" in one C call, where the thread is in the inference
     mode it was made in (``inf``, read once a call; the check also reads the dispatch state,
@@ -409,11 +413,20 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[
         f"REFS({o}) == SOLO and {o}._use_count() == 1 and {o}.data_ptr() == q{j} "
         f"and ({unchanged}) and not WEAK({o}) and RECYCLING[0]"
     )
+    # the last output still referenced (a chain, h = add(h, r), passes it back in): kept
+    # for a later call (``held{j}``, kept again after this one), the one before it tried
     return [
         "try:",
         f"    {o}, q{j} = KEPT{j}.pop()",
         "except IndexError:",
         f"    {o} = None",
+        f"held{j} = None",
+        f"if {o} is not None and REFS({o}) != SOLO:",
+        f"    held{j} = ({o}, q{j})",
+        "    try:",
+        f"        {o}, q{j} = KEPT{j}.pop()",
+        "    except IndexError:",
+        f"        {o} = None",
         f"if {o} is None or capturing or not ({same}):",
         f"    {o} = {fresh}",
         f"    q{j} = {o}.data_ptr()",
@@ -537,7 +550,15 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
         lines.append("    inf = INFERENCE()")
         launches = launches + [
             "    if not capturing:",
-            *[f"        KEPT{j}.append((o{j}, q{j}))" for j in recycled],
+            *[
+                line
+                for j in recycled
+                for line in (
+                    f"        if held{j} is not None:",
+                    f"            KEPT{j}.append(held{j})",
+                    f"        KEPT{j}.append((o{j}, q{j}))",
+                )
+            ],  # fmt: skip
         ]
     held = None  # the workspaces kept between calls (_held_workspaces)
     if owned is not None:  # the plan's own, for good: constants packed in its buffers

@@ -1448,7 +1448,8 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch, told):
     the caller has dropped it, and never while anything still refers to it (the caller, a
     view, a DLPack capsule, a weak reference), after it was changed (resized, made to need a
     gradient, viewed as another dtype or shape through ``.data``), in the other inference
-    mode, or while the stream is being captured (nor one made during a capture). The same
+    mode, or while the stream is being captured (nor one made during a capture); in a chain
+    (each output passed to the next call), the one before the last comes back. The same
     whether "unchanged" is told by its accessors or, from the recorded call's output
     (``told``), by one ``tensor_check``."""
     import weakref
@@ -1512,6 +1513,19 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch, told):
             last, _ = dropped()
             assert again(call(), last)  # handed out again in that mode too
         assert not call().is_inference()
+    # a chain (h = op(h)) passes the last output back in, still referenced then: the one
+    # before it, dropped by then, comes back
+    chain = _plan._replay(None, 1, [(made, "torch", 0, None, (2, 64), f16, 0)], "o0")
+    h, seen = chain(x.data_ptr(), x), []
+    h.kaio_test_mark = "c0"
+    for i in range(1, 6):
+        out = chain(h.data_ptr(), h)
+        assert out is not h
+        seen.append(getattr(out, "kaio_test_mark", None))
+        out.kaio_test_mark = f"c{i}"
+        h = out
+        del out
+    assert seen == [None, "c0", "c1", "c2", "c3"]
     capturing[0] = True
     last, _ = dropped()
     made = [weakref.ref(call()) for _ in range(2)]  # none kept
