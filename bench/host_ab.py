@@ -76,6 +76,23 @@ def _turns():
     )
 
 
+def _chain():
+    """``launch_overhead.op_pairs``'s form of ``add`` in a chain, ``h = add(h, r)``, as a
+    residual stream runs (``add_chain``: each call's input is the last call's output)."""
+    import kaio_ops
+
+    r = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    h, last = [torch.randn(1, 4096, device="cuda", dtype=torch.float16)], [None]
+
+    def add_chain(first, r):
+        last[0] = h[0]  # (the input, for the check's torch call)
+        h[0] = kaio_ops.add(h[0], r)
+        return h[0]
+
+    label = "add [1, 4096] f16, in a chain h = add(h, r)"
+    return label, add_chain, (h[0], r), "h + r", lambda: last[0] + r
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("trees", nargs=2, help="BASE_TREE NEW_TREE")
@@ -83,7 +100,8 @@ def main() -> None:
         "--ops",
         nargs="+",
         required=True,
-        help="kaio_ops names (launch_overhead's), and linear_turns (linear over two weights)",
+        help="kaio_ops names (launch_overhead's), linear_turns (linear over two weights taking "
+        "turns), add_chain (h = add(h, r))",
     )
     p.add_argument("--batches", type=int, default=10)
     p.add_argument("--spin-ms", type=float, default=4.0)
@@ -99,7 +117,8 @@ def main() -> None:
     rows, failed = [], {}
     for which, tree in zip(("base", "new"), trees, strict=True):
         tree.use()
-        pairs = L.op_pairs() + ([_turns()] if "linear_turns" in args.ops else [])
+        extra = {"linear_turns": _turns, "add_chain": _chain}
+        pairs = L.op_pairs() + [made() for name, made in extra.items() if name in args.ops]
         for label, op, op_args, spelled, torch_call in pairs:
             if op.__name__ not in args.ops:
                 continue
