@@ -541,9 +541,8 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
             recycled.append(j)
         tensors.append((j, make + ([f"p{inputs + j} = {address}"] if plan else [])))
     owned = _owned_workspaces(env, scratch, raw)
-    constants = {
-        inputs + j: address for (j, _, _), address in zip(scratch, owned or [], strict=False)
-    }
+    at_owned = list(zip(scratch, owned or [], strict=False))
+    constants = {inputs + j: address for (j, _, _), address in at_owned}
     launches = plan.code(env, lambda source: f"p{source}", constants) if plan is not None else []
     if recycled:  # whether the stream is capturing, once; what this call made kept after it
         lines.append(f"    capturing = {_capture_test(env)}")
@@ -564,6 +563,9 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     if owned is not None:  # the plan's own, for good: constants packed in its buffers
         raw_js = {j for j, _, _ in scratch}
         lines += ["    " + line for j, made in tensors if j not in raw_js for line in made]
+        code = "\n".join(launches)  # a tensor map over one is encoded by the calls: named
+        lines += [f"    p{inputs + j} = {address}" for (j, _, _), address in at_owned
+                  if re.search(rf"\bp{inputs + j}\b", code)]  # fmt: skip
         lines += launches
     elif scratch and len({device for _, _, device in scratch}) == 1:
         env["CURRENT"], env["ALLOCATE"], env["FREE"] = raw
@@ -599,6 +601,7 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     replay = compile_function(lines, env, "replay", "<kaio op plan>")
     replay.plan = plan
     replay.body = lines[1:]  # the lines after the header, which _fast puts after its checks
+    replay.owned = owned or []  # the addresses of the workspaces the plan owns
     if held is not None:  # the kept workspaces go back to the allocator with the plan
         weakref.finalize(replay, _give_back, env["HELD"], env["FREE"]).atexit = False
     if owned is not None:  # and the owned ones

@@ -1186,6 +1186,43 @@ def test_a_torch_workspace_comes_from_the_caching_allocator(fake, monkeypatch):
     assert all(workspace in call[5] for call in fake.calls)
 
 
+def test_an_owned_workspace_under_a_tensor_map(fake, monkeypatch):
+    """matmul_fp8 with a row-major b on sm_90 transposes it into a workspace that its wgmma
+    kernel reads through a tensor map: a legacy-stream plan that owns that workspace passes
+    its address to the transpose and encodes the map over it."""
+    torch = pytest.importorskip("torch")
+    from kaio import e4m3
+
+    tensormap = importlib.import_module("kaio.tensormap")
+
+    def encode(tm, address=None):  # a fake cuTensorMapEncodeTiled: the address, the box
+        address = tm.array.ptr if address is None else address
+        return (address.to_bytes(8, "little") + bytes(tm.box)).ljust(128, b"\0")
+
+    monkeypatch.setattr(tensormap, "_encode", encode)
+    gpu = types.SimpleNamespace(compute_capability=(9, 0), multiprocessor_count=132)
+    monkeypatch.setattr(_arrays, "gpu", lambda like: gpu)
+    a, b = fake.array((16, 64), e4m3), fake.array((64, 32), e4m3)  # b row-major
+    scales = fake.array((1,), f32), fake.array((1,), f32)
+    kaio_ops.matmul_fp8(a, b, *scales)
+    (replay,) = _plan.plans_of(kaio_ops.matmul_fp8).values()
+    made = replay.__globals__
+    allocations = []
+    while f"A{len(allocations)}" in made:
+        _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
+        allocations.append((None, "torch", device, None, shape, dtype))
+    allocator = (lambda: 0, lambda size, stream: 0xA000, lambda address: None)
+    monkeypatch.setattr(_plan, "_raw_allocator", lambda: allocator)
+    twin = _plan._replay(replay.plan, 5, allocations, "o0")
+    assert twin.owned == [0xA000]
+    out = torch.empty(16, 32, dtype=torch.bfloat16)  # on the CPU
+    twin.__globals__["A0"] = lambda: out
+    fake.calls = []
+    assert twin(a.ptr, b.ptr, scales[0].ptr, scales[1].ptr, 0) is out
+    assert len(fake.calls) == 2  # the transpose, then the product over the map
+    assert all(0xA000.to_bytes(8, "little") in call[5] for call in fake.calls)
+
+
 def test_a_plan_on_the_legacy_default_stream_owns_its_small_workspace(fake, monkeypatch):
     """A plan on the legacy default stream (its calls' kernels run in order from any
     thread, never captured) takes its small workspace from the allocator once, when it is
@@ -1231,9 +1268,10 @@ def test_a_plan_on_the_legacy_default_stream_owns_its_small_workspace(fake, monk
 
 @pytest.mark.gpu
 def test_workspaces_from_the_allocator_on_streams_and_in_graphs():
-    """Decode-size GEMMs whose plans take a split-K workspace from torch's caching allocator
-    (given back once the launches are queued): back-to-back calls without synchronizing (the
-    next call may get the same memory), another stream, and a CUDA graph captured from
+    """Decode-size GEMMs whose plans take a split-K workspace: owned by the plan on the
+    legacy default stream, from torch's caching allocator on others (given back once the
+    launches are queued, or kept between calls): back-to-back calls without synchronizing
+    (the next call may get the same memory), another stream, and a CUDA graph captured from
     replays, each against a float64 reference."""
     torch = _torch_cuda()
     _plan.clear()
@@ -1252,7 +1290,7 @@ def test_workspaces_from_the_allocator_on_streams_and_in_graphs():
     for op, reference in ops:
         op(randn(1, 4096), w)
         (replay,) = _plan.plans_of(op).values()
-        with_workspace += "ALLOCATE(" in replay.source
+        with_workspace += bool(replay.owned)  # on the legacy default stream: owned
         xs = [randn(1, 4096) for _ in range(4)]
         outs = [op(x, w) for x in xs]  # queued back to back
         for x, out in zip(xs, outs, strict=True):
