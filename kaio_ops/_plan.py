@@ -409,8 +409,8 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[
     if check is not None:
         env[f"OUT{j}"], env[f"MODE{j}"] = check, torch.is_inference_mode_enabled()
         unchanged = f"(inf is MODE{j} and OUT{j}({o})) or ({unchanged})"
-    same = (
-        f"REFS({o}) == SOLO and {o}._use_count() == 1 and {o}.data_ptr() == q{j} "
+    same = (  # (nothing else refers to it: REFS told below)
+        f"{o}._use_count() == 1 and {o}.data_ptr() == q{j} "
         f"and ({unchanged}) and not WEAK({o}) and RECYCLING[0]"
     )
     # the last output still referenced (a chain, h = add(h, r), passes it back in): kept
@@ -427,6 +427,9 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[
         f"        {o}, q{j} = KEPT{j}.pop()",
         "    except IndexError:",
         f"        {o} = None",
+        "    else:",
+        f"        if REFS({o}) != SOLO:  # referred to as well: the caller's now",
+        f"            {o} = None",
         f"if {o} is None or capturing or not ({same}):",
         f"    {o} = {fresh}",
         f"    q{j} = {o}.data_ptr()",

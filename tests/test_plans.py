@@ -1524,7 +1524,10 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch, told):
     assert again(call(), last)  # dropped: handed out again
     held = call()
     assert call() is not held
-    del held
+    both = call(), call()  # the caller keeps every output: none handed out again
+    assert len({id(held), *(id(o) for o in both)}) == 3
+    assert all(call() is not o for o in (held, *both))
+    del held, both
     for keep in (lambda out: out[0], to_dlpack, weakref.ref):  # a view, a capsule, a weakref
         last, kept = dropped(keep)
         assert not again(call(), last)
