@@ -1143,6 +1143,28 @@ def test_prepare_takes_what_kernel_subscript_gives(fake):
     assert fake.calls[1] == fake.calls[2] != fake.calls[0]
 
 
+def _linear_split(fake, monkeypatch) -> tuple:
+    """(x, w, its plan's replay) of linear at decode size with its K split summed by
+    gemm_reduce (2 rows over FIXUP_ROWS; the kernel's own sum makes one launch): a plan
+    with a workspace."""
+    monkeypatch.setattr(importlib.import_module("kaio_ops.linear"), "FIXUP_ROWS", 1)
+    x, w = fake.array((2, 4096), f16), fake.array((4096, 4096), f16)
+    kaio_ops.linear(x, w)
+    (replay,) = _plan.plans_of(kaio_ops.linear).values()
+    return x, w, replay
+
+
+def _torch_allocations(replay) -> list:
+    """The allocations of a kaio arrays' ``replay`` as a torch call of its plan makes them
+    (for a ``_plan._replay`` twin of it)."""
+    made = replay.__globals__
+    allocations = []
+    while f"A{len(allocations)}" in made:
+        _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
+        allocations.append((None, "torch", device, None, shape, dtype))
+    return allocations
+
+
 def test_a_torch_workspace_comes_from_the_caching_allocator(fake, monkeypatch):
     """A torch array an op makes for its kernels and does not return (linear's split-K
     workspace at decode size) is taken from torch's caching allocator on the plan's stream
@@ -1151,17 +1173,8 @@ def test_a_torch_workspace_comes_from_the_caching_allocator(fake, monkeypatch):
     stream). Outputs are always tensors."""
     torch = pytest.importorskip("torch")
     fake.stream = 0x7F00_0000_6000
-    # a K split summed by gemm_reduce (2 rows over FIXUP_ROWS; the kernel's own sum makes
-    # one launch)
-    monkeypatch.setattr(importlib.import_module("kaio_ops.linear"), "FIXUP_ROWS", 1)
-    x, w = fake.array((2, 4096), f16), fake.array((4096, 4096), f16)
-    kaio_ops.linear(x, w)
-    (replay,) = _plan.plans_of(kaio_ops.linear).values()
-    made = replay.__globals__  # the kaio arrays' replay: its allocations, as torch would ask
-    allocations = []
-    while f"A{len(allocations)}" in made:
-        _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
-        allocations.append((None, "torch", device, None, shape, dtype))
+    x, w, replay = _linear_split(fake, monkeypatch)
+    allocations = _torch_allocations(replay)
     assert len(allocations) == 2, "linear at decode size no longer makes a workspace"
     log, device = [], [0]
     allocator = (
@@ -1206,11 +1219,7 @@ def test_an_owned_workspace_under_a_tensor_map(fake, monkeypatch):
     scales = fake.array((1,), f32), fake.array((1,), f32)
     kaio_ops.matmul_fp8(a, b, *scales)
     (replay,) = _plan.plans_of(kaio_ops.matmul_fp8).values()
-    made = replay.__globals__
-    allocations = []
-    while f"A{len(allocations)}" in made:
-        _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
-        allocations.append((None, "torch", device, None, shape, dtype))
+    allocations = _torch_allocations(replay)
     allocator = (lambda: 0, lambda size, stream: 0xA000, lambda address: None)
     monkeypatch.setattr(_plan, "_raw_allocator", lambda: allocator)
     twin = _plan._replay(replay.plan, 5, allocations, "o0")
@@ -1231,15 +1240,8 @@ def test_a_plan_on_the_legacy_default_stream_owns_its_small_workspace(fake, monk
     import gc
 
     torch = pytest.importorskip("torch")
-    monkeypatch.setattr(importlib.import_module("kaio_ops.linear"), "FIXUP_ROWS", 1)
-    x, w = fake.array((2, 4096), f16), fake.array((4096, 4096), f16)
-    kaio_ops.linear(x, w)
-    (replay,) = _plan.plans_of(kaio_ops.linear).values()
-    made = replay.__globals__
-    allocations = []
-    while f"A{len(allocations)}" in made:
-        _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
-        allocations.append((None, "torch", device, None, shape, dtype))
+    x, w, replay = _linear_split(fake, monkeypatch)
+    allocations = _torch_allocations(replay)
     log, device, addresses = [], [0], itertools.count(0xA000, 0x1000)
     allocator = (
         lambda: device[0],
@@ -1679,15 +1681,8 @@ def test_a_plan_keeps_its_small_workspace_between_calls(fake, monkeypatch):
         torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing[0], raising=False
     )
     fake.stream = 0x7F00_0000_5000  # a stream that can be captured (not the legacy default)
-    monkeypatch.setattr(importlib.import_module("kaio_ops.linear"), "FIXUP_ROWS", 1)
-    x, w = fake.array((2, 4096), f16), fake.array((4096, 4096), f16)
-    kaio_ops.linear(x, w)
-    (replay,) = _plan.plans_of(kaio_ops.linear).values()
-    made = replay.__globals__
-    allocations = []
-    while f"A{len(allocations)}" in made:
-        _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
-        allocations.append((None, "torch", device, None, shape, dtype))
+    x, w, replay = _linear_split(fake, monkeypatch)
+    allocations = _torch_allocations(replay)
     log, addresses = [], itertools.count(0xA000, 0x1000)
     allocator = (
         lambda: 0,
