@@ -495,8 +495,10 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     the next user of that memory on the stream runs after them (in a CUDA graph capture, the
     allocator serves the graph's own pool). That costs a fraction of a ``torch.empty``. It
     is done when torch's current device is the plan's, which the allocator serves;
-    otherwise the workspace is a tensor like the outputs. A small workspace is kept by the
-    plan between its calls instead (``_held_workspaces``).
+    otherwise the workspace is a tensor like the outputs. A small workspace is the plan's
+    own on the legacy default stream (``_owned_workspaces``: taken once, its address packed
+    in the parameter buffers), else kept by the plan between its calls
+    (``_held_workspaces``).
 
     Whether the stream is being captured into a CUDA graph (0.5 µs to ask torch) is asked
     only of a plan that launches on another stream than the legacy default one (stream 0,
