@@ -3,8 +3,11 @@
 own body, ``op.__wrapped__``, through the kernel launchers), everything up to the driver call
 (``cuLaunchKernelEx`` replaced by a function that returns 0). Arrays are fake
 ``kaio.DeviceArray``s (made-up addresses; outputs too). The ``torch`` column replays the same
-plans for CPU torch tensors standing in for CUDA ones: the wrapper's key of torch's own
-accessors, and outputs made by ``torch.empty`` on the CPU (not the CUDA caching allocator).
+plans for CPU torch tensors standing in for CUDA ones, as a loop of calls takes them: the
+wrapper's key of torch's own accessors for the first calls, then the fast path (one
+``tensor_check``); dropped outputs handed out again (``cuda_stand_ins``: torch's CUDA
+queries answered as on a GPU), new ones made by ``torch.empty`` on the CPU. The fake GPU is
+an sm_90 and takes an H100's routes (``LeanFakeGPU``).
 Times are thread CPU time (``time.thread_time``), which a busy shared machine disturbs less
 than wall time; bench/launch_overhead.py measures the whole call on a GPU.
 
@@ -14,13 +17,14 @@ than wall time; bench/launch_overhead.py measures the whole call on a GPU.
 from __future__ import annotations
 
 import functools
+import importlib
 import statistics
 import time
 
 import pytest
 
 import kaio_ops
-from kaio import f16, f32, i32, u32
+from kaio import e4m3, f16, f32, i32, u32
 from kaio_ops import _arrays, _plan
 from tests.test_plans import FakeGPU
 
@@ -30,6 +34,8 @@ def cases(g: FakeGPU) -> list:
     h = 4096
     return [
         ("rms_norm [1, 4096] f16", kaio_ops.rms_norm, (g.array((1, h), f16), g.array((h,), f16))),
+        ("rms_norm_residual [1, 4096] f16", kaio_ops.rms_norm_residual,
+         (g.array((1, h), f16), g.array((1, h), f16), g.array((h,), f16))),
         ("silu_gate [1, 14336] f16", kaio_ops.silu_gate,
          (g.array((1, 14336), f16), g.array((1, 14336), f16))),
         ("add [1, 4096] f16", kaio_ops.add, (g.array((1, h), f16), g.array((1, h), f16))),
@@ -53,6 +59,9 @@ def cases(g: FakeGPU) -> list:
         ("flash_attention_decode q [1, 32, 1, 128], 4k cache", kaio_ops.flash_attention_decode,
          (g.array((1, 32, 1, 128), f16), g.array((1, 8, 4096, 128), f16),
           g.array((1, 8, 4096, 128), f16), g.array((1,), i32))),
+        ("matmul_fp8 [1, 4096] x [4096, 4096] e4m3", kaio_ops.matmul_fp8,
+         (g.array((1, h), e4m3), g.array((h, h), e4m3).T, g.array((1,), f32),
+          g.array((1,), f32))),
         ("kv_cache_append k [1, 8, 1, 128], 4k cache", kaio_ops.kv_cache_append,
          (g.array((1, 8, 4096, 128), f16), g.array((1, 8, 4096, 128), f16),
           g.array((1, 8, 1, 128), f16), g.array((1, 8, 1, 128), f16), g.array((1,), i32))),
@@ -73,22 +82,62 @@ def per_call_us(fn, args, calls: int = 2000, repeats: int = 7) -> float:
 
 class LeanFakeGPU(FakeGPU):
     """The test's fake GPU with a launch that does nothing and outputs made once per shape
-    and dtype, so the figures are the call path's own."""
+    and dtype, so the figures are the call path's own. It is an sm_90 and takes the routes
+    an H100 takes at these sizes (decode's clusters: one launch; matmul_fp8's wgmma, its
+    tensor maps encoded by a stand-in; a column-major b as torch passes it)."""
 
     def __init__(self, monkeypatch):
         super().__init__(monkeypatch)
         self.outputs: dict = {}
         # the GPU an op asks for its arch (attention's Hopper dispatch): the fake one
         monkeypatch.setattr(_arrays, "gpu", lambda like: self.device(like.device))
+        decode = importlib.import_module("kaio_ops.decode")
+        monkeypatch.setattr(decode, "_hopper", lambda like: True)
+        monkeypatch.setattr(decode, "CLUSTER_CHECK", False)
+        monkeypatch.setattr(importlib.import_module("kaio_ops.fp8"), "_k_major", _k_major)
+        tensormap = importlib.import_module("kaio.tensormap")
+        monkeypatch.setattr(tensormap, "_encode", lambda tm, address=None: bytes(128))
+
+    def device(self, ordinal: int):
+        dev = super().device(ordinal)  # (the tests' fake GPU, with what sm_90 ops ask)
+        dev.compute_capability, dev.multiprocessor_count = (9, 0), 132
+        return dev
 
     def launch(self, config, func, params, extra):
         return 0
 
     def new_array(self, kind, device, like_obj, shape, dtype):
-        key = (device, shape, dtype)
-        if key not in self.outputs:
-            self.outputs[key] = self.array(shape, dtype, device)
-        return self.outputs[key]
+        # four arrays a shape and dtype, taken in turn: the outputs of one call
+        # (rms_norm_residual's two) are distinct
+        made = self.outputs.setdefault((device, shape, dtype), [])
+        if len(made) < 4:
+            made.insert(0, self.array(shape, dtype, device))
+        made.append(made.pop(0))
+        return made[-1]
+
+
+def _k_major(b):
+    """``kaio_ops.fp8._k_major`` for a fake array: a column-major one as its transpose."""
+    if not b.is_contiguous and b.T.is_contiguous:
+        return b.T, True
+    return b, False
+
+
+def cuda_stand_ins(monkeypatch) -> None:
+    """What a plan asks torch's CUDA side, answered as on a GPU with nothing captured, GPU 0
+    current and a caching allocator that hands out one address: the torch column's plans
+    then hand dropped outputs out again and own their workspaces, as on a GPU."""
+    try:
+        import torch
+    except ImportError:
+        return
+    for name, stand_in in (
+        ("_cuda_isCurrentStreamCapturing", lambda: False),
+        ("_cuda_getDevice", lambda: 0),
+        ("_cuda_cudaCachingAllocator_raw_alloc", lambda size, stream: 0x7000_0000),
+        ("_cuda_cudaCachingAllocator_raw_delete", lambda address: None),
+    ):
+        monkeypatch.setattr(torch._C, name, stand_in, raising=False)
 
 
 def torch_twin(op, arrays: tuple) -> tuple | None:
@@ -116,7 +165,8 @@ def torch_twin(op, arrays: tuple) -> tuple | None:
     allocations = []
     while f"A{len(allocations)}" in made:
         _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
-        allocations.append((None, "torch", device, None, shape, dtype))
+        output = torch.empty(shape, dtype=_arrays.torch_dtype(dtype))  # the recorded call's
+        allocations.append((output, "torch", device, None, shape, dtype))
     returned = replay.source.strip().splitlines()[-1].split("return ", 1)[1]
     inputs = replay.__code__.co_argcount // 2  # (addresses, arrays) of every array parameter
     twin = _plan._replay(replay.plan, inputs, allocations, returned)
@@ -131,6 +181,7 @@ def torch_twin(op, arrays: tuple) -> tuple | None:
 def main() -> None:
     with pytest.MonkeyPatch.context() as mp:
         g = LeanFakeGPU(mp)
+        cuda_stand_ins(mp)
         print(
             f"{'op (fake driver, CPU)':<44} {'unplanned':>10} {'planned':>9} {'torch':>7}  us/call"
         )

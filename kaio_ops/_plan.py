@@ -28,6 +28,12 @@ nothing is stored) inside ``kaio.runtime.plan.recording()``; its launches, outpu
 allocations (``_arrays.output``) and result become the plan for that key. So an argument of
 a planned call goes kaio_ops -> plan -> launch, once, top to bottom.
 
+An op called again and again with one signature takes a shorter way: once two calls in a
+row hit one plan, the next call first tries that plan's fast function (``_fast``), which
+tells the call's signature by one C call over all its tensors (``tensor_check``, torch's
+own ``TensorGuards``) and a few comparisons (alignment, the other arguments, the stream),
+and replays; a call it does not serve (MISS) turns it off and takes the key.
+
 What the key holds is exactly what the ops' choices may depend on: shapes and dtypes (grids,
 tiles, K splits), alignment (16-byte vector paths), device (SM count, arch), stream, the
 non-array arguments (eps, causal, scale...). Process-wide settings read when the plan is built
@@ -94,12 +100,16 @@ RECYCLING = [True]
 MISS = object()  # replay_only's answer when the call has no plan
 _NONE = ("none",)  # the key of an optional array given as None
 _ALL: list[dict] = []  # every op's plans (for clear)
+_CELLS: list[tuple] = []  # every op's fast path cells (FAST, LAST: for clear)
 
 
 def clear() -> None:
     """Drop every op's plans (after changing a setting plans were built with)."""
     for plans in _ALL:
         plans.clear()
+    for cells in _CELLS:
+        for cell in cells:
+            cell[0] = None
 
 
 def plans_of(op: Callable) -> dict:
@@ -333,7 +343,7 @@ def _solo_refs() -> int | None:
     return alone if probe([(held, 0)]) == alone + 1 else None
 
 
-def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype) -> list[str] | None:
+def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[str] | None:
     """The lines that make output ``o{j}`` (a new one: the expression ``fresh``, an
     ``EMPTY_LIKE`` of an input or ``A{j}()``) and its address ``q{j}``, handing out again
     the tensor the plan's last call returned when the caller has
@@ -356,7 +366,17 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype) -> list[str] |
     process is recorded on a stream, no output is handed out again (``RECYCLING``); nor by
     a plan built while torch.distributed is initialized (its collectives record their
     tensors' streams in C++, out of the watch's sight). ``KAIO_RECYCLE_OUTPUTS=0`` turns
-    it off."""
+    it off.
+
+    When the last output is still referenced (a chain, ``h = add(h, r)``, passes it back in),
+    it is kept for a later call and the one before it, dropped by then, is tried: a plan
+    keeps at most two.
+
+    ``made``: the output the recorded call made (None if unknown). Its ``tensor_check``
+    tells "still what that call made" in one C call, where the thread is in the inference
+    mode it was made in (``inf``, read once a call; the check also reads the dispatch state,
+    so a tensor made in the other mode, or under autocast, fails it); the accessors one by
+    one otherwise."""
     import torch
 
     size = math.prod(shape) * dtype.itemsize
@@ -381,17 +401,35 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype) -> list[str] |
     env["RECYCLING"] = RECYCLING
     env[f"KEPT{j}"], env[f"S{j}"], env[f"D{j}"] = [], torch.Size(shape), _arrays.torch_dtype(dtype)
     o = f"o{j}"
-    same = (
-        f"REFS({o}) == SOLO and {o}._use_count() == 1 and {o}.data_ptr() == q{j} "
-        f"and {o}.shape == S{j} and {o}.is_contiguous() and {o}.dtype is D{j} "
-        f"and not {o}.requires_grad and {o}.is_inference() is INFERENCE() "
-        f"and not WEAK({o}) and RECYCLING[0]"
+    unchanged = (
+        f"{o}.shape == S{j} and {o}.is_contiguous() and {o}.dtype is D{j} "
+        f"and not {o}.requires_grad and {o}.is_inference() is inf"
     )
+    check = tensor_check([made]) if isinstance(made, torch.Tensor) else None
+    if check is not None:
+        env[f"OUT{j}"], env[f"MODE{j}"] = check, torch.is_inference_mode_enabled()
+        unchanged = f"(inf is MODE{j} and OUT{j}({o})) or ({unchanged})"
+    same = (  # (nothing else refers to it: REFS told below)
+        f"{o}._use_count() == 1 and {o}.data_ptr() == q{j} "
+        f"and ({unchanged}) and not WEAK({o}) and RECYCLING[0]"
+    )
+    # the last output still referenced (a chain, h = add(h, r), passes it back in): kept
+    # for a later call (``held{j}``, kept again after this one), the one before it tried
     return [
         "try:",
         f"    {o}, q{j} = KEPT{j}.pop()",
         "except IndexError:",
         f"    {o} = None",
+        f"held{j} = None",
+        f"if {o} is not None and REFS({o}) != SOLO:",
+        f"    held{j} = ({o}, q{j})",
+        "    try:",
+        f"        {o}, q{j} = KEPT{j}.pop()",
+        "    except IndexError:",
+        f"        {o} = None",
+        "    else:",
+        f"        if REFS({o}) != SOLO:  # referred to as well: the caller's now",
+        f"            {o} = None",
         f"if {o} is None or capturing or not ({same}):",
         f"    {o} = {fresh}",
         f"    q{j} = {o}.data_ptr()",
@@ -457,8 +495,10 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     the next user of that memory on the stream runs after them (in a CUDA graph capture, the
     allocator serves the graph's own pool). That costs a fraction of a ``torch.empty``. It
     is done when torch's current device is the plan's, which the allocator serves;
-    otherwise the workspace is a tensor like the outputs. A small workspace is kept by the
-    plan between its calls instead (``_held_workspaces``).
+    otherwise the workspace is a tensor like the outputs. A small workspace is the plan's
+    own on the legacy default stream (``_owned_workspaces``: taken once, its address packed
+    in the parameter buffers), else kept by the plan between its calls
+    (``_held_workspaces``).
 
     Whether the stream is being captured into a CUDA graph (0.5 µs to ask torch) is asked
     only of a plan that launches on another stream than the legacy default one (stream 0,
@@ -473,7 +513,7 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     scratch, tensors = [], []  # (j, bytes) from the allocator; (j, line) as tensors
     made_like = []  # (j, the input position) of outputs made with torch.empty_like
     recycled = []  # the outputs among those that a later call may hand out again
-    for j, (_made, kind, device, like, shape, dtype, *twin) in enumerate(allocations):
+    for j, (made, kind, device, like, shape, dtype, *twin) in enumerate(allocations):
         if kind == "torch":
             import torch
 
@@ -498,20 +538,41 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
             fresh = f"EMPTY_LIKE(a{made_like[-1][1]})"
         make = [f"o{j} = {fresh}"]
         # a returned output (like an input or not: matmul_tc's f32 of f16 inputs)
-        again = _recycled(env, j, fresh, shape, dtype) if kind == "torch" and j in kept else None
+        again = None
+        if kind == "torch" and j in kept:
+            again = _recycled(env, j, fresh, shape, dtype, made)
         if again is not None:
             make, address = again, f"q{j}"
             recycled.append(j)
         tensors.append((j, make + ([f"p{inputs + j} = {address}"] if plan else [])))
-    launches = plan.code(env, lambda source: f"p{source}") if plan is not None else []
+    owned = _owned_workspaces(env, scratch, raw)
+    at_owned = list(zip(scratch, owned or [], strict=False))
+    constants = {inputs + j: address for (j, _, _), address in at_owned}
+    launches = plan.code(env, lambda source: f"p{source}", constants) if plan is not None else []
     if recycled:  # whether the stream is capturing, once; what this call made kept after it
         lines.append(f"    capturing = {_capture_test(env)}")
+        lines.append("    inf = INFERENCE()")
         launches = launches + [
             "    if not capturing:",
-            *[f"        KEPT{j}.append((o{j}, q{j}))" for j in recycled],
+            *[
+                line
+                for j in recycled
+                for line in (
+                    f"        if held{j} is not None:",
+                    f"            KEPT{j}.append(held{j})",
+                    f"        KEPT{j}.append((o{j}, q{j}))",
+                )
+            ],  # fmt: skip
         ]
     held = None  # the workspaces kept between calls (_held_workspaces)
-    if scratch and len({device for _, _, device in scratch}) == 1:
+    if owned is not None:  # the plan's own, for good: constants packed in its buffers
+        raw_js = {j for j, _, _ in scratch}
+        lines += ["    " + line for j, made in tensors if j not in raw_js for line in made]
+        code = "\n".join(launches)  # a tensor map over one is encoded by the calls: named
+        lines += [f"    p{inputs + j} = {address}" for (j, _, _), address in at_owned
+                  if re.search(rf"\bp{inputs + j}\b", code)]  # fmt: skip
+        lines += launches
+    elif scratch and len({device for _, _, device in scratch}) == 1:
         env["CURRENT"], env["ALLOCATE"], env["FREE"] = raw
         env["HOME"] = scratch[0][2]
         env["STREAM"] = plan.steps[0][0].stream or 0
@@ -544,8 +605,12 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     lines.append(f"    return {returned}")
     replay = compile_function(lines, env, "replay", "<kaio op plan>")
     replay.plan = plan
+    replay.body = lines[1:]  # the lines after the header, which _fast puts after its checks
+    replay.owned = owned or []  # the addresses of the workspaces the plan owns
     if held is not None:  # the kept workspaces go back to the allocator with the plan
         weakref.finalize(replay, _give_back, env["HELD"], env["FREE"]).atexit = False
+    if owned is not None:  # and the owned ones
+        weakref.finalize(replay, _give_back, [owned], raw[2]).atexit = False
     return replay
 
 
@@ -568,6 +633,28 @@ def _give_back(kept: list, free: Callable) -> None:
 
 
 HELD_BYTES = 4 << 20  # the most workspace bytes a plan keeps between its calls
+
+
+def _owned_workspaces(env: dict, scratch: list, raw) -> list | None:
+    """The addresses of the workspaces (``scratch``: (j, bytes, device)) a plan owns for
+    good, taken now from torch's caching allocator (``raw``) and given back with the plan:
+    for a plan on the legacy default stream, whose kernels run in the order of their calls
+    from any thread (one such stream a device) and are never captured into a graph, when
+    they are small and the allocator serves the plan's GPU now. A call then pays nothing
+    for them (a kept workspace, ``_held_workspaces``, costs a call about 0.3 µs). None
+    otherwise."""
+    if not scratch or raw is None or env.get("CAPTURING") is not _never_captured:
+        return None
+    devices = {device for _, _, device in scratch}
+    if len(devices) != 1 or sum(size for _, size, _ in scratch) > HELD_BYTES:
+        return None
+    current, allocate, _free = raw
+    try:
+        if current() != devices.pop():
+            return None
+        return [allocate(size, 0) for _, size, _ in scratch]
+    except Exception:  # noqa: BLE001 (a torch without CUDA: the calls take their own)
+        return None
 
 
 def _held_workspaces(env: dict, scratch: list, inputs: int, recycled: list) -> list | None:
@@ -605,6 +692,83 @@ def _held_workspaces(env: dict, scratch: list, inputs: int, recycled: list) -> l
         f"    ws = ({take})",
         f"{names} = ws",
     ]
+
+
+def tensor_check(tensors: list) -> Callable | None:
+    """``check(*tensors)``: True when each tensor has the Python type, dispatch keys, dtype,
+    device, shape, strides and ``requires_grad`` that the tensor in its place in ``tensors``
+    has (torch's ``TensorGuards``, the check torch.compile's guards make: one C call for
+    every tensor, a fraction of reading those accessors one by one); False for anything else
+    in a place, a non-tensor included. The dispatch keys are read under the thread's
+    dispatch state (inference mode, autocast), so a check made in one state refuses every
+    tensor in another where their keys differ. None where this torch has no such check."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        return TensorGuards(
+            *tensors,
+            dynamic_dims_sizes=[list(t.shape) for t in tensors],
+            dynamic_dims_strides=[list(t.stride()) for t in tensors],
+        ).check
+    except Exception:  # noqa: BLE001 (an older or newer torch: the plans' key path only)
+        return None
+
+
+def _fast(
+    replay: Callable, names: list, positions: list, args: tuple, env: dict
+) -> Callable | None:
+    """``fast(<every parameter of the op, positionally>)``: ``replay`` for a call with the
+    signature of ``args`` (a call that hit ``replay``'s plan with torch tensors, or None for
+    an optional array, at ``positions`` of ``names``), MISS for any other call. It checks
+    what the call's key would hold: every tensor at once (``tensor_check``: type, dtype,
+    shape, strides, device; also its dispatch keys and ``requires_grad``, which the key does
+    not hold, so it is stricter), the optional arrays given as None, each address's
+    alignment, every other argument (by value and type), the stream, and that no recording
+    or simulation is on; then runs the replay's own lines (its callers ask the op's
+    ``when`` first). None where there is no ``tensor_check`` or the replay has no lines (or
+    the first array is None). ``env``: the wrapper's namespace (RAW, recordings,
+    SIMULATING)."""
+    body = getattr(replay, "body", None)
+    tensors = [args[i] for i in positions if args[i] is not None]
+    first = args[positions[0]]
+    check = tensor_check(tensors) if body is not None and first is not None else None
+    if check is None:
+        return None
+    fenv = dict(replay.__globals__)  # the replay's own state (kept outputs, buffers) shared
+    fenv.update(CHECK=check, REPLAY=replay, MISS=MISS, RAW=env["RAW"])
+    fenv.update(recordings=env["recordings"], SIMULATING=env["SIMULATING"])
+    checked = ", ".join(names[i] for i in positions if args[i] is not None)
+    conditions = [f"{names[i]} is None" for i in positions if args[i] is None]
+    for i, name in enumerate(names):
+        if i not in positions:
+            fenv[f"V{i}"], fenv[f"T{i}"] = args[i], type(args[i])
+            conditions.append(f"{name} == V{i} and type({name}) is T{i}")
+    device = first.get_device()
+    if device >= 0:  # the stream the key holds: the first array's device's current one
+        fenv["ON"], fenv["STREAM"] = device, env["RAW"](device)
+        conditions.append("RAW(ON) == STREAM")
+    lines = [f"def fast({', '.join(names)}):"]
+    lines += [
+        f"    if recordings[0] or SIMULATING[0] or not CHECK({checked}):",
+        "        return MISS",
+    ]
+    if conditions:
+        lines += [f"    if not ({' and '.join(conditions)}):", "        return MISS"]
+    addresses = []
+    for j, i in enumerate(positions):
+        value = "0" if args[i] is None else f"{names[i]}.data_ptr()"
+        lines.append(f"    p{j} = {value}")
+        if args[i] is not None:
+            addresses.append((f"p{j}", args[i].data_ptr() & 15))
+    if all(rest == 0 for _, rest in addresses):  # the common case: every array 16-byte aligned
+        misaligned = f"({' | '.join(p for p, _ in addresses)}) & 15"
+    else:
+        misaligned = " or ".join(f"{p} & 15 != {rest}" for p, rest in addresses)
+    lines += [f"    if {misaligned}:", "        return MISS"]
+    source = "\n".join(replay.body)
+    lines += [f"    a{j} = {names[i]}" for j, i in enumerate(positions)
+              if re.search(rf"\ba{j}\b", source)]  # fmt: skip
+    return compile_function(lines + replay.body, fenv, "fast", "<kaio op plan, fast path>")
 
 
 def planned(*array_names: str, when: Callable[[], bool] | None = None) -> Callable:
@@ -681,6 +845,25 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
         _UNBOUND.append(env)
     env["stream_key"] = lambda obj, raw: stream_key(obj, raw)  # looked up per call: patchable
     env.update(current=current, plans=plans, slow=slow, fn=fn, WHEN=when)
+    # the fast path (_fast): FAST[0], the function of the plan hit by the last two calls in
+    # a row (None: off), LAST[0] the plan the last call hit
+    fast, last = [None], [None]
+    _CELLS.append((fast, last))
+
+    def arm(replay, args: tuple):
+        """The fast path of ``replay`` for calls like ``args``, made once per plan and
+        inference mode; None where it has none (and the count of hits starts again)."""
+        import torch
+
+        fasts = replay.__dict__.setdefault("fasts", {})
+        mode = torch.is_inference_mode_enabled()
+        if mode not in fasts:
+            fasts[mode] = _fast(replay, names, positions, args, env)
+        if fasts[mode] is None:
+            last[0] = None
+        return fasts[mode]
+
+    env.update(FAST=fast, LAST=last, ARM=arm)
     header = []
     for i, name in enumerate(names):
         default = signature.parameters[name].default
@@ -692,6 +875,26 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
     # the wrapper keeps the op's keyword-only parameters; replay_only takes every parameter
     # positionally, in signature order, as the torch dispatcher passes them
     wrapper_header = header[:first] + (["*"] if named else []) + header[first:]
+    all_args = ", ".join(names)
+    # a call of the plan the last two calls hit: its fast path, which checks the call's
+    # signature in one C call and replays; a call it does not serve turns it off until two
+    # calls in a row hit one plan again (calls that take turns between plans pay nothing
+    # for it; calls of one plan that its check refuses, a third of a failed check each)
+    prologue = [
+        "quick = FAST[0]",
+        "if quick is not None:",
+        f"    got = quick({all_args})",
+        "    if got is not MISS:",
+        "        return got",
+        "    FAST[0] = LAST[0] = None",
+    ]
+    # after a hit: arm the fast path when the last call hit the same plan (torch calls)
+    arming = [
+        "if replay is not LAST[0]:",
+        "    LAST[0] = replay",
+        "elif flat:",
+        f"    FAST[0] = ARM(replay, ({all_args},))",
+    ]
     lines = [f"def {fn.__name__}({', '.join(wrapper_header)}):", "    try:"]
     # the common call, torch tensors (or None for an optional array) only: one flat key of
     # torch's own accessors (no tuple per array); contiguity stands for the strides, which a
@@ -704,13 +907,13 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
     for j, a in enumerate(array_names):
         device = "d" if j == 0 else f"{a}.get_device()"
         if j == 0:
-            fast_lines.append(f"        d = {a}.get_device()")
+            fast_lines += [f"        d = {a}.get_device()", "        flat = True"]
         described = (
             f"{a}.dtype, {a}.shape, {a}.is_contiguous() or {a}.stride(), {device}, p{j} & 15"
         )
         if a in optional:
             fast_lines.append(f"        p{j} = 0 if {a} is None else {a}.data_ptr()")
-            fast_keys.append(f"*((None,) if {a} is None else ({described},))")
+            fast_keys.append(f"None if {a} is None else ({described})")
         else:
             fast_lines.append(f"        p{j} = {a}.data_ptr()")
             fast_keys.append(described)
@@ -726,6 +929,7 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
                 "    else:",
                 f"        k{j}, p{j} = other({name})",
                 f"        stream = stream_key({name}, RAW)",
+                "    flat = False",
             ]
         else:
             describe_lines += [
@@ -741,7 +945,6 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
     keys = [f"k{j}" for j in range(len(array_names))] + [f"{n}, type({n})" for n in others]
     pointers = ", ".join(f"p{j}" for j in range(len(array_names)))
     arrays_args = ", ".join(array_names)
-    all_args = ", ".join(names)
     call_args = ", ".join(names[:first] + [f"{n}={n}" for n in named])
     # simulate() blocks: the thread's count, read only while a block is open somewhere
     simulating = "(SIMULATING[0] and current.simulating)"
@@ -752,8 +955,9 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
     lines += ["    " + line for line in [*fast_lines, "    else:"]]
     lines += ["        " + line for line in describe_lines]
     body = lines[1:]
-    if when is not None:  # planned(when=...): no plans while it says no
-        lines[1:1] = ["    if not WHEN():", f"        return fn({call_args})"]
+    # planned(when=...): no plans while it says no (the fast path's plans included)
+    unplanned = ["    if not WHEN():", f"        return fn({call_args})"] if when else []
+    lines[1:1] = unplanned + ["    " + line for line in prologue]
     lines += [
         "    except Exception:  # not an array these keys describe (a meta tensor, say)",
         f"        return fn({call_args})",
@@ -765,11 +969,13 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
         f"        return slow(key, ({all_args},), ({pointers},))",
         "    if replay is None:",
         f"        return fn({call_args})",
+        *["    " + line for line in arming],
         f"    return replay({pointers}, {arrays_args})",
     ]
     # replay_only: the same lookup, MISS instead of running the op (kaio_ops.torch's impl)
     lines += [f"def replay_only({', '.join(header)}):"]
     lines += ["    if not WHEN():", "        return MISS"] if when is not None else []
+    lines += ["    " + line for line in prologue]
     lines += body
     lines += [
         "    except Exception:",
@@ -777,6 +983,7 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
         "    replay = plans.get(key)",
         "    if replay is None or recordings[0]:",
         "        return MISS",
+        *["    " + line for line in arming],
         f"    return replay({pointers}, {arrays_args})",
     ]
     # dispatch_entry(fallback): replay_only with the miss handled inside (``fallback`` called
@@ -784,6 +991,7 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
     lines += ["def dispatch_entry(FALLBACK):", f"    def {fn.__name__}({', '.join(header)}):"]
     if when is not None:
         lines += ["        if not WHEN():", f"            return FALLBACK({all_args})"]
+    lines += ["        " + line for line in prologue]
     lines += ["    " + line for line in body]
     lines += [
         "        except Exception:",
@@ -791,6 +999,7 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
         "        replay = plans.get(key)",
         "        if replay is None or recordings[0]:",
         f"            return FALLBACK({all_args})",
+        *["        " + line for line in arming],
         f"        return replay({pointers}, {arrays_args})",
         f"    return {fn.__name__}",
     ]

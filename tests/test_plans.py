@@ -432,23 +432,27 @@ def _error(torch, got, want) -> float:
 
 @pytest.mark.gpu
 def test_replays_compute_on_new_inputs_streams_and_graphs():
-    """Replayed calls on a GPU: new inputs each call, another stream, a CUDA graph captured
-    from replays (its kernels read the captured inputs' new contents)."""
+    """Replayed calls on a GPU: new inputs each call (the later ones through the fast path,
+    calls of another shape and in inference mode between them), another stream, a CUDA
+    graph captured from replays (its kernels read the captured inputs' new contents)."""
     torch = _torch_cuda()
     _plan.clear()
     w = torch.randn(4096, device="cuda", dtype=torch.float16)
-    for _ in range(3):
-        x = torch.randn(2, 4096, device="cuda", dtype=torch.float16)
-        out = kaio_ops.rms_norm(x, w)
-        assert _error(torch, out, _rms_reference(torch, x, w)) < 1e-3
-    assert len(_plan.plans_of(kaio_ops.rms_norm)) == 1
+    for rows in (2, 2, 2, 2, 2, 3, 2, 2, 2, "inference", 2, 2, 2):
+        with torch.inference_mode(rows == "inference"):
+            x = torch.randn(2 if rows == "inference" else rows, 4096, device="cuda").half()
+            out = kaio_ops.rms_norm(x, w)
+            assert _error(torch, out, _rms_reference(torch, x, w)) < 1e-3
+            del out
+    assert kaio_ops.rms_norm.__globals__["FAST"][0] is not None
+    assert len(_plan.plans_of(kaio_ops.rms_norm)) == 2
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         x = torch.randn(2, 4096, device="cuda", dtype=torch.float16)
         out = kaio_ops.rms_norm(x, w)
     side.synchronize()
     assert _error(torch, out, _rms_reference(torch, x, w)) < 1e-3
-    assert len(_plan.plans_of(kaio_ops.rms_norm)) == 2
+    assert len(_plan.plans_of(kaio_ops.rms_norm)) == 3
     static = torch.randn(2, 4096, device="cuda", dtype=torch.float16)
     capture = torch.cuda.Stream()
     with torch.cuda.stream(capture):
@@ -631,7 +635,8 @@ def test_torch_ops_fast_path_takes_keyword_only_arguments_positionally(fake, mon
 def test_linear_on_hopper_replays_its_tensor_maps(fake, monkeypatch):
     """The Hopper GEMM takes TMA tensor maps, which hold their array's address: a plan
     encodes the map again for each call's address (x seen as [M, K] through a view the op
-    makes, w as it is), keeping those it has met."""
+    makes, w as it is), keeping those it has met, and where a buffer's map holds another
+    address."""
     tensormap = importlib.import_module("kaio.tensormap")  # the module, not the annotation
     encoded = []
 
@@ -668,6 +673,14 @@ def test_linear_on_hopper_replays_its_tensor_maps(fake, monkeypatch):
         x = fake.array((1, 32, 64), f16)
         planned, unplanned, _ = fake.run(kaio_ops.linear, x, w, residual=r)
         assert planned == unplanned and x.ptr.to_bytes(8, "little") in planned[0][5]
+    # a buffer whose map holds the call's address keeps it; another address is encoded
+    xs = [fake.array((1, 32, 64), f16) for _ in range(2)]
+    for i in (0, 0, 1, 0, 1, 1):
+        fake.calls = []
+        kaio_ops.linear(xs[i], w, residual=r)
+        (call,) = fake.calls
+        assert xs[i].ptr.to_bytes(8, "little") in call[5]
+        assert xs[1 - i].ptr.to_bytes(8, "little") not in call[5]
 
 
 @pytest.mark.gpu
@@ -975,6 +988,90 @@ def test_torch_calls_replay_only_their_own_plan(monkeypatch):
         assert entry(*stale, 1e-6) == ("fell back", (*stale, 1e-6))
 
 
+def _plan_of_marks(keys, key, shape, arrays: int = 2) -> list:
+    """A replay (``_plan._replay``, no launches) of an op of ``arrays`` array parameters,
+    stored under ``key``, that returns the mark "replayed" and counts its calls in the
+    returned list."""
+    replay = _plan._replay(None, arrays, [(None, "torch", 0, None, shape, f32, None)], "o0")
+    served: list = []
+    replay.__globals__["A0"] = lambda: served.append(1) or "replayed"
+    keys.plans[key] = replay
+    return served
+
+
+def test_the_fast_path_serves_only_the_signature_of_its_plan(monkeypatch):
+    """Two calls in a row that hit one plan arm its fast path (one tensor_check for every
+    tensor), which then serves the calls of that signature (through the op, replay_only and
+    dispatch_entry); a call of any other signature (shape, dtype, strides, alignment, scalar
+    value or type, stream) or in a recording is not served by it but looked up as before,
+    and turns it off until two calls in a row hit one plan again; a tensor the check refuses
+    but the key allows (one requiring a gradient) is replayed through the key.
+    Calls that take turns between plans never arm it; clear() turns it off."""
+    pytest.importorskip("torch")
+    keys = _TorchKeys(monkeypatch, kaio_ops.rms_norm)
+    t, torch, op = keys.tensor, keys.torch, kaio_ops.rms_norm
+    fast = op.__globals__["FAST"]
+    x, w = t(4, 64), t(64)
+    served = _plan_of_marks(keys, keys.key(x, w), (4, 64))
+    assert [op(x, w), fast[0]] == ["replayed", None]  # a hit: counted
+    assert op(x, w) == "replayed" and fast[0] is not None  # the second in a row: armed
+    quick = fast[0]
+    assert op(t(4, 64), t(64)) == "replayed" and fast[0] is quick and len(served) == 3
+    assert op.replay_only(t(4, 64), t(64), 1e-6) == "replayed" and fast[0] is quick
+    entry = op.dispatch_entry(lambda *args: "fell back")
+    assert entry(t(4, 64), t(64), 1e-6) == "replayed" and fast[0] is quick
+    stale = [
+        (t(8, 64), t(64)),  # shape
+        (t(4, 64, dtype=torch.float16), t(64, dtype=torch.float16)),  # dtype
+        (t(4, 64, t=True), t(64)),  # strides
+        (t(4, 64, offset=1), t(64)),  # alignment
+        (t(4, 64), t(64), 1e-3),  # a scalar's value
+        (t(4, 64), t(64), 1),  # its type
+    ]
+    for args in stale:
+        misses = len(keys.misses)
+        assert op(*args) is None and len(keys.misses) == misses + 1  # looked up: a miss
+        assert fast[0] is None
+        assert op(x, w) == "replayed" and fast[0] is None
+        assert op(x, w) == "replayed" and fast[0] is quick  # armed again, the same function
+    keys.stream = 0x7F00_0000_2000  # another stream: another key
+    assert op(x, w) is None and fast[0] is None
+    keys.stream = 0x7F00_0000_1000
+    for _ in range(2):
+        op(x, w)
+    with _plan.recording():
+        assert op(x, w) is None  # a recording looks up (a miss here)
+    for _ in range(2):
+        op(x, w)
+    assert op(t(4, 64).requires_grad_(), w) == "replayed" and fast[0] is None  # by the key
+    assert op(x, w) == "replayed" and fast[0] is quick  # the second hit in a row
+    other = t(4, 32), t(32)
+    _plan_of_marks(keys, keys.key(*other), (4, 32))
+    fast[0] = op.__globals__["LAST"][0] = None
+    for _ in range(3):  # taking turns: never armed
+        assert op(x, w) == "replayed" and op(*other) == "replayed" and fast[0] is None
+    op(x, w)
+    op(x, w)
+    assert fast[0] is not None
+    _plan.clear()
+    assert fast[0] is None and op.__globals__["LAST"][0] is None
+
+
+def test_the_fast_path_of_an_optional_array(monkeypatch):
+    """A fast path armed with an optional array given as None serves only calls that give
+    None there."""
+    pytest.importorskip("torch")
+    keys = _TorchKeys(monkeypatch, kaio_ops.linear)
+    t, op = keys.tensor, kaio_ops.linear
+    x, w = t(2, 64), t(32, 64)
+    _plan_of_marks(keys, keys.key(x, w), (2, 32), arrays=4)
+    for _ in range(3):
+        assert op(x, w) == "replayed"
+    assert op.__globals__["FAST"][0] is not None
+    assert op(x, w, t(32)) is None  # a bias: looked up, a miss
+    assert op(x, w, residual=t(2, 32)) is None
+
+
 def test_torch_keys_of_an_optional_array(monkeypatch):
     """An optional array given as None and given as a tensor make different keys."""
     pytest.importorskip("torch")
@@ -1046,23 +1143,38 @@ def test_prepare_takes_what_kernel_subscript_gives(fake):
     assert fake.calls[1] == fake.calls[2] != fake.calls[0]
 
 
-def test_a_torch_workspace_comes_from_the_caching_allocator(fake, monkeypatch):
-    """A torch array an op makes for its kernels and does not return (linear's split-K
-    workspace at decode size) is taken from torch's caching allocator on the plan's stream
-    and given back after the launches, when torch's current device is the plan's; a tensor
-    otherwise. Outputs are always tensors."""
-    torch = pytest.importorskip("torch")
-    # a K split summed by gemm_reduce (2 rows over FIXUP_ROWS; the kernel's own sum makes
-    # one launch)
+def _linear_split(fake, monkeypatch) -> tuple:
+    """(x, w, its plan's replay) of linear at decode size with its K split summed by
+    gemm_reduce (2 rows over FIXUP_ROWS; the kernel's own sum makes one launch): a plan
+    with a workspace."""
     monkeypatch.setattr(importlib.import_module("kaio_ops.linear"), "FIXUP_ROWS", 1)
     x, w = fake.array((2, 4096), f16), fake.array((4096, 4096), f16)
     kaio_ops.linear(x, w)
     (replay,) = _plan.plans_of(kaio_ops.linear).values()
-    made = replay.__globals__  # the kaio arrays' replay: its allocations, as torch would ask
+    return x, w, replay
+
+
+def _torch_allocations(replay) -> list:
+    """The allocations of a kaio arrays' ``replay`` as a torch call of its plan makes them
+    (for a ``_plan._replay`` twin of it)."""
+    made = replay.__globals__
     allocations = []
     while f"A{len(allocations)}" in made:
         _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
         allocations.append((None, "torch", device, None, shape, dtype))
+    return allocations
+
+
+def test_a_torch_workspace_comes_from_the_caching_allocator(fake, monkeypatch):
+    """A torch array an op makes for its kernels and does not return (linear's split-K
+    workspace at decode size) is taken from torch's caching allocator on the plan's stream
+    and given back after the launches, when torch's current device is the plan's; a tensor
+    otherwise (here where the capture of the stream cannot be told: a plan on a created
+    stream). Outputs are always tensors."""
+    torch = pytest.importorskip("torch")
+    fake.stream = 0x7F00_0000_6000
+    x, w, replay = _linear_split(fake, monkeypatch)
+    allocations = _torch_allocations(replay)
     assert len(allocations) == 2, "linear at decode size no longer makes a workspace"
     log, device = [], [0]
     allocator = (
@@ -1079,7 +1191,7 @@ def test_a_torch_workspace_comes_from_the_caching_allocator(fake, monkeypatch):
     fake.calls = []
     out = twin(x.ptr, w.ptr, 0, 0)
     size = math.prod(allocations[1][4]) * allocations[1][5].itemsize
-    assert log == [("allocate", size, 0), ("free", 0xABC000, 2)] and tensors == [out]
+    assert log == [("allocate", size, fake.stream), ("free", 0xABC000, 2)] and tensors == [out]
     assert all(0xABC000.to_bytes(8, "little") in call[5] for call in fake.calls)
     device[0], log[:], tensors[:], fake.calls = 1, [], [], []  # torch's current device: 1
     assert twin(x.ptr, w.ptr, 0, 0) is out and not log and len(tensors) == 2
@@ -1087,11 +1199,81 @@ def test_a_torch_workspace_comes_from_the_caching_allocator(fake, monkeypatch):
     assert all(workspace in call[5] for call in fake.calls)
 
 
+def test_an_owned_workspace_under_a_tensor_map(fake, monkeypatch):
+    """matmul_fp8 with a row-major b on sm_90 transposes it into a workspace that its wgmma
+    kernel reads through a tensor map: a legacy-stream plan that owns that workspace passes
+    its address to the transpose and encodes the map over it."""
+    torch = pytest.importorskip("torch")
+    from kaio import e4m3
+
+    tensormap = importlib.import_module("kaio.tensormap")
+
+    def encode(tm, address=None):  # a fake cuTensorMapEncodeTiled: the address, the box
+        address = tm.array.ptr if address is None else address
+        return (address.to_bytes(8, "little") + bytes(tm.box)).ljust(128, b"\0")
+
+    monkeypatch.setattr(tensormap, "_encode", encode)
+    gpu = types.SimpleNamespace(compute_capability=(9, 0), multiprocessor_count=132)
+    monkeypatch.setattr(_arrays, "gpu", lambda like: gpu)
+    a, b = fake.array((16, 64), e4m3), fake.array((64, 32), e4m3)  # b row-major
+    scales = fake.array((1,), f32), fake.array((1,), f32)
+    kaio_ops.matmul_fp8(a, b, *scales)
+    (replay,) = _plan.plans_of(kaio_ops.matmul_fp8).values()
+    allocations = _torch_allocations(replay)
+    allocator = (lambda: 0, lambda size, stream: 0xA000, lambda address: None)
+    monkeypatch.setattr(_plan, "_raw_allocator", lambda: allocator)
+    twin = _plan._replay(replay.plan, 5, allocations, "o0")
+    assert twin.owned == [0xA000]
+    out = torch.empty(16, 32, dtype=torch.bfloat16)  # on the CPU
+    twin.__globals__["A0"] = lambda: out
+    fake.calls = []
+    assert twin(a.ptr, b.ptr, scales[0].ptr, scales[1].ptr, 0) is out
+    assert len(fake.calls) == 2  # the transpose, then the product over the map
+    assert all(0xA000.to_bytes(8, "little") in call[5] for call in fake.calls)
+
+
+def test_a_plan_on_the_legacy_default_stream_owns_its_small_workspace(fake, monkeypatch):
+    """A plan on the legacy default stream (its calls' kernels run in order from any
+    thread, never captured) takes its small workspace from the allocator once, when it is
+    made on its GPU, passes that address to every launch, and gives it back when dropped;
+    made while another GPU is current, its calls take their own."""
+    import gc
+
+    torch = pytest.importorskip("torch")
+    x, w, replay = _linear_split(fake, monkeypatch)
+    allocations = _torch_allocations(replay)
+    log, device, addresses = [], [0], itertools.count(0xA000, 0x1000)
+    allocator = (
+        lambda: device[0],
+        lambda size, stream: log.append(("allocate", size, stream)) or next(addresses),
+        lambda address: log.append(("free", address)),
+    )
+    monkeypatch.setattr(_plan, "_raw_allocator", lambda: allocator)
+    size = math.prod(allocations[1][4]) * allocations[1][5].itemsize
+    twin = _plan._replay(replay.plan, 4, allocations, "o0")
+    assert log == [("allocate", size, 0)] and "ALLOCATE" not in twin.source
+    out = torch.empty(allocations[0][4], dtype=_arrays.torch_dtype(allocations[0][5]))
+    twin.__globals__["A0"] = lambda: out  # on the CPU
+    fake.calls = []
+    for current_device in (0, 1, 0):
+        device[0] = current_device
+        assert twin(x.ptr, w.ptr, 0, 0) is out
+    assert len(log) == 1 and fake.calls
+    assert all(0xA000.to_bytes(8, "little") in call[5] for call in fake.calls)
+    del twin
+    gc.collect()
+    assert log[1:] == [("free", 0xA000)]
+    device[0] = 1  # made while GPU 1 is current: the calls take their own
+    twin = _plan._replay(replay.plan, 4, allocations, "o0")
+    assert len(log) == 2 and "ALLOCATE" in twin.source
+
+
 @pytest.mark.gpu
 def test_workspaces_from_the_allocator_on_streams_and_in_graphs():
-    """Decode-size GEMMs whose plans take a split-K workspace from torch's caching allocator
-    (given back once the launches are queued): back-to-back calls without synchronizing (the
-    next call may get the same memory), another stream, and a CUDA graph captured from
+    """Decode-size GEMMs whose plans take a split-K workspace: owned by the plan on the
+    legacy default stream, from torch's caching allocator on others (given back once the
+    launches are queued, or kept between calls): back-to-back calls without synchronizing
+    (the next call may get the same memory), another stream, and a CUDA graph captured from
     replays, each against a float64 reference."""
     torch = _torch_cuda()
     _plan.clear()
@@ -1110,7 +1292,7 @@ def test_workspaces_from_the_allocator_on_streams_and_in_graphs():
     for op, reference in ops:
         op(randn(1, 4096), w)
         (replay,) = _plan.plans_of(op).values()
-        with_workspace += "ALLOCATE(" in replay.source
+        with_workspace += bool(replay.owned)  # on the legacy default stream: owned
         xs = [randn(1, 4096) for _ in range(4)]
         outs = [op(x, w) for x in xs]  # queued back to back
         for x, out in zip(xs, outs, strict=True):
@@ -1300,11 +1482,16 @@ def test_a_subscript_hands_out_the_direct_launch_once_a_launcher_is_bound(fake):
     assert len(recorder.launches) == 1 and len(fake.calls) == 4
 
 
-def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
+@pytest.mark.parametrize("told", [False, True], ids=["accessors", "tensor_check"])
+def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch, told):
     """A small output made like an input comes back from the next call of its plan when
     the caller has dropped it, and never while anything still refers to it (the caller, a
     view, a DLPack capsule, a weak reference), after it was changed (resized, made to need a
-    gradient), or while the stream is being captured (nor one made during a capture)."""
+    gradient, viewed as another dtype or shape through ``.data``), in the other inference
+    mode, or while the stream is being captured (nor one made during a capture); in a chain
+    (each output passed to the next call), the one before the last comes back. The same
+    whether "unchanged" is told by its accessors or, from the recorded call's output
+    (``told``), by one ``tensor_check``."""
     import weakref
 
     torch = pytest.importorskip("torch")
@@ -1316,8 +1503,9 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
     monkeypatch.setattr(_plan, "RECYCLING", [True])
     assert _plan.RECYCLE_BYTES == 1 << 20  # on by default
     x = torch.randn(2, 64, dtype=torch.float16)
-    replay = _plan._replay(None, 1, [(None, "torch", 0, None, (2, 64), f16, 0)], "o0")
-    assert "KEPT0.pop()" in replay.source
+    made = torch.empty(2, 64, dtype=torch.float16) if told else None
+    replay = _plan._replay(None, 1, [(made, "torch", 0, None, (2, 64), f16, 0)], "o0")
+    assert "KEPT0.pop()" in replay.source and ("OUT0(o0)" in replay.source) == told
 
     def call():
         return replay(x.data_ptr(), x)
@@ -1338,16 +1526,49 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch):
     assert again(call(), last)  # dropped: handed out again
     held = call()
     assert call() is not held
-    del held
+    both = call(), call()  # the caller keeps every output: none handed out again
+    assert len({id(held), *(id(o) for o in both)}) == 3
+    assert all(call() is not o for o in (held, *both))
+    del held, both
     for keep in (lambda out: out[0], to_dlpack, weakref.ref):  # a view, a capsule, a weakref
         last, kept = dropped(keep)
         assert not again(call(), last)
         del kept
-    for change in (lambda t: t.resize_(4, 64), lambda t: t.requires_grad_(True)):
+    changes = (
+        lambda t: t.resize_(4, 64),
+        lambda t: t.requires_grad_(True),
+        lambda t: setattr(t, "data", t.view(torch.int16)),  # same address, another dtype
+        lambda t: setattr(t, "data", t.view(1, 128)),  # same address, another shape
+        lambda t: setattr(t, "data", t.as_strided((2, 64), (1, 2))),  # another strides
+    )
+    for change in changes:
         last, _ = dropped(change)
         fresh = call()
         assert not again(fresh, last) and fresh.shape == (2, 64) and not fresh.requires_grad
+        assert fresh.dtype == torch.float16 and fresh.is_contiguous()
         del fresh
+    for _ in range(2):  # the other inference mode: a new output, of that mode
+        last, _ = dropped()
+        with torch.inference_mode():
+            fresh = call()
+            assert not again(fresh, last) and fresh.is_inference()
+            del fresh
+            last, _ = dropped()
+            assert again(call(), last)  # handed out again in that mode too
+        assert not call().is_inference()
+    # a chain (h = op(h)) passes the last output back in, still referenced then: the one
+    # before it, dropped by then, comes back
+    chain = _plan._replay(None, 1, [(made, "torch", 0, None, (2, 64), f16, 0)], "o0")
+    h, seen = chain(x.data_ptr(), x), []
+    h.kaio_test_mark = "c0"
+    for i in range(1, 6):
+        out = chain(h.data_ptr(), h)
+        assert out is not h
+        seen.append(getattr(out, "kaio_test_mark", None))
+        out.kaio_test_mark = f"c{i}"
+        h = out
+        del out
+    assert seen == [None, "c0", "c1", "c2", "c3"]
     capturing[0] = True
     last, _ = dropped()
     made = [weakref.ref(call()) for _ in range(2)]  # none kept
@@ -1398,7 +1619,7 @@ def test_a_plan_on_the_default_stream_does_not_ask_about_captures(monkeypatch):
         class Plan:  # one launch on ``stream`` that the replay does not need to run here
             steps = [(types.SimpleNamespace(stream=stream), {})]
 
-            def code(self, env, address):
+            def code(self, env, address, constants=None):
                 return []
 
         replay = _plan._replay(Plan(), 1, [(None, "torch", 0, None, (2, 64), f16, 0)], "o0")
@@ -1460,15 +1681,8 @@ def test_a_plan_keeps_its_small_workspace_between_calls(fake, monkeypatch):
         torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing[0], raising=False
     )
     fake.stream = 0x7F00_0000_5000  # a stream that can be captured (not the legacy default)
-    monkeypatch.setattr(importlib.import_module("kaio_ops.linear"), "FIXUP_ROWS", 1)
-    x, w = fake.array((2, 4096), f16), fake.array((4096, 4096), f16)
-    kaio_ops.linear(x, w)
-    (replay,) = _plan.plans_of(kaio_ops.linear).values()
-    made = replay.__globals__
-    allocations = []
-    while f"A{len(allocations)}" in made:
-        _kind, device, _like, shape, dtype = made[f"A{len(allocations)}"].args
-        allocations.append((None, "torch", device, None, shape, dtype))
+    x, w, replay = _linear_split(fake, monkeypatch)
+    allocations = _torch_allocations(replay)
     log, addresses = [], itertools.count(0xA000, 0x1000)
     allocator = (
         lambda: 0,

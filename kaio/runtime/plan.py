@@ -197,12 +197,18 @@ class CallPlan:
         lines = ["def run(p):", *self.code(env, lambda source: f"p[{source}]")]
         self.run = compile_function(lines, env, "run", "<kaio call plan>")
 
-    def code(self, env: dict, address: Callable[[int], str]) -> list[str]:
+    def code(
+        self, env: dict, address: Callable[[int], str], constants: dict | None = None
+    ) -> list[str]:
         """The lines (indented for a function body) that launch every step, for a caller
         that generates its own function around them (``kaio_ops._plan`` inlines them in an
         op's replay): ``address(source)`` spells the expression of pointer ``source`` (a
         local name, ``p[0]``...); the names the lines use are added to ``env``. Each call
-        of ``code`` makes its own parameter buffers."""
+        of ``code`` makes its own parameter buffers. ``constants``: source -> the pointer
+        it is for the life of the lines (a workspace the caller owns), packed into the
+        buffers when they are made instead of written by each call (a map over it is
+        encoded by the calls, as any)."""
+        constants = constants or {}
         env["current"] = current
         env["launch_kernel"] = launcher.raw_launch_kernel()
         lines = []
@@ -215,22 +221,34 @@ class CallPlan:
             # a parameter buffer holds every constant entry from when it is made: a call
             # writes only the addresses of its arrays (8-byte entries at 8-byte offsets) and
             # the maps over them (128 bytes at 64-byte offsets), not the whole format
-            writes = []
-            offsets = prepared.offsets
+            # a map is encoded again only where its buffer holds another address's map
+            # (``mapped``: the address each map of the buffer was last encoded for)
+            writes, maps = [], 0
+            offsets, values = prepared.offsets, list(prepared.values)
             for k, (source, add) in sources.items():
+                if source in constants and k not in prepared.maps:
+                    values[prepared.arrays[k]] = constants[source] + add
+                    continue
                 where = address(source)
                 where = f"{where} + {add}" if add else where
                 if k in prepared.maps:
                     e, tm = prepared.maps[k]
                     env[f"MAP{i}_{e}"] = map_encoder(tm)
                     at = offsets[e]
-                    writes.append(f"buf[{at}:{at + 128}] = MAP{i}_{e}({where})")
+                    writes += [
+                        f"at = {where}",
+                        f"if mapped[{maps}] != at:",
+                        f"    buf[{at}:{at + 128}] = MAP{i}_{e}(at)",
+                        f"    mapped[{maps}] = at",
+                    ]
+                    maps += 1
                 else:
                     writes.append(f"words[{offsets[prepared.arrays[k]] // 8}] = {where}")
-            filled = struct.pack(prepared.fmt, *prepared.values)
+            filled = struct.pack(prepared.fmt, *values)
 
-            def new(filled=filled, offsets=offsets) -> tuple:
-                return _filled_slot(filled, offsets)
+            def new(filled=filled, offsets=offsets, maps=maps) -> tuple:
+                slot = _filled_slot(filled, offsets)
+                return (*slot, [None] * maps) if maps else slot
 
             free = env[f"free{i}"] = [new()]
             env[f"take{i}"], env[f"give{i}"] = free.pop, free.append  # bound once
@@ -248,11 +266,12 @@ class CallPlan:
                 env[f"DEV{i}"] = prepared.device.ordinal
                 home = launcher.home_test(prepared.device.ordinal, f"DEV{i}", env)
                 lines.append(f"home = {home}")
+            unpack = "buf, words, params, mapped" if maps else "buf, words, params"
             lines += [
                 "try:",
-                f"    buf, words, params = slot = take{i}()",
+                f"    {unpack} = slot = take{i}()",
                 "except IndexError:",
-                f"    buf, words, params = slot = new{i}()",
+                f"    {unpack} = slot = new{i}()",
                 *writes,
                 "if home:",
                 f"    rc = {call}",

@@ -1,0 +1,156 @@
+"""Host time per ``kaio_ops`` call at decode size from two source trees in one process, in
+interleaved rounds behind a GPU spinner (``bench/launch_overhead.py``'s method and shapes),
+beside torch eager doing the same work: an A/B of a change to the op-call path.
+
+    python bench/host_ab.py BASE_TREE NEW_TREE --ops rms_norm matmul_fp8 [--batches 10]
+
+Each tree is a folder holding ``kaio`` and ``kaio_ops`` (``bench/ab_trees.py``'s ``Tree``:
+both imported side by side, ``sys.modules`` switched to a tree while its calls are set up).
+Before timing, each op of each tree is called ``CHECKS`` times, its first input (when a
+float one) redrawn in place before each call, and every result compared with torch's on the
+same inputs (the first call builds the plan, the next replay it, and the later ones take
+whatever path a call made again and again takes). A tree whose op fails the check is
+reported, not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from bench.ab_trees import Tree
+
+CHECKS = 5
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _redraw(args: tuple) -> None:
+    """New random values, in place, in the first argument when it is a float tensor (the
+    others may be tied to what the peer reads: int4's scales to its f16 weights)."""
+    if args[0].dtype in FLOATS:
+        args[0].copy_(torch.randn_like(args[0]))
+
+
+def _check(label: str, op, args: tuple, torch_call) -> None:
+    """Raise unless CHECKS calls of ``op``, each on redrawn inputs, match torch's result."""
+    for _ in range(CHECKS):
+        _redraw(args)
+        got = op(*args)
+        if op.__name__ == "matmul_int8":  # the peer multiplies other (f16) weights
+            want = args[0].double() @ args[1].double()
+        else:
+            want = torch_call()
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        for g, w in zip(got, want, strict=False):
+            g, w = g.double(), w.double()
+            error = (torch.linalg.norm(g - w) / torch.linalg.norm(w)).item()
+            if not error < 1e-2:
+                raise AssertionError(f"{label}: relative error {error:.2e} against torch")
+
+
+def _turns():
+    """``launch_overhead.op_pairs``'s form of ``linear`` over two weights of other shapes
+    taking turns, as a layer's projections do (``linear_turns``: two calls a call of the
+    row)."""
+    import torch.nn.functional as F
+
+    import kaio_ops
+
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    w1, w2 = (torch.randn(n, 4096, device="cuda", dtype=torch.float16) for n in (4096, 1024))
+
+    def linear_turns(x, w1, w2):
+        return kaio_ops.linear(x, w1), kaio_ops.linear(x, w2)
+
+    label = "linear [1, 4096] x [4096, 4096]^T, then x [1024, 4096]^T (2 calls)"
+    return (
+        label,
+        linear_turns,
+        (x, w1, w2),
+        "F.linear, twice",
+        lambda: (F.linear(x, w1), F.linear(x, w2)),
+    )
+
+
+def _chain():
+    """``launch_overhead.op_pairs``'s form of ``add`` in a chain, ``h = add(h, r)``, as a
+    residual stream runs (``add_chain``: each call's input is the last call's output)."""
+    import kaio_ops
+
+    r = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    h, last = [torch.randn(1, 4096, device="cuda", dtype=torch.float16)], [None]
+
+    def add_chain(first, r):
+        last[0] = h[0]  # (the input, for the check's torch call)
+        h[0] = kaio_ops.add(h[0], r)
+        return h[0]
+
+    label = "add [1, 4096] f16, in a chain h = add(h, r)"
+    return label, add_chain, (h[0], r), "h + r", lambda: last[0] + r
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("trees", nargs=2, help="BASE_TREE NEW_TREE")
+    p.add_argument(
+        "--ops",
+        nargs="+",
+        required=True,
+        help="kaio_ops names (launch_overhead's), linear_turns (linear over two weights taking "
+        "turns), add_chain (h = add(h, r))",
+    )
+    p.add_argument("--batches", type=int, default=10)
+    p.add_argument("--spin-ms", type=float, default=4.0)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    trees = [Tree(t) for t in args.trees]
+    trees[1].use()  # the bench's own kaio (spinner, synchronize): the new tree's
+    from bench import launch_overhead as L
+
+    L.BATCHES, L.SPIN_MS = args.batches, args.spin_ms
+    bench = L.Bench(L.OP_BATCH, L.OP_SPIN_MS * L.SPIN_MS)
+    trees[1].done()
+    rows, failed = [], {}
+    for which, tree in zip(("base", "new"), trees, strict=True):
+        tree.use()
+        extra = {"linear_turns": _turns, "add_chain": _chain}
+        pairs = L.op_pairs() + [made() for name, made in extra.items() if name in args.ops]
+        for label, op, op_args, spelled, torch_call in pairs:
+            if op.__name__ not in args.ops:
+                continue
+            try:
+                _check(label, op, op_args, torch_call)
+            except Exception as e:  # noqa: BLE001 (reported; the other rows go on)
+                failed[f"{which} {label}"] = f"{type(e).__name__}: {e}"[:300]
+                print(f"  {which} {label}: failed: {failed[f'{which} {label}']}", flush=True)
+                continue
+            bench.row(f"{which} {label}", lambda op=op, a=op_args: op(*a))
+            if which == "new":
+                bench.row(f"torch {spelled} [{label}]", torch_call)
+                rows.append((label, spelled))
+        tree.done()
+    print(f"{torch.cuda.get_device_name()}: host µs a call, median of {args.batches} batches")
+    times = bench.run()
+    report = []
+    print(f"\n{'op':<64} {'base':>7} {'new':>7} {'new/base':>8} {'torch':>7} {'torch/new':>9}")
+    for label, spelled in rows:
+        base = times.get(f"base {label}", {}).get("host_us")
+        new = times[f"new {label}"]["host_us"]
+        eager = times[f"torch {spelled} [{label}]"]["host_us"]
+        report.append({"op": label, "base_us": base, "new_us": new, "torch_us": eager})
+        ratio = f"{new / base:8.3f}" if base else f"{'-':>8}"
+        print(f"{label:<64} {base or 0:7.2f} {new:7.2f} {ratio} {eager:7.2f} {eager / new:9.2f}")
+    print(f"batches that outlasted the spinner: {bench.late}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": report,
+                       "failed": failed, "late": bench.late}, f, indent=1)  # fmt: skip
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
