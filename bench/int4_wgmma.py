@@ -328,10 +328,10 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
     log({"prewarm": len(points), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
 
 
-def compile_swaps(points: list, workers: int) -> list:
+def compile_swaps(points: list, workers: int, variants: tuple = ({},)) -> list:
     """Compile ``int4_swap`` for every ``(m, n, k, config[, out])`` of ``points`` (``out``
-    the output type's name, f16 if left out) in ``workers`` processes at once; the errors,
-    as text."""
+    the output type's name, f16 if left out), each with every constexpr override of
+    ``variants``, in ``workers`` processes at once; the errors, as text."""
     import concurrent.futures
     import multiprocessing
 
@@ -340,7 +340,8 @@ def compile_swaps(points: list, workers: int) -> list:
     for m, n, k, cfg, *out in points:
         consts = _int4_hopper.swap_launch_plan(m, n, k, cfg, sms, kaio.f16)[3]
         consts["OUT"] = out[0] if out else "f16"
-        todo[str(sorted(consts.items()))] = consts
+        for v in variants:
+            todo[str(sorted({**consts, **v}.items()))] = {**consts, **v}
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         return [e for e in pool.map(_warm, todo.values()) if e]

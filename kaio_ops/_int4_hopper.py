@@ -467,6 +467,10 @@ def takes(a, b, s) -> bool:
 # against 0.92x, M=8192 0.92x both: never (every M past DECODE_M runs int4_swap).
 DEQUANT_M = 1 << 62
 
+# int4_swap's PDL: programmatic dependent launch (its placement and set-up overlap the end
+# of the kernel before it, as matmul_fp8's); 0 launches it plainly.
+PDL = 1
+
 
 def run(a, b, s, out_type):
     """``a @ W`` rounded to ``out_type`` for operands that this module ``takes``:
@@ -703,7 +707,7 @@ def int4_swap(
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
-    SK: kaio.constexpr, CLAMP: kaio.constexpr,
+    SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -742,7 +746,10 @@ def int4_swap(
     ``dp_tiles`` tiles whole, a block each in turn, then the K steps of the others in equal
     runs, one a block: ``swap_schedule``), the parts of a tile split between blocks summed
     by the tile's head (``swap_fixup``: ``ws`` the other parts, ``counters`` zeroed, 4 WG a
-    stream-K tile); no K split along z, no cluster, no ``KW``."""
+    stream-K tile); no K split along z, no cluster, no ``KW``. ``PDL``: launched with
+    programmatic dependent launch, the block placed and its barriers set up while the kernel
+    before it ends; every thread waits for that kernel (``kaio.grid_dependency_wait``) before
+    any global memory is touched."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
@@ -813,6 +820,8 @@ def int4_swap(
     kaio.sync_threads()
     if MC:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy or arrival
+    if PDL:  # (no global memory touched above)
+        kaio.grid_dependency_wait()
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -1259,7 +1268,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
-              "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl}  # fmt: skip
+              "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1327,7 +1336,8 @@ def swap_specializations() -> list:
     workspace and through a cluster, every output type, pairs of tiles sharing a's rows by
     multicast (also in a cluster with a K split), three fragment buffers, the next slice's
     words read early, warpgroups taking a tile's K slices in turn (``KW``), the words'
-    stage freed after the wgmmas (``LATE``), the stream-K schedule (``SK``)."""
+    stage freed after the wgmmas (``LATE``), the stream-K schedule (``SK``), with and
+    without programmatic dependent launch (``PDL``)."""
     out = []
     plain = (  # without multicast
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -1363,6 +1373,6 @@ def swap_specializations() -> list:
                   "EARLY": early, "GROUP": GROUP_M, "KW": kw,
                   "LATE": int(i == len(cases) - 1),
                   "SK": int(len(plain) - 2 <= i < len(plain)),
-                  "CLAMP": 1 - cl}  # fmt: skip
+                  "CLAMP": 1 - cl, "PDL": i % 2}  # fmt: skip
         out.append((int4_swap, consts))
     return out
