@@ -1237,6 +1237,44 @@ def test_gpu_int4_wgmma(m, n, k, out_dtype):
     assert torch.equal(out, again)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [300, 600])
+def test_gpu_int4_dependent_launch_chain(m, monkeypatch):
+    """int4_swap launched with programmatic dependent launch (``_int4_hopper.PDL``) right
+    behind the kernels that make its input (six steps x -> matmul_int4 -> x, normalized by
+    torch between them; N = K = 4096, the routed plan: KW tiles of 160 x 64 at 300 rows,
+    152 x 128 tiles at 600) gives the bits it gives without it, each step within the f32
+    sums' slack and the f16 rounding of the float64 product of its input."""
+    import torch
+
+    from kaio_ops import _int4_hopper, _plan
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("int4_swap needs sm_90")
+    packed, scales, w = _torch_int4_weights(4096, 4096, m)
+
+    def chain(pdl: int) -> list:
+        monkeypatch.setattr(_int4_hopper, "PDL", pdl)
+        _plan.clear()  # (a call plan keeps the launch it was made with)
+        gen = torch.Generator("cuda").manual_seed(m)
+        x = torch.randn(m, 4096, device="cuda", generator=gen).half()
+        steps = []
+        for _ in range(6):
+            out = kaio_ops.matmul_int4(x, packed, scales, out_dtype="float16")
+            steps.append((x, out))
+            x = (out / out.abs().amax()).half()
+        torch.cuda.synchronize()
+        return steps
+
+    plain, dependent = chain(0), chain(1)
+    w64 = w.double()
+    for (_, out0), (x, out1) in zip(plain, dependent, strict=True):
+        assert torch.equal(out0, out1)
+        exact = x.double() @ w64
+        slack = 4096 * 2.0**-24 * (x.double().abs() @ w64.abs()) + 2.0**-11 * exact.abs()
+        assert bool(((out1.double() - exact).abs() <= slack).all())
+
+
 def _torch_int4_weights(k: int, n: int, seed: int):
     """On the GPU: packed int4 words (int32 [K/8, N]), f16 scales and the f16 weights."""
     import torch
