@@ -279,7 +279,7 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
         kinds = ((wg, 0), (wg, 1)) if m > 512 else ((wg, kw),)
         if m > 256 and wg == 2 and m % 256:  # (whole 256-row tiles: THREE_ROWS' comment)
             kinds += ((3, 0),)
-        cost, wg, kw, rows = cheapest_tiles(m, bm, n, k, sms, kinds)
+        cost, wg, kw, rows = cheapest_tiles(m, bm, n, k, sms, kinds, bool(cl))
         early = early * (1 - kw) * (wg < 3)
     if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, band):
         sk_cost, sk_wg, sk_rows = streamk_tiles(m, n, k, sms)
@@ -352,6 +352,14 @@ THREE_ROWS = 176
 THREE_MIN_ROWS = 136
 THREE_TIME = 1.0
 THREE_ROW_COST = 144
+# At 257-512 rows, tiles of BM x 192 (three warpgroups) that number sms / 3 to sms / 2 run
+# in cluster pairs, each block half of K, the pair's partial tiles summed through
+# distributed shared memory (``cluster_sum``): each costing half a whole tile's time plus
+# PAIR_ROWS rows (int4w round A of 2026-11-27, H100, x cuBLAS f16, the median of 3
+# interleaved passes: 6144x4096 M=300, 64 tiles of 152 x 192 on 128 blocks, 29.4 µs, 0.916x,
+# against 96 whole tiles of 152 x 128, 31.2 µs, 0.866x).
+PAIR_KINDS = ((3, 0),)
+PAIR_ROWS = 52
 # (WG, KW): (a tile's time in 128-column tiles of as many rows, its fixed cost in rows,
 # its least and most rows)
 TILE_COSTS = {
@@ -361,14 +369,18 @@ TILE_COSTS = {
 }
 
 
-def cheapest_tiles(m: int, bm: int, n: int, k: int, sms: int, kinds: tuple) -> tuple:
+def cheapest_tiles(
+    m: int, bm: int, n: int, k: int, sms: int, kinds: tuple, pairs: bool = False
+) -> tuple:
     """(cost, WG, KW, BM) of ``m``'s row tiles (``balanced_rows``: multiples of 32 with KW,
     else 8) that take the least time on ``sms`` multiprocessors, of the ``kinds`` (WG, KW)
     (``TILE_COSTS``; BM at most ``bm`` and the kind's most, at least the kind's least; WG
     warpgroups side by side without KW): from ceil(m / BM) row tiles to ``ROW_TRIES`` more
     (of at least ``MIN_ROWS`` rows), each at its waves times its time, BM + the fixed rows
     times the kind's width, where ceil(m / BM) row tiles need no K split (``swap_split``),
-    and without one only; else ``kinds[0]`` and ceil(m / bm) row tiles."""
+    and without one only; with ``pairs`` (a split of 2 runs in cluster pairs) a kind of
+    ``PAIR_KINDS`` also where they need a split of 2: half that time plus ``PAIR_ROWS``
+    times the width; else ``kinds[0]`` and ceil(m / bm) row tiles."""
     wg0, kw0 = kinds[0]
     best = (math.inf, wg0, kw0, balanced_rows(m, bm, 32 if kw0 else 8))
     for wg, kw in kinds:
@@ -379,10 +391,14 @@ def cheapest_tiles(m: int, bm: int, n: int, k: int, sms: int, kinds: tuple) -> t
         for count in range(first, first + ROW_TRIES + 1):
             rows = balanced_rows(m, -(-m // count), 32 if kw else 8)
             tiles = math.ceil(m / rows) * across
-            if swap_split(tiles, k, sms) > 1:
+            split = swap_split(tiles, k, sms)
+            paired = split == 2 and pairs and (wg, kw) in PAIR_KINDS
+            if split > 1 and not paired:
                 break
             if (rows >= MIN_ROWS or count == first) and rows >= least:
                 cost = math.ceil(tiles / sms) * (rows + fixed) * width
+                if paired:  # (one wave: the split of 2 leaves at most sms / 2 tiles)
+                    cost = cost / 2 + PAIR_ROWS * width
                 best = min(best, (cost, wg, kw, rows))
     return best
 

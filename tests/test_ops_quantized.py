@@ -408,6 +408,10 @@ SWAP_CASES = [
     (70, 200, 256, "bfloat16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 4),
     (70, 200, 256, None, (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 16),
     (70, 200, 256, "float16", (2, 40, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 5),  # balanced_rows
+    # three warpgroups' 40 x 192 tiles in cluster pairs (a K split of 2 summed through
+    # distributed shared memory, the route's at 257-352 rows of 6144x4096), the second
+    # column of tiles 8 wide
+    (40, 200, 512, "float16", (3, 40, 0, 2, 1), None),
     # three warpgroups' 40 x 192 tiles (2 x 2, the second column 8 wide) on 3 blocks
     (70, 200, 256, "float16", (3, 40, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1), 3),
     # CLAMP (every launch without CL): the last row tile moved up to end at row M - 1 (rows
@@ -481,7 +485,8 @@ def test_int4_swap_plan_bands():
     more; past 512 rows multicast pairs in groups of WIDE_GROUP rows from WIDE_N columns
     only, below it KW tiles where they fill the last wave better than a full wave or more
     of 256 x 128 tiles; at 65-512 rows one wave of 128 x 192 tiles where it beats the tiles
-    above by its waves."""
+    above by its waves, and at 257-512 rows cluster pairs of BM x 192 tiles where they cost
+    least."""
     from kaio_ops import _int4_hopper
 
     def plan(m, n, k):
@@ -528,14 +533,17 @@ def test_int4_swap_plan_bands():
     # balanced row tiles (300 rows: two of 152, not 256 + 44 or three of 128), and more of
     # them where they fill the waves better (600 rows of N = 4096: 4 x 32 tiles of 152, not
     # 3 x 32 of 200)
-    assert plan(300, 6144, 4096) == (1, 2, 152, 0, 0, g, 0)  # not 3 x 32 tiles of 128 x 192
     assert plan(300, 4096, 4096)[1:3] == (2, 160)  # KW tiles: multiples of 32 rows
     # past 256 rows BM x 192 tiles (3 warpgroups) where they cost least: 6144x4096 M=520 one
     # wave of 136 x 192 (128 tiles), not 384 KW tiles of 160 x 64; 57344x8192 M=300 598 tiles
     # of 152 x 192 in 5 waves, not 896 of 152 x 128 in 7; none under THREE_MIN_ROWS rows
     assert plan(520, 6144, 4096) == (1, 3, 136, 0, 0, g, 0)
     assert plan(300, 57344, 8192) == (1, 3, 152, 0, 0, g, 0)
-    assert plan(300, 6144, 4096)[1] == 2  # (three row tiles of 104 x 192 would be too few rows)
+    # at 257-352 rows of 6144x4096 cluster pairs of 2 x 32 tiles of BM x 192 (PAIR_KINDS),
+    # not 3 x 32 of 104 x 192 (too few rows) or 2 x 48 whole ones of 152 x 128
+    assert plan(300, 6144, 4096) == (2, 3, 152, 1, 0, g, 0)
+    assert plan(352, 6144, 4096) == (2, 3, 176, 1, 0, g, 0)
+    assert plan(384, 6144, 4096)[1:3] == (2, 192)  # 2 x 32 tiles of 192 x 192: too many rows
     assert plan(1024, 8192, 8192)[1] == 2  # whole 256-row tiles: no BM x 192 weighed
     assert _int4_hopper.swap_plan(600, 57344, 8192, 132)[:2] == (3, 152)  # stream-K, not MC
     assert plan(600, 4096, 4096) == (1, 2, 152, 0, 0, g, 0)
@@ -645,7 +653,8 @@ def test_int4_swap_plans_fit():
               (10240, 8192), (57344, 8192))  # fmt: skip
     seen = {}
     for n, k in shapes:
-        for m in (17, 32, 64, 100, 128, 200, 256, 448, 512, 520, 1024, 1500, 2048, 3000, 8192):
+        for m in (17, 32, 64, 100, 128, 200, 256, 300, 448, 512, 520, 1024, 1500, 2048, 3000,
+                  8192):  # fmt: skip
             split, _, _, consts = _int4_hopper.swap_launch_plan(
                 m, n, k, _int4_hopper.swap_plan(m, n, k, 132), 132, f16
             )
@@ -1203,7 +1212,7 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
      (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (1024, 32768, 1024, "float16"),
      (120, 4096, 2048, "float16"), (200, 1024, 4096, "bfloat16"),
      (600, 4096, 2048, "float16"), (1500, 6144, 1024, "bfloat16"),
-     (600, 28672, 2048, "bfloat16")],
+     (600, 28672, 2048, "bfloat16"), (300, 6144, 4096, "float16")],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
     """M > 16 on sm_90 (the wgmma kernel: at 17 rows KW tiles of 32 x 64 in cluster pairs,
@@ -1212,7 +1221,7 @@ def test_gpu_int4_wgmma(m, n, k, out_dtype):
     rows of N = 10240 3 consumer warpgroups on 128 x 192 tiles, the last column of tiles
     partly past N, at 300 rows of 10240 x 8192 on 152 x 192 ones; at 600 rows of 28672 x
     2048 the stream-K schedule on 152 x 192 tiles (SK: tiles split between blocks, summed by
-    the tile's head); at 65-512
+    the tile's head; at 300 rows of 6144 x 4096 cluster pairs of 152 x 192 tiles); at 65-512
     rows two warpgroups sharing BM x 64 tiles, each every other K slice
     (KW: a cluster pair's K split at 120 and 200 rows; 128-row tiles at 100 rows, 256 at 256,
     160 at 300; 128-row tiles and a K split of 4 through the workspace at 200 rows of N =
