@@ -59,13 +59,18 @@ def raw_dequant() -> None:
     _int4_hopper.nibble_pair = raw_pair
 
 
-def plain_launch(ops: list, config: tuple):
-    """``launch_swap`` of ``config`` without programmatic dependent launch (``PDL`` 0)."""
-    _int4_hopper.PDL = 0
+def offs(args) -> list:
+    """The module switches of ``_int4_hopper`` that ``--off`` names (``PDL``, ``PSUM``)."""
+    return [name for name in args.off.split(",") if name]
+
+
+def launch_off(ops: list, config: tuple, name: str):
+    """``launch_swap`` of ``config`` with ``_int4_hopper``'s switch ``name`` 0."""
+    setattr(_int4_hopper, name, 0)
     try:
         return _int4_hopper.launch_swap(*ops, kaio.f16, config)
     finally:
-        _int4_hopper.PDL = 1
+        setattr(_int4_hopper, name, 1)
 
 
 def points(text: str) -> list:
@@ -105,7 +110,7 @@ def prewarm(args, pts: list) -> None:
     if args.warm_tests:  # tests/test_ops_quantized.py::test_gpu_int4_wgmma's routed builds
         for m, n, k, out in TEST_POINTS:
             todo.append((m, n, k, _int4_hopper.swap_plan(m, n, k, sms), out))
-    variants = ({}, {"PDL": 0}) if args.no_pdl else ({},)
+    variants = ({}, *({name: 0} for name in offs(args)))
     for e in compile_swaps(todo, args.prewarm, variants):
         print("prewarm:", e, flush=True)
 
@@ -160,7 +165,7 @@ def main() -> None:
     p.add_argument("--raw", action="store_true")
     p.add_argument("--no-route", action="store_true")
     p.add_argument("--kmm", action="store_true", help="also kaio_ops.matmul on the f16 weight")
-    p.add_argument("--no-pdl", action="store_true", help="also the route without PDL")
+    p.add_argument("--off", default="", help="also the route with these switches 0: PDL,PSUM")
     p.add_argument("--out", default="")
     p.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
     p.add_argument("--warm-tests", action="store_true", help="--prewarm: the GPU tests' too")
@@ -191,11 +196,12 @@ def main() -> None:
             fns = {"cublas": lambda i: torch.matmul(a, weights[i][2])}
             if not args.no_route:
                 fns["route"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
-            if args.no_pdl:  # the routed plan launched plainly (no call plan: PDL read anew)
-                routed = _int4_hopper.swap_plan(
-                    m, n, k, torch.cuda.get_device_properties(0).multi_processor_count
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            for name in offs(args):  # the routed plan, a switch off (no call plan: read anew)
+                plan = _int4_hopper.swap_plan(m, n, k, sms)
+                fns[f"route {name}0"] = lambda i, name=name, plan=plan: launch_off(
+                    ops[i], plan, name
                 )
-                fns["route pdl0"] = lambda i: plain_launch(ops[i], routed)
             if args.kmm:
                 fns["kaio f16"] = lambda i: kaio_ops.matmul(a, weights[i][2], out_dtype=f16)
             for c in cfgs:

@@ -483,6 +483,9 @@ def takes(a, b, s) -> bool:
 # against 0.92x, M=8192 0.92x both: never (every M past DECODE_M runs int4_swap).
 DEQUANT_M = 1 << 62
 
+# int4_swap's PSUM: a cluster pair's K split summed by ``pair_sum`` (1) or ``cluster_sum`` (0)
+PSUM = 1
+
 # int4_swap's PDL: programmatic dependent launch (its placement and set-up overlap the end
 # of the kernel before it, as matmul_fp8's); 0 launches it plainly.
 PDL = 1
@@ -723,7 +726,7 @@ def int4_swap(
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
-    SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr,
+    SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -795,6 +798,9 @@ def int4_swap(
     part = kaio.shared_dynamic(f32, (BM, BNW), 0)  # CL: the partial tile, over the idle ring
     pairs = kaio.shared_dynamic(u64, (BM, BNW // 2), 0)  # part's column pairs
     stage = kaio.shared_dynamic(f32, (BM // 8, WG * 128, 4), 0)  # SK: a part, over the rings
+    # PSUM: the peer's rows of this block's partial tile, over the rings (``pair_sum``)
+    share = kaio.shared_dynamic(f32, ((BM // 8 + 1) // 2, WG * 128, 4), 0)
+    quads = kaio.shared_dynamic(u64, ((BM // 8 + 1) // 2, WG * 128, 2), 0)  # share's pairs
     t = kaio.thread_idx_x()
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
@@ -906,7 +912,11 @@ def int4_swap(
         if CL:  # the one tile's partial sums, over the ring once every wgmma is done
             kaio.mbarrier_arrive(bars, (2, 0))
             kaio.mbarrier_wait(bars, (2, 0), u32(0))
-            if stores:  # (KW: warpgroup 0 holds the block's sum)
+            if PSUM:  # a cluster pair: half the rows each, the other half through the peer
+                n = (tile_col(swap_origin(first, grid_m, grid_n, GROUP))) * BNW + nl
+                top = tile_row(swap_origin(first, grid_m, grid_n, GROUP)) * BM
+                pair_sum(acc, share, quads, c, top, n, t, lane, M, N, stores, BM, OUT)
+            elif stores:  # (KW: warpgroup 0 holds the block's sum)
                 for j in kaio.static_range(BM // 8):  # acc[j, h, e]: row 8j + 2t + e, col nl + h
                     for e in kaio.static_range(2):
                         pair = kaio.local(f32, 2)
@@ -927,8 +937,9 @@ def int4_swap(
                     CLAMP)  # fmt: skip
         if CL:  # the cluster barriers below wait for the threads that have not exited
             return
-    if CL:  # one tile a cluster: sum its K slices through distributed shared memory, in the
-        # consumers only (the producer has exited: ptxas compiles this with their registers)
+    if CL and not PSUM:  # one tile a cluster: sum its K slices through distributed shared
+        # memory, in the consumers only (the producer has exited: ptxas compiles this with
+        # their registers)
         kaio.cluster_sync()
         origin = swap_origin(first, grid_m, grid_n, GROUP)
         n0 = (tile_col(origin) * (1 + MC) + mine) * BNW
@@ -937,6 +948,56 @@ def int4_swap(
         kaio.cluster_sync()  # no block leaves while another reads its part
     if MC:  # no block leaves while the other may still copy into it or free its stages
         kaio.cluster_sync()
+
+
+@kaio.gpu_func
+def pair_sum(
+    acc: f32[:, :, :], share: f32[:, :, :], quads: u64[:, :, :], c: OUT[:, :], top: u32,
+    n: u32, t: u32, lane: u32, M: u32, N: u32, stores: bool_, BM: kaio.constexpr,
+    OUT: kaio.constexpr,
+):  # fmt: skip
+    """``int4_swap``'s K split of 2 in a cluster pair (``PSUM``), every wgmma of the block
+    done: each block sums and stores the row groups ``j`` of the tile (``acc[j]``: rows
+    ``top + 8 j + 2 (lane % 4) + e`` of columns ``n``, ``n + 1``) of its rank's parity. A
+    thread first puts its values of the other groups in ``share[j // 2, t]`` (its own
+    16 bytes, threads side by side), then, the pair synchronized, adds the peer's values of
+    its groups, at the same place of the peer's ``share`` (``quads``: its 64-bit view), to
+    its own, in rank order (the same bits run to run), and stores them: half the tile
+    through distributed shared memory, none of it through this block's shared memory
+    twice. ``stores``: the thread holds sums (KW: warpgroup 0 only); every consumer thread
+    takes part in the pair's barriers."""
+    rank = kaio.cluster_rank()
+    quad = kaio.local(f32, 4)  # acc[j, :, :]: (col n, n + 1) of row e = 0, then e = 1
+    if stores:
+        for j in kaio.static_range(BM // 8):
+            if j % 2 != rank:
+                for v in kaio.static_range(4):
+                    quad[v] = acc[j, v % 2, v // 2]
+                kaio.store_vector(share, (j // 2, t, 0), quad)
+    kaio.cluster_sync()
+    if stores:
+        for j in kaio.static_range(BM // 8):
+            if j % 2 == rank:
+                lo = kaio.cluster_load(quads, (j // 2, t, 0), 1 - rank)
+                hi = kaio.cluster_load(quads, (j // 2, t, 1), 1 - rank)
+                peer = kaio.local(f32, 4)
+                peer[0] = kaio.bitcast(u32(lo), f32)
+                peer[1] = kaio.bitcast(u32(lo >> 32), f32)
+                peer[2] = kaio.bitcast(u32(hi), f32)
+                peer[3] = kaio.bitcast(u32(hi >> 32), f32)
+                for v in kaio.static_range(4):
+                    if rank == 0:
+                        quad[v] = acc[j, v % 2, v // 2] + peer[v]
+                    else:
+                        quad[v] = peer[v] + acc[j, v % 2, v // 2]
+                for e in kaio.static_range(2):
+                    m = top + 8 * j + 2 * (lane % 4) + e
+                    if m < M and n < N:
+                        out = kaio.local(OUT, 2)
+                        out[0] = OUT(quad[2 * e])
+                        out[1] = OUT(quad[2 * e + 1])
+                        kaio.store_vector(c, (m, n), out)
+    kaio.cluster_sync()  # no block leaves while the other reads its share
 
 
 RED_CHUNK = 16  # KW: the values of a thread's partial tile that go through ``red`` at a time
@@ -1284,7 +1345,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
-              "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL}  # fmt: skip
+              "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
+              "PSUM": int(PSUM and cl and split == 2 and not mc)}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1389,6 +1451,7 @@ def swap_specializations() -> list:
                   "EARLY": early, "GROUP": GROUP_M, "KW": kw,
                   "LATE": int(i == len(cases) - 1),
                   "SK": int(len(plain) - 2 <= i < len(plain)),
-                  "CLAMP": 1 - cl, "PDL": i % 2}  # fmt: skip
+                  "CLAMP": 1 - cl, "PDL": i % 2,
+                  "PSUM": int(cl == 1 and split == 2 and not mc)}  # fmt: skip
         out.append((int4_swap, consts))
     return out
