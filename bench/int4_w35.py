@@ -37,7 +37,8 @@ from bench.quantized import int4_bytes, int4_inputs  # noqa: E402
 from kaio_ops import _int4_hopper  # noqa: E402
 
 L2_BYTES = 200 << 20
-# (M, N, K, output type) of test_gpu_int4_wgmma and test_gpu_int4 past 16 rows (--warm-tests)
+# (M, N, K, output type) of test_gpu_int4_wgmma, test_gpu_int4 past 16 rows and
+# test_gpu_int4_dependent_launch_chain (--warm-tests)
 TEST_POINTS = ((17, 4096, 4096, "f32"), (200, 4104, 4096, "f32"), (1000, 1024, 14336, "f16"),
                (300, 4096, 4096, "f32"), (2048, 8192, 4096, "f16"), (4096, 4096, 4096, "bf16"),
                (100, 8192, 4096, "f32"), (256, 8192, 2048, "f16"),
@@ -45,7 +46,8 @@ TEST_POINTS = ((17, 4096, 4096, "f32"), (200, 4104, 4096, "f32"), (1000, 1024, 1
                (120, 4096, 2048, "f16"), (200, 1024, 4096, "bf16"), (40, 10240, 2048, "f16"),
                (700, 6144, 1024, "bf16"), (250, 10240, 1024, "f16"),
                (300, 10240, 8192, "bf16"), (600, 4096, 2048, "f16"),
-               (1500, 6144, 1024, "bf16"))  # fmt: skip
+               (1500, 6144, 1024, "bf16"), (300, 6144, 4096, "f16"), (300, 4096, 4096, "f16"),
+               (600, 4096, 4096, "f16"))  # fmt: skip
 
 
 def raw_dequant() -> None:
