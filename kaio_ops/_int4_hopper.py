@@ -354,12 +354,15 @@ THREE_TIME = 1.0
 THREE_ROW_COST = 144
 # At 257-512 rows, tiles of BM x 192 (three warpgroups) that number sms / 3 to sms / 2 run
 # in cluster pairs, each block half of K, the pair's partial tiles summed through
-# distributed shared memory (``cluster_sum``): each costing half a whole tile's time plus
-# PAIR_ROWS rows (int4w round A of 2026-11-27, H100, x cuBLAS f16, the median of 3
-# interleaved passes: 6144x4096 M=300, 64 tiles of 152 x 192 on 128 blocks, 29.4 µs, 0.916x,
-# against 96 whole tiles of 152 x 128, 31.2 µs, 0.866x).
+# distributed shared memory (``pair_sum``): each costing half a whole tile's time plus
+# PAIR_ROWS rows (int4w rounds A and C of 2026-11-27, H100, x cuBLAS f16, the median of 3
+# interleaved passes, against whole tiles of 2 warpgroups in the same passes: 6144x4096
+# M=300, 64 tiles of 152 x 192 on 128 blocks, 29.4 µs (0.916x, with ``cluster_sum``)
+# against 96 of 152 x 128, 31.2 µs (0.866x); with ``pair_sum`` M=272 / 300 / 352 26.7 /
+# 28.6 / 31.3 µs (0.987x / 0.907x / 0.942x) against 29.0 / 30.6 / 33.8 (0.910x / 0.847x /
+# 0.873x): PAIR_ROWS 40 / 50 / 58 there).
 PAIR_KINDS = ((3, 0),)
-PAIR_ROWS = 52
+PAIR_ROWS = 50
 # (WG, KW): (a tile's time in 128-column tiles of as many rows, its fixed cost in rows,
 # its least and most rows)
 TILE_COSTS = {
@@ -483,7 +486,13 @@ def takes(a, b, s) -> bool:
 # against 0.92x, M=8192 0.92x both: never (every M past DECODE_M runs int4_swap).
 DEQUANT_M = 1 << 62
 
-# int4_swap's PSUM: a cluster pair's K split summed by ``pair_sum`` (1) or ``cluster_sum`` (0)
+# int4_swap's PSUM: a cluster pair's K split of tiles without KW summed by ``pair_sum`` (1)
+# or ``cluster_sum`` (0; KW tiles always, and splits past 2, and multicast pairs). int4w
+# round C of 2026-11-27 (H100, x cuBLAS f16, the median of 3 interleaved passes, pair_sum
+# against cluster_sum in the same passes): 6144x4096 M=272 / 300 / 352 (pairs of 136-176 x
+# 192 tiles) 26.7 / 28.6 / 31.3 µs against 27.3 / 29.1 / 32.1 (0.987x / 0.907x / 0.942x
+# against 0.966x / 0.890x / 0.919x); on KW tiles it lost: 4096x4096 M=128 13.2 against
+# 13.1 µs, 4096x14336 M=256 45.8 against 45.4.
 PSUM = 1
 
 # int4_swap's PDL: programmatic dependent launch (its placement and set-up overlap the end
@@ -1346,7 +1355,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
-              "PSUM": int(PSUM and cl and split == 2 and not mc)}  # fmt: skip
+              "PSUM": int(PSUM and cl and split == 2 and not mc and not kw)}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1452,6 +1461,6 @@ def swap_specializations() -> list:
                   "LATE": int(i == len(cases) - 1),
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 2,
-                  "PSUM": int(cl == 1 and split == 2 and not mc)}  # fmt: skip
+                  "PSUM": int(cl == 1 and split == 2 and not mc and not kw)}  # fmt: skip
         out.append((int4_swap, consts))
     return out
