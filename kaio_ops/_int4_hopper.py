@@ -491,8 +491,9 @@ DEQUANT_M = 1 << 62
 # round C of 2026-11-27 (H100, x cuBLAS f16, the median of 3 interleaved passes, pair_sum
 # against cluster_sum in the same passes): 6144x4096 M=272 / 300 / 352 (pairs of 136-176 x
 # 192 tiles) 26.7 / 28.6 / 31.3 µs against 27.3 / 29.1 / 32.1 (0.987x / 0.907x / 0.942x
-# against 0.966x / 0.890x / 0.919x); on KW tiles it lost: 4096x4096 M=128 13.2 against
-# 13.1 µs, 4096x14336 M=256 45.8 against 45.4.
+# against 0.966x / 0.890x / 0.919x); on KW tiles no gain: 4096x4096 M=128 13.2 against
+# 13.1 µs, 4096x14336 M=256 45.8 against 45.4 (the same kernel timed twice in those passes
+# moved by up to 1%).
 PSUM = 1
 
 # int4_swap's PDL: programmatic dependent launch (its placement and set-up overlap the end
