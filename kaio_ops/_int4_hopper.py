@@ -285,7 +285,25 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
         sk_cost, sk_wg, sk_rows = streamk_tiles(m, n, k, sms)
         if sk_cost < cost:
             return sk_wg, sk_rows, 0, 0, 0, 0, 0, bufs, int(sk_wg == 2), group, 0, 0, 1, 1
-    return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw
+    return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw, late_words(m, n, k, sms, wg, rows)
+
+
+def late_words(m: int, n: int, k: int, sms: int, wg: int, rows: int) -> int:
+    """``int4_swap``'s LATE for ``swap_plan``'s whole tiles (or cluster pairs) of ``rows`` x
+    64 ``wg`` columns: 1 for three warpgroups' tiles that run in one wave (the comment below)."""
+    tiles = math.ceil(m / rows) * math.ceil(n / (64 * wg)) if n and sms else 0
+    return int(wg == 3 and 0 < tiles * swap_split(tiles, k, sms) <= sms)
+
+
+# LATE (a slice's words' stage freed after its wgmmas are issued) on three warpgroups' tiles
+# in one wave (int4w rounds C and D of 2026-11-27, H100, x cuBLAS f16, the median of 3
+# interleaved passes, against the route in the same passes): 6144x4096 M=512 1.010x /
+# 0.935x against 0.991x / 0.932x, M=520 0.955x against 0.947x, M=600 1.009x against
+# 1.003x, M=300 (cluster pairs) 0.909x against 0.906x; 10240x8192 M=300 0.979x / 0.999x
+# against 0.970x / 0.989x; 8192x8192 M=520 1.017x both. Over several waves it lost
+# (10240x8192 M=1500, 486 tiles: 0.966x against 0.974x), and on the stream-K schedule it
+# went both ways (28672x4096 M=300 1.002x against 1.007x, 57344x8192 M=300 0.956x against
+# 0.888x): not routed there.
 
 
 def streamk_tiles(m: int, n: int, k: int, sms: int) -> tuple:

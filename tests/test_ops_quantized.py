@@ -408,10 +408,10 @@ SWAP_CASES = [
     (70, 200, 256, "bfloat16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 4),
     (70, 200, 256, None, (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 16),
     (70, 200, 256, "float16", (2, 40, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 5),  # balanced_rows
-    # three warpgroups' 40 x 192 tiles in cluster pairs (a K split of 2 summed through
-    # distributed shared memory, the route's at 257-352 rows of 6144x4096), the second
-    # column of tiles 8 wide
-    (40, 200, 512, "float16", (3, 40, 0, 2, 1), None),
+    # three warpgroups' 40 x 192 tiles in cluster pairs (a K split of 2 summed by halves
+    # through distributed shared memory, pair_sum), LATE: the route's at 257-352 rows of
+    # 6144x4096; the second column of tiles 8 wide
+    (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 1), None),
     # three warpgroups' 40 x 192 tiles (2 x 2, the second column 8 wide) on 3 blocks
     (70, 200, 256, "float16", (3, 40, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1), 3),
     # CLAMP (every launch without CL): the last row tile moved up to end at row M - 1 (rows
