@@ -231,7 +231,9 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     (``balanced_rows``), and
     without multicast as many as cost least (``cheapest_tiles``); past 256 rows
     ``balanced_rows`` x 128 tiles on the stream-K schedule (SK, config[12]) where
-    ``takes_streamk`` and it costs less than the tiles above (``SK_TIME``)."""
+    ``takes_streamk`` and it costs less than the tiles above (``SK_TIME``); at 257-512 rows
+    BM x 192 tiles in cluster pairs too (``PAIR_KINDS``); LATE (config[11]) on three
+    warpgroups' tiles in one wave (``late_words``)."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
@@ -515,7 +517,12 @@ DEQUANT_M = 1 << 62
 PSUM = 1
 
 # int4_swap's PDL: programmatic dependent launch (its placement and set-up overlap the end
-# of the kernel before it, as matmul_fp8's); 0 launches it plainly.
+# of the kernel before it, as matmul_fp8's); 0 launches it plainly. int4w rounds A and E of
+# 2026-11-27 (H100, x cuBLAS f16, the median of 3 interleaved passes, against the route
+# without it in the same passes): 0.1-1.1% faster at 21 of 24 timings at 300-1500 rows
+# (6144x4096 M=300 0.965x against 0.955x, 10240x8192 M=1500 0.950x against 0.945x); slower
+# at 10240x8192 M=512 (0.1%), 6144x4096 M=1024 (0.951x against 0.957x) and 57344x8192 M=300
+# (476.5 against 438.9 µs, a point that ran at 411-476 µs either way over the rounds).
 PDL = 1
 
 
@@ -941,9 +948,9 @@ def int4_swap(
             kaio.mbarrier_arrive(bars, (2, 0))
             kaio.mbarrier_wait(bars, (2, 0), u32(0))
             if PSUM:  # a cluster pair: half the rows each, the other half through the peer
-                n = (tile_col(swap_origin(first, grid_m, grid_n, GROUP))) * BNW + nl
-                top = tile_row(swap_origin(first, grid_m, grid_n, GROUP)) * BM
-                pair_sum(acc, share, quads, c, top, n, t, lane, M, N, stores, BM, OUT)
+                origin = swap_origin(first, grid_m, grid_n, GROUP)  # (the cluster's one tile)
+                pair_sum(acc, share, quads, c, tile_row(origin) * BM,
+                         tile_col(origin) * BNW + nl, t, lane, M, N, stores, BM, OUT)  # fmt: skip
             elif stores:  # (KW: warpgroup 0 holds the block's sum)
                 for j in kaio.static_range(BM // 8):  # acc[j, h, e]: row 8j + 2t + e, col nl + h
                     for e in kaio.static_range(2):
