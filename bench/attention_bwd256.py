@@ -285,7 +285,9 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
 
 # kernel_cfg's options NAMEn: (the kernels, the constexpr) that they set to n
 KNOBS = {"halves": (("dkdv",), "HALVES"), "sfirst": (("dq",), "SFIRST"),
-         "rot": (("dq", "dkdv"), "ROT"), "union": (("dq",), "UNION")}  # fmt: skip
+         "rot": (("dq", "dkdv"), "ROT"), "union": (("dq",), "UNION"),
+         "drot": (("dq",), "ROT"), "krot": (("dkdv",), "ROT"),
+         "pdl": (("dq", "dkdv"), "PDL")}  # fmt: skip
 
 
 def kernel_cfg(item: str) -> tuple[str, dict, bool]:

@@ -395,11 +395,11 @@ def copy_in_turn(
 
 @kaio.gpu_func
 def rotation(x: i32, nx: i32, items: i32, causal: i32, ROT: kaio.constexpr) -> i32:
-    """The item where block x of ``nx`` begins a rotated walk over ``items`` (``ROT``,
-    without the mask): x items / nx, else 0."""
+    """The item where block x of ``nx`` begins a rotated walk over ``items`` (``ROT`` 1:
+    without the mask; 2: with it too): x items / nx, else 0."""
     s0 = i32(0)
     if ROT:
-        if causal == 0:
+        if causal == 0 or ROT == 2:
             s0 = x * items // nx
     return s0
 
@@ -548,10 +548,15 @@ def attention_bwd_dkdv_d256q(
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     cu_q: i32[:], cu_k: i32[:], tp: i32, D: kaio.constexpr, REGS: kaio.constexpr,
     DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr,
+    PDL: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z):
-    ``dkdv_block``."""
+    ``dkdv_block``. ``PDL`` 1: the kernel after it in the stream (``attention_bwd_dq_d256``
+    with ``PDL`` 1) may launch once every block has started (``launch_dependents``), so that
+    its blocks take the multiprocessors that this grid's last blocks leave idle."""
     t, wg, lt = thread_roles(2)
+    if PDL:
+        kaio.launch_dependents()
     dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, seq_q, seq_k, heads, group,
                scale_log2, scale, causal, cu_q, cu_k, tp, t, wg, lt, i32(kaio.block_idx_x()),
                i32(kaio.block_idx_y()), i32(kaio.grid_dim_x()), D, REGS, DT, COLS, HALVES,
@@ -815,14 +820,19 @@ def attention_bwd_dq_d256(
     tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
     group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
     D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
-    SFIRST: kaio.constexpr, ROT: kaio.constexpr,
+    SFIRST: kaio.constexpr, ROT: kaio.constexpr, PDL: kaio.constexpr,
 ):  # fmt: skip
     """dq of the 128 query rows of block x (the heaviest causal tiles first) of (batch, head)
-    block y (``COLS`` 1: of sequence z): ``dq_block``."""
+    block y (``COLS`` 1: of sequence z): ``dq_block``. ``PDL`` 1: launched while the kernel
+    before it in the stream (the dK/dV kernel, which reads and writes nothing of this one's)
+    finishes; each block waits for that grid before it exits, so that this grid's end is
+    both's."""
     t, wg, lt = thread_roles(2)
     dq_block(tq, tdo, tk, tv, tl, td, dq, seq_q, seq_k, heads, group, scale_log2, scale, causal,
              cu_q, cu_k, tp, t, wg, lt, i32(kaio.block_idx_x()), i32(kaio.block_idx_y()),
              i32(kaio.grid_dim_x()), D, REGS, DT, COLS, SFIRST, ROT)  # fmt: skip
+    if PDL:
+        kaio.grid_dependency_wait()
 
 
 @kaio.gpu_kernel(fastmath=True)
@@ -952,9 +962,9 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
     regs = consumer_registers(2)
     dkdv = {"BM": bm, "STAGES": stages, "REGS": regs, "DQ": dq, "EARLY": 1, "COLS": 0,
-            "Q128": Q128 if not dq else 0, "HALVES": HALVES, "ROT": ROT}  # fmt: skip
+            "Q128": Q128 if not dq else 0, "HALVES": HALVES, "ROT": ROT, "PDL": PDL}  # fmt: skip
     dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs, "KV": KV,
-              "SFIRST": SFIRST, "ROT": ROT, "UNION": UNION}  # fmt: skip
+              "SFIRST": SFIRST, "ROT": ROT, "UNION": UNION, "PDL": PDL}  # fmt: skip
     return {"dkdv": dkdv, "dq": dq_cfg}
 
 
@@ -977,7 +987,10 @@ HALVES = 1
 ROT = 1
 
 # The constexprs of config()["dkdv"] that only the Q128 kernel takes.
-Q128_ONLY = ("Q128", "HALVES", "ROT")
+Q128_ONLY = ("Q128", "HALVES", "ROT", "PDL")
+
+# The dQ kernel launched while the dK/dV kernel finishes (1: ``PDL`` in both) or after it (0).
+PDL = 0
 
 
 def dkdv_kernel(c: dict, d: int, dt) -> tuple:
@@ -986,7 +999,7 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
     if c.get("Q128"):
         return attention_bwd_dkdv_d256q, {
             "D": d, "REGS": c["REGS"], "DT": dt, "COLS": c["COLS"], "HALVES": c["HALVES"],
-            "ROT": c["ROT"],
+            "ROT": c["ROT"], "PDL": c["PDL"],
         }  # fmt: skip
     return attention_bwd_dkdv_d256, {
         "D": d,
@@ -1013,7 +1026,7 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, 
         smem = q128_shared_bytes(d)
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"],
-            DT=dt, COLS=c["COLS"], HALVES=c["HALVES"], ROT=c["ROT"],
+            DT=dt, COLS=c["COLS"], HALVES=c["HALVES"], ROT=c["ROT"], PDL=c["PDL"],
         )  # fmt: skip
         return
     smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
@@ -1057,10 +1070,11 @@ def dq_kernel(c: dict, d: int, cols: int) -> tuple:
 
     if c.get("KV"):
         smem = dq_shared_bytes(d, c["SFIRST"])
-        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "SFIRST": c["SFIRST"], "ROT": c["ROT"]}
+        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "SFIRST": c["SFIRST"], "ROT": c["ROT"],
+                  "PDL": c["PDL"]}  # fmt: skip
         return attention_bwd_dq_d256, consts, 384, smem, 128, 64
     bq = 64 * c["WG"]
-    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "SFIRST", "ROT", "UNION")}
+    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "SFIRST", "ROT", "UNION", "PDL")}
     smem = pair.shared_bytes(d, bq, c["BN"], c["STAGES"], bq)
     return (pair.attention_bwd_dq_wgmma, {"D": d, "COLS": cols, **consts}, 128 * c["WG"] + 128,
             smem, bq, c["BN"])  # fmt: skip
@@ -1139,6 +1153,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
                  qa.dtype)  # fmt: skip
 
     side = (SIDE if side is None else side) and only is None and not c1["DQ"]
+    if only or side:  # the dQ kernel launched alone or first: no grid to overlap
+        c1["PDL"] = c2["PDL"] = 0
     if c2["UNION"] and not side and c1["Q128"] and c2["KV"]:  # (only: that part's blocks)
         nkb, nqb = -(-sk // 64), -(-sq // 128)
         n_dkdv = nkb * (bh // group) if only != "dq" else 0
