@@ -397,6 +397,41 @@ def kernel_rows(
     return rows
 
 
+def profile_rows(seq: int, masks: str, dtype: str, variants: str) -> list:
+    """The kernels of a call of each of ``variants`` (``variant``'s names) under
+    torch.profiler, H16 at ``seq`` (``BATCH``): each kernel's name, start after the call's
+    first kernel began and GPU time (µs), the median of 3 profiled calls (what a call's time
+    is made of: the delta pass, the dK/dV and the dQ kernels, the gaps and overlaps)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    b = BATCH[seq]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn((b, 16, seq, 256), device="cuda", dtype=getattr(torch, dtype),
+                               generator=gen) for _ in range(4))  # fmt: skip
+    rows = []
+    for causal in [bool(int(c)) for c in masks.split(",")]:
+        o, lse = forward(q, k, v, causal)
+        for name in variants.split(","):
+            fn = variant(name)
+            fn(do, q, k, v, o, lse, causal)
+            torch.cuda.synchronize()
+            calls = []
+            for _ in range(3):
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    fn(do, q, k, v, o, lse, causal)
+                    torch.cuda.synchronize()
+                gpu = [e for e in prof.events() if e.device_type.name == "CUDA"]
+                kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in gpu)
+                t0 = kernels[0][0]
+                calls.append([(n[:28], s - t0, e - s) for s, e, n in kernels])
+            calls.sort(key=lambda c: max(s + d for _, s, d in c))
+            row = dict(s=seq, dtype=dtype, causal=causal, variant=name, kernels=calls[1])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
 
     p = argparse.ArgumentParser()
@@ -413,6 +448,7 @@ def main() -> None:
     p.add_argument("--impls", default="hopper,hopper:side,mma.sync,padded,sdpa",
                    help="--varlen's implementations")  # fmt: skip
     p.add_argument("--kernels", help="D 256 kernels to time (dq,dq:kv,dkdv:q128,all,...)")
+    p.add_argument("--profile", help="variants whose kernels to profile (profile_rows)")
     p.add_argument("--warm", action="store_true", help="--varlen, --kernels: compile, no timing")
     p.add_argument("--no-fwd", action="store_true", help="--warm: o, lse random (no forward)")
     p.add_argument("--table", action="store_true", help="the table too (with --kernels, --varlen)")
@@ -433,6 +469,12 @@ def main() -> None:
             with open(a.out, "w") as f:
                 json.dump(rows, f, indent=1)
 
+    if a.profile:
+        for seq in [int(x) for x in a.seqs.split(",")]:
+            rows += profile_rows(seq, a.causal, a.dtypes.split(",")[0], a.profile)
+            save()
+        if not (a.kernels or a.table or a.varlen):
+            return
     if a.kernels:
         for seq in [int(x) for x in a.seqs.split(",")]:
             rows += kernel_rows(a.kernels, seq, a.causal, a.dtypes.split(",")[0], a.warm)

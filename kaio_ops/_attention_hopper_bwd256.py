@@ -1055,6 +1055,10 @@ SFIRST = 1
 UNION = 0
 
 
+# The constexprs of config()["dq"] that the pair's dQ kernel does not take.
+KV_ONLY = ("KV", "COLS", "SFIRST", "ROT", "UNION", "PDL")
+
+
 def dq_shared_bytes(d: int, sfirst: int) -> int:
     """``attention_bwd_dq_d256``'s dynamic shared memory: Q, dO, K (two stages where
     ``sfirst``), V, the rows' lse and delta, the barriers."""
@@ -1074,7 +1078,7 @@ def dq_kernel(c: dict, d: int, cols: int) -> tuple:
                   "PDL": c["PDL"]}  # fmt: skip
         return attention_bwd_dq_d256, consts, 384, smem, 128, 64
     bq = 64 * c["WG"]
-    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "SFIRST", "ROT", "UNION", "PDL")}
+    consts = {k: v for k, v in c.items() if k not in KV_ONLY}
     smem = pair.shared_bytes(d, bq, c["BN"], c["STAGES"], bq)
     return (pair.attention_bwd_dq_wgmma, {"D": d, "COLS": cols, **consts}, 128 * c["WG"] + 128,
             smem, bq, c["BN"])  # fmt: skip
