@@ -1079,7 +1079,7 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
     regs = consumer_registers(2)
     dkdv = {"BM": bm, "STAGES": stages, "REGS": regs, "DQ": dq, "EARLY": 1, "COLS": 0,
-            "Q128": Q128 if not dq else 0, "HALVES": HALVES, "ROT": ROT, "PDL": PDL,
+            "Q128": Q128 if not dq else 0, "HALVES": HALVES, "ROT": ROT_DKDV, "PDL": PDL,
             "PERSIST": PERSIST}  # fmt: skip
     dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs, "KV": KV,
               "SFIRST": SFIRST, "ROT": ROT, "UNION": UNION, "PDL": PDL}  # fmt: skip
@@ -1103,6 +1103,9 @@ HALVES = 1
 # D256, GPU round C of 2026-11-27, the whole backward timed in turn with the order rotated:
 # 443 TFLOP/s against 427 at B4 S4096, 453 against 440 at B1 S16384).
 ROT = 1
+
+# The dK/dV kernel's: ``ROT`` or 2, its walks rotated with the mask too.
+ROT_DKDV = ROT
 
 # The constexprs of config()["dkdv"] that only the Q128 kernel takes.
 Q128_ONLY = ("Q128", "HALVES", "ROT", "PDL", "PERSIST")
