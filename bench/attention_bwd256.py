@@ -287,7 +287,8 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
 KNOBS = {"halves": (("dkdv",), "HALVES"), "sfirst": (("dq",), "SFIRST"),
          "rot": (("dq", "dkdv"), "ROT"), "union": (("dq",), "UNION"),
          "drot": (("dq",), "ROT"), "krot": (("dkdv",), "ROT"),
-         "pdl": (("dq", "dkdv"), "PDL"), "persist": (("dkdv",), "PERSIST")}  # fmt: skip
+         "pdl": (("dq", "dkdv"), "PDL"), "persist": (("dkdv",), "PERSIST"),
+         "areg": (("dkdv",), "AREG")}  # fmt: skip
 
 
 def kernel_cfg(item: str) -> tuple[str, dict, bool]:

@@ -445,23 +445,44 @@ def produce_qdo(
 
 
 @kaio.gpu_func
+def issue_pt_regs(acc: f32[:, :], a: u32[:, :], x_s: DT[:, :, :, :], h: i32, H: kaio.constexpr,
+                  DT: kaio.constexpr, cb: i32):  # fmt: skip
+    """``issue_pt`` with A from registers (``a``: ``pack_p``'s fragments of H queries): acc +=
+    A X, X the H rows of half h of ``x_s`` from its 64-column block ``cb``; committed."""
+    for kk in kaio.static_range(H // 16):
+        dx = kaio.smem_descriptor(x_s, (h, cb, kk * 16, 0), SW, H * SW, 1024)
+        if DT == kaio.bf16:
+            kaio.wgmma_bf16(acc, a[kk], dx, True, False, True)
+        else:
+            kaio.wgmma_f16(acc, a[kk], dx, True, False, True)
+    kaio.wgmma_commit()
+
+
+@kaio.gpu_func
 def back_halves(
     dva: f32[:, :], dka: f32[:, :], pt_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     bars: u64[:, :], ph: u32, lt: u32, cb: i32, H: kaio.constexpr, DT: kaio.constexpr,
+    p: u32[:, :], ds: u32[:, :], OWN: kaio.constexpr, AREG: kaio.constexpr,
 ):  # fmt: skip
     """``consume_q128``'s dV += P^T dO and dK += dS^T Q (``HALVES`` 1) a half of the tile's
     queries at a time, each as soon as that half's P^T and dS^T are stored
     (``bars[1, 5]``: the first warpgroup's warps, ``bars[1, 7]``: the second's), so that the
     first warpgroup's products of its own half run beside the second's P^T step; then dO's
     and Q's first halves, then their second, freed as their products end (``produce_qdo``
-    copies them in that order)."""
+    copies them in that order). ``AREG`` 1: this warpgroup's own half ``OWN`` from its
+    registers (``p``, ``ds``: P^T and dS^T as A fragments), without waiting for its stores."""
     for h in kaio.static_range(2):
-        kaio.mbarrier_wait(bars, (1, 5 + 2 * h), ph)  # half h's P^T, dS^T stored
-        kaio.mbarrier_wait(bars, (0, h), ph)  # its dO and Q (the other warpgroup's: landed)
-        kaio.mbarrier_wait(bars, (0, 2 + h), ph)
-        kaio.wgmma_fence()
-        issue_pt(dva, pt_s, h, u32(0), do_s, h, H, DT, cb)
-        issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
+        if AREG and h == OWN:  # (its dO and Q landed: the front products read them)
+            kaio.wgmma_fence()
+            issue_pt_regs(dva, p, do_s, h, H, DT, cb)
+            issue_pt_regs(dka, ds, q_s, h, H, DT, cb)
+        else:
+            kaio.mbarrier_wait(bars, (1, 5 + 2 * h), ph)  # half h's P^T, dS^T stored
+            kaio.mbarrier_wait(bars, (0, h), ph)  # its dO and Q (the other warpgroup's: landed)
+            kaio.mbarrier_wait(bars, (0, 2 + h), ph)
+            kaio.wgmma_fence()
+            issue_pt(dva, pt_s, h, u32(0), do_s, h, H, DT, cb)
+            issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
     for j in kaio.static_range(4):  # dO's half 0, Q's half 0, dO's half 1, Q's half 1
         kaio.wgmma_wait(3 - j)
         release(bars, j % 2 * 2 + j // 2, lt)
@@ -475,7 +496,7 @@ def consume_q128(
     sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
     stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
     s0: i32, DT: kaio.constexpr, FIRST: kaio.constexpr, HALVES: kaio.constexpr,
-    i0: i32 = 0, kv_ph: u32 = 0, PERSIST: kaio.constexpr = 0,
+    i0: i32 = 0, kv_ph: u32 = 0, PERSIST: kaio.constexpr = 0, AREG: kaio.constexpr = 0,
 ) -> i32:  # fmt: skip
     """Consumer warpgroup ``wg`` of ``attention_bwd_dkdv_d256q`` (thread ``lt`` of it): per
     query tile of ``BM`` (128) rows in two halves of 64, dP^T = V dO_w^T once dO's half wg
@@ -504,6 +525,8 @@ def consume_q128(
     zero_acc(dva, NH)
     s = kaio.local(f32, (H // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (H // 8, 4))  # dP^T, then dS^T
+    p = kaio.local(u32, (H // 16, 4))  # AREG: P^T, dS^T as A fragments
+    ds = kaio.local(u32, (H // 16, 4))
     total = group * kaio.max(n_tiles - first, 0)
     kaio.mbarrier_wait(turn, 0, kv_ph)  # K and V landed
     if PERSIST and total == 0:
@@ -533,7 +556,11 @@ def consume_q128(
         store_ds(pt_s, 2 + i32(wg), dp, kr, lane, H, DT)
         if HALVES:
             release(bars, 5 + 2 * i32(wg), lt)  # this half's P^T, dS^T there
-            back_halves(dva, dka, pt_s, q_s, do_s, bars, ph, lt, cb, H, DT)
+            if AREG:
+                pack_p(p, s, H, DT)
+                pack_p(ds, dp, H, DT)
+            back_halves(dva, dka, pt_s, q_s, do_s, bars, ph, lt, cb, H, DT, p, ds, 1 - FIRST,
+                        AREG)  # fmt: skip
         else:
             release(bars, 5, lt)
             kaio.mbarrier_wait(bars, (1, 5), ph)  # both warpgroups' queries there
@@ -573,7 +600,7 @@ def attention_bwd_dkdv_d256q(
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     cu_q: i32[:], cu_k: i32[:], tp: i32, plan: i32[:], D: kaio.constexpr, REGS: kaio.constexpr,
     DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr,
-    PDL: kaio.constexpr, PERSIST: kaio.constexpr,
+    PDL: kaio.constexpr, PERSIST: kaio.constexpr, AREG: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z):
     ``dkdv_block``. ``PDL`` 1: the kernel after it in the stream (``attention_bwd_dq_d256``
@@ -589,8 +616,8 @@ def attention_bwd_dkdv_d256q(
         nx = (seq_k + 63) // 64
     dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, seq_q, seq_k, heads, group,
                scale_log2, scale, causal, cu_q, cu_k, tp, t, wg, lt, i32(kaio.block_idx_x()),
-               i32(kaio.block_idx_y()), nx, D, REGS, DT, COLS, HALVES, ROT, plan,
-               PERSIST)  # fmt: skip
+               i32(kaio.block_idx_y()), nx, D, REGS, DT, COLS, HALVES, ROT, plan, PERSIST,
+               AREG)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -634,6 +661,7 @@ def dkdv_block(
     cu_q: i32[:], cu_k: i32[:], tp: i32, t: u32, wg: u32, lt: u32, x: i32, y: i32, nx: i32,
     D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
     HALVES: kaio.constexpr, ROT: kaio.constexpr, plan: i32[:], PERSIST: kaio.constexpr,
+    AREG: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x (of nx) and K/V head y (``COLS`` 1: of sequence
     z) (thread t, warpgroup wg, its thread lt: ``thread_roles``), as
@@ -684,12 +712,12 @@ def dkdv_block(
             consume_items(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
                           lt, x, y, nx, plan, items, heads, group, sq, sk, causal, tp, start_q,
                           start_k, shift, stat_off, scale_log2, scale, D, DT, 1, HALVES, ROT,
-                          COLS, PERSIST)  # fmt: skip
+                          COLS, PERSIST, AREG)  # fmt: skip
         else:
             consume_items(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
                           lt, x, y, nx, plan, items, heads, group, sq, sk, causal, tp, start_q,
                           start_k, shift, stat_off, scale_log2, scale, D, DT, 0, HALVES, ROT,
-                          COLS, PERSIST)  # fmt: skip
+                          COLS, PERSIST, AREG)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -707,7 +735,7 @@ def consume_items(
     items: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32, tp: i32, start_q: i32,
     start_k: i32, shift: i32, stat_off: i32, scale_log2: f32, scale: f32, D: kaio.constexpr,
     DT: kaio.constexpr, FIRST: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr,
-    COLS: kaio.constexpr, PERSIST: kaio.constexpr,
+    COLS: kaio.constexpr, PERSIST: kaio.constexpr, AREG: kaio.constexpr,
 ):  # fmt: skip
     """Consumer warpgroup wg (``FIRST``: the first) of ``dkdv_block``: ``consume_q128`` over
     the block's work items (``work_item``), the tile count going on."""
@@ -723,7 +751,7 @@ def consume_items(
         i = consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
                          lt, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale, shift,
                          stat_at, stat_stride, out_at, out_stride, D, 128, s0, DT, FIRST, HALVES,
-                         i, u32(k % 2), PERSIST)  # fmt: skip
+                         i, u32(k % 2), PERSIST, AREG)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -973,7 +1001,7 @@ def attention_bwd_d256(
     if b < n_dkdv:
         dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, seq_q, seq_k, heads, group,
                    scale_log2, scale, causal, none, none, 0, t, wg, lt, b % nkb, b // nkb, nkb,
-                   D, REGS, DT, 0, HALVES, ROT, none, 0)  # fmt: skip
+                   D, REGS, DT, 0, HALVES, ROT, none, 0, 0)  # fmt: skip
     else:
         b -= n_dkdv
         dq_block(tq2, tdo2, tk, tv, tl2, td2, dq, seq_q, seq_k, heads, group, scale_log2, scale,
@@ -1080,7 +1108,7 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     regs = consumer_registers(2)
     dkdv = {"BM": bm, "STAGES": stages, "REGS": regs, "DQ": dq, "EARLY": 1, "COLS": 0,
             "Q128": Q128 if not dq else 0, "HALVES": HALVES, "ROT": ROT_DKDV, "PDL": PDL,
-            "PERSIST": PERSIST}  # fmt: skip
+            "PERSIST": PERSIST, "AREG": AREG}  # fmt: skip
     dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs, "KV": KV,
               "SFIRST": SFIRST, "ROT": ROT, "UNION": UNION, "PDL": PDL}  # fmt: skip
     return {"dkdv": dkdv, "dq": dq_cfg}
@@ -1107,8 +1135,12 @@ ROT = 1
 # The dK/dV kernel's: ``ROT`` or 2, its walks rotated with the mask too.
 ROT_DKDV = ROT
 
+# The dK/dV kernel's products of a warpgroup's own half of the queries with P^T and dS^T
+# from its registers (1) or from shared memory (0), as the other half's.
+AREG = 0
+
 # The constexprs of config()["dkdv"] that only the Q128 kernel takes.
-Q128_ONLY = ("Q128", "HALVES", "ROT", "PDL", "PERSIST")
+Q128_ONLY = ("Q128", "HALVES", "ROT", "PDL", "PERSIST", "AREG")
 
 # The dQ kernel launched while the dK/dV kernel finishes (1: ``PDL`` in both) or after it (0).
 PDL = 0
@@ -1120,7 +1152,7 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
     if c.get("Q128"):
         return attention_bwd_dkdv_d256q, {
             "D": d, "REGS": c["REGS"], "DT": dt, "COLS": c["COLS"], "HALVES": c["HALVES"],
-            "ROT": c["ROT"], "PDL": c["PDL"], "PERSIST": c["PERSIST"],
+            "ROT": c["ROT"], "PDL": c["PDL"], "PERSIST": c["PERSIST"], "AREG": c["AREG"],
         }  # fmt: skip
     return attention_bwd_dkdv_d256, {
         "D": d,
@@ -1150,7 +1182,7 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, 
             *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets,
             plan=offsets["cu_q"] if plan is None else plan, D=d, REGS=c["REGS"], DT=dt,
             COLS=c["COLS"], HALVES=c["HALVES"], ROT=c["ROT"], PDL=c["PDL"],
-            PERSIST=c["PERSIST"] if plan is not None else 0,
+            PERSIST=c["PERSIST"] if plan is not None else 0, AREG=c["AREG"],
         )  # fmt: skip
         return
     smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
