@@ -273,7 +273,7 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
                     fns[name]()
                 continue
             if ROTATE:
-                times = time_rotated({name: fns[name] for name in names})
+                times = time_rotated({name: fns[name] for name in names}, ROUNDS)
             else:
                 times = {name: time_calls(fns[name], reps=reps) for name in names}
             for name, ms in times.items():
@@ -341,7 +341,8 @@ def time_rotated(fns: dict, rounds: int = 5, reps: int = 2) -> dict:
     return {n: sorted(t)[len(t) // 2] for n, t in times.items()}
 
 
-ROTATE = False  # --rotate: kernel_row's items timed in turn (time_rotated)
+ROTATE = False  # --rotate: kernel_row's items, the table's contenders timed in turn (time_rotated)
+ROUNDS = 5  # --rounds: time_rotated's rounds
 
 
 def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dict:
@@ -368,7 +369,7 @@ def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dic
         fns[item] = lambda cfg=cfg, only=only, side=side: hopper_bwd256.launch(*op, cfg, only, side)
         parts[item] = part
     if ROTATE:
-        times = time_rotated(fns)
+        times = time_rotated(fns, ROUNDS)
     else:
         times = {item: time_calls(fn, reps=REPS) for item, fn in fns.items()}
     for item, ms in times.items():
@@ -455,14 +456,16 @@ def main() -> None:
     p.add_argument("--table", action="store_true", help="the table too (with --kernels, --varlen)")
     p.add_argument("--reps", type=int, default=3, help="calls a timed round (3 rounds)")
     p.add_argument("--rotate", action="store_true",
-                   help="--kernels, --varlen: timed in turn, the order rotated")  # fmt: skip
+                   help="--kernels, --varlen, --table: in turn, the order rotated")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=5, help="--rotate's rounds (the median)")
     a = p.parse_args()
     if a.tiny:
         return tiny(a.tiny, a.dtypes, a.causal)
-    global FWD, REPS, ROTATE
+    global FWD, REPS, ROTATE, ROUNDS
     FWD = not (a.no_fwd and a.warm)
     REPS = a.reps
     ROTATE = a.rotate
+    ROUNDS = a.rounds
     rows: list = []
 
     def save():
@@ -507,10 +510,9 @@ def table_rows(a, rows: list, save) -> None:
                 flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
                 o, lse = forward(q, k, v, causal)
                 ref = sdpa_grads(q, k, v, do, causal)
-                ref_ms = time_calls(ref, reps=REPS)
-                row = dict(gpu=gpu, dtype=dtype, d=d, b=b, h=h, s=s, causal=causal,
-                           sdpa_ms=ref_ms, sdpa=flops / ref_ms / 1e9)  # fmt: skip
                 want = ref() if a.check else None
+                fns = {"sdpa": ref}
+                row = dict(gpu=gpu, dtype=dtype, d=d, b=b, h=h, s=s, causal=causal)
                 for name in a.variants.split(","):
                     fn = variant(name)
                     if want is not None:
@@ -519,9 +521,15 @@ def table_rows(a, rows: list, save) -> None:
                                 for g, w in zip(got, want, strict=True)]  # fmt: skip
                         row[f"{name}_err"] = max(errs)
                     args = (do, q, k, v, o, lse, causal)
-                    ms = time_calls(lambda fn=fn, args=args: fn(*args), reps=REPS)
+                    fns[name] = lambda fn=fn, args=args: fn(*args)
+                if ROTATE:  # SDPA and the variants in turn, the order rotated each round
+                    times = time_rotated(fns, ROUNDS)
+                else:
+                    times = {name: time_calls(fn, reps=REPS) for name, fn in fns.items()}
+                for name, ms in times.items():
                     row[f"{name}_ms"], row[name] = ms, flops / ms / 1e9
-                    row[f"{name}/sdpa"] = ref_ms / ms
+                    if name != "sdpa":
+                        row[f"{name}/sdpa"] = times["sdpa"] / ms
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 del ref
