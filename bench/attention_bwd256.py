@@ -287,8 +287,7 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
 KNOBS = {"halves": (("dkdv",), "HALVES"), "sfirst": (("dq",), "SFIRST"),
          "rot": (("dq", "dkdv"), "ROT"), "union": (("dq",), "UNION"),
          "drot": (("dq",), "ROT"), "krot": (("dkdv",), "ROT"),
-         "pdl": (("dq", "dkdv"), "PDL"), "persist": (("dkdv",), "PERSIST"),
-         "areg": (("dkdv",), "AREG")}  # fmt: skip
+         "persist": (("dkdv",), "PERSIST"), "areg": (("dkdv",), "AREG")}  # fmt: skip
 
 
 def kernel_cfg(item: str) -> tuple[str, dict, bool]:

@@ -600,17 +600,13 @@ def attention_bwd_dkdv_d256q(
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     cu_q: i32[:], cu_k: i32[:], tp: i32, plan: i32[:], D: kaio.constexpr, REGS: kaio.constexpr,
     DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr,
-    PDL: kaio.constexpr, PERSIST: kaio.constexpr, AREG: kaio.constexpr,
+    PERSIST: kaio.constexpr, AREG: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z):
-    ``dkdv_block``. ``PDL`` 1: the kernel after it in the stream (``attention_bwd_dq_d256``
-    with ``PDL`` 1) may launch once every block has started (``launch_dependents``), so that
-    its blocks take the multiprocessors that this grid's last blocks leave idle.
+    ``dkdv_block``.
     ``PERSIST`` 1 (dense): block x takes the work items (key block, K/V head) of ``plan``
     (``dkdv_plan``) in turn; ``seq_k`` // 64 key blocks a head."""
     t, wg, lt = thread_roles(2)
-    if PDL:
-        kaio.launch_dependents()
     nx = i32(kaio.grid_dim_x())
     if PERSIST:
         nx = (seq_k + 63) // 64
@@ -965,19 +961,14 @@ def attention_bwd_dq_d256(
     tl: kaio.tensormap, td: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
     group: i32, scale_log2: f32, scale: f32, causal: i32, cu_q: i32[:], cu_k: i32[:], tp: i32,
     D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
-    SFIRST: kaio.constexpr, ROT: kaio.constexpr, PDL: kaio.constexpr,
+    SFIRST: kaio.constexpr, ROT: kaio.constexpr,
 ):  # fmt: skip
     """dq of the 128 query rows of block x (the heaviest causal tiles first) of (batch, head)
-    block y (``COLS`` 1: of sequence z): ``dq_block``. ``PDL`` 1: launched while the kernel
-    before it in the stream (the dK/dV kernel, which reads and writes nothing of this one's)
-    finishes; each block waits for that grid before it exits, so that this grid's end is
-    both's."""
+    block y (``COLS`` 1: of sequence z): ``dq_block``."""
     t, wg, lt = thread_roles(2)
     dq_block(tq, tdo, tk, tv, tl, td, dq, seq_q, seq_k, heads, group, scale_log2, scale, causal,
              cu_q, cu_k, tp, t, wg, lt, i32(kaio.block_idx_x()), i32(kaio.block_idx_y()),
              i32(kaio.grid_dim_x()), D, REGS, DT, COLS, SFIRST, ROT)  # fmt: skip
-    if PDL:
-        kaio.grid_dependency_wait()
 
 
 @kaio.gpu_kernel(fastmath=True)
@@ -1107,10 +1098,10 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
     regs = consumer_registers(2)
     dkdv = {"BM": bm, "STAGES": stages, "REGS": regs, "DQ": dq, "EARLY": 1, "COLS": 0,
-            "Q128": Q128 if not dq else 0, "HALVES": HALVES, "ROT": ROT_DKDV, "PDL": PDL,
+            "Q128": Q128 if not dq else 0, "HALVES": HALVES, "ROT": ROT_DKDV,
             "PERSIST": PERSIST, "AREG": AREG}  # fmt: skip
     dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs, "KV": KV,
-              "SFIRST": SFIRST, "ROT": ROT, "UNION": UNION, "PDL": PDL}  # fmt: skip
+              "SFIRST": SFIRST, "ROT": ROT, "UNION": UNION}  # fmt: skip
     return {"dkdv": dkdv, "dq": dq_cfg}
 
 
@@ -1140,10 +1131,7 @@ ROT_DKDV = ROT
 AREG = 0
 
 # The constexprs of config()["dkdv"] that only the Q128 kernel takes.
-Q128_ONLY = ("Q128", "HALVES", "ROT", "PDL", "PERSIST", "AREG")
-
-# The dQ kernel launched while the dK/dV kernel finishes (1: ``PDL`` in both) or after it (0).
-PDL = 0
+Q128_ONLY = ("Q128", "HALVES", "ROT", "PERSIST", "AREG")
 
 
 def dkdv_kernel(c: dict, d: int, dt) -> tuple:
@@ -1152,7 +1140,7 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
     if c.get("Q128"):
         return attention_bwd_dkdv_d256q, {
             "D": d, "REGS": c["REGS"], "DT": dt, "COLS": c["COLS"], "HALVES": c["HALVES"],
-            "ROT": c["ROT"], "PDL": c["PDL"], "PERSIST": c["PERSIST"], "AREG": c["AREG"],
+            "ROT": c["ROT"], "PERSIST": c["PERSIST"], "AREG": c["AREG"],
         }  # fmt: skip
     return attention_bwd_dkdv_d256, {
         "D": d,
@@ -1181,7 +1169,7 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, 
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets,
             plan=offsets["cu_q"] if plan is None else plan, D=d, REGS=c["REGS"], DT=dt,
-            COLS=c["COLS"], HALVES=c["HALVES"], ROT=c["ROT"], PDL=c["PDL"],
+            COLS=c["COLS"], HALVES=c["HALVES"], ROT=c["ROT"],
             PERSIST=c["PERSIST"] if plan is not None else 0, AREG=c["AREG"],
         )  # fmt: skip
         return
@@ -1212,7 +1200,7 @@ UNION = 0
 
 
 # The constexprs of config()["dq"] that the pair's dQ kernel does not take.
-KV_ONLY = ("KV", "COLS", "SFIRST", "ROT", "UNION", "PDL")
+KV_ONLY = ("KV", "COLS", "SFIRST", "ROT", "UNION")
 
 
 def dq_shared_bytes(d: int, sfirst: int) -> int:
@@ -1230,8 +1218,7 @@ def dq_kernel(c: dict, d: int, cols: int) -> tuple:
 
     if c.get("KV"):
         smem = dq_shared_bytes(d, c["SFIRST"])
-        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "SFIRST": c["SFIRST"], "ROT": c["ROT"],
-                  "PDL": c["PDL"]}  # fmt: skip
+        consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "SFIRST": c["SFIRST"], "ROT": c["ROT"]}
         return attention_bwd_dq_d256, consts, 384, smem, 128, 64
     bq = 64 * c["WG"]
     consts = {k: v for k, v in c.items() if k not in KV_ONLY}
@@ -1318,8 +1305,6 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
                  args, {"cu_q": none, "cu_k": none, "tp": 0}, qa.dtype, plan)  # fmt: skip
 
     side = (SIDE if side is None else side) and only is None and not c1["DQ"]
-    if only or side:  # the dQ kernel launched alone or first: no grid to overlap
-        c1["PDL"] = c2["PDL"] = 0
     if c2["UNION"] and not side and c1["Q128"] and c2["KV"]:  # (only: that part's blocks)
         nkb, nqb = -(-sk // 64), -(-sq // 128)
         n_dkdv = nkb * (bh // group) if only != "dq" else 0
