@@ -13,7 +13,11 @@ against padding (``varlen_rows``); ``--kernels dq,dq:pair,dkdv,dkdv:bm64,all,...
 kernels alone and the variants (``kernel_rows``, at each of ``--seqs``, the first of
 ``--dtypes``); with either, ``--table`` runs the table too (first the kernels, then the
 table, then varlen); ``--warm``: those once each, untimed (to compile; ``--no-fwd``: o and
-lse random). o and lse come from torch SDPA flash's forward where it has the op.
+lse random). ``--rotate [--rounds N]``: the kernels' items, the varlen implementations and
+the table's contenders (SDPA and the variants) timed in turn, the order rotated each round
+(``time_rotated``). ``--profile shipped,...``: each kernel of one call of each variant under
+torch.profiler (``profile_rows``). o and lse come from torch SDPA flash's forward where it
+has the op.
 """
 
 from __future__ import annotations
@@ -285,9 +289,7 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
 
 # kernel_cfg's options NAMEn: (the kernels, the constexpr) that they set to n
 KNOBS = {"halves": (("dkdv",), "HALVES"), "sfirst": (("dq",), "SFIRST"),
-         "rot": (("dq", "dkdv"), "ROT"), "union": (("dq",), "UNION"),
-         "drot": (("dq",), "ROT"), "krot": (("dkdv",), "ROT"),
-         "persist": (("dkdv",), "PERSIST"), "areg": (("dkdv",), "AREG")}  # fmt: skip
+         "rot": (("dq", "dkdv"), "ROT"), "union": (("dq",), "UNION")}  # fmt: skip
 
 
 def kernel_cfg(item: str) -> tuple[str, dict, bool]:

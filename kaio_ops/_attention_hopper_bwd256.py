@@ -77,8 +77,6 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-
 import kaio
 from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._attention_hopper import (
@@ -89,7 +87,6 @@ from kaio_ops._attention_hopper import (
     issue_pv,
     issue_s,
     pack_p,
-    planned_tiles,
 )
 from kaio_ops._attention_hopper_bwd import (
     dq_convert_tiles,
@@ -398,11 +395,11 @@ def copy_in_turn(
 
 @kaio.gpu_func
 def rotation(x: i32, nx: i32, items: i32, causal: i32, ROT: kaio.constexpr) -> i32:
-    """The item where block x of ``nx`` begins a rotated walk over ``items`` (``ROT`` 1:
-    without the mask; 2: with it too): x items / nx, else 0."""
+    """The item where block x of ``nx`` begins a rotated walk over ``items`` (``ROT``,
+    without the mask): x items / nx, else 0."""
     s0 = i32(0)
     if ROT:
-        if causal == 0 or ROT == 2:
+        if causal == 0:
             s0 = x * items // nx
     return s0
 
@@ -415,8 +412,8 @@ def produce_qdo(
     head_stride: i32, col_stride: i32, heads_n: i32, first: i32, n_tiles: i32,
     s_s: f32[:, :, :], tl: kaio.tensormap, td: kaio.tensormap, stat_at: i32, stat_stride: i32,
     s0: i32, D: kaio.constexpr, BM: kaio.constexpr, DT: kaio.constexpr,
-    HALVES: kaio.constexpr, i0: i32 = 0,
-) -> i32:  # fmt: skip
+    HALVES: kaio.constexpr,
+):  # fmt: skip
     """``attention_bwd_dkdv_d256q``'s copies: the 64 rows of K and V from ``once_row``
     (columns from ``once_col``) once, on ``turn[0]``; then for each head j < heads_n and
     query tile t in first .. n_tiles the ``BM`` rows from ``ring_row + j head_stride + t
@@ -424,65 +421,42 @@ def produce_qdo(
     halves of 64 rows: ``do_s[0]``, ``do_s[1]``; ``HALVES`` 1: dO's and Q's first halves,
     then their second), with dO the lse and delta of its rows (``stats[0 and 1, half]``),
     head j's ``stat_at + j stat_stride`` further than the rows; the walk over these (head,
-    tile) items begins at item ``s0`` and wraps around (``walk_start``). ``i0``: the tiles
-    this block copied before (``PERSIST``: earlier work items); returns the count with this
-    item's."""
+    tile) items begins at item ``s0`` and wraps around (``walk_start``)."""
     C = D // 64
     kaio.mbarrier_arrive_expect_tx(turn, 0, u32(2 * 64 * D * 2))
     for c in kaio.static_range(C):
         kaio.tma_load_2d(k_s, (c, 0, 0), tk, once_row, once_col + c * 64, turn, 0)
         kaio.tma_load_2d(v_s, (c, 0, 0), tv, once_row, once_col + c * 64, turn, 0)
+    ph = u32(0)  # tile i's parity
     t, j = walk_start(s0, first, n_tiles, 0, 1)  # tile t of head j
-    total = heads_n * kaio.max(n_tiles - first, 0)
-    for i in range(i0, i0 + total):
+    for i in range(heads_n * kaio.max(n_tiles - first, 0)):
         row = ring_row + j * head_stride + t * BM
         c0 = ring_col + j * col_stride
         srow = row + stat_at + j * stat_stride
         t, j = next_tile_wrapped(t, j, first, n_tiles, 1, 0, heads_n)
-        copy_in_turn(do_s, q_s, tdo, tq, bars, row, c0, i, u32(i % 2), s_s, tl, td, srow, BM, 2,
-                     D, DT, 1, HALVES)  # dO, then Q  # fmt: skip
-    return i0 + total
-
-
-@kaio.gpu_func
-def issue_pt_regs(acc: f32[:, :], a: u32[:, :], x_s: DT[:, :, :, :], h: i32, H: kaio.constexpr,
-                  DT: kaio.constexpr, cb: i32):  # fmt: skip
-    """``issue_pt`` with A from registers (``a``: ``pack_p``'s fragments of H queries): acc +=
-    A X, X the H rows of half h of ``x_s`` from its 64-column block ``cb``; committed."""
-    for kk in kaio.static_range(H // 16):
-        dx = kaio.smem_descriptor(x_s, (h, cb, kk * 16, 0), SW, H * SW, 1024)
-        if DT == kaio.bf16:
-            kaio.wgmma_bf16(acc, a[kk], dx, True, False, True)
-        else:
-            kaio.wgmma_f16(acc, a[kk], dx, True, False, True)
-    kaio.wgmma_commit()
+        copy_in_turn(do_s, q_s, tdo, tq, bars, row, c0, i, ph, s_s, tl, td, srow, BM, 2, D, DT,
+                     1, HALVES)  # dO, then Q  # fmt: skip
+        ph ^= 1
 
 
 @kaio.gpu_func
 def back_halves(
     dva: f32[:, :], dka: f32[:, :], pt_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
     bars: u64[:, :], ph: u32, lt: u32, cb: i32, H: kaio.constexpr, DT: kaio.constexpr,
-    p: u32[:, :], ds: u32[:, :], OWN: kaio.constexpr, AREG: kaio.constexpr,
 ):  # fmt: skip
     """``consume_q128``'s dV += P^T dO and dK += dS^T Q (``HALVES`` 1) a half of the tile's
     queries at a time, each as soon as that half's P^T and dS^T are stored
     (``bars[1, 5]``: the first warpgroup's warps, ``bars[1, 7]``: the second's), so that the
     first warpgroup's products of its own half run beside the second's P^T step; then dO's
     and Q's first halves, then their second, freed as their products end (``produce_qdo``
-    copies them in that order). ``AREG`` 1: this warpgroup's own half ``OWN`` from its
-    registers (``p``, ``ds``: P^T and dS^T as A fragments), without waiting for its stores."""
+    copies them in that order)."""
     for h in kaio.static_range(2):
-        if AREG and h == OWN:  # (its dO and Q landed: the front products read them)
-            kaio.wgmma_fence()
-            issue_pt_regs(dva, p, do_s, h, H, DT, cb)
-            issue_pt_regs(dka, ds, q_s, h, H, DT, cb)
-        else:
-            kaio.mbarrier_wait(bars, (1, 5 + 2 * h), ph)  # half h's P^T, dS^T stored
-            kaio.mbarrier_wait(bars, (0, h), ph)  # its dO and Q (the other warpgroup's: landed)
-            kaio.mbarrier_wait(bars, (0, 2 + h), ph)
-            kaio.wgmma_fence()
-            issue_pt(dva, pt_s, h, u32(0), do_s, h, H, DT, cb)
-            issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
+        kaio.mbarrier_wait(bars, (1, 5 + 2 * h), ph)  # half h's P^T, dS^T stored
+        kaio.mbarrier_wait(bars, (0, h), ph)  # its dO and Q (the other warpgroup's: landed)
+        kaio.mbarrier_wait(bars, (0, 2 + h), ph)
+        kaio.wgmma_fence()
+        issue_pt(dva, pt_s, h, u32(0), do_s, h, H, DT, cb)
+        issue_pt(dka, pt_s, 2 + h, u32(0), q_s, h, H, DT, cb)
     for j in kaio.static_range(4):  # dO's half 0, Q's half 0, dO's half 1, Q's half 1
         kaio.wgmma_wait(3 - j)
         release(bars, j % 2 * 2 + j // 2, lt)
@@ -496,8 +470,7 @@ def consume_q128(
     sq: i32, sk: i32, causal: i32, scale_log2: f32, scale: f32, shift: i32, stat_at: i32,
     stat_stride: i32, out_at: i32, out_stride: i32, D: kaio.constexpr, BM: kaio.constexpr,
     s0: i32, DT: kaio.constexpr, FIRST: kaio.constexpr, HALVES: kaio.constexpr,
-    i0: i32 = 0, kv_ph: u32 = 0, PERSIST: kaio.constexpr = 0, AREG: kaio.constexpr = 0,
-) -> i32:  # fmt: skip
+):  # fmt: skip
     """Consumer warpgroup ``wg`` of ``attention_bwd_dkdv_d256q`` (thread ``lt`` of it): per
     query tile of ``BM`` (128) rows in two halves of 64, dP^T = V dO_w^T once dO's half wg
     has landed and S^T = K Q_w^T once Q's has, for its half (m64n64k16: K and V read half as
@@ -510,11 +483,7 @@ def consume_q128(
     the lse and delta from ``stats[0 and 1, wg]``). ``FIRST`` 1 (warpgroup 0): arrives on
     ``bars[1, 6]`` once its front products are done; 0: waits for that before issuing its
     own. ``HALVES`` 1: the products of each half of the queries as soon as its P^T and dS^T
-    are stored (``back_halves``). The walk begins at item ``s0`` (``produce_qdo``'s).
-    ``i0``: the tiles this block took before (``PERSIST``: earlier work items; K and V
-    landed on ``turn[0]`` with parity ``kv_ph``, and this warp arrives on ``turn[1]`` once
-    the item's last front products are done: K and V free); returns the count with this
-    item's."""
+    are stored (``back_halves``). The walk begins at item ``s0`` (``produce_qdo``'s)."""
     H = BM // 2  # this warpgroup's queries of a tile
     NH = D // 2  # its columns of dK and dV
     lane, kr, q1, cb = split_roles(lt, wg, H, NH)
@@ -525,13 +494,9 @@ def consume_q128(
     zero_acc(dva, NH)
     s = kaio.local(f32, (H // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (H // 8, 4))  # dP^T, then dS^T
-    p = kaio.local(u32, (H // 16, 4))  # AREG: P^T, dS^T as A fragments
-    ds = kaio.local(u32, (H // 16, 4))
     total = group * kaio.max(n_tiles - first, 0)
-    kaio.mbarrier_wait(turn, 0, kv_ph)  # K and V landed
-    if PERSIST and total == 0:
-        release_kv(turn, lt)
-    ph = u32(i0 % 2)  # tile i's parity: the copies', the buffers'
+    kaio.mbarrier_wait(turn, 0, 0)  # K and V landed
+    ph = u32(0)  # tile i's parity: the copies', the buffers'
     t, at0 = walk_start(s0, first, n_tiles, stat_at, stat_stride)
     for _i in range(total):
         if FIRST == 0:  # the second warpgroup: the first's front products done
@@ -546,21 +511,15 @@ def consume_q128(
             kaio.sync_warp()
             if lt % 32 == 0:
                 kaio.mbarrier_arrive(bars, (1, 6))
-        if PERSIST and _i == total - 1:  # the item's last reads of K and V done
-            release_kv(turn, lt)
         grads_t(s, dp, stats, i32(wg), lse, delta, at0, key0, t * BM + q1 + shift, sq + shift,
                 1 << 30, causal, scale_log2, lane, H, 1, 1)  # fmt: skip
-        if i0 + _i > 0:  # the last tile's dV and dK products done in both warpgroups
+        if _i > 0:  # the last tile's dV and dK products done in both warpgroups
             kaio.mbarrier_wait(bars, (1, 4), ph ^ 1)
         store_ds(pt_s, i32(wg), s, kr, lane, H, DT)
         store_ds(pt_s, 2 + i32(wg), dp, kr, lane, H, DT)
         if HALVES:
             release(bars, 5 + 2 * i32(wg), lt)  # this half's P^T, dS^T there
-            if AREG:
-                pack_p(p, s, H, DT)
-                pack_p(ds, dp, H, DT)
-            back_halves(dva, dka, pt_s, q_s, do_s, bars, ph, lt, cb, H, DT, p, ds, 1 - FIRST,
-                        AREG)  # fmt: skip
+            back_halves(dva, dka, pt_s, q_s, do_s, bars, ph, lt, cb, H, DT)
         else:
             release(bars, 5, lt)
             kaio.mbarrier_wait(bars, (1, 5), ph)  # both warpgroups' queries there
@@ -580,17 +539,6 @@ def consume_q128(
     at = out_at + NH * i32(wg)  # this warpgroup's columns
     store_tile(dk, dka, at, key0, sk, scale, lane, NH, DT, 1, out_stride)
     store_tile(dv, dva, at, key0, sk, 1.0, lane, NH, DT, 1, out_stride)
-    return i0 + total
-
-
-@kaio.gpu_func
-def release_kv(turn: u64[:], lt: u32):
-    """This warp is done with K and V (``PERSIST``): its first lane arrives on ``turn[1]``
-    (the reads fenced against the next item's copies)."""
-    kaio.fence_proxy_async()
-    kaio.sync_warp()
-    if lt % 32 == 0:
-        kaio.mbarrier_arrive(turn, 1)
 
 
 @kaio.gpu_kernel(fastmath=True)  # ex2.approx.ftz: one instruction an exponential
@@ -598,55 +546,16 @@ def attention_bwd_dkdv_d256q(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
-    cu_q: i32[:], cu_k: i32[:], tp: i32, plan: i32[:], D: kaio.constexpr, REGS: kaio.constexpr,
+    cu_q: i32[:], cu_k: i32[:], tp: i32, D: kaio.constexpr, REGS: kaio.constexpr,
     DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr,
-    PERSIST: kaio.constexpr, AREG: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z):
-    ``dkdv_block``.
-    ``PERSIST`` 1 (dense): block x takes the work items (key block, K/V head) of ``plan``
-    (``dkdv_plan``) in turn; ``seq_k`` // 64 key blocks a head."""
+    ``dkdv_block``."""
     t, wg, lt = thread_roles(2)
-    nx = i32(kaio.grid_dim_x())
-    if PERSIST:
-        nx = (seq_k + 63) // 64
     dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, seq_q, seq_k, heads, group,
                scale_log2, scale, causal, cu_q, cu_k, tp, t, wg, lt, i32(kaio.block_idx_x()),
-               i32(kaio.block_idx_y()), nx, D, REGS, DT, COLS, HALVES, ROT, plan, PERSIST,
-               AREG)  # fmt: skip
-
-
-@kaio.gpu_func
-def work_item(
-    k: i32, x: i32, y: i32, nx: i32, plan: i32[:], PERSIST: kaio.constexpr
-) -> tuple[i32, i32]:
-    """``(x, y)``: the key block and K/V head of block x's k-th work item: (x, y) itself
-    (k 0; ``PERSIST`` 0) or item w = ``plan[1 + x plan[0] + k]`` (w % nx, w // nx; -1, -1
-    past the block's last)."""
-    if PERSIST:
-        w = plan[1 + x * plan[0] + k]
-        x = w % nx
-        y = w // nx
-        if w < 0:
-            x = -1
-    return x, y
-
-
-@kaio.gpu_func
-def item_walk(
-    x: i32, y: i32, nx: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32, tp: i32,
-    start_q: i32, start_k: i32, shift: i32, stat_off: i32, D: kaio.constexpr,
-    BM: kaio.constexpr, COLS: kaio.constexpr, ROT: kaio.constexpr,
-) -> tuple[i32, i32, i32, i32, i32, i32, i32, i32, i32]:  # fmt: skip
-    """``(k0, first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride, s0)`` of
-    key block x of K/V head y: its first key, ``key_block``'s values and where its rotated
-    walk begins (``rotation``)."""
-    k0 = x * 64
-    first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride = key_block(
-        y, k0, heads, group, sq, sk, causal, tp, start_q, start_k, shift, stat_off, D, BM, COLS
-    )
-    s0 = rotation(x, nx, group * (n_tiles - first), causal, ROT * (1 - COLS))
-    return k0, first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride, s0
+               i32(kaio.block_idx_y()), i32(kaio.grid_dim_x()), D, REGS, DT, COLS, HALVES,
+               ROT)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -656,8 +565,7 @@ def dkdv_block(
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     cu_q: i32[:], cu_k: i32[:], tp: i32, t: u32, wg: u32, lt: u32, x: i32, y: i32, nx: i32,
     D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
-    HALVES: kaio.constexpr, ROT: kaio.constexpr, plan: i32[:], PERSIST: kaio.constexpr,
-    AREG: kaio.constexpr,
+    HALVES: kaio.constexpr, ROT: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x (of nx) and K/V head y (``COLS`` 1: of sequence
     z) (thread t, warpgroup wg, its thread lt: ``thread_roles``), as
@@ -668,12 +576,9 @@ def dkdv_block(
     as the tile's products that read it are done. ``tl``, ``td``: lse and delta as [1, rows]
     f32 in boxes of (1, 64), copied with each half of dO (``lse``, ``delta``: unread).
     ``HALVES`` 1: each half's dV and dK products as soon as its P^T and dS^T are there
-    (``back_halves``). ``ROT`` 1 (dense, without the mask; 2: with it too): key block x's
-    walk over its W (head, tile) items begins at item x W / nx and wraps around, so that
-    the blocks of a head read different tiles at any time. ``PERSIST`` 1 (dense): the work
-    items of block x in ``plan`` in turn (``work_item``), the query tiles' copies and
-    barriers' phases going on from one to the next, the next item's K and V copied as soon
-    as the last one's front products are done (``turn[1]``)."""
+    (``back_halves``). ``ROT`` 1 (dense, without the mask): key block x's walk over its W
+    (head, tile) items begins at item x W / nx and wraps around, so that the blocks of a
+    head read different tiles at any time."""
     BM = 128
     C = D // 64
     ONCE = 64 * D * 2
@@ -690,98 +595,47 @@ def dkdv_block(
     turn = kaio.shared_dynamic(u64, (2,), BARS + 128)
     start_q, start_k, shift, stat_off, sq, sk = varlen_block(cu_q, cu_k, seq_q, seq_k, causal,
                                                              COLS)  # fmt: skip
-    if COLS and x * 64 >= sk:  # keys past the sequence's end: nothing to do
+    k0 = x * 64
+    if COLS and k0 >= sk:  # keys past the sequence's end: nothing to do
         return
-    items = plan[0] if PERSIST else 1
+    kvh = y
+    first_head, first, n_tiles, stat_at, stat_stride, out_at, out_stride = key_block(
+        kvh, k0, heads, group, sq, sk, causal, tp, start_q, start_k, shift, stat_off, D, BM, COLS
+    )
+    s0 = rotation(x, nx, group * (n_tiles - first), causal, ROT * (1 - COLS))
     if t == 0:  # (0 and 1, 0 .. 3): dO's halves, Q's; (1, 4 ..): the buffers'
         init_barriers(bars, turn, 2, 4, 0, 1)
         kaio.mbarrier_init(bars, (1, 4), 8)  # the buffers free
         kaio.mbarrier_init(bars, (1, 5), 4 if HALVES else 8)  # P^T, dS^T there (HALVES: half 0)
         kaio.mbarrier_init(bars, (1, 6), 4)  # the first warpgroup's front products done
         kaio.mbarrier_init(bars, (1, 7), 4)  # HALVES: half 1's P^T, dS^T there
-        kaio.mbarrier_init(turn, 1, 8)  # PERSIST: K and V free
     kaio.sync_threads()
     if wg < 2:
         if REGS:
             kaio.setmaxnreg_inc(REGS)
         if wg == 0:  # (a branch a warpgroup: the second waits for the first)
-            consume_items(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
-                          lt, x, y, nx, plan, items, heads, group, sq, sk, causal, tp, start_q,
-                          start_k, shift, stat_off, scale_log2, scale, D, DT, 1, HALVES, ROT,
-                          COLS, PERSIST, AREG)  # fmt: skip
+            consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
+                         lt, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
+                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, s0, DT,
+                         1, HALVES)  # fmt: skip
         else:
-            consume_items(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
-                          lt, x, y, nx, plan, items, heads, group, sq, sk, causal, tp, start_q,
-                          start_k, shift, stat_off, scale_log2, scale, D, DT, 0, HALVES, ROT,
-                          COLS, PERSIST, AREG)  # fmt: skip
+            consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
+                         lt, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale,
+                         shift, stat_at, stat_stride, out_at, out_stride, D, BM, s0, DT,
+                         0, HALVES)  # fmt: skip
     else:
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
-            produce_items(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl, td, x, y,
-                          nx, plan, items, heads, group, sq, sk, causal, tp, start_q, start_k,
-                          shift, stat_off, D, DT, HALVES, ROT, COLS, PERSIST)  # fmt: skip
-
-
-@kaio.gpu_func
-def consume_items(
-    k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
-    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], lse: f32[:], delta: f32[:], dk: DT[:],
-    dv: DT[:], pt_s: DT[:, :, :], wg: u32, lt: u32, x: i32, y: i32, nx: i32, plan: i32[:],
-    items: i32, heads: i32, group: i32, sq: i32, sk: i32, causal: i32, tp: i32, start_q: i32,
-    start_k: i32, shift: i32, stat_off: i32, scale_log2: f32, scale: f32, D: kaio.constexpr,
-    DT: kaio.constexpr, FIRST: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr,
-    COLS: kaio.constexpr, PERSIST: kaio.constexpr, AREG: kaio.constexpr,
-):  # fmt: skip
-    """Consumer warpgroup wg (``FIRST``: the first) of ``dkdv_block``: ``consume_q128`` over
-    the block's work items (``work_item``), the tile count going on."""
-    i = i32(0)  # the query tiles taken
-    for k in range(items):
-        xk, yk = work_item(k, x, y, nx, plan, PERSIST)
-        if xk < 0:
-            break
-        k0, _, first, n_tiles, stat_at, stat_stride, out_at, out_stride, s0 = item_walk(
-            xk, yk, nx, heads, group, sq, sk, causal, tp, start_q, start_k, shift, stat_off, D,
-            128, COLS, ROT,
-        )  # fmt: skip
-        i = consume_q128(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, pt_s, wg,
-                         lt, group, first, n_tiles, k0, sq, sk, causal, scale_log2, scale, shift,
-                         stat_at, stat_stride, out_at, out_stride, D, 128, s0, DT, FIRST, HALVES,
-                         i, u32(k % 2), PERSIST, AREG)  # fmt: skip
-
-
-@kaio.gpu_func
-def produce_items(
-    k_s: DT[:, :, :], v_s: DT[:, :, :], q_s: DT[:, :, :, :], do_s: DT[:, :, :, :],
-    stats: f32[:, :, :], bars: u64[:, :], turn: u64[:], tk: kaio.tensormap, tv: kaio.tensormap,
-    tq: kaio.tensormap, tdo: kaio.tensormap, tl: kaio.tensormap, td: kaio.tensormap, x: i32,
-    y: i32, nx: i32, plan: i32[:], items: i32, heads: i32, group: i32, sq: i32, sk: i32,
-    causal: i32, tp: i32, start_q: i32, start_k: i32, shift: i32, stat_off: i32,
-    D: kaio.constexpr, DT: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr,
-    COLS: kaio.constexpr, PERSIST: kaio.constexpr,
-):  # fmt: skip
-    """The producer thread of ``dkdv_block``: ``produce_qdo`` over the block's work items,
-    each item's K and V copied once the last item's front products are done (``turn[1]``)."""
-    i = i32(0)  # the query tiles copied
-    for k in range(items):
-        xk, yk = work_item(k, x, y, nx, plan, PERSIST)
-        if xk < 0:
-            break
-        k0, first_head, first, n_tiles, stat_at, stat_stride, _, _, s0 = item_walk(
-            xk, yk, nx, heads, group, sq, sk, causal, tp, start_q, start_k, shift, stat_off, D,
-            128, COLS, ROT,
-        )  # fmt: skip
-        if k > 0:  # K and V free
-            kaio.mbarrier_wait(turn, 1, u32((k - 1) % 2))
-        if COLS:  # heads side by side: the K/V head's and the query heads' columns
-            produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, start_k + k0, yk * D,
-                        start_q, first_head * D, 0, D, group, first, n_tiles, stats, tl, td,
-                        stat_at - start_q + shift, stat_stride, s0, D, 128, DT,
-                        HALVES)  # fmt: skip
-        else:
-            i = produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, yk * sk + k0, 0,
-                            first_head * sq, 0, sq, 0, group, first, n_tiles, stats, tl, td, 0, 0,
-                            s0, D, 128, DT, HALVES, i)  # fmt: skip
+            if COLS:  # heads side by side: the K/V head's and the query heads' columns
+                produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, start_k + k0,
+                            kvh * D, start_q, first_head * D, 0, D, group, first, n_tiles,
+                            stats, tl, td, stat_at - start_q + shift, stat_stride, s0, D,
+                            BM, DT, HALVES)  # fmt: skip
+            else:
+                produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, kvh * sk + k0, 0,
+                            first_head * sq, 0, sq, 0, group, first, n_tiles, stats, tl, td, 0,
+                            0, s0, D, BM, DT, HALVES)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -992,7 +846,7 @@ def attention_bwd_d256(
     if b < n_dkdv:
         dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, seq_q, seq_k, heads, group,
                    scale_log2, scale, causal, none, none, 0, t, wg, lt, b % nkb, b // nkb, nkb,
-                   D, REGS, DT, 0, HALVES, ROT, none, 0, 0)  # fmt: skip
+                   D, REGS, DT, 0, HALVES, ROT)  # fmt: skip
     else:
         b -= n_dkdv
         dq_block(tq2, tdo2, tk, tv, tl2, td2, dq, seq_q, seq_k, heads, group, scale_log2, scale,
@@ -1098,8 +952,7 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
     regs = consumer_registers(2)
     dkdv = {"BM": bm, "STAGES": stages, "REGS": regs, "DQ": dq, "EARLY": 1, "COLS": 0,
-            "Q128": Q128 if not dq else 0, "HALVES": HALVES, "ROT": ROT_DKDV,
-            "PERSIST": PERSIST, "AREG": AREG}  # fmt: skip
+            "Q128": Q128 if not dq else 0, "HALVES": HALVES, "ROT": ROT}  # fmt: skip
     dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs, "KV": KV,
               "SFIRST": SFIRST, "ROT": ROT, "UNION": UNION}  # fmt: skip
     return {"dkdv": dkdv, "dq": dq_cfg}
@@ -1123,15 +976,8 @@ HALVES = 1
 # 443 TFLOP/s against 427 at B4 S4096, 453 against 440 at B1 S16384).
 ROT = 1
 
-# The dK/dV kernel's: ``ROT`` or 2, its walks rotated with the mask too.
-ROT_DKDV = ROT
-
-# The dK/dV kernel's products of a warpgroup's own half of the queries with P^T and dS^T
-# from its registers (1) or from shared memory (0), as the other half's.
-AREG = 0
-
 # The constexprs of config()["dkdv"] that only the Q128 kernel takes.
-Q128_ONLY = ("Q128", "HALVES", "ROT", "PERSIST", "AREG")
+Q128_ONLY = ("Q128", "HALVES", "ROT")
 
 
 def dkdv_kernel(c: dict, d: int, dt) -> tuple:
@@ -1140,7 +986,7 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
     if c.get("Q128"):
         return attention_bwd_dkdv_d256q, {
             "D": d, "REGS": c["REGS"], "DT": dt, "COLS": c["COLS"], "HALVES": c["HALVES"],
-            "ROT": c["ROT"], "PERSIST": c["PERSIST"], "AREG": c["AREG"],
+            "ROT": c["ROT"],
         }  # fmt: skip
     return attention_bwd_dkdv_d256, {
         "D": d,
@@ -1156,21 +1002,18 @@ def q128_shared_bytes(d: int) -> int:
 
 
 def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, dv,
-             extra: tuple, args: tuple, offsets: dict, dt, plan=None) -> None:  # fmt: skip
+             extra: tuple, args: tuple, offsets: dict, dt) -> None:  # fmt: skip
     """Launch the dK/dV kernel of ``config(d)["dkdv"]`` ``c`` (``Q128`` 1:
     ``attention_bwd_dkdv_d256q``, else ``attention_bwd_dkdv_d256`` with ``extra``: its
     dq_acc and semaphores) on ``grid`` and ``stream``: ``maps(rows)`` the tensor maps of k, v
     (boxes of 64 rows) and q, do (boxes of ``rows``), ``stats(rows)`` those of lse and delta
     (the stats' rows in boxes of ``rows``), the lse and delta, dk and dv, the kernel's scalar
-    ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``; ``plan``: the work
-    items of ``PERSIST`` 1's blocks (``dkdv_plan``; None: one a block)."""
+    ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``."""
     if c.get("Q128"):
         smem = q128_shared_bytes(d)
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
-            *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets,
-            plan=offsets["cu_q"] if plan is None else plan, D=d, REGS=c["REGS"], DT=dt,
-            COLS=c["COLS"], HALVES=c["HALVES"], ROT=c["ROT"],
-            PERSIST=c["PERSIST"] if plan is not None else 0, AREG=c["AREG"],
+            *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"],
+            DT=dt, COLS=c["COLS"], HALVES=c["HALVES"], ROT=c["ROT"],
         )  # fmt: skip
         return
     smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
@@ -1199,10 +1042,6 @@ SFIRST = 1
 UNION = 0
 
 
-# The constexprs of config()["dq"] that the pair's dQ kernel does not take.
-KV_ONLY = ("KV", "COLS", "SFIRST", "ROT", "UNION")
-
-
 def dq_shared_bytes(d: int, sfirst: int) -> int:
     """``attention_bwd_dq_d256``'s dynamic shared memory: Q, dO, K (two stages where
     ``sfirst``), V, the rows' lse and delta, the barriers."""
@@ -1221,7 +1060,7 @@ def dq_kernel(c: dict, d: int, cols: int) -> tuple:
         consts = {"D": d, "REGS": c["REGS"], "COLS": cols, "SFIRST": c["SFIRST"], "ROT": c["ROT"]}
         return attention_bwd_dq_d256, consts, 384, smem, 128, 64
     bq = 64 * c["WG"]
-    consts = {k: v for k, v in c.items() if k not in KV_ONLY}
+    consts = {k: v for k, v in c.items() if k not in ("KV", "COLS", "SFIRST", "ROT", "UNION")}
     smem = pair.shared_bytes(d, bq, c["BN"], c["STAGES"], bq)
     return (pair.attention_bwd_dq_wgmma, {"D": d, "COLS": cols, **consts}, 128 * c["WG"] + 128,
             smem, bq, c["BN"])  # fmt: skip
@@ -1295,14 +1134,9 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         def stats(box):
             return pair.stats_maps(la, delta, rows_q, box)
 
-        grid, plan = (-(-sk // 64), bh // group), None
-        if c1.get("PERSIST") and c1.get("Q128"):
-            ctas = min(_arrays.multiprocessors(qa), grid[0] * grid[1])
-            key = ("dkdv_d256", *grid, -(-sq // 128), group, bool(causal), ctas)
-            plan = planned_tiles(qa, key, lambda: dkdv_plan(*key[1:]))
-            grid = (ctas, 1)
-        run_dkdv(c1, d, grid, stream, maps, stats, la.arg(rows_q), delta, *out, (dq_acc, sem),
-                 args, {"cu_q": none, "cu_k": none, "tp": 0}, qa.dtype, plan)  # fmt: skip
+        run_dkdv(c1, d, (-(-sk // 64), bh // group), stream, maps, stats, la.arg(rows_q), delta,
+                 *out, (dq_acc, sem), args, {"cu_q": none, "cu_k": none, "tp": 0},
+                 qa.dtype)  # fmt: skip
 
     side = (SIDE if side is None else side) and only is None and not c1["DQ"]
     if c2["UNION"] and not side and c1["Q128"] and c2["KV"]:  # (only: that part's blocks)
@@ -1342,40 +1176,6 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
 
 # Whether the dQ kernel runs on a second stream beside the dK/dV kernel (``launch``).
 SIDE = False
-
-# The dK/dV kernel's blocks: one a work item (0) or one a multiprocessor, each taking the
-# items of ``dkdv_plan`` in turn (1: ``PERSIST``, dense).
-PERSIST = 0
-
-# What a work item's start and end cost (K and V's copies, the first tile's, dK and dV's
-# stores), in query tiles: measured on an H100 (GPU round A of 2026-11-27, f16 H16 D256
-# without the mask, 4096 blocks of 128, 64, 32 and 16 tiles: 570, 554, 550, 496 TFLOP/s of
-# the kernel's products), about 2.7.
-ITEM_COST = 3
-
-
-def dkdv_plan(nkb: int, n_kv: int, n_q: int, group: int, causal: bool, ctas: int) -> np.ndarray:
-    """``PERSIST`` 1's plan: the work items w (key block w % nkb of K/V head w // nkb, each
-    head's heaviest first), in that order, each to the block with the least work so far
-    (its query tiles, ``group`` heads of ``n_q`` from the key block's first (causal), plus
-    ``ITEM_COST``), as int32 [1 + ctas R]: R, then each block's R items in order, -1 past its
-    last."""
-    import heapq
-
-    loads = [(0, b) for b in range(ctas)]
-    items: list = [[] for _ in range(ctas)]
-    for w in range(nkb * n_kv):
-        x = w % nkb
-        tiles = group * max(n_q - (x * 64 // 128 if causal else 0), 0)
-        load, b = heapq.heappop(loads)
-        items[b].append(w)
-        heapq.heappush(loads, (load + tiles + ITEM_COST, b))
-    r = max(len(x) for x in items)
-    plan = np.full(1 + ctas * r, -1, np.int32)
-    plan[0] = r
-    for b, x in enumerate(items):
-        plan[1 + b * r : 1 + b * r + len(x)] = x
-    return plan
 
 
 def specializations():

@@ -60,16 +60,6 @@ def test_backward_d256_in_simulator(b, h, hkv, sq, sk, causal, dq):
     check_grads(*grads, np.float16)
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_persistent_dkdv_in_simulator(monkeypatch, causal):
-    """``PERSIST`` 1 on two multiprocessors: each dK/dV block takes three work items of
-    ``dkdv_plan`` in turn (grouped-query heads; the next item's K and V copied while the last
-    one's products run), against float64 with the race detector."""
-    monkeypatch.setattr(_arrays, "multiprocessors", lambda a: 2)
-    grads = run_sim(1, 2, 1, 192, 384, np.float16, causal, {"dkdv": {"PERSIST": 1}})
-    check_grads(*grads, np.float16)
-
-
 def test_dispatch_takes_d256_on_sm_90_only(monkeypatch):
     """``flash_attention_bwd``'s D 256 branch (``hopper_takes(..., bwd256)``): an sm_90 GPU,
     D 256, whole 64-row tiles, S >= 1024; an sm_80 GPU keeps the mma.sync kernels, and the
