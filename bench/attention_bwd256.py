@@ -13,7 +13,11 @@ against padding (``varlen_rows``); ``--kernels dq,dq:pair,dkdv,dkdv:bm64,all,...
 kernels alone and the variants (``kernel_rows``, at each of ``--seqs``, the first of
 ``--dtypes``); with either, ``--table`` runs the table too (first the kernels, then the
 table, then varlen); ``--warm``: those once each, untimed (to compile; ``--no-fwd``: o and
-lse random). o and lse come from torch SDPA flash's forward where it has the op.
+lse random). ``--rotate [--rounds N]``: the kernels' items, the varlen implementations and
+the table's contenders (SDPA and the variants) timed in turn, the order rotated each round
+(``time_rotated``). ``--profile shipped,...``: each kernel of one call of each variant under
+torch.profiler (``profile_rows``). o and lse come from torch SDPA flash's forward where it
+has the op.
 """
 
 from __future__ import annotations
@@ -273,7 +277,7 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
                     fns[name]()
                 continue
             if ROTATE:
-                times = time_rotated({name: fns[name] for name in names})
+                times = time_rotated({name: fns[name] for name in names}, ROUNDS)
             else:
                 times = {name: time_calls(fns[name], reps=reps) for name in names}
             for name, ms in times.items():
@@ -338,7 +342,8 @@ def time_rotated(fns: dict, rounds: int = 5, reps: int = 2) -> dict:
     return {n: sorted(t)[len(t) // 2] for n, t in times.items()}
 
 
-ROTATE = False  # --rotate: kernel_row's items timed in turn (time_rotated)
+ROTATE = False  # --rotate: kernel_row's items, the table's contenders timed in turn (time_rotated)
+ROUNDS = 5  # --rounds: time_rotated's rounds
 
 
 def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dict:
@@ -365,7 +370,7 @@ def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dic
         fns[item] = lambda cfg=cfg, only=only, side=side: hopper_bwd256.launch(*op, cfg, only, side)
         parts[item] = part
     if ROTATE:
-        times = time_rotated(fns)
+        times = time_rotated(fns, ROUNDS)
     else:
         times = {item: time_calls(fn, reps=REPS) for item, fn in fns.items()}
     for item, ms in times.items():
@@ -395,6 +400,41 @@ def kernel_rows(
     return rows
 
 
+def profile_rows(seq: int, masks: str, dtype: str, variants: str) -> list:
+    """The kernels of a call of each of ``variants`` (``variant``'s names) under
+    torch.profiler, H16 at ``seq`` (``BATCH``): each kernel's name, start after the call's
+    first kernel began and GPU time (µs), the median of 3 profiled calls (what a call's time
+    is made of: the delta pass, the dK/dV and the dQ kernels, the gaps and overlaps)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    b = BATCH[seq]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn((b, 16, seq, 256), device="cuda", dtype=getattr(torch, dtype),
+                               generator=gen) for _ in range(4))  # fmt: skip
+    rows = []
+    for causal in [bool(int(c)) for c in masks.split(",")]:
+        o, lse = forward(q, k, v, causal)
+        for name in variants.split(","):
+            fn = variant(name)
+            fn(do, q, k, v, o, lse, causal)
+            torch.cuda.synchronize()
+            calls = []
+            for _ in range(3):
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    fn(do, q, k, v, o, lse, causal)
+                    torch.cuda.synchronize()
+                gpu = [e for e in prof.events() if e.device_type.name == "CUDA"]
+                kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in gpu)
+                t0 = kernels[0][0]
+                calls.append([(n[:28], s - t0, e - s) for s, e, n in kernels])
+            calls.sort(key=lambda c: max(s + d for _, s, d in c))
+            row = dict(s=seq, dtype=dtype, causal=causal, variant=name, kernels=calls[1])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
 
     p = argparse.ArgumentParser()
@@ -411,19 +451,22 @@ def main() -> None:
     p.add_argument("--impls", default="hopper,hopper:side,mma.sync,padded,sdpa",
                    help="--varlen's implementations")  # fmt: skip
     p.add_argument("--kernels", help="D 256 kernels to time (dq,dq:kv,dkdv:q128,all,...)")
+    p.add_argument("--profile", help="variants whose kernels to profile (profile_rows)")
     p.add_argument("--warm", action="store_true", help="--varlen, --kernels: compile, no timing")
     p.add_argument("--no-fwd", action="store_true", help="--warm: o, lse random (no forward)")
     p.add_argument("--table", action="store_true", help="the table too (with --kernels, --varlen)")
     p.add_argument("--reps", type=int, default=3, help="calls a timed round (3 rounds)")
     p.add_argument("--rotate", action="store_true",
-                   help="--kernels, --varlen: timed in turn, the order rotated")  # fmt: skip
+                   help="--kernels, --varlen, --table: in turn, the order rotated")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=5, help="--rotate's rounds (the median)")
     a = p.parse_args()
     if a.tiny:
         return tiny(a.tiny, a.dtypes, a.causal)
-    global FWD, REPS, ROTATE
+    global FWD, REPS, ROTATE, ROUNDS
     FWD = not (a.no_fwd and a.warm)
     REPS = a.reps
     ROTATE = a.rotate
+    ROUNDS = a.rounds
     rows: list = []
 
     def save():
@@ -431,6 +474,12 @@ def main() -> None:
             with open(a.out, "w") as f:
                 json.dump(rows, f, indent=1)
 
+    if a.profile:
+        for seq in [int(x) for x in a.seqs.split(",")]:
+            rows += profile_rows(seq, a.causal, a.dtypes.split(",")[0], a.profile)
+            save()
+        if not (a.kernels or a.table or a.varlen):
+            return
     if a.kernels:
         for seq in [int(x) for x in a.seqs.split(",")]:
             rows += kernel_rows(a.kernels, seq, a.causal, a.dtypes.split(",")[0], a.warm)
@@ -462,10 +511,9 @@ def table_rows(a, rows: list, save) -> None:
                 flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
                 o, lse = forward(q, k, v, causal)
                 ref = sdpa_grads(q, k, v, do, causal)
-                ref_ms = time_calls(ref, reps=REPS)
-                row = dict(gpu=gpu, dtype=dtype, d=d, b=b, h=h, s=s, causal=causal,
-                           sdpa_ms=ref_ms, sdpa=flops / ref_ms / 1e9)  # fmt: skip
                 want = ref() if a.check else None
+                fns = {"sdpa": ref}
+                row = dict(gpu=gpu, dtype=dtype, d=d, b=b, h=h, s=s, causal=causal)
                 for name in a.variants.split(","):
                     fn = variant(name)
                     if want is not None:
@@ -474,9 +522,15 @@ def table_rows(a, rows: list, save) -> None:
                                 for g, w in zip(got, want, strict=True)]  # fmt: skip
                         row[f"{name}_err"] = max(errs)
                     args = (do, q, k, v, o, lse, causal)
-                    ms = time_calls(lambda fn=fn, args=args: fn(*args), reps=REPS)
+                    fns[name] = lambda fn=fn, args=args: fn(*args)
+                if ROTATE:  # SDPA and the variants in turn, the order rotated each round
+                    times = time_rotated(fns, ROUNDS)
+                else:
+                    times = {name: time_calls(fn, reps=REPS) for name, fn in fns.items()}
+                for name, ms in times.items():
                     row[f"{name}_ms"], row[name] = ms, flops / ms / 1e9
-                    row[f"{name}/sdpa"] = ref_ms / ms
+                    if name != "sdpa":
+                        row[f"{name}/sdpa"] = times["sdpa"] / ms
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 del ref
