@@ -86,6 +86,7 @@ from kaio_ops._attention_hopper_common import (
     thread_roles,
 )
 from kaio_ops._attention_tc import lse_log2
+from kaio_ops._common import lanes_sum
 from kaio_ops._matmul_hopper import next_stage
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
@@ -831,6 +832,76 @@ def zero_acc_sem_l2(acc: f32[:], n: i32, sem: i32[:], m: i32, lse: f32[:], l2: f
     zero_sums(acc, n, sem, m, j)
     if j < rows:
         l2[j] = lse_log2(lse[j])
+
+
+@kaio.gpu_kernel(block_size=256)
+def prep(o: DT[:], do: DT[:], delta: f32[:], lse: f32[:], l2: f32[:], rows: i32, acc: f32[:],
+         n: i32, sem: i32[:], m: i32, D: kaio.constexpr, R: kaio.constexpr,
+         DOT: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """The launch's one kernel before the backward: ``zero_acc_sem_l2`` (acc[0 .. n) = 0, four
+    a thread of the grid, sem[0 .. m) = 0 and l2 = ``lse_log2(lse)`` for the ``rows`` rows)
+    and, with ``DOT``, delta[row] = rowsum(o * do) of the [rows, D] matrices: D / 8 lanes a
+    row, each one 16-byte load of o and of do, ``R`` rows a lane whose loads are all issued
+    before the sums (R * 256 / (D / 8) rows a block)."""
+    L = D // 8  # (lanes a row)
+    t = i32(kaio.thread_idx_x())
+    j = i32(kaio.block_idx_x()) * 256 + t
+    zero_sums(acc, n, sem, m, j)
+    row0 = i32(kaio.block_idx_x()) * (R * 256 // L) + t // L
+    c = 8 * (t % L)
+    a = kaio.local(DT, (R, 8))
+    b = kaio.local(DT, (R, 8))
+    if DOT:
+        for s in kaio.static_range(R):
+            row = row0 + s * (256 // L)
+            if row < rows:
+                kaio.load_vector(a[s], o, row * D + c)
+                kaio.load_vector(b[s], do, row * D + c)
+    for s in kaio.static_range(R):
+        row = row0 + s * (256 // L)
+        dot = 0.0
+        if DOT:
+            for e in kaio.static_range(8):
+                dot += f32(a[s, e]) * f32(b[s, e])
+            dot = lanes_sum(dot, L)  # (a row's L lanes are aligned in the warp)
+        if row < rows and c == 0:
+            l2[row] = lse_log2(lse[row])
+            if DOT:
+                delta[row] = dot
+
+
+def prep_rows(d: int, r: int) -> int:
+    """The rows of one block of ``prep`` for head dim ``d`` and ``r`` rows a lane."""
+    return r * 256 // (d // 8)
+
+
+@kaio.gpu_kernel(block_size=256)
+def dq_convert_wide(dq: DT[:], acc: f32[:], rows: i32, sq: i32, scale: f32, D: kaio.constexpr,
+                    DT: kaio.constexpr):  # fmt: skip
+    """``dq_convert_tiles`` in 16-byte accesses: a thread converts rows r and r + 8 of a 16-row
+    group of a 64-row tile, columns c .. c + 7 (the lanes of a warp along a row's columns, so
+    that each store instruction writes whole rows): four 16-byte loads of acc (fragment
+    order: floats 4k .. 4k + 3 of the thread's run are (r, c + 2k), (r, c + 2k + 1), (r + 8,
+    c + 2k), (r + 8, c + 2k + 1)) and two 16-byte stores of dq."""
+    u = i32(kaio.block_idx_x()) * 256 + i32(kaio.thread_idx_x())
+    nt = (sq + 63) // 64  # a head's tiles
+    cb = u % (D // 8)  # the column block (8 columns)
+    g = u // (D // 8)  # (tile, 16-row group, row % 8): rows r and r + 8
+    tile = g // 32
+    r = g // 8 % 4 * 16 + g % 8  # the row in its 64-row tile
+    if tile < rows // sq * nt:
+        x = kaio.local(f32, (4, 4))
+        y = kaio.local(DT, (2, 8))
+        at = tile * 64 * D + (cb * 128 + g % 32 * 4) * 4
+        for k in kaio.static_range(4):
+            kaio.load_vector(x[k], acc, at + 4 * k)
+        row = tile // nt * sq + tile % nt * 64 + r  # dq's row
+        for h in kaio.static_range(2):  # rows r, r + 8
+            for k in kaio.static_range(4):
+                for e in kaio.static_range(2):
+                    y[h, 2 * k + e] = DT(x[k, 2 * h + e] * scale)
+            if tile % nt * 64 + r + 8 * h < sq:
+                kaio.store_vector(dq, (row + 8 * h) * D + 8 * cb, y[h])
 
 
 @kaio.gpu_func
