@@ -713,7 +713,7 @@ def attention_bwd_fused_ordered(
     (an item waits only for items before it in the launch order: those run or ran); ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
-    ``lse_log2(lse)``, ``zero_acc_sem_l2``)."""
+    ``lse_log2(lse)``, ``prep``)."""
     NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
     NPT = 4 if SCHED and SCHED < 4 else NDS if SCHED else NBUF  # P^T, dS^T (0, 4: dS^T)
     BK = 64 * WG
@@ -819,28 +819,20 @@ def attention_bwd_fused_ordered(
 
 @kaio.gpu_kernel(block_size=256)
 def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
-    """acc[0 .. n) = 0, four a thread (n a multiple of 4; 0 where the kernel ``stores_first``),
-    and sem[0 .. m) = 0: the fused kernel's dQ sums and semaphores, in one launch."""
+    """acc[0 .. n) = 0, four a thread (n a multiple of 4), and sem[0 .. m) = 0: the dQ sums
+    and semaphores of ``_attention_hopper_bwd256``'s ordered dQ, in one launch."""
     zero_sums(acc, n, sem, m, i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()))
-
-
-@kaio.gpu_kernel(block_size=256)
-def zero_acc_sem_l2(acc: f32[:], n: i32, sem: i32[:], m: i32, lse: f32[:], l2: f32[:], rows: i32):
-    """``zero_acc_sem``, and l2[0 .. rows) = ``lse_log2(lse)``: the base-2 offsets the
-    kernel's ``L2`` reads (one conversion a query row, not one a key block)."""
-    j = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x())
-    zero_sums(acc, n, sem, m, j)
-    if j < rows:
-        l2[j] = lse_log2(lse[j])
 
 
 @kaio.gpu_kernel(block_size=256)
 def prep(o: DT[:], do: DT[:], delta: f32[:], lse: f32[:], l2: f32[:], rows: i32, acc: f32[:],
          n: i32, sem: i32[:], m: i32, D: kaio.constexpr, R: kaio.constexpr,
          DOT: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """The launch's one kernel before the backward: ``zero_acc_sem_l2`` (acc[0 .. n) = 0, four
-    a thread of the grid, sem[0 .. m) = 0 and l2 = ``lse_log2(lse)`` for the ``rows`` rows)
-    and, with ``DOT``, delta[row] = rowsum(o * do) of the [rows, D] matrices: D / 8 lanes a
+    """The launch's one kernel before the backward: acc[0 .. n) = 0, four a thread of the
+    grid (n 0 where the kernel ``stores_first``), sem[0 .. m) = 0 (the dQ sums and their
+    semaphores), l2 = ``lse_log2(lse)`` for the ``rows`` rows (the base-2 offsets the
+    kernel's ``L2`` reads: one conversion a query row, not one a key block) and, with ``DOT``
+    (the launch given ``o``), delta[row] = rowsum(o * do) of the [rows, D] matrices: D / 8 lanes a
     row, each one 16-byte load of o and of do, ``R`` rows a lane whose loads are all issued
     before the sums (R * 256 / (D / 8) rows a block)."""
     L = D // 8  # (lanes a row)
@@ -906,7 +898,7 @@ def dq_convert_wide(dq: DT[:], acc: f32[:], rows: i32, sq: i32, scale: f32, D: k
 
 @kaio.gpu_func
 def zero_sums(acc: f32[:], n: i32, sem: i32[:], m: i32, j: i32):
-    """Thread j's share of ``zero_acc_sem``: acc[4j .. 4j + 4) and sem[j]."""
+    """Thread j's share of ``prep``'s zeros: acc[4j .. 4j + 4) and sem[j]."""
     i = j * 4
     if i < n:
         z = kaio.local(f32, 4)
@@ -955,6 +947,10 @@ FINISH = {64: False, 128: True}
 # ring stages): H200, f16 B4 H16 S4096, D 64 with HG 4, NDS 3 against 2: 360 against 334,
 # causal 295 against 282.
 NDS = {64: 3, 128: 2}
+
+
+# ``prep``'s rows a lane (all their loads issued before the sums) by head dim.
+PREP_R = {64: 4, 128: 4}
 
 
 # Whether the blocks are persistent (``PERSIST``: one a multiprocessor, each running work
@@ -1057,13 +1053,14 @@ def smem_bytes(d: int, c: dict) -> int:
 
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
-           cfg: dict | None = None):  # fmt: skip
+           cfg: dict | None = None, o=None):  # fmt: skip
     """Run the deterministic fused backward on checked operands (as
     ``_attention_hopper_bwd.launch``: q, do [B, H, Sq, D], k, v [B, Hkv, Sk, D], lse [B, H,
     Sq] f32, ``delta`` flat f32 [B * H * Sq]; ``dims``: (B * H, H, group, sq, sk, d, d);
-    ``cfg``: overrides of ``ordered_config(d)``'s constexprs): zero the semaphores (and the
-    dQ sums unless ``stores_first``), the kernel, then dQ rounded to q's type. Returns (dq,
-    dk, dv)."""
+    ``cfg``: overrides of ``ordered_config(d)``'s constexprs; ``o``: O [B, H, Sq, D], given
+    where ``delta`` is to be written, rowsum(dO * O)): ``prep`` (delta with ``o``, the
+    semaphores' zeros, the dQ sums' unless ``stores_first``, lse_log2), the kernel, then dQ
+    rounded to q's type. Returns (dq, dk, dv)."""
     import math
     import types
 
@@ -1098,15 +1095,16 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     dq_acc = _arrays.output(da, (acc_size,), f32)
     sem = _arrays.output(da, (bh * n_tiles,), i32)
     zeros = 0 if stores_first(c) else acc_size  # (the dQ sums' zeros)
-    grid = -(-max(zeros // 4, bh * n_tiles, rows_q) // 256)  # (a thread: 4 zeros, 1 sem, 1 row)
-    if c["L2"]:  # lse_log2(lse) once a query row, for the kernel's stats
-        l2 = _arrays.output(da, (rows_q,), f32)
-        l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
-        zero_acc_sem_l2[grid, 256, stream, 0](dq_acc, zeros, sem, bh * n_tiles, la.arg(rows_q),
-                                              l2_arg, rows_q)  # fmt: skip
+    l2 = _arrays.output(da, (rows_q,), f32)  # lse_log2(lse) once a query row
+    l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
+    r = PREP_R[d]
+    grid = max(-(-rows_q // prep_rows(d, r)), -(-max(zeros // 4, bh * n_tiles) // 256))
+    src = da if o is None else o  # (without o, delta is given: DOT 0 reads neither)
+    prep[grid, 256, stream, 0](src.arg(src.size), da.arg(da.size), delta, la.arg(rows_q), l2_arg,
+                               rows_q, dq_acc, zeros, sem, bh * n_tiles, D=d, R=r,
+                               DOT=int(o is not None), DT=qa.dtype)  # fmt: skip
+    if c["L2"]:  # (the kernel's stats: l2, else lse)
         la = types.SimpleNamespace(obj=l2, kind=da.kind, arg=lambda *_: l2_arg)
-    else:
-        zero_acc_sem[grid, 256, stream, 0](dq_acc, zeros, sem, bh * n_tiles)
 
     tmap = functools.partial(row_map, d=d)
     stats = stats_maps(la, delta, rows_q, c["BM"])
@@ -1149,5 +1147,8 @@ def specializations():
                 if c not in seen:
                     seen.append(c)
                     yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **c}
+    for dt in (f16, bf16):
+        for d in (64, 128):
+            for dot in (0, 1):
+                yield prep, {"D": d, "R": PREP_R[d], "DOT": dot, "DT": dt}
     yield zero_acc_sem, {}
-    yield zero_acc_sem_l2, {}

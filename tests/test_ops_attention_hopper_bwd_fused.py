@@ -51,8 +51,9 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
         # D 128, bf16, two batches, grouped-query, Sq > Sk with a partial key tile; each
         # tile's dQ product after the next tile's P^T and dS^T
         (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2, {}),
-        # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query
-        (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3, {}),
+        # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query; delta computed by
+        # the launch's prep from o (O)
+        (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3, {"O": 1}),
         # each tile's dQ product with its dV and dK (SCHED 6: the next tile's S^T and dP^T
         # meanwhile), three dS^T buffers, the masked and unmasked probabilities in two
         # branches (SPLIT), lse_log2 once a row (L2), PFIRST; causal, grouped-query, a
@@ -77,8 +78,8 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
         # three K/V heads' three key blocks, a partial query tile (the mask's: the GPU case)
         (3, 2, 1, 200, 384, 64, np.float16, False, 4, 3, {"PERSIST": 1, "ORDER": 0, "SMS": 4}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
-        # heads of one K/V head, the second key block seeing no query (Sq < Sk)
-        (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {}),
+        # heads of one K/V head, the second key block seeing no query (Sq < Sk); delta from o
+        (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {"O": 1}),
     ],
 )
 def test_ordered_backward_in_simulator(
@@ -89,10 +90,11 @@ def test_ordered_backward_in_simulator(
     the blocks before, and a wait for a later block fails)."""
     launch = hopper_bwd.launch
     more = _with_multiprocessors(monkeypatch, more)
+    with_o = bool(more.pop("O", 0))  # (the launch's prep writes delta from o)
     over = {"SCHED": sched, "EARLY": early, "STAGES": 2, **more}
     monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=over))
     cfg = small(2, 0, 0, 5, 0)
-    check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)
+    check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, with_o=with_o), dtype)
 
 
 def test_launch_dispatches_by_head_dim_and_mask(monkeypatch):
@@ -102,7 +104,7 @@ def test_launch_dispatches_by_head_dim_and_mask(monkeypatch):
     monkeypatch.setattr(fused, "ORDERED", {64: (False, True), 128: (True, True)})
     assert fused.takes(128, False) and fused.takes(64, True) and not fused.takes(64, False)
     assert not fused.takes(256, True)
-    monkeypatch.setattr(fused, "launch", lambda *a: ("ordered", a[-1]))
+    monkeypatch.setattr(fused, "launch", lambda *a: ("ordered", a[9]))  # (cfg: its overrides)
     q = np.zeros((1, 1, 128, 64), np.float16)
     with kaio.simulate():
         inputs = _arrays.Inputs("test")

@@ -1,0 +1,470 @@
+"""Attention ops: f32 flash attention on the SIMT cores (forward with stats, backward), and
+tensor-core attention for f16/bf16 (single-head ``attention_tc`` with f32 output, multi-head
+grouped-query ``flash_attention``).
+
+The kernels are DSL code in ``kaio_ops._attention_simt`` and ``kaio_ops._attention_tc``;
+on an sm_90 GPU (H100, H200) ``flash_attention``'s forward runs ``kaio_ops._attention_hopper``
+(TMA, wgmma, warp specialization) where it measured faster (``hopper_takes``;
+``KAIO_HOPPER_ATTENTION=0`` opts out): the same contract and outputs (lse included), to the
+rounding of P; its backward likewise runs ``kaio_ops._attention_hopper_bwd`` (two wgmma
+kernels, deterministic). This module checks the inputs, picks
+the specialization and the grid, and launches. Scores are
+scaled by ``1/sqrt(D)`` (``scale`` where given); causal attention masks key ``j > i`` (query
+``i``, both counted from 0, as torch's ``is_causal``). A row with no valid key gets zeros
+(and a logsumexp of -inf), never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from kaio.sim import active as simulating
+from kaio.types import bf16, f16, f32
+from kaio_ops import _arrays
+from kaio_ops import _attention_hopper as hopper
+from kaio_ops import _attention_hopper_bwd as hopper_bwd
+from kaio_ops import _attention_hopper_bwd256 as hopper_bwd256
+from kaio_ops import _attention_simt as simt
+from kaio_ops import _attention_tc as tc
+from kaio_ops._plan import planned
+
+__all__ = [
+    "attention_tc",
+    "attention_tc_causal",
+    "flash_attention",
+    "flash_attention_bwd",
+    "flash_attention_with_stats",
+    "attention_flash",
+    "attention_flash_bwd",
+    "attention_flash_bwd_causal",
+    "attention_flash_causal",
+    "attention_flash_with_stats",
+]
+
+SM_SHARED = 228 * 1024  # shared memory of one H100/H200 multiprocessor
+MAX_SPLITS = 16
+MAX_HEAD_DIM = 256
+
+
+def _vec(d: int, *operands: _arrays.Operand) -> bool:
+    """16-byte copies: rows of whole 16-byte chunks and every array 16-byte aligned."""
+    return d % 4 == 0 and all(a.aligned(16) for a in operands)
+
+
+def splits_for(q_tiles: int, k_tiles: int, blocks_per_sm: int, sms: int) -> int:
+    """Key splits for ``q_tiles`` query tiles over ``k_tiles`` key tiles: none when the query
+    tiles alone fill every multiprocessor slot, else the count that minimizes waves x tiles
+    per block (the fewest on ties), so that short sequences still fill the GPU."""
+    slots = max(1, blocks_per_sm) * sms
+    if q_tiles >= slots:
+        return 1
+    best, best_cost = 1, math.inf
+    for s in range(1, min(MAX_SPLITS, k_tiles) + 1):
+        cost = math.ceil(q_tiles * s / slots) * math.ceil(k_tiles / s)
+        if cost < best_cost:
+            best, best_cost = s, cost
+    return best
+
+
+# --------------------------------------------------------------------------- f32 flash
+
+
+def _check_f32(op: str, arrays: list[tuple[object, str]]) -> tuple:
+    """Check f32 [S, D] arrays of one shape (the first fixes it), D <= 256; returns the
+    ``Inputs`` (to check more arguments) and the operands."""
+    inputs = _arrays.Inputs(op)
+    first = inputs.array(arrays[0][0], arrays[0][1], ndim=2, dtypes=(f32,), form="[S, D]")
+    s, d = first.shape
+    if s == 0 or d == 0:
+        raise inputs.error(arrays[0][1], f"has an empty dimension: shape {first.shape}")
+    if d > MAX_HEAD_DIM:
+        raise inputs.error(arrays[0][1], f"has head dim D = {d}; {op} takes D <= {MAX_HEAD_DIM}")
+    out = [first]
+    for obj, name in arrays[1:]:
+        out.append(inputs.array(obj, name, ndim=2, shape=first.shape, dtypes=(f32,), form="[S, D]"))
+    return inputs, out
+
+
+def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
+    """(out, lse) of f32 flash attention; ``splits``: key splits (None: ``splits_for``)."""
+    _, (qa, ka, va) = _check_f32(op, [(q, "q"), (k, "k"), (v, "v")])
+    s, d = qa.shape
+    dp = simt.padded_dim(d)
+    smem = simt.fwd_shared_bytes(dp)
+    q_tiles = -(-s // simt.ROWS)
+    k_tiles = -(-s // 64)
+    if splits is None:
+        fits = SM_SHARED // (smem + 1024)
+        splits = splits_for(q_tiles, k_tiles, fits, _arrays.multiprocessors(qa))
+    per_split = -(-k_tiles // splits)
+    splits = -(-k_tiles // per_split)
+    out = _arrays.output(qa, (s, d), f32)
+    lse = _arrays.output(qa, (s,), f32)
+    vec = _vec(d, qa, ka, va)
+    stream = _arrays.stream_of(qa)
+    part, part_lse = out, lse
+    if splits > 1:
+        part = _arrays.output(qa, (splits * s, d), f32)
+        part_lse = _arrays.output(qa, (splits * s,), f32)
+    simt.flash_fwd[(q_tiles, splits), simt.NT, stream, smem](
+        q, k, v, part, part_lse, math.log2(math.e) / math.sqrt(d), per_split, causal, vec,
+        DP=dp,
+    )  # fmt: skip
+    if splits > 1:
+        simt.combine_splits[-(-s * d // 256), 256, stream, 0](part, part_lse, out, lse, splits)
+    return out, lse
+
+
+@planned("q", "k", "v")
+def attention_flash(q, k, v):
+    """Attention ``softmax(q k^T / sqrt(D)) v`` for f32 q, k, v [S, D] (D <= 256), on the
+    SIMT cores with an online softmax: no S x S matrix is formed. Returns f32 [S, D]."""
+    return flash_forward("attention_flash", q, k, v, False)[0]
+
+
+@planned("q", "k", "v")
+def attention_flash_causal(q, k, v):
+    """``attention_flash`` with the causal mask: query i sees keys j <= i."""
+    return flash_forward("attention_flash_causal", q, k, v, True)[0]
+
+
+@planned("q", "k", "v")
+def attention_flash_with_stats(q, k, v, causal: bool = False):
+    """``(out, lse)``: ``attention_flash`` (or the causal one) and the natural logsumexp of
+    each row's scaled scores, f32 [S], which ``attention_flash_bwd`` takes."""
+    return flash_forward("attention_flash_with_stats", q, k, v, bool(causal))
+
+
+def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
+    """(dq, dk, dv) of f32 flash attention (FlashAttention-2 backward, two kernels)."""
+    inputs, (da, qa, ka, va, oa) = _check_f32(
+        op, [(do, "do"), (q, "q"), (k, "k"), (v, "v"), (o, "o")]
+    )
+    s, d = qa.shape
+    inputs.array(lse, "lse", ndim=1, shape=(s,), dtypes=(f32,), form="[S]")
+    dp = simt.padded_dim(d)
+    c = simt.bwd_cols(dp)
+    vec = _vec(d, da, qa, ka, va, oa)
+    stream = _arrays.stream_of(da)
+    delta = _arrays.output(da, (s,), f32)
+    dq, dk, dv = (_arrays.output(da, (s, d), f32) for _ in range(3))
+    scale = 1.0 / math.sqrt(d)
+    scale_log2 = math.log2(math.e) * scale
+    tiles = -(-s // simt.ROWS)
+    tc.row_dot[-(-s // 8), 256, stream, 0](oa.arg(s * d), da.arg(s * d), delta, s, d, DT=f32)
+    flags = (scale_log2, scale, causal, vec)
+    simt.flash_bwd_dq[tiles, simt.NT, stream, simt.dq_shared_bytes(dp, c)](
+        q, k, v, do, lse, delta, dq, *flags, DP=dp, C=c
+    )
+    simt.flash_bwd_dkdv[tiles, simt.NT, stream, simt.dkdv_shared_bytes(dp, c)](
+        q, k, v, do, lse, delta, dk, dv, *flags, DP=dp, C=c
+    )
+    return dq, dk, dv
+
+
+@planned("do", "q", "k", "v", "o", "lse")
+def attention_flash_bwd(do, q, k, v, o, lse):
+    """Gradients ``(dq, dk, dv)`` of ``attention_flash`` from the output gradient ``do``, the
+    inputs, the output ``o`` and the stats ``lse`` of ``attention_flash_with_stats``: all f32
+    [S, D], D <= 256 (lse [S]). FlashAttention-2's backward, P recomputed a tile at a time: no S x S
+    matrix, no atomics (dQ and dK/dV come from two kernels; deterministic)."""
+    return flash_backward("attention_flash_bwd", do, q, k, v, o, lse, False)
+
+
+@planned("do", "q", "k", "v", "o", "lse")
+def attention_flash_bwd_causal(do, q, k, v, o, lse):
+    """``attention_flash_bwd`` for ``attention_flash_causal``."""
+    return flash_backward("attention_flash_bwd_causal", do, q, k, v, o, lse, True)
+
+
+# --------------------------------------------------------------------------- tensor cores
+
+
+TC_DIMS = (16, 32, 64, 128, 256)  # the padded head dims of the tensor-core kernel
+FLASH_DIMS = (64, 128, 256)  # those flash_attention and its backward use
+FUSED_DKDV_DIM = 128  # up to this DP, one block accumulates both dK and dV in registers
+
+
+def dkdv_passes(dp: int) -> tuple:
+    """``(WITH_DK, WITH_DV)`` of each launch of the dK/dV kernel for padded head dim ``dp``:
+    one launch for both up to ``FUSED_DKDV_DIM``, then one each (dK first)."""
+    return ((True, True),) if dp <= FUSED_DKDV_DIM else ((True, False), (False, True))
+
+
+def _pow2_dim(d: int, dims: tuple = TC_DIMS) -> int:
+    """``DP`` of the tensor-core kernels: the smallest of ``dims`` holding ``d``."""
+    return next(dp for dp in dims if d <= dp)
+
+
+def tc_config(dp: int) -> dict:
+    """Warps, keys per tile and blocks per multiprocessor of the tensor-core forward for
+    padded head dim ``dp`` (4 warps: 64 query rows a block)."""
+    if dp > 128:
+        return {"WARPS": 4, "BN": 32, "MIN_BLOCKS": 2}
+    return {"WARPS": 4, "BN": 64, "MIN_BLOCKS": 2 if dp == 128 else 4}
+
+
+def tc_shared_bytes(dp: int, warps: int, bn: int) -> int:
+    """Dynamic shared memory of ``attention_fwd``: the Q, K and V tiles."""
+    return (16 * warps + 2 * bn) * dp * 2
+
+
+def bwd_tile(dp: int) -> int:
+    """Keys (dQ kernel) and queries (dK/dV kernel) per tile of the backward."""
+    return 64 if dp <= 64 else 32
+
+
+def tc_forward(qa, ka, va, out_type, out_shape: tuple, dims: tuple, causal: bool, scale: float,
+               dp: int, config: dict | None = None):  # fmt: skip
+    """Launch the tensor-core forward on checked operands q, k, v of one 16-bit type; returns
+    its new ``out_type`` output of ``out_shape`` and the f32 row logsumexp (``out_shape``
+    without its last axis: [batch, heads, sq] or [sq]).
+    ``dims``: (batch * heads, heads, group, sq, sk, d, dv); ``dp``: the padded head dim;
+    ``config``: WARPS, BN and MIN_BLOCKS (default ``tc_config``)."""
+    bh, heads, group, sq, sk, d, dv = dims
+    cfg = dict(config or tc_config(dp))
+    vec = d % 8 == 0 and dv % 8 == 0 and all(a.aligned(16) for a in (qa, ka, va))
+    out = _arrays.output(qa, out_shape, out_type)
+    lse = _arrays.output(qa, out_shape[:-1], f32)
+    rows = 16 * cfg["WARPS"]
+    smem = tc_shared_bytes(dp, cfg["WARPS"], cfg["BN"])
+    flat = [a.arg(a.size) for a in (qa, ka, va)]
+    out_flat = _arrays.output_arg(qa, out, (bh * sq * dv,), out_type)
+    lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
+    tc.attention_fwd[(-(-sq // rows), bh), 32 * cfg["WARPS"], _arrays.stream_of(qa), smem](
+        *flat, out_flat, lse_flat, sq, sk, d, dv, heads, group, math.log2(math.e) * scale, causal,
+        DP=dp, VEC=vec, **cfg, DT=qa.dtype, OT=out_type,
+    )  # fmt: skip
+    return out, lse
+
+
+def _check_tc(op: str, q, k, v) -> tuple:
+    """Check attention_tc's f16 q [Sq, D], k [Sk, D], v [Sk, Dv]."""
+    inputs = _arrays.Inputs(op)
+    qa = inputs.array(q, "q", ndim=2, dtypes=(f16,), form="[Sq, D]")
+    ka = inputs.array(k, "k", ndim=2, dtypes=(f16,), form="[Sk, D]")
+    va = inputs.array(v, "v", ndim=2, dtypes=(f16,), form="[Sk, Dv]")
+    d, (sk, dk), (sv, dv) = qa.shape[1], ka.shape, va.shape
+    if dk != d:
+        raise inputs.error("k", f"must have D = {d} columns like q, got shape {ka.shape}")
+    if sv != sk:
+        raise inputs.error("v", f"must have Sk = {sk} rows like k, got shape {va.shape}")
+    for a in (qa, ka, va):
+        if 0 in a.shape:
+            raise inputs.error(a.name, f"has an empty dimension: shape {a.shape}")
+    for name, n in (("q", d), ("v", dv)):
+        if n > MAX_HEAD_DIM:
+            raise inputs.error(name, f"has {n} columns; {op} takes head dims up to {MAX_HEAD_DIM}")
+    return qa, ka, va
+
+
+def _attention_tc(op: str, q, k, v, causal: bool):
+    qa, ka, va = _check_tc(op, q, k, v)
+    (sq, d), (sk, dv) = qa.shape, va.shape
+    dims = (1, 1, 1, sq, sk, d, dv)
+    dp = _pow2_dim(max(d, dv))
+    return tc_forward(qa, ka, va, f32, (sq, dv), dims, causal, 1.0 / math.sqrt(d), dp)[0]
+
+
+@planned("q", "k", "v")
+def attention_tc(q, k, v):
+    """Attention ``softmax(q k^T / sqrt(D)) v`` on tensor cores: f16 q [Sq, D], k [Sk, D],
+    v [Sk, Dv] (D, Dv <= 256; any Sq, Sk), f32 accumulation, an online softmax over key tiles
+    (no Sq x Sk matrix). Returns f32 [Sq, Dv]."""
+    return _attention_tc("attention_tc", q, k, v, False)
+
+
+@planned("q", "k", "v")
+def attention_tc_causal(q, k, v):
+    """``attention_tc`` with the causal mask: query i sees keys j <= i."""
+    return _attention_tc("attention_tc_causal", q, k, v, True)
+
+
+def check_heads(inputs, arrays: tuple, h: int, hkv: int, d: int, kd: int, scale) -> float:
+    """The checks ``flash_attention`` and ``flash_attention_varlen`` share: k's head dim
+    ``kd`` equal to q's ``d`` (a multiple of 8 up to 256), ``hkv`` dividing ``h``, the arrays
+    (q, k, v) 16-byte aligned and ``scale`` positive and finite; returns the scale (default
+    1/sqrt(D))."""
+    op = inputs.op
+    if kd != d:
+        raise inputs.error("k", f"must have head dim D = {d} like q, got shape {arrays[1].shape}")
+    if hkv == 0 or h % hkv:
+        raise inputs.error(
+            "k", f"has Hkv = {hkv} heads, which must divide q's H = {h} (grouped-query)"
+        )
+    if d % 8 or d > MAX_HEAD_DIM:
+        raise inputs.error(
+            "q", f"has head dim D = {d}; {op} takes multiples of 8 up to {MAX_HEAD_DIM}"
+        )
+    for a in arrays:
+        if not a.aligned(16):
+            raise inputs.error(a.name, "must start on a 16-byte boundary (16-byte copies)")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if not (isinstance(scale, int | float) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{op}: scale must be a positive finite number, got {scale!r}")
+    return float(scale)
+
+
+def _check_flash(op: str, q, k, v, scale, inputs=None):
+    """Check flash_attention's q [B, H, S, D], k, v [B, Hkv, Sk, D] (f16 or bf16, 16-byte
+    aligned); returns the operands, dims (B * H, H, group, S, Sk, D, D) and the scale."""
+    inputs = inputs or _arrays.Inputs(op)
+    qa = inputs.array(q, "q", ndim=4, dtypes=(f16, bf16), form="[B, H, S, D]")
+    ka = inputs.array(k, "k", ndim=4, form="[B, Hkv, Sk, D]")
+    va = inputs.array(v, "v", ndim=4, shape=ka.shape, form="[B, Hkv, Sk, D]")
+    b, h, sq, d = qa.shape
+    kb, hkv, sk, kd = ka.shape
+    if 0 in qa.shape or 0 in ka.shape:
+        raise inputs.error("q" if 0 in qa.shape else "k", "has an empty dimension")
+    if kb != b:
+        raise inputs.error("k", f"must have batch B = {b} like q, got shape {ka.shape}")
+    scale = check_heads(inputs, (qa, ka, va), h, hkv, d, kd, scale)
+    return (qa, ka, va), (b * h, h, h // hkv, sq, sk, d, d), float(scale)
+
+
+def hopper_takes(qa, dims: tuple, module=hopper) -> bool:
+    """Whether ``flash_attention`` runs ``kaio_ops._attention_hopper`` (TMA, wgmma) rather
+    than the mma.sync kernel (``module``: ``_attention_hopper_bwd`` for
+    ``flash_attention_bwd``): an sm_90 GPU (never under the simulator, whose tests launch the
+    kernels directly; ``KAIO_HOPPER_ATTENTION=0`` opts out), a head dim the kernel takes
+    (``module.eligible``) and a case where it measured faster (``module.worthwhile``)."""
+    if not hopper_gpu(qa):
+        return False
+    bh, _, _, sq, sk, d, _ = dims
+    return module.eligible(d) and module.worthwhile(bh, sq, sk, d, _arrays.multiprocessors(qa))
+
+
+def hopper_gpu(qa) -> bool:
+    """Whether ``qa`` lives on an sm_90 GPU whose Hopper attention kernels may run: never
+    under the simulator (its tests launch those kernels directly), and not with
+    ``KAIO_HOPPER_ATTENTION=0`` (the opt-out)."""
+    if os.environ.get("KAIO_HOPPER_ATTENTION") == "0" or simulating():
+        return False
+    dev = _arrays.gpu(qa)
+    return dev is not None and dev.arch == "sm_90"
+
+
+def _flash(op: str, q, k, v, causal, scale):
+    (qa, ka, va), dims, scale = _check_flash(op, q, k, v, scale)
+    if hopper_takes(qa, dims):
+        return hopper.launch(qa, ka, va, dims, bool(causal), scale)
+    dp = _pow2_dim(dims[5], FLASH_DIMS)
+    out, lse = tc_forward(qa, ka, va, qa.dtype, qa.shape, dims, bool(causal), scale, dp)
+    return out, lse
+
+
+@planned("q", "k", "v")
+def flash_attention(q, k, v, causal: bool = False, scale: float | None = None):
+    """Multi-head attention on tensor cores (FlashAttention-2 forward): q [B, H, S, D], k and v
+    [B, Hkv, Sk, D] of f16 or bf16, H a multiple of Hkv (grouped-query: query head h reads
+    K/V head h // (H // Hkv)), D a multiple of 8 up to 256, arrays 16-byte aligned. Scores are
+    scaled by ``scale`` (default 1/sqrt(D)); ``causal`` masks key j > i (torch's is_causal,
+    aligned top-left; ``flash_attention_varlen`` aligns bottom-right as FlashAttention: the
+    same when Sq == Sk). Returns [B, H, S, D] of q's dtype."""
+    return _flash("flash_attention", q, k, v, causal, scale)[0]
+
+
+@planned("q", "k", "v")
+def flash_attention_with_stats(q, k, v, causal: bool = False, scale: float | None = None):
+    """``(out, lse)``: ``flash_attention`` and the natural logsumexp of each row's scaled
+    scores, f32 [B, H, S], which ``flash_attention_bwd`` takes."""
+    return _flash("flash_attention_with_stats", q, k, v, causal, scale)
+
+
+@planned("do", "q", "k", "v", "o", "lse")
+def flash_attention_bwd(
+    do, q, k, v, o, lse, causal: bool = False, scale: float | None = None,
+    deterministic: bool = False,
+):  # fmt: skip
+    """Gradients ``(dq, dk, dv)`` of ``flash_attention`` (FlashAttention-2 backward on tensor
+    cores) from the output gradient ``do`` and ``o`` [B, H, S, D], the inputs q, k, v and the
+    stats ``lse`` [B, H, S] (f32) of ``flash_attention_with_stats``, with the same ``causal``
+    and ``scale``. D a multiple of 8 up to 256. dK and dV of a K/V head sum over the query
+    heads of its group. P is recomputed a tile at a time (no S x S matrix), dQ and dK/dV come
+    from two kernels (for D > 128, dK and dV from one launch each), without atomics:
+    deterministic. On sm_90 for D 64 and 128 (``hopper_takes``) the wgmma kernels run
+    instead: by default (``_attention_hopper_bwd_fused.ORDERED``) one kernel for dK, dV and
+    dQ whose key blocks add each query tile's dQ in f32 in a fixed order (semaphores): the
+    same bits every run; else ``kaio_ops._attention_hopper_bwd``'s deterministic pair, or
+    where ``_attention_hopper_bwd.FUSED`` says so (nowhere by default) its fused kernel whose
+    dQ additions come in a varying order. ``deterministic=True`` (or
+    ``KAIO_ATTENTION_DETERMINISTIC=1``) never takes that one: the same bits every run. At
+    D 256 on sm_90 (whole 64-row tiles, S >= 1024) ``kaio_ops._attention_hopper_bwd256``'s
+    wgmma kernels run (no atomics: the same bits every run)."""
+    op = "flash_attention_bwd"
+    inputs = _arrays.Inputs(op)
+    da = inputs.array(do, "do", ndim=4, dtypes=(f16, bf16), form="[B, H, S, D]")
+    (qa, ka, va), dims, scale = _check_flash(op, q, k, v, scale, inputs=inputs)
+    if da.shape != qa.shape or da.dtype != qa.dtype:
+        raise inputs.error("do", f"must be like q: {qa.dtype.name} {qa.shape}, got {da.shape}")
+    oa = inputs.array(o, "o", ndim=4, shape=qa.shape, form="[B, H, S, D]")
+    la = inputs.array(lse, "lse", ndim=3, shape=qa.shape[:3], dtypes=(f32,), form="[B, H, S]")
+    for a in (da, oa):
+        if not a.aligned(16):
+            raise inputs.error(a.name, "must start on a 16-byte boundary (16-byte copies)")
+    bh, heads, group, sq, sk, d, _ = dims
+    dp = _pow2_dim(d, FLASH_DIMS)
+    tile = bwd_tile(dp)
+    delta = _arrays.output(da, (bh * sq,), f32)
+    stream = _arrays.stream_of(da)
+    flat = [a.arg(a.size) for a in (qa, ka, va, da)]
+    lanes = tc.row_lanes(d)
+    tc.row_dot_vec[-(-bh * sq * lanes // 256), 256, stream, 0](
+        oa.arg(oa.size), flat[3], delta, bh * sq, d, L=lanes, DT=qa.dtype
+    )
+    if hopper_takes(qa, dims, hopper_bwd256):  # sm_90, D 256: its wgmma kernels
+        return hopper_bwd256.launch(qa, ka, va, da, la, delta, dims, bool(causal), scale)
+    if hopper_takes(qa, dims, hopper_bwd):  # sm_90: the wgmma kernels
+        fixed = deterministic or os.environ.get("KAIO_ATTENTION_DETERMINISTIC") == "1"
+        return hopper_bwd.launch(
+            qa, ka, va, da, la, delta, dims, bool(causal), scale, deterministic=fixed
+        )
+    dq = _arrays.output(da, qa.shape)
+    dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
+    out_flat = [_arrays.output_arg(da, x, (x_size,)) for x, x_size in
+                ((dq, qa.size), (dk, ka.size), (dv, ka.size))]  # fmt: skip
+    lse_flat = la.arg(bh * sq)
+    args = (sq, sk, d, heads, group, math.log2(math.e) * scale, scale, bool(causal))
+    smem = (128 + 2 * tile) * dp * 2
+    types = {"DT": qa.dtype, "OT": qa.dtype}
+    tc.attention_bwd_dq[(-(-sq // 64), bh), 128, stream, smem](
+        *flat, lse_flat, delta, out_flat[0], *args, DP=dp, BN=tile, **types
+    )
+    for with_dk, with_dv in dkdv_passes(dp):
+        tc.attention_bwd_dkdv[(-(-sk // 64), bh // group), 128, stream, smem](
+            *flat, lse_flat, delta, out_flat[1], out_flat[2], *args,
+            DP=dp, BQ=tile, WITH_DK=with_dk, WITH_DV=with_dv, **types,
+        )  # fmt: skip
+    return dq, dk, dv
+
+
+def shipped():
+    """(kernel, constexprs) of every specialization these ops launch."""
+    for dp in simt.DIMS:
+        yield simt.flash_fwd, {"DP": dp}
+        yield simt.flash_bwd_dq, {"DP": dp, "C": simt.bwd_cols(dp)}
+        yield simt.flash_bwd_dkdv, {"DP": dp, "C": simt.bwd_cols(dp)}
+    yield simt.combine_splits, {}
+    for dp in TC_DIMS:
+        for vec in (False, True):  # attention_tc: any D
+            yield tc.attention_fwd, {"DP": dp, "VEC": vec, **tc_config(dp), "DT": f16, "OT": f32}
+    for dtype in (f16, bf16):
+        types = {"DT": dtype, "OT": dtype}
+        for dp in FLASH_DIMS:  # flash_attention: 16-byte rows
+            yield tc.attention_fwd, {"DP": dp, "VEC": True, **tc_config(dp), **types}
+            yield tc.attention_bwd_dq, {"DP": dp, "BN": bwd_tile(dp), **types}
+            for with_dk, with_dv in dkdv_passes(dp):
+                flags = {"WITH_DK": with_dk, "WITH_DV": with_dv}
+                yield tc.attention_bwd_dkdv, {"DP": dp, "BQ": bwd_tile(dp), **flags, **types}
+    for dtype in (f32, f16, bf16):
+        yield tc.row_dot, {"DT": dtype}
+    for dtype in (f16, bf16):  # flash_attention_bwd's: D a multiple of 8 up to 256
+        for lanes in (1, 2, 4, 8, 16, 32):
+            yield tc.row_dot_vec, {"L": lanes, "DT": dtype}
+    yield hopper_bwd.dq_zero, {}  # the fused Hopper backward's dQ (f32 sums: SIMT kernels)
+    for dtype in (f16, bf16):
+        yield hopper_bwd.dq_convert, {"DT": dtype}
+        for d in (64, 128):  # its dQ in whole tiles (DQ 5)
+            yield hopper_bwd.dq_convert_tiles, {"D": d, "DT": dtype}
