@@ -1,0 +1,29 @@
+"""Rounds only (bwd64): write variants of the branch's ordered-kernel module to /tmp for the
+ab's "module" override: wide (dQ converted by dq_convert_wide), pdl (wide, and the kernel
+launched while prep finishes: programmatic dependent launch)."""
+
+SRC = "kaio_ops/_attention_hopper_bwd_fused.py"
+WIDE = (
+    "        dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](",
+    "        dq_convert_wide[-(-qa.size // 4096), 256, stream, 0](",
+)
+PDL = [
+    (
+        "    kaio.sync_threads()\n    x, kvh, first_head, first, n_tiles, start = work_item(blk",
+        "    kaio.sync_threads()\n    kaio.grid_dependency_wait()\n"
+        "    x, kvh, first_head, first, n_tiles, start = work_item(blk",
+    ),
+    ("    L = D // 8  # (lanes a row)\n", "    kaio.launch_dependents()\n    L = D // 8\n"),
+]
+
+
+def write(name, edits):
+    s = open(SRC).read()
+    for old, new in edits:
+        assert s.count(old) == 1, old
+        s = s.replace(old, new)
+    open(f"/tmp/fused_{name}.py", "w").write(s)
+
+
+write("wide", [WIDE])
+write("pdl", [WIDE, *PDL])
