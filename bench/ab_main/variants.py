@@ -1,6 +1,7 @@
 """Rounds only (bwd64): write variants of the branch's ordered-kernel module to /tmp for the
 ab's "module" override: wide (dQ converted by dq_convert_wide), pdl (wide, and the kernel
-launched while prep finishes: programmatic dependent launch)."""
+launched while prep finishes: programmatic dependent launch), rev (wide, the last tiles
+first)."""
 
 SRC = "kaio_ops/_attention_hopper_bwd_fused.py"
 WIDE = (
@@ -25,5 +26,13 @@ def write(name, edits):
     open(f"/tmp/fused_{name}.py", "w").write(s)
 
 
+REV = (  # the tiles converted last-written first (those likely still in L2)
+    "    u = i32(kaio.block_idx_x()) * 256 + i32(kaio.thread_idx_x())\n    nt =",
+    "    u = (i32(kaio.grid_dim_x()) - 1 - i32(kaio.block_idx_x())) * 256 + i32(kaio.thread_idx_x())\n"
+    "    nt =",
+)
+
+
 write("wide", [WIDE])
+write("rev", [WIDE, REV])
 write("pdl", [WIDE, *PDL])
