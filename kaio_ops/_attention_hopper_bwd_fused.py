@@ -843,10 +843,12 @@ def prep(o: DT[:], do: DT[:], delta: f32[:], lse: f32[:], l2: f32[:], rows: i32,
     c = 8 * (t % L)
     a = kaio.local(DT, (R, 8))
     b = kaio.local(DT, (R, 8))
-    if DOT:
-        for s in kaio.static_range(R):
-            row = row0 + s * (256 // L)
-            if row < rows:
+    x = kaio.local(f32, R)  # (the rows' lse, loaded with the rest)
+    for s in kaio.static_range(R):
+        row = row0 + s * (256 // L)
+        if row < rows:
+            x[s] = lse[row]
+            if DOT:
                 kaio.load_vector(a[s], o, row * D + c)
                 kaio.load_vector(b[s], do, row * D + c)
     for s in kaio.static_range(R):
@@ -857,7 +859,7 @@ def prep(o: DT[:], do: DT[:], delta: f32[:], lse: f32[:], l2: f32[:], rows: i32,
                 dot += f32(a[s, e]) * f32(b[s, e])
             dot = lanes_sum(dot, L)  # (a row's L lanes are aligned in the warp)
         if row < rows and c == 0:
-            l2[row] = lse_log2(lse[row])
+            l2[row] = lse_log2(x[s])
             if DOT:
                 delta[row] = dot
 
@@ -867,15 +869,15 @@ def prep_rows(d: int, r: int) -> int:
     return r * 256 // (d // 8)
 
 
-@kaio.gpu_kernel(block_size=256)
-def dq_convert_wide(dq: DT[:], acc: f32[:], rows: i32, sq: i32, scale: f32, D: kaio.constexpr,
-                    DT: kaio.constexpr):  # fmt: skip
-    """``dq_convert_tiles`` in 16-byte accesses: a thread converts rows r and r + 8 of a 16-row
-    group of a 64-row tile, columns c .. c + 7 (the lanes of a warp along a row's columns, so
-    that each store instruction writes whole rows): four 16-byte loads of acc (fragment
-    order: floats 4k .. 4k + 3 of the thread's run are (r, c + 2k), (r, c + 2k + 1), (r + 8,
-    c + 2k), (r + 8, c + 2k + 1)) and two 16-byte stores of dq."""
-    u = i32(kaio.block_idx_x()) * 256 + i32(kaio.thread_idx_x())
+@kaio.gpu_func
+def convert_rows(dq: DT[:], acc: f32[:], u: i32, rows: i32, sq: i32, scale: f32,
+                 D: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """Thread u's share of ``dq_convert_wide``: rows r and r + 8 of a 16-row group of a 64-row
+    tile, columns c .. c + 7 (the lanes of a warp along a row's columns, so that each store
+    instruction writes whole rows): four 16-byte loads of acc (fragment order: floats 4k ..
+    4k + 3 of the thread's run are (r, c + 2k), (r, c + 2k + 1), (r + 8, c + 2k), (r + 8,
+    c + 2k + 1); L2 only, ``cg``: another block's bulk reductions wrote them) and two
+    16-byte stores of dq."""
     nt = (sq + 63) // 64  # a head's tiles
     cb = u % (D // 8)  # the column block (8 columns)
     g = u // (D // 8)  # (tile, 16-row group, row % 8): rows r and r + 8
@@ -886,7 +888,7 @@ def dq_convert_wide(dq: DT[:], acc: f32[:], rows: i32, sq: i32, scale: f32, D: k
         y = kaio.local(DT, (2, 8))
         at = tile * 64 * D + (cb * 128 + g % 32 * 4) * 4
         for k in kaio.static_range(4):
-            kaio.load_vector(x[k], acc, at + 4 * k)
+            kaio.load_vector(x[k], acc, at + 4 * k, 0, "cg")
         row = tile // nt * sq + tile % nt * 64 + r  # dq's row
         for h in kaio.static_range(2):  # rows r, r + 8
             for k in kaio.static_range(4):
@@ -894,6 +896,47 @@ def dq_convert_wide(dq: DT[:], acc: f32[:], rows: i32, sq: i32, scale: f32, D: k
                     y[h, 2 * k + e] = DT(x[k, 2 * h + e] * scale)
             if tile % nt * 64 + r + 8 * h < sq:
                 kaio.store_vector(dq, (row + 8 * h) * D + 8 * cb, y[h])
+
+
+@kaio.gpu_kernel(block_size=256)
+def dq_convert_wide(dq: DT[:], acc: f32[:], rows: i32, sq: i32, scale: f32, D: kaio.constexpr,
+                    DT: kaio.constexpr):  # fmt: skip
+    """``dq_convert_tiles`` in 16-byte accesses (``convert_rows``): dq [rows, D] (heads of sq
+    rows) = acc * scale rounded to DT, acc in whole 64-row tiles in fragment order; 4 D
+    threads a tile."""
+    u = i32(kaio.block_idx_x()) * 256 + i32(kaio.thread_idx_x())
+    convert_rows(dq, acc, u, rows, sq, scale, D, DT)
+
+
+@kaio.gpu_kernel(block_size=256)
+def dq_convert_behind(dq: DT[:], acc: f32[:], sem: i32[:], rows: i32, sq: i32, nkb: i32,
+                      causal: i32, scale: f32, D: kaio.constexpr, BK: kaio.constexpr,
+                      DT: kaio.constexpr):  # fmt: skip
+    """``dq_convert_wide`` behind the ordered kernel: launched with programmatic dependent
+    launch (its ``grid_dependency_wait``) once every block of that kernel has begun (its
+    ``launch_dependents``), its blocks run on the multiprocessors that kernel's last blocks
+    leave idle, each converting its tile's rows (4 D threads a tile) once the tile's
+    semaphore counts every turn (``tile_turns``: the last reduction in and released; thread
+    0 waits, the block follows); the wait at its end keeps it from completing before that
+    kernel does."""
+    u = i32(kaio.block_idx_x()) * 256 + i32(kaio.thread_idx_x())
+    nt = (sq + 63) // 64
+    tile = u // (4 * D)
+    if kaio.thread_idx_x() == 0 and tile < rows // sq * nt:
+        kaio.wait_eq(sem, tile, tile_turns(tile % nt, nkb, causal, 64, BK))
+    kaio.sync_threads()
+    convert_rows(dq, acc, u, rows, sq, scale, D, DT)
+    kaio.grid_dependency_wait()
+
+
+@kaio.gpu_func
+def tile_turns(t: i32, nkb: i32, causal: i32, BM: kaio.constexpr, BK: kaio.constexpr) -> i32:
+    """The key blocks that add to query tile t: causal, those up to the last that sees it;
+    else all ``nkb``."""
+    n = nkb
+    if causal != 0:
+        n = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) + 1
+    return n
 
 
 @kaio.gpu_func

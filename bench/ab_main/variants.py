@@ -1,7 +1,7 @@
 """Rounds only (bwd64): write variants of the branch's ordered-kernel module to /tmp for the
 ab's "module" override: wide (dQ converted by dq_convert_wide), pdl (wide, and the kernel
 launched while prep finishes: programmatic dependent launch), rev (wide, the last tiles
-first)."""
+first), behind (dq_convert_behind after the kernel, PDL)."""
 
 SRC = "kaio_ops/_attention_hopper_bwd_fused.py"
 WIDE = (
@@ -33,6 +33,23 @@ REV = (  # the tiles converted last-written first (those likely still in L2)
 )
 
 
+BEHIND = [  # dQ converted behind the kernel (its blocks on the multiprocessors it leaves)
+    (
+        "    kaio.sync_threads()\n    x, kvh, first_head, first, n_tiles, start = work_item(blk",
+        "    kaio.sync_threads()\n    kaio.launch_dependents()\n"
+        "    x, kvh, first_head, first, n_tiles, start = work_item(blk",
+    ),
+    (
+        "        dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](\n"
+        "            dq_out, dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype\n        )",
+        "        dq_convert_behind[-(-qa.size // 4096), 256, stream, 0](\n"
+        "            dq_out, dq_acc, sem, bh * sq, sq, nkb, int(causal), scale, D=d, BK=bk,"
+        " DT=qa.dtype\n        )",
+    ),
+]
+
+
 write("wide", [WIDE])
+write("behind", BEHIND)
 write("rev", [WIDE, REV])
 write("pdl", [WIDE, *PDL])
