@@ -143,6 +143,43 @@ def test_rotated_turns_follow_the_walks(nkb, total):
         assert list(turns[:, item]) == [sorted(steps).index(s) for s in steps], (item, turns)
 
 
+def _fragment_order(d: int) -> np.ndarray:
+    """The position in a 64 x d tile of ``dq_acc`` (``store_dq_frags``' fragment order) of
+    each element (r, c), from the wgmma accumulator layout: [64, d]."""
+    r, c = np.meshgrid(np.arange(64), np.arange(d), indexing="ij")
+    lane = 32 * (r // 16) + 4 * (r % 8) + c % 8 // 2
+    return (c // 8 * 128 + lane) * 4 + r % 16 // 8 * 2 + c % 2
+
+
+@pytest.mark.parametrize(
+    "d, sq, heads, causal, nkb, dtype",
+    [(64, 100, 2, 0, 3, np.float16), (128, 192, 2, 1, 2, ml_dtypes.bfloat16),
+     (64, 256, 1, 1, 2, np.float16)],
+)  # fmt: skip
+def test_dq_conversions_against_the_fragment_order(d, sq, heads, causal, nkb, dtype):
+    """``dq_convert_wide`` and ``dq_convert_behind`` (its semaphores counting every turn:
+    ``tile_turns``; one short is reported) turn ``dq_acc``'s whole 64-row tiles in fragment
+    order into dQ's rows (a partial last tile's rows past sq left alone) times the scale."""
+    nt = -(-sq // 64)
+    acc = np.random.default_rng(d + sq).standard_normal(heads * nt * 64 * d).astype(np.float32)
+    tiles = acc.reshape(heads, nt, 64 * d)[:, :, _fragment_order(d)]  # [heads, nt, 64, d]
+    want = (tiles.reshape(heads, nt * 64, d)[:, :sq] * 0.5).astype(dtype).reshape(-1)
+    dt = kaio.bf16 if dtype is ml_dtypes.bfloat16 else kaio.f16
+    rows, grid = heads * sq, -(-acc.size // 4096)
+    wide, behind = np.full(rows * d, np.nan, dtype), np.full(rows * d, np.nan, dtype)
+    fused.dq_convert_wide.sim[grid, 256](wide, acc, rows, sq, 0.5, D=d, DT=dt)
+    turns = [min(nkb - 1, ((t % nt + 1) * 64 - 1) // 128) + 1 if causal else nkb
+             for t in range(heads * nt)]  # fmt: skip
+    sem = np.array(turns, np.int32)
+    fused.dq_convert_behind.sim[grid, 256](behind, acc, sem, rows, sq, nkb, causal, 0.5, D=d,
+                                           BK=128, DT=dt)  # fmt: skip
+    assert np.array_equal(wide, want) and np.array_equal(behind, want)
+    sem[-1] -= 1  # the last tile's last turn not in: its wait is never met
+    with pytest.raises(kaio.SimulationError, match="wait_eq"):
+        fused.dq_convert_behind.sim[grid, 256](behind, acc, sem, rows, sq, nkb, causal, 0.5,
+                                               D=d, BK=128, DT=dt)  # fmt: skip
+
+
 @kaio.gpu_kernel(block_size=32)
 def _take_turns(sem: i32[:], out: f32[:], first: i32):
     """Block b waits for sem[0] == b + first, then out[b] = its turn's number."""
