@@ -49,7 +49,26 @@ BEHIND = [  # dQ converted behind the kernel (its blocks on the multiprocessors 
 ]
 
 
+HINT = [  # L2 fetches 256 bytes on a miss (ld.L2::256B): prep's and the conversion's loads
+    ("kaio.load_vector(a[s], o, row * D + c)", "kaio.load_vector(a[s], o, row * D + c, 256)"),
+    ("kaio.load_vector(b[s], do, row * D + c)", "kaio.load_vector(b[s], do, row * D + c, 256)"),
+    ('kaio.load_vector(x[k], acc, at + 4 * k, 0, "cg")',
+     'kaio.load_vector(x[k], acc, at + 4 * k, 256, "cg")'),
+]
+PDL_BEHIND = [  # PDL from prep to the kernel and from the kernel to dq_convert_behind
+    (
+        "    kaio.sync_threads()\n    x, kvh, first_head, first, n_tiles, start = work_item(blk",
+        "    kaio.sync_threads()\n    kaio.grid_dependency_wait()\n    kaio.launch_dependents()\n"
+        "    x, kvh, first_head, first, n_tiles, start = work_item(blk",
+    ),
+    PDL[1],
+    BEHIND[1],
+]
+
+
 write("wide", [WIDE])
+write("hint", HINT)
+write("pdlbehind", PDL_BEHIND)
 write("behind", BEHIND)
 write("rev", [WIDE, REV])
 write("pdl", [WIDE, *PDL])
