@@ -366,6 +366,36 @@ def interleaved(bx: i32, by: i32, nkb: i32, hg: i32, ny: i32) -> tuple[i32, i32]
 
 
 @kaio.gpu_func
+def persistent_item(blk: i32, j: i32, stride: i32, nkb: i32, PAIRS: kaio.constexpr) -> i32:
+    """The work item (its index in the launch order of ``work_item``) of persistent block
+    blk's j-th turn (``stride`` blocks): item blk + j stride, or with ``PAIRS`` (causal, HG
+    1, nkb even) the pairs of a head's key blocks nkb - 1 - p, p (p < nkb / 2: the two walks
+    together nkb + 1 query tiles long, every pair alike): pair blk + (j / 2) stride, its
+    longer-keyed block (the shorter walk: it waits only for pairs before it) first."""
+    b = blk + j * stride
+    if PAIRS:
+        u = blk + j // 2 * stride
+        p = u % (nkb // 2)
+        b = u // (nkb // 2) * nkb + p  # (work_item reverses x: key block nkb - 1 - p)
+        if j % 2 == 1:
+            b += nkb - 1 - 2 * p  # key block p
+    return b
+
+
+@kaio.gpu_func
+def persistent_items(blk: i32, nkb: i32, nkvh: i32, stride: i32, PAIRS: kaio.constexpr) -> i32:
+    """The work items of persistent block blk (``persistent_item``) of ``stride`` over the
+    nkb key blocks of the ``nkvh`` K/V heads."""
+    n = nkb * nkvh
+    if PAIRS:
+        n = n // 2
+    n = (n - blk + stride - 1) // stride
+    if PAIRS:
+        n *= 2
+    return n
+
+
+@kaio.gpu_func
 def work_item(
     b: i32, nkb: i32, nkvh: i32, hg: i32, rot: i32, heads: i32, group: i32, sq: i32,
     causal: i32, BM: kaio.constexpr, BK: kaio.constexpr,
@@ -687,6 +717,7 @@ def attention_bwd_fused_ordered(
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
     ROT: kaio.constexpr, FINISH: kaio.constexpr, PERSIST: kaio.constexpr,
+    PAIRS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -739,7 +770,7 @@ def attention_bwd_fused_ordered(
     # 298 TFLOP/s against 282 without; with the odd rounds' items taken in reverse, 234
     # against 264: likely a block late in its head's turns then holding an early turn)
     stride = i32(kaio.grid_dim_x())
-    items = 1 if PERSIST == 0 else (nkb * nkvh - blk + stride - 1) // stride
+    items = 1 if PERSIST == 0 else persistent_items(blk, nkb, nkvh, stride, PAIRS)
 
     t, wg, lt = thread_roles(WG)
     if t == 0:
@@ -763,7 +794,7 @@ def attention_bwd_fused_ordered(
         if SCHED:
             st, ph, pb, hph, wph, fb, g0 = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                b = blk + j * stride
+                b = persistent_item(blk, j, stride, nkb, PAIRS)
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
                         b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
@@ -788,7 +819,7 @@ def attention_bwd_fused_ordered(
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
             ph, g0 = u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                b = blk + j * stride
+                b = persistent_item(blk, j, stride, nkb, PAIRS)
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
                         b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
@@ -800,7 +831,7 @@ def attention_bwd_fused_ordered(
         elif lt == 0:
             st, ph, g0 = i32(0), u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                b = blk + j * stride
+                b = persistent_item(blk, j, stride, nkb, PAIRS)
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
                         b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
@@ -1009,6 +1040,10 @@ PREP_R = {64: 4, 128: 4}
 # dq_convert_tiles): 327 against 345, 449 against 443, 447 against 471.
 PERSIST = {64: (1, 0), 128: (0, 0)}
 
+# Whether persistent blocks with the mask take a head's key blocks in pairs of equal work
+# (``PAIRS``, ``persistent_item``) where they can (``pairs``), by head dim.
+PAIRS = {64: 1, 128: 0}
+
 
 def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> dict:
     """The kernel's constexprs for head dim ``d``: ``_attention_hopper_bwd.config(d)``'s
@@ -1029,6 +1064,7 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c["FINISH"] = FINISH[d]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     c["PERSIST"] = PERSIST[d][bool(causal)]
+    c["PAIRS"] = PAIRS[d]
     return {**c, "STAGES": fit_stages(d, c)}
 
 
@@ -1052,6 +1088,15 @@ def persistent(c: dict) -> bool:
     ``FINISH`` (whose rotated walks wait for later blocks of a head)."""
     return (bool(c.get("PERSIST")) and c["SCHED"] == 4 and c["NDS"] == 3 and c["EARLY"] == 3
             and not c["ROT"] and not c["FINISH"])  # fmt: skip
+
+
+def pairs(c: dict, nkb: int, causal: bool, sms: int) -> bool:
+    """Whether persistent blocks (``c["PERSIST"]``) take the key blocks in pairs (``PAIRS``
+    in ``c``): with the mask, HG 1, an even ``nkb`` and the pairs of a head no more than the
+    ``sms`` multiprocessors (a pair's shorter-keyed block waits for the head's later pairs:
+    each wait then moves less than a round of blocks ahead, so no cycle of waits)."""
+    return (bool(c["PERSIST"] and c.get("PAIRS")) and causal and c["HG"] == 1 and nkb % 2 == 0
+            and nkb // 2 <= sms)  # fmt: skip
 
 
 def rotated(c: dict, nkb: int, sms: int) -> bool:
@@ -1154,12 +1199,14 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     bk = 64 * c["WG"]
     smem = smem_bytes(d, c)
     nkb = -(-sk // bk)
-    rot = rotated(c, nkb, _arrays.multiprocessors(qa))
+    sms = _arrays.multiprocessors(qa)
+    rot = rotated(c, nkb, sms)
     finish = finishes(c, rot, causal)
     hg = 1 if rot else c["HG"]  # (rotated walks: a head's key blocks side by side)
+    c["PAIRS"] = int(pairs(c, nkb, causal, sms))
     grid = (nkb, bh // group)
-    if c["PERSIST"]:  # at most one block a multiprocessor
-        grid = (min(nkb * (bh // group), _arrays.multiprocessors(qa)),)
+    if c["PERSIST"]:  # at most one block a multiprocessor (or a pair of key blocks)
+        grid = (min(nkb * (bh // group) // (1 + c["PAIRS"]), sms),)
     dq_out = _arrays.output_arg(da, dq, (qa.size,))
     attention_bwd_fused_ordered[grid, 128 * c["WG"] + 128, stream, smem](
         tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c["BM"]),
@@ -1185,6 +1232,8 @@ def specializations():
             seen = []
             for causal in (False, True):  # the configurations taken (by mask)
                 cfg = ordered_config(d, None, causal)
+                cfg["PERSIST"] = int(persistent(cfg))
+                cfg["PAIRS"] = int(pairs(cfg, 2, causal, 2))  # (where nkb is even)
                 rot = bool(cfg["ROT"]) and cfg["EARLY"] == 3  # (rotated, where all fit)
                 c = {**constexprs(cfg), "ROT": int(rot), "FINISH": int(finishes(cfg, rot, causal))}
                 if c not in seen:

@@ -77,6 +77,10 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
         # (ORDER 0: the simulator runs block 0's items before block 1's); grouped-query,
         # three K/V heads' three key blocks, a partial query tile (the mask's: the GPU case)
         (3, 2, 1, 200, 384, 64, np.float16, False, 4, 3, {"PERSIST": 1, "ORDER": 0, "SMS": 4}),
+        # with the mask, a K/V head's key blocks in pairs (PAIRS: 1 then 0, the only pair of
+        # each of three K/V heads, over two blocks: each waits only for itself, as the
+        # simulator needs), grouped-query, a partial query tile
+        (1, 6, 3, 200, 256, 64, np.float16, True, 4, 3, {"PERSIST": 1, "SMS": 2}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
         # heads of one K/V head, the second key block seeing no query (Sq < Sk); delta from o
         (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {"O": 1}),
@@ -178,6 +182,35 @@ def test_dq_conversions_against_the_fragment_order(d, sq, heads, causal, nkb, dt
     with pytest.raises(kaio.SimulationError, match="wait_eq"):
         fused.dq_convert_behind.sim[grid, 256](behind, acc, sem, rows, sq, nkb, causal, 0.5,
                                                D=d, BK=128, DT=dt)  # fmt: skip
+
+
+@kaio.gpu_kernel(block_size=32)
+def _pair_items(out: i32[:], nkb: i32, stride: i32, nkvh: i32):
+    """out[blk * 32 + j] = persistent block blk's j-th work item with ``PAIRS`` (-1 past
+    its last)."""
+    blk = i32(kaio.block_idx_x())
+    j = i32(kaio.thread_idx_x())
+    b = i32(-1)
+    if j < fused.persistent_items(blk, nkb, nkvh, stride, 1):
+        b = fused.persistent_item(blk, j, stride, nkb, 1)
+    out[blk * 32 + j] = b
+
+
+@pytest.mark.parametrize("nkb, stride, nkvh", [(8, 5, 3), (4, 3, 2), (2, 4, 3), (16, 8, 1)])
+def test_pairs_cover_every_key_block_once_in_equal_work(nkb, stride, nkvh):
+    """``persistent_item`` with ``PAIRS``: each block's items come in pairs of one K/V head's
+    key blocks nkb - 1 - p then p (``work_item`` reverses x where causal: launch-order items
+    h nkb + p, h nkb + nkb - 1 - p), pair blk + i stride, every item exactly once."""
+    out = np.full(stride * 32, -2, np.int32)
+    _pair_items.sim[stride, 32](out, nkb, stride, nkvh)
+    items = out.reshape(stride, 32)
+    for blk in range(stride):
+        mine = [b for b in items[blk] if b >= 0]
+        units = range(blk, nkvh * nkb // 2, stride)
+        want = [u // (nkb // 2) * nkb + q for u in units
+                for q in (u % (nkb // 2), nkb - 1 - u % (nkb // 2))]  # fmt: skip
+        assert mine == want, (blk, mine)
+    assert sorted(b for b in out if b >= 0) == list(range(nkb * nkvh))
 
 
 @kaio.gpu_kernel(block_size=32)

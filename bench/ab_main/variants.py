@@ -66,7 +66,11 @@ PDL_BEHIND = [  # PDL from prep to the kernel and from the kernel to dq_convert_
 ]
 
 
+PAIRS = ("PERSIST = {64: (1, 0), 128: (0, 0)}", "PERSIST = {64: (1, 1), 128: (0, 0)}")
+
+
 write("wide", [WIDE])
+write("pairs", [PAIRS])
 write("hint", HINT)
 write("pdlbehind", PDL_BEHIND)
 write("behind", BEHIND)
