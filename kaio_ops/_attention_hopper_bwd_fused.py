@@ -59,7 +59,6 @@ from kaio_ops._attention_hopper_bwd import (
     _ds_buffers,
     config,
     consume_dkdv,
-    dq_convert_tiles,
     grads_t,
     hand_dq,
     init_barriers,
@@ -366,36 +365,6 @@ def interleaved(bx: i32, by: i32, nkb: i32, hg: i32, ny: i32) -> tuple[i32, i32]
 
 
 @kaio.gpu_func
-def persistent_item(blk: i32, j: i32, stride: i32, nkb: i32, PAIRS: kaio.constexpr) -> i32:
-    """The work item (its index in the launch order of ``work_item``) of persistent block
-    blk's j-th turn (``stride`` blocks): item blk + j stride, or with ``PAIRS`` (causal, HG
-    1, nkb even) the pairs of a head's key blocks nkb - 1 - p, p (p < nkb / 2: the two walks
-    together nkb + 1 query tiles long, every pair alike): pair blk + (j / 2) stride, its
-    longer-keyed block (the shorter walk: it waits only for pairs before it) first."""
-    b = blk + j * stride
-    if PAIRS:
-        u = blk + j // 2 * stride
-        p = u % (nkb // 2)
-        b = u // (nkb // 2) * nkb + p  # (work_item reverses x: key block nkb - 1 - p)
-        if j % 2 == 1:
-            b += nkb - 1 - 2 * p  # key block p
-    return b
-
-
-@kaio.gpu_func
-def persistent_items(blk: i32, nkb: i32, nkvh: i32, stride: i32, PAIRS: kaio.constexpr) -> i32:
-    """The work items of persistent block blk (``persistent_item``) of ``stride`` over the
-    nkb key blocks of the ``nkvh`` K/V heads."""
-    n = nkb * nkvh
-    if PAIRS:
-        n = n // 2
-    n = (n - blk + stride - 1) // stride
-    if PAIRS:
-        n *= 2
-    return n
-
-
-@kaio.gpu_func
 def work_item(
     b: i32, nkb: i32, nkvh: i32, hg: i32, rot: i32, heads: i32, group: i32, sq: i32,
     causal: i32, BM: kaio.constexpr, BK: kaio.constexpr,
@@ -585,7 +554,7 @@ def finish_dq(
     read now at D 128: ``fetch_others``): their sum plus this thread's own share (dqa)
     times ``scale``, rounded to DT, to dq's rows q, q + 8 of the head at row at0 (those
     below sq), the warpgroup's columns from c0: the tile needs no reduction and no
-    ``dq_convert_tiles``."""
+    ``dq_convert_rows``."""
     if D == 64:
         for n in kaio.static_range(NQ // 8):
             for e in kaio.static_range(4):
@@ -717,7 +686,6 @@ def attention_bwd_fused_ordered(
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
     ROT: kaio.constexpr, FINISH: kaio.constexpr, PERSIST: kaio.constexpr,
-    PAIRS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -735,7 +703,7 @@ def attention_bwd_fused_ordered(
     W; causal, the key blocks launched in increasing order (the longest walks first);
     either way a block may wait for a later one of its head (all of them must fit on the
     GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
-    the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
+    the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_rows``
     after the kernel; ``PERSIST`` (``SCHED`` 4, ``EARLY`` 3,
     ``NDS`` 3, neither ``ROT`` nor ``FINISH``): a persistent block (a 1-d grid of at
     most one block a multiprocessor) runs the work items blk, blk + the grid, ... of the
@@ -770,7 +738,7 @@ def attention_bwd_fused_ordered(
     # 298 TFLOP/s against 282 without; with the odd rounds' items taken in reverse, 234
     # against 264: likely a block late in its head's turns then holding an early turn)
     stride = i32(kaio.grid_dim_x())
-    items = 1 if PERSIST == 0 else persistent_items(blk, nkb, nkvh, stride, PAIRS)
+    items = 1 if PERSIST == 0 else (nkb * nkvh - blk + stride - 1) // stride
 
     t, wg, lt = thread_roles(WG)
     if t == 0:
@@ -786,6 +754,10 @@ def attention_bwd_fused_ordered(
                 kaio.mbarrier_init(turn, 2 + b, 4 * WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
+    # launched while prep finishes (programmatic dependent launch: its arrays are read after
+    # this wait), and dq_convert_behind may launch once every block has begun
+    kaio.grid_dependency_wait()
+    kaio.launch_dependents()
     x, kvh, first_head, first, n_tiles, start = work_item(blk, nkb, nkvh, hg, ROT, heads, group,
                                                           sq, causal, BM, BK)  # fmt: skip
     if wg < WG:  # the consumers
@@ -794,7 +766,7 @@ def attention_bwd_fused_ordered(
         if SCHED:
             st, ph, pb, hph, wph, fb, g0 = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                b = persistent_item(blk, j, stride, nkb, PAIRS)
+                b = blk + j * stride
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
                         b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
@@ -819,7 +791,7 @@ def attention_bwd_fused_ordered(
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
             ph, g0 = u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                b = persistent_item(blk, j, stride, nkb, PAIRS)
+                b = blk + j * stride
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
                         b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
@@ -831,7 +803,7 @@ def attention_bwd_fused_ordered(
         elif lt == 0:
             st, ph, g0 = i32(0), u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                b = persistent_item(blk, j, stride, nkb, PAIRS)
+                b = blk + j * stride
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
                         b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
@@ -866,6 +838,7 @@ def prep(o: DT[:], do: DT[:], delta: f32[:], lse: f32[:], l2: f32[:], rows: i32,
     (the launch given ``o``), delta[row] = rowsum(o * do) of the [rows, D] matrices: D / 8 lanes a
     row, each one 16-byte load of o and of do, ``R`` rows a lane whose loads are all issued
     before the sums (R * 256 / (D / 8) rows a block)."""
+    kaio.launch_dependents()  # (the backward kernel may start: its wait is for all of this)
     L = D // 8  # (lanes a row)
     t = i32(kaio.thread_idx_x())
     j = i32(kaio.block_idx_x()) * 256 + t
@@ -901,62 +874,65 @@ def prep_rows(d: int, r: int) -> int:
 
 
 @kaio.gpu_func
-def convert_rows(dq: DT[:], acc: f32[:], u: i32, rows: i32, sq: i32, scale: f32,
-                 D: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """Thread u's share of ``dq_convert_wide``: rows r and r + 8 of a 16-row group of a 64-row
-    tile, columns c .. c + 7 (the lanes of a warp along a row's columns, so that each store
-    instruction writes whole rows): four 16-byte loads of acc (fragment order: floats 4k ..
-    4k + 3 of the thread's run are (r, c + 2k), (r, c + 2k + 1), (r + 8, c + 2k), (r + 8,
-    c + 2k + 1); L2 only, ``cg``: another block's bulk reductions wrote them) and two
-    16-byte stores of dq."""
-    nt = (sq + 63) // 64  # a head's tiles
-    cb = u % (D // 8)  # the column block (8 columns)
-    g = u // (D // 8)  # (tile, 16-row group, row % 8): rows r and r + 8
-    tile = g // 32
-    r = g // 8 % 4 * 16 + g % 8  # the row in its 64-row tile
-    if tile < rows // sq * nt:
-        x = kaio.local(f32, (4, 4))
-        y = kaio.local(DT, (2, 8))
-        at = tile * 64 * D + (cb * 128 + g % 32 * 4) * 4
-        for k in kaio.static_range(4):
-            kaio.load_vector(x[k], acc, at + 4 * k, 0, "cg")
-        row = tile // nt * sq + tile % nt * 64 + r  # dq's row
+def convert_tile(dq: DT[:], acc: f32[:], tile: i32, sq: i32, scale: f32, D: kaio.constexpr,
+                 DT: kaio.constexpr):  # fmt: skip
+    """dQ's rows of 64-row tile ``tile`` (over the heads' tiles, sq rows a head) = its floats
+    in ``acc`` (fragment order, ``store_dq_frags``: float4 f holds (r, c), (r, c + 1), (r + 8,
+    c), (r + 8, c + 1), r = 16 (f % 128 / 32) + f % 32 / 4, c = 8 (f / 128) + 2 (f % 4)) times
+    ``scale``, rounded to DT, by the block's 256 threads: the float4s read in order (each
+    load instruction a warp's 512 contiguous bytes; L2 only, ``cg``: other blocks' bulk
+    reductions wrote them), their pairs to a row-major tile in shared memory (rows padded
+    by 16 bytes: a warp's 4-byte stores on 32 banks), then 16-byte row chunks out (a warp's
+    stores along whole rows). Rows past sq (a partial last tile) are left alone."""
+    t = i32(kaio.thread_idx_x())
+    s_t = kaio.shared(DT, (64, D + 8))
+    x = kaio.local(f32, (D // 16, 4))  # (64 D / 4 float4s, 256 threads)
+    for k in kaio.static_range(D // 16):
+        kaio.load_vector(x[k], acc, tile * 64 * D + 4 * (t + 256 * k), 0, "cg")
+    r = t % 128 // 32 * 16 + t % 32 // 4
+    pair = kaio.local(DT, 2)
+    for k in kaio.static_range(D // 16):
+        c = (t // 128 + 2 * k) * 8 + t % 4 * 2
         for h in kaio.static_range(2):  # rows r, r + 8
-            for k in kaio.static_range(4):
-                for e in kaio.static_range(2):
-                    y[h, 2 * k + e] = DT(x[k, 2 * h + e] * scale)
-            if tile % nt * 64 + r + 8 * h < sq:
-                kaio.store_vector(dq, (row + 8 * h) * D + 8 * cb, y[h])
+            for e in kaio.static_range(2):
+                pair[e] = DT(x[k, 2 * h + e] * scale)
+            kaio.store_vector(s_t, (r + 8 * h, c), pair)
+    kaio.sync_threads()
+    nt = (sq + 63) // 64
+    row0 = tile // nt * sq + tile % nt * 64  # the tile's first row of dq
+    y = kaio.local(DT, 8)
+    for m in kaio.static_range(D // 32):  # 64 rows of D / 8 chunks
+        chunk = t + 256 * m
+        row = chunk // (D // 8)
+        c8 = chunk % (D // 8) * 8
+        if tile % nt * 64 + row < sq:
+            kaio.load_vector(y, s_t, (row, c8))
+            kaio.store_vector(dq, (row0 + row) * D + c8, y)
 
 
 @kaio.gpu_kernel(block_size=256)
-def dq_convert_wide(dq: DT[:], acc: f32[:], rows: i32, sq: i32, scale: f32, D: kaio.constexpr,
+def dq_convert_rows(dq: DT[:], acc: f32[:], sq: i32, scale: f32, D: kaio.constexpr,
                     DT: kaio.constexpr):  # fmt: skip
-    """``dq_convert_tiles`` in 16-byte accesses (``convert_rows``): dq [rows, D] (heads of sq
-    rows) = acc * scale rounded to DT, acc in whole 64-row tiles in fragment order; 4 D
-    threads a tile."""
-    u = i32(kaio.block_idx_x()) * 256 + i32(kaio.thread_idx_x())
-    convert_rows(dq, acc, u, rows, sq, scale, D, DT)
+    """``dq_convert_tiles`` a tile a block (``convert_tile``): dq [heads * sq, D] = acc *
+    scale rounded to DT, acc the heads' whole 64-row tiles in fragment order."""
+    convert_tile(dq, acc, i32(kaio.block_idx_x()), sq, scale, D, DT)
 
 
 @kaio.gpu_kernel(block_size=256)
-def dq_convert_behind(dq: DT[:], acc: f32[:], sem: i32[:], rows: i32, sq: i32, nkb: i32,
-                      causal: i32, scale: f32, D: kaio.constexpr, BK: kaio.constexpr,
+def dq_convert_behind(dq: DT[:], acc: f32[:], sem: i32[:], sq: i32, nkb: i32, causal: i32,
+                      scale: f32, D: kaio.constexpr, BK: kaio.constexpr,
                       DT: kaio.constexpr):  # fmt: skip
-    """``dq_convert_wide`` behind the ordered kernel: launched with programmatic dependent
+    """``dq_convert_rows`` behind the ordered kernel: launched with programmatic dependent
     launch (its ``grid_dependency_wait``) once every block of that kernel has begun (its
     ``launch_dependents``), its blocks run on the multiprocessors that kernel's last blocks
-    leave idle, each converting its tile's rows (4 D threads a tile) once the tile's
-    semaphore counts every turn (``tile_turns``: the last reduction in and released; thread
-    0 waits, the block follows); the wait at its end keeps it from completing before that
-    kernel does."""
-    u = i32(kaio.block_idx_x()) * 256 + i32(kaio.thread_idx_x())
-    nt = (sq + 63) // 64
-    tile = u // (4 * D)
-    if kaio.thread_idx_x() == 0 and tile < rows // sq * nt:
-        kaio.wait_eq(sem, tile, tile_turns(tile % nt, nkb, causal, 64, BK))
+    leave idle, each converting its tile once the tile's semaphore counts every turn
+    (``tile_turns``: the last reduction in and released; thread 0 waits, the block
+    follows); the wait at its end keeps it from completing before that kernel does."""
+    tile = i32(kaio.block_idx_x())
+    if kaio.thread_idx_x() == 0:
+        kaio.wait_eq(sem, tile, tile_turns(tile % ((sq + 63) // 64), nkb, causal, 64, BK))
     kaio.sync_threads()
-    convert_rows(dq, acc, u, rows, sq, scale, D, DT)
+    convert_tile(dq, acc, tile, sq, scale, D, DT)
     kaio.grid_dependency_wait()
 
 
@@ -1037,12 +1013,17 @@ PREP_R = {64: 4, 128: 4}
 # unequal walks: blocks given the same share end apart) B16 S1024 160 against 185, B4 S4096
 # 224 against 317 (the odd rounds' items reversed to even the walks out: 172 against 178).
 # Tried: the blocks converting dQ's tiles themselves once their items are done (no
-# dq_convert_tiles): 327 against 345, 449 against 443, 447 against 471.
+# dq_convert_tiles): 327 against 345, 449 against 443, 447 against 471. With the mask, a
+# head's key blocks in pairs of equal work (nkb - 1 - p, then p; bwd64 round C, queued):
+# B16 S1024 226 against 234, B4 S4096 330 against 384.
 PERSIST = {64: (1, 0), 128: (0, 0)}
 
-# Whether persistent blocks with the mask take a head's key blocks in pairs of equal work
-# (``PAIRS``, ``persistent_item``) where they can (``pairs``), by head dim.
-PAIRS = {64: 1, 128: 0}
+# Whether dQ's conversion runs behind the kernel (``dq_convert_behind``) rather than after
+# it (``dq_convert_rows``), by head dim. H100, f16 H16 B16 S1024, queued, each against the
+# same kernels converting after (rounds A and C of bwd64, with 16-byte conversions in
+# registers): D 64 347 / 348 against 348 / 348, causal 237 / 237 against 234 / 234; D 128
+# causal 298 / 295 against 303 / 299.
+BEHIND = {64: True, 128: False}
 
 
 def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> dict:
@@ -1064,7 +1045,6 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c["FINISH"] = FINISH[d]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     c["PERSIST"] = PERSIST[d][bool(causal)]
-    c["PAIRS"] = PAIRS[d]
     return {**c, "STAGES": fit_stages(d, c)}
 
 
@@ -1088,15 +1068,6 @@ def persistent(c: dict) -> bool:
     ``FINISH`` (whose rotated walks wait for later blocks of a head)."""
     return (bool(c.get("PERSIST")) and c["SCHED"] == 4 and c["NDS"] == 3 and c["EARLY"] == 3
             and not c["ROT"] and not c["FINISH"])  # fmt: skip
-
-
-def pairs(c: dict, nkb: int, causal: bool, sms: int) -> bool:
-    """Whether persistent blocks (``c["PERSIST"]``) take the key blocks in pairs (``PAIRS``
-    in ``c``): with the mask, HG 1, an even ``nkb`` and the pairs of a head no more than the
-    ``sms`` multiprocessors (a pair's shorter-keyed block waits for the head's later pairs:
-    each wait then moves less than a round of blocks ahead, so no cycle of waits)."""
-    return (bool(c["PERSIST"] and c.get("PAIRS")) and causal and c["HG"] == 1 and nkb % 2 == 0
-            and nkb // 2 <= sms)  # fmt: skip
 
 
 def rotated(c: dict, nkb: int, sms: int) -> bool:
@@ -1199,14 +1170,12 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     bk = 64 * c["WG"]
     smem = smem_bytes(d, c)
     nkb = -(-sk // bk)
-    sms = _arrays.multiprocessors(qa)
-    rot = rotated(c, nkb, sms)
+    rot = rotated(c, nkb, _arrays.multiprocessors(qa))
     finish = finishes(c, rot, causal)
     hg = 1 if rot else c["HG"]  # (rotated walks: a head's key blocks side by side)
-    c["PAIRS"] = int(pairs(c, nkb, causal, sms))
     grid = (nkb, bh // group)
-    if c["PERSIST"]:  # at most one block a multiprocessor (or a pair of key blocks)
-        grid = (min(nkb * (bh // group) // (1 + c["PAIRS"]), sms),)
+    if c["PERSIST"]:  # at most one block a multiprocessor
+        grid = (min(nkb * (bh // group), _arrays.multiprocessors(qa)),)
     dq_out = _arrays.output_arg(da, dq, (qa.size,))
     attention_bwd_fused_ordered[grid, 128 * c["WG"] + 128, stream, smem](
         tmap(ka, rows_kv, bk), tmap(va, rows_kv, bk), tmap(qa, rows_q, c["BM"]),
@@ -1216,10 +1185,13 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         int(causal), hg, D=d, DT=qa.dtype, **{**constexprs(c), "ROT": int(rot),
                                                       "FINISH": int(finish)},
     )  # fmt: skip
-    if not finish:  # (else the last turn on each tile stored its dQ)
-        dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
-            dq_out, dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
-        )
+    tiles = bh * -(-sq // 64)  # (finish: the last turn on each tile stored its dQ)
+    if not finish and BEHIND[d] and c["ORDER"] == 1:  # each tile once its turns are in (the
+        # semaphores count them), on the multiprocessors the kernel leaves idle
+        dq_convert_behind[tiles, 256, stream, 0](dq_out, dq_acc, sem, sq, nkb, int(causal), scale,
+                                                 D=d, BK=bk, DT=qa.dtype)  # fmt: skip
+    elif not finish:
+        dq_convert_rows[tiles, 256, stream, 0](dq_out, dq_acc, sq, scale, D=d, DT=qa.dtype)
     return dq, dk, dv
 
 
@@ -1232,8 +1204,6 @@ def specializations():
             seen = []
             for causal in (False, True):  # the configurations taken (by mask)
                 cfg = ordered_config(d, None, causal)
-                cfg["PERSIST"] = int(persistent(cfg))
-                cfg["PAIRS"] = int(pairs(cfg, 2, causal, 2))  # (where nkb is even)
                 rot = bool(cfg["ROT"]) and cfg["EARLY"] == 3  # (rotated, where all fit)
                 c = {**constexprs(cfg), "ROT": int(rot), "FINISH": int(finishes(cfg, rot, causal))}
                 if c not in seen:
@@ -1243,4 +1213,11 @@ def specializations():
         for d in (64, 128):
             for dot in (0, 1):
                 yield prep, {"D": d, "R": PREP_R[d], "DOT": dot, "DT": dt}
+    for dt in (f16, bf16):
+        for d in (64, 128):
+            yield (
+                (dq_convert_behind, {"D": d, "BK": 128, "DT": dt})
+                if BEHIND[d]
+                else (dq_convert_rows, {"D": d, "DT": dt})
+            )
     yield zero_acc_sem, {}

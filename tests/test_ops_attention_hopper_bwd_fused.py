@@ -77,10 +77,6 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
         # (ORDER 0: the simulator runs block 0's items before block 1's); grouped-query,
         # three K/V heads' three key blocks, a partial query tile (the mask's: the GPU case)
         (3, 2, 1, 200, 384, 64, np.float16, False, 4, 3, {"PERSIST": 1, "ORDER": 0, "SMS": 4}),
-        # with the mask, a K/V head's key blocks in pairs (PAIRS: 1 then 0, the only pair of
-        # each of three K/V heads, over two blocks: each waits only for itself, as the
-        # simulator needs), grouped-query, a partial query tile
-        (1, 6, 3, 200, 256, 64, np.float16, True, 4, 3, {"PERSIST": 1, "SMS": 2}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
         # heads of one K/V head, the second key block seeing no query (Sq < Sk); delta from o
         (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {"O": 1}),
@@ -161,7 +157,7 @@ def _fragment_order(d: int) -> np.ndarray:
      (64, 256, 1, 1, 2, np.float16)],
 )  # fmt: skip
 def test_dq_conversions_against_the_fragment_order(d, sq, heads, causal, nkb, dtype):
-    """``dq_convert_wide`` and ``dq_convert_behind`` (its semaphores counting every turn:
+    """``dq_convert_rows`` and ``dq_convert_behind`` (its semaphores counting every turn:
     ``tile_turns``; one short is reported) turn ``dq_acc``'s whole 64-row tiles in fragment
     order into dQ's rows (a partial last tile's rows past sq left alone) times the scale."""
     nt = -(-sq // 64)
@@ -169,48 +165,19 @@ def test_dq_conversions_against_the_fragment_order(d, sq, heads, causal, nkb, dt
     tiles = acc.reshape(heads, nt, 64 * d)[:, :, _fragment_order(d)]  # [heads, nt, 64, d]
     want = (tiles.reshape(heads, nt * 64, d)[:, :sq] * 0.5).astype(dtype).reshape(-1)
     dt = kaio.bf16 if dtype is ml_dtypes.bfloat16 else kaio.f16
-    rows, grid = heads * sq, -(-acc.size // 4096)
-    wide, behind = np.full(rows * d, np.nan, dtype), np.full(rows * d, np.nan, dtype)
-    fused.dq_convert_wide.sim[grid, 256](wide, acc, rows, sq, 0.5, D=d, DT=dt)
+    rows = np.full(heads * sq * d, np.nan, dtype)
+    behind = rows.copy()
+    fused.dq_convert_rows.sim[heads * nt, 256](rows, acc, sq, 0.5, D=d, DT=dt)
     turns = [min(nkb - 1, ((t % nt + 1) * 64 - 1) // 128) + 1 if causal else nkb
              for t in range(heads * nt)]  # fmt: skip
     sem = np.array(turns, np.int32)
-    fused.dq_convert_behind.sim[grid, 256](behind, acc, sem, rows, sq, nkb, causal, 0.5, D=d,
-                                           BK=128, DT=dt)  # fmt: skip
-    assert np.array_equal(wide, want) and np.array_equal(behind, want)
+    fused.dq_convert_behind.sim[heads * nt, 256](behind, acc, sem, sq, nkb, causal, 0.5, D=d,
+                                                 BK=128, DT=dt)  # fmt: skip
+    assert np.array_equal(rows, want) and np.array_equal(behind, want)
     sem[-1] -= 1  # the last tile's last turn not in: its wait is never met
     with pytest.raises(kaio.SimulationError, match="wait_eq"):
-        fused.dq_convert_behind.sim[grid, 256](behind, acc, sem, rows, sq, nkb, causal, 0.5,
-                                               D=d, BK=128, DT=dt)  # fmt: skip
-
-
-@kaio.gpu_kernel(block_size=32)
-def _pair_items(out: i32[:], nkb: i32, stride: i32, nkvh: i32):
-    """out[blk * 32 + j] = persistent block blk's j-th work item with ``PAIRS`` (-1 past
-    its last)."""
-    blk = i32(kaio.block_idx_x())
-    j = i32(kaio.thread_idx_x())
-    b = i32(-1)
-    if j < fused.persistent_items(blk, nkb, nkvh, stride, 1):
-        b = fused.persistent_item(blk, j, stride, nkb, 1)
-    out[blk * 32 + j] = b
-
-
-@pytest.mark.parametrize("nkb, stride, nkvh", [(8, 5, 3), (4, 3, 2), (2, 4, 3), (16, 8, 1)])
-def test_pairs_cover_every_key_block_once_in_equal_work(nkb, stride, nkvh):
-    """``persistent_item`` with ``PAIRS``: each block's items come in pairs of one K/V head's
-    key blocks nkb - 1 - p then p (``work_item`` reverses x where causal: launch-order items
-    h nkb + p, h nkb + nkb - 1 - p), pair blk + i stride, every item exactly once."""
-    out = np.full(stride * 32, -2, np.int32)
-    _pair_items.sim[stride, 32](out, nkb, stride, nkvh)
-    items = out.reshape(stride, 32)
-    for blk in range(stride):
-        mine = [b for b in items[blk] if b >= 0]
-        units = range(blk, nkvh * nkb // 2, stride)
-        want = [u // (nkb // 2) * nkb + q for u in units
-                for q in (u % (nkb // 2), nkb - 1 - u % (nkb // 2))]  # fmt: skip
-        assert mine == want, (blk, mine)
-    assert sorted(b for b in out if b >= 0) == list(range(nkb * nkvh))
+        fused.dq_convert_behind.sim[heads * nt, 256](behind, acc, sem, sq, nkb, causal, 0.5,
+                                                     D=d, BK=128, DT=dt)  # fmt: skip
 
 
 @kaio.gpu_kernel(block_size=32)
@@ -254,7 +221,7 @@ SHIPPED = [(k, c) for k, c in fused.specializations() if c.get("DT") != kaio.bf1
 @pytest.mark.parametrize("index", range(len(SHIPPED)))
 def test_specializations_assemble_for_sm_90a(index):
     """No spills, no serialized wgmma (f16: bf16 differs in the wgmma's type only); the SIMT
-    zeroing kernel for sm_80 too."""
+    kernels without programmatic dependent launch (sm_90's) for sm_80 too."""
     kernel, constexprs = SHIPPED[index]
     ptx = kernel.ptx(arch="sm_90", **constexprs)
     hopper = ".target sm_90a" in ptx
@@ -262,7 +229,7 @@ def test_specializations_assemble_for_sm_90a(index):
     spills = re.search(r"(\d+) bytes spill stores", report)
     assert spills and spills[1] == "0", (constexprs, report)
     assert "C7518" not in report and "C7508" not in report and "C7510" not in report, report
-    if not hopper:
+    if not hopper and "griddepcontrol" not in ptx:
         assemble(kernel.ptx(arch="sm_80", **constexprs), "sm_80")
 
 

@@ -16,9 +16,6 @@ from kaio_ops import _attention_tc as tc
 sp = importlib.util.spec_from_file_location("main_fused", "bench/ab_main/_attention_hopper_bwd_fused.py")
 M = importlib.util.module_from_spec(sp)
 sp.loader.exec_module(M)
-sp = importlib.util.spec_from_file_location("hint", "/tmp/fused_hint.py")  # (variants.py)
-HI = importlib.util.module_from_spec(sp)
-sp.loader.exec_module(HI)
 dev = "cuda"
 st = torch.cuda.current_stream().cuda_stream
 RS = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "1,2,4").split(",")]
@@ -43,7 +40,7 @@ for d in (64, 128):
         M.zero_acc_sem_l2[-(-rows // 256), 256, st, 0](dummy, 0, buf("os", m, torch.int32), m, lse,
                                                        buf("ol", rows), rows)
 
-    def new(R, mod=F, tag=""):
+    def new(R, mod=F, tag=""):  # noqa
         def f():
             per = F.prep_rows(d, R)
             mod.prep[max(-(-rows // per), -(-m // 256)), 256, st, 0](
@@ -55,25 +52,21 @@ for d in (64, 128):
         H.dq_convert_tiles[-(-rows * d // 1024), 256, st, 0](buf("co", rows * d, torch.float16), acc,
                                                             rows, sq, 0.125, D=d, DT=f16)
 
-    def conv_new(mod=F, tag=""):
-        def f():
-            mod.dq_convert_wide[-(-rows * d // 4096), 256, st, 0](
-                buf("cn" + tag, rows * d, torch.float16), acc, rows, sq, 0.125, D=d, DT=f16)
-        return f
+    def conv_new():
+        F.dq_convert_rows[rows // 64, 256, st, 0](buf("cn", rows * d, torch.float16), acc, sq, 0.125,
+                                                 D=d, DT=f16)
 
     big = torch.cat([o, do])
     a16 = torch.empty(rows * d, device=dev, dtype=torch.float16)
-    fns = {"old prep": old, **{f"prep R{R}": new(R) for R in RS},
-           **{f"prep R{R} hint": new(R, HI, "h") for R in RS}, "conv old": conv_old,
-           "conv wide": conv_new(), "conv wide hint": conv_new(HI, "h"),
-           "torch sum o,do": lambda: big.sum(), "torch acc to f16": lambda: a16.copy_(acc)}
+    fns = {"old prep": old, **{f"prep R{R}": new(R) for R in RS}, "conv old": conv_old,
+           "conv rows": conv_new, "torch sum o,do": lambda: big.sum(),
+           "torch acc to f16": lambda: a16.copy_(acc)}
     for f in fns.values():
         f()
     torch.cuda.synchronize()
     ref = (o.view(rows, d).double() * do.view(rows, d).double()).sum(1)
     err = {k: (outs[k].double() - ref).abs().max().item() for k in outs if k.startswith(("od", "nd"))}
     same = [torch.equal(outs[f"nl{R}"], outs["ol"]) and int(outs[f"ns{R}"].abs().sum()) == 0 for R in RS]
-    same += [torch.equal(outs[f"nd{R}h"], outs[f"nd{R}"]) for R in RS] + [torch.equal(outs["cnh"], outs["co"])]
     print(f"D{d} delta max err {err}; l2 equal, sem 0: {same}; conv equal {torch.equal(outs['co'], outs['cn'])}",
           flush=True)
     times = {k: [] for k in fns}
