@@ -52,14 +52,18 @@ for d in (64, 128):
         H.dq_convert_tiles[-(-rows * d // 1024), 256, st, 0](buf("co", rows * d, torch.float16), acc,
                                                             rows, sq, 0.125, D=d, DT=f16)
 
-    def conv_new():
-        F.dq_convert_rows[rows // 64, 256, st, 0](buf("cn", rows * d, torch.float16), acc, sq, 0.125,
-                                                 D=d, DT=f16)
+    def conv_new(t):
+        def f():
+            F.dq_convert_rows[-(-rows // 64 // t), 256, st, 0](
+                buf(f"cn{t}", rows * d, torch.float16), acc, rows // 64, sq, 0.125, T=t, D=d,
+                DT=f16)
+        return f
 
     big = torch.cat([o, do])
     a16 = torch.empty(rows * d, device=dev, dtype=torch.float16)
     fns = {"old prep": old, **{f"prep R{R}": new(R) for R in RS}, "conv old": conv_old,
-           "conv rows": conv_new, "torch sum o,do": lambda: big.sum(),
+           **{f"conv rows T{t}": conv_new(t) for t in ((1, 2, 4) if d == 64 else (1, 2))},
+           "torch sum o,do": lambda: big.sum(),
            "torch acc to f16": lambda: a16.copy_(acc)}
     for f in fns.values():
         f()
@@ -67,7 +71,7 @@ for d in (64, 128):
     ref = (o.view(rows, d).double() * do.view(rows, d).double()).sum(1)
     err = {k: (outs[k].double() - ref).abs().max().item() for k in outs if k.startswith(("od", "nd"))}
     same = [torch.equal(outs[f"nl{R}"], outs["ol"]) and int(outs[f"ns{R}"].abs().sum()) == 0 for R in RS]
-    print(f"D{d} delta max err {err}; l2 equal, sem 0: {same}; conv equal {torch.equal(outs['co'], outs['cn'])}",
+    print(f"D{d} delta max err {err}; l2 equal, sem 0: {same}; conv equal {[torch.equal(outs['co'], outs[k]) for k in outs if k.startswith('cn')]}",
           flush=True)
     times = {k: [] for k in fns}
     for _ in range(7):

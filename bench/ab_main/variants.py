@@ -1,9 +1,8 @@
 """Rounds only (bwd64): write variants of the branch's ordered-kernel module to /tmp for the
-ab's "module" override: nobehind (dQ converted by dq_convert_rows after the kernel at D 64
-too)."""
+ab's "module" override: t2 (dQ converted two tiles a block)."""
 
 SRC = "kaio_ops/_attention_hopper_bwd_fused.py"
-NOBEHIND = ("BEHIND = {64: True, 128: False}", "BEHIND = {64: False, 128: False}")
+T2 = ("CONVERT_T = {64: 1, 128: 1}", "CONVERT_T = {64: 2, 128: 2}")
 
 
 def write(name, edits):
@@ -14,4 +13,4 @@ def write(name, edits):
     open(f"/tmp/fused_{name}.py", "w").write(s)
 
 
-write("nobehind", [NOBEHIND])
+write("t2", [T2])
