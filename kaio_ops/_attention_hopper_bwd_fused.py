@@ -874,75 +874,65 @@ def prep_rows(d: int, r: int) -> int:
 
 
 @kaio.gpu_func
-def convert_tiles(dq: DT[:], acc: f32[:], tile0: i32, tiles: i32, sq: i32, scale: f32,
-                  T: kaio.constexpr, D: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """dQ's rows of the ``T`` 64-row tiles from ``tile0`` (of ``tiles`` over the heads, sq
-    rows a head) = their floats in ``acc`` (fragment order, ``store_dq_frags``: float4 f
-    holds (r, c), (r, c + 1), (r + 8, c), (r + 8, c + 1), r = 16 (f % 128 / 32) + f % 32 /
-    4, c = 8 (f / 128) + 2 (f % 4)) times ``scale``, rounded to DT, by the block's 256
-    threads: every float4 read first, in order (each load instruction a warp's 512
-    contiguous bytes; L2 only, ``cg``: other blocks' bulk reductions wrote them), their
-    pairs to row-major tiles in shared memory (rows padded by 16 bytes: a warp's 4-byte
-    stores on 32 banks), then 16-byte row chunks out (a warp's stores along whole rows).
-    Rows past sq (a partial last tile) are left alone."""
+def convert_tile(dq: DT[:], acc: f32[:], tile: i32, sq: i32, scale: f32, D: kaio.constexpr,
+                 DT: kaio.constexpr):  # fmt: skip
+    """dQ's rows of 64-row tile ``tile`` (over the heads' tiles, sq rows a head) = its floats
+    in ``acc`` (fragment order, ``store_dq_frags``: float4 f holds (r, c), (r, c + 1), (r + 8,
+    c), (r + 8, c + 1), r = 16 (f % 128 / 32) + f % 32 / 4, c = 8 (f / 128) + 2 (f % 4)) times
+    ``scale``, rounded to DT, by the block's 256 threads: the float4s read in order (each
+    load instruction a warp's 512 contiguous bytes; L2 only, ``cg``: other blocks' bulk
+    reductions wrote them), their pairs to a row-major tile in shared memory (rows padded
+    by 16 bytes: a warp's 4-byte stores on 32 banks), then 16-byte row chunks out (a warp's
+    stores along whole rows). Rows past sq (a partial last tile) are left alone."""
     t = i32(kaio.thread_idx_x())
-    s_t = kaio.shared(DT, (T, 64, D + 8))
-    K = D // 16  # (a tile's 64 D / 4 float4s over 256 threads)
-    x = kaio.local(f32, (T * K, 4))
-    for i in kaio.static_range(T):
-        if tile0 + i < tiles:
-            for k in kaio.static_range(K):
-                kaio.load_vector(x[i * K + k], acc, (tile0 + i) * 64 * D + 4 * (t + 256 * k), 0,
-                                 "cg")  # fmt: skip
+    s_t = kaio.shared(DT, (64, D + 8))
+    x = kaio.local(f32, (D // 16, 4))  # (64 D / 4 float4s, 256 threads)
+    for k in kaio.static_range(D // 16):
+        kaio.load_vector(x[k], acc, tile * 64 * D + 4 * (t + 256 * k), 0, "cg")
     r = t % 128 // 32 * 16 + t % 32 // 4
     pair = kaio.local(DT, 2)
-    for i in kaio.static_range(T):
-        for k in kaio.static_range(K):
-            c = (t // 128 + 2 * k) * 8 + t % 4 * 2
-            for h in kaio.static_range(2):  # rows r, r + 8
-                for e in kaio.static_range(2):
-                    pair[e] = DT(x[i * K + k, 2 * h + e] * scale)
-                kaio.store_vector(s_t, (i, r + 8 * h, c), pair)
+    for k in kaio.static_range(D // 16):
+        c = (t // 128 + 2 * k) * 8 + t % 4 * 2
+        for h in kaio.static_range(2):  # rows r, r + 8
+            for e in kaio.static_range(2):
+                pair[e] = DT(x[k, 2 * h + e] * scale)
+            kaio.store_vector(s_t, (r + 8 * h, c), pair)
     kaio.sync_threads()
     nt = (sq + 63) // 64
+    row0 = tile // nt * sq + tile % nt * 64  # the tile's first row of dq
     y = kaio.local(DT, 8)
-    for i in kaio.static_range(T):
-        tile = tile0 + i
-        row0 = tile // nt * sq + tile % nt * 64  # the tile's first row of dq
-        for m in kaio.static_range(D // 32):  # 64 rows of D / 8 chunks
-            chunk = t + 256 * m
-            row = chunk // (D // 8)
-            c8 = chunk % (D // 8) * 8
-            if tile < tiles and tile % nt * 64 + row < sq:
-                kaio.load_vector(y, s_t, (i, row, c8))
-                kaio.store_vector(dq, (row0 + row) * D + c8, y)
+    for m in kaio.static_range(D // 32):  # 64 rows of D / 8 chunks
+        chunk = t + 256 * m
+        row = chunk // (D // 8)
+        c8 = chunk % (D // 8) * 8
+        if tile % nt * 64 + row < sq:
+            kaio.load_vector(y, s_t, (row, c8))
+            kaio.store_vector(dq, (row0 + row) * D + c8, y)
 
 
 @kaio.gpu_kernel(block_size=256)
-def dq_convert_rows(dq: DT[:], acc: f32[:], tiles: i32, sq: i32, scale: f32, T: kaio.constexpr,
-                    D: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
-    """``dq_convert_tiles`` ``T`` tiles a block (``convert_tiles``): dq [heads * sq, D] = acc
-    * scale rounded to DT, acc the heads' ``tiles`` whole 64-row tiles in fragment order."""
-    convert_tiles(dq, acc, i32(kaio.block_idx_x()) * T, tiles, sq, scale, T, D, DT)
+def dq_convert_rows(dq: DT[:], acc: f32[:], sq: i32, scale: f32, D: kaio.constexpr,
+                    DT: kaio.constexpr):  # fmt: skip
+    """``dq_convert_tiles`` a tile a block (``convert_tile``): dq [heads * sq, D] = acc *
+    scale rounded to DT, acc the heads' whole 64-row tiles in fragment order."""
+    convert_tile(dq, acc, i32(kaio.block_idx_x()), sq, scale, D, DT)
 
 
 @kaio.gpu_kernel(block_size=256)
-def dq_convert_behind(dq: DT[:], acc: f32[:], sem: i32[:], tiles: i32, sq: i32, nkb: i32,
-                      causal: i32, scale: f32, T: kaio.constexpr, D: kaio.constexpr,
-                      BK: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+def dq_convert_behind(dq: DT[:], acc: f32[:], sem: i32[:], sq: i32, nkb: i32, causal: i32,
+                      scale: f32, D: kaio.constexpr, BK: kaio.constexpr,
+                      DT: kaio.constexpr):  # fmt: skip
     """``dq_convert_rows`` behind the ordered kernel: launched with programmatic dependent
     launch (its ``grid_dependency_wait``) once every block of that kernel has begun (its
     ``launch_dependents``), its blocks run on the multiprocessors that kernel's last blocks
-    leave idle, each converting its tiles once each tile's semaphore counts every turn
-    (``tile_turns``: the last reduction in and released; thread i waits for tile i, the
-    block follows); the wait at its end keeps it from completing before that kernel does."""
-    tile0 = i32(kaio.block_idx_x()) * T
-    t = i32(kaio.thread_idx_x())
-    if t < T and tile0 + t < tiles:
-        tile = tile0 + t
+    leave idle, each converting its tile once the tile's semaphore counts every turn
+    (``tile_turns``: the last reduction in and released; thread 0 waits, the block
+    follows); the wait at its end keeps it from completing before that kernel does."""
+    tile = i32(kaio.block_idx_x())
+    if kaio.thread_idx_x() == 0:
         kaio.wait_eq(sem, tile, tile_turns(tile % ((sq + 63) // 64), nkb, causal, 64, BK))
     kaio.sync_threads()
-    convert_tiles(dq, acc, tile0, tiles, sq, scale, T, D, DT)
+    convert_tile(dq, acc, tile, sq, scale, D, DT)
     kaio.grid_dependency_wait()
 
 
@@ -999,7 +989,8 @@ HG = {64: (16, 1), 128: (4, 1)}
 # kernel in the same run: D 128 with both 344 and 355 against 311 and 314 (f16; SDPA flash
 # 211, 212), bf16 348 against 311; f16 B4 S4096 514 against 513; D 64 249 / 238 / 236 / 259
 # against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone) 114 / 173 against
-# 120 / 171.
+# 120 / 171; with prep, PDL and dQ converted behind (bwd64 round E, queued): 239 against
+# 242, B4 S4096 387 against 389.
 ROT = {64: (False, False), 128: (True, False)}
 FINISH = {64: False, 128: True}
 
@@ -1033,13 +1024,13 @@ PERSIST = {64: (1, 0), 128: (0, 0)}
 
 # Whether dQ's conversion runs behind the kernel (``dq_convert_behind``) rather than after
 # it (``dq_convert_rows``), by head dim. H100, f16 H16 B16 S1024, queued, each against the
-# same kernels converting after (rounds A and C of bwd64, with 16-byte conversions in
+# same kernels converting after (bwd64 rounds A and C, with 16-byte conversions in
 # registers): D 64 347 / 348 against 348 / 348, causal 237 / 237 against 234 / 234; D 128
-# causal 298 / 295 against 303 / 299.
+# causal 298 / 295 against 303 / 299; with dq_convert_rows (round D): D 64 358 against
+# 351, causal 241 against 235, B4 S4096 449 against 452, causal 383 against 380. Tried:
+# two or four tiles a conversion block (round E: 50.1 / 50.9 µs against 50.1 alone at D 64
+# B16 S1024; 365, causal 242 in the backward, as one tile).
 BEHIND = {64: True, 128: False}
-
-# The 64-row tiles a block of the dQ conversion (``convert_tiles``' T), by head dim.
-CONVERT_T = {64: 1, 128: 1}
 
 
 def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> dict:
@@ -1202,16 +1193,12 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
                                                       "FINISH": int(finish)},
     )  # fmt: skip
     tiles = bh * -(-sq // 64)  # (finish: the last turn on each tile stored its dQ)
-    t = CONVERT_T[d]
     if not finish and BEHIND[d] and c["ORDER"] == 1:  # each tile once its turns are in (the
         # semaphores count them), on the multiprocessors the kernel leaves idle
-        dq_convert_behind[-(-tiles // t), 256, stream, 0](
-            dq_out, dq_acc, sem, tiles, sq, nkb, int(causal), scale, T=t, D=d, BK=bk,
-            DT=qa.dtype,
-        )  # fmt: skip
+        dq_convert_behind[tiles, 256, stream, 0](dq_out, dq_acc, sem, sq, nkb, int(causal), scale,
+                                                 D=d, BK=bk, DT=qa.dtype)  # fmt: skip
     elif not finish:
-        dq_convert_rows[-(-tiles // t), 256, stream, 0](dq_out, dq_acc, tiles, sq, scale, T=t,
-                                                        D=d, DT=qa.dtype)  # fmt: skip
+        dq_convert_rows[tiles, 256, stream, 0](dq_out, dq_acc, sq, scale, D=d, DT=qa.dtype)
     return dq, dk, dv
 
 
@@ -1235,6 +1222,9 @@ def specializations():
                 yield prep, {"D": d, "R": PREP_R[d], "DOT": dot, "DT": dt}
     for dt in (f16, bf16):
         for d in (64, 128):
-            t = {"T": CONVERT_T[d], "D": d, "DT": dt}
-            yield (dq_convert_behind, {**t, "BK": 128}) if BEHIND[d] else (dq_convert_rows, t)
+            yield (
+                (dq_convert_behind, {"D": d, "BK": 128, "DT": dt})
+                if BEHIND[d]
+                else (dq_convert_rows, {"D": d, "DT": dt})
+            )
     yield zero_acc_sem, {}

@@ -152,15 +152,14 @@ def _fragment_order(d: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "d, sq, heads, causal, nkb, dtype, t",
-    [(64, 100, 2, 0, 3, np.float16, 1), (128, 192, 2, 1, 2, ml_dtypes.bfloat16, 2),
-     (64, 256, 1, 1, 2, np.float16, 2), (64, 320, 1, 0, 2, np.float16, 4)],
+    "d, sq, heads, causal, nkb, dtype",
+    [(64, 100, 2, 0, 3, np.float16), (128, 192, 2, 1, 2, ml_dtypes.bfloat16),
+     (64, 256, 1, 1, 2, np.float16)],
 )  # fmt: skip
-def test_dq_conversions_against_the_fragment_order(d, sq, heads, causal, nkb, dtype, t):
+def test_dq_conversions_against_the_fragment_order(d, sq, heads, causal, nkb, dtype):
     """``dq_convert_rows`` and ``dq_convert_behind`` (its semaphores counting every turn:
     ``tile_turns``; one short is reported) turn ``dq_acc``'s whole 64-row tiles in fragment
-    order into dQ's rows (a partial last tile's rows past sq left alone) times the scale,
-    ``t`` tiles a block (the last block's partly past the last tile)."""
+    order into dQ's rows (a partial last tile's rows past sq left alone) times the scale."""
     nt = -(-sq // 64)
     acc = np.random.default_rng(d + sq).standard_normal(heads * nt * 64 * d).astype(np.float32)
     tiles = acc.reshape(heads, nt, 64 * d)[:, :, _fragment_order(d)]  # [heads, nt, 64, d]
@@ -168,18 +167,17 @@ def test_dq_conversions_against_the_fragment_order(d, sq, heads, causal, nkb, dt
     dt = kaio.bf16 if dtype is ml_dtypes.bfloat16 else kaio.f16
     rows = np.full(heads * sq * d, np.nan, dtype)
     behind = rows.copy()
-    grid, n = -(-heads * nt // t), heads * nt
-    fused.dq_convert_rows.sim[grid, 256](rows, acc, n, sq, 0.5, T=t, D=d, DT=dt)
+    fused.dq_convert_rows.sim[heads * nt, 256](rows, acc, sq, 0.5, D=d, DT=dt)
     turns = [min(nkb - 1, ((t % nt + 1) * 64 - 1) // 128) + 1 if causal else nkb
              for t in range(heads * nt)]  # fmt: skip
     sem = np.array(turns, np.int32)
-    fused.dq_convert_behind.sim[grid, 256](behind, acc, sem, n, sq, nkb, causal, 0.5, T=t,
-                                           D=d, BK=128, DT=dt)  # fmt: skip
+    fused.dq_convert_behind.sim[heads * nt, 256](behind, acc, sem, sq, nkb, causal, 0.5, D=d,
+                                                 BK=128, DT=dt)  # fmt: skip
     assert np.array_equal(rows, want) and np.array_equal(behind, want)
     sem[-1] -= 1  # the last tile's last turn not in: its wait is never met
     with pytest.raises(kaio.SimulationError, match="wait_eq"):
-        fused.dq_convert_behind.sim[grid, 256](behind, acc, sem, n, sq, nkb, causal, 0.5, T=t,
-                                               D=d, BK=128, DT=dt)  # fmt: skip
+        fused.dq_convert_behind.sim[heads * nt, 256](behind, acc, sem, sq, nkb, causal, 0.5,
+                                                     D=d, BK=128, DT=dt)  # fmt: skip
 
 
 @kaio.gpu_kernel(block_size=32)
