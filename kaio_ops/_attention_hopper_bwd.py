@@ -80,7 +80,7 @@ from kaio_ops._attention_hopper_common import (
     store_pairs,
     thread_roles,
 )
-from kaio_ops._attention_tc import POS_INF, lse_log2
+from kaio_ops._attention_tc import POS_INF, fill_delta, lse_log2
 from kaio_ops._matmul_hopper import next_stage
 
 
@@ -1263,7 +1263,7 @@ def stats_maps(la, delta, rows: int, box: int) -> list:
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
            cfg: dict | None = None, only: str | None = None, deterministic: bool = False,
            fused: bool | None = None, side: bool | None = None,
-           ordered: bool | dict | None = None):  # fmt: skip
+           ordered: bool | dict | None = None, o=None):  # fmt: skip
     """Run the kernels on checked operands (``_arrays.Operand``s q, do [B, H, Sq, D], k, v
     [B, Hkv, Sk, D], lse [B, H, Sq] f32) and ``delta`` (flat f32 [B * H * Sq], rowsum(dO *
     O)); ``dims``: (B * H, H, group, sq, sk, d, d); ``cfg``: the constexprs (default
@@ -1279,7 +1279,9 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     ``side`` is given): the
     deterministic fused kernel (``kaio_ops._attention_hopper_bwd_fused``: dQ added in a fixed
     order), deterministic too (a dict: with these overrides of its ``ordered_config``).
-    Returns (dq, dk, dv) of q's type and shapes."""
+    ``o`` (O, like q): given, ``delta`` is written here first (the ordered kernel's ``prep``
+    computes it beside its other preparation; else ``_attention_tc.fill_delta``). Returns
+    (dq, dk, dv) of q's type and shapes."""
     import math
 
     from kaio_ops import _arrays
@@ -1296,7 +1298,9 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     cfg = cfg or config(d)
     if only is None and take:
         over = ordered if isinstance(ordered, dict) else None
-        return fused_ordered.launch(qa, ka, va, da, la, delta, dims, causal, scale, over)
+        return fused_ordered.launch(qa, ka, va, da, la, delta, dims, causal, scale, over, o)
+    if o is not None:
+        fill_delta(o, da, delta, bh * sq, d)
     fused = not deterministic and only is None and (FUSED[d] if fused is None else fused)
     c1, c2 = (cfg["fused"] if fused else cfg["dkdv"]), cfg["dq"]
     for c in (c1, c2):

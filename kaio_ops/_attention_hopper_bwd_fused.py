@@ -59,7 +59,6 @@ from kaio_ops._attention_hopper_bwd import (
     _ds_buffers,
     config,
     consume_dkdv,
-    dq_convert_tiles,
     grads_t,
     hand_dq,
     init_barriers,
@@ -86,6 +85,7 @@ from kaio_ops._attention_hopper_common import (
     thread_roles,
 )
 from kaio_ops._attention_tc import lse_log2
+from kaio_ops._common import lanes_sum
 from kaio_ops._matmul_hopper import next_stage
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
@@ -554,7 +554,7 @@ def finish_dq(
     read now at D 128: ``fetch_others``): their sum plus this thread's own share (dqa)
     times ``scale``, rounded to DT, to dq's rows q, q + 8 of the head at row at0 (those
     below sq), the warpgroup's columns from c0: the tile needs no reduction and no
-    ``dq_convert_tiles``."""
+    ``dq_convert_rows``."""
     if D == 64:
         for n in kaio.static_range(NQ // 8):
             for e in kaio.static_range(4):
@@ -703,7 +703,7 @@ def attention_bwd_fused_ordered(
     W; causal, the key blocks launched in increasing order (the longest walks first);
     either way a block may wait for a later one of its head (all of them must fit on the
     GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
-    the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_tiles``
+    the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_rows``
     after the kernel; ``PERSIST`` (``SCHED`` 4, ``EARLY`` 3,
     ``NDS`` 3, neither ``ROT`` nor ``FINISH``): a persistent block (a 1-d grid of at
     most one block a multiprocessor) runs the work items blk, blk + the grid, ... of the
@@ -712,7 +712,7 @@ def attention_bwd_fused_ordered(
     (an item waits only for items before it in the launch order: those run or ran); ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
-    ``lse_log2(lse)``, ``zero_acc_sem_l2``)."""
+    ``lse_log2(lse)``, ``prep``)."""
     NBUF = 3 if LATE == 2 else 2  # the dS^T buffers of SCHED 0 (and their barriers)
     NPT = 4 if SCHED and SCHED < 4 else NDS if SCHED else NBUF  # P^T, dS^T (0, 4: dS^T)
     BK = 64 * WG
@@ -754,6 +754,10 @@ def attention_bwd_fused_ordered(
                 kaio.mbarrier_init(turn, 2 + b, 4 * WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
+    # launched while prep finishes (programmatic dependent launch: its arrays are read after
+    # this wait), and dq_convert_behind may launch once every block has begun
+    kaio.grid_dependency_wait()
+    kaio.launch_dependents()
     x, kvh, first_head, first, n_tiles, start = work_item(blk, nkb, nkvh, hg, ROT, heads, group,
                                                           sq, causal, BM, BK)  # fmt: skip
     if wg < WG:  # the consumers
@@ -818,24 +822,133 @@ def attention_bwd_fused_ordered(
 
 @kaio.gpu_kernel(block_size=256)
 def zero_acc_sem(acc: f32[:], n: i32, sem: i32[:], m: i32):
-    """acc[0 .. n) = 0, four a thread (n a multiple of 4; 0 where the kernel ``stores_first``),
-    and sem[0 .. m) = 0: the fused kernel's dQ sums and semaphores, in one launch."""
+    """acc[0 .. n) = 0, four a thread (n a multiple of 4), and sem[0 .. m) = 0: the dQ sums
+    and semaphores of ``_attention_hopper_bwd256``'s ordered dQ, in one launch."""
     zero_sums(acc, n, sem, m, i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x()))
 
 
 @kaio.gpu_kernel(block_size=256)
-def zero_acc_sem_l2(acc: f32[:], n: i32, sem: i32[:], m: i32, lse: f32[:], l2: f32[:], rows: i32):
-    """``zero_acc_sem``, and l2[0 .. rows) = ``lse_log2(lse)``: the base-2 offsets the
-    kernel's ``L2`` reads (one conversion a query row, not one a key block)."""
-    j = i32(kaio.block_idx_x() * 256 + kaio.thread_idx_x())
+def prep(o: DT[:], do: DT[:], delta: f32[:], lse: f32[:], l2: f32[:], rows: i32, acc: f32[:],
+         n: i32, sem: i32[:], m: i32, D: kaio.constexpr, R: kaio.constexpr,
+         DOT: kaio.constexpr, DT: kaio.constexpr):  # fmt: skip
+    """The launch's one kernel before the backward: acc[0 .. n) = 0, four a thread of the
+    grid (n 0 where the kernel ``stores_first``), sem[0 .. m) = 0 (the dQ sums and their
+    semaphores), l2 = ``lse_log2(lse)`` for the ``rows`` rows (the base-2 offsets the
+    kernel's ``L2`` reads: one conversion a query row, not one a key block) and, with ``DOT``
+    (the launch given ``o``), delta[row] = rowsum(o * do) of the [rows, D] matrices: D / 8 lanes a
+    row, each one 16-byte load of o and of do, ``R`` rows a lane whose loads are all issued
+    before the sums (R * 256 / (D / 8) rows a block)."""
+    kaio.launch_dependents()  # (the backward kernel may start: its wait is for all of this)
+    L = D // 8  # (lanes a row)
+    t = i32(kaio.thread_idx_x())
+    j = i32(kaio.block_idx_x()) * 256 + t
     zero_sums(acc, n, sem, m, j)
-    if j < rows:
-        l2[j] = lse_log2(lse[j])
+    row0 = i32(kaio.block_idx_x()) * (R * 256 // L) + t // L
+    c = 8 * (t % L)
+    a = kaio.local(DT, (R, 8))
+    b = kaio.local(DT, (R, 8))
+    x = kaio.local(f32, R)  # (the rows' lse, loaded with the rest)
+    for s in kaio.static_range(R):
+        row = row0 + s * (256 // L)
+        if row < rows:
+            x[s] = lse[row]
+            if DOT:
+                kaio.load_vector(a[s], o, row * D + c)
+                kaio.load_vector(b[s], do, row * D + c)
+    for s in kaio.static_range(R):
+        row = row0 + s * (256 // L)
+        dot = 0.0
+        if DOT:
+            for e in kaio.static_range(8):
+                dot += f32(a[s, e]) * f32(b[s, e])
+            dot = lanes_sum(dot, L)  # (a row's L lanes are aligned in the warp)
+        if row < rows and c == 0:
+            l2[row] = lse_log2(x[s])
+            if DOT:
+                delta[row] = dot
+
+
+def prep_rows(d: int, r: int) -> int:
+    """The rows of one block of ``prep`` for head dim ``d`` and ``r`` rows a lane."""
+    return r * 256 // (d // 8)
+
+
+@kaio.gpu_func
+def convert_tile(dq: DT[:], acc: f32[:], tile: i32, sq: i32, scale: f32, D: kaio.constexpr,
+                 DT: kaio.constexpr):  # fmt: skip
+    """dQ's rows of 64-row tile ``tile`` (over the heads' tiles, sq rows a head) = its floats
+    in ``acc`` (fragment order, ``store_dq_frags``: float4 f holds (r, c), (r, c + 1), (r + 8,
+    c), (r + 8, c + 1), r = 16 (f % 128 / 32) + f % 32 / 4, c = 8 (f / 128) + 2 (f % 4)) times
+    ``scale``, rounded to DT, by the block's 256 threads: the float4s read in order (each
+    load instruction a warp's 512 contiguous bytes; L2 only, ``cg``: other blocks' bulk
+    reductions wrote them), their pairs to a row-major tile in shared memory (rows padded
+    by 16 bytes: a warp's 4-byte stores on 32 banks), then 16-byte row chunks out (a warp's
+    stores along whole rows). Rows past sq (a partial last tile) are left alone."""
+    t = i32(kaio.thread_idx_x())
+    s_t = kaio.shared(DT, (64, D + 8))
+    x = kaio.local(f32, (D // 16, 4))  # (64 D / 4 float4s, 256 threads)
+    for k in kaio.static_range(D // 16):
+        kaio.load_vector(x[k], acc, tile * 64 * D + 4 * (t + 256 * k), 0, "cg")
+    r = t % 128 // 32 * 16 + t % 32 // 4
+    pair = kaio.local(DT, 2)
+    for k in kaio.static_range(D // 16):
+        c = (t // 128 + 2 * k) * 8 + t % 4 * 2
+        for h in kaio.static_range(2):  # rows r, r + 8
+            for e in kaio.static_range(2):
+                pair[e] = DT(x[k, 2 * h + e] * scale)
+            kaio.store_vector(s_t, (r + 8 * h, c), pair)
+    kaio.sync_threads()
+    nt = (sq + 63) // 64
+    row0 = tile // nt * sq + tile % nt * 64  # the tile's first row of dq
+    y = kaio.local(DT, 8)
+    for m in kaio.static_range(D // 32):  # 64 rows of D / 8 chunks
+        chunk = t + 256 * m
+        row = chunk // (D // 8)
+        c8 = chunk % (D // 8) * 8
+        if tile % nt * 64 + row < sq:
+            kaio.load_vector(y, s_t, (row, c8))
+            kaio.store_vector(dq, (row0 + row) * D + c8, y)
+
+
+@kaio.gpu_kernel(block_size=256)
+def dq_convert_rows(dq: DT[:], acc: f32[:], sq: i32, scale: f32, D: kaio.constexpr,
+                    DT: kaio.constexpr):  # fmt: skip
+    """``dq_convert_tiles`` a tile a block (``convert_tile``): dq [heads * sq, D] = acc *
+    scale rounded to DT, acc the heads' whole 64-row tiles in fragment order."""
+    convert_tile(dq, acc, i32(kaio.block_idx_x()), sq, scale, D, DT)
+
+
+@kaio.gpu_kernel(block_size=256)
+def dq_convert_behind(dq: DT[:], acc: f32[:], sem: i32[:], sq: i32, nkb: i32, causal: i32,
+                      scale: f32, D: kaio.constexpr, BK: kaio.constexpr,
+                      DT: kaio.constexpr):  # fmt: skip
+    """``dq_convert_rows`` behind the ordered kernel: launched with programmatic dependent
+    launch (its ``grid_dependency_wait``) once every block of that kernel has begun (its
+    ``launch_dependents``), its blocks run on the multiprocessors that kernel's last blocks
+    leave idle, each converting its tile once the tile's semaphore counts every turn
+    (``tile_turns``: the last reduction in and released; thread 0 waits, the block
+    follows); the wait at its end keeps it from completing before that kernel does."""
+    tile = i32(kaio.block_idx_x())
+    if kaio.thread_idx_x() == 0:
+        kaio.wait_eq(sem, tile, tile_turns(tile % ((sq + 63) // 64), nkb, causal, 64, BK))
+    kaio.sync_threads()
+    convert_tile(dq, acc, tile, sq, scale, D, DT)
+    kaio.grid_dependency_wait()
+
+
+@kaio.gpu_func
+def tile_turns(t: i32, nkb: i32, causal: i32, BM: kaio.constexpr, BK: kaio.constexpr) -> i32:
+    """The key blocks that add to query tile t: causal, those up to the last that sees it;
+    else all ``nkb``."""
+    n = nkb
+    if causal != 0:
+        n = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) + 1
+    return n
 
 
 @kaio.gpu_func
 def zero_sums(acc: f32[:], n: i32, sem: i32[:], m: i32, j: i32):
-    """Thread j's share of ``zero_acc_sem``: acc[4j .. 4j + 4) and sem[j]."""
+    """Thread j's share of ``prep``'s zeros: acc[4j .. 4j + 4) and sem[j]."""
     i = j * 4
     if i < n:
         z = kaio.local(f32, 4)
@@ -876,7 +989,8 @@ HG = {64: (16, 1), 128: (4, 1)}
 # kernel in the same run: D 128 with both 344 and 355 against 311 and 314 (f16; SDPA flash
 # 211, 212), bf16 348 against 311; f16 B4 S4096 514 against 513; D 64 249 / 238 / 236 / 259
 # against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone) 114 / 173 against
-# 120 / 171.
+# 120 / 171; with prep, PDL and dQ converted behind (bwd64 round E, queued): 239 against
+# 242, B4 S4096 387 against 389.
 ROT = {64: (False, False), 128: (True, False)}
 FINISH = {64: False, 128: True}
 
@@ -884,6 +998,13 @@ FINISH = {64: False, 128: True}
 # ring stages): H200, f16 B4 H16 S4096, D 64 with HG 4, NDS 3 against 2: 360 against 334,
 # causal 295 against 282.
 NDS = {64: 3, 128: 2}
+
+
+# ``prep``'s rows a lane (all their loads issued before the sums) by head dim. H100, B16 H16
+# S1024, µs a call alone (queued; bwd64 rounds A, C, D), R 1 / 2 / 4: D 64 34.3 / 34.1 /
+# 34.8, 34.1 / 34.1 / 35.0, 33.9 / 34.0 / -; D 128 55.8 / 55.8 / 56.2, 56.2 / 56.4 / 56.9
+# (row_dot_vec and the zeroing kernel before: 39.0, 37.3, 37.8; D 128 58.6, 58.9, 59.4).
+PREP_R = {64: 2, 128: 2}
 
 
 # Whether the blocks are persistent (``PERSIST``: one a multiprocessor, each running work
@@ -896,8 +1017,20 @@ NDS = {64: 3, 128: 2}
 # unequal walks: blocks given the same share end apart) B16 S1024 160 against 185, B4 S4096
 # 224 against 317 (the odd rounds' items reversed to even the walks out: 172 against 178).
 # Tried: the blocks converting dQ's tiles themselves once their items are done (no
-# dq_convert_tiles): 327 against 345, 449 against 443, 447 against 471.
+# dq_convert_tiles): 327 against 345, 449 against 443, 447 against 471. With the mask, a
+# head's key blocks in pairs of equal work (nkb - 1 - p, then p; bwd64 round C, queued):
+# B16 S1024 226 against 234, B4 S4096 330 against 384.
 PERSIST = {64: (1, 0), 128: (0, 0)}
+
+# Whether dQ's conversion runs behind the kernel (``dq_convert_behind``) rather than after
+# it (``dq_convert_rows``), by head dim. H100, f16 H16 B16 S1024, queued, each against the
+# same kernels converting after (bwd64 rounds A and C, with 16-byte conversions in
+# registers): D 64 347 / 348 against 348 / 348, causal 237 / 237 against 234 / 234; D 128
+# causal 298 / 295 against 303 / 299; with dq_convert_rows (round D): D 64 358 against
+# 351, causal 241 against 235, B4 S4096 449 against 452, causal 383 against 380. Tried:
+# two or four tiles a conversion block (round E: 50.1 / 50.9 µs against 50.1 alone at D 64
+# B16 S1024; 365, causal 242 in the backward, as one tile).
+BEHIND = {64: True, 128: False}
 
 
 def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> dict:
@@ -986,13 +1119,14 @@ def smem_bytes(d: int, c: dict) -> int:
 
 
 def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
-           cfg: dict | None = None):  # fmt: skip
+           cfg: dict | None = None, o=None):  # fmt: skip
     """Run the deterministic fused backward on checked operands (as
     ``_attention_hopper_bwd.launch``: q, do [B, H, Sq, D], k, v [B, Hkv, Sk, D], lse [B, H,
     Sq] f32, ``delta`` flat f32 [B * H * Sq]; ``dims``: (B * H, H, group, sq, sk, d, d);
-    ``cfg``: overrides of ``ordered_config(d)``'s constexprs): zero the semaphores (and the
-    dQ sums unless ``stores_first``), the kernel, then dQ rounded to q's type. Returns (dq,
-    dk, dv)."""
+    ``cfg``: overrides of ``ordered_config(d)``'s constexprs; ``o``: O [B, H, Sq, D], given
+    where ``delta`` is to be written, rowsum(dO * O)): ``prep`` (delta with ``o``, the
+    semaphores' zeros, the dQ sums' unless ``stores_first``, lse_log2), the kernel, then dQ
+    rounded to q's type. Returns (dq, dk, dv)."""
     import math
     import types
 
@@ -1027,15 +1161,16 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     dq_acc = _arrays.output(da, (acc_size,), f32)
     sem = _arrays.output(da, (bh * n_tiles,), i32)
     zeros = 0 if stores_first(c) else acc_size  # (the dQ sums' zeros)
-    grid = -(-max(zeros // 4, bh * n_tiles, rows_q) // 256)  # (a thread: 4 zeros, 1 sem, 1 row)
-    if c["L2"]:  # lse_log2(lse) once a query row, for the kernel's stats
-        l2 = _arrays.output(da, (rows_q,), f32)
-        l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
-        zero_acc_sem_l2[grid, 256, stream, 0](dq_acc, zeros, sem, bh * n_tiles, la.arg(rows_q),
-                                              l2_arg, rows_q)  # fmt: skip
+    l2 = _arrays.output(da, (rows_q,), f32)  # lse_log2(lse) once a query row
+    l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
+    r = PREP_R[d]
+    grid = max(-(-rows_q // prep_rows(d, r)), -(-max(zeros // 4, bh * n_tiles) // 256))
+    src = da if o is None else o  # (without o, delta is given: DOT 0 reads neither)
+    prep[grid, 256, stream, 0](src.arg(src.size), da.arg(da.size), delta, la.arg(rows_q), l2_arg,
+                               rows_q, dq_acc, zeros, sem, bh * n_tiles, D=d, R=r,
+                               DOT=int(o is not None), DT=qa.dtype)  # fmt: skip
+    if c["L2"]:  # (the kernel's stats: l2, else lse)
         la = types.SimpleNamespace(obj=l2, kind=da.kind, arg=lambda *_: l2_arg)
-    else:
-        zero_acc_sem[grid, 256, stream, 0](dq_acc, zeros, sem, bh * n_tiles)
 
     tmap = functools.partial(row_map, d=d)
     stats = stats_maps(la, delta, rows_q, c["BM"])
@@ -1057,10 +1192,13 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         int(causal), hg, D=d, DT=qa.dtype, **{**constexprs(c), "ROT": int(rot),
                                                       "FINISH": int(finish)},
     )  # fmt: skip
-    if not finish:  # (else the last turn on each tile stored its dQ)
-        dq_convert_tiles[-(-qa.size // 1024), 256, stream, 0](
-            dq_out, dq_acc, bh * sq, sq, scale, D=d, DT=qa.dtype
-        )
+    tiles = bh * -(-sq // 64)  # (finish: the last turn on each tile stored its dQ)
+    if not finish and BEHIND[d] and c["ORDER"] == 1:  # each tile once its turns are in (the
+        # semaphores count them), on the multiprocessors the kernel leaves idle
+        dq_convert_behind[tiles, 256, stream, 0](dq_out, dq_acc, sem, sq, nkb, int(causal), scale,
+                                                 D=d, BK=bk, DT=qa.dtype)  # fmt: skip
+    elif not finish:
+        dq_convert_rows[tiles, 256, stream, 0](dq_out, dq_acc, sq, scale, D=d, DT=qa.dtype)
     return dq, dk, dv
 
 
@@ -1078,5 +1216,15 @@ def specializations():
                 if c not in seen:
                     seen.append(c)
                     yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **c}
+    for dt in (f16, bf16):
+        for d in (64, 128):
+            for dot in (0, 1):
+                yield prep, {"D": d, "R": PREP_R[d], "DOT": dot, "DT": dt}
+    for dt in (f16, bf16):
+        for d in (64, 128):
+            yield (
+                (dq_convert_behind, {"D": d, "BK": 128, "DT": dt})
+                if BEHIND[d]
+                else (dq_convert_rows, {"D": d, "DT": dt})
+            )
     yield zero_acc_sem, {}
-    yield zero_acc_sem_l2, {}

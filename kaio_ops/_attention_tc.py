@@ -582,6 +582,17 @@ def row_lanes(d: int) -> int:
     return min(32, 1 << max(d // 8 - 1, 0).bit_length())
 
 
+def fill_delta(oa, da, delta, rows: int, d: int) -> None:
+    """delta[row] = rowsum(o * do) (``row_dot_vec``) of the checked operands ``oa``, ``da``
+    ([rows, d], 16-byte rows) on ``da``'s stream: the backward's delta."""
+    from kaio_ops import _arrays
+
+    lanes = row_lanes(d)
+    row_dot_vec[-(-rows * lanes // 256), 256, _arrays.stream_of(da), 0](
+        oa.arg(oa.size), da.arg(da.size), delta, rows, d, L=lanes, DT=da.dtype
+    )
+
+
 @kaio.gpu_kernel
 def attention_bwd_dq(
     q: DT[:], k: DT[:], v: DT[:], do: DT[:], lse: f32[:], delta: f32[:], dq: OT[:],

@@ -407,20 +407,17 @@ def flash_attention_bwd(
     bh, heads, group, sq, sk, d, _ = dims
     dp = _pow2_dim(d, FLASH_DIMS)
     tile = bwd_tile(dp)
-    delta = _arrays.output(da, (bh * sq,), f32)
-    stream = _arrays.stream_of(da)
-    flat = [a.arg(a.size) for a in (qa, ka, va, da)]
-    lanes = tc.row_lanes(d)
-    tc.row_dot_vec[-(-bh * sq * lanes // 256), 256, stream, 0](
-        oa.arg(oa.size), flat[3], delta, bh * sq, d, L=lanes, DT=qa.dtype
-    )
-    if hopper_takes(qa, dims, hopper_bwd256):  # sm_90, D 256: its wgmma kernels
-        return hopper_bwd256.launch(qa, ka, va, da, la, delta, dims, bool(causal), scale)
+    delta = _arrays.output(da, (bh * sq,), f32)  # rowsum(dO * O), written by the launch
     if hopper_takes(qa, dims, hopper_bwd):  # sm_90: the wgmma kernels
         fixed = deterministic or os.environ.get("KAIO_ATTENTION_DETERMINISTIC") == "1"
         return hopper_bwd.launch(
-            qa, ka, va, da, la, delta, dims, bool(causal), scale, deterministic=fixed
+            qa, ka, va, da, la, delta, dims, bool(causal), scale, deterministic=fixed, o=oa
         )
+    tc.fill_delta(oa, da, delta, bh * sq, d)
+    if hopper_takes(qa, dims, hopper_bwd256):  # sm_90, D 256: its wgmma kernels
+        return hopper_bwd256.launch(qa, ka, va, da, la, delta, dims, bool(causal), scale)
+    stream = _arrays.stream_of(da)
+    flat = [a.arg(a.size) for a in (qa, ka, va, da)]
     dq = _arrays.output(da, qa.shape)
     dk, dv = (_arrays.output(da, ka.shape) for _ in range(2))
     out_flat = [_arrays.output_arg(da, x, (x_size,)) for x, x_size in

@@ -480,6 +480,7 @@ def test_gpu_device_array_inputs():
     "b, h, hkv, s, d",
     [
         (4, 16, 16, 2048, 128),
+        (2, 8, 2, 1024, 64),  # sm_90: the ordered kernel (prep's delta, dQ converted behind)
         (2, 8, 2, 1000, 64),
         (1, 4, 1, 333, 96),
         (2, 8, 2, 2048, 256),  # D > 128: dK and dV from one launch each

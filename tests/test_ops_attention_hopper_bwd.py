@@ -41,11 +41,11 @@ def small(wg: int, pipe: int, areg: int = 0, dq: int = 0, late: int = 0) -> dict
     return {"dkdv": dkdv, "dq": {"BN": 64, **base, "PIPE": min(pipe, 1)}, "fused": fused}
 
 
-def simulated_grads(launch, b, h, hkv, sq, sk, d, dtype, causal):
+def simulated_grads(launch, b, h, hkv, sq, sk, d, dtype, causal, with_o=False):
     """(dq, dk, dv) of ``launch(qa, ka, va, da, la, delta, dims, causal, scale)`` (a Hopper
     backward's) in the simulator on random inputs, and the float64 reference gradients. o
     and lse are the float64 forward's (o rounded to the input type, as the forward returns
-    it)."""
+    it). ``with_o``: the launch is given ``o=`` and a poisoned delta to write."""
     rng = np.random.default_rng(sq * 7 + sk + d)
     q, do = (rng.standard_normal((b, h, sq, d)).astype(dtype) for _ in range(2))
     k, v = (rng.standard_normal((b, hkv, sk, d)).astype(dtype) for _ in range(2))
@@ -58,17 +58,20 @@ def simulated_grads(launch, b, h, hkv, sq, sk, d, dtype, causal):
         (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
         da = inputs.array(do, "do", ndim=4)
         la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
-        grads = launch(qa, ka, va, da, la, delta, dims, causal, scale)
+        given = {"o": inputs.array(o, "o", ndim=4)} if with_o else {}
+        if with_o:
+            delta = np.full_like(delta, np.nan)
+        grads = launch(qa, ka, va, da, la, delta, dims, causal, scale, **given)
     return grads, reference_grads(q, k, v, do, causal, g)
 
 
-def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, fused=False):
+def run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, fused=False, with_o=False):
     """``simulated_grads`` of ``_attention_hopper_bwd.launch`` with ``cfg``."""
 
-    def launch(*args):
-        return hopper_bwd.launch(*args, cfg, fused=fused)
+    def launch(*args, **keywords):
+        return hopper_bwd.launch(*args, cfg, fused=fused, **keywords)
 
-    return simulated_grads(launch, b, h, hkv, sq, sk, d, dtype, causal)
+    return simulated_grads(launch, b, h, hkv, sq, sk, d, dtype, causal, with_o)
 
 
 @pytest.mark.parametrize(

@@ -51,8 +51,9 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
         # D 128, bf16, two batches, grouped-query, Sq > Sk with a partial key tile; each
         # tile's dQ product after the next tile's P^T and dS^T
         (2, 2, 1, 192, 100, 128, ml_dtypes.bfloat16, False, 2, 2, {}),
-        # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query
-        (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3, {}),
+        # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query; delta computed by
+        # the launch's prep from o (O)
+        (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3, {"O": 1}),
         # each tile's dQ product with its dV and dK (SCHED 6: the next tile's S^T and dP^T
         # meanwhile), three dS^T buffers, the masked and unmasked probabilities in two
         # branches (SPLIT), lse_log2 once a row (L2), PFIRST; causal, grouped-query, a
@@ -77,8 +78,8 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
         # three K/V heads' three key blocks, a partial query tile (the mask's: the GPU case)
         (3, 2, 1, 200, 384, 64, np.float16, False, 4, 3, {"PERSIST": 1, "ORDER": 0, "SMS": 4}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
-        # heads of one K/V head, the second key block seeing no query (Sq < Sk)
-        (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {}),
+        # heads of one K/V head, the second key block seeing no query (Sq < Sk); delta from o
+        (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {"O": 1}),
     ],
 )
 def test_ordered_backward_in_simulator(
@@ -89,10 +90,11 @@ def test_ordered_backward_in_simulator(
     the blocks before, and a wait for a later block fails)."""
     launch = hopper_bwd.launch
     more = _with_multiprocessors(monkeypatch, more)
+    with_o = bool(more.pop("O", 0))  # (the launch's prep writes delta from o)
     over = {"SCHED": sched, "EARLY": early, "STAGES": 2, **more}
     monkeypatch.setattr(hopper_bwd, "launch", lambda *a, **k: launch(*a, **k, ordered=over))
     cfg = small(2, 0, 0, 5, 0)
-    check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg), dtype)
+    check_grads(*run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, with_o=with_o), dtype)
 
 
 def test_launch_dispatches_by_head_dim_and_mask(monkeypatch):
@@ -102,7 +104,7 @@ def test_launch_dispatches_by_head_dim_and_mask(monkeypatch):
     monkeypatch.setattr(fused, "ORDERED", {64: (False, True), 128: (True, True)})
     assert fused.takes(128, False) and fused.takes(64, True) and not fused.takes(64, False)
     assert not fused.takes(256, True)
-    monkeypatch.setattr(fused, "launch", lambda *a: ("ordered", a[-1]))
+    monkeypatch.setattr(fused, "launch", lambda *a: ("ordered", a[9]))  # (cfg: its overrides)
     q = np.zeros((1, 1, 128, 64), np.float16)
     with kaio.simulate():
         inputs = _arrays.Inputs("test")
@@ -139,6 +141,43 @@ def test_rotated_turns_follow_the_walks(nkb, total):
     for item in range(total):
         steps = [((item - x * total // nkb) % total, -x) for x in range(nkb)]
         assert list(turns[:, item]) == [sorted(steps).index(s) for s in steps], (item, turns)
+
+
+def _fragment_order(d: int) -> np.ndarray:
+    """The position in a 64 x d tile of ``dq_acc`` (``store_dq_frags``' fragment order) of
+    each element (r, c), from the wgmma accumulator layout: [64, d]."""
+    r, c = np.meshgrid(np.arange(64), np.arange(d), indexing="ij")
+    lane = 32 * (r // 16) + 4 * (r % 8) + c % 8 // 2
+    return (c // 8 * 128 + lane) * 4 + r % 16 // 8 * 2 + c % 2
+
+
+@pytest.mark.parametrize(
+    "d, sq, heads, causal, nkb, dtype",
+    [(64, 100, 2, 0, 3, np.float16), (128, 192, 2, 1, 2, ml_dtypes.bfloat16),
+     (64, 256, 1, 1, 2, np.float16)],
+)  # fmt: skip
+def test_dq_conversions_against_the_fragment_order(d, sq, heads, causal, nkb, dtype):
+    """``dq_convert_rows`` and ``dq_convert_behind`` (its semaphores counting every turn:
+    ``tile_turns``; one short is reported) turn ``dq_acc``'s whole 64-row tiles in fragment
+    order into dQ's rows (a partial last tile's rows past sq left alone) times the scale."""
+    nt = -(-sq // 64)
+    acc = np.random.default_rng(d + sq).standard_normal(heads * nt * 64 * d).astype(np.float32)
+    tiles = acc.reshape(heads, nt, 64 * d)[:, :, _fragment_order(d)]  # [heads, nt, 64, d]
+    want = (tiles.reshape(heads, nt * 64, d)[:, :sq] * 0.5).astype(dtype).reshape(-1)
+    dt = kaio.bf16 if dtype is ml_dtypes.bfloat16 else kaio.f16
+    rows = np.full(heads * sq * d, np.nan, dtype)
+    behind = rows.copy()
+    fused.dq_convert_rows.sim[heads * nt, 256](rows, acc, sq, 0.5, D=d, DT=dt)
+    turns = [min(nkb - 1, ((t % nt + 1) * 64 - 1) // 128) + 1 if causal else nkb
+             for t in range(heads * nt)]  # fmt: skip
+    sem = np.array(turns, np.int32)
+    fused.dq_convert_behind.sim[heads * nt, 256](behind, acc, sem, sq, nkb, causal, 0.5, D=d,
+                                                 BK=128, DT=dt)  # fmt: skip
+    assert np.array_equal(rows, want) and np.array_equal(behind, want)
+    sem[-1] -= 1  # the last tile's last turn not in: its wait is never met
+    with pytest.raises(kaio.SimulationError, match="wait_eq"):
+        fused.dq_convert_behind.sim[heads * nt, 256](behind, acc, sem, sq, nkb, causal, 0.5,
+                                                     D=d, BK=128, DT=dt)  # fmt: skip
 
 
 @kaio.gpu_kernel(block_size=32)
@@ -182,7 +221,7 @@ SHIPPED = [(k, c) for k, c in fused.specializations() if c.get("DT") != kaio.bf1
 @pytest.mark.parametrize("index", range(len(SHIPPED)))
 def test_specializations_assemble_for_sm_90a(index):
     """No spills, no serialized wgmma (f16: bf16 differs in the wgmma's type only); the SIMT
-    zeroing kernel for sm_80 too."""
+    kernels without programmatic dependent launch (sm_90's) for sm_80 too."""
     kernel, constexprs = SHIPPED[index]
     ptx = kernel.ptx(arch="sm_90", **constexprs)
     hopper = ".target sm_90a" in ptx
@@ -190,7 +229,7 @@ def test_specializations_assemble_for_sm_90a(index):
     spills = re.search(r"(\d+) bytes spill stores", report)
     assert spills and spills[1] == "0", (constexprs, report)
     assert "C7518" not in report and "C7508" not in report and "C7510" not in report, report
-    if not hopper:
+    if not hopper and "griddepcontrol" not in ptx:
         assemble(kernel.ptx(arch="sm_80", **constexprs), "sm_80")
 
 
