@@ -216,7 +216,7 @@ def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
     causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
     LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16, HEXP: kaio.constexpr = 0,
-    MASK: kaio.constexpr = 1,
+    MASK: kaio.constexpr = 1, EMU: kaio.constexpr = 0,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
@@ -227,7 +227,8 @@ def softmax_tile(
     the masked tiles (``rounding``), as a multiple of 2^-l[2 + h] (the max it was last
     rescaled to: nothing to do on the other tiles), for ``ones_sums`` to add back. ``HEXP``
     1 (with ``SUMS`` 0): the probabilities as DT pairs from one ``ex2.approx`` each (half the
-    MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``."""
+    MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``.
+    ``EMU``: ``softmax_step``'s (that many n-tiles' exponentials on the FMA pipe)."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
     masked = False  # (MASK 0: a tile that the caller knows none of the warp's rows masks)
@@ -243,7 +244,7 @@ def softmax_tile(
                 for e in kaio.static_range(2):
                     s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
     for h in kaio.static_range(2):
-        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT)
+        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT, EMU)
     if LSE == 1 and SUMS == 0:
         if masked:  # a row with few keys sees them all here: its sum to the last bit
             for h in kaio.static_range(2):
@@ -511,13 +512,13 @@ def overlap_step(
     wg: u32, lt: u32, qc: i32, gj: i32, row0: i32, sk: i32, causal: i32, scale_log2: f32,
     st: i32, ph: u32, ps: i32, pph: u32, j: i32, D: kaio.constexpr, BN: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr, LSE: kaio.constexpr,
-    HEXP: kaio.constexpr, MASK: kaio.constexpr = 1,
+    HEXP: kaio.constexpr, MASK: kaio.constexpr = 1, EMU: kaio.constexpr = 0,
 ):  # fmt: skip
     """One overlapped step of ``consume_tile`` (PIPE 1 to 4): S = Q K_j^T (stage ``st``,
     parity ``ph``) issued with the pending P_{j-1} V_{j-1} (stage ``ps``, parity ``pph``),
     the softmax of tile j while P V runs, then P of tile j packed (``gj``: the block's
     overlapped steps so far, for the ping-pong turns of PIPE 2 and 4; ``MASK`` 0: a tile
-    that no row of the warpgroup masks, ``softmax_tile``'s)."""
+    that no row of the warpgroup masks, ``softmax_tile``'s; ``EMU``: its too)."""
     lane = lt % 32
     DO = D + 8 * ONES
     kaio.mbarrier_wait(bars, (0, st), ph)
@@ -541,7 +542,7 @@ def overlap_step(
         kaio.mbarrier_arrive(bars, (2, st))
     if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE,
-                     DT, HEXP, MASK)  # fmt: skip
+                     DT, HEXP, MASK, EMU)  # fmt: skip
     kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
     if lt == 0:
         kaio.mbarrier_arrive(bars, (3, ps))
@@ -582,6 +583,7 @@ def consume_tile(
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
     LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
     HEXP: kaio.constexpr = 0, DIAG: kaio.constexpr = 0, OV: kaio.constexpr = 0,
+    EMU: kaio.constexpr = 0,
 ) -> tuple[i32, u32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` from ``lo`` and below
@@ -600,7 +602,8 @@ def consume_tile(
     tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips).
     ``DIAG`` 1 (PIPE 1 to 4): the steps over the key tiles that no row of the block masks
     run in a loop of their own, without the mask's test (``overlap_step``). ``OV`` 1: the
-    rows of O stored as 16-byte vectors (``store_quads``)."""
+    rows of O stored as 16-byte vectors (``store_quads``). ``EMU``: that many n-tiles of each
+    key tile's exponentials on the FMA pipe (``softmax_step``)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -628,7 +631,7 @@ def consume_tile(
             if SKIP == 0 or j < n_mine:
                 s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
                 softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                             1 - ONES, LSE, DT, HEXP)  # fmt: skip
+                             1 - ONES, LSE, DT, HEXP, 1, EMU)  # fmt: skip
                 rescale_rows(o, alpha, DO)
                 pack_p(p, s, BN, DT, HEXP)
                 pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
@@ -644,7 +647,7 @@ def consume_tile(
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
         s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
         softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT,
-                     HEXP)  # fmt: skip
+                     HEXP, 1, EMU)  # fmt: skip
         pack_p(p, s, BN, DT, HEXP)
         ps = st  # the stage and parity of tile j - 1
         pph = ph
@@ -664,7 +667,7 @@ def consume_tile(
             for j in range(1, j0):
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 0)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EMU)  # fmt: skip
                 ps = st
                 pph = ph
                 st, ph = next_stage(st, ph, STAGES)
@@ -675,13 +678,13 @@ def consume_tile(
             if plain:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 0)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EMU)  # fmt: skip
                 ps = st
                 pph = ph
             elif SKIP == 0 or j < n_mine:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 1, EMU)  # fmt: skip
                 ps = st
                 pph = ph
             else:  # a key tile past this warpgroup's rows
@@ -1005,6 +1008,7 @@ def attention_fwd_wgmma(
     HEXP: kaio.constexpr,
     DIAG: kaio.constexpr,
     OV: kaio.constexpr,
+    EMU: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -1014,7 +1018,8 @@ def attention_fwd_wgmma(
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
     log2(e). ``XT``, ``QB``, ``ONES``: the one-stream schedule, its Q buffers and the row
     sums on the tensor cores (module docstring; ``extras``); ``DIAG`` 1: the unmasked key
-    tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors (``consume_tile``).
+    tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors, ``EMU``: that many
+    n-tiles of the exponentials on the FMA pipe (``consume_tile``).
     ``sched``: two i32 counters, 0 at the launch, that ``PERSIST`` 4 takes its tiles from
     and leaves 0 (``produce_dynamic``); with ``PERSIST`` 5 the plan of every block's tiles
     (``balanced_plan``)."""
@@ -1093,7 +1098,7 @@ def attention_fwd_wgmma(
                 st, ph, g, done = consume_tile(
                     q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                     q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
+                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EMU,
                 )  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
@@ -1111,13 +1116,13 @@ def attention_fwd_wgmma(
                     st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EMU,
                     )  # fmt: skip
                 else:
                     st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EMU,
                     )  # fmt: skip
     elif PERSIST == 4:  # the producer warpgroup: its first warp takes the tiles
         producer_start(REGS)
@@ -1180,7 +1185,7 @@ def config(d: int, causal: bool = False) -> dict:
 
 
 # a tile at a time, one Q buffer, sums by FADD (LSE: the rounding added back, with ONES)
-EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0, "OV": 0}
+EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0, "OV": 0, "EMU": 0}
 
 
 SHORT_KEYS = 1024  # f16 D128 at most this many keys: tiles from a counter (``extras``)
