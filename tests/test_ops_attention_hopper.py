@@ -19,6 +19,7 @@ import kaio_ops
 from kaio.ptx.ptxas import find_ptxas
 from kaio_ops import _arrays, attention
 from kaio_ops import _attention_hopper as hopper
+from kaio_ops._attention_tc import exp2_fma
 from tests.harness import assemble_wgmma, covering
 from tests.poison import poison_allocations
 from tests.test_ops_attention import reference, rel
@@ -220,6 +221,30 @@ def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, 
     out, lse, ref, ref_lse = run_sim(b, h, hkv, sq, sk, d, dtype, causal, cfg, ctas=ctas or None)
     assert rel(out, ref) < (1e-3 if dtype == np.float16 else 1e-2)
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=5e-4 if dtype == np.float16 else 3e-3)
+
+
+@kaio.gpu_kernel(block_size=64)
+def exp2_on_fma(x: kaio.f32[:], out: kaio.f32[:]):
+    i = kaio.thread_idx_x() + kaio.block_idx_x() * 64
+    if i < x.shape[0]:
+        out[i] = exp2_fma(x[i])
+
+
+def test_exp2_on_the_fma_pipe_in_simulator():
+    """``exp2_fma`` (``EMU``'s exponentials): 2^x within 8e-5 relative of float64 for the
+    softmax's x <= 0 (random, integers and half-integers, where the rounding to j turns),
+    at most 2^-126 for x below -126 and -inf (a masked score), and no MUFU instruction."""
+    rng = np.random.default_rng(5)
+    x = np.concatenate([-rng.exponential(8.0, 2000), -np.arange(0, 126, 0.5), [-0.0]])
+    x = x.astype(np.float32)
+    low = np.array([-126.3, -200.0, -np.inf], np.float32)
+    out = np.full(x.size + low.size, np.nan, np.float32)
+    with kaio.simulate():
+        exp2_on_fma[(-(-out.size // 64),)](np.concatenate([x, low]), out)
+    want = np.exp2(x.astype(np.float64))
+    assert np.abs(out[: x.size] / want - 1).max() < 8e-5
+    assert (out[x.size :] >= 0).all() and (out[x.size :] <= 2.0**-126).all()
+    assert "ex2" not in exp2_on_fma.ptx(arch="sm_90")
 
 
 D64_COUNTER = {"QB": 2, "ONES": 1, "STAGES": 3, "OV": 1}  # (the route's, but PERSIST's)
