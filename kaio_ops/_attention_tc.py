@@ -334,7 +334,7 @@ def softmax_step(
             for e in kaio.static_range(2):
                 x = kaio.fma(s[n, 2 * h + e], scale_log2, -base)
                 p = 0.0
-                if EMU and n % (NB // EMU) == NB // EMU - 1:
+                if n * EMU % NB < EMU:  # (EMU of the NB n-tiles, spread evenly)
                     p = exp2_fma(x)
                 else:
                     p = kaio.exp2(x)
