@@ -512,13 +512,13 @@ def overlap_step(
     wg: u32, lt: u32, qc: i32, gj: i32, row0: i32, sk: i32, causal: i32, scale_log2: f32,
     st: i32, ph: u32, ps: i32, pph: u32, j: i32, D: kaio.constexpr, BN: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr, LSE: kaio.constexpr,
-    HEXP: kaio.constexpr, MASK: kaio.constexpr = 1, EMU: kaio.constexpr = 0,
+    HEXP: kaio.constexpr, MASK: kaio.constexpr = 1,
 ):  # fmt: skip
     """One overlapped step of ``consume_tile`` (PIPE 1 to 4): S = Q K_j^T (stage ``st``,
     parity ``ph``) issued with the pending P_{j-1} V_{j-1} (stage ``ps``, parity ``pph``),
     the softmax of tile j while P V runs, then P of tile j packed (``gj``: the block's
     overlapped steps so far, for the ping-pong turns of PIPE 2 and 4; ``MASK`` 0: a tile
-    that no row of the warpgroup masks, ``softmax_tile``'s; ``EMU``: its too)."""
+    that no row of the warpgroup masks, ``softmax_tile``'s)."""
     lane = lt % 32
     DO = D + 8 * ONES
     kaio.mbarrier_wait(bars, (0, st), ph)
@@ -542,7 +542,7 @@ def overlap_step(
         kaio.mbarrier_arrive(bars, (2, st))
     if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE,
-                     DT, HEXP, MASK, EMU)  # fmt: skip
+                     DT, HEXP, MASK)  # fmt: skip
     kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
     if lt == 0:
         kaio.mbarrier_arrive(bars, (3, ps))
@@ -602,8 +602,11 @@ def consume_tile(
     tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips).
     ``DIAG`` 1 (PIPE 1 to 4): the steps over the key tiles that no row of the block masks
     run in a loop of their own, without the mask's test (``overlap_step``). ``OV`` 1: the
-    rows of O stored as 16-byte vectors (``store_quads``). ``EMU``: that many n-tiles of each
-    key tile's exponentials on the FMA pipe (``softmax_step``)."""
+    rows of O stored as 16-byte vectors (``store_quads``). ``EMU`` (PIPE 1 to 4): that many
+    n-tiles of the exponentials of the tile's first softmax, which no product of the
+    warpgroup overlaps (the block's warpgroups start a tile together, the tensor cores
+    idle), on the FMA pipe (``softmax_step``; in every step they cost more than the MUFU
+    time they free: fwd64, docs/performance.md)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -631,7 +634,7 @@ def consume_tile(
             if SKIP == 0 or j < n_mine:
                 s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
                 softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                             1 - ONES, LSE, DT, HEXP, 1, EMU)  # fmt: skip
+                             1 - ONES, LSE, DT, HEXP)  # fmt: skip
                 rescale_rows(o, alpha, DO)
                 pack_p(p, s, BN, DT, HEXP)
                 pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
@@ -667,7 +670,7 @@ def consume_tile(
             for j in range(1, j0):
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EMU)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0)  # fmt: skip
                 ps = st
                 pph = ph
                 st, ph = next_stage(st, ph, STAGES)
@@ -678,13 +681,13 @@ def consume_tile(
             if plain:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EMU)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0)  # fmt: skip
                 ps = st
                 pph = ph
             elif SKIP == 0 or j < n_mine:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 1, EMU)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP)  # fmt: skip
                 ps = st
                 pph = ph
             else:  # a key tile past this warpgroup's rows
@@ -1019,7 +1022,7 @@ def attention_fwd_wgmma(
     log2(e). ``XT``, ``QB``, ``ONES``: the one-stream schedule, its Q buffers and the row
     sums on the tensor cores (module docstring; ``extras``); ``DIAG`` 1: the unmasked key
     tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors, ``EMU``: that many
-    n-tiles of the exponentials on the FMA pipe (``consume_tile``).
+    n-tiles of a tile's first exponentials on the FMA pipe (``consume_tile``).
     ``sched``: two i32 counters, 0 at the launch, that ``PERSIST`` 4 takes its tiles from
     and leaves 0 (``produce_dynamic``); with ``PERSIST`` 5 the plan of every block's tiles
     (``balanced_plan``)."""
