@@ -256,6 +256,7 @@ D64_COUNTER = {"QB": 2, "ONES": 1, "STAGES": 3, "OV": 1}  # (the route's, but PE
         # the mask, grouped-query heads, partial last key tiles, two Q buffers, three
         # stages, O as 16-byte vectors, the unmasked key tiles apart (D64's route), three
         # blocks taking 8 tiles from the counter, heads in sections of two
+        # (and a tile's first exponentials partly on the FMA pipe, EMU)
         (64, 4, 256, 300, True, {**D64_COUNTER, "PIPE": 1, "DIAG": 1, "EMU": 2}, 3, 2),
         # one block takes every head's tiles (one head a section, as launch picks)
         (64, 4, 128, 128, False, {"PIPE": 3, "OV": 1}, 1, 0),
