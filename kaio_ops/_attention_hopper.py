@@ -82,7 +82,15 @@ import numpy as np
 import kaio
 from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._attention_hopper_common import kv_head_and_tiles, store_pairs, thread_roles
-from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_rows
+from kaio_ops._attention_tc import (
+    LN2,
+    NEG_INF,
+    exponentials,
+    rescale,
+    row_max,
+    softmax_step,
+    start_rows,
+)
 from kaio_ops._matmul_hopper import next_stage
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
@@ -216,7 +224,7 @@ def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
     causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
     LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16, HEXP: kaio.constexpr = 0,
-    MASK: kaio.constexpr = 1, EMU: kaio.constexpr = 0,
+    MASK: kaio.constexpr = 1, WAIT: kaio.constexpr = 0,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
@@ -228,7 +236,8 @@ def softmax_tile(
     rescaled to: nothing to do on the other tiles), for ``ones_sums`` to add back. ``HEXP``
     1 (with ``SUMS`` 0): the probabilities as DT pairs from one ``ex2.approx`` each (half the
     MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``.
-    ``EMU``: ``softmax_step``'s (that many n-tiles' exponentials on the FMA pipe)."""
+    ``WAIT`` 1: the pending wgmma group (P V of the key tile before) waited for between the
+    row maxima and the exponentials (``overlap_step``'s ``EARLY``)."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
     masked = False  # (MASK 0: a tile that the caller knows none of the warp's rows masks)
@@ -243,8 +252,17 @@ def softmax_tile(
             for n in kaio.static_range(BN // 8):
                 for e in kaio.static_range(2):
                     s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
-    for h in kaio.static_range(2):
-        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT, EMU)
+    if WAIT:
+        base = kaio.local(f32, 2)
+        if k0 >= 0:  # (always: a block of its own, above which ptxas does not hoist the wait)
+            for h in kaio.static_range(2):
+                base[h], alpha[h] = row_max(s, m, h, scale_log2, BN // 8)
+        kaio.wgmma_wait(0)
+        for h in kaio.static_range(2):
+            exponentials(s, l, h, base[h], alpha[h], scale_log2, BN // 8, SUMS, HEXP, DT)
+    else:
+        for h in kaio.static_range(2):
+            alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT)
     if LSE == 1 and SUMS == 0:
         if masked:  # a row with few keys sees them all here: its sum to the last bit
             for h in kaio.static_range(2):
@@ -506,49 +524,22 @@ def advance(pos: i32[:], STAGES: kaio.constexpr):
 
 
 @kaio.gpu_func
-def softmax_turn(turn: u64[:], t: i32, wg: u32, lt: u32, SMTURN: kaio.constexpr):
-    """``SMTURN`` (the consumer warpgroups, 0: off): this warp's t-th softmax of the block
-    waits for its turn, which the warp of the warpgroup before it on the same scheduler
-    (warp lt // 32 of each warpgroup shares one) passes once its own t-th softmax is done
-    (warpgroup 0's from the last one's (t - 1)-th; ``pass_turn``): one warp's exponentials on
-    a scheduler's MUFU at a time, the others' products on the tensor cores meanwhile, where
-    warpgroups starting a tile together would all wait on the MUFU, then all on the tensor
-    cores. Only the order changes: the results are the same. ``turn[8 + 4k + w]``: warp k of
-    warpgroup w's turn, one arrival."""
-    if SMTURN:
-        if wg > 0 or t > 0:
-            par = t
-            if wg == 0:
-                par = t - 1
-            kaio.mbarrier_wait(turn, 8 + i32(lt // 32) * 4 + i32(wg), u32(par) & 1)
-
-
-@kaio.gpu_func
-def pass_turn(turn: u64[:], wg: u32, lt: u32, SMTURN: kaio.constexpr):
-    """``softmax_turn``'s turn passed on to the next warpgroup's warp on this scheduler."""
-    if SMTURN:
-        if lt % 32 == 0:
-            nxt = i32(wg) + 1
-            if nxt == SMTURN:
-                nxt = 0
-            kaio.mbarrier_arrive(turn, 8 + i32(lt // 32) * 4 + nxt)
-
-
-@kaio.gpu_func
 def overlap_step(
     s: f32[:, :], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     wg: u32, lt: u32, qc: i32, gj: i32, row0: i32, sk: i32, causal: i32, scale_log2: f32,
     st: i32, ph: u32, ps: i32, pph: u32, j: i32, D: kaio.constexpr, BN: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr, LSE: kaio.constexpr,
-    HEXP: kaio.constexpr, MASK: kaio.constexpr = 1, tj: i32 = 0, SMTURN: kaio.constexpr = 0,
+    HEXP: kaio.constexpr, MASK: kaio.constexpr = 1, EARLY: kaio.constexpr = 0,
 ):  # fmt: skip
     """One overlapped step of ``consume_tile`` (PIPE 1 to 4): S = Q K_j^T (stage ``st``,
     parity ``ph``) issued with the pending P_{j-1} V_{j-1} (stage ``ps``, parity ``pph``),
     the softmax of tile j while P V runs, then P of tile j packed (``gj``: the block's
     overlapped steps so far, for the ping-pong turns of PIPE 2 and 4; ``MASK`` 0: a tile
-    that no row of the warpgroup masks, ``softmax_tile``'s; ``tj``: the block's softmaxes so
-    far, ``SMTURN``'s turn, ``softmax_turn``)."""
+    that no row of the warpgroup masks, ``softmax_tile``'s). ``EARLY`` 1: P V waited for
+    after the row maxima (under it), before the exponentials, so that P's registers are
+    free and each pair is packed as its exponentials come (the F2FPs among the MUFU.EX2s,
+    not after them)."""
     lane = lt % 32
     DO = D + 8 * ONES
     kaio.mbarrier_wait(bars, (0, st), ph)
@@ -570,17 +561,18 @@ def overlap_step(
     kaio.wgmma_wait(1)  # S_j done
     if lt == 0:
         kaio.mbarrier_arrive(bars, (2, st))
-    softmax_turn(turn, tj, wg, lt, SMTURN)
     if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE,
-                     DT, HEXP, MASK)  # fmt: skip
-    pass_turn(turn, wg, lt, SMTURN)
-    kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
+                     DT, HEXP, MASK, EARLY)  # fmt: skip
+        if EARLY:  # (P V waited for: no wait between the exponentials and their packing)
+            pack_p(p, s, BN, DT, HEXP)
+    kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done (EARLY: already, but ptxas must see it on every path)
     if lt == 0:
         kaio.mbarrier_arrive(bars, (3, ps))
     if PIPE < 3:
         rescale_rows(o, alpha, DO)
-    pack_p(p, s, BN, DT, HEXP)
+    if EARLY == 0:
+        pack_p(p, s, BN, DT, HEXP)
 
 
 @kaio.gpu_func
@@ -615,7 +607,7 @@ def consume_tile(
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
     LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
     HEXP: kaio.constexpr = 0, DIAG: kaio.constexpr = 0, OV: kaio.constexpr = 0,
-    EMU: kaio.constexpr = 0, SMTURN: kaio.constexpr = 0,
+    EARLY: kaio.constexpr = 0,
 ) -> tuple[i32, u32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` from ``lo`` and below
@@ -634,12 +626,7 @@ def consume_tile(
     tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips).
     ``DIAG`` 1 (PIPE 1 to 4): the steps over the key tiles that no row of the block masks
     run in a loop of their own, without the mask's test (``overlap_step``). ``OV`` 1: the
-    rows of O stored as 16-byte vectors (``store_quads``). ``EMU`` (PIPE 1 to 4): that many
-    n-tiles of the exponentials of the tile's first softmax, which no product of the
-    warpgroup overlaps (the block's warpgroups start a tile together, the tensor cores
-    idle), on the FMA pipe (``softmax_step``; in every step they cost more than the MUFU
-    time they free: fwd64, docs/performance.md). ``SMTURN`` (PIPE 1, 3): the warpgroups'
-    softmaxes take turns (``softmax_turn``; the skipped key tiles pass theirs on)."""
+    rows of O stored as 16-byte vectors (``store_quads``). ``EARLY`` 1: ``overlap_step``'s."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -682,10 +669,8 @@ def consume_tile(
         # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
         s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
-        softmax_turn(turn, g + done, wg, lt, SMTURN)
         softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT,
-                     HEXP, 1, EMU)  # fmt: skip
-        pass_turn(turn, wg, lt, SMTURN)
+                     HEXP)  # fmt: skip
         pack_p(p, s, BN, DT, HEXP)
         ps = st  # the stage and parity of tile j - 1
         pph = ph
@@ -705,8 +690,7 @@ def consume_tile(
             for j in range(1, j0):
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 0, g + done + j,
-                             SMTURN)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EARLY)  # fmt: skip
                 ps = st
                 pph = ph
                 st, ph = next_stage(st, ph, STAGES)
@@ -717,15 +701,13 @@ def consume_tile(
             if plain:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 0, g + done + j,
-                             SMTURN)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EARLY)  # fmt: skip
                 ps = st
                 pph = ph
             elif SKIP == 0 or j < n_mine:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 1, g + done + j,
-                             SMTURN)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 1, EARLY)  # fmt: skip
                 ps = st
                 pph = ph
             else:  # a key tile past this warpgroup's rows
@@ -734,8 +716,6 @@ def consume_tile(
                         rescale_rows(o, alpha, DO)
                     pv_tile(o, p, v_s, bars, ps, pph, lt, BN, DT)
                 skip_tile(bars, st, ph, lt)
-                softmax_turn(turn, g + done + j, wg, lt, SMTURN)  # (passed on)
-                pass_turn(turn, wg, lt, SMTURN)
             st, ph = next_stage(st, ph, STAGES)
         g += n_tiles - 1
         if lt == 0:  # every S = Q K^T of the tile is done: Q's buffer is free
@@ -994,16 +974,14 @@ def planned_tile(
 
 @kaio.gpu_func
 def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
-                  STAGES: kaio.constexpr, SLOT: kaio.constexpr = 0,
-                  SMTURN: kaio.constexpr = 0):  # fmt: skip
+                  STAGES: kaio.constexpr, SLOT: kaio.constexpr = 0):  # fmt: skip
     """The block's barriers (``attention_fwd_wgmma``'s ``bars`` and ``turn``) initialized by
     its first thread, then the block synchronized: each stage's K and V "full" barriers
     (one arrival: the producer's, with the copies' bytes) and "free" ones (an arrival from
     each consumer warpgroup), the ping-pong turns (an arrival from each warp of the other
     warpgroup), Q landed (one), a partial key tile's V landed (one, ``zero_tail``), Q read
     (each consumer warpgroup), and the same two of the second Q buffer (``q_buffer``);
-    ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp);
-    ``SMTURN``: each consumer warp's softmax turn (one arrival, ``softmax_turn``)."""
+    ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp)."""
     if t == 0:
         for s in kaio.static_range(STAGES):
             for r in kaio.static_range(2):
@@ -1018,10 +996,6 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
         kaio.mbarrier_init(turn, 6, WG)
         if SLOT:
             kaio.mbarrier_init(turn, 7, 4 * WG)
-        if SMTURN:
-            for k in kaio.static_range(4):
-                for w in kaio.static_range(WG):
-                    kaio.mbarrier_init(turn, 8 + 4 * k + w, 1)
         kaio.fence_proxy_async()
     kaio.sync_threads()
 
@@ -1057,8 +1031,7 @@ def attention_fwd_wgmma(
     HEXP: kaio.constexpr,
     DIAG: kaio.constexpr,
     OV: kaio.constexpr,
-    EMU: kaio.constexpr,
-    SMTURN: kaio.constexpr,
+    EARLY: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -1068,8 +1041,8 @@ def attention_fwd_wgmma(
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
     log2(e). ``XT``, ``QB``, ``ONES``: the one-stream schedule, its Q buffers and the row
     sums on the tensor cores (module docstring; ``extras``); ``DIAG`` 1: the unmasked key
-    tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors, ``EMU``: that many
-    n-tiles of a tile's first exponentials on the FMA pipe (``consume_tile``).
+    tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors, ``EARLY`` 1: P
+    packed as the exponentials come (``consume_tile``).
     ``sched``: two i32 counters, 0 at the launch, that ``PERSIST`` 4 takes its tiles from
     and leaves 0 (``produce_dynamic``); with ``PERSIST`` 5 the plan of every block's tiles
     (``balanced_plan``)."""
@@ -1087,13 +1060,10 @@ def attention_fwd_wgmma(
     # Q read by every consumer warpgroup; turn[5], turn[6]: the second Q buffer's landed and
     # read (QB 2)
     bars = kaio.shared_dynamic(u64, (4, STAGES), Q_BYTES + STAGES * (KV_BYTES + V_BYTES))
-    # (SMTURN: and turn[8 + 4k + w], warp k of warpgroup w's softmax turn, ``softmax_turn``)
-    turn = kaio.shared_dynamic(
-        u64, (8 + 16 * (SMTURN > 0),), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES
-    )
+    turn = kaio.shared_dynamic(u64, (8,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES)
     # PERSIST 4: the work tile of each Q buffer (``produce_dynamic``)
     tile_s = kaio.shared_dynamic(
-        i32, (4,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES + 64 + 128 * (SMTURN > 0)
+        i32, (4,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES + 64
     )
     t, wg, lt = thread_roles(WG)
     n_qt = (sq + BM - 1) // BM
@@ -1113,7 +1083,7 @@ def attention_fwd_wgmma(
     if PERSIST == 5:  # a plan's tiles (``balanced_plan``): as many for every block
         rounds = sched[0]
         step = rounds
-    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4, SMTURN)
+    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4)
     if ONES:  # each V stage's column block of ones (the copies never write it)
         one = kaio.local(DT, 8)
         for e in kaio.static_range(8):
@@ -1151,7 +1121,7 @@ def attention_fwd_wgmma(
                 st, ph, g, done = consume_tile(
                     q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                     q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EMU, SMTURN,
+                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
                 )  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
@@ -1169,13 +1139,13 @@ def attention_fwd_wgmma(
                     st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EMU, SMTURN,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
                     )  # fmt: skip
                 else:
                     st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EMU, SMTURN,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
                     )  # fmt: skip
     elif PERSIST == 4:  # the producer warpgroup: its first warp takes the tiles
         producer_start(REGS)
@@ -1206,13 +1176,10 @@ def attention_fwd_wgmma(
                     tails += 1
 
 
-def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int = 0,
-                 smturn: int = 0) -> int:  # fmt: skip
+def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int = 0) -> int:
     """The dynamic shared memory of ``attention_fwd_wgmma``: ``qb`` Q buffers, the K/V ring
-    (``ones``: a column block of ones beside each V stage), its barriers (``smturn``: and the
-    softmax turns')."""
-    ring = qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2
-    return ring + 32 * stages + 80 + 128 * (smturn > 0)
+    (``ones``: a column block of ones beside each V stage), its barriers."""
+    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 80
 
 
 def config(d: int, causal: bool = False) -> dict:
@@ -1241,9 +1208,7 @@ def config(d: int, causal: bool = False) -> dict:
 
 
 # a tile at a time, one Q buffer, sums by FADD (LSE: the rounding added back, with ONES)
-EXTRAS_OFF = {
-    "XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0, "OV": 0, "EMU": 0, "SMTURN": 0,
-}  # fmt: skip
+EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0, "OV": 0, "EARLY": 0}
 
 
 SHORT_KEYS = 1024  # f16 D128 at most this many keys: tiles from a counter (``extras``)
@@ -1361,19 +1326,12 @@ def check_stream(cfg: dict, d: int) -> None:
             f"attention_fwd_wgmma: one stream of a block's tiles (XT 1) takes PIPE 1's or 3's "
             f"order, got PIPE {cfg['PIPE']}: use PIPE 1 or 3, or XT 0"
         )
-    if cfg.get("SMTURN", 0) and (cfg["SMTURN"] != cfg["WG"] or xt or cfg["PIPE"] not in (1, 3)):
-        raise ValueError(
-            f"attention_fwd_wgmma: SMTURN {cfg['SMTURN']} passes the softmax turns among that "
-            f"many consumer warpgroups, in the tile-at-a-time steps of PIPE 1 or 3: use SMTURN "
-            f"{cfg['WG']} (WG) with PIPE 1 or 3 and XT 0, or SMTURN 0"
-        )
     if qb not in (1, 2):
         raise ValueError(
             f"attention_fwd_wgmma: QB {qb} Q buffers: the kernel has barriers for 1 or 2 "
             f"(``q_buffer``): use QB 1 or 2"
         )
-    need = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], qb, cfg.get("ONES", 0),
-                        cfg.get("SMTURN", 0))  # fmt: skip
+    need = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], qb, cfg.get("ONES", 0))
     if need > SHARED_LIMIT:
         raise ValueError(
             f"attention_fwd_wgmma: {qb} Q buffers and {cfg['STAGES']} stages of {cfg['BN']} "
@@ -1510,8 +1468,7 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     tv = kaio.tensor_map_2d(va.arg(rows_kv, d), (cfg["BN"], 64), SW)
     out_flat = _arrays.output_arg(qa, out, (bh * sq * d,))
     lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
-    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], cfg.get("QB", 1), cfg["ONES"],
-                        cfg["SMTURN"])  # fmt: skip
+    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], cfg.get("QB", 1), cfg["ONES"])
     n_qt = -(-sq // bm)
     if cfg["PERSIST"]:
         work = bh * (-(-n_qt // 2) if cfg["PERSIST"] == 3 else n_qt)  # pairs of tiles, or tiles

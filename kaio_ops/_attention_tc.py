@@ -268,27 +268,6 @@ def acc_rows_at(
                 mma(acc, 2 * nj + i, pf, 0, vf, i, DT)
 
 
-# 2^f on [-0.5, 0.5] as c0 + c1 f + c2 f^2 + c3 f^3, minimax in the relative error (7.5e-5
-# with the coefficients rounded to f32, below f16's half ulp 2.4e-4): ``exp2_fma``
-EXP2_C0, EXP2_C1, EXP2_C2, EXP2_C3 = 0.9999281, 0.69326097, 0.24261054, 0.05517132
-ROUND_MAGIC = 12582912.0  # 1.5 * 2^23: x + it holds round(x) in its low mantissa bits
-
-
-@kaio.gpu_func
-def exp2_fma(x: f32) -> f32:
-    """2^x for x <= 0 without the MUFU (FlashAttention-4's emulation, on the FMA and ALU
-    pipes): x = j + f with j = round(x) (x + 1.5 * 2^23 rounds it into the low mantissa
-    bits) and f in [-0.5, 0.5], 2^f by ``EXP2_C0`` .. ``EXP2_C3`` (Horner, 3 FFMAs), j added to its
-    exponent field as an integer (j << 23: the magic number's own bits shift out). x is
-    first held at -126 or above so that the exponent stays positive: -inf (a masked score)
-    gives 2^-126 or less (zero in f16, 1e-38 beside a row's largest probability of 1)."""
-    x = kaio.max(x, -126.0)
-    r = x + ROUND_MAGIC
-    f = x - (r - ROUND_MAGIC)
-    p = kaio.fma(kaio.fma(kaio.fma(f, EXP2_C3, EXP2_C2), f, EXP2_C1), f, EXP2_C0)
-    return kaio.bitcast(kaio.bitcast(p, u32) + (kaio.bitcast(r, u32) << 23), f32)
-
-
 @kaio.gpu_func
 def softmax_step(
     s: f32[:, :], m: f32[:], l: f32[:],
@@ -298,7 +277,6 @@ def softmax_step(
     SUMS: kaio.constexpr = 1,
     PAIRS: kaio.constexpr = 0,
     DT: kaio.constexpr = kaio.f16,
-    EMU: kaio.constexpr = 0,
 ) -> f32:  # fmt: skip
     """One online-softmax step of this lane's row half h (row g + 8h of the warp's 16) over
     the scores s of NB n-tiles (masked ones -inf): the running max m[h] (base 2, scaled) and
@@ -308,9 +286,20 @@ def softmax_step(
     probabilities elsewhere, e.g. on the tensor cores). ``PAIRS`` 1 (with SUMS 0): the
     exponentials of each pair of columns in one ``ex2.approx`` of a DT pair (f16x2: one
     MUFU.EX2 for two probabilities, max rel. error 2^-9.9 and the exponent rounded to f16),
-    whose bits go to s[n, 2h] (s[n, 2h + 1] is left as it was). ``EMU`` (without PAIRS): the
-    exponentials of EMU of the NB n-tiles, spread evenly, by ``exp2_fma`` on the FMA pipe, so
-    that the MUFU and the FMA pipe share the work."""
+    whose bits go to s[n, 2h] (s[n, 2h + 1] is left as it was). ``row_max`` then
+    ``exponentials``."""
+    base, alpha = row_max(s, m, h, scale_log2, NB)
+    exponentials(s, l, h, base, alpha, scale_log2, NB, SUMS, PAIRS, DT)
+    return alpha
+
+
+@kaio.gpu_func
+def row_max(
+    s: f32[:, :], m: f32[:], h: kaio.constexpr, scale_log2: f32, NB: kaio.constexpr
+) -> tuple[f32, f32]:  # fmt: skip
+    """``softmax_step``'s first half: row half h's running max m[h] updated with the scores
+    s; returns ``(base, alpha)``: the max the exponentials subtract (0 for a row with no
+    score yet) and the factor of the earlier accumulators."""
     top = NEG_INF
     for n in kaio.static_range(NB):
         for e in kaio.static_range(2):
@@ -321,6 +310,17 @@ def softmax_step(
     base = kaio.select(m_new == NEG_INF, 0.0, m_new)
     alpha = kaio.exp2(m[h] - base)
     m[h] = m_new
+    return base, alpha
+
+
+@kaio.gpu_func
+def exponentials(
+    s: f32[:, :], l: f32[:], h: kaio.constexpr, base: f32, alpha: f32, scale_log2: f32,
+    NB: kaio.constexpr, SUMS: kaio.constexpr = 1, PAIRS: kaio.constexpr = 0,
+    DT: kaio.constexpr = kaio.f16,
+):  # fmt: skip
+    """``softmax_step``'s second half: s replaced by 2^(s scale_log2 - base) (``PAIRS``:
+    its), and with ``SUMS`` the sum l[h] rescaled by alpha and grown by them."""
     total = 0.0
     for n in kaio.static_range(NB):
         if PAIRS:
@@ -332,18 +332,12 @@ def softmax_step(
                 s[n, 2 * h] = kaio.bitcast(kaio.exp2(kaio.f16x2(x0, x1)), f32)
         else:
             for e in kaio.static_range(2):
-                x = kaio.fma(s[n, 2 * h + e], scale_log2, -base)
-                p = 0.0
-                if n * EMU % NB < EMU:  # (EMU of the NB n-tiles, spread evenly)
-                    p = exp2_fma(x)
-                else:
-                    p = kaio.exp2(x)
+                p = kaio.exp2(kaio.fma(s[n, 2 * h + e], scale_log2, -base))
                 s[n, 2 * h + e] = p
                 if SUMS:
                     total += p
     if SUMS:
         l[h] = l[h] * alpha + total
-    return alpha
 
 
 @kaio.gpu_func

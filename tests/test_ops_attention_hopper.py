@@ -19,7 +19,6 @@ import kaio_ops
 from kaio.ptx.ptxas import find_ptxas
 from kaio_ops import _arrays, attention
 from kaio_ops import _attention_hopper as hopper
-from kaio_ops._attention_tc import exp2_fma
 from tests.harness import assemble_wgmma, covering
 from tests.poison import poison_allocations
 from tests.test_ops_attention import reference, rel
@@ -223,30 +222,6 @@ def test_row_sums_on_the_tensor_cores_in_simulator(b, h, hkv, sq, sk, d, dtype, 
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=5e-4 if dtype == np.float16 else 3e-3)
 
 
-@kaio.gpu_kernel(block_size=64)
-def exp2_on_fma(x: kaio.f32[:], out: kaio.f32[:]):
-    i = kaio.thread_idx_x() + kaio.block_idx_x() * 64
-    if i < x.shape[0]:
-        out[i] = exp2_fma(x[i])
-
-
-def test_exp2_on_the_fma_pipe_in_simulator():
-    """``exp2_fma`` (``EMU``'s exponentials): 2^x within 8e-5 relative of float64 for the
-    softmax's x <= 0 (random, integers and half-integers, where the rounding to j turns),
-    at most 2^-126 for x below -126 and -inf (a masked score), and no MUFU instruction."""
-    rng = np.random.default_rng(5)
-    x = np.concatenate([-rng.exponential(8.0, 2000), -np.arange(0, 126, 0.5), [-0.0]])
-    x = x.astype(np.float32)
-    low = np.array([-126.3, -200.0, -np.inf], np.float32)
-    out = np.full(x.size + low.size, np.nan, np.float32)
-    with kaio.simulate():
-        exp2_on_fma[(-(-out.size // 64),)](np.concatenate([x, low]), out)
-    want = np.exp2(x.astype(np.float64))
-    assert np.abs(out[: x.size] / want - 1).max() < 8e-5
-    assert (out[x.size :] >= 0).all() and (out[x.size :] <= 2.0**-126).all()
-    assert "ex2" not in exp2_on_fma.ptx(arch="sm_90")
-
-
 D64_COUNTER = {"QB": 2, "ONES": 1, "STAGES": 3, "OV": 1}  # (the route's, but PERSIST's)
 
 
@@ -256,8 +231,8 @@ D64_COUNTER = {"QB": 2, "ONES": 1, "STAGES": 3, "OV": 1}  # (the route's, but PE
         # the mask, grouped-query heads, partial last key tiles, two Q buffers, three
         # stages, O as 16-byte vectors, the unmasked key tiles apart (D64's route), three
         # blocks taking 8 tiles from the counter, heads in sections of two
-        # (and a tile's first exponentials partly on the FMA pipe, EMU)
-        (64, 4, 256, 300, True, {**D64_COUNTER, "PIPE": 1, "DIAG": 1, "EMU": 2}, 3, 2),
+        # (and P packed as the exponentials come, P V waited for before them: EARLY)
+        (64, 4, 256, 300, True, {**D64_COUNTER, "PIPE": 1, "DIAG": 1, "EARLY": 1}, 3, 2),
         # one block takes every head's tiles (one head a section, as launch picks)
         (64, 4, 128, 128, False, {"PIPE": 3, "OV": 1}, 1, 0),
         # f16 D128's options at 1024 keys or fewer (extras: two Q buffers), a partial last
