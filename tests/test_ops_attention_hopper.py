@@ -147,7 +147,7 @@ THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgr
         (1, 1, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "QB": 2, "DIAG": 1}, 1),
         # the tiles of a plan (PERSIST 5: sections of two heads, each tile to the block with
         # the least work), bf16, FlashAttention-3's order, a partial last key tile in every
-        # tile, a query tail
+        # tile, a query tail, P packed as the exponentials come (EARLY)
         (
             1,
             3,
@@ -157,7 +157,7 @@ THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgr
             64,
             ml_dtypes.bfloat16,
             False,
-            {"BN": 128, "PIPE": 3, "PERSIST": 5, "SECTION": 2},
+            {"BN": 128, "PIPE": 3, "PERSIST": 5, "SECTION": 2, "EARLY": 1},
             2,
         ),  # fmt: skip
     ],
