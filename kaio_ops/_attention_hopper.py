@@ -1262,7 +1262,10 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     same counter without it); both against main: f16 +2.3% to +2.8% at B16 H16 S1024, with
     the mask +3.2% to +3.3% there and at S 2048; bf16 +1.9% to +2.8% (fwd64's third pass).
     D64 with the mask past SHORT_KEYS keys, either type: ``SECTION`` D64_SECTION
-    (``launch``'s sections of heads).
+    (``launch``'s sections of heads). D64, every route, either type: ``EARLY`` 1 (P V
+    waited for after the row maxima, P packed among the exponentials: ``overlap_step``;
+    against main at B16 H16 S1024 f16 +1.5%, with the mask +1.3%, bf16 +0.7% and +0.9%; at
+    B8 S2048 f16 +0.8% and +2.3%, bf16 +1.3% and +2.0%: fwd64, 2026-11-27, round D).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
     S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster on
@@ -1275,7 +1278,7 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     blocks took 8 or 7 pairs where the plan evens them out (H100, kernel time: B4 H16 S4096
     f16 +1.0% to +2.0%, bf16 +2.2% to +2.6%; B1 S16384 f16 +2.6%, bf16 +7%; B4 H32/8 S4096
     +1.3% to +2.6%; B16 S1024 -1% to +1%; docs/performance.md, fwdc)."""
-    every = {"OV": 1} if d in (128, 256) else {}  # (either type)
+    every = {"OV": 1} if d in (128, 256) else {"EARLY": 1}  # (either type)
     if d == 128 and causal:
         every["DIAG"] = 1
         if many:
@@ -1286,7 +1289,7 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     if d == 64 and many and 0 < sk <= (D64_COUNTER_KEYS if causal else SHORT_KEYS):  # (counter)
         diag = {"DIAG": 1} if causal else {}
         return {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION, "ONES": int(f16),
-                "OV": 1, **diag}  # fmt: skip
+                "OV": 1, **diag, **every}  # fmt: skip
     if d > 128 or not f16:
         return every
     more = d == 128 and many
