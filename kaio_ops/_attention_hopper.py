@@ -253,13 +253,13 @@ def softmax_tile(
                 for e in kaio.static_range(2):
                     s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
     if WAIT:
-        base = kaio.local(f32, 2)
+        bases = kaio.local(f32, 2)
         if k0 >= 0:  # (always: a block of its own, above which ptxas does not hoist the wait)
             for h in kaio.static_range(2):
-                base[h], alpha[h] = row_max(s, m, h, scale_log2, BN // 8)
+                bases[h], alpha[h] = row_max(s, m, h, scale_log2, BN // 8)
         kaio.wgmma_wait(0)
         for h in kaio.static_range(2):
-            exponentials(s, l, h, base[h], alpha[h], scale_log2, BN // 8, SUMS, HEXP, DT)
+            exponentials(s, l, h, bases[h], alpha[h], scale_log2, BN // 8, SUMS, HEXP, DT)
     else:
         for h in kaio.static_range(2):
             alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT)
