@@ -1264,8 +1264,8 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     D64 with the mask past SHORT_KEYS keys, either type: ``SECTION`` D64_SECTION
     (``launch``'s sections of heads). D64, every route, either type: ``EARLY`` 1 (P V
     waited for after the row maxima, P packed among the exponentials: ``overlap_step``;
-    against main at B16 H16 S1024 f16 +1.5%, with the mask +1.3%, bf16 +0.7% and +0.9%; at
-    B8 S2048 f16 +0.8% and +2.3%, bf16 +1.3% and +2.0%: fwd64, 2026-11-27, round D).
+    against main at B16 H16 S1024 f16 +1.4%, with the mask +1.2%, bf16 +0.8% and +1.1%; at
+    B8 S2048 f16 +0.7% and +2.1%, bf16 +1.3% and +1.9%: fwd64, 2026-11-27, round D).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
     S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster on
