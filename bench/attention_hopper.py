@@ -14,7 +14,8 @@ others' results:
 - ``grid --specs "D/dtype/K=V,...;..." [--shapes "B,H,HKV,S;..."]``: any configurations
   (``parse_specs``; ``default`` for the routed one, ``old`` for the mma.sync kernel;
   ``BASE=n`` a copy of the module at ``$ATTN_BASE`` or ``$ATTN_BASE<n>``, ``NOCHECK=1`` a
-  diagnostic timed whatever its check says), compiled N processes at a time, checked
+  diagnostic timed whatever its check says, ``ROUTED=1`` the other keys over the routed
+  configuration rather than over ``config``'s), compiled N processes at a time, checked
   against float64 on two small cases, then timed beside SDPA flash in interleaved rounds,
   causal and not: 4 calls queued behind a GPU sleep (``time_queued``: kernel time, the
   table's figure) and, in brackets, 4 calls as they come (``time_calls``' window, which
@@ -107,12 +108,13 @@ def base_module(n: int = 1):
 def runner(kind: str, d: int, over: dict):
     """A function (q, k, v, causal) -> (out, lse) for one variant (``BASE`` 1: of
     ``base_module``'s kernel)."""
+    from kaio_ops import _arrays, attention
     from kaio_ops import _attention_hopper as hop
-    from kaio_ops import attention
 
     over = dict(over)
     over.pop("NOCHECK", 0)  # (``grid``'s)
     base = over.pop("BASE", 0)
+    routed = over.pop("ROUTED", 0)
     if base:
         hop = base_module(base)
 
@@ -122,6 +124,10 @@ def runner(kind: str, d: int, over: dict):
             dp = attention._pow2_dim(d, attention.FLASH_DIMS)
             return attention.tc_forward(qa, ka, va, qa.dtype, qa.shape, dims, causal, scale, dp)
         cfg = {**hop.config(d, causal), **over} if over else None  # None: as launch routes
+        if routed:  # ``over`` on top of the routed configuration (``extras``'s too)
+            many = dims[0] * -(-dims[3] // 128) >= hop.MANY_TILES * _arrays.multiprocessors(qa)
+            cfg = {**hop.config(d, causal), **hop.extras(d, causal, qa.dtype, dims[4], many),
+                   **over}  # fmt: skip
         kernel = precise_kernel() if cfg and cfg.pop("precise", False) else None
         return hop.launch(qa, ka, va, dims, causal, scale, cfg, kernel)
 
@@ -513,7 +519,10 @@ def launch_cfg(hop, d: int, causal: bool, dt, sk: int, many: bool, over: dict) -
     """The constexprs (but D and DT) that ``hop.launch`` gives the kernel for a variant's
     ``over`` (as ``runner`` passes it), the mask, ``sk`` keys and ``many`` query tiles."""
     routed = hop.extras(d, causal, dt, sk, many)
-    if over:
+    if over.get("ROUTED"):  # (``runner``'s)
+        cfg = {**hop.EXTRAS_OFF, **hop.config(d, causal), **routed, **over}
+        cfg.pop("ROUTED")
+    elif over:
         cfg = {**hop.EXTRAS_OFF, **routed, **hop.config(d, causal), **over}
     else:
         cfg = {**hop.EXTRAS_OFF, **hop.config(d, causal), **routed}

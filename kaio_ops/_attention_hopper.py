@@ -82,7 +82,15 @@ import numpy as np
 import kaio
 from kaio import bool_, f32, i32, u32, u64
 from kaio_ops._attention_hopper_common import kv_head_and_tiles, store_pairs, thread_roles
-from kaio_ops._attention_tc import LN2, NEG_INF, rescale, softmax_step, start_rows
+from kaio_ops._attention_tc import (
+    LN2,
+    NEG_INF,
+    exponentials,
+    rescale,
+    row_max,
+    softmax_step,
+    start_rows,
+)
 from kaio_ops._matmul_hopper import next_stage
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
@@ -216,7 +224,7 @@ def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
     causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
     LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16, HEXP: kaio.constexpr = 0,
-    MASK: kaio.constexpr = 1,
+    MASK: kaio.constexpr = 1, WAIT: kaio.constexpr = 0,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
@@ -227,7 +235,9 @@ def softmax_tile(
     the masked tiles (``rounding``), as a multiple of 2^-l[2 + h] (the max it was last
     rescaled to: nothing to do on the other tiles), for ``ones_sums`` to add back. ``HEXP``
     1 (with ``SUMS`` 0): the probabilities as DT pairs from one ``ex2.approx`` each (half the
-    MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``."""
+    MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``.
+    ``WAIT`` 1: the pending wgmma group (P V of the key tile before) waited for between the
+    row maxima and the exponentials (``overlap_step``'s ``EARLY``)."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
     masked = False  # (MASK 0: a tile that the caller knows none of the warp's rows masks)
@@ -242,8 +252,17 @@ def softmax_tile(
             for n in kaio.static_range(BN // 8):
                 for e in kaio.static_range(2):
                     s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
-    for h in kaio.static_range(2):
-        alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT)
+    if WAIT:
+        bases = kaio.local(f32, 2)
+        if k0 >= 0:  # (always: a block of its own, above which ptxas does not hoist the wait)
+            for h in kaio.static_range(2):
+                bases[h], alpha[h] = row_max(s, m, h, scale_log2, BN // 8)
+        kaio.wgmma_wait(0)
+        for h in kaio.static_range(2):
+            exponentials(s, l, h, bases[h], alpha[h], scale_log2, BN // 8, SUMS, HEXP, DT)
+    else:
+        for h in kaio.static_range(2):
+            alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT)
     if LSE == 1 and SUMS == 0:
         if masked:  # a row with few keys sees them all here: its sum to the last bit
             for h in kaio.static_range(2):
@@ -511,13 +530,16 @@ def overlap_step(
     wg: u32, lt: u32, qc: i32, gj: i32, row0: i32, sk: i32, causal: i32, scale_log2: f32,
     st: i32, ph: u32, ps: i32, pph: u32, j: i32, D: kaio.constexpr, BN: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr, LSE: kaio.constexpr,
-    HEXP: kaio.constexpr, MASK: kaio.constexpr = 1,
+    HEXP: kaio.constexpr, MASK: kaio.constexpr = 1, EARLY: kaio.constexpr = 0,
 ):  # fmt: skip
     """One overlapped step of ``consume_tile`` (PIPE 1 to 4): S = Q K_j^T (stage ``st``,
     parity ``ph``) issued with the pending P_{j-1} V_{j-1} (stage ``ps``, parity ``pph``),
     the softmax of tile j while P V runs, then P of tile j packed (``gj``: the block's
     overlapped steps so far, for the ping-pong turns of PIPE 2 and 4; ``MASK`` 0: a tile
-    that no row of the warpgroup masks, ``softmax_tile``'s)."""
+    that no row of the warpgroup masks, ``softmax_tile``'s). ``EARLY`` 1: P V waited for
+    after the row maxima (under it), before the exponentials, so that P's registers are
+    free and each pair is packed as its exponentials come (the F2FPs among the MUFU.EX2s,
+    not after them)."""
     lane = lt % 32
     DO = D + 8 * ONES
     kaio.mbarrier_wait(bars, (0, st), ph)
@@ -541,13 +563,16 @@ def overlap_step(
         kaio.mbarrier_arrive(bars, (2, st))
     if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE,
-                     DT, HEXP, MASK)  # fmt: skip
-    kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done
+                     DT, HEXP, MASK, EARLY)  # fmt: skip
+        if EARLY:  # (P V waited for: no wait between the exponentials and their packing)
+            pack_p(p, s, BN, DT, HEXP)
+    kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done (EARLY: already, but ptxas must see it on every path)
     if lt == 0:
         kaio.mbarrier_arrive(bars, (3, ps))
     if PIPE < 3:
         rescale_rows(o, alpha, DO)
-    pack_p(p, s, BN, DT, HEXP)
+    if EARLY == 0:
+        pack_p(p, s, BN, DT, HEXP)
 
 
 @kaio.gpu_func
@@ -582,6 +607,7 @@ def consume_tile(
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
     LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
     HEXP: kaio.constexpr = 0, DIAG: kaio.constexpr = 0, OV: kaio.constexpr = 0,
+    EARLY: kaio.constexpr = 0,
 ) -> tuple[i32, u32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` from ``lo`` and below
@@ -600,7 +626,7 @@ def consume_tile(
     tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips).
     ``DIAG`` 1 (PIPE 1 to 4): the steps over the key tiles that no row of the block masks
     run in a loop of their own, without the mask's test (``overlap_step``). ``OV`` 1: the
-    rows of O stored as 16-byte vectors (``store_quads``)."""
+    rows of O stored as 16-byte vectors (``store_quads``). ``EARLY`` 1: ``overlap_step``'s."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -664,7 +690,7 @@ def consume_tile(
             for j in range(1, j0):
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 0)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EARLY)  # fmt: skip
                 ps = st
                 pph = ph
                 st, ph = next_stage(st, ph, STAGES)
@@ -675,13 +701,13 @@ def consume_tile(
             if plain:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 0)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EARLY)  # fmt: skip
                 ps = st
                 pph = ph
             elif SKIP == 0 or j < n_mine:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 1, EARLY)  # fmt: skip
                 ps = st
                 pph = ph
             else:  # a key tile past this warpgroup's rows
@@ -1005,6 +1031,7 @@ def attention_fwd_wgmma(
     HEXP: kaio.constexpr,
     DIAG: kaio.constexpr,
     OV: kaio.constexpr,
+    EARLY: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -1014,7 +1041,8 @@ def attention_fwd_wgmma(
     ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
     log2(e). ``XT``, ``QB``, ``ONES``: the one-stream schedule, its Q buffers and the row
     sums on the tensor cores (module docstring; ``extras``); ``DIAG`` 1: the unmasked key
-    tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors (``consume_tile``).
+    tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors, ``EARLY`` 1: P
+    packed as the exponentials come (``consume_tile``).
     ``sched``: two i32 counters, 0 at the launch, that ``PERSIST`` 4 takes its tiles from
     and leaves 0 (``produce_dynamic``); with ``PERSIST`` 5 the plan of every block's tiles
     (``balanced_plan``)."""
@@ -1093,7 +1121,7 @@ def attention_fwd_wgmma(
                 st, ph, g, done = consume_tile(
                     q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                     q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
+                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
                 )  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
@@ -1111,13 +1139,13 @@ def attention_fwd_wgmma(
                     st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
                     )  # fmt: skip
                 else:
                     st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV,
+                        STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
                     )  # fmt: skip
     elif PERSIST == 4:  # the producer warpgroup: its first warp takes the tiles
         producer_start(REGS)
@@ -1180,7 +1208,7 @@ def config(d: int, causal: bool = False) -> dict:
 
 
 # a tile at a time, one Q buffer, sums by FADD (LSE: the rounding added back, with ONES)
-EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0, "OV": 0}
+EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0, "OV": 0, "EARLY": 0}
 
 
 SHORT_KEYS = 1024  # f16 D128 at most this many keys: tiles from a counter (``extras``)
@@ -1234,7 +1262,10 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     same counter without it); both against main: f16 +2.3% to +2.8% at B16 H16 S1024, with
     the mask +3.2% to +3.3% there and at S 2048; bf16 +1.9% to +2.8% (fwd64's third pass).
     D64 with the mask past SHORT_KEYS keys, either type: ``SECTION`` D64_SECTION
-    (``launch``'s sections of heads).
+    (``launch``'s sections of heads). D64, every route, either type: ``EARLY`` 1 (P V
+    waited for after the row maxima, P packed among the exponentials: ``overlap_step``;
+    against main at B16 H16 S1024 f16 +1.4%, with the mask +1.2%, bf16 +0.8% and +1.1%; at
+    B8 S2048 f16 +0.7% and +2.1%, bf16 +1.3% and +1.9%: fwd64, 2026-11-27, round D).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
     S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster on
@@ -1247,7 +1278,7 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     blocks took 8 or 7 pairs where the plan evens them out (H100, kernel time: B4 H16 S4096
     f16 +1.0% to +2.0%, bf16 +2.2% to +2.6%; B1 S16384 f16 +2.6%, bf16 +7%; B4 H32/8 S4096
     +1.3% to +2.6%; B16 S1024 -1% to +1%; docs/performance.md, fwdc)."""
-    every = {"OV": 1} if d in (128, 256) else {}  # (either type)
+    every = {"OV": 1} if d in (128, 256) else {"EARLY": 1}  # (either type)
     if d == 128 and causal:
         every["DIAG"] = 1
         if many:
@@ -1258,7 +1289,7 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     if d == 64 and many and 0 < sk <= (D64_COUNTER_KEYS if causal else SHORT_KEYS):  # (counter)
         diag = {"DIAG": 1} if causal else {}
         return {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION, "ONES": int(f16),
-                "OV": 1, **diag}  # fmt: skip
+                "OV": 1, **diag, **every}  # fmt: skip
     if d > 128 or not f16:
         return every
     more = d == 128 and many

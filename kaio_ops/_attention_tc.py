@@ -286,7 +286,20 @@ def softmax_step(
     probabilities elsewhere, e.g. on the tensor cores). ``PAIRS`` 1 (with SUMS 0): the
     exponentials of each pair of columns in one ``ex2.approx`` of a DT pair (f16x2: one
     MUFU.EX2 for two probabilities, max rel. error 2^-9.9 and the exponent rounded to f16),
-    whose bits go to s[n, 2h] (s[n, 2h + 1] is left as it was)."""
+    whose bits go to s[n, 2h] (s[n, 2h + 1] is left as it was). ``row_max`` then
+    ``exponentials``."""
+    base, alpha = row_max(s, m, h, scale_log2, NB)
+    exponentials(s, l, h, base, alpha, scale_log2, NB, SUMS, PAIRS, DT)
+    return alpha
+
+
+@kaio.gpu_func
+def row_max(
+    s: f32[:, :], m: f32[:], h: kaio.constexpr, scale_log2: f32, NB: kaio.constexpr
+) -> tuple[f32, f32]:  # fmt: skip
+    """``softmax_step``'s first half: row half h's running max m[h] updated with the scores
+    s; returns ``(base, alpha)``: the max the exponentials subtract (0 for a row with no
+    score yet) and the factor of the earlier accumulators."""
     top = NEG_INF
     for n in kaio.static_range(NB):
         for e in kaio.static_range(2):
@@ -297,6 +310,17 @@ def softmax_step(
     base = kaio.select(m_new == NEG_INF, 0.0, m_new)
     alpha = kaio.exp2(m[h] - base)
     m[h] = m_new
+    return base, alpha
+
+
+@kaio.gpu_func
+def exponentials(
+    s: f32[:, :], l: f32[:], h: kaio.constexpr, base: f32, alpha: f32, scale_log2: f32,
+    NB: kaio.constexpr, SUMS: kaio.constexpr = 1, PAIRS: kaio.constexpr = 0,
+    DT: kaio.constexpr = kaio.f16,
+):  # fmt: skip
+    """``softmax_step``'s second half: s replaced by 2^(s scale_log2 - base) (``PAIRS``:
+    its), and with ``SUMS`` the sum l[h] rescaled by alpha and grown by them."""
     total = 0.0
     for n in kaio.static_range(NB):
         if PAIRS:
@@ -314,7 +338,6 @@ def softmax_step(
                     total += p
     if SUMS:
         l[h] = l[h] * alpha + total
-    return alpha
 
 
 @kaio.gpu_func

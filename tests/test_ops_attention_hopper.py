@@ -147,7 +147,7 @@ THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgr
         (1, 1, 1, 384, 384, 64, np.float16, True, {**THREE, "PIPE": 1, "QB": 2, "DIAG": 1}, 1),
         # the tiles of a plan (PERSIST 5: sections of two heads, each tile to the block with
         # the least work), bf16, FlashAttention-3's order, a partial last key tile in every
-        # tile, a query tail
+        # tile, a query tail, P packed as the exponentials come (EARLY)
         (
             1,
             3,
@@ -157,7 +157,7 @@ THREE = {"WG": 3, "REGS": hopper.consumer_registers(3)}  # three consumer warpgr
             64,
             ml_dtypes.bfloat16,
             False,
-            {"BN": 128, "PIPE": 3, "PERSIST": 5, "SECTION": 2},
+            {"BN": 128, "PIPE": 3, "PERSIST": 5, "SECTION": 2, "EARLY": 1},
             2,
         ),  # fmt: skip
     ],
@@ -231,7 +231,8 @@ D64_COUNTER = {"QB": 2, "ONES": 1, "STAGES": 3, "OV": 1}  # (the route's, but PE
         # the mask, grouped-query heads, partial last key tiles, two Q buffers, three
         # stages, O as 16-byte vectors, the unmasked key tiles apart (D64's route), three
         # blocks taking 8 tiles from the counter, heads in sections of two
-        (64, 4, 256, 300, True, {**D64_COUNTER, "PIPE": 1, "DIAG": 1}, 3, 2),
+        # (and P packed as the exponentials come, P V waited for before them: EARLY)
+        (64, 4, 256, 300, True, {**D64_COUNTER, "PIPE": 1, "DIAG": 1, "EARLY": 1}, 3, 2),
         # one block takes every head's tiles (one head a section, as launch picks)
         (64, 4, 128, 128, False, {"PIPE": 3, "OV": 1}, 1, 0),
         # f16 D128's options at 1024 keys or fewer (extras: two Q buffers), a partial last
@@ -346,8 +347,9 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     and with the mask the unmasked key tiles apart; O stored as 16-byte vectors at D 128 and
     256 (either type), the unmasked key tiles apart at D 128 with the mask, and
     there (either type) the tiles of a balanced plan where the launch has many; at D 64 with
-    the mask past SHORT_KEYS keys (either type) D64_SECTION heads a section; nothing more
-    for bf16 or D 256."""
+    the mask past SHORT_KEYS keys (either type) D64_SECTION heads a section; at D 64 on
+    every route (either type) P packed among the exponentials (EARLY); nothing more for
+    bf16 or D 256."""
     f16, bf16 = kaio.f16, kaio.bf16
     ov, diag = {"OV": 1}, {"OV": 1, "DIAG": 1}  # D 128 and 256; D128 with the mask
     plan = {**diag, "PERSIST": 5}
@@ -361,24 +363,25 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     assert hopper.extras(128, False, f16, 4096) == {"ONES": 1, **ov}
     assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1, **diag}
     sections = {"SECTION": hopper.D64_SECTION}  # D64 with the mask past SHORT_KEYS keys
+    early = {"EARLY": 1}  # D64, every route
     assert hopper.extras(64, False, f16, 2048) == hopper.extras(64, False, f16, 4096)
-    assert hopper.extras(64, False, f16, 4096) == {"ONES": 1}
-    assert hopper.extras(64, True, f16, 4096) == {"ONES": 1, **sections}
-    plain = {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, **sections, **ov}  # (the counter)
+    assert hopper.extras(64, False, f16, 4096) == {"ONES": 1, **early}
+    assert hopper.extras(64, True, f16, 4096) == {"ONES": 1, **sections, **early}
+    plain = {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, **sections, **ov, **early}
     counter = {**plain, "DIAG": 1}  # (with the mask)
     assert hopper.extras(64, False, f16, 1024) == plain
     assert hopper.extras(64, False, bf16, 1024) == {**plain, "ONES": 0}
     assert hopper.extras(64, True, f16, 1024) == hopper.extras(64, True, f16, 2048) == counter
-    assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1}
+    assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1, **early}
     assert hopper.extras(64, True, f16, 256) == counter  # (a partial last key tile's V
     # is the producer's until zeroed, whatever the tiles: ``zero_tail``)
     assert hopper.extras(128, True, bf16, 1024) == plan
     assert hopper.extras(128, True, bf16, 1024, many=False) == diag
     assert hopper.extras(256, True, f16, 1024) == hopper.extras(128, False, bf16, 1024) == ov
     assert hopper.extras(64, True, bf16, 1024) == {**counter, "ONES": 0}
-    assert hopper.extras(64, True, bf16, 1024, many=False) == {}
-    assert hopper.extras(64, False, bf16, 2048) == hopper.extras(64, False, bf16, 4096) == {}
-    assert hopper.extras(64, True, bf16, 4096) == sections
+    assert hopper.extras(64, True, bf16, 1024, many=False) == early
+    assert hopper.extras(64, False, bf16, 2048) == hopper.extras(64, False, bf16, 4096) == early
+    assert hopper.extras(64, True, bf16, 4096) == {**sections, **early}
 
 
 def test_dispatch_needs_a_whole_64_column_head_dim_and_a_gpu():
