@@ -1,9 +1,9 @@
 """The sm_90 FP8 kernel's tile plans side by side with ``torch._scaled_mm`` (cuBLAS FP8):
 for each shape, every plan ``(WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])`` of
 ``kaio_ops._fp8_hopper`` worth trying there, and the plan ``config`` picks, each checked
-against ``torch._scaled_mm`` first; kernel time with CUDA events around batches of calls, the
-operands rotated over enough copies to exceed the L2 cache; e4m3, bf16 out, per-tensor
-scales (``--rowwise``: per row / column).
+against ``torch._scaled_mm`` first; kernel time with CUDA events (``--timing``), the
+operands rotated over enough copies to exceed the L2 cache three times; e4m3, bf16 out,
+per-tensor scales (``--rowwise``: per row / column).
 
 Usage: ``python bench/fp8_plans.py --out DIR [--budget SECONDS] [--cases warm,big,sweep]``
 (``--summary FILE``: the table of a run's jsonl). Cases: ``warm`` compiles every plan first,
@@ -31,7 +31,12 @@ programmatic dependent launch at ``PDL_CASES`` (``pdlsweep``: at the ``--ms`` up
 other K slice), ``kc`` ``kc_plans`` (a tile's K slices over a cluster), ``vsmain`` the
 routed plans against main's routing (``main_plan``). Writes ``DIR/fp8_plans.jsonl`` (one line
 per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds have
-passed."""
+passed. ``cold``: ``cold_plans`` beside the routed plan. ``--timing``: ``percall`` (the
+default) times each call as bench/fp8.py does, the issue's figure (``percall_times``: its
+own pair of events, as many input sets as bench/fp8.py rotates); ``batched`` (every figure
+before 2026-11-27's cold pass) times batches of calls back to back, where a kernel launched
+with programmatic dependent launch overlaps the end of the one before it and no call pays
+the launch and ramp that a call between events does."""
 
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -76,12 +82,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio_ops  # noqa: E402
 from bench.fp8 import PADS, scaled_mm  # noqa: E402
+from bench.harness import Harness  # noqa: E402
 from kaio_ops import _fp8_decode as D  # noqa: E402
 from kaio_ops import _fp8_hopper as H  # noqa: E402
 from kaio_ops import _plan  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
-L2 = 50 * 2**20
 SHAPES = {
     "8b": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],
     "70b": [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)],
@@ -143,12 +149,36 @@ def one_batch(fn, sets, batch, host_ms):
 
 
 ROUNDS = [5]  # time_all's rounds (--rounds)
+TIMING = ["percall"]  # time_all's way (--timing): "percall" or "batched"
+HARNESS = Harness("fp8_plans")  # bench/fp8.py's timing (percall) and its count of input sets
+
+
+def input_sets(m, n, k, rowwise=False):
+    """The operand sets a case rotates over: as many as bench/fp8.py makes (``bench.harness``:
+    ~3x the L2 in all, so that no call finds its weight in the L2)."""
+    return operands(m, n, k, rowwise, HARNESS.sets_for(m * k + k * n + 2 * m * n))
+
+
+def percall_times(fns: dict, sets, rounds: int, calls: int = 10) -> dict:
+    """Median ms of one call of each of ``fns`` timed as bench/fp8.py times them, the issue's
+    figure (``Harness.time``: each call between its own pair of CUDA events, queued behind a
+    GPU spin, the inputs rotated): ``calls`` calls a round, ``rounds`` rounds taking them
+    in turn. Unlike ``batched``'s calls back to back, no kernel overlaps the one before it
+    (programmatic dependent launch) and each call pays its own launch and ramp."""
+    times = {name: [] for name in fns}
+    for r in range(rounds):
+        for name, fn in fns.items():
+            times[name] += HARNESS.time(fn, sets, reps=calls, warmup=None if r == 0 else 1)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def time_all(fns: dict, sets, rounds=None) -> dict:
     """Median ms per call of each of ``fns``, in ``rounds`` rounds that take them in turn
-    (a clock that drops as the GPU heats falls on all alike)."""
+    (a clock that drops as the GPU heats falls on all alike): ``percall_times`` (the
+    default), or (``--timing batched``) batches of calls back to back (``one_batch``)."""
     rounds = rounds or ROUNDS[0]
+    if TIMING[0] == "percall":
+        return percall_times(fns, sets, rounds)
     setup = {name: prepare(fn, sets) for name, fn in fns.items()}
     times = {name: [] for name in fns}
     for _ in range(rounds):
@@ -197,6 +227,8 @@ def with_plan(plan, out_dtype=None):
             H.config = lambda *args: keep[0](*args)
         elif plan == BEFORE:  # (unplanned too)
             H.config, H.PDL = (lambda *args: without_200(*args, config=keep[0])[0]), 0
+        elif plan == NO_PDL:  # (unplanned too)
+            H.config, H.PDL = (lambda *args: keep[0](*args)), 0
         elif plan == MAIN:  # (unplanned too)
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             before = main_plan(keep[0](a.shape[0], b.shape[1], a.shape[1], sms), a.shape[0])
@@ -216,6 +248,8 @@ ROUTED_PDL = H.PDL  # (_warm sets H.PDL for a job, and back)
 GEMV = "gemv"  # the plan name of _fp8_decode's kernel (with_plan)
 MAIN = "main"  # the plan name of main's routing before this branch (with_plan, main_plan)
 BEFORE = "before"  # the plan name of the routing before this branch (with_plan)
+NO_PDL = "nopdl"  # the plan name of the routed plan without programmatic dependent launch
+NAMED = (GEMV, BEFORE, MAIN, NO_PDL)
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
@@ -540,8 +574,7 @@ def pdl_case(m, n, k, log) -> dict:
     """cuBLAS, the routed plan (its call plan) and the routed plan unplanned without and with
     programmatic dependent launch (``with_pdl``), each checked against cuBLAS, timed in the
     same interleaved rounds."""
-    nbytes = m * k + k * n + 2 * m * n
-    sets = operands(m, n, k, False, max(1, min(8, math.ceil(3 * L2 / nbytes))))
+    sets = input_sets(m, n, k)
     ref = scaled_mm(*sets[0]).float()
     fns = {"cublas": scaled_mm, "pick": with_plan(None), "pdl0": with_pdl(0),
            "pdl1": with_pdl(1)}  # fmt: skip
@@ -775,6 +808,28 @@ def alternate_plans(m, n, k, sms=132):
     return [(2, bn, fits[-1], promote, 1, 1, 1, occ, 0, swap, H.GROUP_ROWS, 2)] if fits else []
 
 
+def cold_plans(m, n, k, sms=132):
+    """The alternatives "cold" times beside the routed plan (with ``--timing percall``: the
+    choices of the fp8 branch of 2026-11-27, made with calls back to back, re-checked one
+    call at a time). Swapped tiles (up to ``SWAP_M`` rows): without programmatic dependent
+    launch, with (or without) a tile's K over a cluster of two (``KC``), deeper rings (16
+    and 24 stages, one block a multiprocessor, where the tiles fit one wave), K split 2 and
+    4 ways summed in the kernel. Past 64 rows: 64 x 128 tiles of two warpgroups on every
+    other K slice (one slice sum waited for), 128 x 96 tiles, ``alternate_plans``."""
+    wg, bn, st, pr, *rest = full = full_plan(H.config(m, n, k, sms))
+    if full[9]:  # swapped
+        out = [NO_PDL, (*full[:12], 3 - full[12])]
+        if -(-n // 64) <= sms:
+            deep = sorted({H.stages_for(1, bn, d) for d in (16, 24)} - {st})
+            out += [(wg, bn, d, pr, 1, 1, 1, 1, *full[8:]) for d in deep if d > st]
+        return out + [(wg, bn, st, pr, 1, 1, s, 2, 1, 1) for s in (2, 4)]
+    if m <= 64:
+        return []
+    fits = [s for s in range(2, 17) if H.shared_bytes(2, 128, s, 1, 64, 2) <= H.SHARED_LIMIT]
+    out = [(2, 128, fits[-1], 1, 1, 1, 1, 1, 0, 0, H.GROUP_ROWS, 2), H.plan(2, 96)[:5]]
+    return out + alternate_plans(m, n, k, sms)
+
+
 def kc_plans(m, n, k, sms=132):
     """Tiles whose K slices a cluster of ``KC`` blocks shares (each block a part, the parts'
     sums added through distributed shared memory, a tile a cluster) where the clusters
@@ -820,14 +875,13 @@ def main_plan(plan, m) -> tuple:
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
     FUSE, SWAP, GROUP); ``GEMV`` as it is."""
-    if plan in (GEMV, BEFORE, MAIN):
+    if plan in NAMED:
         return (plan,)
     return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS)[len(plan) - 5 :])
 
 
 def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
-    nbytes = m * k + k * n + 2 * m * n
-    sets = operands(m, n, k, rowwise, max(1, min(8, math.ceil(3 * L2 / nbytes))))
+    sets = input_sets(m, n, k, rowwise)
     ref = scaled_mm(*sets[0]).float()
     rec = {"case": label or f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "rowwise": rowwise}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -836,7 +890,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     for plan in [None, *plans]:
         if plan is not None and full_plan(plan) == full_plan(rec["pick_plan"]):
             continue  # timed as "pick"
-        named = plan in (GEMV, BEFORE, MAIN)
+        named = plan in NAMED
         name = "pick" if plan is None else plan if named else "/".join(map(str, plan))
         _plan.clear()
         fn = with_plan(plan)
@@ -853,7 +907,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     best = None
     for name, t in ms.items():
         rec[name].update(us=t * 1e3, x=rec["cublas_us"] / (t * 1e3))
-        named = name in ("pick", GEMV, BEFORE, MAIN)
+        named = name == "pick" or name in NAMED
         plan = name if named else tuple(int(x) for x in name.split("/"))
         if rec[name]["err"] < 1e-2 and plan not in NOT_SHIPPED:
             if best is None or t * 1e3 < rec[best]["us"]:
@@ -1091,6 +1145,13 @@ def warm(cases, ms, models, processes: int = 14) -> None:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
                 jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *kc_plans(m, n, k)]]
+    if "cold" in cases:
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                pick = H.config(m, n, k, 132)
+                plans = [p for p in cold_plans(m, n, k) if p != NO_PDL]
+                jobs += [(p, False, rows) for p in [pick, *plans]] + [(pick, False, rows, 0)]
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -1123,8 +1184,10 @@ def main() -> None:
     p.add_argument("--ms", default="1,8192,16,4096,64,1024,256,2048,128,512,2,4,8,32")
     p.add_argument("--models", default="8b,70b")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--timing", default="percall", choices=("percall", "batched"))
     args = p.parse_args()
     ROUNDS[0] = args.rounds
+    TIMING[0] = args.timing
     t0 = time.time()
     use_ptxas()
     os.makedirs(args.out, exist_ok=True)
@@ -1206,6 +1269,8 @@ def main() -> None:
         over_shapes(ms, alternate_plans, some=True)
     if "vsmain" in cases:  # the routed plans against main's routing
         over_shapes(ms, lambda m, n, k: [MAIN])
+    if "cold" in cases:  # the routed plans' choices re-checked (--timing percall), new ones
+        over_shapes(ms, cold_plans)
     if "kc" in cases:  # a tile's K slices over a cluster of blocks
         over_shapes(ms, kc_plans, some=True)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
