@@ -10,8 +10,9 @@ Usage: ``python bench/fp8_plans.py --out DIR [--budget SECONDS] [--cases warm,bi
 14 processes at once (with ``only``: nothing else); ``final`` the routed plan at 4096^3,
 8192^3 and 4096^3 with per-row scales; ``wide``, ``depth``, ``epi``, ``big``, ``regs``,
 ``interval``, ``cluster``, ``rowwise``, ``acc``, ``diag``: the plan lists of their rounds at
-the squares; ``carry`` (``carrysq``: the squares only) the routed tiles with the next tile's
-first slice carried over the epilogue; ``midsplit`` wide tiles split along K at 128 and 256
+the squares; ``ksweep`` (``kdec``: at 8 rows) the routed plan over K; ``carry``
+(``carrysq``: the squares only) the routed tiles with the next tile's first slice carried
+over the epilogue; ``midsplit`` wide tiles split along K at 128 and 256
 rows; ``sweep``, ``sweepnew``, ``sweepwide``, ``sweepfinal``: the M sweep over the
 Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) or
 ``final_plans``' alternatives (``pick``: none from ``plans_for``; ``sweepbefore``: the
@@ -320,6 +321,7 @@ DEPTH = [(2, 128, 7, 1, 1), (2, 192, 5, 1, 1), (2, 256, 4, 3, 1), (2, 192, 5, 1,
 KSWEEP = [(4096, 4096, k) for k in (1024, 2048, 4096, 8192, 16384)] + [
     (8192, 8192, k) for k in (2048, 8192)
 ]  # ("ksweep": the routed tile's time against K, a line: per slice and per tile)
+KDEC = [(8, 4096, k) for k in (1024, 2048, 4096, 8192)]  # ("kdec": the same, decode)
 EPIQ = [  # C through shared memory, the bulk copies waited for at the next epilogue (VEC 3)
     (2, 208, 4, 1, 2),
     (2, 208, 4, 1, 3),
@@ -1112,6 +1114,8 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         jobs += [(H.config(*shape, 132), False) for shape in EPIQ_SHAPES]
     if "ksweep" in cases:
         jobs += [(H.config(m, n, k, 132), False) for m, n, k in KSWEEP]
+    if "kdec" in cases:
+        jobs += [(H.config(m, n, k, 132), False, m) for m, n, k in KDEC]
     if "nsroute" in cases:
         for m in [m for m in ms if m <= 256]:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -1194,11 +1198,11 @@ def main() -> None:
     log = open(os.path.join(args.out, "fp8_plans.jsonl"), "a")  # noqa: SIM115
     recs = []
 
-    def over_shapes(rows: list, plans_of, shapes=None, tag="", some=False) -> None:
+    def over_shapes(rows: list, plans_of, shapes=None, tag="", some=False, bw=None) -> None:
         """Time each M of ``rows`` at every shape of ``models`` (or ``shapes``: (N, K) pairs;
         ``run_case`` with ``plans_of(m, n, k)``, labelled ``tag`` first; ``some``: only
-        where that gives a plan) while the budget lasts; a failing case is printed and the
-        run goes on."""
+        where that gives a plan; ``bw``: the copy bandwidth, for the weight-read floor)
+        while the budget lasts; a failing case is printed and the run goes on."""
         for m in rows:
             for n, k in shapes or [s for mo in models for s in SHAPES[mo]]:
                 if time.time() - t0 > args.budget:
@@ -1208,7 +1212,9 @@ def main() -> None:
                 if some and not plans:
                     continue
                 try:
-                    recs.append(run_case(m, n, k, False, plans, log, f"{tag}M={m} {n}x{k}"))
+                    floor = n * k / bw * 1e6 if bw else None
+                    label = f"{tag}M={m} {n}x{k}"
+                    recs.append(run_case(m, n, k, False, plans, log, label, floor))
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
 
@@ -1270,7 +1276,9 @@ def main() -> None:
     if "vsmain" in cases:  # the routed plans against main's routing
         over_shapes(ms, lambda m, n, k: [MAIN])
     if "cold" in cases:  # the routed plans' choices re-checked (--timing percall), new ones
-        over_shapes(ms, cold_plans)
+        bw = copy_bandwidth()
+        print(f"copy bandwidth {bw / 1e12:.3f} TB/s (read + written)", flush=True)
+        over_shapes(ms, cold_plans, bw=bw)
     if "kc" in cases:  # a tile's K slices over a cluster of blocks
         over_shapes(ms, kc_plans, some=True)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
@@ -1348,6 +1356,9 @@ def main() -> None:
             recs.append(run_case(m, n, k, False, EPIQ, log))
     if "ksweep" in cases:  # the routed tile over K: the slope per K slice, the fixed cost
         for m, n, k in KSWEEP:
+            recs.append(run_case(m, n, k, False, [], log))
+    if "kdec" in cases:  # the same at 8 rows (the swapped tile)
+        for m, n, k in KDEC:
             recs.append(run_case(m, n, k, False, [], log))
     if "depth" in cases:  # 4x longer tiles than 4096^3: the fixed cost of a tile shows
         recs.append(run_case(4096, 4096, 16384, False, DEPTH, log))
