@@ -813,14 +813,15 @@ def alternate_plans(m, n, k, sms=132):
 def cold_plans(m, n, k, sms=132):
     """The alternatives "cold" times beside the routed plan (with ``--timing percall``: the
     choices of the fp8 branch of 2026-11-27, made with calls back to back, re-checked one
-    call at a time). Swapped tiles (up to ``SWAP_M`` rows): without programmatic dependent
-    launch, with (or without) a tile's K over a cluster of two (``KC``), deeper rings (16
-    and 24 stages, one block a multiprocessor, where the tiles fit one wave), K split 2 and
-    4 ways summed in the kernel. Past 64 rows: 64 x 128 tiles of two warpgroups on every
-    other K slice (one slice sum waited for), 128 x 96 tiles, ``alternate_plans``."""
+    call at a time). Swapped tiles (up to ``SWAP_M`` rows): ``gemv_fp8`` (one row), without
+    programmatic dependent launch, with (or without) a tile's K over a cluster of two
+    (``KC``), deeper rings (16 and 24 stages, one block a multiprocessor, where the tiles
+    fit one wave), K split 2 and 4 ways summed in the kernel. Past 64 rows: 64 x 128 tiles
+    of two warpgroups on every other K slice (one slice sum waited for), 128 x 96 tiles,
+    ``alternate_plans``."""
     wg, bn, st, pr, *rest = full = full_plan(H.config(m, n, k, sms))
     if full[9]:  # swapped
-        out = [NO_PDL, (*full[:12], 3 - full[12])]
+        out = [NO_PDL, (*full[:12], 3 - full[12])] + ([GEMV] if D.fits(m) else [])
         if -(-n // 64) <= sms:
             deep = sorted({H.stages_for(1, bn, d) for d in (16, 24)} - {st})
             out += [(wg, bn, d, pr, 1, 1, 1, 1, *full[8:]) for d in deep if d > st]
@@ -1154,7 +1155,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
                 pick = H.config(m, n, k, 132)
-                plans = [p for p in cold_plans(m, n, k) if p != NO_PDL]
+                plans = [p for p in cold_plans(m, n, k) if p not in NAMED]
                 jobs += [(p, False, rows) for p in [pick, *plans]] + [(pick, False, rows, 0)]
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
