@@ -222,7 +222,7 @@ def with_plan(plan, out_dtype=None):
         return run
 
     def forced(a, b, sa, sb):
-        keep = H.config, D.MAX_M, D.SM90_MAX_M, H.PDL
+        keep = H.config, D.MAX_M, D.SM90_MAX_M, H.PDL, H.SCALES_FIRST
         if plan == GEMV:  # gemv_fp8 at the rows it takes anywhere (unplanned: another
             D.SM90_MAX_M = D.MOST_M  # H.config, so that no call plan of the op's is used)
             H.config = lambda *args: keep[0](*args)
@@ -230,6 +230,8 @@ def with_plan(plan, out_dtype=None):
             H.config, H.PDL = (lambda *args: without_200(*args, config=keep[0])[0]), 0
         elif plan == NO_PDL:  # (unplanned too)
             H.config, H.PDL = (lambda *args: keep[0](*args)), 0
+        elif plan == OTHER_SCALES:  # (unplanned too)
+            H.config, H.SCALES_FIRST = (lambda *args: keep[0](*args)), 1 - keep[4]
         elif plan == MAIN:  # (unplanned too)
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             before = main_plan(keep[0](a.shape[0], b.shape[1], a.shape[1], sms), a.shape[0])
@@ -240,17 +242,19 @@ def with_plan(plan, out_dtype=None):
         try:
             return run(a, b, sa, sb)
         finally:
-            H.config, D.MAX_M, D.SM90_MAX_M, H.PDL = keep
+            H.config, D.MAX_M, D.SM90_MAX_M, H.PDL, H.SCALES_FIRST = keep
 
     return forced
 
 
-ROUTED_PDL = H.PDL  # (_warm sets H.PDL for a job, and back)
+ROUTED_PDL = H.PDL  # (_warm sets H.PDL and H.SCALES_FIRST for a job, and back)
+ROUTED_FIRST = H.SCALES_FIRST
 GEMV = "gemv"  # the plan name of _fp8_decode's kernel (with_plan)
 MAIN = "main"  # the plan name of main's routing before this branch (with_plan, main_plan)
 BEFORE = "before"  # the plan name of the routing before this branch (with_plan)
 NO_PDL = "nopdl"  # the plan name of the routed plan without programmatic dependent launch
-NAMED = (GEMV, BEFORE, MAIN, NO_PDL)
+OTHER_SCALES = "scales"  # and of the routed plan with the other SCALES_FIRST
+NAMED = (GEMV, BEFORE, MAIN, NO_PDL, OTHER_SCALES)
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
@@ -813,7 +817,9 @@ def alternate_plans(m, n, k, sms=132):
 def cold_plans(m, n, k, sms=132):
     """The alternatives "cold" times beside the routed plan (with ``--timing percall``: the
     choices of the fp8 branch of 2026-11-27, made with calls back to back, re-checked one
-    call at a time). Swapped tiles (up to ``SWAP_M`` rows): ``gemv_fp8`` (one row), without
+    call at a time). Everywhere: the routed plan with the other ``SCALES_FIRST`` (the
+    per-tensor scales loaded before the first tile or at each epilogue). Swapped tiles (up
+    to ``SWAP_M`` rows): ``gemv_fp8`` (one row), without
     programmatic dependent launch, with (or without) a tile's K over a cluster of two
     (``KC``), deeper rings (16 and 24 stages, one block a multiprocessor, where the tiles
     fit one wave), K split 2 and 4 ways summed in the kernel. Past 64 rows: 64 x 128 tiles
@@ -821,15 +827,16 @@ def cold_plans(m, n, k, sms=132):
     ``alternate_plans``."""
     wg, bn, st, pr, *rest = full = full_plan(H.config(m, n, k, sms))
     if full[9]:  # swapped
-        out = [NO_PDL, (*full[:12], 3 - full[12])] + ([GEMV] if D.fits(m) else [])
+        out = [OTHER_SCALES, NO_PDL, (*full[:12], 3 - full[12])] + ([GEMV] if D.fits(m) else [])
         if -(-n // 64) <= sms:
             deep = sorted({H.stages_for(1, bn, d) for d in (16, 24)} - {st})
             out += [(wg, bn, d, pr, 1, 1, 1, 1, *full[8:]) for d in deep if d > st]
         return out + [(wg, bn, st, pr, 1, 1, s, 2, 1, 1) for s in (2, 4)]
     if m <= 64:
-        return []
+        return [OTHER_SCALES]
     fits = [s for s in range(2, 17) if H.shared_bytes(2, 128, s, 1, 64, 2) <= H.SHARED_LIMIT]
-    out = [(2, 128, fits[-1], 1, 1, 1, 1, 1, 0, 0, H.GROUP_ROWS, 2), H.plan(2, 96)[:5]]
+    out = [OTHER_SCALES, (2, 128, fits[-1], 1, 1, 1, 1, 1, 0, 0, H.GROUP_ROWS, 2)]
+    out.append(H.plan(2, 96)[:5])
     return out + alternate_plans(m, n, k, sms)
 
 
@@ -957,7 +964,8 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL, KC=1)  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL, KC=1,
+                 SCALES_FIRST=H.SCALES_FIRST)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -1015,11 +1023,13 @@ def accuracy(log, k=8192, size=1024) -> None:
 
 def _warm(jobs):
     """Compile (into kaio's disk cache) the specializations of ``jobs``: (plan, rowwise[,
-    m[, pdl]]: the rows, which set a decode tile's A rows copied; ``_fp8_hopper.PDL``)."""
+    m[, pdl[, first]]]: the rows, which set a decode tile's A rows copied;
+    ``_fp8_hopper.PDL``, ``SCALES_FIRST``)."""
     use_ptxas()
     for plan, rowwise, *rows in jobs:
         (a, b, sa, sb) = operands(*rows[:1] or [256], 256, 1024, rowwise, 1)[0]  # (KC 4: 8 slices)
         H.PDL = rows[1] if len(rows) > 1 else ROUTED_PDL
+        H.SCALES_FIRST = rows[2] if len(rows) > 2 else ROUTED_FIRST
         with_plan(plan)(a, b, sa, sb)
         if rows == [1]:  # (gemv_fp8, which a forced plan bypasses)
             with_plan(GEMV)(a, b, sa, sb)
@@ -1157,6 +1167,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 pick = H.config(m, n, k, 132)
                 plans = [p for p in cold_plans(m, n, k) if p not in NAMED]
                 jobs += [(p, False, rows) for p in [pick, *plans]] + [(pick, False, rows, 0)]
+                jobs.append((pick, False, rows, ROUTED_PDL, 1 - ROUTED_FIRST))
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
