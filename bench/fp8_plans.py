@@ -822,9 +822,9 @@ def cold_plans(m, n, k, sms=132):
     to ``SWAP_M`` rows): ``gemv_fp8`` (one row), without
     programmatic dependent launch, with (or without) a tile's K over a cluster of two
     (``KC``), deeper rings (16 and 24 stages, one block a multiprocessor, where the tiles
-    fit one wave), K split 2 and 4 ways summed in the kernel. Past 64 rows: 64 x 128 tiles
-    of two warpgroups on every other K slice (one slice sum waited for), 128 x 96 tiles,
-    ``alternate_plans``."""
+    fit one wave), K split 2 and 4 ways summed in the kernel. Past 64 rows: 64 x 128 and
+    64 x 64 tiles of two warpgroups on every other K slice (at 128 columns one slice sum
+    waited for), 128 x 96 tiles, ``alternate_plans``."""
     wg, bn, st, pr, *rest = full = full_plan(H.config(m, n, k, sms))
     if full[9]:  # swapped
         out = [OTHER_SCALES, NO_PDL, (*full[:12], 3 - full[12])] + ([GEMV] if D.fits(m) else [])
@@ -836,7 +836,7 @@ def cold_plans(m, n, k, sms=132):
         return [OTHER_SCALES]
     fits = [s for s in range(2, 17) if H.shared_bytes(2, 128, s, 1, 64, 2) <= H.SHARED_LIMIT]
     out = [OTHER_SCALES, (2, 128, fits[-1], 1, 1, 1, 1, 1, 0, 0, H.GROUP_ROWS, 2)]
-    out.append(H.plan(2, 96)[:5])
+    out += [H.plan(2, 96)[:5], H.alternating_plan(64, 16)]
     return out + alternate_plans(m, n, k, sms)
 
 
