@@ -32,12 +32,13 @@ programmatic dependent launch at ``PDL_CASES`` (``pdlsweep``: at the ``--ms`` up
 other K slice), ``kc`` ``kc_plans`` (a tile's K slices over a cluster), ``vsmain`` the
 routed plans against main's routing (``main_plan``). Writes ``DIR/fp8_plans.jsonl`` (one line
 per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds have
-passed. ``cold``: ``cold_plans`` beside the routed plan. ``--timing``: ``percall`` (the
-default) times each call as bench/fp8.py does, the issue's figure (``percall_times``: its
-own pair of events, as many input sets as bench/fp8.py rotates); ``batched`` (every figure
-before 2026-11-27's cold pass) times batches of calls back to back, where a kernel launched
-with programmatic dependent launch overlaps the end of the one before it and no call pays
-the launch and ramp that a call between events does."""
+passed. ``cold`` (``cold2``): ``cold_plans`` (``cold2_plans``) beside the routed plan.
+``--timing``: ``percall`` (the default) times each call as bench/fp8.py does, the issue's
+figure (``percall_times``: its own pair of events, as many input sets as bench/fp8.py
+rotates); ``batched`` (every figure before 2026-11-27's cold pass) times batches of calls
+back to back, where a kernel launched with programmatic dependent launch overlaps the end
+of the one before it and no call pays the launch and ramp that a call between events
+does."""
 
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import kaio.tensormap as T  # noqa: E402
 import kaio_ops  # noqa: E402
 from bench.fp8 import PADS, scaled_mm  # noqa: E402
 from bench.harness import Harness  # noqa: E402
@@ -222,7 +224,8 @@ def with_plan(plan, out_dtype=None):
         return run
 
     def forced(a, b, sa, sb):
-        keep = H.config, D.MAX_M, D.SM90_MAX_M, H.PDL, H.SCALES_FIRST
+        keep = H.config, D.MAX_M, D.SM90_MAX_M, H.PDL
+        maps = T._L2_PROMOTION_256B, T.MAPS_KEPT
         if plan == GEMV:  # gemv_fp8 at the rows it takes anywhere (unplanned: another
             D.SM90_MAX_M = D.MOST_M  # H.config, so that no call plan of the op's is used)
             H.config = lambda *args: keep[0](*args)
@@ -230,8 +233,9 @@ def with_plan(plan, out_dtype=None):
             H.config, H.PDL = (lambda *args: without_200(*args, config=keep[0])[0]), 0
         elif plan == NO_PDL:  # (unplanned too)
             H.config, H.PDL = (lambda *args: keep[0](*args)), 0
-        elif plan == OTHER_SCALES:  # (unplanned too)
-            H.config, H.SCALES_FIRST = (lambda *args: keep[0](*args)), 1 - keep[4]
+        elif plan in PROMOTIONS:  # (unplanned too; the maps encoded anew, not kept)
+            H.config = lambda *args: keep[0](*args)
+            T._L2_PROMOTION_256B, T.MAPS_KEPT = PROMOTIONS[plan], 0
         elif plan == MAIN:  # (unplanned too)
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             before = main_plan(keep[0](a.shape[0], b.shape[1], a.shape[1], sms), a.shape[0])
@@ -242,19 +246,20 @@ def with_plan(plan, out_dtype=None):
         try:
             return run(a, b, sa, sb)
         finally:
-            H.config, D.MAX_M, D.SM90_MAX_M, H.PDL, H.SCALES_FIRST = keep
+            H.config, D.MAX_M, D.SM90_MAX_M, H.PDL = keep
+            T._L2_PROMOTION_256B, T.MAPS_KEPT = maps
 
     return forced
 
 
-ROUTED_PDL = H.PDL  # (_warm sets H.PDL and H.SCALES_FIRST for a job, and back)
-ROUTED_FIRST = H.SCALES_FIRST
+ROUTED_PDL = H.PDL  # (_warm sets H.PDL for a job, and back)
 GEMV = "gemv"  # the plan name of _fp8_decode's kernel (with_plan)
 MAIN = "main"  # the plan name of main's routing before this branch (with_plan, main_plan)
 BEFORE = "before"  # the plan name of the routing before this branch (with_plan)
 NO_PDL = "nopdl"  # the plan name of the routed plan without programmatic dependent launch
-OTHER_SCALES = "scales"  # and of the routed plan with the other SCALES_FIRST
-NAMED = (GEMV, BEFORE, MAIN, NO_PDL, OTHER_SCALES)
+PROMOTIONS = {"l2none": 0, "l2p128": 2}  # plan names: the routed plan with its tensor maps'
+# L2 promotion (kaio.tensormap's: 256 bytes, 3) at none (0) and 128 bytes (2)
+NAMED = (GEMV, BEFORE, MAIN, NO_PDL, *PROMOTIONS)
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
@@ -817,27 +822,52 @@ def alternate_plans(m, n, k, sms=132):
 def cold_plans(m, n, k, sms=132):
     """The alternatives "cold" times beside the routed plan (with ``--timing percall``: the
     choices of the fp8 branch of 2026-11-27, made with calls back to back, re-checked one
-    call at a time). Everywhere: the routed plan with the other ``SCALES_FIRST`` (the
-    per-tensor scales loaded before the first tile or at each epilogue). Swapped tiles (up
-    to ``SWAP_M`` rows): ``gemv_fp8`` (one row), without
-    programmatic dependent launch, with (or without) a tile's K over a cluster of two
-    (``KC``), deeper rings (16 and 24 stages, one block a multiprocessor, where the tiles
-    fit one wave), K split 2 and 4 ways summed in the kernel. Past 64 rows: 64 x 128 and
-    64 x 64 tiles of two warpgroups on every other K slice (at 128 columns one slice sum
-    waited for), 128 x 96 tiles, ``alternate_plans``."""
+    call at a time; in round A of that day also the per-tensor scales loaded before the
+    first tile, since removed). Swapped tiles (up to ``SWAP_M`` rows): ``gemv_fp8`` (one
+    row), without programmatic dependent launch, with (or without) a tile's K over a
+    cluster of two (``KC``), deeper rings (16 and 24 stages, one block a multiprocessor,
+    where the tiles fit one wave), K split 2 and 4 ways summed in the kernel. Past 64
+    rows: 64 x 128 and 64 x 64 tiles of two warpgroups on every other K slice (at 128
+    columns one slice sum waited for), 128 x 96 tiles, ``alternate_plans``."""
     wg, bn, st, pr, *rest = full = full_plan(H.config(m, n, k, sms))
     if full[9]:  # swapped
-        out = [OTHER_SCALES, NO_PDL, (*full[:12], 3 - full[12])] + ([GEMV] if D.fits(m) else [])
+        out = [NO_PDL, (*full[:12], 3 - full[12])] + ([GEMV] if D.fits(m) else [])
         if -(-n // 64) <= sms:
             deep = sorted({H.stages_for(1, bn, d) for d in (16, 24)} - {st})
             out += [(wg, bn, d, pr, 1, 1, 1, 1, *full[8:]) for d in deep if d > st]
         return out + [(wg, bn, st, pr, 1, 1, s, 2, 1, 1) for s in (2, 4)]
     if m <= 64:
-        return [OTHER_SCALES]
+        return []
     fits = [s for s in range(2, 17) if H.shared_bytes(2, 128, s, 1, 64, 2) <= H.SHARED_LIMIT]
-    out = [OTHER_SCALES, (2, 128, fits[-1], 1, 1, 1, 1, 1, 0, 0, H.GROUP_ROWS, 2)]
+    out = [(2, 128, fits[-1], 1, 1, 1, 1, 1, 0, 0, H.GROUP_ROWS, 2)]
     out += [H.plan(2, 96)[:5], H.alternating_plan(64, 16)]
     return out + alternate_plans(m, n, k, sms)
+
+
+def unwide(m, n, k, sms=132):
+    """[the plan ``config`` picks without ``wide_alternating_plan``] where it differs from
+    the routed one, else []."""
+    keep = H.WIDE_ALTERNATE_M
+    H.WIDE_ALTERNATE_M = 0
+    try:
+        old = H.config(m, n, k, sms)
+    finally:
+        H.WIDE_ALTERNATE_M = keep
+    return [old] if old != H.config(m, n, k, sms) else []
+
+
+def cold2_plans(m, n, k, sms=132):
+    """The alternatives "cold2" times beside the routed plan (``--timing percall``): the
+    swapped tiles (up to ``SWAP_M`` rows) with their tensor maps' L2 promotion at none and
+    128 bytes instead of 256 (``PROMOTIONS``), and in clusters of two tiles one above the
+    other sharing a's slice (``CL`` 2, one block a multiprocessor: cuBLAS's decode kernels
+    run clusters); past 64 rows the plan ``config`` picked before ``wide_alternating_plan``
+    and 64 x 96 tiles of two warpgroups on every other K slice."""
+    full = full_plan(H.config(m, n, k, sms))
+    if full[9]:  # swapped
+        wg, bn, st, pr = full[:4]
+        return [*PROMOTIONS, (wg, bn, st, pr, 1, 2, 1, 1, 0, 1)]
+    return unwide(m, n, k, sms) + [H.alternating_plan(96)] if m > 64 else []
 
 
 def kc_plans(m, n, k, sms=132):
@@ -964,8 +994,7 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL, KC=1,
-                 SCALES_FIRST=H.SCALES_FIRST)  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL, KC=1)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -1023,13 +1052,11 @@ def accuracy(log, k=8192, size=1024) -> None:
 
 def _warm(jobs):
     """Compile (into kaio's disk cache) the specializations of ``jobs``: (plan, rowwise[,
-    m[, pdl[, first]]]: the rows, which set a decode tile's A rows copied;
-    ``_fp8_hopper.PDL``, ``SCALES_FIRST``)."""
+    m[, pdl]]: the rows, which set a decode tile's A rows copied; ``_fp8_hopper.PDL``)."""
     use_ptxas()
     for plan, rowwise, *rows in jobs:
         (a, b, sa, sb) = operands(*rows[:1] or [256], 256, 1024, rowwise, 1)[0]  # (KC 4: 8 slices)
         H.PDL = rows[1] if len(rows) > 1 else ROUTED_PDL
-        H.SCALES_FIRST = rows[2] if len(rows) > 2 else ROUTED_FIRST
         with_plan(plan)(a, b, sa, sb)
         if rows == [1]:  # (gemv_fp8, which a forced plan bypasses)
             with_plan(GEMV)(a, b, sa, sb)
@@ -1167,7 +1194,12 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 pick = H.config(m, n, k, 132)
                 plans = [p for p in cold_plans(m, n, k) if p not in NAMED]
                 jobs += [(p, False, rows) for p in [pick, *plans]] + [(pick, False, rows, 0)]
-                jobs.append((pick, False, rows, ROUTED_PDL, 1 - ROUTED_FIRST))
+    if "cold2" in cases:
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                plans = [p for p in cold2_plans(m, n, k) if p not in NAMED]
+                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *plans]]
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -1287,10 +1319,10 @@ def main() -> None:
         over_shapes(ms, alternate_plans, some=True)
     if "vsmain" in cases:  # the routed plans against main's routing
         over_shapes(ms, lambda m, n, k: [MAIN])
-    if "cold" in cases:  # the routed plans' choices re-checked (--timing percall), new ones
+    if "cold" in cases or "cold2" in cases:  # (--timing percall)
         bw = copy_bandwidth()
         print(f"copy bandwidth {bw / 1e12:.3f} TB/s (read + written)", flush=True)
-        over_shapes(ms, cold_plans, bw=bw)
+        over_shapes(ms, cold_plans if "cold" in cases else cold2_plans, bw=bw)
     if "kc" in cases:  # a tile's K slices over a cluster of blocks
         over_shapes(ms, kc_plans, some=True)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch

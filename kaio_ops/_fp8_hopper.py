@@ -620,7 +620,7 @@ def consume_tiles(
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
     CL: kaio.constexpr, SPLIT: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr,
-    KC: kaio.constexpr, SCALES_FIRST: kaio.constexpr,
+    KC: kaio.constexpr,
 ):  # fmt: skip
     """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue (``NS``
     1: of its half of the tile's columns, the 64 rows shared with the other warpgroup; 2:
@@ -630,9 +630,9 @@ def consume_tiles(
     tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``; with
     ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``); with ``KC``,
     part ``kr`` of its tile's K slices, its sums left in ``acc`` for the kernel's
-    ``put_sums`` and ``store_cluster_sums``. The per-tensor scales are loaded at each
-    epilogue, or (``SCALES_FIRST``) once before the first tile, so that their load's
-    latency is not on the path of the block's last epilogue."""
+    ``put_sums`` and ``store_cluster_sums``. The
+    per-tensor scales are loaded at each epilogue (loading them once before the first tile
+    instead ran 0.3% slower on an H100: docs/performance.md)."""
     st = i32(0)  # the ring position: stage, phase parity, slices so far
     ph = u32(0)
     g = i32(0)
@@ -641,11 +641,6 @@ def consume_tiles(
     CW = BN // (1 + (NS == 1))  # noqa: N806  (the warpgroup's columns)
     wa = wg * (NS == 0)  # the warpgroup's 64 rows of the stage's A (NS: both the same)
     nb = i32(wg) * CW * (NS == 1)  # and its first B^T row
-    pa = f32(0.0)  # the per-tensor scales
-    pb = f32(0.0)
-    if SCALES_FIRST:
-        pa = sa[0]
-        pb = sb[0]
     for i in range(my_tiles):
         u = tile0 + i * step
         count = k_tiles
@@ -681,9 +676,8 @@ def consume_tiles(
         tr, tc = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = tr + rank * ROWS + 64 * i32(wa)
         col0 = tc + nb
-        if not SCALES_FIRST:
-            pa = sa[0]
-            pb = sb[0]
+        pa = sa[0]
+        pb = sb[0]
         carry = PROMOTE == 7 and VEC == 1 and SPLIT == 1 and SWAP + ROW_A + COL_B + BIAS == 0
         if carry and i + 1 < my_tiles and row0 + 64 <= m and col0 + CW <= n:
             # the next tile's first slice multiplied during this epilogue (no branch in it:
@@ -856,7 +850,7 @@ def matmul_fp8_wgmma(
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
     AR: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr, PDL: kaio.constexpr,
-    KC: kaio.constexpr, SCALES_FIRST: kaio.constexpr,
+    KC: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -876,8 +870,7 @@ def matmul_fp8_wgmma(
     over the ring, ``store_cluster_sums``). ``PDL``: launched with programmatic stream
     serialization, its launch and set-up overlapping the end of the kernel before it,
     every thread waiting for that kernel's writes before any global access
-    (``kaio.grid_dependency_wait``). ``SCALES_FIRST``: the per-tensor scales loaded before
-    the first tile, not at each epilogue (``consume_tiles``)."""
+    (``kaio.grid_dependency_wait``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
@@ -958,14 +951,12 @@ def matmul_fp8_wgmma(
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, red, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, kr, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A,
-                          COL_B, BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS, KC,
-                          SCALES_FIRST)  # fmt: skip
+                          COL_B, BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS, KC)  # fmt: skip
         else:
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, red, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
                           rank, kr, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A,
-                          COL_B, BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS, KC,
-                          SCALES_FIRST)  # fmt: skip
+                          COL_B, BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS, KC)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if NREG:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -1137,9 +1128,6 @@ def estimate(m: int, n: int, k: int, sms: int, wg: int, bn: int, cl: int) -> tup
 PDL = 1
 
 
-# matmul_fp8_wgmma's SCALES_FIRST: 1, the per-tensor scales loaded before the first tile
-SCALES_FIRST = 0
-
 SWAP_M = 32  # a's rows up to which the swapped tiles run (swap_config; one row: _fp8_decode)
 SWAP_OCC = 2  # swapped blocks a multiprocessor
 
@@ -1183,12 +1171,31 @@ ALTERNATE_BN = 96  # the widest 64-row tile whose warpgroups multiply every othe
 
 def alternating_plan(bn: int, most: int = 12) -> tuple:
     """The plan of a 64 x ``bn`` tile multiplied by two consumer warpgroups, each every
-    other K slice (``NS`` 2), the deepest ring (at most ``most`` stages) that fits. Measured
-    on an H100 (bench/fp8_plans.py --cases alt, docs/performance.md) at 64 rows against one
-    warpgroup's tile: 1-9% faster at all six shapes where the tile is at most 96 wide
-    (4096 x 4096 1.14x against 1.05x of cuBLAS), 1-2% at 10240 x 8192 from 1 to 32 rows."""
+    other K slice (``NS`` 2), the deepest ring (at most ``most`` stages) that fits; two
+    slice sums in turn up to ``ALTERNATE_BN`` columns, one waited for past that (three
+    sums would not fit 168 registers). Measured on an H100 (bench/fp8_plans.py --cases alt,
+    docs/performance.md) at 64 rows against one warpgroup's tile: 1-9% faster at all six
+    shapes where the tile is at most 96 wide (4096 x 4096 1.14x against 1.05x of cuBLAS),
+    1-2% at 10240 x 8192 from 1 to 32 rows."""
     fits = [s for s in range(2, most + 1) if shared_bytes(2, bn, s, 1, 64, 2) <= SHARED_LIMIT]
-    return 2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 0, GROUP_ROWS, 2
+    promote = 2 if bn <= ALTERNATE_BN else 1
+    return 2, bn, fits[-1], promote, 1, 1, 1, 1, 0, 0, GROUP_ROWS, 2
+
+
+WIDE_ALTERNATE_M = 256  # a's rows up to which wide_alternating_plan's tiles may run
+
+
+def wide_alternating_plan(m: int, n: int, sms: int) -> tuple | None:
+    """64 x 128 tiles of two warpgroups on every other K slice (``alternating_plan``)
+    from ``NS_M`` to ``WIDE_ALTERNATE_M`` rows where they fill three quarters of one wave
+    or more (256 x 4096 x K: 128 tiles), else None. Measured on an H100, each call between
+    its own events as bench/fp8.py times it (bench/fp8_plans.py --cases cold,
+    docs/performance.md): at 256 rows 0.97x of cuBLAS against 0.91x for 128 x 64 tiles at
+    4096 x 4096, 1.02x against 0.93x at 4096 x 14336; at 128 rows (64 tiles) slower."""
+    tiles = -(-m // 64) * -(-n // 128)
+    if NS_M < m <= WIDE_ALTERNATE_M and 3 * sms <= 4 * tiles <= 4 * sms:
+        return alternating_plan(128)
+    return None
 
 
 def shared_plan(m: int, n: int, sms: int) -> tuple:
@@ -1218,7 +1225,8 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
     for N = 4096, 48 for 6144, 112 for 28672). Past that, the tile of ``RATES`` whose
     ``estimate`` is least: its speed times how well its tiles fill the waves, the last
     wave's tiles split along K where that shortens it; up to ``NS_M`` rows, where that is
-    two warpgroups' 128 x 64 tile (or past 96 rows one's 64 x 64), ``shared_plan``'s.
+    two warpgroups' 128 x 64 tile (or past 96 rows one's 64 x 64), ``shared_plan``'s; up
+    to ``WIDE_ALTERNATE_M`` rows ``wide_alternating_plan``'s where it fills a wave.
     Measured on an H100 (bench/fp8_plans.py; docs/performance.md)."""
 
     def waves(rows: int, bn: int) -> int:
@@ -1235,7 +1243,7 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
     # 96 it tied or lost on an H100, at 128 it gained 3%)
     if m <= NS_M and (tile == (2, 64, 1) or (tile == (1, 64, 1) and m > 96)):
         return shared_plan(m, n, sms)
-    return plan(*tile, split)
+    return wide_alternating_plan(m, n, sms) or plan(*tile, split)
 
 
 def a_rows(m: int, wg: int, cl: int) -> int:
@@ -1317,7 +1325,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
         SWAP=int(bool(swap)), NS=ns, PDL=PDL,
-        KC=kc, SCALES_FIRST=SCALES_FIRST,
+        KC=kc,
     )  # fmt: skip
     if vec >= 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
@@ -1402,11 +1410,11 @@ def specializations():
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
                                  else 64 * wg, "SWAP": 0, "NS": 0, "PDL": i % 2,
-                                 "KC": 1, "SCALES_FIRST": i // 2 % 2}  # fmt: skip
+                                 "KC": 1}  # fmt: skip
     shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
                 "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0,
-                "NS": 0, "PDL": 1, "KC": 1, "SCALES_FIRST": 1}  # fmt: skip
+                "NS": 0, "PDL": 1, "KC": 1}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
     yield (
         matmul_fp8_wgmma,

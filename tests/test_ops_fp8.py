@@ -419,7 +419,8 @@ def test_config_plans_fit(sms):
     hold (two warpgroups on every other K slice of a tile at most ``ALTERNATE_BN`` wide), a
     K split only with one block a tile and two slices a part; on an H100's 132
     multiprocessors 4096^3 and 8192^3 take tiles of 192 columns or more (faster than 128 x
-    128 tiles there: the H100 rounds' sweep, docs/performance.md)."""
+    128 tiles there: the H100 rounds' sweep, docs/performance.md), and 256 x 4096 x K two
+    warpgroups' 64 x 128 tiles on every other K slice."""
     from kaio_ops import _fp8_hopper as H
 
     shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192),
@@ -430,18 +431,23 @@ def test_config_plans_fit(sms):
             occ, _, swap, _, ns, kc = (*rest, 1, 0, 0, 0, 0, 1)[:6]
             room = H.shared_bytes(wg, bn, stages, vec, 64, ns) + 1024
             assert occ * room <= H.SHARED_LIMIT + 1024
-            assert promote == H.promotion(1 if ns else wg, bn // (1 + (ns == 1)))
+            if ns == 2:  # (every other K slice: three sums in 168 registers, else two)
+                assert promote == (2 if bn <= H.ALTERNATE_BN else 1)
+            else:
+                assert promote == H.promotion(1 if ns else wg, bn // (1 + (ns == 1)))
             shared_c = wg == 2 and 128 <= bn <= 224 and not ns  # C through shared memory
             assert vec == (3 if shared_c else 1)
             assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64) or ns
             assert ns != 1 or (m <= H.NS_M and -(-m // 64) * -(-n // bn) <= sms)
-            assert ns != 2 or (m <= H.NS_M and bn <= H.ALTERNATE_BN and wg == 2)
+            assert ns != 2 or wg == 2 and (m <= H.NS_M and bn <= H.ALTERNATE_BN
+                                           or m <= H.WIDE_ALTERNATE_M and bn == 128)
             assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
             assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8) and wg == 1)
             assert kc == 1 or (swap and 2 * -(-n // 64) <= sms and k // 128 >= 2 * kc)
     assert {(wg, bn) for wg, bn, _ in H.RATES} <= set(H.PLANS)  # each in the PTX checks
     if sms == 132:
         assert min(H.config(s, s, s, sms)[1] for s in (4096, 8192)) >= 192
+        assert H.config(256, 4096, 14336, sms) == H.alternating_plan(128)
 
 
 def test_matmul_torch_dtypes_accepted():
@@ -719,12 +725,14 @@ def _same_bits_as_scaled_mm(torch, m: int, n: int, k: int, w_scale: float = 1.0)
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, n, k", [(2, 6144, 4096), (8, 28672, 4096), (16, 4096, 14336),
                                      (32, 8192, 8192), (16, 10240, 8192), (1, 4096, 4096),
-                                     (1, 8192, 28672), (1, 10240, 8192)])  # fmt: skip
+                                     (1, 8192, 28672), (1, 10240, 8192),
+                                     (256, 4096, 4096)])  # fmt: skip
 def test_routed_decode_gpu_bit_identical(m, n, k):
     """The routed decode plans (swapped tiles from one row up to ``SWAP_M`` rows where
-    ``swap_config`` takes them; 10240 columns unswapped) give torch._scaled_mm's bf16 outputs
-    bit for bit (per-tensor scales, no bias; torch's A padded to 16 rows; at one row
-    ``gemv_fp8``'s sums, in another order, were not)."""
+    ``swap_config`` takes them; 10240 columns unswapped) and ``wide_alternating_plan`` at
+    256 rows give torch._scaled_mm's bf16 outputs bit for bit (per-tensor scales, no bias;
+    torch's A padded to 16 rows; at one row ``gemv_fp8``'s sums, in another order, were
+    not)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
