@@ -224,7 +224,7 @@ def with_plan(plan, out_dtype=None):
         return run
 
     def forced(a, b, sa, sb):
-        keep = H.config, D.MAX_M, D.SM90_MAX_M, H.PDL
+        keep = H.config, D.MAX_M, D.SM90_MAX_M, H.PDL, H.PREFETCH_MAPS
         maps = T._L2_PROMOTION_256B, T.MAPS_KEPT
         if plan == GEMV:  # gemv_fp8 at the rows it takes anywhere (unplanned: another
             D.SM90_MAX_M = D.MOST_M  # H.config, so that no call plan of the op's is used)
@@ -233,6 +233,8 @@ def with_plan(plan, out_dtype=None):
             H.config, H.PDL = (lambda *args: without_200(*args, config=keep[0])[0]), 0
         elif plan == NO_PDL:  # (unplanned too)
             H.config, H.PDL = (lambda *args: keep[0](*args)), 0
+        elif plan == PREFETCH:  # (unplanned too)
+            H.config, H.PREFETCH_MAPS = (lambda *args: keep[0](*args)), True
         elif plan in PROMOTIONS:  # (unplanned too; the maps encoded anew, not kept)
             H.config = lambda *args: keep[0](*args)
             T._L2_PROMOTION_256B, T.MAPS_KEPT = PROMOTIONS[plan], 0
@@ -246,7 +248,7 @@ def with_plan(plan, out_dtype=None):
         try:
             return run(a, b, sa, sb)
         finally:
-            H.config, D.MAX_M, D.SM90_MAX_M, H.PDL = keep
+            H.config, D.MAX_M, D.SM90_MAX_M, H.PDL, H.PREFETCH_MAPS = keep
             T._L2_PROMOTION_256B, T.MAPS_KEPT = maps
 
     return forced
@@ -259,7 +261,8 @@ BEFORE = "before"  # the plan name of the routing before this branch (with_plan)
 NO_PDL = "nopdl"  # the plan name of the routed plan without programmatic dependent launch
 PROMOTIONS = {"l2none": 0, "l2p128": 2}  # plan names: the routed plan with its tensor maps'
 # L2 promotion (kaio.tensormap's: 256 bytes, 3) at none (0) and 128 bytes (2)
-NAMED = (GEMV, BEFORE, MAIN, NO_PDL, *PROMOTIONS)
+PREFETCH = "prefetch"  # the routed plan with its tensor maps prefetched (PREFETCH_MAPS)
+NAMED = (GEMV, BEFORE, MAIN, NO_PDL, PREFETCH, *PROMOTIONS)
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
@@ -994,7 +997,8 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL, KC=1)  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL, KC=1,
+                 PF=int(H.PREFETCH_MAPS))  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -1052,11 +1056,13 @@ def accuracy(log, k=8192, size=1024) -> None:
 
 def _warm(jobs):
     """Compile (into kaio's disk cache) the specializations of ``jobs``: (plan, rowwise[,
-    m[, pdl]]: the rows, which set a decode tile's A rows copied; ``_fp8_hopper.PDL``)."""
+    m[, pdl[, pf]]]: the rows, which set a decode tile's A rows copied;
+    ``_fp8_hopper.PDL``, ``PREFETCH_MAPS``)."""
     use_ptxas()
     for plan, rowwise, *rows in jobs:
         (a, b, sa, sb) = operands(*rows[:1] or [256], 256, 1024, rowwise, 1)[0]  # (KC 4: 8 slices)
         H.PDL = rows[1] if len(rows) > 1 else ROUTED_PDL
+        H.PREFETCH_MAPS = len(rows) > 2 and bool(rows[2])
         with_plan(plan)(a, b, sa, sb)
         if rows == [1]:  # (gemv_fp8, which a forced plan bypasses)
             with_plan(GEMV)(a, b, sa, sb)
