@@ -43,6 +43,7 @@ does."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -82,13 +83,14 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import kaio.tensormap as T  # noqa: E402
 import kaio_ops  # noqa: E402
 from bench.fp8 import PADS, scaled_mm  # noqa: E402
 from bench.harness import Harness  # noqa: E402
 from kaio_ops import _fp8_decode as D  # noqa: E402
 from kaio_ops import _fp8_hopper as H  # noqa: E402
 from kaio_ops import _plan  # noqa: E402
+
+T = importlib.import_module("kaio.tensormap")  # (kaio.tensormap is also the annotation type)
 
 E4M3 = torch.float8_e4m3fn
 SHAPES = {
@@ -861,16 +863,17 @@ def unwide(m, n, k, sms=132):
 
 def cold2_plans(m, n, k, sms=132):
     """The alternatives "cold2" times beside the routed plan (``--timing percall``): the
-    swapped tiles (up to ``SWAP_M`` rows) with their tensor maps' L2 promotion at none and
-    128 bytes instead of 256 (``PROMOTIONS``), and in clusters of two tiles one above the
-    other sharing a's slice (``CL`` 2, one block a multiprocessor: cuBLAS's decode kernels
-    run clusters); past 64 rows the plan ``config`` picked before ``wide_alternating_plan``
-    and 64 x 96 tiles of two warpgroups on every other K slice."""
+    routed plan with its tensor maps prefetched (``PREFETCH``); the swapped tiles (up to
+    ``SWAP_M`` rows) with their tensor maps' L2 promotion at none and 128 bytes instead of
+    256 (``PROMOTIONS``), and in clusters of two tiles one above the other sharing a's
+    slice (``CL`` 2, one block a multiprocessor: cuBLAS's decode kernels run clusters);
+    past 64 rows the plan ``config`` picked before ``wide_alternating_plan`` and 64 x 96
+    tiles of two warpgroups on every other K slice."""
     full = full_plan(H.config(m, n, k, sms))
     if full[9]:  # swapped
         wg, bn, st, pr = full[:4]
-        return [*PROMOTIONS, (wg, bn, st, pr, 1, 2, 1, 1, 0, 1)]
-    return unwide(m, n, k, sms) + [H.alternating_plan(96)] if m > 64 else []
+        return [PREFETCH, *PROMOTIONS, (wg, bn, st, pr, 1, 2, 1, 1, 0, 1)]
+    return [PREFETCH, *unwide(m, n, k, sms), H.alternating_plan(96)] if m > 64 else [PREFETCH]
 
 
 def kc_plans(m, n, k, sms=132):
@@ -1205,7 +1208,9 @@ def warm(cases, ms, models, processes: int = 14) -> None:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
                 plans = [p for p in cold2_plans(m, n, k) if p not in NAMED]
-                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *plans]]
+                pick = H.config(m, n, k, 132)
+                jobs += [(p, False, rows) for p in [pick, *plans]]
+                jobs.append((pick, False, rows, ROUTED_PDL, 1))  # (PREFETCH)
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:

@@ -362,6 +362,7 @@ def _force_plan(monkeypatch, plan) -> list:
         ((2, 16, 3, 1, 1, 1, 2, 1, 0, 1), 9, 128, 512, "row", "f16", "e4m3"),  # split, 2 WG
         ((2, 8, 4, 2, 1, 1, 1, 2, 0, 1, 8, 2), 5, 144, 640, "both", "bf16", "e4m3"),  # NS 2
         ((1, 8, 4, 2, 1, 1, 1, 1, 0, 1, 8, 0, 2), 5, 144, 640, "row", "f16", "e5m2"),  # KC 2
+        ((1, 16, 4, 2, 1, 2, 1, 1, 0, 1), 11, 400, 640, "both", "bf16", "e4m3"),  # CL 2
     ],
 )
 def test_swapped_plans_sim(plan, m, n, k, scales, out, name, monkeypatch):
@@ -439,8 +440,9 @@ def test_config_plans_fit(sms):
             assert vec == (3 if shared_c else 1)
             assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64) or ns
             assert ns != 1 or (m <= H.NS_M and -(-m // 64) * -(-n // bn) <= sms)
-            assert ns != 2 or wg == 2 and (m <= H.NS_M and bn <= H.ALTERNATE_BN
-                                           or m <= H.WIDE_ALTERNATE_M and bn == 128)
+            narrow = m <= H.NS_M and bn <= H.ALTERNATE_BN  # (alternating_plan's tiles)
+            wide = m <= H.WIDE_ALTERNATE_M and bn == 128  # (wide_alternating_plan's)
+            assert ns != 2 or (wg == 2 and (narrow or wide))
             assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
             assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8) and wg == 1)
             assert kc == 1 or (swap and 2 * -(-n // 64) <= sms and k // 128 >= 2 * kc)
