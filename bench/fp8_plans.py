@@ -866,13 +866,18 @@ def cold2_plans(m, n, k, sms=132):
     routed plan with its tensor maps prefetched (``PREFETCH``); the swapped tiles (up to
     ``SWAP_M`` rows) with their tensor maps' L2 promotion at none and 128 bytes instead of
     256 (``PROMOTIONS``), and in clusters of two tiles one above the other sharing a's
-    slice (``CL`` 2, one block a multiprocessor: cuBLAS's decode kernels run clusters);
-    past 64 rows the plan ``config`` picked before ``wide_alternating_plan`` and 64 x 96
+    slice (``CL`` 2, one block a multiprocessor: cuBLAS's decode kernels run clusters),
+    and from 16 rows with two consumer warpgroups on alternate K slices (``NS`` 2); past 64
+    rows the plan ``config`` picked before ``wide_alternating_plan`` and 64 x 96
     tiles of two warpgroups on every other K slice."""
     full = full_plan(H.config(m, n, k, sms))
     if full[9]:  # swapped
         wg, bn, st, pr = full[:4]
-        return [PREFETCH, *PROMOTIONS, (wg, bn, st, pr, 1, 2, 1, 1, 0, 1)]
+        out = [PREFETCH, *PROMOTIONS, (wg, bn, st, pr, 1, 2, 1, 1, 0, 1)]
+        if bn >= 16:  # two consumer warpgroups on alternate K slices, one block an SM
+            fits = [s for s in range(2, 13) if H.shared_bytes(2, bn, s, 1, 64, 2) <= H.SHARED_LIMIT]
+            out.append((2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 1, H.GROUP_ROWS, 2))
+        return out
     return [PREFETCH, *unwide(m, n, k, sms), H.alternating_plan(96)] if m > 64 else [PREFETCH]
 
 
