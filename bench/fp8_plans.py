@@ -865,11 +865,12 @@ def cold2_plans(m, n, k, sms=132):
     """The alternatives "cold2" times beside the routed plan (``--timing percall``): the
     routed plan with its tensor maps prefetched (``PREFETCH``); the swapped tiles (up to
     ``SWAP_M`` rows) with their tensor maps' L2 promotion at none and 128 bytes instead of
-    256 (``PROMOTIONS``), and in clusters of two tiles one above the other sharing a's
-    slice (``CL`` 2, one block a multiprocessor: cuBLAS's decode kernels run clusters),
-    and from 16 rows with two consumer warpgroups on alternate K slices (``NS`` 2); past 64
-    rows the plan ``config`` picked before ``wide_alternating_plan`` and 64 x 96
-    tiles of two warpgroups on every other K slice."""
+    256 (``PROMOTIONS``), in clusters of two tiles one above the other sharing a's slice
+    (``CL`` 2, one block a multiprocessor: cuBLAS's decode kernels run clusters), and from
+    16 rows with two consumer warpgroups on alternate K slices (``NS`` 2); past 64 rows the
+    plan ``config`` picked before ``wide_alternating_plan``, 64 x 96 tiles of two
+    warpgroups on alternate K slices and 128 x 96 tiles in clusters of two one above the
+    other sharing each B slice (``CL`` 2: cuBLAS's kernel at 256 x 6144)."""
     full = full_plan(H.config(m, n, k, sms))
     if full[9]:  # swapped
         wg, bn, st, pr = full[:4]
@@ -878,7 +879,10 @@ def cold2_plans(m, n, k, sms=132):
             fits = [s for s in range(2, 13) if H.shared_bytes(2, bn, s, 1, 64, 2) <= H.SHARED_LIMIT]
             out.append((2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 1, H.GROUP_ROWS, 2))
         return out
-    return [PREFETCH, *unwide(m, n, k, sms), H.alternating_plan(96)] if m > 64 else [PREFETCH]
+    if m <= 64:
+        return [PREFETCH]
+    paired = (*H.plan(2, 96)[:5], 2)
+    return [PREFETCH, *unwide(m, n, k, sms), H.alternating_plan(96), paired]
 
 
 def kc_plans(m, n, k, sms=132):
