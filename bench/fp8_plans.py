@@ -32,7 +32,8 @@ programmatic dependent launch at ``PDL_CASES`` (``pdlsweep``: at the ``--ms`` up
 other K slice), ``kc`` ``kc_plans`` (a tile's K slices over a cluster), ``vsmain`` the
 routed plans against main's routing (``main_plan``). Writes ``DIR/fp8_plans.jsonl`` (one line
 per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds have
-passed. ``cold`` (``cold2``): ``cold_plans`` (``cold2_plans``) beside the routed plan.
+passed. ``cold`` (``cold2``, ``cold3``): ``cold_plans`` (``cold2_plans``,
+``cold3_plans``) beside the routed plan.
 ``--timing``: ``percall`` (the default) times each call as bench/fp8.py does, the issue's
 figure (``percall_times``: its own pair of events, as many input sets as bench/fp8.py
 rotates); ``batched`` (every figure before 2026-11-27's cold pass) times batches of calls
@@ -226,7 +227,7 @@ def with_plan(plan, out_dtype=None):
         return run
 
     def forced(a, b, sa, sb):
-        keep = H.config, D.MAX_M, D.SM90_MAX_M, H.PDL, H.PREFETCH_MAPS
+        keep = H.config, D.MAX_M, D.SM90_MAX_M, H.PDL
         maps = T._L2_PROMOTION_256B, T.MAPS_KEPT
         if plan == GEMV:  # gemv_fp8 at the rows it takes anywhere (unplanned: another
             D.SM90_MAX_M = D.MOST_M  # H.config, so that no call plan of the op's is used)
@@ -235,8 +236,6 @@ def with_plan(plan, out_dtype=None):
             H.config, H.PDL = (lambda *args: without_200(*args, config=keep[0])[0]), 0
         elif plan == NO_PDL:  # (unplanned too)
             H.config, H.PDL = (lambda *args: keep[0](*args)), 0
-        elif plan == PREFETCH:  # (unplanned too)
-            H.config, H.PREFETCH_MAPS = (lambda *args: keep[0](*args)), True
         elif plan in PROMOTIONS:  # (unplanned too; the maps encoded anew, not kept)
             H.config = lambda *args: keep[0](*args)
             T._L2_PROMOTION_256B, T.MAPS_KEPT = PROMOTIONS[plan], 0
@@ -250,7 +249,7 @@ def with_plan(plan, out_dtype=None):
         try:
             return run(a, b, sa, sb)
         finally:
-            H.config, D.MAX_M, D.SM90_MAX_M, H.PDL, H.PREFETCH_MAPS = keep
+            H.config, D.MAX_M, D.SM90_MAX_M, H.PDL = keep
             T._L2_PROMOTION_256B, T.MAPS_KEPT = maps
 
     return forced
@@ -263,8 +262,7 @@ BEFORE = "before"  # the plan name of the routing before this branch (with_plan)
 NO_PDL = "nopdl"  # the plan name of the routed plan without programmatic dependent launch
 PROMOTIONS = {"l2none": 0, "l2p128": 2}  # plan names: the routed plan with its tensor maps'
 # L2 promotion (kaio.tensormap's: 256 bytes, 3) at none (0) and 128 bytes (2)
-PREFETCH = "prefetch"  # the routed plan with its tensor maps prefetched (PREFETCH_MAPS)
-NAMED = (GEMV, BEFORE, MAIN, NO_PDL, PREFETCH, *PROMOTIONS)
+NAMED = (GEMV, BEFORE, MAIN, NO_PDL, *PROMOTIONS)
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
@@ -862,27 +860,41 @@ def unwide(m, n, k, sms=132):
 
 
 def cold2_plans(m, n, k, sms=132):
-    """The alternatives "cold2" times beside the routed plan (``--timing percall``): the
-    routed plan with its tensor maps prefetched (``PREFETCH``); the swapped tiles (up to
-    ``SWAP_M`` rows) with their tensor maps' L2 promotion at none and 128 bytes instead of
-    256 (``PROMOTIONS``), in clusters of two tiles one above the other sharing a's slice
-    (``CL`` 2, one block a multiprocessor: cuBLAS's decode kernels run clusters), and from
-    16 rows with two consumer warpgroups on alternate K slices (``NS`` 2); past 64 rows the
-    plan ``config`` picked before ``wide_alternating_plan``, 64 x 96 tiles of two
-    warpgroups on alternate K slices and 128 x 96 tiles in clusters of two one above the
-    other sharing each B slice (``CL`` 2: cuBLAS's kernel at 256 x 6144)."""
+    """The alternatives "cold2" times beside the routed plan (``--timing percall``; round C
+    of 2026-11-27 also the tensor maps prefetched at the kernel's start, within 1%, the
+    builtin removed again): the swapped tiles (up to ``SWAP_M`` rows) with their tensor
+    maps' L2 promotion at none and 128 bytes instead of 256 (``PROMOTIONS``), in clusters
+    of two tiles one above the other sharing a's slice (``CL`` 2, one block a
+    multiprocessor: cuBLAS's decode kernels run clusters), and from 16 rows with two
+    consumer warpgroups on alternate K slices (``NS`` 2); past 64 rows the plan ``config``
+    picked before ``wide_alternating_plan``, 64 x 96 tiles of two warpgroups on alternate
+    K slices and 128 x 96 tiles in clusters of two one above the other sharing each B
+    slice (``CL`` 2: cuBLAS's kernel at 256 x 6144)."""
     full = full_plan(H.config(m, n, k, sms))
     if full[9]:  # swapped
         wg, bn, st, pr = full[:4]
-        out = [PREFETCH, *PROMOTIONS, (wg, bn, st, pr, 1, 2, 1, 1, 0, 1)]
+        out = [*PROMOTIONS, (wg, bn, st, pr, 1, 2, 1, 1, 0, 1)]
         if bn >= 16:  # two consumer warpgroups on alternate K slices, one block an SM
             fits = [s for s in range(2, 13) if H.shared_bytes(2, bn, s, 1, 64, 2) <= H.SHARED_LIMIT]
             out.append((2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 1, H.GROUP_ROWS, 2))
         return out
     if m <= 64:
-        return [PREFETCH]
+        return []
     paired = (*H.plan(2, 96)[:5], 2)
-    return [PREFETCH, *unwide(m, n, k, sms), H.alternating_plan(96), paired]
+    return [*unwide(m, n, k, sms), H.alternating_plan(96), paired]
+
+
+def cold3_plans(m, n, k, sms=132):
+    """The alternatives "cold3" times beside the routed plan (``--timing percall``): where
+    the routed plan is swapped and its tiles fit one wave, the swapped tile with two
+    consumer warpgroups on alternate K slices (``NS`` 2, one block a multiprocessor), 8,
+    12 and 16 stages."""
+    full = full_plan(H.config(m, n, k, sms))
+    if not full[9] or -(-n // 64) > sms:
+        return []
+    bn = full[1]
+    fits = [s for s in range(2, 17) if H.shared_bytes(2, bn, s, 1, 64, 2) <= H.SHARED_LIMIT]
+    return [(2, bn, s, 2, 1, 1, 1, 1, 0, 1, H.GROUP_ROWS, 2) for s in (8, 12, 16) if s in fits]
 
 
 def kc_plans(m, n, k, sms=132):
@@ -1009,8 +1021,7 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL, KC=1,
-                 PF=int(H.PREFETCH_MAPS))  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL, KC=1)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -1068,13 +1079,11 @@ def accuracy(log, k=8192, size=1024) -> None:
 
 def _warm(jobs):
     """Compile (into kaio's disk cache) the specializations of ``jobs``: (plan, rowwise[,
-    m[, pdl[, pf]]]: the rows, which set a decode tile's A rows copied;
-    ``_fp8_hopper.PDL``, ``PREFETCH_MAPS``)."""
+    m[, pdl]]: the rows, which set a decode tile's A rows copied; ``_fp8_hopper.PDL``)."""
     use_ptxas()
     for plan, rowwise, *rows in jobs:
         (a, b, sa, sb) = operands(*rows[:1] or [256], 256, 1024, rowwise, 1)[0]  # (KC 4: 8 slices)
         H.PDL = rows[1] if len(rows) > 1 else ROUTED_PDL
-        H.PREFETCH_MAPS = len(rows) > 2 and bool(rows[2])
         with_plan(plan)(a, b, sa, sb)
         if rows == [1]:  # (gemv_fp8, which a forced plan bypasses)
             with_plan(GEMV)(a, b, sa, sb)
@@ -1219,7 +1228,11 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 plans = [p for p in cold2_plans(m, n, k) if p not in NAMED]
                 pick = H.config(m, n, k, 132)
                 jobs += [(p, False, rows) for p in [pick, *plans]]
-                jobs.append((pick, False, rows, ROUTED_PDL, 1))  # (PREFETCH)
+    if "cold3" in cases:
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *cold3_plans(m, n, k)]]
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -1339,10 +1352,11 @@ def main() -> None:
         over_shapes(ms, alternate_plans, some=True)
     if "vsmain" in cases:  # the routed plans against main's routing
         over_shapes(ms, lambda m, n, k: [MAIN])
-    if "cold" in cases or "cold2" in cases:  # (--timing percall)
+    colds = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans}
+    for name in [c for c in cases if c in colds]:  # (--timing percall)
         bw = copy_bandwidth()
         print(f"copy bandwidth {bw / 1e12:.3f} TB/s (read + written)", flush=True)
-        over_shapes(ms, cold_plans if "cold" in cases else cold2_plans, bw=bw)
+        over_shapes(ms, colds[name], bw=bw, some=name == "cold3")
     if "kc" in cases:  # a tile's K slices over a cluster of blocks
         over_shapes(ms, kc_plans, some=True)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch

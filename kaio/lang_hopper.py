@@ -375,19 +375,6 @@ _define(
     "copy completes its bytes on bars[i] (cp.async.bulk.tensor.2d). sm_90.",
     _tma_load_2d,
 )
-
-
-def _prefetch_tensormap(ctx, args, node):
-    ctx.b.emit("tma_prefetch", None, (_tensor_map(ctx, args[0], node),))
-
-
-_define(
-    "prefetch_tensormap",
-    "prefetch_tensormap(tmap): fetch the tensor map tmap (a kernel parameter) into the TMA "
-    "unit's descriptor cache ahead of its first tma_load_2d, so that the first copy does not "
-    "wait for it (prefetch.tensormap; a hint). sm_90.",
-    _prefetch_tensormap,
-)
 _define(
     "tma_load_2d_multicast",
     "tma_load_2d_multicast(dst, dst_index, tmap, row, col, bars, i, ctas): tma_load_2d into "

@@ -123,7 +123,6 @@ from kaio_ops._matmul_hopper import (
 __all__ = ["config", "launch", "specializations"]
 
 SHARED_LIMIT = 227 * 1024
-PREFETCH_MAPS = False  # the tensor maps prefetched at the kernel's start (PF; being measured)
 SUM_THREADS = 256
 PRODUCER_REGS = 24  # registers a producer thread keeps (setmaxnreg), with 2 or 3 consumers
 CONSUMER_REGS = (0, 0, 240, 160)  # and a consumer thread takes: (64K - 128 * 24) / (128 WG)
@@ -851,7 +850,7 @@ def matmul_fp8_wgmma(
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
     AR: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr, PDL: kaio.constexpr,
-    KC: kaio.constexpr, PF: kaio.constexpr,
+    KC: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -871,8 +870,7 @@ def matmul_fp8_wgmma(
     over the ring, ``store_cluster_sums``). ``PDL``: launched with programmatic stream
     serialization, its launch and set-up overlapping the end of the kernel before it,
     every thread waiting for that kernel's writes before any global access
-    (``kaio.grid_dependency_wait``). ``PF``: the producer's thread prefetches the two tensor
-    maps first thing."""
+    (``kaio.grid_dependency_wait``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
@@ -908,9 +906,6 @@ def matmul_fp8_wgmma(
     tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(
         m, n, k2, ROWS * CL, BN, BK
     )
-    if PF and t == WG * 128:  # the producer's thread: the maps fetched during the set-up
-        kaio.prefetch_tensormap(ta)
-        kaio.prefetch_tensormap(tb)
     # the producer's registers to the consumers (not with NS 2: decode tiles, two blocks a
     # multiprocessor; nor KC, whose sums are stored after the branches)
     NREG = (WG > 1) * (NS != 2) * (KC == 1)  # noqa: N806
@@ -1330,7 +1325,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
         SWAP=int(bool(swap)), NS=ns, PDL=PDL,
-        KC=kc, PF=int(PREFETCH_MAPS),
+        KC=kc,
     )  # fmt: skip
     if vec >= 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
@@ -1415,11 +1410,11 @@ def specializations():
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
                                  else 64 * wg, "SWAP": 0, "NS": 0, "PDL": i % 2,
-                                 "KC": 1, "PF": i // 2 % 2}  # fmt: skip
+                                 "KC": 1}  # fmt: skip
     shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
                 "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0,
-                "NS": 0, "PDL": 1, "KC": 1, "PF": 1}  # fmt: skip
+                "NS": 0, "PDL": 1, "KC": 1}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
     yield (
         matmul_fp8_wgmma,

@@ -49,13 +49,10 @@ def load_box(
 
 @kaio.gpu_kernel(block_size=128)
 def tma_tile(tmap: kaio.tensormap, out: f16[:, :], row: i32, col: i32, R: kaio.constexpr):
-    """One TMA box into a shared tile (its map prefetched first), then every thread copies
-    the raw tile out."""
+    """One TMA box into a shared tile, then every thread copies the raw tile out."""
     tile = kaio.shared(f16, (R, 64))
     bars = kaio.shared(u64, (1,))
     t = kaio.thread_idx_x()
-    if t == 32:
-        kaio.prefetch_tensormap(tmap)
     if t == 0:
         kaio.mbarrier_init(bars, 0, 1)
     kaio.sync_threads()
@@ -1040,7 +1037,6 @@ def test_ptx_assembles_for_sm_90a():
         report = assemble(ptx, "sm_90a")
         assert "C7518" not in report and "C7508" not in report, report
     assert ".target sm_90a" in texts[-1] and ".target sm_90\n" in texts[0]
-    assert "prefetch.tensormap [%rd" in texts[0]
 
 
 def test_hopper_builtins_on_other_targets_are_compile_errors():
@@ -1048,7 +1044,7 @@ def test_hopper_builtins_on_other_targets_are_compile_errors():
         descriptor_bits.ptx(arch="sm_80")
     with pytest.raises(kaio.CompileError, match=r"needs sm_90a.*sm_100"):
         regs_and_fences.ptx(arch="sm_100")
-    with pytest.raises(kaio.CompileError, match=r"prefetch_tensormap\(\) needs sm_90 or newer"):
+    with pytest.raises(kaio.CompileError, match=r"expect_tx\(\) needs sm_90 or newer"):
         tma_tile.ptx(arch="sm_80", R=32)
     with pytest.raises(kaio.CompileError, match=r"mbarrier_try_wait\(\) needs sm_90"):
         barrier_phases.ptx(arch="sm_89")

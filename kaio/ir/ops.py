@@ -81,7 +81,6 @@ SIGNATURES: dict[str, tuple[str, str]] = {
     "smem_desc": ("A idx", "u64"),
     "mbarrier_try_wait": ("A idx u32", "bool_"),
     "tma_load": ("A idx u64 I I A idx", "none"),
-    "tma_prefetch": ("u64", "none"),
     "tma_load_multicast": ("A idx u64 I I A idx u32", "none"),
     "bulk_store": ("A idx A idx u32", "none"),
     "bulk_prefetch": ("A idx u32", "none"),
@@ -257,9 +256,6 @@ OPS: dict[str, OpInfo] = {
         False,
         "(shared, *idx, map u64, c0 i32, c1 i32, bar, *idx): copy the box at column c0, row "
         "c1 of the map's array into shared memory, completing tx bytes on the barrier",
-    ),
-    "tma_prefetch": OpInfo(
-        "special", "none", False, "(map u64): fetch the tensor map into the TMA unit's cache"
     ),
     "tma_load_multicast": OpInfo(
         "special",

@@ -657,8 +657,7 @@ def fence_proxy_async(m, ins: Instr, vals: list):
 
 def no_op(m, ins: Instr, vals: list):
     """Fences, wgmma and bulk commit/wait, setmaxnreg, the grid dependency controls (the
-    simulator runs launches one after another), tensor-map prefetches: nothing to do in
-    lockstep order."""
+    simulator runs launches one after another): nothing to do in lockstep order."""
 
 
 def dsmem_load(m, ins: Instr, vals: list):
@@ -697,7 +696,6 @@ SEMANTICS = {
     "mbarrier_wait": mbarrier_wait,
     "tma_load": tma_load,
     "tma_load_multicast": tma_load,
-    "tma_prefetch": no_op,
     "mbarrier_arrive_cluster": mbarrier_arrive_cluster,
     "fence_proxy_async": fence_proxy_async,
     "bulk_store": bulk_store,
