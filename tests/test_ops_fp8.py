@@ -444,7 +444,8 @@ def test_config_plans_fit(sms):
             wide = m <= H.WIDE_ALTERNATE_M and bn == 128  # (wide_alternating_plan's)
             assert ns != 2 or (wg == 2 and (narrow or wide))
             assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
-            assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8) and wg == 1)
+            assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8))
+            assert not swap or wg == 1 + (ns == 2)  # (two warpgroups on alternate slices)
             assert kc == 1 or (swap and 2 * -(-n // 64) <= sms and k // 128 >= 2 * kc)
     assert {(wg, bn) for wg, bn, _ in H.RATES} <= set(H.PLANS)  # each in the PTX checks
     if sms == 132:
