@@ -32,8 +32,8 @@ programmatic dependent launch at ``PDL_CASES`` (``pdlsweep``: at the ``--ms`` up
 other K slice), ``kc`` ``kc_plans`` (a tile's K slices over a cluster), ``vsmain`` the
 routed plans against main's routing (``main_plan``). Writes ``DIR/fp8_plans.jsonl`` (one line
 per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds have
-passed. ``cold`` (``cold2``, ``cold3``): ``cold_plans`` (``cold2_plans``,
-``cold3_plans``) beside the routed plan.
+passed. ``cold`` (``cold2``, ``cold3``, ``cold4``): ``cold_plans`` (``cold2_plans``,
+``cold3_plans``, ``cold4_plans``) beside the routed plan.
 ``--timing``: ``percall`` (the default) times each call as bench/fp8.py does, the issue's
 figure (``percall_times``: its own pair of events, as many input sets as bench/fp8.py
 rotates); ``batched`` (every figure before 2026-11-27's cold pass) times batches of calls
@@ -833,7 +833,7 @@ def cold_plans(m, n, k, sms=132):
     rows: 64 x 128 and 64 x 64 tiles of two warpgroups on every other K slice (at 128
     columns one slice sum waited for), 128 x 96 tiles, ``alternate_plans``."""
     wg, bn, st, pr, *rest = full = full_plan(H.config(m, n, k, sms))
-    if full[9]:  # swapped
+    if full[9] and wg == 1:  # swapped, one warpgroup (as routed in round A)
         out = [NO_PDL, (*full[:12], 3 - full[12])] + ([GEMV] if D.fits(m) else [])
         if -(-n // 64) <= sms:
             deep = sorted({H.stages_for(1, bn, d) for d in (16, 24)} - {st})
@@ -895,6 +895,37 @@ def cold3_plans(m, n, k, sms=132):
     bn = full[1]
     fits = [s for s in range(2, 17) if H.shared_bytes(2, bn, s, 1, 64, 2) <= H.SHARED_LIMIT]
     return [(2, bn, s, 2, 1, 1, 1, 1, 0, 1, H.GROUP_ROWS, 2) for s in (8, 12, 16) if s in fits]
+
+
+def swap_before(m, n, k, sms=132):
+    """[the swapped plan ``swap_config`` picked before ``swap_alternating_plan`` (one
+    consumer warpgroup, two blocks a multiprocessor, ``KC`` 2 past K = 8192 where the tiles
+    fill at most half the multiprocessors)] where the routed plan is two warpgroups', else
+    []."""
+    full = full_plan(H.config(m, n, k, sms))
+    if not full[9] or full[0] == 1:
+        return []
+    bn, tiles = full[1], -(-n // 64)
+    most = H.stages_for(1, bn, 32, limit=(H.SHARED_LIMIT + 1024) // H.SWAP_OCC - 1024)
+    kc = 2 if 2 * tiles <= sms and k > 8192 and bn >= 16 else 1
+    stages = min(most, H.swap_stages(n, k, sms))
+    return [(1, bn, stages, 2, 1, 1, 1, H.SWAP_OCC, 0, 1, H.GROUP_ROWS, 0, kc)]
+
+
+def cold4_plans(m, n, k, sms=132):
+    """The alternatives "cold4" times beside the routed plan (``--timing percall``): the
+    swapped plan before ``swap_alternating_plan`` where that is routed (``swap_before``);
+    where the swapped tiles fit one wave but run one warpgroup (8192 columns), two
+    consumer warpgroups on alternate K slices, 12 and 16 stages."""
+    full = full_plan(H.config(m, n, k, sms))
+    if not full[9]:
+        return []
+    if full[0] == 2 or -(-n // 64) > sms:
+        return swap_before(m, n, k, sms)
+    return [(2, full[1], s, 2, 1, 1, 1, 1, 0, 1, H.GROUP_ROWS, 2) for s in (12, 16)]
+
+
+COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans}
 
 
 def kc_plans(m, n, k, sms=132):
@@ -1228,11 +1259,11 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 plans = [p for p in cold2_plans(m, n, k) if p not in NAMED]
                 pick = H.config(m, n, k, 132)
                 jobs += [(p, False, rows) for p in [pick, *plans]]
-    if "cold3" in cases:
+    for name in [c for c in cases if c in ("cold3", "cold4")]:
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
-                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *cold3_plans(m, n, k)]]
+                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *COLDS[name](m, n, k)]]
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -1352,11 +1383,10 @@ def main() -> None:
         over_shapes(ms, alternate_plans, some=True)
     if "vsmain" in cases:  # the routed plans against main's routing
         over_shapes(ms, lambda m, n, k: [MAIN])
-    colds = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans}
-    for name in [c for c in cases if c in colds]:  # (--timing percall)
+    for name in [c for c in cases if c in COLDS]:  # (--timing percall)
         bw = copy_bandwidth()
         print(f"copy bandwidth {bw / 1e12:.3f} TB/s (read + written)", flush=True)
-        over_shapes(ms, colds[name], bw=bw, some=name == "cold3")
+        over_shapes(ms, COLDS[name], bw=bw, some=name in ("cold3", "cold4"))
     if "kc" in cases:  # a tile's K slices over a cluster of blocks
         over_shapes(ms, kc_plans, some=True)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch

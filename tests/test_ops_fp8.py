@@ -829,7 +829,7 @@ def test_matmul_gpu_error_no_worse_than_cublas(m, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [4096, 128, 8])
+@pytest.mark.parametrize("m", [4096, 256, 128, 8])
 def test_dependent_launch_chain_gpu(m, monkeypatch):
     """The wgmma kernel launched with programmatic dependent launch (``_fp8_hopper.PDL``)
     right behind the kernels that make its inputs (six steps, each quantizing the output
