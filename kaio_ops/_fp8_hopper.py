@@ -1144,8 +1144,8 @@ def swap_stages(n: int, k: int, sms: int) -> int:
 
 def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
     """The swapped decode plan (``SWAP``, C^T = B^T A^T, as cuBLAS's 64 x 8 tiles): tiles of
-    64 weight rows by a's ``m`` rows rounded up to 8. Where the tiles fill at most three
-    quarters of the multiprocessors once (4096 and 6144 columns), two consumer warpgroups
+    64 weight rows by a's ``m`` rows rounded up to 8. Where the tiles fill at most half the
+    multiprocessors once (4096 columns), two consumer warpgroups
     (``swap_alternating_plan``); else one, two slice sums in turn, up to ``SWAP_OCC``
     blocks a multiprocessor, ``swap_stages`` ring stages (at most what fits ``1 /
     SWAP_OCC`` of one). None where the ``n / 64`` tiles would leave some multiprocessors
@@ -1158,27 +1158,24 @@ def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
     if sms < tiles <= SWAP_OCC * sms:
         return None
     bn = max(8, -(-m // 8) * 8)
-    if 4 * tiles <= 3 * sms:
-        return swap_alternating_plan(bn, tiles, sms)
+    if 2 * tiles <= sms:
+        return swap_alternating_plan(bn)
     most = stages_for(1, bn, 32, limit=(SHARED_LIMIT + 1024) // SWAP_OCC - 1024)
     stages = min(most, swap_stages(n, k, sms))
     return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1, GROUP_ROWS, 0, 1
 
 
-def swap_alternating_plan(bn: int, tiles: int, sms: int) -> tuple:
+def swap_alternating_plan(bn: int) -> tuple:
     """The swapped tile (``swap_config``) of two consumer warpgroups, each multiplying
-    every other K slice (``NS`` 2), one block a multiprocessor, 16 ring stages where the
-    ``tiles`` fill at most half the ``sms`` multiprocessors, else 12. A swapped tile's
-    wgmmas (64 weight rows by 8 to 32 of a's) are short and its one warpgroup waits for
-    each slice's before the next; two keep twice the wgmmas in flight. Measured on an
-    H100, each call between its own events as bench/fp8.py times it (bench/fp8_plans.py
-    --cases cold3, docs/performance.md): against one warpgroup, two blocks a
-    multiprocessor and 8 stages (9 to 12 with ``KC`` 2 at K = 14336), at 1 to 32 rows
-    4096 x 4096 0.95x-0.97x of cuBLAS (16 stages; 0.91x at 32 rows) against 0.87x-0.94x,
-    4096 x 14336 0.96x-1.07x against 0.93x-1.04x, 6144 x 4096 0.97x-1.01x (12 stages)
-    against 0.96x-0.99x."""
-    stages = 16 if 2 * tiles <= sms else 12
-    return 2, bn, stages, 2, 1, 1, 1, 1, 0, 1, GROUP_ROWS, 2
+    every other K slice (``NS`` 2), one block a multiprocessor, 16 ring stages. A swapped
+    tile's wgmmas (64 weight rows by 8 to 32 of a's) are short and one warpgroup waits for
+    each slice's before the next; two keep twice the wgmmas in flight. Measured on an H100,
+    each call between its own events as bench/fp8.py times it (bench/fp8_plans.py --cases
+    cold3, cold4; docs/performance.md), against one warpgroup, two blocks a multiprocessor,
+    8 stages (9 to 12 and ``KC`` 2 at K = 14336), 1 to 32 rows, two rounds: 4096 x 4096
+    0.88x-0.97x of cuBLAS against 0.87x-0.94x, 4096 x 14336 0.95x-1.07x against
+    0.93x-1.04x. At 6144 and 8192 columns (96 and 128 tiles) within 2% either way."""
+    return 2, bn, 16, 2, 1, 1, 1, 1, 0, 1, GROUP_ROWS, 2
 
 
 NS_M = 128  # a's rows up to which narrow tiles run as shared_plan's (two warpgroups, 64 rows)
