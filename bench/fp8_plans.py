@@ -218,7 +218,8 @@ def with_plan(plan, out_dtype=None):
     """matmul_fp8 forced onto ``plan`` (None: the op's own choice; a plan also at the rows
     that ``_fp8_decode`` takes, its limits set to 0 meanwhile; ``GEMV``: ``gemv_fp8`` up to
     ``MOST_M`` rows; ``BEFORE``: the routing before this branch, ``without_200``'s plan and
-    no programmatic dependent launch)."""
+    no programmatic dependent launch; ``NO_PDL``: the routed plan without it; a name of
+    ``PROMOTIONS``: the routed plan with its tensor maps' L2 promotion at that)."""
 
     def run(a, b, sa, sb):
         return kaio_ops.matmul_fp8(a, b, sa, sb, out_dtype=out_dtype)
