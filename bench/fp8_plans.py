@@ -915,12 +915,13 @@ def swap_before(m, n, k, sms=132):
 
 def cold4_plans(m, n, k, sms=132):
     """The alternatives "cold4" times beside the routed plan (``--timing percall``): the
-    swapped plan before ``swap_alternating_plan`` where that is routed (``swap_before``);
-    where the swapped tiles fit one wave but run one warpgroup (8192 columns), two
-    consumer warpgroups on alternate K slices, 12 and 16 stages."""
+    plan before ``swap_alternating_plan`` (``swap_before``) or ``wide_alternating_plan``
+    (``unwide``) where that is routed: this session's routing against main's at 338b9d6;
+    where the swapped tiles fit one wave but run one warpgroup (6144 and 8192 columns),
+    two consumer warpgroups on alternate K slices, 12 and 16 stages."""
     full = full_plan(H.config(m, n, k, sms))
     if not full[9]:
-        return []
+        return unwide(m, n, k, sms)
     if full[0] == 2 or -(-n // 64) > sms:
         return swap_before(m, n, k, sms)
     return [(2, full[1], s, 2, 1, 1, 1, 1, 0, 1, H.GROUP_ROWS, 2) for s in (12, 16)]
