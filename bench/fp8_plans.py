@@ -1,17 +1,18 @@
 """The sm_90 FP8 kernel's tile plans side by side with ``torch._scaled_mm`` (cuBLAS FP8):
 for each shape, every plan ``(WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])`` of
 ``kaio_ops._fp8_hopper`` worth trying there, and the plan ``config`` picks, each checked
-against ``torch._scaled_mm`` first; kernel time with CUDA events around batches of calls, the
-operands rotated over enough copies to exceed the L2 cache; e4m3, bf16 out, per-tensor
-scales (``--rowwise``: per row / column).
+against ``torch._scaled_mm`` first; kernel time with CUDA events (``--timing``), the
+operands rotated over enough copies to exceed the L2 cache three times; e4m3, bf16 out,
+per-tensor scales (``--rowwise``: per row / column).
 
 Usage: ``python bench/fp8_plans.py --out DIR [--budget SECONDS] [--cases warm,big,sweep]``
 (``--summary FILE``: the table of a run's jsonl). Cases: ``warm`` compiles every plan first,
 14 processes at once (with ``only``: nothing else); ``final`` the routed plan at 4096^3,
 8192^3 and 4096^3 with per-row scales; ``wide``, ``depth``, ``epi``, ``big``, ``regs``,
 ``interval``, ``cluster``, ``rowwise``, ``acc``, ``diag``: the plan lists of their rounds at
-the squares; ``carry`` (``carrysq``: the squares only) the routed tiles with the next tile's
-first slice carried over the epilogue; ``midsplit`` wide tiles split along K at 128 and 256
+the squares; ``ksweep`` (``kdec``: at 8 rows) the routed plan over K; ``carry``
+(``carrysq``: the squares only) the routed tiles with the next tile's first slice carried
+over the epilogue; ``midsplit`` wide tiles split along K at 128 and 256
 rows; ``sweep``, ``sweepnew``, ``sweepwide``, ``sweepfinal``: the M sweep over the
 Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) or
 ``final_plans``' alternatives (``pick``: none from ``plans_for``; ``sweepbefore``: the
@@ -31,14 +32,23 @@ programmatic dependent launch at ``PDL_CASES`` (``pdlsweep``: at the ``--ms`` up
 other K slice), ``kc`` ``kc_plans`` (a tile's K slices over a cluster), ``vsmain`` the
 routed plans against main's routing (``main_plan``). Writes ``DIR/fp8_plans.jsonl`` (one line
 per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds have
-passed."""
+passed. ``cold`` (``cold2``, ``cold3``, ``cold4``): ``cold_plans`` (``cold2_plans``,
+``cold3_plans``, ``cold4_plans``) beside the routed plan.
+``--timing``: ``percall`` (the default) times each call as bench/fp8.py does, the issue's
+figure (``percall_times``: its own pair of events, as many input sets as bench/fp8.py
+rotates); ``batched`` (every figure before 2026-11-27's cold pass) times batches of calls
+back to back, where a kernel launched with programmatic dependent launch overlaps the end
+of the one before it and no call pays the launch and ramp that a call between events
+does."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -76,12 +86,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio_ops  # noqa: E402
 from bench.fp8 import PADS, scaled_mm  # noqa: E402
+from bench.harness import Harness  # noqa: E402
 from kaio_ops import _fp8_decode as D  # noqa: E402
 from kaio_ops import _fp8_hopper as H  # noqa: E402
 from kaio_ops import _plan  # noqa: E402
 
+T = importlib.import_module("kaio.tensormap")  # (kaio.tensormap is also the annotation type)
+
 E4M3 = torch.float8_e4m3fn
-L2 = 50 * 2**20
 SHAPES = {
     "8b": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],
     "70b": [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)],
@@ -143,12 +155,36 @@ def one_batch(fn, sets, batch, host_ms):
 
 
 ROUNDS = [5]  # time_all's rounds (--rounds)
+TIMING = ["percall"]  # time_all's way (--timing): "percall" or "batched"
+HARNESS = Harness("fp8_plans")  # bench/fp8.py's timing (percall) and its count of input sets
+
+
+def input_sets(m, n, k, rowwise=False):
+    """The operand sets a case rotates over: as many as bench/fp8.py makes (``bench.harness``:
+    ~3x the L2 in all, so that no call finds its weight in the L2)."""
+    return operands(m, n, k, rowwise, HARNESS.sets_for(m * k + k * n + 2 * m * n))
+
+
+def percall_times(fns: dict, sets, rounds: int, calls: int = 10) -> dict:
+    """Median ms of one call of each of ``fns`` timed as bench/fp8.py times them, the issue's
+    figure (``Harness.time``: each call between its own pair of CUDA events, queued behind a
+    GPU spin, the inputs rotated): ``calls`` calls a round, ``rounds`` rounds taking them
+    in turn. Unlike ``batched``'s calls back to back, no kernel overlaps the one before it
+    (programmatic dependent launch) and each call pays its own launch and ramp."""
+    times = {name: [] for name in fns}
+    for r in range(rounds):
+        for name, fn in fns.items():
+            times[name] += HARNESS.time(fn, sets, reps=calls, warmup=None if r == 0 else 1)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def time_all(fns: dict, sets, rounds=None) -> dict:
     """Median ms per call of each of ``fns``, in ``rounds`` rounds that take them in turn
-    (a clock that drops as the GPU heats falls on all alike)."""
+    (a clock that drops as the GPU heats falls on all alike): ``percall_times`` (the
+    default), or (``--timing batched``) batches of calls back to back (``one_batch``)."""
     rounds = rounds or ROUNDS[0]
+    if TIMING[0] == "percall":
+        return percall_times(fns, sets, rounds)
     setup = {name: prepare(fn, sets) for name, fn in fns.items()}
     times = {name: [] for name in fns}
     for _ in range(rounds):
@@ -182,7 +218,8 @@ def with_plan(plan, out_dtype=None):
     """matmul_fp8 forced onto ``plan`` (None: the op's own choice; a plan also at the rows
     that ``_fp8_decode`` takes, its limits set to 0 meanwhile; ``GEMV``: ``gemv_fp8`` up to
     ``MOST_M`` rows; ``BEFORE``: the routing before this branch, ``without_200``'s plan and
-    no programmatic dependent launch)."""
+    no programmatic dependent launch; ``NO_PDL``: the routed plan without it; a name of
+    ``PROMOTIONS``: the routed plan with its tensor maps' L2 promotion at that)."""
 
     def run(a, b, sa, sb):
         return kaio_ops.matmul_fp8(a, b, sa, sb, out_dtype=out_dtype)
@@ -192,11 +229,17 @@ def with_plan(plan, out_dtype=None):
 
     def forced(a, b, sa, sb):
         keep = H.config, D.MAX_M, D.SM90_MAX_M, H.PDL
+        maps = T._L2_PROMOTION_256B, T.MAPS_KEPT
         if plan == GEMV:  # gemv_fp8 at the rows it takes anywhere (unplanned: another
             D.SM90_MAX_M = D.MOST_M  # H.config, so that no call plan of the op's is used)
             H.config = lambda *args: keep[0](*args)
         elif plan == BEFORE:  # (unplanned too)
             H.config, H.PDL = (lambda *args: without_200(*args, config=keep[0])[0]), 0
+        elif plan == NO_PDL:  # (unplanned too)
+            H.config, H.PDL = (lambda *args: keep[0](*args)), 0
+        elif plan in PROMOTIONS:  # (unplanned too; the maps encoded anew, not kept)
+            H.config = lambda *args: keep[0](*args)
+            T._L2_PROMOTION_256B, T.MAPS_KEPT = PROMOTIONS[plan], 0
         elif plan == MAIN:  # (unplanned too)
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             before = main_plan(keep[0](a.shape[0], b.shape[1], a.shape[1], sms), a.shape[0])
@@ -208,6 +251,7 @@ def with_plan(plan, out_dtype=None):
             return run(a, b, sa, sb)
         finally:
             H.config, D.MAX_M, D.SM90_MAX_M, H.PDL = keep
+            T._L2_PROMOTION_256B, T.MAPS_KEPT = maps
 
     return forced
 
@@ -216,6 +260,10 @@ ROUTED_PDL = H.PDL  # (_warm sets H.PDL for a job, and back)
 GEMV = "gemv"  # the plan name of _fp8_decode's kernel (with_plan)
 MAIN = "main"  # the plan name of main's routing before this branch (with_plan, main_plan)
 BEFORE = "before"  # the plan name of the routing before this branch (with_plan)
+NO_PDL = "nopdl"  # the plan name of the routed plan without programmatic dependent launch
+PROMOTIONS = {"l2none": 0, "l2p128": 2}  # plan names: the routed plan with its tensor maps'
+# L2 promotion (kaio.tensormap's: 256 bytes, 3) at none (0) and 128 bytes (2)
+NAMED = (GEMV, BEFORE, MAIN, NO_PDL, *PROMOTIONS)
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
@@ -286,6 +334,7 @@ DEPTH = [(2, 128, 7, 1, 1), (2, 192, 5, 1, 1), (2, 256, 4, 3, 1), (2, 192, 5, 1,
 KSWEEP = [(4096, 4096, k) for k in (1024, 2048, 4096, 8192, 16384)] + [
     (8192, 8192, k) for k in (2048, 8192)
 ]  # ("ksweep": the routed tile's time against K, a line: per slice and per tile)
+KDEC = [(8, 4096, k) for k in (1024, 2048, 4096, 8192)]  # ("kdec": the same, decode)
 EPIQ = [  # C through shared memory, the bulk copies waited for at the next epilogue (VEC 3)
     (2, 208, 4, 1, 2),
     (2, 208, 4, 1, 3),
@@ -540,8 +589,7 @@ def pdl_case(m, n, k, log) -> dict:
     """cuBLAS, the routed plan (its call plan) and the routed plan unplanned without and with
     programmatic dependent launch (``with_pdl``), each checked against cuBLAS, timed in the
     same interleaved rounds."""
-    nbytes = m * k + k * n + 2 * m * n
-    sets = operands(m, n, k, False, max(1, min(8, math.ceil(3 * L2 / nbytes))))
+    sets = input_sets(m, n, k)
     ref = scaled_mm(*sets[0]).float()
     fns = {"cublas": scaled_mm, "pick": with_plan(None), "pdl0": with_pdl(0),
            "pdl1": with_pdl(1)}  # fmt: skip
@@ -775,6 +823,113 @@ def alternate_plans(m, n, k, sms=132):
     return [(2, bn, fits[-1], promote, 1, 1, 1, occ, 0, swap, H.GROUP_ROWS, 2)] if fits else []
 
 
+def cold_plans(m, n, k, sms=132):
+    """The alternatives "cold" times beside the routed plan (with ``--timing percall``: the
+    choices of the fp8 branch of 2026-11-27, made with calls back to back, re-checked one
+    call at a time; in round A of that day also the per-tensor scales loaded before the
+    first tile, since removed). Swapped tiles (up to ``SWAP_M`` rows): ``gemv_fp8`` (one
+    row), without programmatic dependent launch, with (or without) a tile's K over a
+    cluster of two (``KC``), deeper rings (16 and 24 stages, one block a multiprocessor,
+    where the tiles fit one wave), K split 2 and 4 ways summed in the kernel. Past 64
+    rows: 64 x 128 and 64 x 64 tiles of two warpgroups on every other K slice (at 128
+    columns one slice sum waited for), 128 x 96 tiles, ``alternate_plans``."""
+    wg, bn, st, pr, *rest = full = full_plan(H.config(m, n, k, sms))
+    if full[9] and wg == 1:  # swapped, one warpgroup (as routed in round A)
+        out = [NO_PDL, (*full[:12], 3 - full[12])] + ([GEMV] if D.fits(m) else [])
+        if -(-n // 64) <= sms:
+            deep = sorted({H.stages_for(1, bn, d) for d in (16, 24)} - {st})
+            out += [(wg, bn, d, pr, 1, 1, 1, 1, *full[8:]) for d in deep if d > st]
+        return out + [(wg, bn, st, pr, 1, 1, s, 2, 1, 1) for s in (2, 4)]
+    if m <= 64:
+        return []
+    fits = [s for s in range(2, 17) if H.shared_bytes(2, 128, s, 1, 64, 2) <= H.SHARED_LIMIT]
+    out = [(2, 128, fits[-1], 1, 1, 1, 1, 1, 0, 0, H.GROUP_ROWS, 2)]
+    out += [H.plan(2, 96)[:5], H.alternating_plan(64, 16)]
+    return out + alternate_plans(m, n, k, sms)
+
+
+def unwide(m, n, k, sms=132):
+    """[the plan ``config`` picks without ``wide_alternating_plan``] where it differs from
+    the routed one, else []."""
+    keep = H.WIDE_ALTERNATE_M
+    H.WIDE_ALTERNATE_M = 0
+    try:
+        old = H.config(m, n, k, sms)
+    finally:
+        H.WIDE_ALTERNATE_M = keep
+    return [old] if old != H.config(m, n, k, sms) else []
+
+
+def cold2_plans(m, n, k, sms=132):
+    """The alternatives "cold2" times beside the routed plan (``--timing percall``; round C
+    of 2026-11-27 also the tensor maps prefetched at the kernel's start, within 1%, the
+    builtin removed again): the swapped tiles (up to ``SWAP_M`` rows) with their tensor
+    maps' L2 promotion at none and 128 bytes instead of 256 (``PROMOTIONS``), in clusters
+    of two tiles one above the other sharing a's slice (``CL`` 2, one block a
+    multiprocessor: cuBLAS's decode kernels run clusters), and from 16 rows with two
+    consumer warpgroups on alternate K slices (``NS`` 2); past 64 rows the plan ``config``
+    picked before ``wide_alternating_plan``, 64 x 96 tiles of two warpgroups on alternate
+    K slices and 128 x 96 tiles in clusters of two one above the other sharing each B
+    slice (``CL`` 2: cuBLAS's kernel at 256 x 6144)."""
+    full = full_plan(H.config(m, n, k, sms))
+    if full[9]:  # swapped
+        wg, bn, st, pr = full[:4]
+        out = [*PROMOTIONS, (wg, bn, st, pr, 1, 2, 1, 1, 0, 1)]
+        if bn >= 16:  # two consumer warpgroups on alternate K slices, one block an SM
+            fits = [s for s in range(2, 13) if H.shared_bytes(2, bn, s, 1, 64, 2) <= H.SHARED_LIMIT]
+            out.append((2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 1, H.GROUP_ROWS, 2))
+        return out
+    if m <= 64:
+        return []
+    paired = (*H.plan(2, 96)[:5], 2)
+    return [*unwide(m, n, k, sms), H.alternating_plan(96), paired]
+
+
+def cold3_plans(m, n, k, sms=132):
+    """The alternatives "cold3" times beside the routed plan (``--timing percall``): where
+    the routed plan is swapped and its tiles fit one wave, the swapped tile with two
+    consumer warpgroups on alternate K slices (``NS`` 2, one block a multiprocessor), 8,
+    12 and 16 stages."""
+    full = full_plan(H.config(m, n, k, sms))
+    if not full[9] or -(-n // 64) > sms:
+        return []
+    bn = full[1]
+    fits = [s for s in range(2, 17) if H.shared_bytes(2, bn, s, 1, 64, 2) <= H.SHARED_LIMIT]
+    return [(2, bn, s, 2, 1, 1, 1, 1, 0, 1, H.GROUP_ROWS, 2) for s in (8, 12, 16) if s in fits]
+
+
+def swap_before(m, n, k, sms=132):
+    """[the swapped plan ``swap_config`` picked before ``swap_alternating_plan`` (one
+    consumer warpgroup, two blocks a multiprocessor, ``KC`` 2 past K = 8192 where the tiles
+    fill at most half the multiprocessors)] where the routed plan is two warpgroups', else
+    []."""
+    full = full_plan(H.config(m, n, k, sms))
+    if not full[9] or full[0] == 1:
+        return []
+    bn, tiles = full[1], -(-n // 64)
+    most = H.stages_for(1, bn, 32, limit=(H.SHARED_LIMIT + 1024) // H.SWAP_OCC - 1024)
+    kc = 2 if 2 * tiles <= sms and k > 8192 and bn >= 16 else 1
+    stages = min(most, H.swap_stages(n, k, sms))
+    return [(1, bn, stages, 2, 1, 1, 1, H.SWAP_OCC, 0, 1, H.GROUP_ROWS, 0, kc)]
+
+
+def cold4_plans(m, n, k, sms=132):
+    """The alternatives "cold4" times beside the routed plan (``--timing percall``): the
+    plan before ``swap_alternating_plan`` (``swap_before``) or ``wide_alternating_plan``
+    (``unwide``) where that is routed: this session's routing against main's at 338b9d6;
+    where the swapped tiles fit one wave but run one warpgroup (6144 and 8192 columns),
+    two consumer warpgroups on alternate K slices, 12 and 16 stages."""
+    full = full_plan(H.config(m, n, k, sms))
+    if not full[9]:
+        return unwide(m, n, k, sms)
+    if full[0] == 2 or -(-n // 64) > sms:
+        return swap_before(m, n, k, sms)
+    return [(2, full[1], s, 2, 1, 1, 1, 1, 0, 1, H.GROUP_ROWS, 2) for s in (12, 16)]
+
+
+COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans}
+
+
 def kc_plans(m, n, k, sms=132):
     """Tiles whose K slices a cluster of ``KC`` blocks shares (each block a part, the parts'
     sums added through distributed shared memory, a tile a cluster) where the clusters
@@ -820,14 +975,13 @@ def main_plan(plan, m) -> tuple:
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
     FUSE, SWAP, GROUP); ``GEMV`` as it is."""
-    if plan in (GEMV, BEFORE, MAIN):
+    if plan in NAMED:
         return (plan,)
     return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS)[len(plan) - 5 :])
 
 
 def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
-    nbytes = m * k + k * n + 2 * m * n
-    sets = operands(m, n, k, rowwise, max(1, min(8, math.ceil(3 * L2 / nbytes))))
+    sets = input_sets(m, n, k, rowwise)
     ref = scaled_mm(*sets[0]).float()
     rec = {"case": label or f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "rowwise": rowwise}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -836,7 +990,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     for plan in [None, *plans]:
         if plan is not None and full_plan(plan) == full_plan(rec["pick_plan"]):
             continue  # timed as "pick"
-        named = plan in (GEMV, BEFORE, MAIN)
+        named = plan in NAMED
         name = "pick" if plan is None else plan if named else "/".join(map(str, plan))
         _plan.clear()
         fn = with_plan(plan)
@@ -853,7 +1007,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     best = None
     for name, t in ms.items():
         rec[name].update(us=t * 1e3, x=rec["cublas_us"] / (t * 1e3))
-        named = name in ("pick", GEMV, BEFORE, MAIN)
+        named = name == "pick" or name in NAMED
         plan = name if named else tuple(int(x) for x in name.split("/"))
         if rec[name]["err"] < 1e-2 and plan not in NOT_SHIPPED:
             if best is None or t * 1e3 < rec[best]["us"]:
@@ -1058,6 +1212,8 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         jobs += [(H.config(*shape, 132), False) for shape in EPIQ_SHAPES]
     if "ksweep" in cases:
         jobs += [(H.config(m, n, k, 132), False) for m, n, k in KSWEEP]
+    if "kdec" in cases:
+        jobs += [(H.config(m, n, k, 132), False, m) for m, n, k in KDEC]
     if "nsroute" in cases:
         for m in [m for m in ms if m <= 256]:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -1091,6 +1247,25 @@ def warm(cases, ms, models, processes: int = 14) -> None:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
                 jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *kc_plans(m, n, k)]]
+    if "cold" in cases:
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                pick = H.config(m, n, k, 132)
+                plans = [p for p in cold_plans(m, n, k) if p not in NAMED]
+                jobs += [(p, False, rows) for p in [pick, *plans]] + [(pick, False, rows, 0)]
+    if "cold2" in cases:
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                plans = [p for p in cold2_plans(m, n, k) if p not in NAMED]
+                pick = H.config(m, n, k, 132)
+                jobs += [(p, False, rows) for p in [pick, *plans]]
+    for name in [c for c in cases if c in ("cold3", "cold4")]:
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *COLDS[name](m, n, k)]]
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -1123,19 +1298,21 @@ def main() -> None:
     p.add_argument("--ms", default="1,8192,16,4096,64,1024,256,2048,128,512,2,4,8,32")
     p.add_argument("--models", default="8b,70b")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--timing", default="percall", choices=("percall", "batched"))
     args = p.parse_args()
     ROUNDS[0] = args.rounds
+    TIMING[0] = args.timing
     t0 = time.time()
     use_ptxas()
     os.makedirs(args.out, exist_ok=True)
     log = open(os.path.join(args.out, "fp8_plans.jsonl"), "a")  # noqa: SIM115
     recs = []
 
-    def over_shapes(rows: list, plans_of, shapes=None, tag="", some=False) -> None:
+    def over_shapes(rows: list, plans_of, shapes=None, tag="", some=False, bw=None) -> None:
         """Time each M of ``rows`` at every shape of ``models`` (or ``shapes``: (N, K) pairs;
         ``run_case`` with ``plans_of(m, n, k)``, labelled ``tag`` first; ``some``: only
-        where that gives a plan) while the budget lasts; a failing case is printed and the
-        run goes on."""
+        where that gives a plan; ``bw``: the copy bandwidth, for the weight-read floor)
+        while the budget lasts; a failing case is printed and the run goes on."""
         for m in rows:
             for n, k in shapes or [s for mo in models for s in SHAPES[mo]]:
                 if time.time() - t0 > args.budget:
@@ -1145,7 +1322,9 @@ def main() -> None:
                 if some and not plans:
                     continue
                 try:
-                    recs.append(run_case(m, n, k, False, plans, log, f"{tag}M={m} {n}x{k}"))
+                    floor = n * k / bw * 1e6 if bw else None
+                    label = f"{tag}M={m} {n}x{k}"
+                    recs.append(run_case(m, n, k, False, plans, log, label, floor))
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
 
@@ -1206,6 +1385,10 @@ def main() -> None:
         over_shapes(ms, alternate_plans, some=True)
     if "vsmain" in cases:  # the routed plans against main's routing
         over_shapes(ms, lambda m, n, k: [MAIN])
+    for name in [c for c in cases if c in COLDS]:  # (--timing percall)
+        bw = copy_bandwidth()
+        print(f"copy bandwidth {bw / 1e12:.3f} TB/s (read + written)", flush=True)
+        over_shapes(ms, COLDS[name], bw=bw, some=name in ("cold3", "cold4"))
     if "kc" in cases:  # a tile's K slices over a cluster of blocks
         over_shapes(ms, kc_plans, some=True)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
@@ -1283,6 +1466,9 @@ def main() -> None:
             recs.append(run_case(m, n, k, False, EPIQ, log))
     if "ksweep" in cases:  # the routed tile over K: the slope per K slice, the fixed cost
         for m, n, k in KSWEEP:
+            recs.append(run_case(m, n, k, False, [], log))
+    if "kdec" in cases:  # the same at 8 rows (the swapped tile)
+        for m, n, k in KDEC:
             recs.append(run_case(m, n, k, False, [], log))
     if "depth" in cases:  # 4x longer tiles than 4096^3: the fixed cost of a tile shows
         recs.append(run_case(4096, 4096, 16384, False, DEPTH, log))

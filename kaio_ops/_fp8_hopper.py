@@ -1144,24 +1144,38 @@ def swap_stages(n: int, k: int, sms: int) -> int:
 
 def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
     """The swapped decode plan (``SWAP``, C^T = B^T A^T, as cuBLAS's 64 x 8 tiles): tiles of
-    64 weight rows by a's ``m`` rows rounded up to 8, one consumer warpgroup, two slice sums
-    in turn, up to ``SWAP_OCC`` blocks a multiprocessor, ``swap_stages`` ring stages (at
-    most what fits ``1 / SWAP_OCC`` of one). None where the ``n / 64`` tiles would leave
-    some multiprocessors with one block and others with two (more tiles than
-    multiprocessors but fewer than the slots: 10240 columns): the unswapped tiles were
-    faster there. Where at most half the multiprocessors would have a tile, K is long and
-    the tile 16 columns wide or more, each tile's K slices are split over a cluster of two
-    blocks (``KC``: 32 x 4096 x 14336 0.99x of cuBLAS against 0.94x, 16 rows 1.09x against
-    1.08x; at K = 4096 and at 8 rows it lost or tied). Measured on an H100
-    (bench/fp8_plans.py --cases swap, decode, kc; docs/performance.md)."""
+    64 weight rows by a's ``m`` rows rounded up to 8. Where the tiles fill at most half the
+    multiprocessors once (4096 columns), two consumer warpgroups
+    (``swap_alternating_plan``); else one, two slice sums in turn, up to ``SWAP_OCC``
+    blocks a multiprocessor, ``swap_stages`` ring stages (at most what fits ``1 /
+    SWAP_OCC`` of one). None where the ``n / 64`` tiles would leave some multiprocessors
+    with one block and others with two (more tiles than multiprocessors but fewer than the
+    slots: 10240 columns): the unswapped tiles were faster there. Measured on an H100
+    (bench/fp8_plans.py --cases swap, decode, cold3; docs/performance.md). (A tile's K
+    slices over a cluster of two blocks, ``KC``, routed at 4096 x 14336 from 9 to 32 rows
+    before, ran 1-3% slower there than two warpgroups.)"""
     tiles = -(-n // 64)
     if sms < tiles <= SWAP_OCC * sms:
         return None
     bn = max(8, -(-m // 8) * 8)
+    if 2 * tiles <= sms:
+        return swap_alternating_plan(bn)
     most = stages_for(1, bn, 32, limit=(SHARED_LIMIT + 1024) // SWAP_OCC - 1024)
     stages = min(most, swap_stages(n, k, sms))
-    kc = 2 if 2 * tiles <= sms and k > 8192 and bn >= 16 else 1
-    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1, GROUP_ROWS, 0, kc
+    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1, GROUP_ROWS, 0, 1
+
+
+def swap_alternating_plan(bn: int) -> tuple:
+    """The swapped tile (``swap_config``) of two consumer warpgroups, each multiplying
+    every other K slice (``NS`` 2), one block a multiprocessor, 16 ring stages. A swapped
+    tile's wgmmas (64 weight rows by 8 to 32 of a's) are short and one warpgroup waits for
+    each slice's before the next; two keep twice the wgmmas in flight. Measured on an H100,
+    each call between its own events as bench/fp8.py times it (bench/fp8_plans.py --cases
+    cold3, cold4; docs/performance.md), against one warpgroup, two blocks a multiprocessor,
+    8 stages (9 to 12 and ``KC`` 2 at K = 14336), 1 to 32 rows, two rounds: 4096 x 4096
+    0.88x-0.97x of cuBLAS against 0.87x-0.94x, 4096 x 14336 0.95x-1.07x against
+    0.93x-1.04x. At 6144 and 8192 columns (96 and 128 tiles) within 2% either way."""
+    return 2, bn, 16, 2, 1, 1, 1, 1, 0, 1, GROUP_ROWS, 2
 
 
 NS_M = 128  # a's rows up to which narrow tiles run as shared_plan's (two warpgroups, 64 rows)
@@ -1171,12 +1185,31 @@ ALTERNATE_BN = 96  # the widest 64-row tile whose warpgroups multiply every othe
 
 def alternating_plan(bn: int, most: int = 12) -> tuple:
     """The plan of a 64 x ``bn`` tile multiplied by two consumer warpgroups, each every
-    other K slice (``NS`` 2), the deepest ring (at most ``most`` stages) that fits. Measured
-    on an H100 (bench/fp8_plans.py --cases alt, docs/performance.md) at 64 rows against one
-    warpgroup's tile: 1-9% faster at all six shapes where the tile is at most 96 wide
-    (4096 x 4096 1.14x against 1.05x of cuBLAS), 1-2% at 10240 x 8192 from 1 to 32 rows."""
+    other K slice (``NS`` 2), the deepest ring (at most ``most`` stages) that fits; two
+    slice sums in turn up to ``ALTERNATE_BN`` columns, one waited for past that (three
+    sums would not fit 168 registers). Measured on an H100 (bench/fp8_plans.py --cases alt,
+    docs/performance.md) at 64 rows against one warpgroup's tile: 1-9% faster at all six
+    shapes where the tile is at most 96 wide (4096 x 4096 1.14x against 1.05x of cuBLAS),
+    1-2% at 10240 x 8192 from 1 to 32 rows."""
     fits = [s for s in range(2, most + 1) if shared_bytes(2, bn, s, 1, 64, 2) <= SHARED_LIMIT]
-    return 2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 0, GROUP_ROWS, 2
+    promote = 2 if bn <= ALTERNATE_BN else 1
+    return 2, bn, fits[-1], promote, 1, 1, 1, 1, 0, 0, GROUP_ROWS, 2
+
+
+WIDE_ALTERNATE_M = 256  # a's rows up to which wide_alternating_plan's tiles may run
+
+
+def wide_alternating_plan(m: int, n: int, sms: int) -> tuple | None:
+    """64 x 128 tiles of two warpgroups on every other K slice (``alternating_plan``)
+    from ``NS_M`` to ``WIDE_ALTERNATE_M`` rows where they fill three quarters of one wave
+    or more (256 x 4096 x K: 128 tiles), else None. Measured on an H100, each call between
+    its own events as bench/fp8.py times it (bench/fp8_plans.py --cases cold,
+    docs/performance.md): at 256 rows 0.97x of cuBLAS against 0.91x for 128 x 64 tiles at
+    4096 x 4096, 1.02x against 0.93x at 4096 x 14336; at 128 rows (64 tiles) slower."""
+    tiles = -(-m // 64) * -(-n // 128)
+    if NS_M < m <= WIDE_ALTERNATE_M and 3 * sms <= 4 * tiles <= 4 * sms:
+        return alternating_plan(128)
+    return None
 
 
 def shared_plan(m: int, n: int, sms: int) -> tuple:
@@ -1206,7 +1239,8 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
     for N = 4096, 48 for 6144, 112 for 28672). Past that, the tile of ``RATES`` whose
     ``estimate`` is least: its speed times how well its tiles fill the waves, the last
     wave's tiles split along K where that shortens it; up to ``NS_M`` rows, where that is
-    two warpgroups' 128 x 64 tile (or past 96 rows one's 64 x 64), ``shared_plan``'s.
+    two warpgroups' 128 x 64 tile (or past 96 rows one's 64 x 64), ``shared_plan``'s; up
+    to ``WIDE_ALTERNATE_M`` rows ``wide_alternating_plan``'s where it fills a wave.
     Measured on an H100 (bench/fp8_plans.py; docs/performance.md)."""
 
     def waves(rows: int, bn: int) -> int:
@@ -1223,7 +1257,7 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
     # 96 it tied or lost on an H100, at 128 it gained 3%)
     if m <= NS_M and (tile == (2, 64, 1) or (tile == (1, 64, 1) and m > 96)):
         return shared_plan(m, n, sms)
-    return plan(*tile, split)
+    return wide_alternating_plan(m, n, sms) or plan(*tile, split)
 
 
 def a_rows(m: int, wg: int, cl: int) -> int:

@@ -362,6 +362,7 @@ def _force_plan(monkeypatch, plan) -> list:
         ((2, 16, 3, 1, 1, 1, 2, 1, 0, 1), 9, 128, 512, "row", "f16", "e4m3"),  # split, 2 WG
         ((2, 8, 4, 2, 1, 1, 1, 2, 0, 1, 8, 2), 5, 144, 640, "both", "bf16", "e4m3"),  # NS 2
         ((1, 8, 4, 2, 1, 1, 1, 1, 0, 1, 8, 0, 2), 5, 144, 640, "row", "f16", "e5m2"),  # KC 2
+        ((1, 16, 4, 2, 1, 2, 1, 1, 0, 1), 11, 400, 640, "both", "bf16", "e4m3"),  # CL 2
     ],
 )
 def test_swapped_plans_sim(plan, m, n, k, scales, out, name, monkeypatch):
@@ -419,7 +420,8 @@ def test_config_plans_fit(sms):
     hold (two warpgroups on every other K slice of a tile at most ``ALTERNATE_BN`` wide), a
     K split only with one block a tile and two slices a part; on an H100's 132
     multiprocessors 4096^3 and 8192^3 take tiles of 192 columns or more (faster than 128 x
-    128 tiles there: the H100 rounds' sweep, docs/performance.md)."""
+    128 tiles there: the H100 rounds' sweep, docs/performance.md), and 256 x 4096 x K two
+    warpgroups' 64 x 128 tiles on every other K slice."""
     from kaio_ops import _fp8_hopper as H
 
     shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192),
@@ -430,18 +432,25 @@ def test_config_plans_fit(sms):
             occ, _, swap, _, ns, kc = (*rest, 1, 0, 0, 0, 0, 1)[:6]
             room = H.shared_bytes(wg, bn, stages, vec, 64, ns) + 1024
             assert occ * room <= H.SHARED_LIMIT + 1024
-            assert promote == H.promotion(1 if ns else wg, bn // (1 + (ns == 1)))
+            if ns == 2:  # (every other K slice: three sums in 168 registers, else two)
+                assert promote == (2 if bn <= H.ALTERNATE_BN else 1)
+            else:
+                assert promote == H.promotion(1 if ns else wg, bn // (1 + (ns == 1)))
             shared_c = wg == 2 and 128 <= bn <= 224 and not ns  # C through shared memory
             assert vec == (3 if shared_c else 1)
             assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64) or ns
             assert ns != 1 or (m <= H.NS_M and -(-m // 64) * -(-n // bn) <= sms)
-            assert ns != 2 or (m <= H.NS_M and bn <= H.ALTERNATE_BN and wg == 2)
+            narrow = m <= H.NS_M and bn <= H.ALTERNATE_BN  # (alternating_plan's tiles)
+            wide = m <= H.WIDE_ALTERNATE_M and bn == 128  # (wide_alternating_plan's)
+            assert ns != 2 or (wg == 2 and (narrow or wide))
             assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
-            assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8) and wg == 1)
+            assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8))
+            assert not swap or wg == 1 + (ns == 2)  # (two warpgroups on alternate slices)
             assert kc == 1 or (swap and 2 * -(-n // 64) <= sms and k // 128 >= 2 * kc)
     assert {(wg, bn) for wg, bn, _ in H.RATES} <= set(H.PLANS)  # each in the PTX checks
     if sms == 132:
         assert min(H.config(s, s, s, sms)[1] for s in (4096, 8192)) >= 192
+        assert H.config(256, 4096, 14336, sms) == H.alternating_plan(128)
 
 
 def test_matmul_torch_dtypes_accepted():
@@ -661,6 +670,7 @@ def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch
     "plan, m",
     [((2, 48, 12, 2, 1, 1, 1, 1, 0, 0, 8, 2), 64), ((2, 128, 8, 1, 1, 1, 1, 1, 0, 0, 8, 2), 100),
      ((2, 8, 8, 2, 1, 1, 1, 2, 0, 1, 8, 2), 5), ((1, 16, 12, 2, 1, 1, 1, 1, 0, 1, 8, 0, 4), 13),
+     ((2, 32, 12, 2, 1, 1, 1, 1, 0, 1, 8, 2), 32),
      ((2, 64, 8, 2, 1, 1, 1, 1, 0, 0, 8, 0, 2), 128),
      ((2, 128, 5, 1, 1, 1, 1, 1, 0, 0, 8, 0, 4), 250),
      ((1, 32, 32, 2, 1), 1), ((1, 16, 26, 2, 1, 1, 1, 2), 16), ((1, 32, 17, 2, 1, 1, 2, 2), 13),
@@ -719,12 +729,14 @@ def _same_bits_as_scaled_mm(torch, m: int, n: int, k: int, w_scale: float = 1.0)
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, n, k", [(2, 6144, 4096), (8, 28672, 4096), (16, 4096, 14336),
                                      (32, 8192, 8192), (16, 10240, 8192), (1, 4096, 4096),
-                                     (1, 8192, 28672), (1, 10240, 8192)])  # fmt: skip
+                                     (1, 8192, 28672), (1, 10240, 8192),
+                                     (256, 4096, 4096)])  # fmt: skip
 def test_routed_decode_gpu_bit_identical(m, n, k):
     """The routed decode plans (swapped tiles from one row up to ``SWAP_M`` rows where
-    ``swap_config`` takes them; 10240 columns unswapped) give torch._scaled_mm's bf16 outputs
-    bit for bit (per-tensor scales, no bias; torch's A padded to 16 rows; at one row
-    ``gemv_fp8``'s sums, in another order, were not)."""
+    ``swap_config`` takes them; 10240 columns unswapped) and ``wide_alternating_plan`` at
+    256 rows give torch._scaled_mm's bf16 outputs bit for bit (per-tensor scales, no bias;
+    torch's A padded to 16 rows; at one row ``gemv_fp8``'s sums, in another order, were
+    not)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
@@ -817,7 +829,7 @@ def test_matmul_gpu_error_no_worse_than_cublas(m, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [4096, 128, 8])
+@pytest.mark.parametrize("m", [4096, 256, 128, 8])
 def test_dependent_launch_chain_gpu(m, monkeypatch):
     """The wgmma kernel launched with programmatic dependent launch (``_fp8_hopper.PDL``)
     right behind the kernels that make its inputs (six steps, each quantizing the output
