@@ -2321,6 +2321,106 @@ def warm_p2():
     return out
 
 
+def walk_tables(table, kv_heads, splits=1, interleave=False):
+    """Block tables that make head_stream's (sequence, K/V head) blocks walk the pool
+    differently, over the same pool memory (a floor reads bytes, not values): ``table``
+    [B, P] (one row a sequence, P pages) as rows of ``splits`` splits a sequence, each a
+    sequence of its own reading P / splits pages (the halves of the row, or with
+    ``interleave`` every splits-th run of 4 pages, a key tile's)."""
+    b, p = table.shape
+    if splits == 1:
+        return table
+    if interleave:  # split s takes tiles s, s + splits, ... (runs of 4 pages)
+        t = table.reshape(b, p // (4 * splits), splits, 4).permute(0, 2, 1, 3)
+        return t.reshape(b * splits, p // splits).contiguous()
+    return table.reshape(b * splits, p // splits).contiguous()
+
+
+def head_tables(table, kv_heads, shuffle=False):
+    """A table [B * Hkv, P] of the pool seen as Hkv times as many pages of one head
+    ([pages * Hkv, 16, 1, D], "HND": each (page, head) 16 contiguous rows, 4 KB at D 128):
+    head h of page x is sub-page x * Hkv + h, so block (b, h) reads its 16 keys of a page
+    as one 4 KB run at the suite's page order; ``shuffle``: every (page, head) placed at
+    random on its own (4 KB pieces, no two heads of a token together)."""
+    b, p = table.shape
+    sub = table[:, None, :] * kv_heads + torch.arange(kv_heads, device="cuda")[None, :, None]
+    if shuffle:
+        n = b * kv_heads * p
+        gen = torch.Generator(device="cuda").manual_seed(n + 1)
+        return torch.randperm(n, device="cuda", generator=gen).to(torch.int32).reshape(-1, p)
+    return sub.reshape(b * kv_heads, p).to(torch.int32).contiguous()
+
+
+def walk_floor(b, length, kc, vc, table, kv_heads, stages=4, dp=128, rows=None):
+    """head_stream over a paged pool with ``table`` [rows, pages a row]: rows * kv_heads
+    blocks, each a (row, head) walking its row of the table, ``length`` keys."""
+    rows = table.shape[0]
+    o = torch.empty(rows * kv_heads * 128, device="cuda")
+    pages = kc.numel() // (16 * kv_heads * dp)
+    n = table.shape[1] * 16
+    t = table.reshape(-1)
+
+    def floor(*_):
+        head_stream[rows * kv_heads, 128, None, 2 * stages * 64 * dp * 2](
+            kc.view(-1), vc.view(-1), t, o, kv_heads, n, table.shape[1], pages,
+            PAGED=True, STAGES=stages, DP=dp, LOCK=0, TOUCH=0, CO=0,
+        )  # fmt: skip
+
+    return floor
+
+
+Y_CASES = ((16, 32768), (16, 4096), (64, 4096))
+
+
+def round_y(budget: float):
+    """(dec, tenth pass, round A) The DRAM side of the shuffled walk: head_stream floors
+    over one pool (the suite's shuffled pages) read as NHD per head (the shipped copies),
+    in each sequence's ascending order, in order, as HND 4 KB runs of a head (the same page
+    order), as 4 KB pieces each placed at random, with 2 splits a (sequence, head) (halves
+    or interleaved tiles, 2 stages: two blocks a multiprocessor) and with two heads a
+    block (512 bytes a token) in 2 splits; the shipped kernel, SDPA first and last; two
+    passes, the second reversed (kernel times)."""
+    for b, length, _, sets, lens, label in shapes(Y_CASES, budget):
+        q, k, v, kc, vc, table = sets[0]
+        one = [sets[0]]
+        p = table.shape[1]
+        order = torch.arange(table.numel(), device="cuda", dtype=torch.int32).reshape(b, p)
+        jobs = [
+            ("kaio paged (shipped)", run_kaio(lens)),
+            ("kaio contiguous (shipped)", run_kaio_contig(lens)),
+            ("floor NHD shuffled st4", walk_floor(b, length, kc, vc, table, HKV)),
+            ("floor NHD shuffled st3", walk_floor(b, length, kc, vc, table, HKV, 3)),
+            ("floor NHD host-sorted st4",
+             walk_floor(b, length, kc, vc, table.sort(dim=1).values.contiguous(), HKV)),
+            ("floor NHD in order st4", walk_floor(b, length, kc, vc, order, HKV)),
+            ("floor HND shuffled st4", walk_floor(b, length, kc, vc, head_tables(table, HKV), 1)),
+            ("floor 4KB random st4",
+             walk_floor(b, length, kc, vc, head_tables(table, HKV, True), 1)),
+            ("floor NHD 2 splits halves st2",
+             walk_floor(b, length, kc, vc, walk_tables(table, HKV, 2), HKV, 2)),
+            ("floor NHD 2 splits interleaved st2",
+             walk_floor(b, length, kc, vc, walk_tables(table, HKV, 2, True), HKV, 2)),
+            ("floor 2 heads a block, 2 splits st3",
+             walk_floor(b, length, kc, vc, walk_tables(table, HKV, 2), HKV // 2, 3, 256)),
+        ]  # fmt: skip
+        floor_jobs(b, length, label, sets, ((False, 2, 0),))
+        for jobs_ in (jobs, jobs[::-1]):
+            for name, fn in jobs_:
+                show(f"{label} {name}", kernel_times(fn, one))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_y():
+    """What round y launches: round m's kernels and the floors' head_stream variants."""
+    out = [x for x in warm_m() if x[0] is not head_stream or x[1]["CO"] == 0]
+    out = [x for x in out if x[0] in (probe_mark, decode.DECODE, head_stream)]
+    for st, dp in ((2, 128), (3, 256)):
+        out.append((head_stream, {"PAGED": True, "STAGES": st, "DP": dp, "LOCK": 0,
+                                  "TOUCH": 0, "CO": 0}))  # fmt: skip
+    return out
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -2346,6 +2446,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "m": (round_m, 40),
     "o": (round_o, 40),
     "p2": (round_p2, 40),
+    "y": (round_y, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2363,6 +2464,7 @@ WARMS = {
     "warm_m": warm_m,
     "warm_o": warm_o,
     "warm_p2": warm_p2,
+    "warm_y": warm_y,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
