@@ -2369,6 +2369,23 @@ def walk_floor(b, length, kc, vc, table, kv_heads, stages=4, dp=128, rows=None):
     return floor
 
 
+def whole_page_floor(b, length, kc, vc, table, stages=2, nt=256):
+    """page_stream (a block a key split and sequence reading whole 32 KB pages, all K/V
+    heads) over ``table``, the splits filling 128 blocks."""
+    splits = max(1, 128 // b)
+    per = -(-length // (16 * splits)) * 16
+    o = torch.empty(b * splits * nt, device="cuda")
+    t = table.reshape(-1)
+
+    def floor(*_):
+        page_stream[(splits, b), nt, None, stages * 2 * HKV * 16 * 128 * 2](
+            kc.view(-1), vc.view(-1), t, o, length, length // 16, per, kc.shape[0],
+            NT=nt, STAGES=stages, HKV=HKV,
+        )  # fmt: skip
+
+    return floor
+
+
 Y_CASES = ((16, 32768), (16, 4096), (64, 4096))
 
 
@@ -2402,6 +2419,11 @@ def round_y(budget: float):
              walk_floor(b, length, kc, vc, walk_tables(table, HKV, 2, True), HKV, 2)),
             ("floor 2 heads a block, 2 splits st3",
              walk_floor(b, length, kc, vc, walk_tables(table, HKV, 2), HKV // 2, 3, 256)),
+            ("floor whole pages shuffled st2", whole_page_floor(b, length, kc, vc, table)),
+            ("floor whole pages shuffled st3", whole_page_floor(b, length, kc, vc, table, 3)),
+            ("floor whole pages host-sorted st2",
+             whole_page_floor(b, length, kc, vc, table.sort(dim=1).values.contiguous())),
+            ("floor whole pages in order st2", whole_page_floor(b, length, kc, vc, order)),
         ]  # fmt: skip
         floor_jobs(b, length, label, sets, ((False, 2, 0),))
         for jobs_ in (jobs, jobs[::-1]):
@@ -2418,6 +2440,7 @@ def warm_y():
     for st, dp in ((2, 128), (3, 256)):
         out.append((head_stream, {"PAGED": True, "STAGES": st, "DP": dp, "LOCK": 0,
                                   "TOUCH": 0, "CO": 0}))  # fmt: skip
+    out += [(page_stream, {"NT": 256, "STAGES": st, "HKV": HKV}) for st in (2, 3)]
     return out
 
 
