@@ -112,6 +112,7 @@ ORIG_CLUSTERS = getattr(decode, "CLUSTERS", (2, 4, 8, 16))
 ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
+ORIG_SORT = getattr(decode, "SORT_PAGES", 0)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -145,6 +146,7 @@ def restore():
     decode.WHOLE_PAGES = ORIG_PAGES
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
+    decode.SORT_PAGES = ORIG_SORT
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -281,12 +283,15 @@ def force(
     kernel=None,
     own=None,
     own_tiles=None,
+    sort=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
+    if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
+        decode.SORT_PAGES = sort
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
         decode.OWN_CLUSTER_TILES = own_tiles
     if own is not None:  # each warp on its own keys (OWN) in every grid, or in none
@@ -1266,6 +1271,8 @@ WARM_LIST = warm_list
 
 def warm_one(i):
     kernel, c = WARM_LIST()[i]
+    if kernel is decode.DECODE:  # (lists made before decode_fwd had SORT)
+        c = {"SORT": 0, **c}
     try:
         kernel.resources(**c)  # compiled, loaded, its cubin in the disk cache
     except Exception as e:  # noqa: BLE001
@@ -2406,8 +2413,13 @@ def round_y(budget: float):
         kaio_sorted = run_kaio(lens)
         err = check([(q, k, v, kc, vc, srt)], lens)
         print(f"{label} kaio paged, host-sorted table rel err {err:.1e}", flush=True)
+        sorts = (256, 2048) if length >= 32768 else (256,)
+        for n in sorts:
+            err = check(one, lens, sort=n)
+            print(f"{label} kaio paged SORT {n} rel err {err:.1e}", flush=True)
         jobs = [
             ("kaio paged (shipped)", run_kaio(lens)),
+            *((f"kaio paged SORT {n}", run_kaio(lens, sort=n)) for n in sorts),
             ("kaio paged, host-sorted table", lambda *a, f=kaio_sorted, t=srt: f(*a[:5], t)),
             ("kaio contiguous (shipped)", run_kaio_contig(lens)),
             ("floor NHD shuffled st4", walk_floor(b, length, kc, vc, table, HKV)),
@@ -2444,7 +2456,10 @@ def warm_y():
         out.append((head_stream, {"PAGED": True, "STAGES": st, "DP": dp, "LOCK": 0,
                                   "TOUCH": 0, "CO": 0}))  # fmt: skip
     out += [(page_stream, {"NT": 256, "STAGES": st, "HKV": HKV}) for st in (2, 3)]
-    return out
+    paged = [c for k, c in out if k is decode.DECODE and c["PAGED"]]
+    out += [(decode.DECODE, {**c, "SORT": 256}) for c in paged]
+    out += [(decode.DECODE, {**c, "SORT": 2048}) for c in paged if c["OWN"]]
+    return [(k, {"SORT": 0, **c}) if k is decode.DECODE else (k, c) for k, c in out]
 
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)

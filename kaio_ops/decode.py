@@ -96,6 +96,9 @@ OWN_KEYS = True
 # way; over the fused merge's 16 splits, paged at 32k keys, 50.8 against 50.2), dec, ninth
 # pass
 OWN_CLUSTER_TILES = 2
+# one split over a paged cache (SPEC): the first SORT_PAGES table slots after the copies
+# made before the length, visited in pool order (``decode_fwd``'s SORT; 0: off)
+SORT_PAGES = 0
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -159,10 +162,17 @@ def one_split_stages(dp: int, mt: int, paged: bool) -> int:
     return 2 if not paged else deep_stages(dp, mt)
 
 
-def shared_bytes(dp: int, mt: int, stages: int = 2) -> int:
+def shared_bytes(dp: int, mt: int, stages: int = 2, sort: int = 0) -> int:
     """Dynamic shared memory of ``decode_fwd``: the K/V stages, the Q rows, the warps'
-    maxima and sums (the warps' partial outputs reuse the K/V stages)."""
-    return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4
+    maxima and sums (the warps' partial outputs reuse the K/V stages), the ``sort``
+    sorted pages (SORT)."""
+    return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4 + 4 * sort
+
+
+def sorts(paged: bool, splits: int) -> int:
+    """``decode_fwd``'s SORT for a grid of ``splits`` key splits: SORT_PAGES for one split
+    over a paged cache (whose first copies precede the length, ``speculates``), else 0."""
+    return SORT_PAGES if paged and splits == 1 and speculates(paged) else 0
 
 
 def merge_shared(mt: int) -> int:
@@ -271,7 +281,7 @@ def plan_grid(
             break  # (fewer splits: fewer SMs still)
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
         own = owns(mt, paged, False, cl, per)
-        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages, own), "OWN": own}
+        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages, own), "OWN": own, "SORT": 0}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
@@ -536,6 +546,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     rows = batch * heads * sq
     stream = _arrays.stream_of(qa)
     direct = splits == 1
+    sort = sorts(cache.paged, splits)
     out, lse, out_flat, lse_flat, part, part_lse = _outputs(qa, 1 if cl > 1 else splits)
     counters = None
     if not (direct or cl > 1):
@@ -544,14 +555,14 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
     if counters is None:  # a stand-in, never read
         counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
-    DECODE[(splits, blocks), dk.THREADS, stream, shared](
+    DECODE[(splits, blocks), dk.THREADS, stream, shared + 4 * sort](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
         SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages, own),
-        OWN=own,
+        OWN=own, SORT=sort,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -651,12 +662,13 @@ def kv_cache_append(k_cache, v_cache, k, v, seq_lens, block_table=None) -> None:
 def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
     """(DECODE, constexprs) of each stage count and merge of one family of ``decode_fwd``
     (the one-split grid at its stages with and without OWN, which depends on the grid)."""
-    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap, "OWN": 0}
+    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap, "OWN": 0, "SORT": 0}
     base["PW"] = int(PAGE_WINDOW and paged)
     one = one_split_stages(dp, mt, paged)
     for direct, fused in ((True, False), (False, False), (False, True)):
         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
         flags["SPEC"] = speculates(paged, 1 if direct else 2)
+        flags["SORT"] = sorts(paged, 1 if direct else 2)
         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
             yield DECODE, {**flags, "STAGES": stages, "SYNC1": stage_syncs(stages)}
             if direct and stages == one and owns(mt, paged, True):
