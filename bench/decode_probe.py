@@ -2462,6 +2462,50 @@ def warm_y():
     return [(k, {"SORT": 0, **c}) if k is decode.DECODE else (k, c) for k, c in out]
 
 
+Z_CASES = ((16, 4096, (256,)), (64, 4096, (256,)), (16, 1024, (128,)), (64, 1024, (128,)),
+           (16, 32768, (256, 512, 1024)))  # fmt: skip
+
+
+def round_z(budget: float):
+    """(dec, tenth pass, round B) SORT (one split over a paged cache: the table slots after
+    the first copies visited in pool order) of each size against the shipped kernel, each
+    checked against f32 SDPA first; B16 L4096 also with ragged lengths (L/4 .. L); two
+    passes, the second reversed; SDPA first and last (kernel times)."""
+    for b, length, rest, sets, lens, label in shapes(Z_CASES, budget):
+        for n in rest[0]:
+            print(f"{label} SORT {n} rel err {check(sets, lens, sort=n):.1e}", flush=True)
+        jobs = [("paged shipped", run_kaio(lens))]
+        jobs += [(f"paged SORT {n}", run_kaio(lens, sort=n)) for n in rest[0]]
+        if length == 4096 and b == 16:
+            gen = torch.Generator(device="cuda").manual_seed(b)
+            rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+            rl = rl.to(torch.int32)
+            print(f"{label} ragged SORT rel err {check(sets, rl, sort=256):.1e}", flush=True)
+            jobs += [
+                ("ragged paged shipped", run_kaio(rl)),
+                ("ragged SORT 256", run_kaio(rl, sort=256)),
+            ]
+        for order in (jobs, jobs[::-1]):
+            for name, fn in order:
+                show(f"{label} {name}", kernel_times(fn, sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_z():
+    """What round z launches: the shipped paged one-split kernels (4 stages OWN, 3 stages
+    SYNC1) without and with each SORT size."""
+    out = [(probe_mark, {})]
+    c = {"DP": 128, "MT": 1, "PAGED": True, "DT": f16, "PW": 1, "CL": 1, "DIRECT": True}
+    c |= {"FUSED": False, "SPEC": 1, "SWAP": 1}
+    for st, own, sizes in ((4, 1, (0, 128, 256, 512, 1024)), (3, 0, (0, 128, 256))):
+        for n in sizes:
+            out.append(
+                (decode.DECODE, {**c, "STAGES": st, "OWN": own, "SYNC1": 1 - own, "SORT": n})
+            )
+    return out
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -2488,6 +2532,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "o": (round_o, 40),
     "p2": (round_p2, 40),
     "y": (round_y, 40),
+    "z": (round_z, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2506,6 +2551,7 @@ WARMS = {
     "warm_o": warm_o,
     "warm_p2": warm_p2,
     "warm_y": warm_y,
+    "warm_z": warm_z,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
