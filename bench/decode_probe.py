@@ -97,6 +97,7 @@ ORIG = {
         "one_split_stages",
         "plan_grid",
         "owns",
+        "sorts",
     )
     if hasattr(decode, n)
 }
@@ -112,7 +113,6 @@ ORIG_CLUSTERS = getattr(decode, "CLUSTERS", (2, 4, 8, 16))
 ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
-ORIG_SORT = getattr(decode, "SORT_PAGES", 0)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -146,7 +146,6 @@ def restore():
     decode.WHOLE_PAGES = ORIG_PAGES
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
-    decode.SORT_PAGES = ORIG_SORT
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -291,7 +290,7 @@ def force(
     memory a block, SPREAD)."""
     restore()
     if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
-        decode.SORT_PAGES = sort
+        decode.sorts = lambda paged, splits, *a, n=sort: n if paged and splits == 1 else 0
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
         decode.OWN_CLUSTER_TILES = own_tiles
     if own is not None:  # each warp on its own keys (OWN) in every grid, or in none
@@ -2506,6 +2505,43 @@ def warm_z():
     return out
 
 
+def round_z2(budget: float):
+    """(dec, tenth pass, round C) the routed SORT (``decode.sorts``) against it off, B64
+    also with OWN, B16 L4096 also with ragged lengths (L/4 .. L); each checked against f32
+    SDPA first; two passes, the second reversed; SDPA first and last (kernel times)."""
+    cases = ((16, 4096), (64, 4096), (16, 32768))
+    for b, length, _, sets, lens, label in shapes(cases, budget):
+        q, k, v, kc, vc, table = sets[0]
+        n = decode.sorts(True, 1, table.shape[1], 16)
+        print(f"{label} routed SORT {n}", flush=True)
+        jobs = [("paged shipped", run_kaio(lens)), ("paged SORT off", run_kaio(lens, sort=0))]
+        if b == 64:
+            print(f"{label} SORT+OWN rel err {check(sets, lens, own=True):.1e}", flush=True)
+            jobs.append(("paged SORT + OWN", run_kaio(lens, own=True)))
+        if b == 16 and length == 4096:
+            gen = torch.Generator(device="cuda").manual_seed(b)
+            rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+            rl = rl.to(torch.int32)
+            print(f"{label} ragged rel err {check(sets, rl):.1e}", flush=True)
+            jobs += [("ragged shipped", run_kaio(rl)), ("ragged SORT off", run_kaio(rl, sort=0))]
+        for order in (jobs, jobs[::-1]):
+            for name, fn in order:
+                show(f"{label} {name}", kernel_times(fn, sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_z2():
+    """What round z2 launches: round z's kernels at the routed sizes, OWN at 3 stages."""
+    out = [x for x in warm_z() if x[1].get("SORT", 0) in (0, 256)]
+    c = {"DP": 128, "MT": 1, "PAGED": True, "DT": f16, "PW": 1, "CL": 1, "DIRECT": True}
+    c |= {"FUSED": False, "SPEC": 1, "SWAP": 1, "STAGES": 3, "OWN": 1, "SYNC1": 0}
+    out += [(decode.DECODE, {**c, "SORT": 256})]
+    c["STAGES"] = 4
+    out += [(decode.DECODE, {**c, "SORT": 1024})]
+    return out
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -2533,6 +2569,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p2": (round_p2, 40),
     "y": (round_y, 40),
     "z": (round_z, 40),
+    "z2": (round_z2, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2552,6 +2589,7 @@ WARMS = {
     "warm_p2": warm_p2,
     "warm_y": warm_y,
     "warm_z": warm_z,
+    "warm_z2": warm_z2,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,

@@ -374,6 +374,17 @@ def test_sort_keys_in_simulator(n):
     assert np.array_equal(dst, np.sort(src))
 
 
+def test_sorted_walk_route():
+    # SORT: one split over pages of 16, from 128 pages a sequence, a power of two of slots
+    assert decode.sorts(True, 1, 256, 16) == 256
+    assert decode.sorts(True, 1, 128, 16) == 128
+    assert decode.sorts(True, 1, 2048, 16) == decode.SORT_MAX_PAGES == 1024
+    assert decode.sorts(True, 1, 64, 16) == decode.sorts(True, 1, 256, 32) == 0
+    assert decode.sorts(True, 2, 256, 16) == decode.sorts(False, 1, 0, 0) == 0
+    launched = [c["SORT"] for k, c in decode.shipped() if k is decode.DECODE]
+    assert sorted(set(launched)) == [0, 128, 256, 512, 1024]
+
+
 @pytest.mark.parametrize("own, sq, stages, page_size", [(1, 1, 4, 16), (0, 2, 3, 32)])
 def test_sorted_pages_in_simulator(monkeypatch, own, sq, stages, page_size):
     # one split over a paged cache whose table slots after the first copies are visited in
@@ -385,7 +396,7 @@ def test_sorted_pages_in_simulator(monkeypatch, own, sq, stages, page_size):
     monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
     monkeypatch.setattr(decode, "one_split_stages", lambda *_: stages)
     monkeypatch.setattr(decode, "owns", lambda *_: own)
-    monkeypatch.setattr(decode, "SORT_PAGES", 128)
+    monkeypatch.setattr(decode, "sorts", lambda paged, splits, *_: 128 if paged else 0)
     rng = np.random.default_rng(15)
     lens = [0, 1, 150, 257, 4000]
     b, hkv, d, capacity = len(lens), 1, 64, 4096
@@ -701,13 +712,13 @@ def assembled() -> list:
     vector and scalar paths), not all of them (the CI time budget). The largest
     (D = 256, four M-tiles) and the one compiled for 3 blocks per SM (168 registers) are in."""
 
-    def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16, swap=0, own=0):
+    def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16, swap=0, own=0, sort=0):
         flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused", "CL": cl}
         stages = (decode.deep_stages if deep else decode.stages_for)(dp, mt)
         pw = int(decode.PAGE_WINDOW and paged)
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
-        tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own, "SORT": 0}
+        tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own, "SORT": sort}
         return {**base, "SPEC": spec, **flags, **tile}
 
     return [
@@ -720,6 +731,8 @@ def assembled() -> list:
         (decode.DECODE, fwd(128, 1, False, "fused", dt=kaio.bf16)),
         (decode.DECODE, fwd(128, 1, True, "cluster", deep=True, cl=16, swap=1, own=1)),
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1)),
+        (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1, sort=1024)),
+        (decode.DECODE, fwd(128, 1, True, "direct", dt=kaio.bf16, swap=1, sort=256)),
         (decode.DECODE, fwd(128, 1, False, "direct", dt=kaio.bf16, swap=1)),
         (decode.DECODE, fwd(256, 4, False, "cluster", deep=True, cl=2, dt=kaio.bf16)),
         (decode.MERGE, {"DP": 256, "MT": 4, "DT": kaio.bf16}),
@@ -829,6 +842,16 @@ def _sdpa_reference(q, k_cache, v_cache, lens, table, scale=None):
         (2, 16, 16, 2, 256, 3000, [3000, 129]),
         # a full GPU's grid (one split: its first tiles copied before the length is read)
         (16, 32, 8, 2, 128, 1000, [0, 1, 2, 15, 16, 17, 999, 1000, 500, 64, 65, 128, 3, 7, 8, 9]),
+        # ... over 1024 pages of 16: SORT (1024 table slots visited in pool order)
+        (
+            16,
+            32,
+            8,
+            1,
+            128,
+            16384,
+            [16384, 0, 1, 17, 4095, 4096, 4097, 8000, 12345, 16383, 2048, 2049, 30, 64, 1000, 9999],
+        ),  # fmt: skip
     ],
 )
 @pytest.mark.parametrize("page_size", [None, 16, 128])
