@@ -2542,6 +2542,22 @@ def warm_z2():
     return out
 
 
+def round_z3(budget: float):
+    """(dec, tenth pass, round D) the routed SORT (``decode.sorts``: up to 256 slots)
+    against it off at 2k keys (128 pages: the smallest table it takes) and 32k keys (the
+    first 256 of 2048 slots); each checked against f32 SDPA first; two passes, the second
+    reversed; SDPA first and last (kernel times)."""
+    for b, length, _, sets, lens, label in shapes(((16, 2048), (64, 2048), (16, 32768)), budget):
+        n = decode.sorts(True, 1, sets[0][5].shape[1], 16)
+        print(f"{label} routed SORT {n}", flush=True)
+        jobs = [("paged shipped", run_kaio(lens)), ("paged SORT off", run_kaio(lens, sort=0))]
+        for order in (jobs, jobs[::-1]):
+            for name, fn in order:
+                show(f"{label} {name}", kernel_times(fn, sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -2570,6 +2586,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "y": (round_y, 40),
     "z": (round_z, 40),
     "z2": (round_z2, 40),
+    "z3": (round_z3, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2590,6 +2607,7 @@ WARMS = {
     "warm_y": warm_y,
     "warm_z": warm_z,
     "warm_z2": warm_z2,
+    "warm_z3": warm_z,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,

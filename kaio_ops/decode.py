@@ -101,13 +101,15 @@ OWN_CLUSTER_TILES = 2
 # pool order (``decode_fwd``'s SORT: the blocks sweep the pool together, reading
 # neighbouring pages at once), up to SORT_MAX_PAGES of them. Measured on an H100 (kernel
 # time, H32 / Hkv 8, D 128, the suite's shuffled pool; dec, tenth pass): B16 L4096 (256
-# slots) 89.4 to 89.7 us against 91.0 to 92.0 (SDPA 90.2 to 90.4), as fast as tables sorted
-# on the host; B64 L4096 351.8 to 353.0 against 353.1 to 353.4; B16 L32768 (1024) 700.7
-# to 700.8 against 701.5 to 701.6 (2048: 705.9 to 706.6, the sort no longer hidden); B16
-# L1024 (128) 24.7 to 24.8 against 24.9 to 25.1, B64 L1024 92.3 against 92.1 to 92.2
+# slots) 89.3 to 89.7 us against 91.0 to 92.0 (SDPA 90.2 to 90.4), as fast as tables
+# sorted on the host; ragged (L/4 .. L) 68.2 to 71.2 against 68.5 to 71.9; B64 L4096 351.8
+# to 353.0 against 353.1 to 353.4; B16 L1024 (128) 24.7 to 24.8 against 24.9 to 25.1, B64
+# L1024 92.3 against 92.1 to 92.2 (not routed: 64 pages); B16 L32768 no faster (1024
+# slots 699.1 to 700.8 against 699.4 to 701.6; all 2048 705.9 to 706.6: the sort no
+# longer hides behind the first copies), so no more than SORT_MAX_PAGES
 SORT_PAGE = 16
 SORT_MIN_PAGES = 128
-SORT_MAX_PAGES = 1024
+SORT_MAX_PAGES = 256
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
