@@ -2547,7 +2547,8 @@ def round_z3(budget: float):
     against it off at 2k keys (128 pages: the smallest table it takes) and 32k keys (the
     first 256 of 2048 slots); each checked against f32 SDPA first; two passes, the second
     reversed; SDPA first and last (kernel times)."""
-    for b, length, _, sets, lens, label in shapes(((16, 2048), (64, 2048), (16, 32768)), budget):
+    cases = ((16, 2048), (64, 2048), (16, 32768))
+    for _, _, _, sets, lens, label in shapes(cases, budget):
         n = decode.sorts(True, 1, sets[0][5].shape[1], 16)
         print(f"{label} routed SORT {n}", flush=True)
         jobs = [("paged shipped", run_kaio(lens)), ("paged SORT off", run_kaio(lens, sort=0))]
