@@ -173,11 +173,11 @@ def one_split_stages(dp: int, mt: int, paged: bool) -> int:
     return 2 if not paged else deep_stages(dp, mt)
 
 
-def shared_bytes(dp: int, mt: int, stages: int = 2, sort: int = 0) -> int:
+def shared_bytes(dp: int, mt: int, stages: int = 2) -> int:
     """Dynamic shared memory of ``decode_fwd``: the K/V stages, the Q rows, the warps'
-    maxima and sums (the warps' partial outputs reuse the K/V stages), the ``sort``
-    sorted pages (SORT)."""
-    return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4 + 4 * sort
+    maxima and sums (the warps' partial outputs reuse the K/V stages); SORT's sorted
+    pages come after them (4 bytes each)."""
+    return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4
 
 
 def sorts(paged: bool, splits: int, max_pages: int = 0, page: int = 0) -> int:
