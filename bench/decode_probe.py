@@ -2546,8 +2546,11 @@ def round_z3(budget: float):
     """(dec, tenth pass, round D) the routed SORT (``decode.sorts``: up to 256 slots)
     against it off at 2k keys (128 pages: the smallest table it takes) and 32k keys (the
     first 256 of 2048 slots); each checked against f32 SDPA first; two passes, the second
-    reversed; SDPA first and last (kernel times)."""
+    reversed; SDPA first and last (kernel times). PROBE_CASES="64x32768,..." runs only
+    those shapes."""
     cases = ((16, 2048), (64, 2048), (16, 32768))
+    if os.environ.get("PROBE_CASES"):
+        cases = [tuple(int(n) for n in c.split("x")) for c in os.environ["PROBE_CASES"].split(",")]
     for _, _, _, sets, lens, label in shapes(cases, budget):
         n = decode.sorts(True, 1, sets[0][5].shape[1], 16)
         print(f"{label} routed SORT {n}", flush=True)
