@@ -97,6 +97,7 @@ ORIG = {
         "one_split_stages",
         "plan_grid",
         "owns",
+        "sorts",
     )
     if hasattr(decode, n)
 }
@@ -281,12 +282,15 @@ def force(
     kernel=None,
     own=None,
     own_tiles=None,
+    sort=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
+    if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
+        decode.sorts = lambda paged, splits, *a, n=sort: n if paged and splits == 1 else 0
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
         decode.OWN_CLUSTER_TILES = own_tiles
     if own is not None:  # each warp on its own keys (OWN) in every grid, or in none
@@ -1266,6 +1270,8 @@ WARM_LIST = warm_list
 
 def warm_one(i):
     kernel, c = WARM_LIST()[i]
+    if kernel is decode.DECODE:  # (lists made before decode_fwd had SORT)
+        c = {"SORT": 0, **c}
     try:
         kernel.resources(**c)  # compiled, loaded, its cubin in the disk cache
     except Exception as e:  # noqa: BLE001
@@ -2321,6 +2327,241 @@ def warm_p2():
     return out
 
 
+def walk_tables(table, kv_heads, splits=1, interleave=False):
+    """Block tables that make head_stream's (sequence, K/V head) blocks walk the pool
+    differently, over the same pool memory (a floor reads bytes, not values): ``table``
+    [B, P] (one row a sequence, P pages) as rows of ``splits`` splits a sequence, each a
+    sequence of its own reading P / splits pages (the halves of the row, or with
+    ``interleave`` every splits-th run of 4 pages, a key tile's)."""
+    b, p = table.shape
+    if splits == 1:
+        return table
+    if interleave:  # split s takes tiles s, s + splits, ... (runs of 4 pages)
+        t = table.reshape(b, p // (4 * splits), splits, 4).permute(0, 2, 1, 3)
+        return t.reshape(b * splits, p // splits).contiguous()
+    return table.reshape(b * splits, p // splits).contiguous()
+
+
+def head_tables(table, kv_heads, shuffle=False):
+    """A table [B * Hkv, P] of the pool seen as Hkv times as many pages of one head
+    ([pages * Hkv, 16, 1, D], "HND": each (page, head) 16 contiguous rows, 4 KB at D 128):
+    head h of page x is sub-page x * Hkv + h, so block (b, h) reads its 16 keys of a page
+    as one 4 KB run at the suite's page order; ``shuffle``: every (page, head) placed at
+    random on its own (4 KB pieces, no two heads of a token together)."""
+    b, p = table.shape
+    sub = table[:, None, :] * kv_heads + torch.arange(kv_heads, device="cuda")[None, :, None]
+    if shuffle:
+        n = b * kv_heads * p
+        gen = torch.Generator(device="cuda").manual_seed(n + 1)
+        return torch.randperm(n, device="cuda", generator=gen).to(torch.int32).reshape(-1, p)
+    return sub.reshape(b * kv_heads, p).to(torch.int32).contiguous()
+
+
+def walk_floor(b, length, kc, vc, table, kv_heads, stages=4, dp=128, rows=None):
+    """head_stream over a paged pool with ``table`` [rows, pages a row]: rows * kv_heads
+    blocks, each a (row, head) walking its row of the table, ``length`` keys."""
+    rows = table.shape[0]
+    o = torch.empty(rows * kv_heads * 128, device="cuda")
+    pages = kc.numel() // (16 * kv_heads * dp)
+    n = table.shape[1] * 16
+    t = table.reshape(-1)
+
+    def floor(*_):
+        head_stream[rows * kv_heads, 128, None, 2 * stages * 64 * dp * 2](
+            kc.view(-1), vc.view(-1), t, o, kv_heads, n, table.shape[1], pages,
+            PAGED=True, STAGES=stages, DP=dp, LOCK=0, TOUCH=0, CO=0,
+        )  # fmt: skip
+
+    return floor
+
+
+def whole_page_floor(b, length, kc, vc, table, stages=2, nt=256):
+    """page_stream (a block a key split and sequence reading whole 32 KB pages, all K/V
+    heads) over ``table``, the splits filling 128 blocks."""
+    splits = max(1, 128 // b)
+    per = -(-length // (16 * splits)) * 16
+    o = torch.empty(b * splits * nt, device="cuda")
+    t = table.reshape(-1)
+
+    def floor(*_):
+        page_stream[(splits, b), nt, None, stages * 2 * HKV * 16 * 128 * 2](
+            kc.view(-1), vc.view(-1), t, o, length, length // 16, per, kc.shape[0],
+            NT=nt, STAGES=stages, HKV=HKV,
+        )  # fmt: skip
+
+    return floor
+
+
+Y_CASES = ((16, 32768), (16, 4096), (64, 4096))
+
+
+def round_y(budget: float):
+    """(dec, tenth pass, round A) The DRAM side of the shuffled walk: head_stream floors
+    over one pool (the suite's shuffled pages) read as NHD per head (the shipped copies),
+    in each sequence's ascending order, in order, as HND 4 KB runs of a head (the same page
+    order), as 4 KB pieces each placed at random, with 2 splits a (sequence, head) (halves
+    or interleaved tiles, 2 stages: two blocks a multiprocessor) and with two heads a
+    block (512 bytes a token) in 2 splits; the shipped kernel, SDPA first and last; two
+    passes, the second reversed (kernel times)."""
+    for b, length, _, sets, lens, label in shapes(Y_CASES, budget):
+        q, k, v, kc, vc, table = sets[0]
+        one = [sets[0]]
+        p = table.shape[1]
+        order = torch.arange(table.numel(), device="cuda", dtype=torch.int32).reshape(b, p)
+        srt = table.sort(dim=1).values.contiguous()
+        kaio_sorted = run_kaio(lens)
+        err = check([(q, k, v, kc, vc, srt)], lens)
+        print(f"{label} kaio paged, host-sorted table rel err {err:.1e}", flush=True)
+        sorts = (256, 2048) if length >= 32768 else (256,)
+        for n in sorts:
+            err = check(one, lens, sort=n)
+            print(f"{label} kaio paged SORT {n} rel err {err:.1e}", flush=True)
+        jobs = [
+            ("kaio paged (shipped)", run_kaio(lens)),
+            *((f"kaio paged SORT {n}", run_kaio(lens, sort=n)) for n in sorts),
+            ("kaio paged, host-sorted table", lambda *a, f=kaio_sorted, t=srt: f(*a[:5], t)),
+            ("kaio contiguous (shipped)", run_kaio_contig(lens)),
+            ("floor NHD shuffled st4", walk_floor(b, length, kc, vc, table, HKV)),
+            ("floor NHD shuffled st3", walk_floor(b, length, kc, vc, table, HKV, 3)),
+            ("floor NHD host-sorted st4", walk_floor(b, length, kc, vc, srt, HKV)),
+            ("floor NHD in order st4", walk_floor(b, length, kc, vc, order, HKV)),
+            ("floor HND shuffled st4", walk_floor(b, length, kc, vc, head_tables(table, HKV), 1)),
+            ("floor 4KB random st4",
+             walk_floor(b, length, kc, vc, head_tables(table, HKV, True), 1)),
+            ("floor NHD 2 splits halves st2",
+             walk_floor(b, length, kc, vc, walk_tables(table, HKV, 2), HKV, 2)),
+            ("floor NHD 2 splits interleaved st2",
+             walk_floor(b, length, kc, vc, walk_tables(table, HKV, 2, True), HKV, 2)),
+            ("floor 2 heads a block, 2 splits st3",
+             walk_floor(b, length, kc, vc, walk_tables(table, HKV, 2), HKV // 2, 3, 256)),
+            ("floor whole pages shuffled st2", whole_page_floor(b, length, kc, vc, table)),
+            ("floor whole pages shuffled st3", whole_page_floor(b, length, kc, vc, table, 3)),
+            ("floor whole pages host-sorted st2", whole_page_floor(b, length, kc, vc, srt)),
+            ("floor whole pages in order st2", whole_page_floor(b, length, kc, vc, order)),
+        ]  # fmt: skip
+        floor_jobs(b, length, label, sets, ((False, 2, 0),))
+        for jobs_ in (jobs, jobs[::-1]):
+            for name, fn in jobs_:
+                show(f"{label} {name}", kernel_times(fn, one))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_y():
+    """What round y launches: round m's kernels and the floors' head_stream variants."""
+    out = [x for x in warm_m() if x[0] is not head_stream or x[1]["CO"] == 0]
+    out = [x for x in out if x[0] in (probe_mark, decode.DECODE, head_stream)]
+    for st, dp in ((2, 128), (3, 256)):
+        out.append((head_stream, {"PAGED": True, "STAGES": st, "DP": dp, "LOCK": 0,
+                                  "TOUCH": 0, "CO": 0}))  # fmt: skip
+    out += [(page_stream, {"NT": 256, "STAGES": st, "HKV": HKV}) for st in (2, 3)]
+    paged = [c for k, c in out if k is decode.DECODE and c["PAGED"]]
+    out += [(decode.DECODE, {**c, "SORT": 256}) for c in paged]
+    out += [(decode.DECODE, {**c, "SORT": 2048}) for c in paged if c["OWN"]]
+    return [(k, {"SORT": 0, **c}) if k is decode.DECODE else (k, c) for k, c in out]
+
+
+Z_CASES = ((16, 4096, (256,)), (64, 4096, (256,)), (16, 1024, (128,)), (64, 1024, (128,)),
+           (16, 32768, (256, 512, 1024)))  # fmt: skip
+
+
+def round_z(budget: float):
+    """(dec, tenth pass, round B) SORT (one split over a paged cache: the table slots after
+    the first copies visited in pool order) of each size against the shipped kernel, each
+    checked against f32 SDPA first; B16 L4096 also with ragged lengths (L/4 .. L); two
+    passes, the second reversed; SDPA first and last (kernel times)."""
+    for b, length, rest, sets, lens, label in shapes(Z_CASES, budget):
+        for n in rest[0]:
+            print(f"{label} SORT {n} rel err {check(sets, lens, sort=n):.1e}", flush=True)
+        jobs = [("paged shipped", run_kaio(lens))]
+        jobs += [(f"paged SORT {n}", run_kaio(lens, sort=n)) for n in rest[0]]
+        if length == 4096 and b == 16:
+            gen = torch.Generator(device="cuda").manual_seed(b)
+            rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+            rl = rl.to(torch.int32)
+            print(f"{label} ragged SORT rel err {check(sets, rl, sort=256):.1e}", flush=True)
+            jobs += [
+                ("ragged paged shipped", run_kaio(rl)),
+                ("ragged SORT 256", run_kaio(rl, sort=256)),
+            ]
+        for order in (jobs, jobs[::-1]):
+            for name, fn in order:
+                show(f"{label} {name}", kernel_times(fn, sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_z():
+    """What round z launches: the shipped paged one-split kernels (4 stages OWN, 3 stages
+    SYNC1) without and with each SORT size."""
+    out = [(probe_mark, {})]
+    c = {"DP": 128, "MT": 1, "PAGED": True, "DT": f16, "PW": 1, "CL": 1, "DIRECT": True}
+    c |= {"FUSED": False, "SPEC": 1, "SWAP": 1}
+    for st, own, sizes in ((4, 1, (0, 128, 256, 512, 1024)), (3, 0, (0, 128, 256))):
+        for n in sizes:
+            out.append(
+                (decode.DECODE, {**c, "STAGES": st, "OWN": own, "SYNC1": 1 - own, "SORT": n})
+            )
+    return out
+
+
+def round_z2(budget: float):
+    """(dec, tenth pass, round C) the routed SORT (``decode.sorts``) against it off, B64
+    also with OWN, B16 L4096 also with ragged lengths (L/4 .. L); each checked against f32
+    SDPA first; two passes, the second reversed; SDPA first and last (kernel times)."""
+    cases = ((16, 4096), (64, 4096), (16, 32768))
+    for b, length, _, sets, lens, label in shapes(cases, budget):
+        q, k, v, kc, vc, table = sets[0]
+        n = decode.sorts(True, 1, table.shape[1], 16)
+        print(f"{label} routed SORT {n}", flush=True)
+        jobs = [("paged shipped", run_kaio(lens)), ("paged SORT off", run_kaio(lens, sort=0))]
+        if b == 64:
+            print(f"{label} SORT+OWN rel err {check(sets, lens, own=True):.1e}", flush=True)
+            jobs.append(("paged SORT + OWN", run_kaio(lens, own=True)))
+        if b == 16 and length == 4096:
+            gen = torch.Generator(device="cuda").manual_seed(b)
+            rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+            rl = rl.to(torch.int32)
+            print(f"{label} ragged rel err {check(sets, rl):.1e}", flush=True)
+            jobs += [("ragged shipped", run_kaio(rl)), ("ragged SORT off", run_kaio(rl, sort=0))]
+        for order in (jobs, jobs[::-1]):
+            for name, fn in order:
+                show(f"{label} {name}", kernel_times(fn, sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_z2():
+    """What round z2 launches: round z's kernels at the routed sizes, OWN at 3 stages."""
+    out = [x for x in warm_z() if x[1].get("SORT", 0) in (0, 256)]
+    c = {"DP": 128, "MT": 1, "PAGED": True, "DT": f16, "PW": 1, "CL": 1, "DIRECT": True}
+    c |= {"FUSED": False, "SPEC": 1, "SWAP": 1, "STAGES": 3, "OWN": 1, "SYNC1": 0}
+    out += [(decode.DECODE, {**c, "SORT": 256})]
+    c["STAGES"] = 4
+    out += [(decode.DECODE, {**c, "SORT": 1024})]
+    return out
+
+
+def round_z3(budget: float):
+    """(dec, tenth pass, round D) the routed SORT (``decode.sorts``: up to 256 slots)
+    against it off at 2k keys (128 pages: the smallest table it takes) and 32k keys (the
+    first 256 of 2048 slots); each checked against f32 SDPA first; two passes, the second
+    reversed; SDPA first and last (kernel times). PROBE_CASES="64x32768,..." runs only
+    those shapes."""
+    cases = ((16, 2048), (64, 2048), (16, 32768))
+    if os.environ.get("PROBE_CASES"):
+        cases = [tuple(int(n) for n in c.split("x")) for c in os.environ["PROBE_CASES"].split(",")]
+    for _, _, _, sets, lens, label in shapes(cases, budget):
+        n = decode.sorts(True, 1, sets[0][5].shape[1], 16)
+        print(f"{label} routed SORT {n}", flush=True)
+        jobs = [("paged shipped", run_kaio(lens)), ("paged SORT off", run_kaio(lens, sort=0))]
+        for order in (jobs, jobs[::-1]):
+            for name, fn in order:
+                show(f"{label} {name}", kernel_times(fn, sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -2346,6 +2587,10 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "m": (round_m, 40),
     "o": (round_o, 40),
     "p2": (round_p2, 40),
+    "y": (round_y, 40),
+    "z": (round_z, 40),
+    "z2": (round_z2, 40),
+    "z3": (round_z3, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2363,6 +2608,10 @@ WARMS = {
     "warm_m": warm_m,
     "warm_o": warm_o,
     "warm_p2": warm_p2,
+    "warm_y": warm_y,
+    "warm_z": warm_z,
+    "warm_z2": warm_z2,
+    "warm_z3": warm_z,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,

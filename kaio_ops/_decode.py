@@ -65,6 +65,7 @@ LSE_STRIDE = 32
 UNROLL = 8  # splits a merge step loads at once (16 bytes each)
 PREFETCH = 16  # splits of a thread's first merge item loaded before the weights are known
 MAX_SPLITS = 64  # the most key splits (the merge holds a weight per split and row)
+PAD = 0xFFFFFFFF  # a sort key past every page (``sort_keys``)
 
 
 @kaio.gpu_func
@@ -289,6 +290,55 @@ def load_own(
 
 
 @kaio.gpu_func
+def sorted_page(page: u32, slot: u32, sort_s: u32[:], lo: u32, hi: u32, N: kaio.constexpr) -> u32:
+    """The page of table slot ``slot``: sort_s[slot - lo] for slots lo .. hi - 1 (the
+    sorted ones, ``sort_keys``), else ``page`` (the table's)."""
+    inside = slot >= lo and slot < hi
+    return kaio.select(inside, sort_s[kaio.min(slot - lo, u32(N - 1))], page)
+
+
+@kaio.gpu_func
+def keep(x: u32, other: u32, low: bool_) -> u32:
+    """The smaller of x and other where ``low``, else the larger."""
+    return kaio.select(low, kaio.min(x, other), kaio.max(x, other))
+
+
+@kaio.gpu_func
+def sort_keys(key: u32[:], buf: u32[:], lane: u32, warp: u32, N: kaio.constexpr):
+    """The block's N keys in ascending order into buf[0 .. N - 1] (a bitonic network;
+    every thread of the block takes part): thread (warp, lane) holds key[r], element
+    i = warp * 32 R + 32 r + lane (R = N / THREADS); elements closer than 32 meet by
+    shuffles, up to 32 R apart within a thread, further through ``buf``."""
+    R = N // THREADS
+    WB = 32 * R  # elements a warp
+    for kk in kaio.static_range(1, 16):  # sorted runs of 2^kk, alternately up and down
+        if 1 << kk <= N:
+            for jj in kaio.static_range(kk - 1, -1, -1):  # pairs 2^jj apart
+                j = 1 << jj
+                if j >= WB:  # partners in another warp
+                    kaio.sync_threads()
+                    for r in kaio.static_range(R):
+                        buf[warp * WB + 32 * r + lane] = key[r]
+                    kaio.sync_threads()
+                for r in kaio.static_range(R):
+                    i = warp * WB + 32 * r + lane
+                    down = i >> kk & 1  # this run sorts downwards
+                    low = (i >> jj & 1) == down  # this element keeps the smaller key
+                    if j < 32:
+                        key[r] = keep(key[r], kaio.shfl_xor(key[r], j), low)
+                    elif j >= WB:
+                        key[r] = keep(key[r], buf[i ^ j], low)
+                    elif r & j // 32 == 0:  # the pair (r, r + j / 32) of this thread
+                        small = kaio.min(key[r], key[r + j // 32])
+                        large = kaio.max(key[r], key[r + j // 32])
+                        key[r] = kaio.select(down == 0, small, large)
+                        key[r + j // 32] = kaio.select(down == 0, large, small)
+    kaio.sync_threads()
+    for r in kaio.static_range(R):
+        buf[warp * WB + 32 * r + lane] = key[r]
+
+
+@kaio.gpu_func
 def copy_tile(
     kv_s: DT[:, :],
     row0: u32,
@@ -308,22 +358,29 @@ def copy_tile(
     shift: u32,
     pages: u32,
     tid: u32,
+    sort_s: u32[:],
+    lo: u32,
+    hi: u32,
     DP: kaio.constexpr,
     PAGED: kaio.constexpr,
     PW: kaio.constexpr,
     OWN: kaio.constexpr,
+    SORT: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """The copies of the key tile key0 .. key0 + BN into the stage at row row0 of kv_s:
     ``OWN``, this warp's 16 keys (``load_own``, a paged cache's page from the warp's window
     ``win``); else the block's share of the whole tile (``load_stage``; paged: its pages
-    from the window (``PW``) or ``page_ids``' pg[j])."""
+    from the window (``PW``) or ``page_ids``' pg[j]). ``SORT``: the pages of slots lo ..
+    hi - 1 from ``sort_s`` instead (``sorted_page``)."""
     lane = kaio.lane_id()
     if OWN:
         warp = tid // 32
         page = u32(0)
         if PAGED:
             page = window_page(win, key0 + warp * 16, b, block_table, max_pages, shift, lane)
+            if SORT:
+                page = sorted_page(page, key0 + warp * 16 >> shift, sort_s, lo, hi, SORT)
         load_own(
             kv_s, row0, k, v, key0, kv_len, b, kvh, page, capacity, kv_heads, shift, pages,
             warp, lane, DP, PAGED, DT,
@@ -331,6 +388,11 @@ def copy_tile(
     else:
         if PAGED and PW:
             window_pages(pg, win, key0, b, block_table, max_pages, shift, tid, lane, DP)
+            if SORT:
+                STEP = THREADS // (DP // 8)
+                for i in kaio.static_range(BN // STEP):
+                    slot = key0 + tid // (DP // 8) + i * STEP >> shift
+                    pg[0, i] = sorted_page(pg[0, i], slot, sort_s, lo, hi, SORT)
         load_stage(
             kv_s, row0, k, v, key0, kv_len, b, kvh, pg, 0 if PW else j, capacity, kv_heads,
             shift, pages, tid, DP, PAGED, DT,
@@ -426,6 +488,7 @@ def decode_fwd(
     SWAP: kaio.constexpr,
     SYNC1: kaio.constexpr,
     OWN: kaio.constexpr,
+    SORT: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -448,7 +511,11 @@ def decode_fwd(
     such a group fills at most half). ``SYNC1`` (STAGES >= 3): one barrier a key tile, the
     wait for tile i first, then the copies into the stage tile i - 1 used. ``OWN`` (MT 1; a
     paged cache with ``PW``): each warp copies, waits for and reads only its own 16 keys
-    of each tile (``load_own``), so the key tiles need no barrier of the block."""
+    of each tile (``load_own``), so the key tiles need no barrier of the block. ``SORT``
+    (one split with ``SPEC`` over a paged cache): the SORT table slots after those copied
+    before the length are visited in pool order where every query row sees all their
+    keys (``sort_keys``: the order of unmasked keys does not change the attention), so
+    that the blocks, sweeping the pool together, read neighbouring pages at once."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -475,6 +542,8 @@ def decode_fwd(
     q_s = kaio.shared_dynamic(DT, (ROWS, DP), 2 * STAGES * BN * DP * 2)
     red_o = kaio.shared_dynamic(f32, (WARPS * 16, DP), 0)  # after the loop, over kv_s
     red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), (2 * STAGES * BN + ROWS) * DP * 2)
+    sort_at = (2 * STAGES * BN + ROWS) * DP * 2 + 2 * WARPS * 16 * 4 if SORT else 0
+    sort_s = kaio.shared_dynamic(u32, (SORT if SORT else 1,), sort_at)  # SORT: sorted pages
 
     # Q first: its copies are in flight while the length is read (the K/V copies need it)
     load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True, DT)
@@ -490,10 +559,25 @@ def decode_fwd(
             if key0 < capacity:
                 copy_tile(
                     kv_s, j * 2 * BN, k, v, key0, capacity, b, kvh, pg, 0, win, block_table,
-                    capacity, max_pages, kv_heads, shift, pages, tid, DP, PAGED, PW, OWN, DT,
+                    capacity, max_pages, kv_heads, shift, pages, tid, sort_s, 0, 0, DP, PAGED,
+                    PW, OWN, 0, DT,
                 )  # fmt: skip
             kaio.cp_async_commit()
+    # SORT: the table slots from lo on (those after the copies above), this thread's
+    lo = ((STAGES - 1) * BN + (u32(1) << shift) - 1) >> shift
+    entry = kaio.local(u32, SORT // THREADS if SORT else 1)
+    if SORT:
+        for r in kaio.static_range(SORT // THREADS):
+            at = lo + warp * (SORT // WARPS) + 32 * r + lane
+            entry[r] = table_at(block_table, b, at, max_pages)
     kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
+    # SORT: slots lo .. hi - 1 hold keys every query row sees: in pool order
+    hi = kaio.min(u32(kaio.max(i32(kv_len) - i32(sq) + 1, 0)) >> shift, lo + SORT)
+    if SORT:
+        for r in kaio.static_range(SORT // THREADS):
+            at = lo + warp * (SORT // WARPS) + 32 * r + lane
+            entry[r] = kaio.select(at < hi, entry[r], u32(PAD))
+        sort_keys(entry, sort_s, lane, warp, SORT)  # (read after the barrier below)
     n_total = (kv_len + BN - 1) // BN
     # the block's tiles: t0 + i * step for i < count (SPEC: every splits-th from its own,
     # so that its first ones are known before the length; else a run of the length's)
@@ -515,8 +599,8 @@ def decode_fwd(
             if j < count:
                 copy_tile(
                     kv_s, j * 2 * BN, k, v, (t0 + j) * BN, kv_len, b, kvh, pg, j, win,
-                    block_table, capacity, max_pages, kv_heads, shift, pages, tid, DP, PAGED,
-                    PW, OWN, DT,
+                    block_table, capacity, max_pages, kv_heads, shift, pages, tid, sort_s, 0,
+                    0, DP, PAGED, PW, OWN, 0, DT,
                 )  # fmt: skip
             kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
@@ -555,7 +639,7 @@ def decode_fwd(
             copy_tile(
                 kv_s, (i + STAGES - 1) % STAGES * 2 * BN, k, v, key0, kv_len, b, kvh, pg,
                 STAGES - 1, win, block_table, capacity, max_pages, kv_heads, shift, pages, tid,
-                DP, PAGED, PW, OWN, DT,
+                sort_s, lo, hi, DP, PAGED, PW, OWN, SORT, DT,
             )  # fmt: skip
             if PAGED and not PW:  # the next tile's pages, used by the next iteration's copies
                 page_ids(

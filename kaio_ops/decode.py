@@ -96,6 +96,21 @@ OWN_KEYS = True
 # way; over the fused merge's 16 splits, paged at 32k keys, 50.8 against 50.2), dec, ninth
 # pass
 OWN_CLUSTER_TILES = 2
+# one split over a paged cache of SORT_PAGE-token pages (SPEC) whose table holds at least
+# SORT_MIN_PAGES pages: the table slots after the copies made before the length visited in
+# pool order (``decode_fwd``'s SORT: the blocks sweep the pool together, reading
+# neighbouring pages at once), up to SORT_MAX_PAGES of them. Measured on an H100 (kernel
+# time, H32 / Hkv 8, D 128, the suite's shuffled pool; dec, tenth pass): B16 L4096 (256
+# slots) 89.3 to 89.7 us against 91.0 to 92.0 (SDPA 90.2 to 90.4), as fast as tables
+# sorted on the host; ragged (L/4 .. L) 68.2 to 71.2 against 68.5 to 71.9; B64 L4096 351.8
+# to 353.0 against 353.1 to 353.4; B16 L1024 (128) 24.7 to 24.8 against 24.9 to 25.1, B64
+# L1024 92.3 against 92.1 to 92.2 (not routed: 64 pages); B16 L32768 no faster (1024
+# slots 699.1 to 700.8 against 699.4 to 701.6; all 2048 705.9 to 706.6: the sort no
+# longer hides behind the first copies; its first 256 slots 0.4 to 0.9 faster, B64 not
+# measured): tables of SORT_MAX_PAGES at most, sorted whole
+SORT_PAGE = 16
+SORT_MIN_PAGES = 128
+SORT_MAX_PAGES = 256
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -161,8 +176,28 @@ def one_split_stages(dp: int, mt: int, paged: bool) -> int:
 
 def shared_bytes(dp: int, mt: int, stages: int = 2) -> int:
     """Dynamic shared memory of ``decode_fwd``: the K/V stages, the Q rows, the warps'
-    maxima and sums (the warps' partial outputs reuse the K/V stages)."""
+    maxima and sums (the warps' partial outputs reuse the K/V stages); SORT's sorted
+    pages come after them (4 bytes each)."""
     return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4
+
+
+def sorts(paged: bool, splits: int, max_pages: int = 0, page: int = 0) -> int:
+    """``decode_fwd``'s SORT for a grid of ``splits`` key splits over a cache of ``page``-token
+    pages, ``max_pages`` a sequence: for one split over a paged cache (whose first copies
+    precede the length, ``speculates``) of SORT_PAGE-token pages and SORT_MIN_PAGES to
+    SORT_MAX_PAGES a sequence (the whole table sorted), the next power of two (from 128, a
+    key a thread) over max_pages; else 0."""
+    one = paged and splits == 1 and speculates(paged)
+    if not (one and page == SORT_PAGE and SORT_MIN_PAGES <= max_pages <= SORT_MAX_PAGES):
+        return 0
+    return max(128, 1 << (max_pages - 1).bit_length())
+
+
+def sort_sizes(paged: bool, direct: bool) -> tuple:
+    """Every SORT ``sorts`` gives a grid of one split (``direct``) or several."""
+    if not (paged and direct and speculates(paged)):
+        return (0,)
+    return (0, *(n for n in (128, 256, 512, 1024, 2048) if n <= SORT_MAX_PAGES))
 
 
 def merge_shared(mt: int) -> int:
@@ -271,7 +306,7 @@ def plan_grid(
             break  # (fewer splits: fewer SMs still)
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
         own = owns(mt, paged, False, cl, per)
-        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages, own), "OWN": own}
+        consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages, own), "OWN": own, "SORT": 0}
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
@@ -536,6 +571,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     rows = batch * heads * sq
     stream = _arrays.stream_of(qa)
     direct = splits == 1
+    sort = sorts(cache.paged, splits, cache.max_pages, cache.page_size if cache.paged else 0)
     out, lse, out_flat, lse_flat, part, part_lse = _outputs(qa, 1 if cl > 1 else splits)
     counters = None
     if not (direct or cl > 1):
@@ -544,14 +580,14 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
     if counters is None:  # a stand-in, never read
         counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
-    DECODE[(splits, blocks), dk.THREADS, stream, shared](
+    DECODE[(splits, blocks), dk.THREADS, stream, shared + 4 * sort](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
         SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages, own),
-        OWN=own,
+        OWN=own, SORT=sort,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -651,16 +687,18 @@ def kv_cache_append(k_cache, v_cache, k, v, seq_lens, block_table=None) -> None:
 def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
     """(DECODE, constexprs) of each stage count and merge of one family of ``decode_fwd``
     (the one-split grid at its stages with and without OWN, which depends on the grid)."""
-    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap, "OWN": 0}
+    base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap, "OWN": 0, "SORT": 0}
     base["PW"] = int(PAGE_WINDOW and paged)
     one = one_split_stages(dp, mt, paged)
     for direct, fused in ((True, False), (False, False), (False, True)):
         flags = {**base, "DIRECT": direct, "FUSED": fused, "CL": 1}
         flags["SPEC"] = speculates(paged, 1 if direct else 2)
         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
-            yield DECODE, {**flags, "STAGES": stages, "SYNC1": stage_syncs(stages)}
-            if direct and stages == one and owns(mt, paged, True):
-                yield DECODE, {**flags, "STAGES": stages, "SYNC1": 0, "OWN": 1}
+            for sort in sort_sizes(paged, direct):
+                tile = {**flags, "STAGES": stages, "SORT": sort}
+                yield DECODE, {**tile, "SYNC1": stage_syncs(stages)}
+                if direct and stages == one and owns(mt, paged, True):
+                    yield DECODE, {**tile, "SYNC1": 0, "OWN": 1}
     # merged through a cluster (sm_90), a block a multiprocessor
     flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": speculates(paged, 2)}
     stages = deep_stages(dp, mt)

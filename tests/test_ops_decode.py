@@ -19,6 +19,7 @@ import pytest
 import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
+from kaio_ops import _decode as dk
 from kaio_ops import _plan, decode
 from tests.poison import poison_allocations
 
@@ -343,6 +344,82 @@ def test_keys_in_m_and_the_barriers_in_simulator(
     assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-4
 
 
+@kaio.gpu_kernel(block_size=128)
+def sort_probe(src: kaio.u32[:], dst: kaio.u32[:], N: kaio.constexpr):
+    """``_decode.sort_keys`` of src's N keys into dst."""
+    lane = kaio.lane_id()
+    warp = kaio.thread_idx_x() // 32
+    buf = kaio.shared(kaio.u32, (N,))
+    key = kaio.local(kaio.u32, N // 128)
+    for r in kaio.static_range(N // 128):
+        key[r] = src[warp * (N // 4) + 32 * r + lane]
+    dk.sort_keys(key, buf, lane, warp, N)
+    kaio.sync_threads()
+    for r in kaio.static_range(N // 128):
+        dst[warp * (N // 4) + 32 * r + lane] = buf[warp * (N // 4) + 32 * r + lane]
+
+
+@pytest.mark.parametrize("n", [128, 512])
+def test_sort_keys_in_simulator(n):
+    # the bitonic network over a block: pairs by shuffles, within a thread (512: 4 keys a
+    # thread) and across warps; random keys with repeats and the padding key among them
+    rng = np.random.default_rng(n)
+    src = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+    src[: n // 8] = dk.PAD
+    src[n // 8 : n // 4] = src[n // 4 : 3 * n // 8]
+    rng.shuffle(src)
+    dst = np.full(n, 7, np.uint32)
+    with kaio.simulate():
+        sort_probe[1, 128](src, dst, N=n)
+    assert np.array_equal(dst, np.sort(src))
+
+
+def test_sorted_walk_route():
+    # SORT: one split over pages of 16, from 128 pages a sequence, a power of two of slots
+    assert decode.sorts(True, 1, 256, 16) == 256
+    assert decode.sorts(True, 1, 128, 16) == 128
+    assert decode.sorts(True, 1, 2048, 16) == 0 and decode.SORT_MAX_PAGES == 256
+    assert decode.sorts(True, 1, 64, 16) == decode.sorts(True, 1, 256, 32) == 0
+    assert decode.sorts(True, 2, 256, 16) == decode.sorts(False, 1, 0, 0) == 0
+    launched = [c["SORT"] for k, c in decode.shipped() if k is decode.DECODE]
+    assert sorted(set(launched)) == [0, 128, 256]
+
+
+@pytest.mark.parametrize("own, sq, stages, page_size", [(1, 1, 4, 16), (0, 2, 3, 32)])
+def test_sorted_pages_in_simulator(monkeypatch, own, sq, stages, page_size):
+    # one split over a paged cache whose table slots after the first copies are visited in
+    # pool order where every new token sees their keys (SORT), each warp on its own keys
+    # (OWN) or the block's rows (one barrier a tile, SYNC1), against float64 and the race
+    # checker; lengths 0, 1, under the first copies, a page boundary, past the sorted slots
+    # (SORT 128 of 15 + 128 pages), rows past each length NaN
+    monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
+    monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
+    monkeypatch.setattr(decode, "one_split_stages", lambda *_: stages)
+    monkeypatch.setattr(decode, "owns", lambda *_: own)
+    monkeypatch.setattr(decode, "sorts", lambda paged, splits, *_: 128 if paged else 0)
+    rng = np.random.default_rng(15)
+    lens = [0, 1, 150, 257, 4000]
+    b, hkv, d, capacity = len(lens), 1, 64, 4096
+    q = rng.standard_normal((b, 4, sq, d)).astype(np.float16)
+    k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, np.float16, page_size)
+    for cache in (k_cache, v_cache):
+        for i, n in enumerate(lens):
+            for pos in range(n, capacity):
+                cache[table[i, pos // page_size], pos % page_size] = np.nan
+    with kaio.simulate():
+        out, lse = kaio_ops.flash_attention_decode_with_stats(
+            q, k_cache, v_cache, np.array(lens, np.int32), table
+        )
+    assert [(c["SORT"], c["OWN"], c["SYNC1"]) for c in spy.constexprs] == [(128, own, 1 - own)]
+    ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
+    out = out.astype(np.float64)
+    assert np.isfinite(out).all()
+    assert np.abs(out - ref).max() < 4e-3
+    seen = np.isfinite(ref_lse)
+    assert np.array_equal(seen, np.isfinite(lse))
+    assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-4
+
+
 @pytest.mark.parametrize(
     "lens, h, hkv, sq, d, dtype, page_size, splits, spec",
     [
@@ -635,13 +712,13 @@ def assembled() -> list:
     vector and scalar paths), not all of them (the CI time budget). The largest
     (D = 256, four M-tiles) and the one compiled for 3 blocks per SM (168 registers) are in."""
 
-    def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16, swap=0, own=0):
+    def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16, swap=0, own=0, sort=0):
         flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused", "CL": cl}
         stages = (decode.deep_stages if deep else decode.stages_for)(dp, mt)
         pw = int(decode.PAGE_WINDOW and paged)
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
-        tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own}
+        tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own, "SORT": sort}
         return {**base, "SPEC": spec, **flags, **tile}
 
     return [
@@ -654,6 +731,8 @@ def assembled() -> list:
         (decode.DECODE, fwd(128, 1, False, "fused", dt=kaio.bf16)),
         (decode.DECODE, fwd(128, 1, True, "cluster", deep=True, cl=16, swap=1, own=1)),
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1)),
+        (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1, sort=256)),
+        (decode.DECODE, fwd(128, 1, True, "direct", dt=kaio.bf16, swap=1, sort=128)),
         (decode.DECODE, fwd(128, 1, False, "direct", dt=kaio.bf16, swap=1)),
         (decode.DECODE, fwd(256, 4, False, "cluster", deep=True, cl=2, dt=kaio.bf16)),
         (decode.MERGE, {"DP": 256, "MT": 4, "DT": kaio.bf16}),
@@ -763,6 +842,16 @@ def _sdpa_reference(q, k_cache, v_cache, lens, table, scale=None):
         (2, 16, 16, 2, 256, 3000, [3000, 129]),
         # a full GPU's grid (one split: its first tiles copied before the length is read)
         (16, 32, 8, 2, 128, 1000, [0, 1, 2, 15, 16, 17, 999, 1000, 500, 64, 65, 128, 3, 7, 8, 9]),
+        # ... over 1024 pages of 16 (past SORT's tables)
+        (
+            16,
+            32,
+            8,
+            1,
+            128,
+            16384,
+            [16384, 0, 1, 17, 4095, 4096, 4097, 8000, 12345, 16383, 2048, 2049, 30, 64, 1000, 9999],
+        ),  # fmt: skip
     ],
 )
 @pytest.mark.parametrize("page_size", [None, 16, 128])
