@@ -105,11 +105,29 @@ HIGH_TWICE = 0x3232  # the high 16 bits of a in both halves
 
 
 @kaio.gpu_func
+def x_at(x: f16[:, :], xrow: u32, k8: u32, M: u32, XADDR: kaio.constexpr) -> tuple[u32, u32]:
+    """The (row, column) of x's 8 halves of row ``xrow``, k ``8 k8 .. 8 k8 + 7`` (rows past M
+    read row M - 1). ``XADDR`` > 0: ablations with wrong results, the same loads at other
+    addresses: 1 the 8 rows of a warp's load (16 of the ``4 u + t`` run of k8) 512
+    contiguous bytes (4 whole lines, not 8 halves of lines), 2 row 0 (one line), 3 the first
+    two groups' x only (L1-resident)."""
+    if XADDR == 1:
+        at = ((k8 // 4) * 16 + xrow) * 32 + 8 * (k8 % 4)
+        K = u32(x.shape[1])
+        return kaio.min(at // K, M - 1), at % K
+    if XADDR == 2:
+        return u32(0), 8 * k8
+    if XADDR == 3:
+        return kaio.min(xrow, M - 1), 8 * (k8 % (2 * ROWS_PER_GROUP))
+    return kaio.min(xrow, M - 1), 8 * k8
+
+
+@kaio.gpu_func
 def load_group(
     words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
     x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
     ROWS: kaio.constexpr, L2F: kaio.constexpr, XLEAD: kaio.constexpr, WC: kaio.constexpr,
-    XS: kaio.constexpr,
+    XS: kaio.constexpr, XADDR: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
     the words of packed rows ``16 group + 4 u + t`` (words[u]) and, when ``ROWS`` <= 2 (one
@@ -132,7 +150,7 @@ def load_group(
             kaio.load_vector(words[BUF, u], w, (row, col), L2F)
         if ROWS <= 2 and XLEAD == 0 and XS == 0:
             for r in kaio.static_range(ROWS):
-                kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
+                kaio.load_vector(xr[BUF, u, r], x, x_at(x, g + 8 * r, row, M, XADDR))
 
 
 @kaio.gpu_func
@@ -238,25 +256,26 @@ def x_turn(bars: u64[:], SLOT: kaio.constexpr, kslice: u32, parity: u32, WBUF: k
 @kaio.gpu_func
 def load_x(
     xq: u32[:, :, :], SLOT: kaio.constexpr, x: f16[:, :], group: u32, u: kaio.constexpr,
-    g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
+    g: u32, t: u32, M: u32, ROWS: kaio.constexpr, XADDR: kaio.constexpr,
 ):  # fmt: skip
     """xq[SLOT, r] = the 8 halves of x that load ``u`` of scale group ``group`` multiplies,
     rows g and g + 8 (``ROWS`` of them; rows past M read row M - 1)."""
     k8 = group * ROWS_PER_GROUP + 4 * u + t
     for r in kaio.static_range(ROWS):
-        kaio.load_vector(xq[SLOT, r], x, (kaio.min(g + 8 * r, M - 1), 8 * k8))
+        kaio.load_vector(xq[SLOT, r], x, x_at(x, g + 8 * r, k8, M, XADDR))
 
 
 @kaio.gpu_func
 def lead_x(
     xq: u32[:, :, :], x: f16[:, :], base: u32, s: kaio.constexpr, WARPS: kaio.constexpr,
     last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr, XLEAD: kaio.constexpr,
+    XADDR: kaio.constexpr,
 ):  # fmt: skip
     """The x fragments of step ``s`` (load ``s % 4`` of the group ``s // 4`` rounds of
     ``WARPS`` past ``base``, at most group ``last``: a step past the warp's groups reads one
     it has) into slot ``s % (XLEAD + 1)`` of the ring xq."""
     group = kaio.min(base + (s // LOADS) * WARPS, last)
-    load_x(xq, s % (XLEAD + 1), x, group, s % LOADS, g, t, M, ROWS)
+    load_x(xq, s % (XLEAD + 1), x, group, s % LOADS, g, t, M, ROWS, XADDR)
 
 
 @kaio.gpu_func
@@ -264,7 +283,7 @@ def step_x(
     xr: u32[:, :, :, :], BUF: kaio.constexpr, u: kaio.constexpr, xq: u32[:, :, :],
     x: f16[:, :], base: u32, WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32,
     ROWS: kaio.constexpr, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
-    xread: u32,
+    xread: u32, XADDR: kaio.constexpr,
 ):  # fmt: skip
     """With ``XLEAD`` > 0: ask for the x fragments of the step ``XLEAD`` loads later
     (``lead_x``), then take this step's (load ``u`` of buffer BUF) from the ring into
@@ -276,7 +295,7 @@ def step_x(
             kaio.load_vector(xr[BUF, u, r], xring, (at,))
     if XLEAD > 0:
         s = LOADS * BUF + u
-        lead_x(xq, x, base, s + XLEAD, WARPS, last, g, t, M, ROWS, XLEAD)
+        lead_x(xq, x, base, s + XLEAD, WARPS, last, g, t, M, ROWS, XLEAD, XADDR)
         for r in kaio.static_range(ROWS):
             for e in kaio.static_range(4):
                 xr[BUF, u, r, e] = xq[s % (XLEAD + 1), r, e]
@@ -311,7 +330,7 @@ def multiply_group(
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     DEQ: kaio.constexpr, SWAP: kaio.constexpr, xq: u32[:, :, :], base: u32,
     WARPS: kaio.constexpr, last: u32, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
-    xread: u32,
+    xread: u32, XADDR: kaio.constexpr,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
@@ -325,11 +344,11 @@ def multiply_group(
     if SWAP == 1:
         multiply_swapped(
             acc, words, xr, sc, BUF, DEQ, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS,
-            xring, xread,
+            xring, xread, XADDR,
         )  # fmt: skip
         return
     for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread)
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread, XADDR)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for m in kaio.static_range((ROWS + 1) // 2):
             if ROWS > 2:
@@ -373,6 +392,7 @@ def multiply_swapped(
     BUF: kaio.constexpr, DEQ: kaio.constexpr, xq: u32[:, :, :], x: f16[:, :], base: u32,
     WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], xread: u32,
+    XADDR: kaio.constexpr,
 ):  # fmt: skip
     """``multiply_group`` at M <= 16 (``ROWS`` 1 or 2) with the roles swapped: the weights
     are the A operand (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8
@@ -384,7 +404,7 @@ def multiply_swapped(
     bx = kaio.local(u32, (2, 2, 2))
     b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread)
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread, XADDR)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for i in kaio.static_range(4):
             for h in kaio.static_range(2):
@@ -469,6 +489,7 @@ def buffer_step(
     ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:], cb: u32, N: u32, warp: u32, tid: u32,
     BLOCK_WARPS: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], bars: u64[:], parity: u32,
     CS: kaio.constexpr, xread: u32, xcopy: u32, xrows: u32[:], xcol: u32,
+    XADDR: kaio.constexpr,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
@@ -484,7 +505,7 @@ def buffer_step(
     if ASYNC == 0 and ahead < groups:  # first: XS's wait must not hold the words back
         load_group(
             words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
-            XLEAD, WC, XS,
+            XLEAD, WC, XS, XADDR,
         )  # fmt: skip
     if ASYNC > 0 or XS > 0:
         if XS > 0:
@@ -508,7 +529,7 @@ def buffer_step(
         kaio.cp_async_commit()
     multiply_group(
         acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
-        last, XLEAD, XS, xring, xread,
+        last, XLEAD, XS, xring, xread, XADDR,
     )  # fmt: skip
 
 
@@ -519,7 +540,7 @@ def decode_columns(
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr, XS: kaio.constexpr,
+    ASYNC: kaio.constexpr, XS: kaio.constexpr, XADDR: kaio.constexpr,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -593,14 +614,14 @@ def decode_columns(
             else:
                 load_group(
                     words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F,
-                    XLEAD, WC, XS,
+                    XLEAD, WC, XS, XADDR,
                 )  # fmt: skip
             if XS > 0:
                 stage_x(xring, b, x, first + b * KW, xcopy, xrows, xcol, ROWS, CS, KW, XS)
         if ASYNC > 0 or XS > 0:
             kaio.cp_async_commit()
     for s in kaio.static_range(XLEAD):
-        lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD)
+        lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD, XADDR)
     for d in kaio.static_range(WBUF, WBUF * PREFETCH + WBUF):
         if first + d * KW < groups:
             prefetch_group(w, first + d * KW, cb, lane, N, PMODE)
@@ -615,13 +636,13 @@ def decode_columns(
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XADDR,
                 )  # fmt: skip
             elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XADDR,
                 )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
@@ -698,7 +719,7 @@ def int4_decode(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
     XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr, XS: kaio.constexpr,
+    ASYNC: kaio.constexpr, XS: kaio.constexpr, XADDR: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
     ``b % SPLIT`` of column block ``b // SPLIT``), or a block per ``CS`` column blocks."""
@@ -707,7 +728,7 @@ def int4_decode(
     b = kaio.block_idx_x()
     decode_columns(
         x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS,
+        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, XADDR,
     )  # fmt: skip
 
 
@@ -720,6 +741,7 @@ def int4_decode_qkv(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], XLEAD: kaio.constexpr,
     WBUF: kaio.constexpr, WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
+    XADDR: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
@@ -731,18 +753,18 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
+            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, XADDR,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, XADDR,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
+            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, XADDR,
         )  # fmt: skip
 
 
@@ -763,6 +785,8 @@ WC = 0  # the words' cache operator: 0 the default, 1 .cg (L2 only, L1 keeps x),
 ASYNC = 0  # 1: the words and scales through WBUF-slot rings in shared memory by cp.async
 XS = 0  # ROWS <= 2: x through WBUF-slot rings in shared memory, one a K slice of CS warps, copied
 # .cg (1) or .ca (2)
+XADDR = 0  # ablations of x's addresses (wrong results): 1 a warp's 512 bytes contiguous, 2 row 0
+# only, 3 the first two groups only (x_at)
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -776,6 +800,7 @@ TUNED = {
     "WC": WC,
     "ASYNC": ASYNC,
     "XS": XS,
+    "XADDR": XADDR,
 }  # the constexprs matmul's tune overrides
 
 
