@@ -232,6 +232,45 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
     np.testing.assert_array_equal(c, again)
 
 
+# (M, N, K, WARPS, SMs, tune): the last partial round's blocks split over K (TAIL) on a few
+# SMs: halves of single column blocks with fewer groups than warps in a part, of blocks of two
+# column blocks (CS 2, the last one partial, one past N), thirds of main's unswapped blocks,
+# with the words' rings (ASYNC) and with x's shared rings too (XS)
+TAIL_PLANS = [
+    (16, 32 * 7, 128 * 5, 4, 3, {"TAIL": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
+    (12, 220, 128 * 9, 4, 3, {"TAIL": 2, "CS": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
+    (9, 32 * 5, 128 * 7, 8, 4, {"TAIL": 3}),
+    (8, 32 * 7, 128 * 6, 4, 3, {**_int4_decode.RINGS_8, "TAIL": 2}),
+    (16, 32 * 10, 128 * 6, 4, 4, {**_int4_decode.SHARED_X_16, "TAIL": 2}),
+]
+
+
+@pytest.mark.parametrize("m, n, k, warps, sms, tune", TAIL_PLANS)
+def test_int4_decode_tail_in_simulator(m, n, k, warps, sms, tune, monkeypatch, poisoned):
+    """Every element against float64 products with the dequantized weights; the same bits
+    on a second call (the arrival counters are back to zero)."""
+    monkeypatch.setattr(_arrays, "multiprocessors", lambda like: sms)
+    a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(m * 1000 + n))
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    with kaio.simulate():
+        ops = _sim_operands(a, packed, scales)
+        c = _int4_decode.matmul(*ops, f32, warps, tune)
+        again = _int4_decode.matmul(*ops, f32, warps, tune)
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    np.testing.assert_array_equal(c, again)
+
+
+def test_int4_decode_tail_whole():
+    """tail_whole: the last partial round of one block an SM split when each SM gets at most
+    one part (10240 and 6144 columns at M = 16 on 132 SMs: 56 and 60 blocks left, halved;
+    28672 in blocks of two column blocks: 52), else nothing (8192 columns: 124 left; a whole
+    number of rounds; fewer blocks than SMs)."""
+    whole = _int4_decode.tail_whole
+    assert [whole(u, 132, 2) for u in (320, 192, 448)] == [264, 132, 396]
+    assert [whole(u, 132, 2) for u in (256, 264, 100)] == [256, 264, 100]
+    assert whole(320, 132, 3) == 320 and whole(270, 132, 3) == 264
+
+
 @pytest.mark.parametrize(
     "m, n, k", [(5, 96, 128 * 7), (8, 288, 128 * 5), (3, 356, 128 * 9), (12, 356, 128 * 9)]
 )
