@@ -87,7 +87,8 @@ def main() -> None:
     log({"gpu": torch.cuda.get_device_name(), "sms": torch.cuda.get_device_properties(0)
          .multi_processor_count})  # fmt: skip
     if args.prewarm:
-        prewarm(log, variants, ms, args.prewarm, args.plan_tunes)
+        tiles = [-(-int(s.split("x")[0]) // _int4_decode.COLS) for s in args.shapes.split(",")]
+        prewarm(log, variants, ms, args.prewarm, args.plan_tunes, tiles)
     rows = []
     for shape in args.shapes.split(","):
         n, k = map(int, shape.split("x"))
@@ -135,18 +136,21 @@ def plan_tunes(text: str) -> list[dict]:
     return tunes
 
 
-def specializations(variants: list, ms: list, tunes: list = ()) -> list[dict]:
+def specializations(
+    variants: list, ms: list, tunes: list = (), tiles: list = (1, 133, 265, 529, 1321)
+) -> list[dict]:
     """The constexprs of every ``int4_decode`` specialization a run times (``variants``'
-    (warps, *tuned), blocks of 4 and 8 warps and each ``plan`` at each M, alone and with
-    each of ``tunes``' overrides, as ``matmul`` launches them: ``_tuned``), DT aside."""
+    (warps, *tuned), blocks of 4 and 8 warps and ``plan`` at each M and count of 32-column
+    ``tiles`` (default: each branch on 132 SMs), alone and with each of ``tunes``'
+    overrides, as ``matmul`` launches them: ``_tuned``), DT aside."""
     routed = [(w, *KNOBS.values()) for w in (4, 8)]
     todo = set()
     for m in ms:
         for w, *tuned in (*routed, *variants):
             consts = _int4_decode._tuned(m, dict(zip(KNOBS, tuned, strict=True)))
             todo.add((w, *(consts.get(k, 0) for k in KNOBS), _int4_decode._rows(m)))
-        for tiles in (1, 133, 265, 529, 1321):  # each plan's branch on 132 SMs (matmul_int4)
-            w, tune = _int4_decode.plan(m, tiles, 132)
+        for count in tiles:  # plan's choices on 132 SMs (matmul_int4)
+            w, tune = _int4_decode.plan(m, count, 132)
             for extra in ({}, *tunes):
                 consts = _int4_decode._tuned(m, {**tune, "SPLIT": _int4_decode.SPLIT, **extra})
                 todo.add((w, *(consts.get(k, 0) for k in KNOBS), _int4_decode._rows(m)))
@@ -154,13 +158,13 @@ def specializations(variants: list, ms: list, tunes: list = ()) -> list[dict]:
     return [dict(zip(names, v, strict=True)) for v in sorted(todo)]
 
 
-def prewarm(log, variants: list, ms: list, workers: int, tunes: list = ()) -> None:
+def prewarm(log, variants: list, ms: list, workers: int, tunes: list = (), tiles=None) -> None:
     """Every specialization timed (``specializations``) compiled in ``workers`` processes
     at once: a launch then loads each from the disk cache."""
     import concurrent.futures
     import multiprocessing
 
-    jobs = specializations(variants, ms, tunes)
+    jobs = specializations(variants, ms, tunes, *([tiles] if tiles else []))
     t = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
