@@ -108,13 +108,12 @@ HIGH_TWICE = 0x3232  # the high 16 bits of a in both halves
 def x_at(x: f16[:, :], xrow: u32, k8: u32, M: u32, XADDR: kaio.constexpr) -> tuple[u32, u32]:
     """The (row, column) of x's 8 halves of row ``xrow``, k ``8 k8 .. 8 k8 + 7`` (rows past M
     read row M - 1). ``XADDR`` > 0: ablations with wrong results, the same loads at other
-    addresses: 1 the 8 rows of a warp's load (16 of the ``4 u + t`` run of k8) 512
-    contiguous bytes (4 whole lines, not 8 halves of lines), 2 row 0 (one line), 3 the first
-    two groups' x only (L1-resident)."""
+    addresses: 1 the 8 rows of a warp's load 512 contiguous bytes (4 whole lines, not 8
+    halves of lines: chunk ``c = k8 // 4`` of each row in row ``c % 16``, M = 16), 2 row 0
+    (one line), 3 the first two groups' x only (L1-resident)."""
     if XADDR == 1:
-        at = ((k8 // 4) * 16 + xrow) * 32 + 8 * (k8 % 4)
-        K = u32(x.shape[1])
-        return kaio.min(at // K, M - 1), at % K
+        c = k8 // 4
+        return kaio.min(c % 16, M - 1), 8 * ((c // 16) * 64 + xrow * 4 + k8 % 4)
     if XADDR == 2:
         return u32(0), 8 * k8
     if XADDR == 3:
@@ -732,12 +731,13 @@ def int4_decode(
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], whole: u32,
     SPLIT: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
     WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, XADDR: kaio.constexpr,
+    PAD: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block per ``CS`` column blocks; with SPLIT > 1
     the blocks from ``whole`` on take SPLIT parts of K each (block ``whole + j``: part
     ``j % SPLIT`` of the column blocks ``whole + j // SPLIT``; ``whole`` 0: all of them)."""
     decode_bounds(WARPS, ROWS, MINB)
-    partial = kaio.shared(f32, (WARPS, 16, COLS))
+    partial = kaio.shared(f32, (WARPS, 16, COLS + PAD))
     b = kaio.block_idx_x()
     block, part, parts = b, u32(0), u32(1)
     if SPLIT > 1 and b >= whole:
@@ -760,12 +760,12 @@ def int4_decode_qkv(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], XLEAD: kaio.constexpr,
     WBUF: kaio.constexpr, WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
-    XADDR: kaio.constexpr,
+    XADDR: kaio.constexpr, PAD: kaio.constexpr,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
     decode_bounds(WARPS, ROWS, MINB)
-    partial = kaio.shared(f32, (WARPS, 16, COLS))
+    partial = kaio.shared(f32, (WARPS, 16, COLS + PAD))
     bq = (NQ + COLS - 1) // COLS
     bk = (NK + COLS - 1) // COLS
     block = kaio.block_idx_x()
@@ -806,6 +806,7 @@ XS = 0  # ROWS <= 2: x through WBUF-slot rings in shared memory, one a K slice o
 # .cg (1) or .ca (2)
 XADDR = 0  # ablations of x's addresses (wrong results): 1 a warp's 512 bytes contiguous, 2 row 0
 # only, 3 the first two groups only (x_at)
+PAD = 0  # f32 values padding each row of the warps' partial sums in shared memory
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -820,6 +821,7 @@ TUNED = {
     "ASYNC": ASYNC,
     "XS": XS,
     "XADDR": XADDR,
+    "PAD": PAD,
 }  # the constexprs matmul's tune overrides
 
 
