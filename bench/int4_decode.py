@@ -13,9 +13,9 @@ Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16] [--war
 [--variants W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/XA/PAD/SP/T,...] [--out DIR] [--budget S] [--prewarm N]
 [--once]``: W warps a block, then ``KNOBS`` in order (``_int4_decode.TUNED``'s PREFETCH,
 DEQ, MINB, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, XADDR, PAD, then SPLIT and
-TAIL). Writes ``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the floor (floor time
-/ time). ``--plan-tunes DEQ=1;WC=1/PREFETCH=1`` adds, per point, ``plan``'s warps and knobs
-with those knobs overridden; ``--baseline 0`` runs the copied module at its own ``plan``.
+TAIL). Writes ``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the floor
+(floor time / time). ``--plan-tunes DEQ=1;WC=1/PREFETCH=1`` adds, per point, ``plan``'s warps
+and knobs with those knobs overridden; ``--baseline 0`` runs the copied module at its own ``plan``.
 """
 
 # ruff: noqa: B023  (the timed lambdas run before the loop moves on)
