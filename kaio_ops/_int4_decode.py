@@ -86,6 +86,7 @@ LOADS = ROWS_PER_GROUP // 4  # 16-byte loads per lane and group
 # of a read phase fall on the two halves of the banks), and a slot of 16 rows
 XPITCH = 160
 XSLOT = 16 * XPITCH
+XBOX = 16 * 64  # XS 3: a TMA box of x, 16 rows of 64 halves (128 bytes, swizzled)
 PAIR_MASK = 0x000F000F  # nibbles j and j + 4 of a word shifted right by 4 j
 # XORed into a masked pair: the exponent of f16 1024 in each half, and the nibble's sign bit
 # flipped (q + 8); read as an f16 pair, the same bits are 1032 = 1024 + 8, subtracted after.
@@ -253,6 +254,25 @@ def x_turn(bars: u64[:], SLOT: kaio.constexpr, kslice: u32, parity: u32, WBUF: k
 
 
 @kaio.gpu_func
+def tma_x(
+    xring: f16[:], SLOT: kaio.constexpr, xmap: kaio.tensormap, group: u32, bars: u64[:],
+    kslice: u32, lane: u32, KW: kaio.constexpr, WBUF: kaio.constexpr,
+):  # fmt: skip
+    """XS 3: start the copy of scale group ``group``'s x (16 rows, the rows past M zeros) into
+    slot SLOT of this warp's x ring by TMA, two 128-byte-swizzled boxes of 64 columns, their
+    bytes completing on its barrier; first every lane's reads of the slot (the turn before)
+    are ordered before the copy (``fence_proxy_async``, ``sync_warp``)."""
+    kaio.fence_proxy_async()
+    kaio.sync_warp()
+    if lane == 0:
+        bar = kslice * WBUF + SLOT
+        kaio.mbarrier_arrive_expect_tx(bars, bar, u32(2 * XBOX * 2))
+        for h in kaio.static_range(2):
+            at = ((SLOT * KW + kslice) * 2 + h) * XBOX
+            kaio.tma_load_2d(xring, (at,), xmap, 0, group * 8 * ROWS_PER_GROUP + 64 * h, bars, bar)
+
+
+@kaio.gpu_func
 def load_x(
     xq: u32[:, :, :], SLOT: kaio.constexpr, x: f16[:, :], group: u32, u: kaio.constexpr,
     g: u32, t: u32, M: u32, ROWS: kaio.constexpr, XADDR: kaio.constexpr,
@@ -288,7 +308,12 @@ def step_x(
     (``lead_x``), then take this step's (load ``u`` of buffer BUF) from the ring into
     xr[BUF, u]. With ``XS``: read them from slot BUF of the K slice's x ring (``WARPS``
     slices; the lane's row g, chunk t at ``xread``)."""
-    if XS > 0:
+    if XS == 3:
+        for r in kaio.static_range(ROWS):
+            box = xread + (BUF * WARPS * 2 + u // 2) * XBOX  # the lane's row g + 8 r, chunk
+            at = box + (g + 8 * r) * 64 + 8 * ((4 * (u % 2) + t) ^ g)  # 4 (u % 2) + t, swizzled
+            kaio.load_vector(xr[BUF, u, r], xring, (at,))
+    elif XS > 0:
         for r in kaio.static_range(ROWS):
             at = xread + (BUF * WARPS * 16 + 8 * r) * XPITCH + 32 * u
             kaio.load_vector(xr[BUF, u, r], xring, (at,))
@@ -488,7 +513,7 @@ def buffer_step(
     ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:], cb: u32, N: u32, warp: u32, tid: u32,
     BLOCK_WARPS: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], bars: u64[:], parity: u32,
     CS: kaio.constexpr, xread: u32, xcopy: u32, xrows: u32[:], xcol: u32,
-    XADDR: kaio.constexpr,
+    XADDR: kaio.constexpr, xmap: kaio.tensormap,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
@@ -498,7 +523,8 @@ def buffer_step(
     ``BLOCK_WARPS`` (the block's, of which ``WARPS`` split K) lays the rings out. With ``XS``
     x's slot B of the K slice's ring is waited for the same way, by the slice's ``CS`` warps
     together (``x_turn``, phase ``parity``), and x's copies of the group ahead join the
-    turn's."""
+    turn's; with ``XS`` 3 (a ring a warp, filled by TMA: ``tma_x``) the copy of the group
+    ahead starts first, then the warp waits for slot B's bytes."""
     ahead = base + (B + WBUF - 1) * WARPS
     kslice = warp // CS
     if ASYNC == 0 and ahead < groups:  # first: XS's wait must not hold the words back
@@ -506,7 +532,11 @@ def buffer_step(
             words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
             XLEAD, WC, XS, XADDR,
         )  # fmt: skip
-    if ASYNC > 0 or XS > 0:
+    if XS == 3:
+        if ahead < groups:
+            tma_x(xring, (B + WBUF - 1) % WBUF, xmap, ahead, bars, kslice, tid % 32, WARPS, WBUF)
+        kaio.mbarrier_wait(bars, kslice * WBUF + B, parity)
+    if ASYNC > 0 or (XS > 0 and XS < 3):
         if XS > 0:
             x_turn(bars, B, kslice, parity, WBUF)
         else:
@@ -520,7 +550,7 @@ def buffer_step(
                     ring, sring, (B + WBUF - 1) % WBUF, w, scales, ahead, col, cb, N, warp,
                     g * 4 + t, tid, BLOCK_WARPS,
                 )  # fmt: skip
-            if XS > 0:
+            if XS > 0 and XS < 3:
                 stage_x(
                     xring, (B + WBUF - 1) % WBUF, x, ahead, xcopy, xrows, xcol, ROWS, CS, WARPS,
                     XS,
@@ -540,6 +570,7 @@ def decode_columns(
     parts: u32, slot: u32, SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
     WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, XADDR: kaio.constexpr,
+    PAD: kaio.constexpr, xmap: kaio.tensormap,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -561,19 +592,26 @@ def decode_columns(
     through a ring of WBUF slots in shared memory by ``cp.async`` too, one per K slice (the
     CS warps of one run of groups), each group's x copied once for the slice's CS column
     blocks (x's L2 traffic divided by CS), the slice's warps meeting at an mbarrier a turn
-    (``x_turn``)."""
+    (``x_turn``); ``XS`` 3 (CS 1, ASYNC 0): a ring a warp, filled by TMA from ``xmap``
+    (``tma_x``: no load instructions for x but the shared ones)."""
     KW = WARPS // CS  # the warps that split K
     # The rings (``ring_bytes`` of dynamic shared memory at launch): ASYNC's words
     # (``ring_word``), then each thread's scales [WBUF, threads, 4], then XS's x
-    # (``x_bases``) and its mbarriers [KW, WBUF]; 16 bytes each without them
+    # (``x_bases``) and its mbarriers [KW, WBUF]; 16 bytes each without them. With XS 3 the
+    # partial sums come first (the kernel's, ``partial_bytes``: 1024-byte multiples), then
+    # x's ring (its TMA boxes 1024-byte aligned), then the others.
     RING_WORDS = ASYNC * WBUF * LOADS * WARPS * 128 + 4 - 4 * ASYNC
     SRING_HALVES = ASYNC * WBUF * WARPS * 128 + 8 - 8 * ASYNC
-    XON = (XS + 1) // 2  # 1 with XS 1 or 2
-    XRING_HALVES = XON * WBUF * KW * XSLOT + 8 - 8 * XON
-    ring = kaio.shared_dynamic(u32, (RING_WORDS,), 0)
-    sring = kaio.shared_dynamic(f16, (SRING_HALVES,), 4 * RING_WORDS)
-    xring = kaio.shared_dynamic(f16, (XRING_HALVES,), 4 * RING_WORDS + 2 * SRING_HALVES)
-    XBARS_AT = 4 * RING_WORDS + 2 * SRING_HALVES + 2 * XRING_HALVES
+    XON = (XS + 2) // 3  # 1 with XS 1, 2 or 3
+    XT = XS // 3  # 1 with XS 3
+    XRING_HALVES = XON * WBUF * KW * (XSLOT - XT * (XSLOT - 2 * XBOX)) + 8 - 8 * XON
+    FIRST = XT * WARPS * 16 * (COLS + PAD) * 4
+    XRING_AT = FIRST + (1 - XT) * (4 * RING_WORDS + 2 * SRING_HALVES)
+    RING_AT = FIRST + XT * 2 * XRING_HALVES
+    ring = kaio.shared_dynamic(u32, (RING_WORDS,), RING_AT)
+    sring = kaio.shared_dynamic(f16, (SRING_HALVES,), RING_AT + 4 * RING_WORDS)
+    xring = kaio.shared_dynamic(f16, (XRING_HALVES,), XRING_AT)
+    XBARS_AT = FIRST + 4 * RING_WORDS + 2 * SRING_HALVES + 2 * XRING_HALVES
     bars = kaio.shared_dynamic(u64, (XON * WBUF * KW + 2 - 2 * XON,), XBARS_AT)
     tid = kaio.thread_idx_x()
     warp = tid // 32
@@ -600,7 +638,12 @@ def decode_columns(
     last = kaio.max(groups, 1) - 1
     xrows = kaio.local(u32, (4 * ROWS // CS + 1,))
     xread, xcopy, xcol = u32(0), u32(0), u32(0)
-    if XS > 0:
+    if XS == 3:
+        xread = warp * 2 * XBOX  # the warp's boxes of its slot 0
+        if tid < KW * WBUF:
+            kaio.mbarrier_init(bars, tid, 1)  # lane 0's arrival with the TMA bytes
+        kaio.sync_threads()
+    elif XS > 0:
         xread, xcopy, xcol = x_bases(xrows, warp, tid, g, t, M, ROWS, CS)
         if tid < KW * WBUF:
             kaio.mbarrier_init(bars, tid, 32 * CS)  # every thread of the K slice arrives
@@ -616,7 +659,9 @@ def decode_columns(
                     words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F,
                     XLEAD, WC, XS, XADDR,
                 )  # fmt: skip
-            if XS > 0:
+            if XS == 3:
+                tma_x(xring, b, xmap, first + b * KW, bars, warp, lane, KW, WBUF)
+            elif XS > 0:
                 stage_x(xring, b, x, first + b * KW, xcopy, xrows, xcol, ROWS, CS, KW, XS)
         if ASYNC > 0 or XS > 0:
             kaio.cp_async_commit()
@@ -636,13 +681,13 @@ def decode_columns(
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XADDR,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XADDR, xmap,
                 )  # fmt: skip
             elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XADDR,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XADDR, xmap,
                 )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
@@ -731,13 +776,16 @@ def int4_decode(
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], whole: u32,
     SPLIT: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
     WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, XADDR: kaio.constexpr,
-    PAD: kaio.constexpr,
+    PAD: kaio.constexpr, xmap: kaio.tensormap,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block per ``CS`` column blocks; with SPLIT > 1
     the blocks from ``whole`` on take SPLIT parts of K each (block ``whole + j``: part
     ``j % SPLIT`` of the column blocks ``whole + j // SPLIT``; ``whole`` 0: all of them)."""
     decode_bounds(WARPS, ROWS, MINB)
-    partial = kaio.shared(f32, (WARPS, 16, COLS + PAD))
+    if XS == 3:  # no static shared arrays with TMA into dynamic shared memory
+        partial = kaio.shared_dynamic(f32, (WARPS, 16, COLS + PAD), 0)
+    else:
+        partial = kaio.shared(f32, (WARPS, 16, COLS + PAD))
     b = kaio.block_idx_x()
     block, part, parts = b, u32(0), u32(1)
     if SPLIT > 1 and b >= whole:
@@ -747,7 +795,7 @@ def int4_decode(
     decode_columns(
         x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
         part, parts, block - whole, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS,
-        XADDR,
+        XADDR, PAD, xmap,
     )  # fmt: skip
 
 
@@ -760,7 +808,7 @@ def int4_decode_qkv(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], XLEAD: kaio.constexpr,
     WBUF: kaio.constexpr, WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
-    XADDR: kaio.constexpr, PAD: kaio.constexpr,
+    XADDR: kaio.constexpr, PAD: kaio.constexpr, xmap: kaio.tensormap,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
@@ -773,17 +821,20 @@ def int4_decode_qkv(
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
             0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, XADDR,
+            PAD, xmap,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
             counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, XADDR,
+            PAD, xmap,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
             counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, XADDR,
+            PAD, xmap,
         )  # fmt: skip
 
 
@@ -843,11 +894,31 @@ def ring_bytes(warps: int, tuned: dict) -> int:
     """The dynamic shared memory of the rings: ASYNC's WBUF slots of each thread's 4 16-byte
     loads of words and its 8 bytes of scales (2 x 16 bytes without ASYNC), then XS's WBUF
     slots of 16 padded rows of a group's x (5 KB) a K slice and their mbarriers (16 bytes
-    each without XS)."""
+    each without XS); XS 3: the partial sums [warps, 16, 32 + PAD] f32 too, and 4 KB slots
+    (two TMA boxes) a warp."""
     slots = tuned["WBUF"]
     rings = slots * warps * 32 * (LOADS * 16 + 8) if tuned["ASYNC"] else 32
     slices = warps // tuned.get("CS", 1)  # qkv: a block per 32 columns
+    if tuned["XS"] == 3:
+        partial = warps * 16 * (COLS + tuned["PAD"]) * 4
+        return partial + rings + slots * slices * (4 * XBOX + 8)
     return rings + (slots * slices * (2 * XSLOT + 8) if tuned["XS"] else 32)
+
+
+_X_MAPS: dict = {}  # (kind, device): (an unused x map, the array it maps)
+
+
+def x_map(x: _arrays.Operand, xs: int):
+    """The kernels' ``xmap``: x's TMA map (boxes of 16 rows and 64 halves, 128-byte
+    swizzled) with ``XS`` 3, else one over a small array of x's kind and device (made once:
+    the kernel does not read it)."""
+    if xs == 3:
+        return kaio.tensor_map_2d(x.obj, (16, 64), 128)
+    key = (x.kind, x.device)
+    if key not in _X_MAPS:
+        unused = _arrays.output(x, (16, 64), f16)
+        _X_MAPS[key] = (kaio.tensor_map_2d(unused, (16, 64), 128), unused)
+    return _X_MAPS[key][0]
 
 
 def _config(x: _arrays.Operand, blocks: int, warps: int, tuned: dict) -> tuple:
@@ -878,6 +949,8 @@ def _tuned(m: int, tune: dict | None = None) -> dict:
         tuned["XLEAD"] = 0  # past one m16 tile x is loaded where it is used
         tuned["ASYNC"] = 0
         tuned["XS"] = 0
+    if tuned["XS"] == 3:
+        tuned.update(CS=1, ASYNC=0, PAD=0)  # a ring a warp; partial sums 1024-byte multiples
     if tuned["XS"]:
         tuned["XLEAD"] = 0  # x comes from its ring
     elif tuned["ASYNC"] and not tuned["XLEAD"]:
@@ -997,6 +1070,7 @@ def matmul(
     int4_decode[_config(x, blocks, warps, tuned)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
         WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, whole=whole,
+        xmap=x_map(x, tuned["XS"]),
         **_split_arrays(x, units - whole, split, tuned["CS"]), SPLIT=split,
     )  # fmt: skip
     return out
@@ -1021,7 +1095,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
         widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, **tuned,
-        **_split_arrays(x, 0, 1),
+        **_split_arrays(x, 0, 1), xmap=x_map(x, 0),
     )  # fmt: skip
     return tuple(outs)
 
