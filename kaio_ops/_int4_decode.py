@@ -996,7 +996,9 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     with the words while every tile has an SM (149 registers), x 3 loads ahead (124
     registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no swap)
     up to four tiles an SM (N = 10240), else blocks of 4 swapped with x 3 loads ahead, each
-    block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1); past ten tiles an SM
+    block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1), the last partial round
+    of one block an SM split over K in halves (``TAIL`` 2: ``tail_whole``; "W4A16 decode,
+    M 9-16, eighth pass"; ``qkv`` takes no split); past ten tiles an SM
     (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K slice's x
     copied once into a shared ring for both, the words through the rings too (without
     ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth pass")."""
@@ -1018,7 +1020,7 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
         return 8, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 4 * sms:
         return 4, {}
-    return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2}
+    return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2, "TAIL": 2}
 
 
 def warps_for(m: int, tiles: int, sms: int) -> int:
@@ -1091,6 +1093,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
         warps, planned = 4, ({"DEQ": 6, "XLEAD": 3} if blocks > 10 * sms else {})
     tuned = _tuned(m, planned)
     tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
+    tuned.pop("TAIL", None)  # and no K split
     int4_decode_qkv[_config(x, blocks, warps, tuned)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
@@ -1124,14 +1127,19 @@ def specializations() -> list:
         seen = []
         for m, warps, tune in configs:
             tuned = _tuned(m, tune)
+            tail = tuned.pop("TAIL", 0)
+            splits = [SPLIT]
             if kernel is int4_decode:
-                tuned["SPLIT"] = SPLIT
+                splits += [tail] if tail else []  # TAIL: split or not, by the grid
             elif tuned["ASYNC"]:
                 continue  # qkv keeps main's blocks of 4 where plan takes the rings
             else:
                 tuned.pop("CS")
-            consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
-            if consts not in seen:
-                seen.append(consts)
-                specs.append((kernel, consts))
+            for split in splits:
+                consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
+                if kernel is int4_decode:
+                    consts["SPLIT"] = split
+                if consts not in seen:
+                    seen.append(consts)
+                    specs.append((kernel, consts))
     return specs
