@@ -10,12 +10,12 @@ floor (``bench/floors.read_words``: every word read once, nothing else) once per
 ``--once`` runs each kernel once eagerly and times nothing (for a profiler).
 
 Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16] [--warps 4,8]
-[--variants W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/XA/PAD/SP/T,...] [--out DIR] [--budget S] [--prewarm N]
+[--variants W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/SP/T,...] [--out DIR] [--budget S] [--prewarm N]
 [--once]``: W warps a block, then ``KNOBS`` in order (``_int4_decode.TUNED``'s PREFETCH,
-DEQ, MINB, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, XADDR, PAD, then SPLIT and
-TAIL). Writes ``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the floor
-(floor time / time). ``--plan-tunes DEQ=1;WC=1/PREFETCH=1`` adds, per point, ``plan``'s warps
-and knobs with those knobs overridden; ``--baseline 0`` runs the copied module at its own ``plan``.
+DEQ, MINB, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, then SPLIT and TAIL). Writes
+``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the floor (floor time
+/ time). ``--plan-tunes DEQ=1;WC=1/PREFETCH=1`` adds, per point, ``plan``'s warps and knobs
+with those knobs overridden; ``--baseline 0`` runs the copied module at its own ``plan``.
 """
 
 # ruff: noqa: B023  (the timed lambdas run before the loop moves on)
@@ -54,7 +54,7 @@ def main() -> None:
     p.add_argument(
         "--variants",
         default="",
-        help="W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/XA/PAD/SP/T,...: warps and KNOBS' values",
+        help="W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/SP/T,...: warps and KNOBS' values",
     )
     p.add_argument("--budget", type=float, default=40.0)
     p.add_argument("--once", action="store_true", help="run each kernel eagerly, no timing")
@@ -137,7 +137,7 @@ def plan_tunes(text: str) -> list[dict]:
 
 
 def specializations(
-    variants: list, ms: list, tunes: list = (), tiles: list = (1, 133, 265, 529, 1321)
+    variants: list, ms: list, tunes: list = (), tiles: list = (1, 133, 265, 397, 529, 1321)
 ) -> list[dict]:
     """The constexprs of every ``int4_decode`` specialization a run times (``variants``'
     (warps, *tuned), blocks of 4 and 8 warps and ``plan`` at each M and count of 32-column

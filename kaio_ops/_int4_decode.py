@@ -58,6 +58,11 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   (``x_turn``), which also frees the slot the previous turn read; rows padded to 320 bytes
   keep the reads (``ld.shared.v4``) free of bank conflicts, each thread's places in the ring
   computed once (``x_bases``).
+- ``TAIL`` (not a constexpr: ``matmul``'s, M <= 16): where the blocks make a few whole
+  rounds of one block an SM and a partial one, the partial round's blocks are split over K
+  in TAIL parts (``tail_whole``; ``SPLIT`` blocks from ``whole`` on, the last part to
+  arrive adding the parts in order: deterministic), so that the SMs that would hold a
+  block more hold a part more.
 
 ``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
@@ -86,7 +91,6 @@ LOADS = ROWS_PER_GROUP // 4  # 16-byte loads per lane and group
 # of a read phase fall on the two halves of the banks), and a slot of 16 rows
 XPITCH = 160
 XSLOT = 16 * XPITCH
-XBOX = 16 * 64  # XS 3: a TMA box of x, 16 rows of 64 halves (128 bytes, swizzled)
 PAIR_MASK = 0x000F000F  # nibbles j and j + 4 of a word shifted right by 4 j
 # XORed into a masked pair: the exponent of f16 1024 in each half, and the nibble's sign bit
 # flipped (q + 8); read as an f16 pair, the same bits are 1032 = 1024 + 8, subtracted after.
@@ -106,28 +110,11 @@ HIGH_TWICE = 0x3232  # the high 16 bits of a in both halves
 
 
 @kaio.gpu_func
-def x_at(x: f16[:, :], xrow: u32, k8: u32, M: u32, XADDR: kaio.constexpr) -> tuple[u32, u32]:
-    """The (row, column) of x's 8 halves of row ``xrow``, k ``8 k8 .. 8 k8 + 7`` (rows past M
-    read row M - 1). ``XADDR`` > 0: ablations with wrong results, the same loads at other
-    addresses: 1 the 8 rows of a warp's load 512 contiguous bytes (4 whole lines, not 8
-    halves of lines: chunk ``c = k8 // 4`` of each row in row ``c % 16``, M = 16), 2 row 0
-    (one line), 3 the first two groups' x only (L1-resident)."""
-    if XADDR == 1:
-        c = k8 // 4
-        return kaio.min(c % 16, M - 1), 8 * ((c // 16) * 64 + xrow * 4 + k8 % 4)
-    if XADDR == 2:
-        return u32(0), 8 * k8
-    if XADDR == 3:
-        return kaio.min(xrow, M - 1), 8 * (k8 % (2 * ROWS_PER_GROUP))
-    return kaio.min(xrow, M - 1), 8 * k8
-
-
-@kaio.gpu_func
 def load_group(
     words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
     x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
     ROWS: kaio.constexpr, L2F: kaio.constexpr, XLEAD: kaio.constexpr, WC: kaio.constexpr,
-    XS: kaio.constexpr, XADDR: kaio.constexpr,
+    XS: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
     the words of packed rows ``16 group + 4 u + t`` (words[u]) and, when ``ROWS`` <= 2 (one
@@ -150,7 +137,7 @@ def load_group(
             kaio.load_vector(words[BUF, u], w, (row, col), L2F)
         if ROWS <= 2 and XLEAD == 0 and XS == 0:
             for r in kaio.static_range(ROWS):
-                kaio.load_vector(xr[BUF, u, r], x, x_at(x, g + 8 * r, row, M, XADDR))
+                kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
 
 
 @kaio.gpu_func
@@ -254,47 +241,27 @@ def x_turn(bars: u64[:], SLOT: kaio.constexpr, kslice: u32, parity: u32, WBUF: k
 
 
 @kaio.gpu_func
-def tma_x(
-    xring: f16[:], SLOT: kaio.constexpr, xmap: kaio.tensormap, group: u32, bars: u64[:],
-    kslice: u32, lane: u32, KW: kaio.constexpr, WBUF: kaio.constexpr,
-):  # fmt: skip
-    """XS 3: start the copy of scale group ``group``'s x (16 rows, the rows past M zeros) into
-    slot SLOT of this warp's x ring by TMA, two 128-byte-swizzled boxes of 64 columns, their
-    bytes completing on its barrier; first every lane's reads of the slot (the turn before)
-    are ordered before the copy (``fence_proxy_async``, ``sync_warp``)."""
-    kaio.fence_proxy_async()
-    kaio.sync_warp()
-    if lane == 0:
-        bar = kslice * WBUF + SLOT
-        kaio.mbarrier_arrive_expect_tx(bars, bar, u32(2 * XBOX * 2))
-        for h in kaio.static_range(2):
-            at = ((SLOT * KW + kslice) * 2 + h) * XBOX
-            kaio.tma_load_2d(xring, (at,), xmap, 0, group * 8 * ROWS_PER_GROUP + 64 * h, bars, bar)
-
-
-@kaio.gpu_func
 def load_x(
     xq: u32[:, :, :], SLOT: kaio.constexpr, x: f16[:, :], group: u32, u: kaio.constexpr,
-    g: u32, t: u32, M: u32, ROWS: kaio.constexpr, XADDR: kaio.constexpr,
+    g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
 ):  # fmt: skip
     """xq[SLOT, r] = the 8 halves of x that load ``u`` of scale group ``group`` multiplies,
     rows g and g + 8 (``ROWS`` of them; rows past M read row M - 1)."""
     k8 = group * ROWS_PER_GROUP + 4 * u + t
     for r in kaio.static_range(ROWS):
-        kaio.load_vector(xq[SLOT, r], x, x_at(x, g + 8 * r, k8, M, XADDR))
+        kaio.load_vector(xq[SLOT, r], x, (kaio.min(g + 8 * r, M - 1), 8 * k8))
 
 
 @kaio.gpu_func
 def lead_x(
     xq: u32[:, :, :], x: f16[:, :], base: u32, s: kaio.constexpr, WARPS: kaio.constexpr,
     last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr, XLEAD: kaio.constexpr,
-    XADDR: kaio.constexpr,
 ):  # fmt: skip
     """The x fragments of step ``s`` (load ``s % 4`` of the group ``s // 4`` rounds of
     ``WARPS`` past ``base``, at most group ``last``: a step past the warp's groups reads one
     it has) into slot ``s % (XLEAD + 1)`` of the ring xq."""
     group = kaio.min(base + (s // LOADS) * WARPS, last)
-    load_x(xq, s % (XLEAD + 1), x, group, s % LOADS, g, t, M, ROWS, XADDR)
+    load_x(xq, s % (XLEAD + 1), x, group, s % LOADS, g, t, M, ROWS)
 
 
 @kaio.gpu_func
@@ -302,24 +269,19 @@ def step_x(
     xr: u32[:, :, :, :], BUF: kaio.constexpr, u: kaio.constexpr, xq: u32[:, :, :],
     x: f16[:, :], base: u32, WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32,
     ROWS: kaio.constexpr, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
-    xread: u32, XADDR: kaio.constexpr,
+    xread: u32,
 ):  # fmt: skip
     """With ``XLEAD`` > 0: ask for the x fragments of the step ``XLEAD`` loads later
     (``lead_x``), then take this step's (load ``u`` of buffer BUF) from the ring into
     xr[BUF, u]. With ``XS``: read them from slot BUF of the K slice's x ring (``WARPS``
     slices; the lane's row g, chunk t at ``xread``)."""
-    if XS == 3:
-        for r in kaio.static_range(ROWS):
-            box = xread + (BUF * WARPS * 2 + u // 2) * XBOX  # the lane's row g + 8 r, chunk
-            at = box + (g + 8 * r) * 64 + 8 * ((4 * (u % 2) + t) ^ g)  # 4 (u % 2) + t, swizzled
-            kaio.load_vector(xr[BUF, u, r], xring, (at,))
-    elif XS > 0:
+    if XS > 0:
         for r in kaio.static_range(ROWS):
             at = xread + (BUF * WARPS * 16 + 8 * r) * XPITCH + 32 * u
             kaio.load_vector(xr[BUF, u, r], xring, (at,))
     if XLEAD > 0:
         s = LOADS * BUF + u
-        lead_x(xq, x, base, s + XLEAD, WARPS, last, g, t, M, ROWS, XLEAD, XADDR)
+        lead_x(xq, x, base, s + XLEAD, WARPS, last, g, t, M, ROWS, XLEAD)
         for r in kaio.static_range(ROWS):
             for e in kaio.static_range(4):
                 xr[BUF, u, r, e] = xq[s % (XLEAD + 1), r, e]
@@ -354,7 +316,7 @@ def multiply_group(
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     DEQ: kaio.constexpr, SWAP: kaio.constexpr, xq: u32[:, :, :], base: u32,
     WARPS: kaio.constexpr, last: u32, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
-    xread: u32, XADDR: kaio.constexpr,
+    xread: u32,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
@@ -368,11 +330,11 @@ def multiply_group(
     if SWAP == 1:
         multiply_swapped(
             acc, words, xr, sc, BUF, DEQ, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS,
-            xring, xread, XADDR,
+            xring, xread,
         )  # fmt: skip
         return
     for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread, XADDR)
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for m in kaio.static_range((ROWS + 1) // 2):
             if ROWS > 2:
@@ -416,7 +378,6 @@ def multiply_swapped(
     BUF: kaio.constexpr, DEQ: kaio.constexpr, xq: u32[:, :, :], x: f16[:, :], base: u32,
     WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], xread: u32,
-    XADDR: kaio.constexpr,
 ):  # fmt: skip
     """``multiply_group`` at M <= 16 (``ROWS`` 1 or 2) with the roles swapped: the weights
     are the A operand (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8
@@ -428,7 +389,7 @@ def multiply_swapped(
     bx = kaio.local(u32, (2, 2, 2))
     b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread, XADDR)
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for i in kaio.static_range(4):
             for h in kaio.static_range(2):
@@ -513,7 +474,6 @@ def buffer_step(
     ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:], cb: u32, N: u32, warp: u32, tid: u32,
     BLOCK_WARPS: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], bars: u64[:], parity: u32,
     CS: kaio.constexpr, xread: u32, xcopy: u32, xrows: u32[:], xcol: u32,
-    XADDR: kaio.constexpr, xmap: kaio.tensormap,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
@@ -523,20 +483,15 @@ def buffer_step(
     ``BLOCK_WARPS`` (the block's, of which ``WARPS`` split K) lays the rings out. With ``XS``
     x's slot B of the K slice's ring is waited for the same way, by the slice's ``CS`` warps
     together (``x_turn``, phase ``parity``), and x's copies of the group ahead join the
-    turn's; with ``XS`` 3 (a ring a warp, filled by TMA: ``tma_x``) the copy of the group
-    ahead starts first, then the warp waits for slot B's bytes."""
+    turn's."""
     ahead = base + (B + WBUF - 1) * WARPS
     kslice = warp // CS
     if ASYNC == 0 and ahead < groups:  # first: XS's wait must not hold the words back
         load_group(
             words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
-            XLEAD, WC, XS, XADDR,
+            XLEAD, WC, XS,
         )  # fmt: skip
-    if XS == 3:
-        if ahead < groups:
-            tma_x(xring, (B + WBUF - 1) % WBUF, xmap, ahead, bars, kslice, tid % 32, WARPS, WBUF)
-        kaio.mbarrier_wait(bars, kslice * WBUF + B, parity)
-    if ASYNC > 0 or (XS > 0 and XS < 3):
+    if ASYNC > 0 or XS > 0:
         if XS > 0:
             x_turn(bars, B, kslice, parity, WBUF)
         else:
@@ -550,7 +505,7 @@ def buffer_step(
                     ring, sring, (B + WBUF - 1) % WBUF, w, scales, ahead, col, cb, N, warp,
                     g * 4 + t, tid, BLOCK_WARPS,
                 )  # fmt: skip
-            if XS > 0 and XS < 3:
+            if XS > 0:
                 stage_x(
                     xring, (B + WBUF - 1) % WBUF, x, ahead, xcopy, xrows, xcol, ROWS, CS, WARPS,
                     XS,
@@ -558,7 +513,7 @@ def buffer_step(
         kaio.cp_async_commit()
     multiply_group(
         acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
-        last, XLEAD, XS, xring, xread, XADDR,
+        last, XLEAD, XS, xring, xread,
     )  # fmt: skip
 
 
@@ -569,8 +524,7 @@ def decode_columns(
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     parts: u32, slot: u32, SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
-    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, XADDR: kaio.constexpr,
-    PAD: kaio.constexpr, xmap: kaio.tensormap,
+    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -592,26 +546,19 @@ def decode_columns(
     through a ring of WBUF slots in shared memory by ``cp.async`` too, one per K slice (the
     CS warps of one run of groups), each group's x copied once for the slice's CS column
     blocks (x's L2 traffic divided by CS), the slice's warps meeting at an mbarrier a turn
-    (``x_turn``); ``XS`` 3 (CS 1, ASYNC 0): a ring a warp, filled by TMA from ``xmap``
-    (``tma_x``: no load instructions for x but the shared ones)."""
+    (``x_turn``)."""
     KW = WARPS // CS  # the warps that split K
     # The rings (``ring_bytes`` of dynamic shared memory at launch): ASYNC's words
     # (``ring_word``), then each thread's scales [WBUF, threads, 4], then XS's x
-    # (``x_bases``) and its mbarriers [KW, WBUF]; 16 bytes each without them. With XS 3 the
-    # partial sums come first (the kernel's, ``partial_bytes``: 1024-byte multiples), then
-    # x's ring (its TMA boxes 1024-byte aligned), then the others.
+    # (``x_bases``) and its mbarriers [KW, WBUF]; 16 bytes each without them
     RING_WORDS = ASYNC * WBUF * LOADS * WARPS * 128 + 4 - 4 * ASYNC
     SRING_HALVES = ASYNC * WBUF * WARPS * 128 + 8 - 8 * ASYNC
-    XON = (XS + 2) // 3  # 1 with XS 1, 2 or 3
-    XT = XS // 3  # 1 with XS 3
-    XRING_HALVES = XON * WBUF * KW * (XSLOT - XT * (XSLOT - 2 * XBOX)) + 8 - 8 * XON
-    FIRST = XT * WARPS * 16 * (COLS + PAD) * 4
-    XRING_AT = FIRST + (1 - XT) * (4 * RING_WORDS + 2 * SRING_HALVES)
-    RING_AT = FIRST + XT * 2 * XRING_HALVES
-    ring = kaio.shared_dynamic(u32, (RING_WORDS,), RING_AT)
-    sring = kaio.shared_dynamic(f16, (SRING_HALVES,), RING_AT + 4 * RING_WORDS)
-    xring = kaio.shared_dynamic(f16, (XRING_HALVES,), XRING_AT)
-    XBARS_AT = FIRST + 4 * RING_WORDS + 2 * SRING_HALVES + 2 * XRING_HALVES
+    XON = (XS + 1) // 2  # 1 with XS 1 or 2
+    XRING_HALVES = XON * WBUF * KW * XSLOT + 8 - 8 * XON
+    ring = kaio.shared_dynamic(u32, (RING_WORDS,), 0)
+    sring = kaio.shared_dynamic(f16, (SRING_HALVES,), 4 * RING_WORDS)
+    xring = kaio.shared_dynamic(f16, (XRING_HALVES,), 4 * RING_WORDS + 2 * SRING_HALVES)
+    XBARS_AT = 4 * RING_WORDS + 2 * SRING_HALVES + 2 * XRING_HALVES
     bars = kaio.shared_dynamic(u64, (XON * WBUF * KW + 2 - 2 * XON,), XBARS_AT)
     tid = kaio.thread_idx_x()
     warp = tid // 32
@@ -638,12 +585,7 @@ def decode_columns(
     last = kaio.max(groups, 1) - 1
     xrows = kaio.local(u32, (4 * ROWS // CS + 1,))
     xread, xcopy, xcol = u32(0), u32(0), u32(0)
-    if XS == 3:
-        xread = warp * 2 * XBOX  # the warp's boxes of its slot 0
-        if tid < KW * WBUF:
-            kaio.mbarrier_init(bars, tid, 1)  # lane 0's arrival with the TMA bytes
-        kaio.sync_threads()
-    elif XS > 0:
+    if XS > 0:
         xread, xcopy, xcol = x_bases(xrows, warp, tid, g, t, M, ROWS, CS)
         if tid < KW * WBUF:
             kaio.mbarrier_init(bars, tid, 32 * CS)  # every thread of the K slice arrives
@@ -657,16 +599,14 @@ def decode_columns(
             else:
                 load_group(
                     words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F,
-                    XLEAD, WC, XS, XADDR,
+                    XLEAD, WC, XS,
                 )  # fmt: skip
-            if XS == 3:
-                tma_x(xring, b, xmap, first + b * KW, bars, warp, lane, KW, WBUF)
-            elif XS > 0:
+            if XS > 0:
                 stage_x(xring, b, x, first + b * KW, xcopy, xrows, xcol, ROWS, CS, KW, XS)
         if ASYNC > 0 or XS > 0:
             kaio.cp_async_commit()
     for s in kaio.static_range(XLEAD):
-        lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD, XADDR)
+        lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD)
     for d in kaio.static_range(WBUF, WBUF * PREFETCH + WBUF):
         if first + d * KW < groups:
             prefetch_group(w, first + d * KW, cb, lane, N, PMODE)
@@ -681,13 +621,13 @@ def decode_columns(
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XADDR, xmap,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol,
                 )  # fmt: skip
             elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XADDR, xmap,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol,
                 )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
@@ -775,17 +715,13 @@ def int4_decode(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], whole: u32,
     SPLIT: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
-    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, XADDR: kaio.constexpr,
-    PAD: kaio.constexpr, xmap: kaio.tensormap,
+    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block per ``CS`` column blocks; with SPLIT > 1
     the blocks from ``whole`` on take SPLIT parts of K each (block ``whole + j``: part
     ``j % SPLIT`` of the column blocks ``whole + j // SPLIT``; ``whole`` 0: all of them)."""
     decode_bounds(WARPS, ROWS, MINB)
-    if XS == 3:  # no static shared arrays with TMA into dynamic shared memory
-        partial = kaio.shared_dynamic(f32, (WARPS, 16, COLS + PAD), 0)
-    else:
-        partial = kaio.shared(f32, (WARPS, 16, COLS + PAD))
+    partial = kaio.shared(f32, (WARPS, 16, COLS))
     b = kaio.block_idx_x()
     block, part, parts = b, u32(0), u32(1)
     if SPLIT > 1 and b >= whole:
@@ -795,7 +731,6 @@ def int4_decode(
     decode_columns(
         x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
         part, parts, block - whole, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS,
-        XADDR, PAD, xmap,
     )  # fmt: skip
 
 
@@ -808,33 +743,29 @@ def int4_decode_qkv(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], XLEAD: kaio.constexpr,
     WBUF: kaio.constexpr, WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
-    XADDR: kaio.constexpr, PAD: kaio.constexpr, xmap: kaio.tensormap,
 ):  # fmt: skip
     """``q, k, v = x @ Wq, x @ Wk, x @ Wv`` in one launch: the blocks of q's columns, then
     k's, then v's (each block exactly a block of ``int4_decode``)."""
     decode_bounds(WARPS, ROWS, MINB)
-    partial = kaio.shared(f32, (WARPS, 16, COLS + PAD))
+    partial = kaio.shared(f32, (WARPS, 16, COLS))
     bq = (NQ + COLS - 1) // COLS
     bk = (NK + COLS - 1) // COLS
     block = kaio.block_idx_x()
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, XADDR,
-            PAD, xmap,
+            0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, XADDR,
-            PAD, xmap,
+            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, XADDR,
-            PAD, xmap,
+            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
 
 
@@ -855,9 +786,6 @@ WC = 0  # the words' cache operator: 0 the default, 1 .cg (L2 only, L1 keeps x),
 ASYNC = 0  # 1: the words and scales through WBUF-slot rings in shared memory by cp.async
 XS = 0  # ROWS <= 2: x through WBUF-slot rings in shared memory, one a K slice of CS warps, copied
 # .cg (1) or .ca (2)
-XADDR = 0  # ablations of x's addresses (wrong results): 1 a warp's 512 bytes contiguous, 2 row 0
-# only, 3 the first two groups only (x_at)
-PAD = 0  # f32 values padding each row of the warps' partial sums in shared memory
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -871,8 +799,6 @@ TUNED = {
     "WC": WC,
     "ASYNC": ASYNC,
     "XS": XS,
-    "XADDR": XADDR,
-    "PAD": PAD,
 }  # the constexprs matmul's tune overrides
 
 
@@ -894,31 +820,11 @@ def ring_bytes(warps: int, tuned: dict) -> int:
     """The dynamic shared memory of the rings: ASYNC's WBUF slots of each thread's 4 16-byte
     loads of words and its 8 bytes of scales (2 x 16 bytes without ASYNC), then XS's WBUF
     slots of 16 padded rows of a group's x (5 KB) a K slice and their mbarriers (16 bytes
-    each without XS); XS 3: the partial sums [warps, 16, 32 + PAD] f32 too, and 4 KB slots
-    (two TMA boxes) a warp."""
+    each without XS)."""
     slots = tuned["WBUF"]
     rings = slots * warps * 32 * (LOADS * 16 + 8) if tuned["ASYNC"] else 32
     slices = warps // tuned.get("CS", 1)  # qkv: a block per 32 columns
-    if tuned["XS"] == 3:
-        partial = warps * 16 * (COLS + tuned["PAD"]) * 4
-        return partial + rings + slots * slices * (4 * XBOX + 8)
     return rings + (slots * slices * (2 * XSLOT + 8) if tuned["XS"] else 32)
-
-
-_X_MAPS: dict = {}  # (kind, device): (an unused x map, the array it maps)
-
-
-def x_map(x: _arrays.Operand, xs: int):
-    """The kernels' ``xmap``: x's TMA map (boxes of 16 rows and 64 halves, 128-byte
-    swizzled) with ``XS`` 3, else one over a small array of x's kind and device (made once:
-    the kernel does not read it)."""
-    if xs == 3:
-        return kaio.tensor_map_2d(x.obj, (16, 64), 128)
-    key = (x.kind, x.device)
-    if key not in _X_MAPS:
-        unused = _arrays.output(x, (16, 64), f16)
-        _X_MAPS[key] = (kaio.tensor_map_2d(unused, (16, 64), 128), unused)
-    return _X_MAPS[key][0]
 
 
 def _config(x: _arrays.Operand, blocks: int, warps: int, tuned: dict) -> tuple:
@@ -949,8 +855,6 @@ def _tuned(m: int, tune: dict | None = None) -> dict:
         tuned["XLEAD"] = 0  # past one m16 tile x is loaded where it is used
         tuned["ASYNC"] = 0
         tuned["XS"] = 0
-    if tuned["XS"] == 3:
-        tuned.update(CS=1, ASYNC=0, PAD=0)  # a ring a warp; partial sums 1024-byte multiples
     if tuned["XS"]:
         tuned["XLEAD"] = 0  # x comes from its ring
     elif tuned["ASYNC"] and not tuned["XLEAD"]:
@@ -995,10 +899,12 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     halves as they are loaded: no prmt for x, two n8 tiles of x a k-step), blocks of 8, x
     with the words while every tile has an SM (149 registers), x 3 loads ahead (124
     registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no swap)
-    up to four tiles an SM (N = 10240), else blocks of 4 swapped with x 3 loads ahead, each
-    block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1), the last partial round
-    of one block an SM split over K in halves (``TAIL`` 2: ``tail_whole``; "W4A16 decode,
-    M 9-16, eighth pass"; ``qkv`` takes no split); past ten tiles an SM
+    while they fit the SMs at once, three an SM (151 registers; N = 10240), then blocks of 4
+    swapped with x 3 loads ahead (124 registers, four an SM) up to four tiles an SM (N =
+    14336), past that each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1);
+    in both the last partial round of one block an SM split over K in halves (``TAIL`` 2:
+    ``tail_whole``; "W4A16 decode, M 9-16, eighth pass"; ``qkv`` takes no split); past ten
+    tiles an SM
     (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K slice's x
     copied once into a shared ring for both, the words through the rings too (without
     ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth pass")."""
@@ -1018,8 +924,10 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
         return 4, dict(SHARED_X_16)
     if tiles <= 2 * sms or tiles > 10 * sms:
         return 8, {**SWAPPED_16, "XLEAD": 3}
-    if tiles <= 4 * sms:
+    if tiles <= 3 * sms:
         return 4, {}
+    if tiles <= 4 * sms:
+        return 4, {**SWAPPED_16, "XLEAD": 3, "TAIL": 2}
     return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2, "TAIL": 2}
 
 
@@ -1072,7 +980,6 @@ def matmul(
     int4_decode[_config(x, blocks, warps, tuned)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
         WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, whole=whole,
-        xmap=x_map(x, tuned["XS"]),
         **_split_arrays(x, units - whole, split, tuned["CS"]), SPLIT=split,
     )  # fmt: skip
     return out
@@ -1098,7 +1005,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
         widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, **tuned,
-        **_split_arrays(x, 0, 1), xmap=x_map(x, 0),
+        **_split_arrays(x, 0, 1),
     )  # fmt: skip
     return tuple(outs)
 
@@ -1108,7 +1015,7 @@ PLANS = tuple(
         {
             (m, w, tuple(sorted(t.items())))
             for m in (1, 16)
-            for tiles in (1, 133, 265, 529, 1321)
+            for tiles in (1, 133, 265, 397, 529, 1321)
             for w, t in [plan(m, tiles, 132)]
         }
     )
