@@ -901,8 +901,8 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no swap)
     while they fit the SMs at once, three an SM (151 registers; N = 10240), then blocks of 4
     swapped with x 3 loads ahead (124 registers, four an SM) up to four tiles an SM (N =
-    14336), past that each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1);
-    in both the last partial round of one block an SM split over K in halves (``TAIL`` 2:
+    14336), past that each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1)
+    with the last partial round of one block an SM split over K in halves (``TAIL`` 2:
     ``tail_whole``; "W4A16 decode, M 9-16, eighth pass"; ``qkv`` takes no split); past ten
     tiles an SM
     (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K slice's x
@@ -927,7 +927,7 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     if tiles <= 3 * sms:
         return 4, {}
     if tiles <= 4 * sms:
-        return 4, {**SWAPPED_16, "XLEAD": 3, "TAIL": 2}
+        return 4, {**SWAPPED_16, "XLEAD": 3}
     return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2, "TAIL": 2}
 
 
