@@ -904,10 +904,10 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     14336), past that each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1)
     with the last partial round of one block an SM split over K in halves (``TAIL`` 2:
     ``tail_whole``; "W4A16 decode, M 9-16, eighth pass"; ``qkv`` takes no split); past ten
-    tiles an SM
-    (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K slice's x
-    copied once into a shared ring for both, the words through the rings too (without
-    ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth pass")."""
+    tiles an SM (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K
+    slice's x copied once into a shared ring for both, the words through the rings too
+    (without ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth
+    pass")."""
     if m > 16:
         return WARPS, {}
     if m <= 8:
