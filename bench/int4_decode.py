@@ -10,9 +10,9 @@ floor (``bench/floors.read_words``: every word read once, nothing else) once per
 ``--once`` runs each kernel once eagerly and times nothing (for a profiler).
 
 Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16] [--warps 4,8]
-[--variants W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/SP,...] [--out DIR] [--budget S] [--prewarm N]
+[--variants W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/SP/T,...] [--out DIR] [--budget S] [--prewarm N]
 [--once]``: W warps a block, then ``KNOBS`` in order (``_int4_decode.TUNED``'s PREFETCH,
-DEQ, MINB, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, then SPLIT). Writes
+DEQ, MINB, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, then SPLIT and TAIL). Writes
 ``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the floor (floor time
 / time). ``--plan-tunes DEQ=1;WC=1/PREFETCH=1`` adds, per point, ``plan``'s warps and knobs
 with those knobs overridden; ``--baseline 0`` runs the copied module at its own ``plan``.
@@ -40,7 +40,9 @@ from kaio_ops import _int4_decode  # noqa: E402
 
 SHAPES = "8192x8192,10240x8192,57344x8192,8192x28672,4096x4096,6144x4096,28672x4096,4096x14336"
 T0 = time.time()
-KNOBS = {**_int4_decode.TUNED, "SPLIT": _int4_decode.SPLIT}  # --variants' fields past W
+# --variants' fields past W: the constexprs, then matmul's SPLIT and TAIL (a TAIL is a SPLIT of
+# the last partial round's blocks)
+KNOBS = {**_int4_decode.TUNED, "SPLIT": _int4_decode.SPLIT, "TAIL": 0}
 
 
 def main() -> None:
@@ -52,7 +54,7 @@ def main() -> None:
     p.add_argument(
         "--variants",
         default="",
-        help="W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/SP,...: warps and KNOBS' values (after --warps')",
+        help="W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/SP/T,...: warps and KNOBS' values",
     )
     p.add_argument("--budget", type=float, default=40.0)
     p.add_argument("--once", action="store_true", help="run each kernel eagerly, no timing")
@@ -85,7 +87,8 @@ def main() -> None:
     log({"gpu": torch.cuda.get_device_name(), "sms": torch.cuda.get_device_properties(0)
          .multi_processor_count})  # fmt: skip
     if args.prewarm:
-        prewarm(log, variants, ms, args.prewarm, args.plan_tunes)
+        tiles = [-(-int(s.split("x")[0]) // _int4_decode.COLS) for s in args.shapes.split(",")]
+        prewarm(log, variants, ms, args.prewarm, args.plan_tunes, tiles)
     rows = []
     for shape in args.shapes.split(","):
         n, k = map(int, shape.split("x"))
@@ -112,6 +115,8 @@ def main() -> None:
 def _warm(consts: dict) -> str:
     """Compile one ``int4_decode`` specialization into the disk cache (a worker process)."""
     consts = {**KNOBS, **consts}
+    tail = consts.pop("TAIL")
+    consts["SPLIT"] = tail or consts["SPLIT"]
     try:
         _int4_decode.int4_decode.resources(**{**consts, "DT": kaio.f16})
         return ""
@@ -131,32 +136,35 @@ def plan_tunes(text: str) -> list[dict]:
     return tunes
 
 
-def specializations(variants: list, ms: list, tunes: list = ()) -> list[dict]:
+def specializations(
+    variants: list, ms: list, tunes: list = (), tiles: list = (1, 133, 265, 397, 529, 1321)
+) -> list[dict]:
     """The constexprs of every ``int4_decode`` specialization a run times (``variants``'
-    (warps, *tuned), blocks of 4 and 8 warps and each ``plan`` at each M, alone and with
-    each of ``tunes``' overrides, as ``matmul`` launches them: ``_tuned``), DT aside."""
+    (warps, *tuned), blocks of 4 and 8 warps and ``plan`` at each M and count of 32-column
+    ``tiles`` (default: each branch on 132 SMs), alone and with each of ``tunes``'
+    overrides, as ``matmul`` launches them: ``_tuned``), DT aside."""
     routed = [(w, *KNOBS.values()) for w in (4, 8)]
     todo = set()
     for m in ms:
         for w, *tuned in (*routed, *variants):
             consts = _int4_decode._tuned(m, dict(zip(KNOBS, tuned, strict=True)))
-            todo.add((w, *(consts[k] for k in KNOBS), _int4_decode._rows(m)))
-        for tiles in (1, 133, 265, 529, 1321):  # each plan's branch on 132 SMs (matmul_int4)
-            w, tune = _int4_decode.plan(m, tiles, 132)
+            todo.add((w, *(consts.get(k, 0) for k in KNOBS), _int4_decode._rows(m)))
+        for count in tiles:  # plan's choices on 132 SMs (matmul_int4)
+            w, tune = _int4_decode.plan(m, count, 132)
             for extra in ({}, *tunes):
                 consts = _int4_decode._tuned(m, {**tune, "SPLIT": _int4_decode.SPLIT, **extra})
-                todo.add((w, *(consts[k] for k in KNOBS), _int4_decode._rows(m)))
+                todo.add((w, *(consts.get(k, 0) for k in KNOBS), _int4_decode._rows(m)))
     names = ("WARPS", *KNOBS, "ROWS")
     return [dict(zip(names, v, strict=True)) for v in sorted(todo)]
 
 
-def prewarm(log, variants: list, ms: list, workers: int, tunes: list = ()) -> None:
+def prewarm(log, variants: list, ms: list, workers: int, tunes: list = (), tiles=None) -> None:
     """Every specialization timed (``specializations``) compiled in ``workers`` processes
     at once: a launch then loads each from the disk cache."""
     import concurrent.futures
     import multiprocessing
 
-    jobs = specializations(variants, ms, tunes)
+    jobs = specializations(variants, ms, tunes, *([tiles] if tiles else []))
     t = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:

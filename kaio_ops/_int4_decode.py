@@ -58,6 +58,11 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   (``x_turn``), which also frees the slot the previous turn read; rows padded to 320 bytes
   keep the reads (``ld.shared.v4``) free of bank conflicts, each thread's places in the ring
   computed once (``x_bases``).
+- ``TAIL`` (not a constexpr: ``matmul``'s, M <= 16): where the blocks make a few whole
+  rounds of one block an SM and a partial one, the partial round's blocks are split over K
+  in TAIL parts (``tail_whole``; ``SPLIT`` blocks from ``whole`` on, the last part to
+  arrive adding the parts in order: deterministic), so that the SMs that would hold a
+  block more hold a part more.
 
 ``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
@@ -517,9 +522,9 @@ def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
-    SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr,
-    XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr, XS: kaio.constexpr,
+    parts: u32, slot: u32, SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
+    SWAP: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
+    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -528,10 +533,11 @@ def decode_columns(
     loads are in flight while the current one is multiplied; ``partial`` [WARPS, 16, 32]
     (shared) adds the warps' tiles in a fixed order, one m16 tile at a time. ``PREFETCH``
     > 0: each warp asks L2 for its groups that many rounds of two groups past the two in
-    its registers (``prefetch_group``). ``SPLIT`` > 1 (M <= 16): this block takes part
-    ``part`` of SPLIT equal runs of K's groups and leaves its sums in ``ws[part, block]``;
-    the last of the SPLIT blocks to finish (``counters[block]``, back to 0 after) adds the
-    parts in order into ``out``. ``CS`` > 1 (SPLIT 1): the block's warps take CS column
+    its registers (``prefetch_group``). ``SPLIT`` > 1 (M <= 16) and ``parts`` > 1 (SPLIT,
+    or 1 for a block that takes its columns whole): this block takes part ``part`` of
+    ``parts`` equal runs of K's groups and leaves its sums in ``ws[part, slot]``; the last of
+    the blocks of those columns to finish (``counters[slot]``, back to 0 after) adds the
+    parts in order into ``out``. ``CS`` > 1: the block's warps take CS column
     blocks from ``CS block``, warp w column block ``CS block + w % CS`` and the groups
     ``w // CS``, ``w // CS + WARPS // CS``, ...: the warps of one such run load the same x
     at about the same time (L1 hits, not L2 traffic). ``ASYNC`` (with XLEAD): the words and
@@ -565,8 +571,8 @@ def decode_columns(
     groups = u32(scales.shape[0])
     first = warp // CS
     if SPLIT > 1:
-        first = part * groups // SPLIT + warp
-        groups = (part + 1) * groups // SPLIT
+        first = part * groups // parts + warp // CS
+        groups = (part + 1) * groups // parts
     acc = kaio.local(f32, ((ROWS + 1) // 2, 4, 4))
     for m in kaio.static_range((ROWS + 1) // 2):
         for i in kaio.static_range(4):
@@ -648,33 +654,44 @@ def decode_columns(
             total = partial[cs, r, o % COLS]
             for s in kaio.static_range(1, KW):
                 total += partial[s * CS + cs, r, o % COLS]
-            if SPLIT > 1:
+            if SPLIT > 1 and parts > 1:
                 if r < M:
-                    ws[part, block, o] = total
+                    ws[part, slot, o] = total
             elif 16 * m + r < M and c < N:
                 out[16 * m + r, c] = DT(total)
-    if SPLIT > 1:
-        # the last block of this column block adds the parts (fence, then count: the parts
-        # of every block counted are visible to the one that counts last)
+    if SPLIT > 1 and parts > 1:
+        add_parts(out, ws, counters, partial, slot, block, M, N, tid, WARPS, SPLIT, CS, DT)
+
+
+@kaio.gpu_func
+def add_parts(
+    out: DT[:, :], ws: f32[:, :, :], counters: i32[:], partial: f32[:, :, :], slot: u32,
+    block: u32, M: u32, N: u32, tid: u32, WARPS: kaio.constexpr, SPLIT: kaio.constexpr,
+    CS: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """A K split's end: the last of the SPLIT blocks of the ``CS`` column blocks from
+    ``CS block`` to arrive (``counters[slot]``, back to 0 after) adds their sums in
+    ``ws[:, slot]`` in part order into ``out`` (fence, then count: the parts of every block
+    counted are visible to the one that counts last)."""
+    kaio.threadfence()
+    kaio.sync_threads()
+    if tid == 0:
+        last = kaio.atomic_add(counters, slot, i32(1)) == SPLIT - 1
+        if last:
+            counters[slot] = i32(0)  # ready for the next call (or graph replay)
+        partial[0, 0, 0] = kaio.select(last, 1.0, 0.0)
+    kaio.sync_threads()
+    if partial[0, 0, 0] == 1.0:
         kaio.threadfence()
-        kaio.sync_threads()
-        if tid == 0:
-            last = kaio.atomic_add(counters, block, i32(1)) == SPLIT - 1
-            if last:
-                counters[block] = i32(0)  # ready for the next call (or graph replay)
-            partial[0, 0, 0] = kaio.select(last, 1.0, 0.0)
-        kaio.sync_threads()
-        if partial[0, 0, 0] == 1.0:
-            kaio.threadfence()
-            for k in kaio.static_range(16 * COLS // (WARPS * 32)):
-                o = tid + k * WARPS * 32
-                r = o // COLS
-                c = block * COLS + o % COLS
-                if r < M and c < N:
-                    total = ws[0, block, o]
-                    for s in kaio.static_range(1, SPLIT):
-                        total += ws[s, block, o]
-                    out[r, c] = DT(total)
+        for k in kaio.static_range(CS * 16 * COLS // (WARPS * 32)):
+            o = tid + k * WARPS * 32
+            r = (o // COLS) % 16
+            c = (block * CS + o // (16 * COLS)) * COLS + o % COLS
+            if r < M and c < N:
+                total = ws[0, slot, o]
+                for s in kaio.static_range(1, SPLIT):
+                    total += ws[s, slot, o]
+                out[r, c] = DT(total)
 
 
 @kaio.gpu_func
@@ -696,18 +713,24 @@ def int4_decode(
     M: u32, N: u32,
     WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr, PREFETCH: kaio.constexpr,
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
-    SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], SPLIT: kaio.constexpr,
-    XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr, WC: kaio.constexpr,
-    ASYNC: kaio.constexpr, XS: kaio.constexpr,
+    SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], whole: u32,
+    SPLIT: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
+    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
-    """``out = x @ W`` (``decode_columns``), SPLIT blocks per 32 columns (block ``b``: part
-    ``b % SPLIT`` of column block ``b // SPLIT``), or a block per ``CS`` column blocks."""
+    """``out = x @ W`` (``decode_columns``), a block per ``CS`` column blocks; with SPLIT > 1
+    the blocks from ``whole`` on take SPLIT parts of K each (block ``whole + j``: part
+    ``j % SPLIT`` of the column blocks ``whole + j // SPLIT``; ``whole`` 0: all of them)."""
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     b = kaio.block_idx_x()
+    block, part, parts = b, u32(0), u32(1)
+    if SPLIT > 1 and b >= whole:
+        block = whole + (b - whole) // SPLIT
+        part = (b - whole) % SPLIT
+        parts = u32(SPLIT)
     decode_columns(
-        x, w, scales, out, partial, M, N, b // SPLIT, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-        counters, b % SPLIT, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS,
+        x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
+        part, parts, block - whole, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS,
     )  # fmt: skip
 
 
@@ -731,18 +754,18 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
+            0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
+            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
+            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
 
 
@@ -804,13 +827,22 @@ def ring_bytes(warps: int, tuned: dict) -> int:
     return rings + (slots * slices * (2 * XSLOT + 8) if tuned["XS"] else 32)
 
 
-def _config(
-    x: _arrays.Operand, columns: int, warps: int, tuned: dict, split: int = 1, cs: int = 1
-) -> tuple:
-    """The launch configuration for ``columns`` output columns in all, ``warps`` a block,
-    ``split`` blocks per 32 columns, or ``cs`` 32-column blocks a block, ``tuned``'s rings."""
-    blocks = -(-columns // (COLS * cs)) * split
+def _config(x: _arrays.Operand, blocks: int, warps: int, tuned: dict) -> tuple:
+    """The launch configuration: ``blocks`` blocks of ``warps`` warps, ``tuned``'s rings."""
     return (blocks, warps * 32, _arrays.stream_of(x), ring_bytes(warps, tuned))
+
+
+def tail_whole(units: int, sms: int, parts: int) -> int:
+    """``TAIL``: the blocks (of ``units``, one per ``CS`` column blocks) taken whole when
+    the rest, the last partial round of one block an SM on ``sms`` multiprocessors, is split
+    over K in ``parts`` blocks each, at most one of them an SM: the SMs that would hold one
+    block more than the others hold a part more instead. ``units`` (nothing split) where
+    there is no partial round, no whole one, or too many blocks left for one part an SM."""
+    whole = units // sms * sms
+    rest = units - whole
+    if not whole or not rest or rest * parts > sms:
+        return units
+    return whole
 
 
 def _tuned(m: int, tune: dict | None = None) -> dict:
@@ -830,16 +862,16 @@ def _tuned(m: int, tune: dict | None = None) -> dict:
     return tuned
 
 
-def _split_arrays(x: _arrays.Operand, tiles: int, split: int) -> dict:
-    """The kernels' ``ws`` and ``counters`` for a K split over ``split`` blocks of ``tiles``
-    column blocks: the parts' f32 sums [split, tiles, 16 * 32] and the zeroed arrival counts
-    (placeholders when ``split`` is 1)."""
+def _split_arrays(x: _arrays.Operand, units: int, split: int, cs: int = 1) -> dict:
+    """The kernels' ``ws`` and ``counters`` for a K split over ``split`` blocks of ``units``
+    blocks of ``cs`` column blocks: the parts' f32 sums [split, units, cs * 16 * 32] and the
+    zeroed arrival counts (placeholders when ``split`` is 1)."""
     from kaio_ops.linear import _counters, _placeholder
 
     if split == 1:
         return {"ws": _placeholder(x, f32, 3), "counters": _placeholder(x, i32, 1)}
-    ws = _arrays.output(x, (split, tiles, 16 * COLS), f32)
-    return {"ws": ws, "counters": _counters(x, tiles)}
+    ws = _arrays.output(x, (split, units, cs * 16 * COLS), f32)
+    return {"ws": ws, "counters": _counters(x, units)}
 
 
 SWAPPED_16 = {"SWAP": 2, "DEQ": 6}  # M = 9-16: the swapped mma, a byte's nibbles a pair
@@ -867,11 +899,15 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     halves as they are loaded: no prmt for x, two n8 tiles of x a k-step), blocks of 8, x
     with the words while every tile has an SM (149 registers), x 3 loads ahead (124
     registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no swap)
-    up to four tiles an SM (N = 10240), else blocks of 4 swapped with x 3 loads ahead, each
-    block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1); past ten tiles an SM
-    (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K slice's x
-    copied once into a shared ring for both, the words through the rings too (without
-    ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth pass")."""
+    while they fit the SMs at once, three an SM (151 registers; N = 10240), then blocks of 4
+    swapped with x 3 loads ahead (124 registers, four an SM) up to four tiles an SM (N =
+    14336), past that each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1)
+    with the last partial round of one block an SM split over K in halves (``TAIL`` 2:
+    ``tail_whole``; "W4A16 decode, M 9-16, eighth pass"; ``qkv`` takes no split); past ten
+    tiles an SM (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K
+    slice's x copied once into a shared ring for both, the words through the rings too
+    (without ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth
+    pass")."""
     if m > 16:
         return WARPS, {}
     if m <= 8:
@@ -888,9 +924,11 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
         return 4, dict(SHARED_X_16)
     if tiles <= 2 * sms or tiles > 10 * sms:
         return 8, {**SWAPPED_16, "XLEAD": 3}
-    if tiles <= 4 * sms:
+    if tiles <= 3 * sms:
         return 4, {}
-    return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2}
+    if tiles <= 4 * sms:
+        return 4, {**SWAPPED_16, "XLEAD": 3}
+    return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2, "TAIL": 2}
 
 
 def warps_for(m: int, tiles: int, sms: int) -> int:
@@ -919,22 +957,30 @@ def matmul(
     warps: int = 0, tune: dict | None = None,
 ):  # fmt: skip
     """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch, a block
-    of ``warps`` warps per 32 columns (0: ``plan``'s warps and knobs); ``tune`` overrides
-    constexprs of ``TUNED`` (for benchmarks)."""
+    of ``warps`` warps per ``CS`` 32-column blocks (0: ``plan``'s warps and knobs); ``tune``
+    overrides constexprs of ``TUNED`` (for benchmarks), ``SPLIT`` (every block's K split
+    over that many) and ``TAIL`` (the last partial round's blocks' K split over that many:
+    ``tail_whole``)."""
     m, n = x.shape[0], words.shape[1]
     tiles = -(-n // COLS)
+    sms = _arrays.multiprocessors(x)
     if not warps:
-        warps, planned = plan(m, tiles, _arrays.multiprocessors(x), _mbarrier_waits(x))
+        warps, planned = plan(m, tiles, sms, _mbarrier_waits(x))
         tune = {**planned, **(tune or {})}
     tuned = _tuned(m, tune)
-    split = tuned.pop("SPLIT", SPLIT)
-    if m > 16 or tuned["CS"] > 1:
-        split = 1  # a part's sums in ws are one m16 tile of one column block
+    split, tail = tuned.pop("SPLIT", SPLIT), tuned.pop("TAIL", 0)
+    units = -(-tiles // tuned["CS"])
+    whole = tail_whole(units, sms, tail) if tail > 1 else 0
+    if tail > 1:
+        split = tail if whole < units else 1
+    if m > 16:
+        split = 1  # a part's sums in ws are one m16 tile
+    blocks = whole + (units - whole) * split if split > 1 else units
     out = _arrays.output(x, (m, n), dtype)
-    int4_decode[_config(x, n, warps, tuned, split, tuned["CS"])](
+    int4_decode[_config(x, blocks, warps, tuned)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
-        WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned,
-        **_split_arrays(x, tiles, split), SPLIT=split,
+        WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, whole=whole,
+        **_split_arrays(x, units - whole, split, tuned["CS"]), SPLIT=split,
     )  # fmt: skip
     return out
 
@@ -954,7 +1000,8 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
         warps, planned = 4, ({"DEQ": 6, "XLEAD": 3} if blocks > 10 * sms else {})
     tuned = _tuned(m, planned)
     tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
-    int4_decode_qkv[_config(x, blocks * COLS, warps, tuned)](
+    tuned.pop("TAIL", None)  # and no K split
+    int4_decode_qkv[_config(x, blocks, warps, tuned)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
         *(_arrays.output_arg(x, o, (m, n)) for o, n in zip(outs, widths, strict=True)), m,
         widths[0], widths[1], WARPS=warps, ROWS=_rows(m), DT=f16, **tuned,
@@ -968,7 +1015,7 @@ PLANS = tuple(
         {
             (m, w, tuple(sorted(t.items())))
             for m in (1, 16)
-            for tiles in (1, 133, 265, 529, 1321)
+            for tiles in (1, 133, 265, 397, 529, 1321)
             for w, t in [plan(m, tiles, 132)]
         }
     )
@@ -987,14 +1034,19 @@ def specializations() -> list:
         seen = []
         for m, warps, tune in configs:
             tuned = _tuned(m, tune)
+            tail = tuned.pop("TAIL", 0)
+            splits = [SPLIT]
             if kernel is int4_decode:
-                tuned["SPLIT"] = SPLIT
+                splits += [tail] if tail else []  # TAIL: split or not, by the grid
             elif tuned["ASYNC"]:
                 continue  # qkv keeps main's blocks of 4 where plan takes the rings
             else:
                 tuned.pop("CS")
-            consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
-            if consts not in seen:
-                seen.append(consts)
-                specs.append((kernel, consts))
+            for split in splits:
+                consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
+                if kernel is int4_decode:
+                    consts["SPLIT"] = split
+                if consts not in seen:
+                    seen.append(consts)
+                    specs.append((kernel, consts))
     return specs

@@ -194,7 +194,7 @@ def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
 # than warps in one), the last part adding them in order, x's fragments loads ahead in a ring
 # (XLEAD: past the last group and the last round's partial second buffer, fewer groups than
 # warps), the swapped mma at M = 9-16 (SWAP 2), a byte's two nibbles a pair (DEQ 6, also past
-# 16 rows), blocks of 2 and 4 column blocks (CS: a partial last block; no K split with it),
+# 16 rows), blocks of 2 and 4 column blocks (CS: a partial last block; a K split with it),
 # the words' cache operators (WC 1 .cg, 2 .cs), the words and scales through shared rings by
 # cp.async (ASYNC: more slots than groups a warp, a partial last round, a K split), x through
 # shared rings a K slice (XS: slices of 2 and 4 warps, copies .cg and .ca, a partial last
@@ -232,6 +232,47 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
     np.testing.assert_array_equal(c, again)
 
 
+# (M, N, K, WARPS, SMs, tune): the last partial round's blocks split over K (TAIL) on a few
+# SMs: halves of single column blocks with fewer groups than warps in a part, of blocks of two
+# column blocks (CS 2, the last one partial, one past N), thirds of main's unswapped blocks,
+# with the words' rings (ASYNC) and with x's shared rings too (XS); plan's (WARPS 0) at 4.5
+# tiles an SM: blocks of 4 over two column blocks, the last one partial, TAIL 2
+TAIL_PLANS = [
+    (16, 32 * 7, 128 * 5, 4, 3, {"TAIL": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
+    (12, 220, 128 * 9, 4, 3, {"TAIL": 2, "CS": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
+    (9, 32 * 5, 128 * 7, 8, 4, {"TAIL": 3}),
+    (8, 32 * 7, 128 * 6, 4, 3, {**_int4_decode.RINGS_8, "TAIL": 2}),
+    (16, 32 * 10, 128 * 6, 4, 4, {**_int4_decode.SHARED_X_16, "TAIL": 2}),
+    (12, 284, 128 * 7, 0, 2, {}),
+]
+
+
+@pytest.mark.parametrize("m, n, k, warps, sms, tune", TAIL_PLANS)
+def test_int4_decode_tail_in_simulator(m, n, k, warps, sms, tune, monkeypatch, poisoned):
+    """Every element against float64 products with the dequantized weights; the same bits
+    on a second call (the arrival counters are back to zero)."""
+    monkeypatch.setattr(_arrays, "multiprocessors", lambda like: sms)
+    a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(m * 1000 + n))
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    with kaio.simulate():
+        ops = _sim_operands(a, packed, scales)
+        c = _int4_decode.matmul(*ops, f32, warps, tune)
+        again = _int4_decode.matmul(*ops, f32, warps, tune)
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    np.testing.assert_array_equal(c, again)
+
+
+def test_int4_decode_tail_whole():
+    """tail_whole: the last partial round of one block an SM split when each SM gets at most
+    one part (10240 and 6144 columns at M = 16 on 132 SMs: 56 and 60 blocks left, halved;
+    28672 in blocks of two column blocks: 52), else nothing (8192 columns: 124 left; a whole
+    number of rounds; fewer blocks than SMs)."""
+    whole = _int4_decode.tail_whole
+    assert [whole(u, 132, 2) for u in (320, 192, 448)] == [264, 132, 396]
+    assert [whole(u, 132, 2) for u in (256, 264, 100)] == [256, 264, 100]
+    assert whole(320, 132, 3) == 320 and whole(270, 132, 3) == 264
+
+
 @pytest.mark.parametrize(
     "m, n, k", [(5, 96, 128 * 7), (8, 288, 128 * 5), (3, 356, 128 * 9), (12, 356, 128 * 9)]
 )
@@ -259,8 +300,9 @@ def test_int4_decode_warps_route():
     two a SM, then the shared rings with DEQ 6 and x 3 loads ahead in blocks of 8 up to
     four tiles a SM, of 4 past it, of 4 taking two column blocks past ten; at M = 9-16 the
     swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an SM, else
-    3 loads ahead) up to two tiles a SM, main's blocks of 4 up to four, then swapped blocks
-    of 4 taking two column blocks each, past ten those blocks sharing x through shared rings
+    3 loads ahead) up to two tiles a SM, main's blocks of 4 up to three, swapped blocks of 4
+    up to four, then swapped blocks of 4 taking two column blocks each (the last partial
+    round split over K: TAIL 2), past ten those blocks sharing x through shared rings
     with the words' rings (without XS, as qkv plans: blocks of 8, x 3 loads ahead) (the H100
     measurements of docs/performance.md); the default past 16 rows; and each plan is a
     listed specialization (ptxas checks those)."""
@@ -272,9 +314,11 @@ def test_int4_decode_warps_route():
         (8, rings)
     ] * 2 + [(4, {**rings, "CS": 1})] * 2 + [(4, {**rings, "CS": 2})] * 2
     assert [plan(8, n // 32, 132)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 8, 4]
-    got = [plan(16, n // 32, 132) for n in (4096, 6144, 8448, 10240, 16896, 16928, 28672)]
-    pairs = {**lead, "CS": 2}
-    assert got == [(8, swapped), (8, lead), (8, lead), (4, {}), (4, {}), (4, pairs), (4, pairs)]
+    ns = (4096, 6144, 8448, 10240, 12672, 12704, 16896, 16928, 28672)
+    got = [plan(16, n // 32, 132) for n in ns]
+    pairs = {**lead, "CS": 2, "TAIL": 2}
+    want = [(8, swapped), (8, lead), (8, lead), (4, {}), (4, {}), (4, lead), (4, lead)]
+    assert got == want + [(4, pairs)] * 2
     assert plan(16, 57344 // 32, 132) == (4, {**swapped, "CS": 2, "XS": 2, "ASYNC": 1})
     assert plan(16, 42272 // 32, 132, shared_x=False) == (8, lead)
     assert plan(32, 4096, 132) == (_int4_decode.WARPS, {})
@@ -286,11 +330,14 @@ def test_int4_decode_warps_route():
         (1, 28672),
         (1, 57344),
         (16, 4096),
+        (16, 14336),
         (16, 28672),
         (16, 57344),
     ]:
         warps, tune = plan(m, n // 32, 132)
-        want = {"WARPS": warps, "ROWS": _int4_decode._rows(m), **_int4_decode._tuned(m, tune)}
+        tuned = _int4_decode._tuned(m, tune)
+        want = {"WARPS": warps, "ROWS": _int4_decode._rows(m), "SPLIT": tuned.pop("TAIL", 1)}
+        want.update(tuned)
         assert any(want.items() <= c.items() for c in listed), (m, n)
 
 
@@ -1325,7 +1372,7 @@ def test_gpu_int4_decode_warps(m):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 8, 16])
-@pytest.mark.parametrize("n", [4096, 6144, 10240, 28672, 45056])
+@pytest.mark.parametrize("n", [4096, 6144, 10240, 14336, 28672, 45056])
 def test_gpu_int4_decode_plans(m, n):
     """matmul_int4 at M <= 16 as routed (``_int4_decode.plan``: its warps, swap, x lead,
     dequantization and column blocks a block by the tiles an SM, each N here another
