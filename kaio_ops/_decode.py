@@ -567,16 +567,16 @@ def decode_fwd(
     lo = ((STAGES - 1) * BN + (u32(1) << shift) - 1) >> shift
     entry = kaio.local(u32, SORT // THREADS if SORT else 1)
     if SORT:
-        for r in kaio.static_range(SORT // THREADS):
-            at = lo + warp * (SORT // WARPS) + 32 * r + lane
-            entry[r] = table_at(block_table, b, at, max_pages)
+        for e in kaio.static_range(SORT // THREADS):
+            at = lo + warp * (SORT // WARPS) + 32 * e + lane
+            entry[e] = table_at(block_table, b, at, max_pages)
     kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
     # SORT: slots lo .. hi - 1 hold keys every query row sees: in pool order
     hi = kaio.min(u32(kaio.max(i32(kv_len) - i32(sq) + 1, 0)) >> shift, lo + SORT)
     if SORT:
-        for r in kaio.static_range(SORT // THREADS):
-            at = lo + warp * (SORT // WARPS) + 32 * r + lane
-            entry[r] = kaio.select(at < hi, entry[r], u32(PAD))
+        for e in kaio.static_range(SORT // THREADS):
+            at = lo + warp * (SORT // WARPS) + 32 * e + lane
+            entry[e] = kaio.select(at < hi, entry[e], u32(PAD))
         sort_keys(entry, sort_s, lane, warp, SORT)  # (read after the barrier below)
     n_total = (kv_len + BN - 1) // BN
     # the block's tiles: t0 + i * step for i < count (SPEC: every splits-th from its own,
