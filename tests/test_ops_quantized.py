@@ -218,10 +218,9 @@ TUNED_PLANS = [
 ]
 
 
-@pytest.mark.parametrize("m, n, k, warps, tune", TUNED_PLANS)
-def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
-    """Every element against float64 products with the dequantized weights; the same bits
-    on a second call."""
+def _check_int4_decode_in_simulator(m, n, k, warps, tune):
+    """The decode kernel in the simulator: every element against float64 products with the
+    dequantized weights, and the same bits on a second call."""
     a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(m * 1000 + n))
     ref = a.astype(np.float64) @ w.astype(np.float64)
     with kaio.simulate():
@@ -230,6 +229,13 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
         again = _int4_decode.matmul(*ops, f32, warps, tune)
     np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     np.testing.assert_array_equal(c, again)
+
+
+@pytest.mark.parametrize("m, n, k, warps, tune", TUNED_PLANS)
+def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
+    """Every element against float64 products with the dequantized weights; the same bits
+    on a second call."""
+    _check_int4_decode_in_simulator(m, n, k, warps, tune)
 
 
 # (M, N, K, WARPS, SMs, tune): the last partial round's blocks split over K (TAIL) on a few
@@ -252,14 +258,7 @@ def test_int4_decode_tail_in_simulator(m, n, k, warps, sms, tune, monkeypatch, p
     """Every element against float64 products with the dequantized weights; the same bits
     on a second call (the arrival counters are back to zero)."""
     monkeypatch.setattr(_arrays, "multiprocessors", lambda like: sms)
-    a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(m * 1000 + n))
-    ref = a.astype(np.float64) @ w.astype(np.float64)
-    with kaio.simulate():
-        ops = _sim_operands(a, packed, scales)
-        c = _int4_decode.matmul(*ops, f32, warps, tune)
-        again = _int4_decode.matmul(*ops, f32, warps, tune)
-    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
-    np.testing.assert_array_equal(c, again)
+    _check_int4_decode_in_simulator(m, n, k, warps, tune)
 
 
 def test_int4_decode_tail_whole():
