@@ -378,6 +378,18 @@ def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dic
     return row
 
 
+def random_qkvdo(seq: int, dtype: str) -> tuple:
+    """q, k, v and dO of H16 D256 at ``seq`` (``BATCH`` sequences), the same random draws each
+    time."""
+    import torch
+
+    b = BATCH[seq]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (b, 16, seq, 256)
+    dt = getattr(torch, dtype)
+    return tuple(torch.randn(shape, device="cuda", dtype=dt, generator=gen) for _ in range(4))
+
+
 def kernel_rows(
     items: str, seq: int, masks: str, dtype: str = "float16", warm: bool = False
 ) -> list:
@@ -387,12 +399,7 @@ def kernel_rows(
     of their own products (three for dQ, four for dK/dV, the backward's five for ``all``:
     2 B H S S D each, halved when causal); ``_err``: the largest difference from the shipped
     kernels' outputs over their largest."""
-    import torch
-
-    b = BATCH[seq]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn((b, 16, seq, 256), device="cuda", dtype=getattr(torch, dtype),
-                               generator=gen) for _ in range(4))  # fmt: skip
+    q, k, v, do = random_qkvdo(seq, dtype)
     rows = []
     for causal in [bool(int(c)) for c in masks.split(",")]:
         rows.append(kernel_row(items, q, k, v, do, causal, warm))
@@ -408,10 +415,7 @@ def profile_rows(seq: int, masks: str, dtype: str, variants: str) -> list:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    b = BATCH[seq]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn((b, 16, seq, 256), device="cuda", dtype=getattr(torch, dtype),
-                               generator=gen) for _ in range(4))  # fmt: skip
+    q, k, v, do = random_qkvdo(seq, dtype)
     rows = []
     for causal in [bool(int(c)) for c in masks.split(",")]:
         o, lse = forward(q, k, v, causal)
