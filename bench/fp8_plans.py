@@ -29,7 +29,7 @@ warpgroups on a 64-row tile) up to 256 rows, ``nsroute`` the routed plans agains
 the kernels' spans and gaps at ``GAP_CASES``, ``pdl`` the routed plans with and without
 programmatic dependent launch at ``PDL_CASES`` (``pdlsweep``: at the ``--ms`` up to
 ``SWAP_M`` over the models' shapes), ``alt`` ``alternate_plans`` (two warpgroups on every
-other K slice), ``kc`` ``kc_plans`` (a tile's K slices over a cluster), ``vsmain`` the
+other K slice), ``vsmain`` the
 routed plans against main's routing (``main_plan``). Writes ``DIR/fp8_plans.jsonl`` (one line
 per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds have
 passed. ``cold`` (``cold2``, ``cold3``, ``cold4``): ``cold_plans`` (``cold2_plans``,
@@ -828,14 +828,13 @@ def cold_plans(m, n, k, sms=132):
     choices of the fp8 branch of 2026-11-27, made with calls back to back, re-checked one
     call at a time; in round A of that day also the per-tensor scales loaded before the
     first tile, since removed). Swapped tiles (up to ``SWAP_M`` rows): ``gemv_fp8`` (one
-    row), without programmatic dependent launch, with (or without) a tile's K over a
-    cluster of two (``KC``), deeper rings (16 and 24 stages, one block a multiprocessor,
-    where the tiles fit one wave), K split 2 and 4 ways summed in the kernel. Past 64
-    rows: 64 x 128 and 64 x 64 tiles of two warpgroups on every other K slice (at 128
-    columns one slice sum waited for), 128 x 96 tiles, ``alternate_plans``."""
+    row), without programmatic dependent launch, deeper rings (16 and 24 stages, one block
+    a multiprocessor, where the tiles fit one wave), K split 2 and 4 ways summed in the
+    kernel. Past 64 rows: 64 x 128 and 64 x 64 tiles of two warpgroups on every other K
+    slice (at 128 columns one slice sum waited for), 128 x 96 tiles, ``alternate_plans``."""
     wg, bn, st, pr, *rest = full = full_plan(H.config(m, n, k, sms))
     if full[9] and wg == 1:  # swapped, one warpgroup (as routed in round A)
-        out = [NO_PDL, (*full[:12], 3 - full[12])] + ([GEMV] if D.fits(m) else [])
+        out = [NO_PDL] + ([GEMV] if D.fits(m) else [])
         if -(-n // 64) <= sms:
             deep = sorted({H.stages_for(1, bn, d) for d in (16, 24)} - {st})
             out += [(wg, bn, d, pr, 1, 1, 1, 1, *full[8:]) for d in deep if d > st]
@@ -900,17 +899,16 @@ def cold3_plans(m, n, k, sms=132):
 
 def swap_before(m, n, k, sms=132):
     """[the swapped plan ``swap_config`` picked before ``swap_alternating_plan`` (one
-    consumer warpgroup, two blocks a multiprocessor, ``KC`` 2 past K = 8192 where the tiles
-    fill at most half the multiprocessors)] where the routed plan is two warpgroups', else
-    []."""
+    consumer warpgroup, two blocks a multiprocessor; past K = 8192 it also split a tile's K
+    slices over a cluster of two, since removed)] where the routed plan is two
+    warpgroups', else []."""
     full = full_plan(H.config(m, n, k, sms))
     if not full[9] or full[0] == 1:
         return []
-    bn, tiles = full[1], -(-n // 64)
+    bn = full[1]
     most = H.stages_for(1, bn, 32, limit=(H.SHARED_LIMIT + 1024) // H.SWAP_OCC - 1024)
-    kc = 2 if 2 * tiles <= sms and k > 8192 and bn >= 16 else 1
     stages = min(most, H.swap_stages(n, k, sms))
-    return [(1, bn, stages, 2, 1, 1, 1, H.SWAP_OCC, 0, 1, H.GROUP_ROWS, 0, kc)]
+    return [(1, bn, stages, 2, 1, 1, 1, H.SWAP_OCC, 0, 1, H.GROUP_ROWS, 0)]
 
 
 def cold4_plans(m, n, k, sms=132):
@@ -930,39 +928,13 @@ def cold4_plans(m, n, k, sms=132):
 COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans}
 
 
-def kc_plans(m, n, k, sms=132):
-    """Tiles whose K slices a cluster of ``KC`` blocks shares (each block a part, the parts'
-    sums added through distributed shared memory, a tile a cluster) where the clusters
-    fill most of the multiprocessors once (swapped decode tiles: twice, two blocks a
-    multiprocessor), the deepest ring that fits (at most 16 stages)."""
-    out = []
-    if m <= H.SWAP_M:  # the swapped tile: 64 weight rows by a's rows
-        shapes, occ, swap = [(1, max(8, -(-m // 8) * 8), -(-n // 64))], 2, 1
-    else:
-        shapes, occ, swap = [], 1, 0
-        for wg, bn in ((2, 64), (2, 96), (2, 128), (1, 64), (1, 128)):
-            shapes.append((wg, bn, -(-m // (64 * wg)) * -(-n // bn)))
-    limit = (H.SHARED_LIMIT + 1024) // occ - 1024
-    for wg, bn, tiles in shapes:
-        for kc in (2, 4):
-            if not (0.75 * sms <= tiles * kc <= occ * sms and k // 128 >= 2 * kc):
-                continue
-            fits = [s for s in range(2, 17) if H.shared_bytes(wg, bn, s) <= limit]
-            promote = 2 if wg == 1 or bn <= 64 else 1  # (no setmaxnreg: 168 registers)
-            out.append((wg, bn, fits[-1], promote, 1, 1, 1, 1, 0, swap, H.GROUP_ROWS, 0, kc))
-    return out
-
-
 def main_plan(plan, m) -> tuple:
     """The plan main's ``config`` picked (at 79c8fca, before the fp8 branch of 2026-11-27)
     where ``config`` now picks ``plan`` for ``m`` rows: ``shared_plan``'s half the columns
     a warpgroup (``NS`` 1) where it now takes every other K slice (``NS`` 2), one
-    warpgroup's tile where ``alternating_plan``'s now, the swapped tiles' K slices not split
-    over a cluster (``KC``); ``with_plan`` also launches the swapped tiles without
-    programmatic dependent launch, as main did."""
+    warpgroup's tile where ``alternating_plan``'s now; ``with_plan`` also launches the
+    swapped tiles without programmatic dependent launch, as main did."""
     full = full_plan(plan)
-    if len(full) > 12 and full[12] > 1:
-        return full[:12]
     if len(full) < 12 or full[11] != 2:
         return plan
     bn = full[1]
@@ -1054,7 +1026,7 @@ def diagnose() -> None:
         wg, bn, st, pr, vec, *rest = plan
         c = dict(WG=wg, BN=bn, STAGES=st, PROMOTE=pr, GROUP=H.GROUP_ROWS, ROW_A=0, COL_B=0,
                  BIAS=0, DT=bf16, FP8=e4m3, VEC=vec, CL=rest[0] if rest else 1,
-                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL, KC=1)  # fmt: skip
+                 SPLIT=1, AR=64 * wg, SWAP=0, NS=0, PDL=H.PDL)  # fmt: skip
         try:
             print(plan, H.matmul_fp8_wgmma.resources(**c), flush=True)
             if pr in (2, 5) and ptxas:  # the local ptxas' view of the same PTX
@@ -1115,7 +1087,7 @@ def _warm(jobs):
     m[, pdl]]: the rows, which set a decode tile's A rows copied; ``_fp8_hopper.PDL``)."""
     use_ptxas()
     for plan, rowwise, *rows in jobs:
-        (a, b, sa, sb) = operands(*rows[:1] or [256], 256, 1024, rowwise, 1)[0]  # (KC 4: 8 slices)
+        (a, b, sa, sb) = operands(*rows[:1] or [256], 256, 1024, rowwise, 1)[0]
         H.PDL = rows[1] if len(rows) > 1 else ROUTED_PDL
         with_plan(plan)(a, b, sa, sb)
         if rows == [1]:  # (gemv_fp8, which a forced plan bypasses)
@@ -1242,11 +1214,6 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 jobs += [
                     (p, False, rows) for p in [H.config(m, n, k, 132), *alternate_plans(m, n, k)]
                 ]
-    if "kc" in cases:
-        for m in ms:
-            for n, k in [s for mo in models for s in SHAPES[mo]]:
-                rows = min(H.a_rows(m, 1, 1), 256)
-                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *kc_plans(m, n, k)]]
     if "cold" in cases:
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -1389,8 +1356,6 @@ def main() -> None:
         bw = copy_bandwidth()
         print(f"copy bandwidth {bw / 1e12:.3f} TB/s (read + written)", flush=True)
         over_shapes(ms, COLDS[name], bw=bw, some=name in ("cold3", "cold4"))
-    if "kc" in cases:  # a tile's K slices over a cluster of blocks
-        over_shapes(ms, kc_plans, some=True)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
         for m, n, k in PDL_CASES:
             if time.time() - t0 > args.budget:

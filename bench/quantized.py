@@ -135,6 +135,31 @@ def qkv_cases(h: Harness, n: int, k: int) -> None:
         )
 
 
+def int4_case(h: Harness, op: str, label: str, mm: int, n: int, k: int, floor: dict,
+              batch: int) -> None:  # fmt: skip
+    """``matmul_int4`` of ``mm`` rows by an [n, k] weight (``op``: the case's name, ``label``
+    its row) against cuBLAS f16 on the dequantized weights, and the ``floor`` implementations
+    (timed, not checked); ``batch`` calls between a pair of events."""
+    h.case(
+        op,
+        label,
+        lambda: int4_inputs(mm, n, k),
+        {
+            "cuBLAS f16": lambda a, p, s, w: torch.matmul(a, w),
+            "kaio int4": lambda a, p, s, w: kaio_ops.matmul_int4(a, p, s),
+            **floor,
+        },
+        reference=lambda a, p, s, w: a.double() @ w.double(),
+        tol=1e-3,
+        nbytes=mm * k * 2 + k * n // 2 + mm * n * 4,
+        flops=2.0 * mm * n * k,
+        baseline="cuBLAS f16",
+        set_bytes=mm * k * 2 + int4_bytes(n, k),  # the int4 side's data, cold too
+        batch=batch,
+        timing_only=tuple(floor),
+    )
+
+
 def int4_sweep(h: Harness) -> None:
     """``matmul_int4`` over the batch sizes of a decode step (M = 1 .. 128) at K = N = 4096
     and 8192, against cuBLAS f16 on the dequantized weights and the read-the-weights floor,
@@ -146,24 +171,8 @@ def int4_sweep(h: Harness) -> None:
             READ_ONLY: read_only(torch.empty(size // 8, size, dtype=torch.int32, device="cuda"))
         }
         for mm in SWEEP_M:
-            h.case(
-                "matmul_int4_sweep",
-                f"{mm}x{size}x{size}, {BATCH} calls in a row",
-                lambda mm=mm, size=size: int4_inputs(mm, size, size),
-                {
-                    "cuBLAS f16": lambda a, p, s, w: torch.matmul(a, w),
-                    "kaio int4": lambda a, p, s, w: kaio_ops.matmul_int4(a, p, s),
-                    **floor,
-                },
-                reference=lambda a, p, s, w: a.double() @ w.double(),
-                tol=1e-3,
-                nbytes=mm * size * 2 + size * size // 2 + mm * size * 4,
-                flops=2.0 * mm * size * size,
-                baseline="cuBLAS f16",
-                set_bytes=mm * size * 2 + int4_bytes(size, size),
-                batch=BATCH,
-                timing_only=tuple(floor),
-            )
+            label = f"{mm}x{size}x{size}, {BATCH} calls in a row"
+            int4_case(h, "matmul_int4_sweep", label, mm, size, size, floor, BATCH)
 
 
 def main() -> None:
@@ -187,25 +196,8 @@ def main() -> None:
     )
     floor = {READ_ONLY: read_only(torch.empty(k // 8, n, dtype=torch.int32, device="cuda"))}
     for mm, batch in ((1, 1), (16, 1), (4096, 1), (1, BATCH), (16, BATCH)):
-        decode = mm <= 16
-        h.case(
-            "matmul_int4",
-            f"{mm}x{n}x{k}" + (f", {batch} calls in a row" if batch > 1 else ""),
-            lambda mm=mm: int4_inputs(mm, n, k),
-            {
-                "cuBLAS f16": lambda a, p, s, w: torch.matmul(a, w),
-                "kaio int4": lambda a, p, s, w: kaio_ops.matmul_int4(a, p, s),
-                **(floor if decode else {}),
-            },
-            reference=lambda a, p, s, w: a.double() @ w.double(),
-            tol=1e-3,
-            nbytes=mm * k * 2 + k * n // 2 + mm * n * 4,
-            flops=2.0 * mm * n * k,
-            baseline="cuBLAS f16",
-            set_bytes=mm * k * 2 + int4_bytes(n, k),  # the int4 side's data, cold too
-            batch=batch,
-            timing_only=tuple(floor),
-        )
+        label = f"{mm}x{n}x{k}" + (f", {batch} calls in a row" if batch > 1 else "")
+        int4_case(h, "matmul_int4", label, mm, n, k, floor if mm <= 16 else {}, batch)
     qkv_cases(h, n, k)
     if "--quick" not in sys.argv:  # the sweep: full runs, or alone with --only
         int4_sweep(h)

@@ -384,6 +384,30 @@ def work_item(
 
 
 @kaio.gpu_func
+def block_item(
+    j: i32, blk: i32, stride: i32, nkb: i32, nkvh: i32, hg: i32, rot: i32, heads: i32,
+    group: i32, sq: i32, causal: i32, x: i32, kvh: i32, first_head: i32, first: i32,
+    n_tiles: i32, start: i32, BM: kaio.constexpr, BK: kaio.constexpr, PERSIST: kaio.constexpr,
+) -> tuple[i32, i32, i32, i32, i32, i32]:  # fmt: skip
+    """``work_item``'s tuple of block ``blk``'s ``j``-th item, for each role's loop over
+    them: with ``PERSIST``, item ``blk + j * stride`` of the launch order's; else (one item a
+    block) ``x`` .. ``start``, the block's own, computed once before the roles branch."""
+    if PERSIST:
+        x, kvh, first_head, first, n_tiles, start = work_item(
+            blk + j * stride, nkb, nkvh, hg, rot, heads, group, sq, causal, BM, BK
+        )
+    return x, kvh, first_head, first, n_tiles, start
+
+
+@kaio.gpu_func
+def item_stages(group: i32, first: i32, n_tiles: i32) -> i32:
+    """The ring stages (a query tile of a head each) of a work item's walk: its ``group``
+    heads' query tiles ``first`` .. ``n_tiles`` - 1 (none where ``first`` is past them); a
+    persistent block's roles count them alike to agree on the ring's position."""
+    return group * kaio.max(n_tiles - first, 0)
+
+
+@kaio.gpu_func
 def full_bar(fb: i32, FULL: kaio.constexpr) -> i32:
     """The "dQ in dq_s" barrier (``bars[1, .]``) of writer ``fb``: the dS^T barriers of
     buffers 2, 3 (unused by ``consume_late``), the one-writer "full"
@@ -766,11 +790,10 @@ def attention_bwd_fused_ordered(
         if SCHED:
             st, ph, pb, hph, wph, fb, g0 = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                b = blk + j * stride
-                if PERSIST:
-                    x, kvh, first_head, first, n_tiles, start = work_item(
-                        b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
-                    )  # fmt: skip
+                x, kvh, first_head, first, n_tiles, start = block_item(
+                    j, blk, stride, nkb, nkvh, hg, ROT, heads, group, sq, causal, x, kvh,
+                    first_head, first, n_tiles, start, BM, BK, PERSIST,
+                )  # fmt: skip
                 st, ph, pb, hph, wph, fb = consume_late(
                     k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                     dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start,
@@ -778,7 +801,7 @@ def attention_bwd_fused_ordered(
                     TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT, FINISH,
                     PERSIST, j % 2, u32(j // 2 % 2), g0, st, ph, pb, hph, wph, fb,
                 )  # fmt: skip
-                g0 += group * kaio.max(n_tiles - first, 0)
+                g0 += item_stages(group, first, n_tiles)
         else:
             consume_dkdv(k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                          dq_acc, wg, lt, kvh, first_head, group, first, n_tiles, x * BK, sq, sk,
@@ -791,29 +814,27 @@ def attention_bwd_fused_ordered(
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
             ph, g0 = u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                b = blk + j * stride
-                if PERSIST:
-                    x, kvh, first_head, first, n_tiles, start = work_item(
-                        b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
-                    )  # fmt: skip
+                x, kvh, first_head, first, n_tiles, start = block_item(
+                    j, blk, stride, nkb, nkvh, hg, ROT, heads, group, sq, causal, x, kvh,
+                    first_head, first, n_tiles, start, BM, BK, PERSIST,
+                )  # fmt: skip
                 ph = write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first,
                                   n_tiles, sq, x, nkb, causal, start, STAGES + NBUF * WG, D,
                                   BM, BK, ORDER, NW, ROT, FINISH, g0, ph)  # fmt: skip
-                g0 += group * kaio.max(n_tiles - first, 0)
+                g0 += item_stages(group, first, n_tiles)
         elif lt == 0:
             st, ph, g0 = i32(0), u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                b = blk + j * stride
-                if PERSIST:
-                    x, kvh, first_head, first, n_tiles, start = work_item(
-                        b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
-                    )  # fmt: skip
+                x, kvh, first_head, first, n_tiles, start = block_item(
+                    j, blk, stride, nkb, nkvh, hg, ROT, heads, group, sq, causal, x, kvh,
+                    first_head, first, n_tiles, start, BM, BK, PERSIST,
+                )  # fmt: skip
                 kv = -1 if j < 2 else (j - 2) // 2 % 2  # (buffer j % 2 again: once free)
                 st, ph = produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl,
                                  td, kvh * sk + x * BK, first_head * sq, sq, group, first,
                                  n_tiles, D, BK, BM, STAGES, TSTATS, DT, WRAP=ROT, start=start,
                                  kb=j % 2, st=st, ph=ph, ring0=g0, kv_ph=kv)  # fmt: skip
-                g0 += group * kaio.max(n_tiles - first, 0)
+                g0 += item_stages(group, first, n_tiles)
         elif lt >= 32 and EARLY < 3:
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
                              sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,

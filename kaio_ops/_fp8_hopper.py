@@ -156,20 +156,18 @@ def load_slice(
 def produce_all(
     sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], ta: kaio.tensormap, tb: kaio.tensormap,
     tile0: i32, count: i32, k_tiles: i32, step: i32, tiles_m: i32, tiles_n: i32, full: i32,
-    parts: i32, kr: i32, BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr,
+    parts: i32, BN: kaio.constexpr, STAGES: kaio.constexpr, GROUP: kaio.constexpr,
     ROWS: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr, AR: kaio.constexpr,
-    KC: kaio.constexpr,
 ):  # fmt: skip
     """The producer's loop: every K slice of the block's tiles (from tile ``tile0``, ``step``
     apart; ``count`` slices; ``_matmul_hopper.next_position``) through ``load_slice``, each
     stage reused once the consumers freed it (8-bit operands, A and B^T K-major: also
     ``kaio_ops._int8_hopper``'s). With ``SPLIT`` (the tiles from ``full`` on split in
     ``parts`` along K), ``count`` units instead (``unit_of``), from ``tile0``, ``step``
-    apart; with ``KC``, part ``kr`` of the K slices of each of its ``count`` tiles
-    (``k_range``)."""
+    apart."""
     s = i32(0)  # the ring position: stage, phase parity
     ph = u32(0)
-    if SPLIT == 1 and KC == 1:
+    if SPLIT == 1:
         kt = i32(0)
         tile = tile0
         row0, col0 = tile_origin(tile0, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
@@ -183,8 +181,6 @@ def produce_all(
         g = i32(0)  # slices so far
         for i in range(count):
             tile, kb, ke, _slot = unit_of(tile0 + i * step, k_tiles, full, parts)
-            if KC > 1:
-                kb, ke = k_range(kr, k_tiles, KC)
             row0, col0 = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
             for kt in range(kb, ke):
                 wait_free(bars, s, ph, g, STAGES)
@@ -614,13 +610,12 @@ def consume_tiles(
     sb_s: f16[:, :, :], bars: u64[:, :], turn: u64[:], red: f32[:, :], out: DT[:, :],
     ebuf: DT[:, :, :], ws: f32[:, :], cnt: i32[:], sa: f32[:], sb: f32[:], bias: DT[:],
     tile0: i32, step: i32, my_tiles: i32,
-    k_tiles: i32, tiles_m: i32, tiles_n: i32, full: i32, parts: i32, rank: i32, kr: i32,
+    k_tiles: i32, tiles_m: i32, tiles_n: i32, full: i32, parts: i32, rank: i32,
     m: i32, n: i32, wg: u32, lt: u32,
     ROWS: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr, PROMOTE: kaio.constexpr,
     GROUP: kaio.constexpr, ROW_A: kaio.constexpr, COL_B: kaio.constexpr,
     BIAS: kaio.constexpr, DT: kaio.constexpr, FP8: kaio.constexpr, VEC: kaio.constexpr,
     CL: kaio.constexpr, SPLIT: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr,
-    KC: kaio.constexpr,
 ):  # fmt: skip
     """A consumer warpgroup's tiles: each one's sums (``consume``), then its epilogue (``NS``
     1: of its half of the tile's columns, the 64 rows shared with the other warpgroup; 2:
@@ -628,9 +623,7 @@ def consume_tiles(
     slices: ``consume_alternate``, ``add_warpgroup_sums``); with
     ``SPLIT``, its units (``unit_of``: whole tiles below ``full``, then parts of the split
     tiles, whose raw sums go to rows ``slot * ROWS ..`` of ``ws`` for ``sum_parts``; with
-    ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``); with ``KC``,
-    part ``kr`` of its tile's K slices, its sums left in ``acc`` for the kernel's
-    ``put_sums`` and ``store_cluster_sums``. The
+    ``SPLIT`` 3, each warp's last arrival of a tile sums them: ``last_part``). The
     per-tensor scales are loaded at each epilogue (loading them once before the first tile
     instead ran 0.3% slower on an H100: docs/performance.md)."""
     st = i32(0)  # the ring position: stage, phase parity, slices so far
@@ -648,9 +641,6 @@ def consume_tiles(
         tile = u
         if SPLIT > 1:
             tile, kb, ke, slot = unit_of(u, k_tiles, full, parts)
-            count = ke - kb
-        if KC > 1:
-            kb, ke = k_range(kr, k_tiles, KC)
             count = ke - kb
         if NS == 2:  # every other K slice; warpgroup 0 adds 1's sums and stores the tile
             st, ph, g = consume_alternate(acc, part0, part1, sa_s, sb_s, bars, st, ph, g, count,
@@ -671,8 +661,6 @@ def consume_tiles(
                                 lt, CW, STAGES, PROMOTE, FP8, f32, CL, cs, carried,
                                 nb)  # fmt: skip
             carried = False
-        if KC > 1:  # the kernel sums the cluster's parts, stores them (store_cluster_sums)
-            continue
         tr, tc = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         row0 = tr + rank * ROWS + 64 * i32(wa)
         col0 = tc + nb
@@ -789,43 +777,6 @@ def add_warpgroup_sums(
 
 
 @kaio.gpu_func
-def put_sums(acc: f32[:, :, :], red: f32[:, :], wg: u32, lt: u32, BN: kaio.constexpr):
-    """``KC``: consumer thread ``wg * 128 + lt``'s sums into its column of ``red`` (no bank
-    conflicts), for the cluster's ``store_cluster_sums``."""
-    for j in kaio.static_range(BN // 8):
-        for h in kaio.static_range(2):
-            for e in kaio.static_range(2):
-                red[4 * j + 2 * h + e, wg * 128 + lt] = acc[j, h, e]
-
-
-@kaio.gpu_func
-def store_cluster_sums(
-    acc: f32[:, :, :], red: f32[:, :], out: DT[:, :], ebuf: DT[:, :, :], sa: f32[:],
-    sb: f32[:], bias: DT[:], tile: i32, tiles_m: i32, tiles_n: i32, kr: i32, m: i32, n: i32,
-    wg: u32, lt: u32, BN: kaio.constexpr, GROUP: kaio.constexpr, ROW_A: kaio.constexpr,
-    COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr, VEC: kaio.constexpr,
-    SWAP: kaio.constexpr, KC: kaio.constexpr, ROWS: kaio.constexpr,
-):  # fmt: skip
-    """``KC``, once the cluster synced after ``put_sums``: consumer warp ``w`` of block ``w %
-    KC`` adds the ``KC`` blocks' sums of its rows of the cluster's ``tile`` in rank order
-    (``kaio.cluster_load``, its own included: the same bits in whichever block) and stores
-    them (``epilogue_fp8``, whose stores are each warp's own). The kernel's last
-    ``cluster_sync`` keeps each block until the others have read it."""
-    c = i32(wg * 128 + lt)  # the consumer thread
-    if (c // 32) % KC == kr:
-        for j in kaio.static_range(BN // 8):
-            for h in kaio.static_range(2):
-                for e in kaio.static_range(2):
-                    v = kaio.cluster_load(red, (4 * j + 2 * h + e, c), 0)
-                    for p in kaio.static_range(1, KC):
-                        v += kaio.cluster_load(red, (4 * j + 2 * h + e, c), p)
-                    acc[j, h, e] = v
-        tr, tc = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS)
-        epilogue_fp8(acc, out, ebuf, sa, sb, sa[0], sb[0], bias, tr + 64 * i32(wg), tc, m, n,
-                     wg, lt, BN, ROW_A, COL_B, BIAS, DT, VEC, SWAP)  # fmt: skip
-
-
-@kaio.gpu_func
 def carry_slice(
     part: f32[:, :, :], sa: f16[:, :, :], sb: f16[:, :, :], bars: u64[:, :], st: i32, ph: u32,
     wg: u32, STAGES: kaio.constexpr, KIND: kaio.constexpr,
@@ -850,7 +801,6 @@ def matmul_fp8_wgmma(
     ROW_A: kaio.constexpr, COL_B: kaio.constexpr, BIAS: kaio.constexpr, DT: kaio.constexpr,
     FP8: kaio.constexpr, VEC: kaio.constexpr, CL: kaio.constexpr, SPLIT: kaio.constexpr,
     AR: kaio.constexpr, SWAP: kaio.constexpr, NS: kaio.constexpr, PDL: kaio.constexpr,
-    KC: kaio.constexpr,
 ):  # fmt: skip
     """out = (A @ B) * sa * sb (+ bias): A [m, K] through ``ta`` and B^T [n, K] through
     ``tb``, both as 16-bit units [rows, k2 = K / 2]; ``64 * WG x BN`` tiles; with ``CL = 2``
@@ -864,18 +814,13 @@ def matmul_fp8_wgmma(
     transposed (``store_transposed``). ``NS`` (two consumer warpgroups): 64 x BN tiles, the
     warpgroups sharing the rows, each multiplying half the columns (1, ``CW``) or every
     other K slice of the whole tile (2, ``PROMOTE`` 2's or 1's sums: ``consume_alternate``,
-    the other warpgroup's sums added through ``red``; no ``setmaxnreg``). ``KC``: clusters
-    of ``KC`` blocks, a tile a cluster, block ``kr`` multiplying part ``kr`` of its K slices
-    (``k_range``), the parts' sums added through distributed shared memory (``put_sums``
-    over the ring, ``store_cluster_sums``). ``PDL``: launched with programmatic stream
-    serialization, its launch and set-up overlapping the end of the kernel before it,
-    every thread waiting for that kernel's writes before any global access
-    (``kaio.grid_dependency_wait``)."""
+    the other warpgroup's sums added through ``red``; no ``setmaxnreg``). ``PDL``: launched
+    with programmatic stream serialization, its launch and set-up overlapping the end of
+    the kernel before it, every thread waiting for that kernel's writes before any global
+    access (``kaio.grid_dependency_wait``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL == 2:
         kaio.cluster_dims(2)
-    if KC > 1:
-        kaio.cluster_dims(KC)
     ROWS = 64 * WG - 64 * (WG - 1) * (NS > 0)  # noqa: N806  (compile-time ints, as the
     CW = BN // (1 + (NS == 1))  # noqa: N806  constexprs; NS: two warpgroups share 64 rows)
     # a decode tile's A stages hold only the AR rows copied (a_stage_rows), the ring padded
@@ -886,13 +831,10 @@ def matmul_fp8_wgmma(
     sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), A_BYTES)
     bars = kaio.shared_dynamic(u64, (2, STAGES), A_BYTES + STAGES * BK * BN * 2)
     turn = kaio.shared_dynamic(u64, (2,), A_BYTES + STAGES * (BK * BN * 2 + 16))
-    # NS 2: warpgroup 1's sums on their way to warpgroup 0 (add_warpgroup_sums); KC: every
-    # consumer thread's to the cluster (put_sums), over the ring, which is done by then (a
-    # tile a cluster); else a stub
-    RED = 1 + (CW // 2 - 1) * ((NS == 2) + (KC > 1))  # noqa: N806  (a thread's values)
-    RT = 1 + (128 * (1 + (WG - 1) * (KC > 1)) - 1) * ((NS == 2) + (KC > 1))  # noqa: N806
-    red_at = (A_BYTES + STAGES * (BK * BN * 2 + 16) + 16) * (KC == 1)
-    red = kaio.shared_dynamic(f32, (RED, RT), red_at)
+    # NS 2: warpgroup 1's sums on their way to warpgroup 0 (add_warpgroup_sums); else a stub
+    RED = 1 + (CW // 2 - 1) * (NS == 2)  # noqa: N806  (a thread's values)
+    RT = 1 + 127 * (NS == 2)  # noqa: N806  (the threads)
+    red = kaio.shared_dynamic(f32, (RED, RT), A_BYTES + STAGES * (BK * BN * 2 + 16) + 16)
     # VEC 2, 3: each consumer warp's 16 rows of C on their way out (rows padded by 16
     # bytes, 32 where BN is an odd multiple of 8: ebuf_row)
     on = VEC >= 2  # (else a stub of 8 values)
@@ -907,8 +849,8 @@ def matmul_fp8_wgmma(
         m, n, k2, ROWS * CL, BN, BK
     )
     # the producer's registers to the consumers (not with NS 2: decode tiles, two blocks a
-    # multiprocessor; nor KC, whose sums are stored after the branches)
-    NREG = (WG > 1) * (NS != 2) * (KC == 1)  # noqa: N806
+    # multiprocessor)
+    NREG = (WG > 1) * (NS != 2)  # noqa: N806
     if PROMOTE == 4 and t == 0:  # turn[w]: warpgroup w may issue (an arrival a warp)
         kaio.mbarrier_init(turn, 0, 4)
         kaio.mbarrier_init(turn, 1, 4)
@@ -925,12 +867,6 @@ def matmul_fp8_wgmma(
     if SPLIT > 1:  # units: the whole tiles, then the parts of the split ones (unit_of)
         units = full + (tiles_m * tiles_n - full) * parts
         my_tiles = (units - tile0 + step - 1) // step
-    kr = i32(0)
-    if KC > 1:  # a cluster's KC blocks: the same tile, each part kr of its K slices
-        kr = i32(kaio.cluster_rank())
-        tile0 = tile0 // KC
-        step = step // KC
-        my_tiles = (tiles_m * tiles_n - tile0 + step - 1) // step
     # "free": lane 0 of each consumer warpgroup (of both blocks; NS 2: of the one that read it)
     init_ring(bars, t, STAGES, (1 + (WG - 1) * (NS != 2)) * CL)
     if CL == 2:
@@ -950,31 +886,21 @@ def matmul_fp8_wgmma(
         if PROMOTE == 4 and wg == 0:  # turns: a loop in each branch (the simulator's turns)
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, red, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
-                          rank, kr, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A,
-                          COL_B, BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS, KC)  # fmt: skip
+                          rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
+                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS)  # fmt: skip
         else:
             consume_tiles(acc, part0, part1, sa_s, sb_s, bars, turn, red, out, ebuf, ws, cnt, sa,
                           sb, bias, tile0, step, my_tiles, k_tiles, tiles_m, tiles_n, full, parts,
-                          rank, kr, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A,
-                          COL_B, BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS, KC)  # fmt: skip
+                          rank, m, n, wg, lt, ROWS, BN, STAGES, PROMOTE, GROUP, ROW_A, COL_B,
+                          BIAS, DT, FP8, VEC, CL, SPLIT, SWAP, NS)  # fmt: skip
     else:  # the producer warpgroup: its first thread issues the copies
         if NREG:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
-            produce_all(sa_s, sb_s, bars, ta, tb, tile0,
-                        my_tiles if SPLIT > 1 or KC > 1 else slices, k_tiles, step, tiles_m,
-                        tiles_n, full, parts, kr, BN, STAGES, GROUP, ROWS, CL, SPLIT, AR,
-                        KC)  # fmt: skip
-    if KC > 1:  # a tile a cluster: its parts' sums added, each warp's rows by one block
-        kaio.sync_threads()  # (the ring read: its room takes the sums)
-        if wg < WG:
-            put_sums(acc, red, wg, lt, CW)
-        kaio.cluster_sync()
-        if wg < WG:
-            store_cluster_sums(acc, red, out, ebuf, sa, sb, bias, tile0, tiles_m, tiles_n, kr, m,
-                               n, wg, lt, BN, GROUP, ROW_A, COL_B, BIAS, DT, VEC, SWAP, KC,
-                               ROWS)  # fmt: skip
-    if CL == 2 or KC > 1:
+            produce_all(sa_s, sb_s, bars, ta, tb, tile0, my_tiles if SPLIT > 1 else slices,
+                        k_tiles, step, tiles_m, tiles_n, full, parts, BN, STAGES, GROUP, ROWS,
+                        CL, SPLIT, AR)  # fmt: skip
+    if CL == 2:
         kaio.cluster_sync()  # no block leaves while another may still write to it or read it
 
 
@@ -1152,8 +1078,8 @@ def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
     with one block and others with two (more tiles than multiprocessors but fewer than the
     slots: 10240 columns): the unswapped tiles were faster there. Measured on an H100
     (bench/fp8_plans.py --cases swap, decode, cold3; docs/performance.md). (A tile's K
-    slices over a cluster of two blocks, ``KC``, routed at 4096 x 14336 from 9 to 32 rows
-    before, ran 1-3% slower there than two warpgroups.)"""
+    slices over a cluster of two blocks, routed at 4096 x 14336 from 9 to 32 rows before,
+    ran 1-3% slower there than two warpgroups, and was removed.)"""
     tiles = -(-n // 64)
     if sms < tiles <= SWAP_OCC * sms:
         return None
@@ -1162,7 +1088,7 @@ def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
         return swap_alternating_plan(bn)
     most = stages_for(1, bn, 32, limit=(SHARED_LIMIT + 1024) // SWAP_OCC - 1024)
     stages = min(most, swap_stages(n, k, sms))
-    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1, GROUP_ROWS, 0, 1
+    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1, GROUP_ROWS, 0
 
 
 def swap_alternating_plan(bn: int) -> tuple:
@@ -1172,9 +1098,9 @@ def swap_alternating_plan(bn: int) -> tuple:
     each slice's before the next; two keep twice the wgmmas in flight. Measured on an H100,
     each call between its own events as bench/fp8.py times it (bench/fp8_plans.py --cases
     cold3, cold4; docs/performance.md), against one warpgroup, two blocks a multiprocessor,
-    8 stages (9 to 12 and ``KC`` 2 at K = 14336), 1 to 32 rows, two rounds: 4096 x 4096
-    0.88x-0.97x of cuBLAS against 0.87x-0.94x, 4096 x 14336 0.95x-1.07x against
-    0.93x-1.04x. At 6144 and 8192 columns (96 and 128 tiles) within 2% either way."""
+    8 stages (9 to 12 and a tile's K over a cluster of two at K = 14336), 1 to 32 rows, two
+    rounds: 4096 x 4096 0.88x-0.97x of cuBLAS against 0.87x-0.94x, 4096 x 14336 0.95x-1.07x
+    against 0.93x-1.04x. At 6144 and 8192 columns (96 and 128 tiles) within 2% either way."""
     return 2, bn, 16, 2, 1, 1, 1, 1, 0, 1, GROUP_ROWS, 2
 
 
@@ -1300,7 +1226,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
     BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[,
-    GROUP[, NS[, KC]]]]]]]]), default ``config``'s; CL: 1, or clusters of two tiles one
+    GROUP[, NS]]]]]]]), default ``config``'s; CL: 1, or clusters of two tiles one
     above the other (2); SPLIT > 1 (one block a cluster): the tiles of the last partial
     wave split that many ways along K (``split_from``), their raw sums in a workspace made
     like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one
@@ -1311,22 +1237,15 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     not by ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the
     weights, BN of a's rows a tile; its K split always summed in the kernel. GROUP: the tile
     rows a group of the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``). NS:
-    the kernel's (two warpgroups on a 64-row tile). KC > 1 (SPLIT 1): a cluster of KC
-    blocks a tile, each multiplying part of its K slices (a grid of KC blocks a tile, not
-    persistent)."""
+    the kernel's (two warpgroups on a 64-row tile)."""
     from kaio_ops.linear import _counters, _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
-    defaults = (1, 1, 1, 0, 0, GROUP_ROWS, 0, 1)
-    cl, split, occ, fuse, swap, group, ns, kc = (*rest, *defaults[len(rest) :])[:8]
-    if (split > 1 or occ > 1 or kc > 1) and cl > 1:
+    defaults = (1, 1, 1, 0, 0, GROUP_ROWS, 0)
+    cl, split, occ, fuse, swap, group, ns = (*rest, *defaults[len(rest) :])[:7]
+    if (split > 1 or occ > 1) and cl > 1:
         raise ValueError(
             f"matmul_fp8: plan {plan}: a K split or OCC > 1 needs CL = 1 (one block a tile)"
-        )
-    if kc > 1 and (split > 1 or ns == 2 or -(-k // (2 * BK)) < kc or stages < 2 * wg):
-        raise ValueError(
-            f"matmul_fp8: plan {plan}: KC needs SPLIT 1, NS < 2, K slices >= KC and a ring "
-            "that holds the consumers' sums (put_sums)"
         )
     if swap:  # C^T = B^T A^T: the weights are the 64-row operand, the rows of a the columns
         a_units, bt_units, m, n = bt_units, a_units, n, m
@@ -1339,7 +1258,6 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
         SWAP=int(bool(swap)), NS=ns, PDL=PDL,
-        KC=kc,
     )  # fmt: skip
     if vec >= 2 and dt.itemsize != 2:
         vec = 1  # (the shared buffers hold 16-bit outputs)
@@ -1352,9 +1270,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         shared = max(shared, exclusive_shared(1 if tiles <= sms else occ))
     full = split_from(tiles, sms * occ, split)
     units = full + (tiles - full) * split
-    if kc > 1:  # a cluster a tile (add_cluster_sums syncs the cluster once)
-        grid = kc * tiles
-    elif cl == 1:
+    if cl == 1:
         grid = min(sms * occ, units)
     else:
         grid = 2 * min(tiles, _clusters(threads, shared, constexprs))
@@ -1423,12 +1339,11 @@ def specializations():
                                  "FP8": FP8_TYPES[name], "VEC": vec, "CL": cl,
                                  "SPLIT": 2 if wg == 1 and bn == 64 else 1,
                                  "AR": {128: 16, 32: 8}.get(bn, 64) if wg == 1
-                                 else 64 * wg, "SWAP": 0, "NS": 0, "PDL": i % 2,
-                                 "KC": 1}  # fmt: skip
+                                 else 64 * wg, "SWAP": 0, "NS": 0, "PDL": i % 2}  # fmt: skip
     shared_c = {"WG": 2, "BN": 208, "STAGES": stages_for(2, 208, vec=2), "PROMOTE": 1,
                 "GROUP": GROUP_ROWS, "ROW_A": 0, "COL_B": 1, "BIAS": 1, "DT": bf16,
                 "FP8": e4m3, "VEC": 2, "CL": 1, "SPLIT": 1, "AR": 128, "SWAP": 0,
-                "NS": 0, "PDL": 1, "KC": 1}  # fmt: skip
+                "NS": 0, "PDL": 1}  # fmt: skip
     yield matmul_fp8_wgmma, shared_c  # (C through shared memory)
     yield (
         matmul_fp8_wgmma,
@@ -1450,7 +1365,5 @@ def specializations():
     alternate = {"BN": 16, "STAGES": 8, "PROMOTE": 2, "VEC": 1, "AR": 64, "SWAP": 1, "NS": 2}
     # (two warpgroups on every other K slice of a swapped tile)
     yield matmul_fp8_wgmma, {**shared_c, **alternate, "COL_B": 0, "PDL": 0}
-    # (a tile's K slices over a cluster of two, the sums added through shared memory)
-    yield matmul_fp8_wgmma, {**shared_c, "BN": 64, "STAGES": 8, "PROMOTE": 2, "VEC": 1, "KC": 2}
     yield sum_parts, {"ROWS": 64, "BN": 64, "GROUP": GROUP_ROWS, "ROW_A": 1, "COL_B": 0,
                       "BIAS": 1, "DT": bf16}  # fmt: skip

@@ -95,7 +95,7 @@ def matmul_int8_wgmma(
                        GROUP)  # fmt: skip
     elif t == CONSUMERS:  # the producer
         produce_all(sa_s, sb_s, bars, ta, tb, tile0, slices, k_tiles, step, tiles_m, tiles_n, 0,
-                    1, 0, BN, STAGES, GROUP, BM, 1, 1, BM, 1)  # fmt: skip
+                    1, BN, STAGES, GROUP, BM, 1, 1, BM)  # fmt: skip
 
 
 def eligible(a, k: int) -> bool:

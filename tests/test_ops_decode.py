@@ -359,10 +359,11 @@ def sort_probe(src: kaio.u32[:], dst: kaio.u32[:], N: kaio.constexpr):
         dst[warp * (N // 4) + 32 * r + lane] = buf[warp * (N // 4) + 32 * r + lane]
 
 
-@pytest.mark.parametrize("n", [128, 512])
+@pytest.mark.parametrize("n", [128, 256, 512])
 def test_sort_keys_in_simulator(n):
-    # the bitonic network over a block: pairs by shuffles, within a thread (512: 4 keys a
-    # thread) and across warps; random keys with repeats and the padding key among them
+    # the bitonic network over a block: pairs by shuffles, within a thread (256, 512: 2, 4
+    # keys a thread; 128 and 256 are the routed SORT sizes) and across warps; random keys
+    # with repeats and the padding key among them
     rng = np.random.default_rng(n)
     src = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
     src[: n // 8] = dk.PAD
@@ -868,6 +869,33 @@ def test_gpu_decode_against_sdpa(b, h, hkv, sq, d, capacity, lens, page_size, dt
     err = (out.double() - ref).abs().max().item()
     assert err < (5e-3 if dtype == "float16" else 3e-2), err
     assert torch.isfinite(lse[[i for i, n in enumerate(lens) if n >= sq]]).all()
+    again = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
+    assert torch.equal(again, out)  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "capacity, sq, dtype, sort", [(4096, 1, "float16", 256), (2048, 2, "bfloat16", 128)]
+)
+def test_gpu_sorted_pages_against_sdpa(capacity, sq, dtype, sort, monkeypatch):
+    """The routed SORT (one split over a shuffled pool of 16-token pages, 128 to 256 a
+    sequence: B16 at 2k and 4k keys, the suite's H 32, Hkv 8, D 128) through the public op,
+    ragged lengths (0, 1, page boundaries, the capacity) against SDPA in float64 on the
+    gathered cache; the launch's SORT checked, so that the test fails if the route drifts."""
+    import torch
+
+    _plan.clear()  # (a plan recorded before would replay without the spy)
+    monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
+    lens = [capacity, 0, 1, 15, 16, 17, 255, 256, 257, 1000, 1024, capacity - 1, 2, 31, 500, 33]
+    q, k_cache, v_cache, seq_lens, table = _gpu_case(
+        16, 32, 8, sq, 128, capacity, lens, 16, dtype, seed=capacity + sq
+    )
+    out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
+    assert [c["SORT"] for c in spy.constexprs] == [sort]
+    ref = _sdpa_reference(q, k_cache, v_cache, lens, table)
+    assert out.dtype == q.dtype and torch.isfinite(out).all()
+    err = (out.double() - ref).abs().max().item()
+    assert err < (5e-3 if dtype == "float16" else 3e-2), err
     again = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
     assert torch.equal(again, out)  # deterministic
 

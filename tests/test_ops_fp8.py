@@ -264,8 +264,6 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((2, 128, 3, 1, 3, 1, 1, 1, 0, 0, 8, 1), 70, 272, 256, "row", "f16"),  # halves (NS)
         ((2, 64, 3, 2, 1, 1, 1, 1, 0, 0, 8, 2), 100, 208, 640, "row", "f16"),  # odd K slices
         ((2, 128, 3, 1, 1, 1, 1, 1, 0, 0, 8, 2), 70, 272, 384, "col", "bf16"),  # one sum each
-        ((2, 64, 4, 2, 1, 1, 1, 1, 0, 0, 8, 0, 2), 130, 144, 640, "both", "bf16"),  # KC 2
-        ((1, 32, 3, 2, 1, 1, 1, 1, 0, 0, 8, 0, 4), 20, 96, 1024, "col", "f32"),  # K over 4
         ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
         ((2, 128, 3, 4, 1), 260, 144, 384, "col", "bf16"),  # warpgroups issuing in turn
         ((1, 64, 3, 2, 1, 1, 3), 20, 192, 640, "both", "f16"),  # last tile split 3 ways
@@ -361,7 +359,6 @@ def _force_plan(monkeypatch, plan) -> list:
         ((1, 32, 3, 2, 1, 1, 3, 1, 1, 1), 30, 144, 640, "both", "bf16", "e4m3"),  # 3 parts
         ((2, 16, 3, 1, 1, 1, 2, 1, 0, 1), 9, 128, 512, "row", "f16", "e4m3"),  # split, 2 WG
         ((2, 8, 4, 2, 1, 1, 1, 2, 0, 1, 8, 2), 5, 144, 640, "both", "bf16", "e4m3"),  # NS 2
-        ((1, 8, 4, 2, 1, 1, 1, 1, 0, 1, 8, 0, 2), 5, 144, 640, "row", "f16", "e5m2"),  # KC 2
         ((1, 16, 4, 2, 1, 2, 1, 1, 0, 1), 11, 400, 640, "both", "bf16", "e4m3"),  # CL 2
     ],
 )
@@ -429,7 +426,7 @@ def test_config_plans_fit(sms):
     for m in [1 << i for i in range(14)] + [3, 100, 1000]:
         for n, k in shapes:
             wg, bn, stages, promote, vec, cl, split, *rest = H.config(m, n, k, sms)
-            occ, _, swap, _, ns, kc = (*rest, 1, 0, 0, 0, 0, 1)[:6]
+            occ, _, swap, _, ns = (*rest, 1, 0, 0, 0, 0)[:5]
             room = H.shared_bytes(wg, bn, stages, vec, 64, ns) + 1024
             assert occ * room <= H.SHARED_LIMIT + 1024
             if ns == 2:  # (every other K slice: three sums in 168 registers, else two)
@@ -446,7 +443,6 @@ def test_config_plans_fit(sms):
             assert split == 1 or (cl == 1 and k // 128 >= 2 * split)
             assert not swap or (m <= H.SWAP_M and bn == max(8, -(-m // 8) * 8))
             assert not swap or wg == 1 + (ns == 2)  # (two warpgroups on alternate slices)
-            assert kc == 1 or (swap and 2 * -(-n // 64) <= sms and k // 128 >= 2 * kc)
     assert {(wg, bn) for wg, bn, _ in H.RATES} <= set(H.PLANS)  # each in the PTX checks
     if sms == 132:
         assert min(H.config(s, s, s, sms)[1] for s in (4096, 8192)) >= 192
@@ -669,10 +665,7 @@ def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch
 @pytest.mark.parametrize(
     "plan, m",
     [((2, 48, 12, 2, 1, 1, 1, 1, 0, 0, 8, 2), 64), ((2, 128, 8, 1, 1, 1, 1, 1, 0, 0, 8, 2), 100),
-     ((2, 8, 8, 2, 1, 1, 1, 2, 0, 1, 8, 2), 5), ((1, 16, 12, 2, 1, 1, 1, 1, 0, 1, 8, 0, 4), 13),
-     ((2, 32, 12, 2, 1, 1, 1, 1, 0, 1, 8, 2), 32),
-     ((2, 64, 8, 2, 1, 1, 1, 1, 0, 0, 8, 0, 2), 128),
-     ((2, 128, 5, 1, 1, 1, 1, 1, 0, 0, 8, 0, 4), 250),
+     ((2, 8, 8, 2, 1, 1, 1, 2, 0, 1, 8, 2), 5), ((2, 32, 12, 2, 1, 1, 1, 1, 0, 1, 8, 2), 32),
      ((1, 32, 32, 2, 1), 1), ((1, 16, 26, 2, 1, 1, 1, 2), 16), ((1, 32, 17, 2, 1, 1, 2, 2), 13),
      ((1, 64, 7, 2, 1, 1, 1, 2), 64), ((1, 48, 27, 2, 1), 5), ((1, 32, 17, 2, 1, 1, 2, 2, 1), 16),
      ((1, 64, 7, 2, 1, 1, 3, 2, 1), 40)],
@@ -680,8 +673,8 @@ def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch
 def test_decode_plans_gpu_vs_scaled_mm(plan, m, monkeypatch):
     """Decode tiles (one warpgroup, A stages of only the rows copied) with deep rings, two
     blocks a multiprocessor (OCC) and a K split (its parts summed by ``sum_parts`` or in the
-    kernel), two warpgroups on every other K slice (``NS`` 2, swapped or not), a tile's K
-    slices over a cluster (``KC``), forced, against torch._scaled_mm."""
+    kernel), two warpgroups on every other K slice (``NS`` 2, swapped or not), forced,
+    against torch._scaled_mm."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")
