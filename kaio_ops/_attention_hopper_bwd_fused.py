@@ -685,7 +685,7 @@ def attention_bwd_fused_ordered(
     REGS: kaio.constexpr, DT: kaio.constexpr, DQ: kaio.constexpr, LATE: kaio.constexpr,
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
-    ROT: kaio.constexpr, FINISH: kaio.constexpr, PERSIST: kaio.constexpr,
+    ROT: kaio.constexpr, FINISH: kaio.constexpr, PERSIST: kaio.constexpr, DYN: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -709,7 +709,9 @@ def attention_bwd_fused_ordered(
     most one block a multiprocessor) runs the work items blk, blk + the grid, ... of the
     launch order one after the other, K and V in two buffers (an item's loaded while the
     one before runs), the ring, the dS^T buffers and the dQ writers going on across them
-    (an item waits only for items before it in the launch order: those run or ran); ``NDS``:
+    (an item waits only for items before it in the launch order: those run or ran);
+    ``DYN`` (with ``PERSIST``): the items taken in launch order from a counter (``take_item``)
+    instead, so that blocks whose items are short take more of them; ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
     ``lse_log2(lse)``, ``prep``)."""
@@ -732,6 +734,7 @@ def attention_bwd_fused_ordered(
     BARS = DQS + BM * (D + 4) * 4 + 2 * STAGES * BM * 4
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
     turn = kaio.shared_dynamic(u64, (2 + 2 * PERSIST,), BARS + 16 * NB)  # (PERSIST: K/V free)
+    taken = kaio.shared_dynamic(i32, (2,), BARS + 16 * NB + 8 * (2 + 2 * PERSIST))  # DYN's items
     nkb = (sk + BK - 1) // BK
     blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())
     # PERSIST: a 1-d grid, work items blk, blk + stride, ... (H100, f16 B16 H16 S1024 D 64:
@@ -739,6 +742,9 @@ def attention_bwd_fused_ordered(
     # against 264: likely a block late in its head's turns then holding an early turn)
     stride = i32(kaio.grid_dim_x())
     items = 1 if PERSIST == 0 else (nkb * nkvh - blk + stride - 1) // stride
+    counter = nkvh * group * ((sq + BM - 1) // BM)  # DYN: sem's entry past the tiles'
+    if DYN:
+        items = nkb * nkvh + 1  # (at most: the last, past them, says there are no more)
 
     t, wg, lt = thread_roles(WG)
     if t == 0:
@@ -750,8 +756,8 @@ def attention_bwd_fused_ordered(
                 kaio.mbarrier_init(bars, (0, STAGES + b), 4 * WG)
         if PERSIST:  # K and V's second buffer landed; either free (an arrival a consumer warp)
             kaio.mbarrier_init(turn, 1, 1)
-            for b in kaio.static_range(2):
-                kaio.mbarrier_init(turn, 2 + b, 4 * WG)
+            for b in kaio.static_range(2):  # (DYN: the writers' too, once they read the item)
+                kaio.mbarrier_init(turn, 2 + b, 4 * WG + (NW if DYN else 0))
         kaio.fence_proxy_async()
     kaio.sync_threads()
     # launched while prep finishes (programmatic dependent launch: its arrays are read after
@@ -767,6 +773,10 @@ def attention_bwd_fused_ordered(
             st, ph, pb, hph, wph, fb, g0 = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
                 b = blk + j * stride
+                if DYN:
+                    b = taken_item(turn, taken, j)
+                    if b >= nkb * nkvh:
+                        break
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
                         b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
@@ -792,6 +802,11 @@ def attention_bwd_fused_ordered(
             ph, g0 = u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
                 b = blk + j * stride
+                if DYN:  # (read: the producer may take the item after next in its place)
+                    b = taken_item(turn, taken, j)
+                    kaio.mbarrier_arrive(turn, 2 + j % 2)
+                    if b >= nkb * nkvh:
+                        break
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
                         b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
@@ -804,11 +819,16 @@ def attention_bwd_fused_ordered(
             st, ph, g0 = i32(0), u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
                 b = blk + j * stride
+                kv = -1 if j < 2 else (j - 2) // 2 % 2  # (buffer j % 2 again: once free)
+                if DYN:
+                    b = take_item(turn, taken, sem, counter, j, kv, nkb * nkvh)
+                    if b >= nkb * nkvh:
+                        break
+                    kv = -1  # (waited for)
                 if PERSIST:
                     x, kvh, first_head, first, n_tiles, start = work_item(
                         b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
                     )  # fmt: skip
-                kv = -1 if j < 2 else (j - 2) // 2 % 2  # (buffer j % 2 again: once free)
                 st, ph = produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl,
                                  td, kvh * sk + x * BK, first_head * sq, sq, group, first,
                                  n_tiles, D, BK, BM, STAGES, TSTATS, DT, WRAP=ROT, start=start,
@@ -818,6 +838,31 @@ def attention_bwd_fused_ordered(
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
                              sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
                              EARLY)  # fmt: skip
+
+
+@kaio.gpu_func
+def take_item(turn: u64[:], taken: i32[:], sem: i32[:], counter: i32, j: i32, kv: i32,
+              n: i32) -> i32:  # fmt: skip
+    """``DYN``: the producer's work item j, the next in launch order (``sem[counter]``, zeroed
+    by ``prep``), taken once K/V buffer j % 2 is free (``turn[2 + j % 2]``'s phase kv, where
+    kv >= 0: the consumers' last reads of item j - 2 and the writers' of its index) and
+    written to ``taken[j % 2]`` for the other warps (``taken_item``); past the n items, the
+    "landed" barrier is completed without a load: no more work."""
+    kb = j % 2
+    if kv >= 0:
+        kaio.mbarrier_wait(turn, 2 + kb, u32(kv))
+    b = kaio.atomic_add(sem, counter, 1)
+    taken[kb] = b
+    if b >= n:
+        kaio.mbarrier_arrive(turn, kb)
+    return b
+
+
+@kaio.gpu_func
+def taken_item(turn: u64[:], taken: i32[:], j: i32) -> i32:
+    """``DYN``: work item j of this block (``take_item``'s), once its K and V landed."""
+    kaio.mbarrier_wait(turn, j % 2, u32(j // 2 % 2))
+    return taken[j % 2]
 
 
 @kaio.gpu_kernel(block_size=256)
@@ -1022,6 +1067,10 @@ PREP_R = {64: 2, 128: 2}
 # B16 S1024 226 against 234, B4 S4096 330 against 384.
 PERSIST = {64: (1, 0), 128: (0, 0)}
 
+# Whether persistent blocks take their work items from a counter, in launch order, as they
+# go (``DYN``), rather than every grid-th item, by head dim and mask (with ``PERSIST``).
+DYN = {64: (0, 0), 128: (0, 0)}
+
 # Whether dQ's conversion runs behind the kernel (``dq_convert_behind``) rather than after
 # it (``dq_convert_rows``), by head dim. H100, f16 H16 B16 S1024, queued, each against the
 # same kernels converting after (bwd64 rounds A and C, with 16-byte conversions in
@@ -1052,6 +1101,7 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c["FINISH"] = FINISH[d]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     c["PERSIST"] = PERSIST[d][bool(causal)]
+    c["DYN"] = DYN[d][bool(causal)]
     return {**c, "STAGES": fit_stages(d, c)}
 
 
@@ -1111,7 +1161,7 @@ def _buffers(c: dict) -> int:
 
 def smem_bytes(d: int, c: dict) -> int:
     """The kernel's dynamic shared memory for head dim ``d`` and constexprs ``c``."""
-    more = 32 * max(c.get("NW", 2) - 3, 0)  # (writers 3 .. NW - 1's barriers)
+    more = 32 * max(c.get("NW", 2) - 3, 0) + 8  # (writers 3 .. NW - 1's barriers; DYN's items)
     if c.get("PERSIST"):  # K and V's second buffer, its two barriers
         more += 2 * 64 * c["WG"] * d * 2 + 16
     return more + shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
@@ -1136,6 +1186,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     cfg = cfg or {}
     c = {**ordered_config(d, cfg.get("SCHED"), causal), **cfg}  # (EARLY too)
     c["PERSIST"] = int(persistent(c))
+    c["DYN"] = int(c["PERSIST"] and bool(c.get("DYN")))
     if "STAGES" not in cfg:  # as many as fit with the overrides
         c["STAGES"] = fit_stages(d, c)
     if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64 or (c["SCHED"] and c["LATE"]):
@@ -1159,15 +1210,16 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     n_tiles = -(-sq // c["BM"])  # the semaphores' (dq_acc: whole tiles of 64 rows)
     acc_size = bh * -(-sq // 64) * 64 * d
     dq_acc = _arrays.output(da, (acc_size,), f32)
-    sem = _arrays.output(da, (bh * n_tiles,), i32)
+    n_sem = bh * n_tiles + 1  # (and DYN's counter of the work items taken)
+    sem = _arrays.output(da, (n_sem,), i32)
     zeros = 0 if stores_first(c) else acc_size  # (the dQ sums' zeros)
     l2 = _arrays.output(da, (rows_q,), f32)  # lse_log2(lse) once a query row
     l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
     r = PREP_R[d]
-    grid = max(-(-rows_q // prep_rows(d, r)), -(-max(zeros // 4, bh * n_tiles) // 256))
+    grid = max(-(-rows_q // prep_rows(d, r)), -(-max(zeros // 4, n_sem) // 256))
     src = da if o is None else o  # (without o, delta is given: DOT 0 reads neither)
     prep[grid, 256, stream, 0](src.arg(src.size), da.arg(da.size), delta, la.arg(rows_q), l2_arg,
-                               rows_q, dq_acc, zeros, sem, bh * n_tiles, D=d, R=r,
+                               rows_q, dq_acc, zeros, sem, n_sem, D=d, R=r,
                                DOT=int(o is not None), DT=qa.dtype)  # fmt: skip
     if c["L2"]:  # (the kernel's stats: l2, else lse)
         la = types.SimpleNamespace(obj=l2, kind=da.kind, arg=lambda *_: l2_arg)
