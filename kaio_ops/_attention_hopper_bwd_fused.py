@@ -40,7 +40,10 @@ run): not causal, key block x's walk over its W (head, tile) items begins at ite
 nkb and wraps around, and the turns on an item follow the order the walks reach it
 (``turn_rank``), so that a head's key blocks, launched side by side, add to different
 tiles at any time instead of queueing on the same ones; causal, the key blocks are
-launched in increasing order (the longest walks first, the shortest last: a shorter tail).
+launched in increasing order (the longest walks first, the shortest last: a shorter tail)
+and take their turns on a tile in that order (key block x's first tile is key block x -
+1's third: it waits only where it starts less than two tiles after that one; ``hg`` heads
+interleaved in the launch order put them apart).
 With rotated walks, ``FINISH`` gives each tile's last turn the tile's dQ (``finish_dq``: the
 others' sum read once the semaphore says they are in, its own added, rounded and stored).
 
@@ -181,14 +184,15 @@ def turn_rank(
     BK: kaio.constexpr,
 ) -> i32:  # fmt: skip
     """Key block x's turn (of ``nkb``) on query tile t, item ``item`` of its walk of
-    ``total``: causal, decreasing key blocks from the last that sees the tile; ``rot``
-    (``rotated``: key block x's walk begins at item ``x total // nkb`` and wraps), in the
-    order the walks reach the item: first the key blocks whose walk began at or before it,
-    the latest begun first, then the others, the latest first; else increasing key blocks."""
+    ``total``: causal without ``rot``, decreasing key blocks from the last that sees the
+    tile; ``rot`` not causal (``rotated``: key block x's walk begins at item ``x total //
+    nkb`` and wraps), in the order the walks reach the item: first the key blocks whose walk
+    began at or before it, the latest begun first, then the others, the latest first; else
+    (causal with ``rot`` too) increasing key blocks."""
     rank = x
-    if causal != 0:
+    if causal != 0 and rot == 0:
         rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
-    elif rot != 0:
+    elif causal == 0 and rot != 0:
         begun = kaio.min(nkb, ((item + 1) * nkb + total - 1) // total)  # walks begun by item
         rank = begun - 1 - x
         if x >= begun:
@@ -700,7 +704,8 @@ def attention_bwd_fused_ordered(
     ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3);
     ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``ROT``
     (``rotated``; ``hg`` 1): not causal, key block x's walk begins at item x W / nkb of its
-    W; causal, the key blocks launched in increasing order (the longest walks first);
+    W; causal, the key blocks launched in increasing order (the longest walks first) and
+    their turns in that order;
     either way a block may wait for a later one of its head (all of them must fit on the
     GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
     the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_rows``
@@ -1033,9 +1038,9 @@ HG = {64: (16, 1), 128: (4, 1)}
 # stores dQ (``FINISH``; ``finishes``). H100, B16 H16 S1024, TFLOP/s, each against main's
 # kernel in the same run: D 128 with both 344 and 355 against 311 and 314 (f16; SDPA flash
 # 211, 212), bf16 348 against 311; f16 B4 S4096 514 against 513; D 64 249 / 238 / 236 / 259
-# against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone) 114 / 173 against
-# 120 / 171; with prep, PDL and dQ converted behind (bwd64 round E, queued): 239 against
-# 242, B4 S4096 387 against 389.
+# against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone, the turns then still in
+# decreasing order) 114 / 173 against 120 / 171; with prep, PDL and dQ converted behind
+# (bwd64 round E, queued): 239 against 242, B4 S4096 387 against 389.
 ROT = {64: (False, False), 128: (True, False)}
 FINISH = {64: False, 128: True}
 
@@ -1119,12 +1124,12 @@ def constexprs(c: dict) -> dict:
     return {k: int(v) for k, v in c.items() if k != "HG"}
 
 
-def persistent(c: dict) -> bool:
+def persistent(c: dict, causal: bool) -> bool:
     """Whether the kernel runs with persistent blocks: ``PERSIST`` in the configuration
-    ``c``, with ``SCHED`` 4, three dS^T buffers, the two writers and neither ``ROT`` nor
-    ``FINISH`` (whose rotated walks wait for later blocks of a head)."""
+    ``c``, with ``SCHED`` 4, three dS^T buffers, the two writers and neither ``FINISH`` nor,
+    without the mask, ``ROT`` (whose rotated walks wait for later blocks of a head)."""
     return (bool(c.get("PERSIST")) and c["SCHED"] == 4 and c["NDS"] == 3 and c["EARLY"] == 3
-            and not c["ROT"] and not c["FINISH"])  # fmt: skip
+            and not (c["ROT"] and not causal) and not c["FINISH"])  # fmt: skip
 
 
 def rotated(c: dict, nkb: int, sms: int) -> bool:
@@ -1185,7 +1190,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     bh, heads, group, sq, sk, d, _ = dims
     cfg = cfg or {}
     c = {**ordered_config(d, cfg.get("SCHED"), causal), **cfg}  # (EARLY too)
-    c["PERSIST"] = int(persistent(c))
+    c["PERSIST"] = int(persistent(c, causal))
     c["DYN"] = int(c["PERSIST"] and bool(c.get("DYN")))
     if "STAGES" not in cfg:  # as many as fit with the overrides
         c["STAGES"] = fit_stages(d, c)
@@ -1231,7 +1236,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     nkb = -(-sk // bk)
     rot = rotated(c, nkb, _arrays.multiprocessors(qa))
     finish = finishes(c, rot, causal)
-    hg = 1 if rot else c["HG"]  # (rotated walks: a head's key blocks side by side)
+    hg = 1 if rot and not causal else c["HG"]  # (rotated walks: a head's key blocks side by side)
     grid = (nkb, bh // group)
     if c["PERSIST"]:  # at most one block a multiprocessor
         grid = (min(nkb * (bh // group), _arrays.multiprocessors(qa)),)

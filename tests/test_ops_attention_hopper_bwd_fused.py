@@ -41,6 +41,10 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
     return over
 
 
+# persistent blocks taking their work items from a counter, on three "multiprocessors"
+DYN3 = {"PERSIST": 1, "DYN": 1, "SMS": 3}
+
+
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, d, dtype, causal, sched, early, more",
     [
@@ -80,7 +84,10 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
         # persistent blocks taking their items from a counter (DYN) in the fixed order, causal:
         # the simulator's block 0 takes all six (two K/V heads' three key blocks of walks of
         # two to eight tiles), the others find none left; Sq > Sk, grouped-query heads
-        (2, 2, 1, 448, 384, 64, np.float16, True, 4, 3, {"PERSIST": 1, "DYN": 1, "SMS": 3}),
+        (2, 2, 1, 448, 384, 64, np.float16, True, 4, 3, DYN3),
+        # the same with the longest causal walks first and the turns in increasing key-block
+        # order (ROT, causal), two K/V heads interleaved in the launch order (HG 2)
+        (2, 2, 1, 448, 384, 64, np.float16, True, 4, 3, {**DYN3, "ROT": True, "HG": 2}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
         # heads of one K/V head, the second key block seeing no query (Sq < Sk); delta from o
         (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {"O": 1}),
@@ -277,6 +284,7 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
      (64, False, 3, {"ROT": True, "FINISH": True}), (64, False, 3, {"PERSIST": 1, "SMS": 7}),
      (64, True, 4, {"PERSIST": 1, "SMS": 7}), (64, True, 4, {"PERSIST": 1, "DYN": 1, "SMS": 7}),
      (64, False, 3, {"PERSIST": 1, "DYN": 1, "SMS": 7}),
+     (64, True, 4, {"PERSIST": 1, "DYN": 1, "ROT": True, "HG": 4, "SMS": 7}),
      (128, False, 4, {"ROT": True, "FINISH": True}), (128, True, 2, {"ROT": True})],
 )  # fmt: skip
 def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, monkeypatch):
