@@ -222,8 +222,8 @@ def consume_late(
     SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0, PFIRST: kaio.constexpr = 0,
     ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0, PERSIST: kaio.constexpr = 0,
     kb: i32 = 0, kph: u32 = 0, g0: i32 = 0, st: i32 = 0, ph: u32 = 0, pb: i32 = 0,
-    hph: u32 = 0, wph: u32 = 0, fb: i32 = 0,
-) -> tuple[i32, u32, i32, u32, u32, i32]:  # fmt: skip
+    hph: u32 = 0, wph: u32 = 0, fb: i32 = 0, handed: i32 = 0,
+) -> tuple[i32, u32, i32, u32, u32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
     three from shared memory (``pt_s``: dS^T in buffers 0 and 1, P^T in 2 and 3, by tile
@@ -252,7 +252,8 @@ def consume_late(
     block, after ``g0`` tiles of its others: K and V in buffer ``kb`` (landed:
     ``turn[kb]``'s phase ``kph``; freed once its products are done: ``turn[2 + kb]``), the
     ring, the dS^T buffers, dq_s's parity and the writers going on from the state given
-    (st, ph, pb, hph, wph, fb; returned for the next item). Then dK, dV stored."""
+    (st, ph, pb, hph, wph, fb, and ``handed``: whether a tile went to the writers, with
+    ``FINISH``; returned for the next item). Then dK, dV stored."""
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
@@ -271,7 +272,6 @@ def consume_late(
     FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
     ROW = 0 if NDS == 3 else 1  # the dS^T buffers' barriers' row
     total = group * kaio.max(n_tiles - first, 0)
-    handed = i32(0)
     kc = kb * (D // 64)  # K's and V's first 64-column block
     kaio.mbarrier_wait(turn, kb, kph)  # K and V landed
     at_first = first_head * sq
@@ -306,7 +306,8 @@ def consume_late(
             release(bars, ps, lt)
             if SCHED == 1:
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
-                                         item, total, q, sq, n_tiles, g0 + _i > 1, c0, lane, lt,
+                                         item, total, causal, q, sq, n_tiles, g0 + _i > 1, c0,
+                                         lane, lt,
                                          handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
                                          DT, FINISH, DONE)  # fmt: skip
             qb = pb  # tile i - 1's buffers
@@ -316,14 +317,16 @@ def consume_late(
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
-                                         item, total, q, sq, n_tiles, g0 + _i > 1, c0, lane, lt,
+                                         item, total, causal, q, sq, n_tiles, g0 + _i > 1, c0,
+                                         lane, lt,
                                          handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
                                          DT, FINISH, DONE)  # fmt: skip
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT, kc)
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
-                                         item, total, q, sq, n_tiles, g0 + _i > 1, c0, lane, lt,
+                                         item, total, causal, q, sq, n_tiles, g0 + _i > 1, c0,
+                                         lane, lt,
                                          handed, wph, fb, scale, STAGES + qb, FULL, D, BM, BK,
                                          NQ, TWO, NW, DT, FINISH, 0,
                                          FREE if NDS == 2 else 0)  # fmt: skip
@@ -340,7 +343,8 @@ def consume_late(
         issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                         last, DT, kc)  # fmt: skip
         wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0, item,
-                                 total, q, sq, n_tiles, g0 + total > 1, c0, lane, lt, handed, wph,
+                                 total, causal, q, sq, n_tiles, g0 + total > 1, c0, lane, lt,
+                                 handed, wph,
                                  fb, scale, ps, FULL, D, BM, BK, NQ, TWO, NW, DT, FINISH, 0,
                                  RELEASE)  # fmt: skip
         pb, hph = next_stage(pb, hph, NDS)  # (the next item's first tile: the next buffer)
@@ -350,7 +354,7 @@ def consume_late(
             kaio.mbarrier_arrive(turn, 2 + kb)
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
-    return st, ph, pb, hph, wph, fb
+    return st, ph, pb, hph, wph, fb, handed
 
 
 @kaio.gpu_func
@@ -435,12 +439,13 @@ def give_dq(
 
 
 @kaio.gpu_func
-def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, BM: kaio.constexpr,
-              BK: kaio.constexpr) -> i32:  # fmt: skip
-    """Whether key block x finishes the tile of item ``item`` of its rotated walk (tile t;
-    ``FINISH``, not causal: every key block adds to every tile): its turn there is the
-    last."""
-    return i32(turn_rank(x, nkb, t, item, total, 0, 1, BM, BK) == nkb - 1)
+def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, causal: i32,
+              BM: kaio.constexpr, BK: kaio.constexpr) -> i32:  # fmt: skip
+    """Whether key block x finishes the tile of item ``item`` of its walk (tile t;
+    ``FINISH``, with ``ROT``'s turns: not causal, rotated walks; causal, increasing key
+    blocks, so that the last that sees the tile finishes it): its turn there is the last."""
+    rank = turn_rank(x, nkb, t, item, total, causal, 1, BM, BK)
+    return i32(rank == tile_turns(t, nkb, causal, BM, BK) - 1)
 
 
 # What ``dq_out`` does once the tile's dQ product is awaited (its ``THEN``): nothing, arrive
@@ -454,10 +459,11 @@ DONE = -1
 @kaio.gpu_func
 def dq_out(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], dq: DT[:], dqa: f32[:, :],
-    dqo: f32[:, :], x: i32, nkb: i32, t: i32, at0: i32, item: i32, total: i32, q: i32, sq: i32,
-    n_tiles: i32, after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32,
-    scale: f32, b: i32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
-    BK: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr, NW: kaio.constexpr,
+    dqo: f32[:, :], x: i32, nkb: i32, t: i32, at0: i32, item: i32, total: i32, causal: i32,
+    q: i32, sq: i32, n_tiles: i32, after: bool_, c0: i32, lane: u32, lt: u32, handed: i32,
+    wph: u32, fb: i32, scale: f32, b: i32, FULL: kaio.constexpr, D: kaio.constexpr,
+    BM: kaio.constexpr, BK: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr,
+    NW: kaio.constexpr,
     DT: kaio.constexpr, FINISH: kaio.constexpr, LEFT: kaio.constexpr, THEN: kaio.constexpr = 0,
 ) -> tuple[u32, i32, i32]:  # fmt: skip
     """Query tile t's dQ share (dqa; head at row at0, item ``item`` of key block x's walk)
@@ -466,8 +472,8 @@ def dq_out(
     with ``DONE``) and ``THEN`` (``FREE``: ``free_buffer`` of buffer barrier b,
     ``RELEASE``: ``release`` of ring stage b), then ``out_dq`` (``after`` a first tile) and
     the next tile's writer. Returns (the dq_s parity, handed, the next writer)."""
-    fin = fetch_others(dqo, dq_acc, sem, x, nkb, t, at0, item, total, sq, n_tiles, c0, lt,
-                       FINISH, D, BM, BK, NQ)  # fmt: skip
+    fin = fetch_others(dqo, dq_acc, sem, x, nkb, t, at0, item, total, causal, sq, n_tiles, c0,
+                       lt, FINISH, D, BM, BK, NQ)  # fmt: skip
     if LEFT != DONE:
         kaio.wgmma_wait(LEFT)
     if THEN == FREE:
@@ -495,7 +501,7 @@ def out_dq(
     without, to the writers (``after`` a first tile). Returns (the dq_s parity, handed)."""
     if FINISH:
         if fin != 0:
-            finish_dq(dq, dqa, dqo, dq_acc, t, at0, t * BM + q, sq, n_tiles, nkb - 1, c0, lane,
+            finish_dq(dq, dqa, dqo, dq_acc, t, at0, t * BM + q, sq, n_tiles, fin - 1, c0, lane,
                       lt, scale, D, BM, NQ, DT)  # fmt: skip
         else:
             wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, handed != 0, wph, fb, FULL,
@@ -510,19 +516,20 @@ def out_dq(
 @kaio.gpu_func
 def fetch_others(
     dqo: f32[:, :], dq_acc: f32[:], sem: i32[:], x: i32, nkb: i32, t: i32, at0: i32,
-    item: i32, total: i32, sq: i32, n_tiles: i32, c0: i32, lt: u32, FINISH: kaio.constexpr,
-    D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr, NQ: kaio.constexpr,
+    item: i32, total: i32, causal: i32, sq: i32, n_tiles: i32, c0: i32, lt: u32,
+    FINISH: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
+    NQ: kaio.constexpr,
 ) -> i32:  # fmt: skip
-    """``FINISH``: whether key block x finishes query tile t (head at row at0, item ``item``
-    of its walk: ``last_turn``), and then the wait until the turns before its own have
+    """``FINISH``: where key block x finishes query tile t (head at row at0, item ``item``
+    of its walk: ``last_turn``), 1 + the turns before its own, and the wait until those have
     added theirs (the tile's semaphore), issued while the tile's dQ product runs; at D 64
     also this thread's fragment of their sum (``others_sum``) in dqo (at D 128 its
     registers beside the product's spill: ``finish_dq`` reads it). Else 0."""
     fin = i32(0)
     if FINISH:
-        fin = last_turn(x, nkb, t, item, total, BM, BK)
-        if fin != 0:
-            before = nkb - 1
+        if last_turn(x, nkb, t, item, total, causal, BM, BK) != 0:
+            before = tile_turns(t, nkb, causal, BM, BK) - 1
+            fin = before + 1
             if before > 0:
                 kaio.wait_eq(sem, at0 // sq * n_tiles + t, before)
             if D == 64:
@@ -603,7 +610,7 @@ def write_dq_two(
     for _i in range(total):
         mine = (g0 + _i) % NW == w
         if FINISH:  # (the tiles this key block finishes: the consumers')
-            mine = mine and last_turn(x, nkb, t, item, total, BM, BK) == 0
+            mine = mine and last_turn(x, nkb, t, item, total, causal, BM, BK) == 0
         if mine:
             tile = at0 // sq * n_tiles + t
             rank = turn_rank(x, nkb, t, item, total, causal, ROT, BM, BK)
@@ -776,6 +783,7 @@ def attention_bwd_fused_ordered(
             kaio.setmaxnreg_inc(REGS)
         if SCHED:
             st, ph, pb, hph, wph, fb, g0 = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
+            handed = i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
                 b = blk + j * stride
                 if DYN:
@@ -786,12 +794,12 @@ def attention_bwd_fused_ordered(
                     x, kvh, first_head, first, n_tiles, start = work_item(
                         b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
                     )  # fmt: skip
-                st, ph, pb, hph, wph, fb = consume_late(
+                st, ph, pb, hph, wph, fb, handed = consume_late(
                     k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                     dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start,
                     x, nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES,
                     TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT, FINISH,
-                    PERSIST, j % 2, u32(j // 2 % 2), g0, st, ph, pb, hph, wph, fb,
+                    PERSIST, j % 2, u32(j // 2 % 2), g0, st, ph, pb, hph, wph, fb, handed,
                 )  # fmt: skip
                 g0 += group * kaio.max(n_tiles - first, 0)
         else:
@@ -1126,10 +1134,11 @@ def constexprs(c: dict) -> dict:
 
 def persistent(c: dict, causal: bool) -> bool:
     """Whether the kernel runs with persistent blocks: ``PERSIST`` in the configuration
-    ``c``, with ``SCHED`` 4, three dS^T buffers, the two writers and neither ``FINISH`` nor,
-    without the mask, ``ROT`` (whose rotated walks wait for later blocks of a head)."""
+    ``c``, with ``SCHED`` 4, three dS^T buffers, the two writers and, without the mask,
+    neither ``ROT`` nor ``FINISH`` (rotated walks wait for later blocks of a head; with the
+    mask, ``ROT``'s key blocks wait only for earlier ones)."""
     return (bool(c.get("PERSIST")) and c["SCHED"] == 4 and c["NDS"] == 3 and c["EARLY"] == 3
-            and not (c["ROT"] and not causal) and not c["FINISH"])  # fmt: skip
+            and (causal or not (c["ROT"] or c["FINISH"])))  # fmt: skip
 
 
 def rotated(c: dict, nkb: int, sms: int) -> bool:
@@ -1143,10 +1152,12 @@ def rotated(c: dict, nkb: int, sms: int) -> bool:
 
 def finishes(c: dict, rot: bool, causal: bool) -> bool:
     """Whether the kernel runs with ``finish`` (``FINISH`` in the configuration ``c``): with
-    ``rot`` (``rotated``), not causal (its last turns are key block 0's on every tile: H100,
-    f16 B16 H16 S1024 D 128, that order finishing them ran 239 and 246 TFLOP/s against 230
-    and 255 without, B4 S4096 443 against 459) and the fixed order (``ORDER`` 1)."""
-    return bool(c.get("FINISH")) and rot and not causal and c["ORDER"] == 1
+    ``rot`` (``rotated``; causal, the turns in increasing key-block order: each key block
+    finishes the tiles on its diagonal, the first of its walk) and the fixed order (``ORDER``
+    1). (Causal in the decreasing order, key block 0 finishing every tile: H100, f16 B16 H16
+    S1024 D 128, 239 and 246 TFLOP/s against 230 and 255 without, B4 S4096 443 against
+    459.)"""
+    return bool(c.get("FINISH")) and rot and c["ORDER"] == 1
 
 
 def fit_stages(d: int, c: dict) -> int:

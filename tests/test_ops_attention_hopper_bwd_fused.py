@@ -88,6 +88,10 @@ DYN3 = {"PERSIST": 1, "DYN": 1, "SMS": 3}
         # the same with the longest causal walks first and the turns in increasing key-block
         # order (ROT, causal), two K/V heads interleaved in the launch order (HG 2)
         (2, 2, 1, 448, 384, 64, np.float16, True, 4, 3, {**DYN3, "ROT": True, "HG": 2}),
+        # and each key block finishing the tiles on its diagonal (FINISH: no dQ conversion
+        # after the kernel), three batches: after the last key block of the first two (each
+        # of its tiles finished, none to the writers) come the third's
+        (3, 2, 1, 448, 384, 64, np.float16, True, 4, 3, {**DYN3, "ROT": 1, "HG": 2, "FINISH": 1}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
         # heads of one K/V head, the second key block seeing no query (Sq < Sk); delta from o
         (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {"O": 1}),
@@ -285,6 +289,7 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
      (64, True, 4, {"PERSIST": 1, "SMS": 7}), (64, True, 4, {"PERSIST": 1, "DYN": 1, "SMS": 7}),
      (64, False, 3, {"PERSIST": 1, "DYN": 1, "SMS": 7}),
      (64, True, 4, {"PERSIST": 1, "DYN": 1, "ROT": True, "HG": 4, "SMS": 7}),
+     (64, True, 4, {"PERSIST": 1, "DYN": 1, "ROT": True, "HG": 4, "FINISH": True, "SMS": 7}),
      (128, False, 4, {"ROT": True, "FINISH": True}), (128, True, 2, {"ROT": True})],
 )  # fmt: skip
 def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, monkeypatch):
