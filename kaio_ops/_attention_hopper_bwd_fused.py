@@ -697,6 +697,7 @@ def attention_bwd_fused_ordered(
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
     ROT: kaio.constexpr, FINISH: kaio.constexpr, PERSIST: kaio.constexpr, DYN: kaio.constexpr,
+    DOT: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -723,7 +724,10 @@ def attention_bwd_fused_ordered(
     one before runs), the ring, the dS^T buffers and the dQ writers going on across them
     (an item waits only for items before it in the launch order: those run or ran);
     ``DYN`` (with ``PERSIST``): the items taken in launch order from a counter (``take_item``)
-    instead, so that blocks whose items are short take more of them; ``NDS``:
+    instead, so that blocks whose items are short take more of them; ``DOT`` (``TSTATS``
+    1, two writers): ``td`` is O's TMA map, not delta's: each ring tile brings O's rows
+    beside dO's and the producer warpgroup's warp 3 computes their delta (``delta_warp``),
+    so that no pass before the kernel reads O and dO; ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
     ``lse_log2(lse)``, ``prep``)."""
@@ -731,22 +735,25 @@ def attention_bwd_fused_ordered(
     NPT = 4 if SCHED and SCHED < 4 else NDS if SCHED else NBUF  # P^T, dS^T (0, 4: dS^T)
     BK = 64 * WG
     TILE = BK * 64 * 2  # one K or V column block, resp. P^T or dS^T buffer (64 queries)
-    RING = 2 * STAGES * BM * D * 2  # Q and dO: the ring
+    QR = STAGES * BM * D * 2  # the ring's Q tiles (and dO's, and DOT: O's)
+    RING = (2 + DOT) * QR
     NB = STAGES + NBUF * WG + 2 + (NW - 3 if NW > 3 else 0)  # (writers 3 .. NW - 1's "full")
     KC = (1 + PERSIST) * D // 64  # K's (and V's) 64-column blocks: PERSIST, two buffers
     k_s = kaio.shared_dynamic(DT, (KC, BK, 64), 0)
     v_s = kaio.shared_dynamic(DT, (KC, BK, 64), KC * TILE)
     KV = 2 * KC * TILE
     q_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), KV)
-    do_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), KV + RING // 2)
+    do_s = kaio.shared_dynamic(DT, (STAGES, (1 + DOT) * D // 64, BM, 64), KV + QR)  # (DOT: O)
     ds_s = kaio.shared_dynamic(DT, (NPT, BK, 64), KV + RING)
     DQS = KV + RING + NPT * TILE
     dq_s = kaio.shared_dynamic(f32, (BM * D // 4, 4), DQS)  # fragment order (store_dq_frags)
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), DQS + BM * (D + 4) * 4)
     BARS = DQS + BM * (D + 4) * 4 + 2 * STAGES * BM * 4
-    bars = kaio.shared_dynamic(u64, (2, NB), BARS)
-    turn = kaio.shared_dynamic(u64, (2 + 2 * PERSIST,), BARS + 16 * NB)  # (PERSIST: K/V free)
-    taken = kaio.shared_dynamic(i32, (2,), BARS + 16 * NB + 8 * (2 + 2 * PERSIST))  # DYN's items
+    bars = kaio.shared_dynamic(u64, (2 + DOT, NB), BARS)  # (DOT: row 2, the ring's copies)
+    TURN = BARS + (8 * (2 + DOT) * NB + 15) // 16 * 16
+    turn = kaio.shared_dynamic(u64, (2 + 2 * PERSIST,), TURN)  # (PERSIST: K/V free)
+    taken = kaio.shared_dynamic(i32, (2,), TURN + 8 * (2 + 2 * PERSIST))  # DYN's items
+    ring_end = kaio.shared_dynamic(i32, (2,), TURN + 8 * (2 + 2 * PERSIST) + 16)  # DOT's
     nkb = (sk + BK - 1) // BK
     blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())
     # PERSIST: a 1-d grid, work items blk, blk + stride, ... (H100, f16 B16 H16 S1024 D 64:
@@ -766,6 +773,10 @@ def attention_bwd_fused_ordered(
         if SCHED >= 2:  # the dS^T buffers' "free" (free_buffer), resp. NDS 3's "full"
             for b in kaio.static_range(NDS):
                 kaio.mbarrier_init(bars, (0, STAGES + b), 4 * WG)
+        ring_end[0] = -1
+        if DOT:  # the ring's copies landed (the delta warp then arrives on bars[0, .])
+            for b in kaio.static_range(STAGES):
+                kaio.mbarrier_init(bars, (2, b), 1)
         if PERSIST:  # K and V's second buffer landed; either free (an arrival a consumer warp)
             kaio.mbarrier_init(turn, 1, 1)
             for b in kaio.static_range(2):  # (DYN: the writers' too, once they read the item)
@@ -809,7 +820,7 @@ def attention_bwd_fused_ordered(
                          LATE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads, warps 1 to 3 add dQ
         if REGS:
-            kaio.setmaxnreg_dec(PRODUCER_REGS)
+            kaio.setmaxnreg_dec(PRODUCER_REGS + 8 * DOT)  # (DOT: delta_warp's sums)
         w = i32(lt // 32) - 1 + 3 * i32(lt % 32 // 16)  # (writers 3-5: lane 16 of warps 1-3)
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
             ph, g0 = u32(0), i32(0)
@@ -845,12 +856,69 @@ def attention_bwd_fused_ordered(
                 st, ph = produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl,
                                  td, kvh * sk + x * BK, first_head * sq, sq, group, first,
                                  n_tiles, D, BK, BM, STAGES, TSTATS, DT, WRAP=ROT, start=start,
-                                 kb=j % 2, st=st, ph=ph, ring0=g0, kv_ph=kv)  # fmt: skip
+                                 kb=j % 2, st=st, ph=ph, ring0=g0, kv_ph=kv,
+                                 WITH_O=DOT)  # fmt: skip
                 g0 += group * kaio.max(n_tiles - first, 0)
+            if DOT:
+                end_ring(bars, ring_end, st, ph, g0, STAGES)
+        elif DOT and lt >= 96:
+            delta_warp(do_s, stats, bars, ring_end, lt % 32, D, BM, STAGES, DT)
         elif lt >= 32 and EARLY < 3:
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
                              sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
                              EARLY)  # fmt: skip
+
+
+@kaio.gpu_func
+def delta_warp(do_s: DT[:, :, :, :], stats: f32[:, :, :], bars: u64[:, :], ring_end: i32[:],
+               lane: u32, D: kaio.constexpr, BM: kaio.constexpr, STAGES: kaio.constexpr,
+               DT: kaio.constexpr):  # fmt: skip
+    """``DOT``: for each ring tile, once its copies landed (``bars[2, st]``), delta =
+    rowsum(dO * O) of its BM rows (dO in do_s's column blocks 0 .. C - 1, O in C .. 2C - 1)
+    into ``stats[1, st]``, then the warp's arrival on ``bars[0, st]`` (the consumers'
+    "landed"); until the tile that ``end_ring`` names (no copies: the ring's end). Lane
+    ``lane`` takes rows lane, lane + 32, ...; a row's eight 16-byte chunks of a column block
+    are read from chunk ``lane`` on, wrapping (the TMA swizzle permutes a row's chunks alike
+    in dO and O, so any order of them gives the row's sum; this one puts a quarter warp's
+    loads on distinct banks)."""
+    C = D // 64
+    st, ph = i32(0), u32(0)
+    i = i32(0)
+    a = kaio.local(DT, 8)
+    b = kaio.local(DT, 8)
+    while True:
+        kaio.mbarrier_wait(bars, (2, st), ph)
+        if ring_end[0] == i:
+            break
+        for h in kaio.static_range(BM // 32):
+            r = i32(lane) + 32 * h
+            dot = f32(0.0)
+            for c in kaio.static_range(C):
+                for k in kaio.static_range(8):
+                    col = (i32(lane) + k) % 8 * 8
+                    kaio.load_vector(a, do_s, (st, c, r, col))
+                    kaio.load_vector(b, do_s, (st, C + c, r, col))
+                    for e in kaio.static_range(8):
+                        dot += f32(a[e]) * f32(b[e])
+            stats[1, st, r] = dot
+        kaio.fence_proxy_async()  # (the reads of the stage, before its next copies)
+        kaio.sync_warp()
+        if lane == 0:
+            kaio.mbarrier_arrive(bars, (0, st))
+        i += 1
+        st, ph = next_stage(st, ph, STAGES)
+
+
+@kaio.gpu_func
+def end_ring(bars: u64[:, :], ring_end: i32[:], st: i32, ph: u32, n: i32,
+             STAGES: kaio.constexpr):  # fmt: skip
+    """``DOT``, the producer past the ring's n tiles: once stage st (parity ph) is free,
+    ``ring_end[0]`` = n and an arrival on the stage's copies barrier (``bars[2, st]``)
+    without copies, which tells ``delta_warp`` that there are no more tiles."""
+    if n >= STAGES:
+        kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
+    ring_end[0] = n
+    kaio.mbarrier_arrive(bars, (2, st))
 
 
 @kaio.gpu_func
@@ -1084,6 +1152,10 @@ PERSIST = {64: (1, 0), 128: (0, 0)}
 # go (``DYN``), rather than every grid-th item, by head dim and mask (with ``PERSIST``).
 DYN = {64: (0, 0), 128: (0, 0)}
 
+# Whether the kernel computes delta = rowsum(dO * O) itself (``DOT``: O's tiles in the ring,
+# ``delta_warp``) instead of ``prep`` reading O and dO before it, by head dim and mask.
+DOT = {64: (0, 0), 128: (0, 0)}
+
 # Whether dQ's conversion runs behind the kernel (``dq_convert_behind``) rather than after
 # it (``dq_convert_rows``), by head dim. H100, f16 H16 B16 S1024, queued, each against the
 # same kernels converting after (bwd64 rounds A and C, with 16-byte conversions in
@@ -1115,6 +1187,7 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c["NDS"] = NDS[d] if sched >= 4 else 2
     c["PERSIST"] = PERSIST[d][bool(causal)]
     c["DYN"] = DYN[d][bool(causal)]
+    c["DOT"] = DOT[d][bool(causal)]
     return {**c, "STAGES": fit_stages(d, c)}
 
 
@@ -1177,9 +1250,13 @@ def _buffers(c: dict) -> int:
 
 def smem_bytes(d: int, c: dict) -> int:
     """The kernel's dynamic shared memory for head dim ``d`` and constexprs ``c``."""
-    more = 32 * max(c.get("NW", 2) - 3, 0) + 8  # (writers 3 .. NW - 1's barriers; DYN's items)
+    more = 32 * max(c.get("NW", 2) - 3, 0) + 32  # (writers 3 .. NW - 1's barriers; DYN's
+    # items, DOT's ring end)
     if c.get("PERSIST"):  # K and V's second buffer, its two barriers
         more += 2 * 64 * c["WG"] * d * 2 + 16
+    if c.get("DOT"):  # O's ring tiles, a third row of barriers
+        nb = c["STAGES"] + 2 * c["WG"] + 2 + max(c.get("NW", 2) - 3, 0)  # (the kernel's NB)
+        more += c["STAGES"] * c["BM"] * d * 2 + 8 * nb + 8
     return more + shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
                                _buffers(c))  # fmt: skip
 
@@ -1203,6 +1280,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     c = {**ordered_config(d, cfg.get("SCHED"), causal), **cfg}  # (EARLY too)
     c["PERSIST"] = int(persistent(c, causal))
     c["DYN"] = int(c["PERSIST"] and bool(c.get("DYN")))
+    c["DOT"] = int(bool(c.get("DOT")) and o is not None)  # (else delta is given)
     if "STAGES" not in cfg:  # as many as fit with the overrides
         c["STAGES"] = fit_stages(d, c)
     if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64 or (c["SCHED"] and c["LATE"]):
@@ -1220,6 +1298,10 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         raise ValueError(
             f"_attention_hopper_bwd_fused.launch: SPLIT, L2, PFIRST need SCHED 1 to 6: {c}"
         )
+    if c["DOT"] and (c["NW"] != 2 or c["EARLY"] != 3 or c["TSTATS"] != 1):
+        raise ValueError(
+            f"_attention_hopper_bwd_fused.launch: DOT needs NW 2, EARLY 3, TSTATS 1: {c}"
+        )
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
     stream, dq, dk, dv, rows_q, rows_kv = launch_outputs(qa, ka, da, d)
@@ -1233,15 +1315,18 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
     r = PREP_R[d]
     grid = max(-(-rows_q // prep_rows(d, r)), -(-max(zeros // 4, n_sem) // 256))
-    src = da if o is None else o  # (without o, delta is given: DOT 0 reads neither)
+    dot = o is not None and not c["DOT"]  # (prep's delta; the kernel's with DOT)
+    src = o if dot else da  # (without o, delta is given: DOT 0 reads neither)
     prep[grid, 256, stream, 0](src.arg(src.size), da.arg(da.size), delta, la.arg(rows_q), l2_arg,
-                               rows_q, dq_acc, zeros, sem, n_sem, D=d, R=r,
-                               DOT=int(o is not None), DT=qa.dtype)  # fmt: skip
+                               rows_q, dq_acc, zeros, sem, n_sem, D=d, R=r, DOT=int(dot),
+                               DT=qa.dtype)  # fmt: skip
     if c["L2"]:  # (the kernel's stats: l2, else lse)
         la = types.SimpleNamespace(obj=l2, kind=da.kind, arg=lambda *_: l2_arg)
 
     tmap = functools.partial(row_map, d=d)
     stats = stats_maps(la, delta, rows_q, c["BM"])
+    if c["DOT"]:  # (the kernel's td: O's rows, delta_warp's)
+        stats[1] = tmap(o, rows_q, c["BM"])
     bk = 64 * c["WG"]
     smem = smem_bytes(d, c)
     nkb = -(-sk // bk)

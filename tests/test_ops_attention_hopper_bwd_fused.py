@@ -43,6 +43,8 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
 
 # persistent blocks taking their work items from a counter, on three "multiprocessors"
 DYN3 = {"PERSIST": 1, "DYN": 1, "SMS": 3}
+# and ROT's increasing turns under the mask, two K/V heads interleaved, FINISH
+DYN_FINISH = {**DYN3, "ROT": 1, "HG": 2, "FINISH": 1}
 
 
 @pytest.mark.parametrize(
@@ -58,6 +60,8 @@ DYN3 = {"PERSIST": 1, "DYN": 1, "SMS": 3}
         # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query; delta computed by
         # the launch's prep from o (O)
         (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3, {"O": 1}),
+        # the same with delta computed in the kernel (DOT: O's tiles in the ring), bf16
+        (1, 2, 1, 256, 128, 64, ml_dtypes.bfloat16, True, 4, 3, {"O": 1, "DOT": 1}),
         # each tile's dQ product with its dV and dK (SCHED 6: the next tile's S^T and dP^T
         # meanwhile), three dS^T buffers, the masked and unmasked probabilities in two
         # branches (SPLIT), lse_log2 once a row (L2), PFIRST; causal, grouped-query, a
@@ -91,7 +95,9 @@ DYN3 = {"PERSIST": 1, "DYN": 1, "SMS": 3}
         # and each key block finishing the tiles on its diagonal (FINISH: no dQ conversion
         # after the kernel), three batches: after the last key block of the first two (each
         # of its tiles finished, none to the writers) come the third's
-        (3, 2, 1, 448, 384, 64, np.float16, True, 4, 3, {**DYN3, "ROT": 1, "HG": 2, "FINISH": 1}),
+        (3, 2, 1, 448, 384, 64, np.float16, True, 4, 3, DYN_FINISH),
+        # and delta = rowsum(dO * O) in the kernel (DOT: O's tiles in the ring)
+        (3, 2, 1, 448, 384, 64, np.float16, True, 4, 3, {**DYN_FINISH, "O": 1, "DOT": 1}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
         # heads of one K/V head, the second key block seeing no query (Sq < Sk); delta from o
         (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {"O": 1}),
@@ -271,10 +277,13 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
     (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
     da = inputs.array(do, "do", ndim=4)
     la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
+    oa = inputs.array(o, "o", ndim=4)
     delta = (o.float() * do.float()).sum(-1).reshape(-1)
 
-    def run(**keywords):
-        return hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, **keywords)
+    def run(with_o=False, **keywords):
+        o_arg = oa if with_o else None  # (given: delta computed from it)
+        return hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, **keywords,
+                                 o=o_arg)  # fmt: skip
 
     return q, k, v, do, run
 
@@ -290,6 +299,8 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
      (64, False, 3, {"PERSIST": 1, "DYN": 1, "SMS": 7}),
      (64, True, 4, {"PERSIST": 1, "DYN": 1, "ROT": True, "HG": 4, "SMS": 7}),
      (64, True, 4, {"PERSIST": 1, "DYN": 1, "ROT": True, "HG": 4, "FINISH": True, "SMS": 7}),
+     (64, True, 4, {"PERSIST": 1, "DYN": 1, "ROT": True, "HG": 4, "FINISH": True, "SMS": 7,
+                    "DOT": 1, "O": 1}), (64, False, 3, {"DOT": 1, "O": 1}),
      (128, False, 4, {"ROT": True, "FINISH": True}), (128, True, 2, {"ROT": True})],
 )  # fmt: skip
 def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, monkeypatch):
@@ -298,10 +309,12 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, m
     heads: six blocks' heads, a partial group of ``HG``); ``over``: with ``ROT`` (rotated
     walks, resp. the longest causal walks launched first), ``FINISH`` (with rotated walks)
     and ``PERSIST`` (persistent blocks; ``SMS``: the multiprocessors the launch sees, so
-    that each block runs several work items; ``DYN``: taken from a counter as they go)."""
+    that each block runs several work items; ``DYN``: taken from a counter as they go;
+    ``DOT``, with o: delta computed in the kernel)."""
     import torch
 
     over = _with_multiprocessors(monkeypatch, over)
+    with_o = bool(over.pop("O", 0))  # (o given: delta computed from it, with DOT in the kernel)
 
     from tests.test_ops_attention import _rel_t, _sdpa64
 
@@ -309,7 +322,7 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, m
     q, k, v, do, run = _gpu_operands(2, h, hkv, 1000, 2048, d, causal, d + hkv)
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
     _sdpa64(*leaves, causal, group=h // hkv).backward(do.double())
-    runs = [run(ordered=over or True) for _ in range(3)]
+    runs = [run(with_o, ordered=over or True) for _ in range(3)]
     for g, leaf in zip(runs[0], leaves, strict=True):
         assert _rel_t(g, leaf.grad) < 5e-3, _rel_t(g, leaf.grad)
     for again in runs[1:]:
