@@ -963,9 +963,9 @@ def prep(o: DT[:], do: DT[:], delta: f32[:], lse: f32[:], l2: f32[:], rows: i32,
     kernel's ``L2`` reads: one conversion a query row, not one a key block) and, with ``DOT``
     (the launch given ``o``), delta[row] = rowsum(o * do) of the [rows, D] matrices: D / 8 lanes a
     row, each one 16-byte load of o and of do, ``R`` rows a lane whose loads are all issued
-    before the sums (R * 256 / (D / 8) rows a block)."""
+    before the sums (R * 256 / (D / 8) rows a block; without ``DOT`` one lane a row)."""
     kaio.launch_dependents()  # (the backward kernel may start: its wait is for all of this)
-    L = D // 8  # (lanes a row)
+    L = D // 8 if DOT else 1  # (lanes a row)
     t = i32(kaio.thread_idx_x())
     j = i32(kaio.block_idx_x()) * 256 + t
     zero_sums(acc, n, sem, m, j)
@@ -994,9 +994,10 @@ def prep(o: DT[:], do: DT[:], delta: f32[:], lse: f32[:], l2: f32[:], rows: i32,
                 delta[row] = dot
 
 
-def prep_rows(d: int, r: int) -> int:
-    """The rows of one block of ``prep`` for head dim ``d`` and ``r`` rows a lane."""
-    return r * 256 // (d // 8)
+def prep_rows(d: int, r: int, dot: bool = True) -> int:
+    """The rows of one block of ``prep`` for head dim ``d`` and ``r`` rows a lane (``dot``:
+    its ``DOT``, D / 8 lanes a row; else one)."""
+    return r * 256 // (d // 8 if dot else 1)
 
 
 @kaio.gpu_func
@@ -1314,8 +1315,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     l2 = _arrays.output(da, (rows_q,), f32)  # lse_log2(lse) once a query row
     l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
     r = PREP_R[d]
-    grid = max(-(-rows_q // prep_rows(d, r)), -(-max(zeros // 4, n_sem) // 256))
     dot = o is not None and not c["DOT"]  # (prep's delta; the kernel's with DOT)
+    grid = max(-(-rows_q // prep_rows(d, r, dot)), -(-max(zeros // 4, n_sem) // 256))
     src = o if dot else da  # (without o, delta is given: DOT 0 reads neither)
     prep[grid, 256, stream, 0](src.arg(src.size), da.arg(da.size), delta, la.arg(rows_q), l2_arg,
                                rows_q, dq_acc, zeros, sem, n_sem, D=d, R=r, DOT=int(dot),
