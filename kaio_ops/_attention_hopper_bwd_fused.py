@@ -40,12 +40,10 @@ run): not causal, key block x's walk over its W (head, tile) items begins at ite
 nkb and wraps around, and the turns on an item follow the order the walks reach it
 (``turn_rank``), so that a head's key blocks, launched side by side, add to different
 tiles at any time instead of queueing on the same ones; causal, the key blocks are
-launched in increasing order (the longest walks first, the shortest last: a shorter tail)
-and take their turns on a tile in that order (key block x's first tile is key block x -
-1's third: it waits only where it starts less than two tiles after that one; ``hg`` heads
-interleaved in the launch order put them apart).
-With rotated walks, ``FINISH`` gives each tile's last turn the tile's dQ (``finish_dq``: the
-others' sum read once the semaphore says they are in, its own added, rounded and stored).
+launched in increasing order (the longest walks first, the shortest last: a shorter tail).
+``FINISH`` gives each tile's last turn the tile's dQ (``finish_dq``: the others' sum read
+once the semaphore says they are in, its own added, rounded and stored): no conversion
+after the kernel.
 
 The simulator runs a kernel with ``wait_eq`` one block at a time in linear order: every
 wait is met at once there, and an order that needs a later block is reported.
@@ -184,15 +182,14 @@ def turn_rank(
     BK: kaio.constexpr,
 ) -> i32:  # fmt: skip
     """Key block x's turn (of ``nkb``) on query tile t, item ``item`` of its walk of
-    ``total``: causal without ``rot``, decreasing key blocks from the last that sees the
-    tile; ``rot`` not causal (``rotated``: key block x's walk begins at item ``x total //
-    nkb`` and wraps), in the order the walks reach the item: first the key blocks whose walk
-    began at or before it, the latest begun first, then the others, the latest first; else
-    (causal with ``rot`` too) increasing key blocks."""
+    ``total``: causal, decreasing key blocks from the last that sees the tile; ``rot``
+    (``rotated``: key block x's walk begins at item ``x total // nkb`` and wraps), in the
+    order the walks reach the item: first the key blocks whose walk began at or before it,
+    the latest begun first, then the others, the latest first; else increasing key blocks."""
     rank = x
-    if causal != 0 and rot == 0:
+    if causal != 0:
         rank = kaio.min(nkb - 1, ((t + 1) * BM - 1) // BK) - x
-    elif causal == 0 and rot != 0:
+    elif rot != 0:
         begun = kaio.min(nkb, ((item + 1) * nkb + total - 1) // total)  # walks begun by item
         rank = begun - 1 - x
         if x >= begun:
@@ -307,9 +304,8 @@ def consume_late(
             if SCHED == 1:
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
                                          item, total, causal, q, sq, n_tiles, g0 + _i > 1, c0,
-                                         lane, lt,
-                                         handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
-                                         DT, FINISH, DONE)  # fmt: skip
+                                         lane, lt, handed, wph, fb, scale, 0, FULL, D, BM, BK,
+                                         NQ, TWO, NW, DT, FINISH, DONE, ROT=ROT)  # fmt: skip
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
             if SCHED >= 2 and SCHED < 6 and NDS == 2 and _i > 1:  # (the other wg's
@@ -318,18 +314,16 @@ def consume_late(
             if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
                                          item, total, causal, q, sq, n_tiles, g0 + _i > 1, c0,
-                                         lane, lt,
-                                         handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
-                                         DT, FINISH, DONE)  # fmt: skip
+                                         lane, lt, handed, wph, fb, scale, 0, FULL, D, BM, BK,
+                                         NQ, TWO, NW, DT, FINISH, DONE, ROT=ROT)  # fmt: skip
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT, kc)
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
                                          item, total, causal, q, sq, n_tiles, g0 + _i > 1, c0,
-                                         lane, lt,
-                                         handed, wph, fb, scale, STAGES + qb, FULL, D, BM, BK,
-                                         NQ, TWO, NW, DT, FINISH, 0,
-                                         FREE if NDS == 2 else 0)  # fmt: skip
+                                         lane, lt, handed, wph, fb, scale, STAGES + qb, FULL, D,
+                                         BM, BK, NQ, TWO, NW, DT, FINISH, 0,
+                                         FREE if NDS == 2 else 0, ROT)  # fmt: skip
             ps = st
             pt, pat0 = t, at0
             item += 1
@@ -344,9 +338,8 @@ def consume_late(
                         last, DT, kc)  # fmt: skip
         wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0, item,
                                  total, causal, q, sq, n_tiles, g0 + total > 1, c0, lane, lt,
-                                 handed, wph,
-                                 fb, scale, ps, FULL, D, BM, BK, NQ, TWO, NW, DT, FINISH, 0,
-                                 RELEASE)  # fmt: skip
+                                 handed, wph, fb, scale, ps, FULL, D, BM, BK, NQ, TWO, NW, DT,
+                                 FINISH, 0, RELEASE, ROT)  # fmt: skip
         pb, hph = next_stage(pb, hph, NDS)  # (the next item's first tile: the next buffer)
     if PERSIST:  # K and V read for the last time: the producer may load an item after next's
         kaio.sync_warp()
@@ -439,12 +432,13 @@ def give_dq(
 
 
 @kaio.gpu_func
-def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, causal: i32,
+def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, causal: i32, rot: i32,
               BM: kaio.constexpr, BK: kaio.constexpr) -> i32:  # fmt: skip
     """Whether key block x finishes the tile of item ``item`` of its walk (tile t;
-    ``FINISH``, with ``ROT``'s turns: not causal, rotated walks; causal, increasing key
-    blocks, so that the last that sees the tile finishes it): its turn there is the last."""
-    rank = turn_rank(x, nkb, t, item, total, causal, 1, BM, BK)
+    ``FINISH``): its turn there (``turn_rank``'s) is the last (causal: key block 0's on
+    every tile; not causal, the last key block's, or with ``rot`` the last walk's to reach
+    it)."""
+    rank = turn_rank(x, nkb, t, item, total, causal, rot, BM, BK)
     return i32(rank == tile_turns(t, nkb, causal, BM, BK) - 1)
 
 
@@ -465,6 +459,7 @@ def dq_out(
     BM: kaio.constexpr, BK: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr,
     NW: kaio.constexpr,
     DT: kaio.constexpr, FINISH: kaio.constexpr, LEFT: kaio.constexpr, THEN: kaio.constexpr = 0,
+    ROT: kaio.constexpr = 0,
 ) -> tuple[u32, i32, i32]:  # fmt: skip
     """Query tile t's dQ share (dqa; head at row at0, item ``item`` of key block x's walk)
     out of the consumers: ``fetch_others`` (``FINISH``: the wait for the other turns issued
@@ -473,7 +468,7 @@ def dq_out(
     ``RELEASE``: ``release`` of ring stage b), then ``out_dq`` (``after`` a first tile) and
     the next tile's writer. Returns (the dq_s parity, handed, the next writer)."""
     fin = fetch_others(dqo, dq_acc, sem, x, nkb, t, at0, item, total, causal, sq, n_tiles, c0,
-                       lt, FINISH, D, BM, BK, NQ)  # fmt: skip
+                       lt, FINISH, D, BM, BK, NQ, ROT)  # fmt: skip
     if LEFT != DONE:
         kaio.wgmma_wait(LEFT)
     if THEN == FREE:
@@ -518,7 +513,7 @@ def fetch_others(
     dqo: f32[:, :], dq_acc: f32[:], sem: i32[:], x: i32, nkb: i32, t: i32, at0: i32,
     item: i32, total: i32, causal: i32, sq: i32, n_tiles: i32, c0: i32, lt: u32,
     FINISH: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
-    NQ: kaio.constexpr,
+    NQ: kaio.constexpr, ROT: kaio.constexpr = 0,
 ) -> i32:  # fmt: skip
     """``FINISH``: where key block x finishes query tile t (head at row at0, item ``item``
     of its walk: ``last_turn``), 1 + the turns before its own, and the wait until those have
@@ -527,7 +522,7 @@ def fetch_others(
     registers beside the product's spill: ``finish_dq`` reads it). Else 0."""
     fin = i32(0)
     if FINISH:
-        if last_turn(x, nkb, t, item, total, causal, BM, BK) != 0:
+        if last_turn(x, nkb, t, item, total, causal, ROT, BM, BK) != 0:
             before = tile_turns(t, nkb, causal, BM, BK) - 1
             fin = before + 1
             if before > 0:
@@ -610,7 +605,7 @@ def write_dq_two(
     for _i in range(total):
         mine = (g0 + _i) % NW == w
         if FINISH:  # (the tiles this key block finishes: the consumers')
-            mine = mine and last_turn(x, nkb, t, item, total, causal, BM, BK) == 0
+            mine = mine and last_turn(x, nkb, t, item, total, causal, ROT, BM, BK) == 0
         if mine:
             tile = at0 // sq * n_tiles + t
             rank = turn_rank(x, nkb, t, item, total, causal, ROT, BM, BK)
@@ -712,13 +707,11 @@ def attention_bwd_fused_ordered(
     ``write_dq_two``'s (1: the fixed order); ``NW``: its writers (2 to 6, with ``EARLY`` 3);
     ``hg``: ``interleaved``'s (1: block (x, y) is key block x of K/V head y); ``ROT``
     (``rotated``; ``hg`` 1): not causal, key block x's walk begins at item x W / nkb of its
-    W; causal, the key blocks launched in increasing order (the longest walks first) and
-    their turns in that order;
+    W; causal, the key blocks launched in increasing order (the longest walks first);
     either way a block may wait for a later one of its head (all of them must fit on the
-    GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
-    the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_rows``
-    after the kernel; ``PERSIST`` (``SCHED`` 4, ``EARLY`` 3,
-    ``NDS`` 3, neither ``ROT`` nor ``FINISH``): a persistent block (a 1-d grid of at
+    GPU at once: the launch's ``rotated``); ``FINISH``: the last turn on each tile stores
+    its dQ to ``dq`` (``finish_dq``), no ``dq_convert_rows`` after the kernel; ``PERSIST``
+    (``SCHED`` 4, ``EARLY`` 3, ``NDS`` 3, not ``ROT``): a persistent block (a 1-d grid of at
     most one block a multiprocessor) runs the work items blk, blk + the grid, ... of the
     launch order one after the other, K and V in two buffers (an item's loaded while the
     one before runs), the ring, the dS^T buffers and the dQ writers going on across them
@@ -1111,15 +1104,20 @@ HG = {64: (16, 1), 128: (4, 1)}
 
 # Whether the key blocks of a head may wait for later ones (``ROT``; not causal, rotated
 # walks; causal, the longest walks launched first) by head dim and mask, where they all fit
-# on the GPU at once (``rotated``), and whether then (not causal) the last turn on each tile
-# stores dQ (``FINISH``; ``finishes``). H100, B16 H16 S1024, TFLOP/s, each against main's
-# kernel in the same run: D 128 with both 344 and 355 against 311 and 314 (f16; SDPA flash
-# 211, 212), bf16 348 against 311; f16 B4 S4096 514 against 513; D 64 249 / 238 / 236 / 259
-# against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone, the turns then still in
-# decreasing order) 114 / 173 against 120 / 171; with prep, PDL and dQ converted behind
-# (bwd64 round E, queued): 239 against 242, B4 S4096 387 against 389.
+# on the GPU at once (``rotated``), and whether the last turn on each tile stores dQ
+# (``FINISH``; ``finishes``; with ``ROT`` where all fit). H100, B16 H16 S1024, TFLOP/s, each
+# against main's kernel in the same run: D 128 with both 344 and 355 against 311 and 314
+# (f16; SDPA flash 211, 212), bf16 348 against 311; f16 B4 S4096 514 against 513; D 64 249
+# / 238 / 236 / 259 against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone) 114 /
+# 173 against 120 / 171; with prep, PDL and dQ converted behind (bwd64 round E, queued): 239
+# against 242, B4 S4096 387 against 389. Tried (the turns under the mask in increasing key-block
+# order too, persistent blocks taking their items from a counter, 16 or 32 heads
+# interleaved: each key block waits for the one before to be two tiles ahead; H100, f16
+# B16 H16 S1024 D 64, queued): 127 (HG 16), 193 (32) against 252 without; B4 S4096 316
+# against 405. Causal D 128, key block 0 finishing every tile: 239 and 246 against 230 and
+# 255 without, B4 S4096 443 against 459.
 ROT = {64: (False, False), 128: (True, False)}
-FINISH = {64: False, 128: True}
+FINISH = {64: (False, False), 128: (True, False)}
 
 # The dS^T buffers of SCHED 4 (``NDS``) by head dim (D 128: three do not fit beside three
 # ring stages): H200, f16 B4 H16 S4096, D 64 with HG 4, NDS 3 against 2: 360 against 334,
@@ -1184,7 +1182,7 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c.update(SPLIT=on, L2=on, PFIRST=on)
     c["HG"] = HG[d][bool(causal)]
     c["ROT"] = ROT[d][bool(causal)]
-    c["FINISH"] = FINISH[d]
+    c["FINISH"] = FINISH[d][bool(causal)]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     c["PERSIST"] = PERSIST[d][bool(causal)]
     c["DYN"] = DYN[d][bool(causal)]
@@ -1206,13 +1204,12 @@ def constexprs(c: dict) -> dict:
     return {k: int(v) for k, v in c.items() if k != "HG"}
 
 
-def persistent(c: dict, causal: bool) -> bool:
+def persistent(c: dict) -> bool:
     """Whether the kernel runs with persistent blocks: ``PERSIST`` in the configuration
-    ``c``, with ``SCHED`` 4, three dS^T buffers, the two writers and, without the mask,
-    neither ``ROT`` nor ``FINISH`` (rotated walks wait for later blocks of a head; with the
-    mask, ``ROT``'s key blocks wait only for earlier ones)."""
+    ``c``, with ``SCHED`` 4, three dS^T buffers, the two writers and not ``ROT`` (whose
+    key blocks wait for later ones of a head)."""
     return (bool(c.get("PERSIST")) and c["SCHED"] == 4 and c["NDS"] == 3 and c["EARLY"] == 3
-            and (causal or not (c["ROT"] or c["FINISH"])))  # fmt: skip
+            and not c["ROT"])  # fmt: skip
 
 
 def rotated(c: dict, nkb: int, sms: int) -> bool:
@@ -1224,14 +1221,11 @@ def rotated(c: dict, nkb: int, sms: int) -> bool:
     return bool(c.get("ROT")) and nkb <= sms and c["EARLY"] == 3
 
 
-def finishes(c: dict, rot: bool, causal: bool) -> bool:
+def finishes(c: dict, rot: bool) -> bool:
     """Whether the kernel runs with ``finish`` (``FINISH`` in the configuration ``c``): with
-    ``rot`` (``rotated``; causal, the turns in increasing key-block order: each key block
-    finishes the tiles on its diagonal, the first of its walk) and the fixed order (``ORDER``
-    1). (Causal in the decreasing order, key block 0 finishing every tile: H100, f16 B16 H16
-    S1024 D 128, 239 and 246 TFLOP/s against 230 and 255 without, B4 S4096 443 against
-    459.)"""
-    return bool(c.get("FINISH")) and rot and c["ORDER"] == 1
+    the fixed order (``ORDER`` 1), and where ``ROT`` is asked, with ``rot`` (``rotated``:
+    all of a head's key blocks fit on the GPU)."""
+    return bool(c.get("FINISH")) and c["ORDER"] == 1 and (rot or not c["ROT"])
 
 
 def fit_stages(d: int, c: dict) -> int:
@@ -1279,7 +1273,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     bh, heads, group, sq, sk, d, _ = dims
     cfg = cfg or {}
     c = {**ordered_config(d, cfg.get("SCHED"), causal), **cfg}  # (EARLY too)
-    c["PERSIST"] = int(persistent(c, causal))
+    c["PERSIST"] = int(persistent(c))
     c["DYN"] = int(c["PERSIST"] and bool(c.get("DYN")))
     c["DOT"] = int(bool(c.get("DOT")) and o is not None)  # (else delta is given)
     if "STAGES" not in cfg:  # as many as fit with the overrides
@@ -1332,8 +1326,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     smem = smem_bytes(d, c)
     nkb = -(-sk // bk)
     rot = rotated(c, nkb, _arrays.multiprocessors(qa))
-    finish = finishes(c, rot, causal)
-    hg = 1 if rot and not causal else c["HG"]  # (rotated walks: a head's key blocks side by side)
+    finish = finishes(c, rot)
+    hg = 1 if rot else c["HG"]  # (rotated walks: a head's key blocks side by side)
     grid = (nkb, bh // group)
     if c["PERSIST"]:  # at most one block a multiprocessor
         grid = (min(nkb * (bh // group), _arrays.multiprocessors(qa)),)
@@ -1366,7 +1360,7 @@ def specializations():
             for causal in (False, True):  # the configurations taken (by mask)
                 cfg = ordered_config(d, None, causal)
                 rot = bool(cfg["ROT"]) and cfg["EARLY"] == 3  # (rotated, where all fit)
-                c = {**constexprs(cfg), "ROT": int(rot), "FINISH": int(finishes(cfg, rot, causal))}
+                c = {**constexprs(cfg), "ROT": int(rot), "FINISH": int(finishes(cfg, rot))}
                 if c not in seen:
                     seen.append(c)
                     yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **c}

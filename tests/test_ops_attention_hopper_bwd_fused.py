@@ -43,8 +43,8 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
 
 # persistent blocks taking their work items from a counter, on three "multiprocessors"
 DYN3 = {"PERSIST": 1, "DYN": 1, "SMS": 3}
-# and ROT's increasing turns under the mask, two K/V heads interleaved, FINISH
-DYN_FINISH = {**DYN3, "ROT": 1, "HG": 2, "FINISH": 1}
+# and the last turn on each tile storing its dQ (FINISH), two K/V heads interleaved
+DYN_FINISH = {**DYN3, "HG": 2, "FINISH": 1}
 
 
 @pytest.mark.parametrize(
@@ -89,13 +89,12 @@ DYN_FINISH = {**DYN3, "ROT": 1, "HG": 2, "FINISH": 1}
         # the simulator's block 0 takes all six (two K/V heads' three key blocks of walks of
         # two to eight tiles), the others find none left; Sq > Sk, grouped-query heads
         (2, 2, 1, 448, 384, 64, np.float16, True, 4, 3, DYN3),
-        # the same with the longest causal walks first and the turns in increasing key-block
-        # order (ROT, causal), two K/V heads interleaved in the launch order (HG 2)
-        (2, 2, 1, 448, 384, 64, np.float16, True, 4, 3, {**DYN3, "ROT": True, "HG": 2}),
-        # and each key block finishing the tiles on its diagonal (FINISH: no dQ conversion
-        # after the kernel), three batches: after the last key block of the first two (each
-        # of its tiles finished, none to the writers) come the third's
+        # and the last turn on each tile (key block 0's) storing its dQ (FINISH: no dQ
+        # conversion after the kernel), three batches: after key block 0 of the first two
+        # (each of its tiles finished, none to the writers) come the third's key blocks
         (3, 2, 1, 448, 384, 64, np.float16, True, 4, 3, DYN_FINISH),
+        # the same without the mask (the last key block finishes every tile), Sq < Sk
+        (2, 2, 1, 256, 384, 64, np.float16, False, 4, 3, DYN_FINISH),
         # and delta = rowsum(dO * O) in the kernel (DOT: O's tiles in the ring)
         (3, 2, 1, 448, 384, 64, np.float16, True, 4, 3, {**DYN_FINISH, "O": 1, "DOT": 1}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
@@ -297,8 +296,8 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
      (64, False, 3, {"ROT": True, "FINISH": True}), (64, False, 3, {"PERSIST": 1, "SMS": 7}),
      (64, True, 4, {"PERSIST": 1, "SMS": 7}), (64, True, 4, {"PERSIST": 1, "DYN": 1, "SMS": 7}),
      (64, False, 3, {"PERSIST": 1, "DYN": 1, "SMS": 7}),
-     (64, True, 4, {"PERSIST": 1, "DYN": 1, "ROT": True, "HG": 4, "SMS": 7}),
-     (64, True, 4, {"PERSIST": 1, "DYN": 1, "ROT": True, "HG": 4, "FINISH": True, "SMS": 7}),
+     (64, True, 4, {"PERSIST": 1, "DYN": 1, "FINISH": True, "DOT": 1, "O": 1, "SMS": 7}),
+     (64, False, 3, {"PERSIST": 1, "DYN": 1, "FINISH": True, "DOT": 1, "O": 1, "SMS": 7}),
      (64, True, 4, {"PERSIST": 1, "DYN": 1, "SMS": 7, "DOT": 1, "O": 1}),
      (64, False, 3, {"DOT": 1, "O": 1}),
      (128, False, 4, {"ROT": True, "FINISH": True}), (128, True, 2, {"ROT": True})],
