@@ -813,7 +813,7 @@ def attention_bwd_fused_ordered(
                          LATE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads, warps 1 to 3 add dQ
         if REGS:
-            kaio.setmaxnreg_dec(PRODUCER_REGS + 8 * DOT)  # (DOT: delta_warp's sums)
+            kaio.setmaxnreg_dec(PRODUCER_REGS + 16 * DOT)  # (DOT: delta_warp's; DOT_REGS)
         w = i32(lt // 32) - 1 + 3 * i32(lt % 32 // 16)  # (writers 3-5: lane 16 of warps 1-3)
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
             ph, g0 = u32(0), i32(0)
@@ -1154,6 +1154,10 @@ DYN = {64: (0, 0), 128: (0, 0)}
 # Whether the kernel computes delta = rowsum(dO * O) itself (``DOT``: O's tiles in the ring,
 # ``delta_warp``) instead of ``prep`` reading O and dO before it, by head dim and mask.
 DOT = {64: (0, 0), 128: (0, 0)}
+# The consumers' registers with ``DOT``: the producer warpgroup keeps 40 (``delta_warp``
+# spills in 24), and 256 x 232 + 128 x 40 is the launch's 384 x 168 (a setmaxnreg_inc
+# past that pool waits forever: 240 with 32 hung on the H100).
+DOT_REGS = 232
 
 # Whether dQ's conversion runs behind the kernel (``dq_convert_behind``) rather than after
 # it (``dq_convert_rows``), by head dim. H100, f16 H16 B16 S1024, queued, each against the
@@ -1187,6 +1191,8 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c["PERSIST"] = PERSIST[d][bool(causal)]
     c["DYN"] = DYN[d][bool(causal)]
     c["DOT"] = DOT[d][bool(causal)]
+    if c["DOT"]:
+        c["REGS"] = DOT_REGS
     return {**c, "STAGES": fit_stages(d, c)}
 
 
@@ -1276,6 +1282,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     c["PERSIST"] = int(persistent(c))
     c["DYN"] = int(c["PERSIST"] and bool(c.get("DYN")))
     c["DOT"] = int(bool(c.get("DOT")) and o is not None)  # (else delta is given)
+    if c["DOT"]:
+        c["REGS"] = DOT_REGS
     if "STAGES" not in cfg:  # as many as fit with the overrides
         c["STAGES"] = fit_stages(d, c)
     if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64 or (c["SCHED"] and c["LATE"]):
