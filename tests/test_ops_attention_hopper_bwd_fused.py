@@ -330,20 +330,20 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, m
 
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("d, causal", [(128, False), (128, True), (64, False)])
+@pytest.mark.parametrize("d, causal", [(128, False), (128, True), (64, False), (64, True)])
 def test_gpu_ordered_backward_replays_in_a_cuda_graph(d, causal):
     """Captured in a CUDA graph, replayed twice: the semaphores are zeroed inside the
     captured work, so each replay equals the eager call bit for bit (a replay that found
-    the last call's counts would wait forever or add out of order); the defaults (D 64:
-    persistent blocks)."""
+    the last call's counts would wait forever or add out of order); the defaults with o
+    given (as ``flash_attention_bwd`` calls it)."""
     import torch
 
     *_, run = _gpu_operands(1, 4, 4, 1024, 1024, d, causal, 5)
-    eager = run(ordered=True)
+    eager = run(True, ordered=True)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = run(ordered=True)
+        captured = run(True, ordered=True)
     for _ in range(2):
         for g in captured:
             g.fill_(float("nan"))
