@@ -94,7 +94,7 @@ def produce(
     STAGES: kaio.constexpr, STATS: kaio.constexpr, DT: kaio.constexpr,
     COLS: kaio.constexpr = 0, once_col: i32 = 0, ring_col: i32 = 0, stat_at: i32 = 0,
     stat_stride: i32 = 0, WRAP: kaio.constexpr = 0, start: i32 = 0, kb: i32 = 0, st: i32 = 0,
-    ph: u32 = 0, ring0: i32 = 0, kv_ph: i32 = -1, WITH_O: kaio.constexpr = 0,
+    ph: u32 = 0, ring0: i32 = 0, kv_ph: i32 = -1,
 ) -> tuple[i32, u32]:  # fmt: skip
     """The producer's copies: ``ONCE`` rows of ``ta``, ``tb`` from ``once_row`` into a_s,
     b_s (once, on ``turn[0]``), then for each head j < heads_n and tile t in first ..
@@ -112,10 +112,7 @@ def produce(
     buffer ``kb`` (their 64-column blocks from ``kb`` D / 64) on ``turn[kb]``, once with
     ``kv_ph`` >= 0 ``turn[2 + kb]`` (the consumers' last reads of that buffer) completed
     phase ``kv_ph``; the ring goes on from stage ``st`` of parity ``ph`` after ``ring0``
-    tiles. ``WITH_O`` (``STATS`` 1, ``COLS`` 0): ``td`` is O's map, not delta's: each ring
-    tile also brings those rows into y_s's column blocks C .. 2C - 1, the stats only lse,
-    and the stage's copies land on ``bars[2, st]`` (the ordered kernel's ``delta_warp``
-    computes delta from them). Returns the ring's next stage and parity."""
+    tiles. Returns the ring's next stage and parity."""
     C = D // 64
     STATS_ONCE = 2 * ONCE * 4 if STATS == 2 else 0
     if kv_ph >= 0:
@@ -127,8 +124,7 @@ def produce(
     if STATS == 2:
         kaio.tma_load_2d(stats, (0, 0, 0), tl, 0, once_row + stat_at, turn, 0)
         kaio.tma_load_2d(stats, (1, 0, 0), td, 0, once_row + stat_at, turn, 0)
-    STATS_RING = (1 if WITH_O else 2) * R * 4 if STATS == 1 else 0
-    LANDED = 2 if WITH_O else 0  # (the stage's "landed" barriers' row)
+    STATS_RING = 2 * R * 4 if STATS == 1 else 0
     t = first  # the tile of head row0 / head_stride: a counter, not divisions
     row0 = ring_row
     if WRAP:
@@ -150,25 +146,21 @@ def produce(
                 sat += stat_stride
         if i + ring0 >= STAGES:  # stage st held tile i - STAGES: wait until it is free
             kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
-        tiles = 3 if WITH_O else 2
-        kaio.mbarrier_arrive_expect_tx(bars, (LANDED, st), u32(tiles * R * D * 2 + STATS_RING))
+        kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(2 * R * D * 2 + STATS_RING))
         for c in kaio.static_range(C):
             if COLS:
                 kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, c0 + c * 64, bars, (0, st))
                 kaio.tma_load_2d(y_s, (st, c, 0, 0), ty, row, c0 + c * 64, bars, (0, st))
             else:
-                kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, c * 64, bars, (LANDED, st))
-                kaio.tma_load_2d(y_s, (st, c, 0, 0), ty, row, c * 64, bars, (LANDED, st))
-                if WITH_O:
-                    kaio.tma_load_2d(y_s, (st, C + c, 0, 0), td, row, c * 64, bars, (LANDED, st))
+                kaio.tma_load_2d(x_s, (st, c, 0, 0), tx, row, c * 64, bars, (0, st))
+                kaio.tma_load_2d(y_s, (st, c, 0, 0), ty, row, c * 64, bars, (0, st))
         if STATS == 1:
             if COLS:
                 kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row + at, bars, (0, st))
                 kaio.tma_load_2d(stats, (1, st, 0), td, 0, row + at, bars, (0, st))
             else:
-                kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (LANDED, st))
-                if not WITH_O:
-                    kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
+                kaio.tma_load_2d(stats, (0, st, 0), tl, 0, row, bars, (0, st))
+                kaio.tma_load_2d(stats, (1, st, 0), td, 0, row, bars, (0, st))
         st, ph = next_stage(st, ph, STAGES)
     return st, ph
 

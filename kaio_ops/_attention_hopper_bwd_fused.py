@@ -41,9 +41,8 @@ nkb and wraps around, and the turns on an item follow the order the walks reach 
 (``turn_rank``), so that a head's key blocks, launched side by side, add to different
 tiles at any time instead of queueing on the same ones; causal, the key blocks are
 launched in increasing order (the longest walks first, the shortest last: a shorter tail).
-``FINISH`` gives each tile's last turn the tile's dQ (``finish_dq``: the others' sum read
-once the semaphore says they are in, its own added, rounded and stored): no conversion
-after the kernel.
+With rotated walks, ``FINISH`` gives each tile's last turn the tile's dQ (``finish_dq``: the
+others' sum read once the semaphore says they are in, its own added, rounded and stored).
 
 The simulator runs a kernel with ``wait_eq`` one block at a time in linear order: every
 wait is met at once there, and an order that needs a later block is reported.
@@ -219,8 +218,8 @@ def consume_late(
     SPLIT: kaio.constexpr = 0, L2: kaio.constexpr = 0, PFIRST: kaio.constexpr = 0,
     ROT: kaio.constexpr = 0, FINISH: kaio.constexpr = 0, PERSIST: kaio.constexpr = 0,
     kb: i32 = 0, kph: u32 = 0, g0: i32 = 0, st: i32 = 0, ph: u32 = 0, pb: i32 = 0,
-    hph: u32 = 0, wph: u32 = 0, fb: i32 = 0, handed: i32 = 0,
-) -> tuple[i32, u32, i32, u32, u32, i32, i32]:  # fmt: skip
+    hph: u32 = 0, wph: u32 = 0, fb: i32 = 0,
+) -> tuple[i32, u32, i32, u32, u32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 keys (thread ``lt`` of it) with ``SCHED`` 1 or 2: tile i's
     S^T and dP^T issued first, then tile i - 1's dV += P^T dO, dK += dS^T Q and dQ = dS K, all
     three from shared memory (``pt_s``: dS^T in buffers 0 and 1, P^T in 2 and 3, by tile
@@ -249,8 +248,7 @@ def consume_late(
     block, after ``g0`` tiles of its others: K and V in buffer ``kb`` (landed:
     ``turn[kb]``'s phase ``kph``; freed once its products are done: ``turn[2 + kb]``), the
     ring, the dS^T buffers, dq_s's parity and the writers going on from the state given
-    (st, ph, pb, hph, wph, fb, and ``handed``: whether a tile went to the writers, with
-    ``FINISH``; returned for the next item). Then dK, dV stored."""
+    (st, ph, pb, hph, wph, fb; returned for the next item). Then dK, dV stored."""
     NQ = D // WG  # dQ's columns in this warpgroup, from c0
     s = kaio.local(f32, (BM // 8, 4))  # S^T, then P^T
     dp = kaio.local(f32, (BM // 8, 4))  # dP^T, then dS^T
@@ -269,6 +267,7 @@ def consume_late(
     FULL = STAGES + 2 * WG  # dq_s's barriers (init_barriers with DQ 5, NBUF 2)
     ROW = 0 if NDS == 3 else 1  # the dS^T buffers' barriers' row
     total = group * kaio.max(n_tiles - first, 0)
+    handed = i32(0)
     kc = kb * (D // 64)  # K's and V's first 64-column block
     kaio.mbarrier_wait(turn, kb, kph)  # K and V landed
     at_first = first_head * sq
@@ -303,9 +302,9 @@ def consume_late(
             release(bars, ps, lt)
             if SCHED == 1:
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
-                                         item, total, causal, q, sq, n_tiles, g0 + _i > 1, c0,
-                                         lane, lt, handed, wph, fb, scale, 0, FULL, D, BM, BK,
-                                         NQ, TWO, NW, DT, FINISH, DONE, ROT=ROT)  # fmt: skip
+                                         item, total, q, sq, n_tiles, g0 + _i > 1, c0, lane, lt,
+                                         handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
+                                         DT, FINISH, DONE)  # fmt: skip
             qb = pb  # tile i - 1's buffers
             pb, hph = next_stage(pb, hph, NDS)  # (last read by tile i - NDS's products)
             if SCHED >= 2 and SCHED < 6 and NDS == 2 and _i > 1:  # (the other wg's
@@ -313,17 +312,17 @@ def consume_late(
             hand_pt(pt_s, pb, p, s, dp, bars, STAGES, kr, lane, lt, BM, SCHED, DT, ROW)
             if SCHED == 6:  # tile i - 1's dQ (done with dV, dK) once tile i's dS^T is out
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
-                                         item, total, causal, q, sq, n_tiles, g0 + _i > 1, c0,
-                                         lane, lt, handed, wph, fb, scale, 0, FULL, D, BM, BK,
-                                         NQ, TWO, NW, DT, FINISH, DONE, ROT=ROT)  # fmt: skip
+                                         item, total, q, sq, n_tiles, g0 + _i > 1, c0, lane, lt,
+                                         handed, wph, fb, scale, 0, FULL, D, BM, BK, NQ, TWO, NW,
+                                         DT, FINISH, DONE)  # fmt: skip
             elif SCHED >= 2:  # tile i - 1's dQ now: s, dp are stored (dqa and they never coexist)
                 kaio.wgmma_fence()
                 issue_dq(dqa, pt_s, qb, k_s, wg, D, NQ, WG, 5, DT, kc)
                 wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0,
-                                         item, total, causal, q, sq, n_tiles, g0 + _i > 1, c0,
-                                         lane, lt, handed, wph, fb, scale, STAGES + qb, FULL, D,
-                                         BM, BK, NQ, TWO, NW, DT, FINISH, 0,
-                                         FREE if NDS == 2 else 0, ROT)  # fmt: skip
+                                         item, total, q, sq, n_tiles, g0 + _i > 1, c0, lane, lt,
+                                         handed, wph, fb, scale, STAGES + qb, FULL, D, BM, BK,
+                                         NQ, TWO, NW, DT, FINISH, 0,
+                                         FREE if NDS == 2 else 0)  # fmt: skip
             ps = st
             pt, pat0 = t, at0
             item += 1
@@ -337,9 +336,9 @@ def consume_late(
         issue_back_late(dka, dva, dqa, p, pt_s, pb, k_s, q_s, do_s, ps, wg, D, BM, NQ, WG,
                         last, DT, kc)  # fmt: skip
         wph, handed, fb = dq_out(dq_s, bars, dq_acc, sem, dq, dqa, dqo, x, nkb, pt, pat0, item,
-                                 total, causal, q, sq, n_tiles, g0 + total > 1, c0, lane, lt,
-                                 handed, wph, fb, scale, ps, FULL, D, BM, BK, NQ, TWO, NW, DT,
-                                 FINISH, 0, RELEASE, ROT)  # fmt: skip
+                                 total, q, sq, n_tiles, g0 + total > 1, c0, lane, lt, handed, wph,
+                                 fb, scale, ps, FULL, D, BM, BK, NQ, TWO, NW, DT, FINISH, 0,
+                                 RELEASE)  # fmt: skip
         pb, hph = next_stage(pb, hph, NDS)  # (the next item's first tile: the next buffer)
     if PERSIST:  # K and V read for the last time: the producer may load an item after next's
         kaio.sync_warp()
@@ -347,7 +346,7 @@ def consume_late(
             kaio.mbarrier_arrive(turn, 2 + kb)
     store_tile(dk, dka, kvh * sk * D, key0, sk, scale, lane, D, DT)
     store_tile(dv, dva, kvh * sk * D, key0, sk, 1.0, lane, D, DT)
-    return st, ph, pb, hph, wph, fb, handed
+    return st, ph, pb, hph, wph, fb
 
 
 @kaio.gpu_func
@@ -432,14 +431,12 @@ def give_dq(
 
 
 @kaio.gpu_func
-def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, causal: i32, rot: i32,
-              BM: kaio.constexpr, BK: kaio.constexpr) -> i32:  # fmt: skip
-    """Whether key block x finishes the tile of item ``item`` of its walk (tile t;
-    ``FINISH``): its turn there (``turn_rank``'s) is the last (causal: key block 0's on
-    every tile; not causal, the last key block's, or with ``rot`` the last walk's to reach
-    it)."""
-    rank = turn_rank(x, nkb, t, item, total, causal, rot, BM, BK)
-    return i32(rank == tile_turns(t, nkb, causal, BM, BK) - 1)
+def last_turn(x: i32, nkb: i32, t: i32, item: i32, total: i32, BM: kaio.constexpr,
+              BK: kaio.constexpr) -> i32:  # fmt: skip
+    """Whether key block x finishes the tile of item ``item`` of its rotated walk (tile t;
+    ``FINISH``, not causal: every key block adds to every tile): its turn there is the
+    last."""
+    return i32(turn_rank(x, nkb, t, item, total, 0, 1, BM, BK) == nkb - 1)
 
 
 # What ``dq_out`` does once the tile's dQ product is awaited (its ``THEN``): nothing, arrive
@@ -453,13 +450,11 @@ DONE = -1
 @kaio.gpu_func
 def dq_out(
     dq_s: f32[:, :], bars: u64[:, :], dq_acc: f32[:], sem: i32[:], dq: DT[:], dqa: f32[:, :],
-    dqo: f32[:, :], x: i32, nkb: i32, t: i32, at0: i32, item: i32, total: i32, causal: i32,
-    q: i32, sq: i32, n_tiles: i32, after: bool_, c0: i32, lane: u32, lt: u32, handed: i32,
-    wph: u32, fb: i32, scale: f32, b: i32, FULL: kaio.constexpr, D: kaio.constexpr,
-    BM: kaio.constexpr, BK: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr,
-    NW: kaio.constexpr,
+    dqo: f32[:, :], x: i32, nkb: i32, t: i32, at0: i32, item: i32, total: i32, q: i32, sq: i32,
+    n_tiles: i32, after: bool_, c0: i32, lane: u32, lt: u32, handed: i32, wph: u32, fb: i32,
+    scale: f32, b: i32, FULL: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr,
+    BK: kaio.constexpr, NQ: kaio.constexpr, TWO: kaio.constexpr, NW: kaio.constexpr,
     DT: kaio.constexpr, FINISH: kaio.constexpr, LEFT: kaio.constexpr, THEN: kaio.constexpr = 0,
-    ROT: kaio.constexpr = 0,
 ) -> tuple[u32, i32, i32]:  # fmt: skip
     """Query tile t's dQ share (dqa; head at row at0, item ``item`` of key block x's walk)
     out of the consumers: ``fetch_others`` (``FINISH``: the wait for the other turns issued
@@ -467,8 +462,8 @@ def dq_out(
     with ``DONE``) and ``THEN`` (``FREE``: ``free_buffer`` of buffer barrier b,
     ``RELEASE``: ``release`` of ring stage b), then ``out_dq`` (``after`` a first tile) and
     the next tile's writer. Returns (the dq_s parity, handed, the next writer)."""
-    fin = fetch_others(dqo, dq_acc, sem, x, nkb, t, at0, item, total, causal, sq, n_tiles, c0,
-                       lt, FINISH, D, BM, BK, NQ, ROT)  # fmt: skip
+    fin = fetch_others(dqo, dq_acc, sem, x, nkb, t, at0, item, total, sq, n_tiles, c0, lt,
+                       FINISH, D, BM, BK, NQ)  # fmt: skip
     if LEFT != DONE:
         kaio.wgmma_wait(LEFT)
     if THEN == FREE:
@@ -496,7 +491,7 @@ def out_dq(
     without, to the writers (``after`` a first tile). Returns (the dq_s parity, handed)."""
     if FINISH:
         if fin != 0:
-            finish_dq(dq, dqa, dqo, dq_acc, t, at0, t * BM + q, sq, n_tiles, fin - 1, c0, lane,
+            finish_dq(dq, dqa, dqo, dq_acc, t, at0, t * BM + q, sq, n_tiles, nkb - 1, c0, lane,
                       lt, scale, D, BM, NQ, DT)  # fmt: skip
         else:
             wph = give_dq(dq_s, bars, dq_acc, dqa, sq, c0, lane, lt, handed != 0, wph, fb, FULL,
@@ -511,20 +506,19 @@ def out_dq(
 @kaio.gpu_func
 def fetch_others(
     dqo: f32[:, :], dq_acc: f32[:], sem: i32[:], x: i32, nkb: i32, t: i32, at0: i32,
-    item: i32, total: i32, causal: i32, sq: i32, n_tiles: i32, c0: i32, lt: u32,
-    FINISH: kaio.constexpr, D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr,
-    NQ: kaio.constexpr, ROT: kaio.constexpr = 0,
+    item: i32, total: i32, sq: i32, n_tiles: i32, c0: i32, lt: u32, FINISH: kaio.constexpr,
+    D: kaio.constexpr, BM: kaio.constexpr, BK: kaio.constexpr, NQ: kaio.constexpr,
 ) -> i32:  # fmt: skip
-    """``FINISH``: where key block x finishes query tile t (head at row at0, item ``item``
-    of its walk: ``last_turn``), 1 + the turns before its own, and the wait until those have
+    """``FINISH``: whether key block x finishes query tile t (head at row at0, item ``item``
+    of its walk: ``last_turn``), and then the wait until the turns before its own have
     added theirs (the tile's semaphore), issued while the tile's dQ product runs; at D 64
     also this thread's fragment of their sum (``others_sum``) in dqo (at D 128 its
     registers beside the product's spill: ``finish_dq`` reads it). Else 0."""
     fin = i32(0)
     if FINISH:
-        if last_turn(x, nkb, t, item, total, causal, ROT, BM, BK) != 0:
-            before = tile_turns(t, nkb, causal, BM, BK) - 1
-            fin = before + 1
+        fin = last_turn(x, nkb, t, item, total, BM, BK)
+        if fin != 0:
+            before = nkb - 1
             if before > 0:
                 kaio.wait_eq(sem, at0 // sq * n_tiles + t, before)
             if D == 64:
@@ -605,7 +599,7 @@ def write_dq_two(
     for _i in range(total):
         mine = (g0 + _i) % NW == w
         if FINISH:  # (the tiles this key block finishes: the consumers')
-            mine = mine and last_turn(x, nkb, t, item, total, causal, ROT, BM, BK) == 0
+            mine = mine and last_turn(x, nkb, t, item, total, BM, BK) == 0
         if mine:
             tile = at0 // sq * n_tiles + t
             rank = turn_rank(x, nkb, t, item, total, causal, ROT, BM, BK)
@@ -692,7 +686,6 @@ def attention_bwd_fused_ordered(
     EARLY: kaio.constexpr, SCHED: kaio.constexpr, ORDER: kaio.constexpr, NW: kaio.constexpr,
     NDS: kaio.constexpr, SPLIT: kaio.constexpr, L2: kaio.constexpr, PFIRST: kaio.constexpr,
     ROT: kaio.constexpr, FINISH: kaio.constexpr, PERSIST: kaio.constexpr, DYN: kaio.constexpr,
-    DOT: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the ``64 * WG`` keys of key block x (``block_idx_x`` through
     ``interleaved``, reversed where causal: module docstring) and K/V head block y, summed
@@ -709,18 +702,16 @@ def attention_bwd_fused_ordered(
     (``rotated``; ``hg`` 1): not causal, key block x's walk begins at item x W / nkb of its
     W; causal, the key blocks launched in increasing order (the longest walks first);
     either way a block may wait for a later one of its head (all of them must fit on the
-    GPU at once: the launch's ``rotated``); ``FINISH``: the last turn on each tile stores
-    its dQ to ``dq`` (``finish_dq``), no ``dq_convert_rows`` after the kernel; ``PERSIST``
-    (``SCHED`` 4, ``EARLY`` 3, ``NDS`` 3, not ``ROT``): a persistent block (a 1-d grid of at
+    GPU at once: the launch's ``rotated``); ``FINISH`` (with ``ROT``, not causal):
+    the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_rows``
+    after the kernel; ``PERSIST`` (``SCHED`` 4, ``EARLY`` 3,
+    ``NDS`` 3, neither ``ROT`` nor ``FINISH``): a persistent block (a 1-d grid of at
     most one block a multiprocessor) runs the work items blk, blk + the grid, ... of the
     launch order one after the other, K and V in two buffers (an item's loaded while the
     one before runs), the ring, the dS^T buffers and the dQ writers going on across them
     (an item waits only for items before it in the launch order: those run or ran);
     ``DYN`` (with ``PERSIST``): the items taken in launch order from a counter (``take_item``)
-    instead, so that blocks whose items are short take more of them; ``DOT`` (``TSTATS``
-    1, two writers): ``td`` is O's TMA map, not delta's: each ring tile brings O's rows
-    beside dO's and the producer warpgroup's warp 3 computes their delta (``delta_warp``),
-    so that no pass before the kernel reads O and dO; ``NDS``:
+    instead, so that blocks whose items are short take more of them; ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
     ``lse_log2(lse)``, ``prep``)."""
@@ -728,25 +719,22 @@ def attention_bwd_fused_ordered(
     NPT = 4 if SCHED and SCHED < 4 else NDS if SCHED else NBUF  # P^T, dS^T (0, 4: dS^T)
     BK = 64 * WG
     TILE = BK * 64 * 2  # one K or V column block, resp. P^T or dS^T buffer (64 queries)
-    QR = STAGES * BM * D * 2  # the ring's Q tiles (and dO's, and DOT: O's)
-    RING = (2 + DOT) * QR
+    RING = 2 * STAGES * BM * D * 2  # Q and dO: the ring
     NB = STAGES + NBUF * WG + 2 + (NW - 3 if NW > 3 else 0)  # (writers 3 .. NW - 1's "full")
     KC = (1 + PERSIST) * D // 64  # K's (and V's) 64-column blocks: PERSIST, two buffers
     k_s = kaio.shared_dynamic(DT, (KC, BK, 64), 0)
     v_s = kaio.shared_dynamic(DT, (KC, BK, 64), KC * TILE)
     KV = 2 * KC * TILE
     q_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), KV)
-    do_s = kaio.shared_dynamic(DT, (STAGES, (1 + DOT) * D // 64, BM, 64), KV + QR)  # (DOT: O)
+    do_s = kaio.shared_dynamic(DT, (STAGES, D // 64, BM, 64), KV + RING // 2)
     ds_s = kaio.shared_dynamic(DT, (NPT, BK, 64), KV + RING)
     DQS = KV + RING + NPT * TILE
     dq_s = kaio.shared_dynamic(f32, (BM * D // 4, 4), DQS)  # fragment order (store_dq_frags)
     stats = kaio.shared_dynamic(f32, (2, STAGES, BM), DQS + BM * (D + 4) * 4)
     BARS = DQS + BM * (D + 4) * 4 + 2 * STAGES * BM * 4
-    bars = kaio.shared_dynamic(u64, (2 + DOT, NB), BARS)  # (DOT: row 2, the ring's copies)
-    TURN = BARS + (8 * (2 + DOT) * NB + 15) // 16 * 16
-    turn = kaio.shared_dynamic(u64, (2 + 2 * PERSIST,), TURN)  # (PERSIST: K/V free)
-    taken = kaio.shared_dynamic(i32, (2,), TURN + 8 * (2 + 2 * PERSIST))  # DYN's items
-    ring_end = kaio.shared_dynamic(i32, (2,), TURN + 8 * (2 + 2 * PERSIST) + 16)  # DOT's
+    bars = kaio.shared_dynamic(u64, (2, NB), BARS)
+    turn = kaio.shared_dynamic(u64, (2 + 2 * PERSIST,), BARS + 16 * NB)  # (PERSIST: K/V free)
+    taken = kaio.shared_dynamic(i32, (2,), BARS + 16 * NB + 8 * (2 + 2 * PERSIST))  # DYN's items
     nkb = (sk + BK - 1) // BK
     blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())
     # PERSIST: a 1-d grid, work items blk, blk + stride, ... (H100, f16 B16 H16 S1024 D 64:
@@ -766,10 +754,6 @@ def attention_bwd_fused_ordered(
         if SCHED >= 2:  # the dS^T buffers' "free" (free_buffer), resp. NDS 3's "full"
             for b in kaio.static_range(NDS):
                 kaio.mbarrier_init(bars, (0, STAGES + b), 4 * WG)
-        ring_end[0] = -1
-        if DOT:  # the ring's copies landed (the delta warp then arrives on bars[0, .])
-            for b in kaio.static_range(STAGES):
-                kaio.mbarrier_init(bars, (2, b), 1)
         if PERSIST:  # K and V's second buffer landed; either free (an arrival a consumer warp)
             kaio.mbarrier_init(turn, 1, 1)
             for b in kaio.static_range(2):  # (DYN: the writers' too, once they read the item)
@@ -787,7 +771,6 @@ def attention_bwd_fused_ordered(
             kaio.setmaxnreg_inc(REGS)
         if SCHED:
             st, ph, pb, hph, wph, fb, g0 = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
-            handed = i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
                 b = blk + j * stride
                 if DYN:
@@ -798,12 +781,12 @@ def attention_bwd_fused_ordered(
                     x, kvh, first_head, first, n_tiles, start = work_item(
                         b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
                     )  # fmt: skip
-                st, ph, pb, hph, wph, fb, handed = consume_late(
+                st, ph, pb, hph, wph, fb = consume_late(
                     k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                     dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start,
                     x, nkb, x * BK, sq, sk, causal, scale_log2, scale, D, BM, WG, STAGES,
                     TSTATS, SCHED, EARLY == 3, DT, NW, NDS, SPLIT, L2, PFIRST, ROT, FINISH,
-                    PERSIST, j % 2, u32(j // 2 % 2), g0, st, ph, pb, hph, wph, fb, handed,
+                    PERSIST, j % 2, u32(j // 2 % 2), g0, st, ph, pb, hph, wph, fb,
                 )  # fmt: skip
                 g0 += group * kaio.max(n_tiles - first, 0)
         else:
@@ -813,7 +796,7 @@ def attention_bwd_fused_ordered(
                          LATE, DT)  # fmt: skip
     else:  # the producer warpgroup: its first thread loads, warps 1 to 3 add dQ
         if REGS:
-            kaio.setmaxnreg_dec(PRODUCER_REGS + 16 * DOT)  # (DOT: delta_warp's; DOT_REGS)
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
         w = i32(lt // 32) - 1 + 3 * i32(lt % 32 // 16)  # (writers 3-5: lane 16 of warps 1-3)
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
             ph, g0 = u32(0), i32(0)
@@ -849,69 +832,12 @@ def attention_bwd_fused_ordered(
                 st, ph = produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl,
                                  td, kvh * sk + x * BK, first_head * sq, sq, group, first,
                                  n_tiles, D, BK, BM, STAGES, TSTATS, DT, WRAP=ROT, start=start,
-                                 kb=j % 2, st=st, ph=ph, ring0=g0, kv_ph=kv,
-                                 WITH_O=DOT)  # fmt: skip
+                                 kb=j % 2, st=st, ph=ph, ring0=g0, kv_ph=kv)  # fmt: skip
                 g0 += group * kaio.max(n_tiles - first, 0)
-            if DOT:
-                end_ring(bars, ring_end, st, ph, g0, STAGES)
-        elif DOT and lt >= 96:
-            delta_warp(do_s, stats, bars, ring_end, lt % 32, D, BM, STAGES, DT)
         elif lt >= 32 and EARLY < 3:
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
                              sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
                              EARLY)  # fmt: skip
-
-
-@kaio.gpu_func
-def delta_warp(do_s: DT[:, :, :, :], stats: f32[:, :, :], bars: u64[:, :], ring_end: i32[:],
-               lane: u32, D: kaio.constexpr, BM: kaio.constexpr, STAGES: kaio.constexpr,
-               DT: kaio.constexpr):  # fmt: skip
-    """``DOT``: for each ring tile, once its copies landed (``bars[2, st]``), delta =
-    rowsum(dO * O) of its BM rows (dO in do_s's column blocks 0 .. C - 1, O in C .. 2C - 1)
-    into ``stats[1, st]``, then the warp's arrival on ``bars[0, st]`` (the consumers'
-    "landed"); until the tile that ``end_ring`` names (no copies: the ring's end). Lane
-    ``lane`` takes rows lane, lane + 32, ...; a row's eight 16-byte chunks of a column block
-    are read from chunk ``lane`` on, wrapping (the TMA swizzle permutes a row's chunks alike
-    in dO and O, so any order of them gives the row's sum; this one puts a quarter warp's
-    loads on distinct banks)."""
-    C = D // 64
-    st, ph = i32(0), u32(0)
-    i = i32(0)
-    a = kaio.local(DT, 8)
-    b = kaio.local(DT, 8)
-    while True:
-        kaio.mbarrier_wait(bars, (2, st), ph)
-        if ring_end[0] == i:
-            break
-        for h in kaio.static_range(BM // 32):
-            r = i32(lane) + 32 * h
-            dot = f32(0.0)
-            for c in kaio.static_range(C):
-                for k in kaio.static_range(8):
-                    col = (i32(lane) + k) % 8 * 8
-                    kaio.load_vector(a, do_s, (st, c, r, col))
-                    kaio.load_vector(b, do_s, (st, C + c, r, col))
-                    for e in kaio.static_range(8):
-                        dot += f32(a[e]) * f32(b[e])
-            stats[1, st, r] = dot
-        kaio.fence_proxy_async()  # (the reads of the stage, before its next copies)
-        kaio.sync_warp()
-        if lane == 0:
-            kaio.mbarrier_arrive(bars, (0, st))
-        i += 1
-        st, ph = next_stage(st, ph, STAGES)
-
-
-@kaio.gpu_func
-def end_ring(bars: u64[:, :], ring_end: i32[:], st: i32, ph: u32, n: i32,
-             STAGES: kaio.constexpr):  # fmt: skip
-    """``DOT``, the producer past the ring's n tiles: once stage st (parity ph) is free,
-    ``ring_end[0]`` = n and an arrival on the stage's copies barrier (``bars[2, st]``)
-    without copies, which tells ``delta_warp`` that there are no more tiles."""
-    if n >= STAGES:
-        kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
-    ring_end[0] = n
-    kaio.mbarrier_arrive(bars, (2, st))
 
 
 @kaio.gpu_func
@@ -956,9 +882,9 @@ def prep(o: DT[:], do: DT[:], delta: f32[:], lse: f32[:], l2: f32[:], rows: i32,
     kernel's ``L2`` reads: one conversion a query row, not one a key block) and, with ``DOT``
     (the launch given ``o``), delta[row] = rowsum(o * do) of the [rows, D] matrices: D / 8 lanes a
     row, each one 16-byte load of o and of do, ``R`` rows a lane whose loads are all issued
-    before the sums (R * 256 / (D / 8) rows a block; without ``DOT`` one lane a row)."""
+    before the sums (R * 256 / (D / 8) rows a block)."""
     kaio.launch_dependents()  # (the backward kernel may start: its wait is for all of this)
-    L = D // 8 if DOT else 1  # (lanes a row)
+    L = D // 8  # (lanes a row)
     t = i32(kaio.thread_idx_x())
     j = i32(kaio.block_idx_x()) * 256 + t
     zero_sums(acc, n, sem, m, j)
@@ -987,10 +913,9 @@ def prep(o: DT[:], do: DT[:], delta: f32[:], lse: f32[:], l2: f32[:], rows: i32,
                 delta[row] = dot
 
 
-def prep_rows(d: int, r: int, dot: bool = True) -> int:
-    """The rows of one block of ``prep`` for head dim ``d`` and ``r`` rows a lane (``dot``:
-    its ``DOT``, D / 8 lanes a row; else one)."""
-    return r * 256 // (d // 8 if dot else 1)
+def prep_rows(d: int, r: int) -> int:
+    """The rows of one block of ``prep`` for head dim ``d`` and ``r`` rows a lane."""
+    return r * 256 // (d // 8)
 
 
 @kaio.gpu_func
@@ -1104,20 +1029,15 @@ HG = {64: (16, 1), 128: (4, 1)}
 
 # Whether the key blocks of a head may wait for later ones (``ROT``; not causal, rotated
 # walks; causal, the longest walks launched first) by head dim and mask, where they all fit
-# on the GPU at once (``rotated``), and whether the last turn on each tile stores dQ
-# (``FINISH``; ``finishes``; with ``ROT`` where all fit). H100, B16 H16 S1024, TFLOP/s, each
-# against main's kernel in the same run: D 128 with both 344 and 355 against 311 and 314
-# (f16; SDPA flash 211, 212), bf16 348 against 311; f16 B4 S4096 514 against 513; D 64 249
-# / 238 / 236 / 259 against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone) 114 /
-# 173 against 120 / 171; with prep, PDL and dQ converted behind (bwd64 round E, queued): 239
-# against 242, B4 S4096 387 against 389. Tried (the turns under the mask in increasing key-block
-# order too, persistent blocks taking their items from a counter, 16 or 32 heads
-# interleaved: each key block waits for the one before to be two tiles ahead; H100, f16
-# B16 H16 S1024 D 64, queued): 127 (HG 16), 193 (32) against 252 without; B4 S4096 316
-# against 405. Causal D 128, key block 0 finishing every tile: 239 and 246 against 230 and
-# 255 without, B4 S4096 443 against 459.
+# on the GPU at once (``rotated``), and whether then (not causal) the last turn on each tile
+# stores dQ (``FINISH``; ``finishes``). H100, B16 H16 S1024, TFLOP/s, each against main's
+# kernel in the same run: D 128 with both 344 and 355 against 311 and 314 (f16; SDPA flash
+# 211, 212), bf16 348 against 311; f16 B4 S4096 514 against 513; D 64 249 / 238 / 236 / 259
+# against 226 / 236 / 237 / 257 (four runs); causal D 64 (ROT alone) 114 / 173 against
+# 120 / 171; with prep, PDL and dQ converted behind (bwd64 round E, queued): 239 against
+# 242, B4 S4096 387 against 389.
 ROT = {64: (False, False), 128: (True, False)}
-FINISH = {64: (False, False), 128: (True, False)}
+FINISH = {64: False, 128: True}
 
 # The dS^T buffers of SCHED 4 (``NDS``) by head dim (D 128: three do not fit beside three
 # ring stages): H200, f16 B4 H16 S4096, D 64 with HG 4, NDS 3 against 2: 360 against 334,
@@ -1144,20 +1064,24 @@ PREP_R = {64: 2, 128: 2}
 # Tried: the blocks converting dQ's tiles themselves once their items are done (no
 # dq_convert_tiles): 327 against 345, 449 against 443, 447 against 471. With the mask, a
 # head's key blocks in pairs of equal work (nkb - 1 - p, then p; bwd64 round C, queued):
-# B16 S1024 226 against 234, B4 S4096 330 against 384.
-PERSIST = {64: (1, 0), 128: (0, 0)}
+# B16 S1024 226 against 234, B4 S4096 330 against 384. With the mask since ``DYN``.
+PERSIST = {64: (1, 1), 128: (0, 0)}
 
 # Whether persistent blocks take their work items from a counter, in launch order, as they
-# go (``DYN``), rather than every grid-th item, by head dim and mask (with ``PERSIST``).
-DYN = {64: (0, 0), 128: (0, 0)}
-
-# Whether the kernel computes delta = rowsum(dO * O) itself (``DOT``: O's tiles in the ring,
-# ``delta_warp``) instead of ``prep`` reading O and dO before it, by head dim and mask.
-DOT = {64: (0, 0), 128: (0, 0)}
-# The consumers' registers with ``DOT``: the producer warpgroup keeps 40 (``delta_warp``
-# spills in 24), and 256 x 232 + 128 x 40 is the launch's 384 x 168 (a setmaxnreg_inc
-# past that pool waits forever: 240 with 32 hung on the H100).
-DOT_REGS = 232
+# go (``DYN``), rather than every grid-th item, by head dim and mask (with ``PERSIST``): a
+# block whose items are short takes more of them, so that the causal walks (2 to 16 tiles at
+# S 1024) even out. H100, f16 H16 D 64, queued, each against the shipped kernel (persistent
+# without the mask, not with it) in the same run (bwd, rounds A and C): B16 S1024 causal 252
+# and 255 against 240 and 243 (SDPA flash 143, 144), B4 S4096 causal 405 against 392; B16
+# S1024 364 against 359. Tried with it (round A, C; removed): the turns under the mask in
+# increasing key-block order with the longest walks first (each key block then waits for
+# the one before to be two tiles ahead): 127 (16 heads interleaved) and 193 (32) at B16
+# S1024 causal, 316 at B4 S4096; delta computed in the kernel from O's tiles in the ring by
+# the producer warpgroup's fourth warp (no pass over O and dO before; three ring stages,
+# the consumers at 232 registers): 248 causal, 325 (against 363) without the mask, 331 at
+# B4 S4096 causal; with the last turn on each tile storing dQ (no conversion after): 241,
+# 313, 321.
+DYN = {64: (1, 1), 128: (0, 0)}
 
 # Whether dQ's conversion runs behind the kernel (``dq_convert_behind``) rather than after
 # it (``dq_convert_rows``), by head dim. H100, f16 H16 B16 S1024, queued, each against the
@@ -1186,13 +1110,10 @@ def ordered_config(d: int, sched: int | None = None, causal: bool = False) -> di
     c.update(SPLIT=on, L2=on, PFIRST=on)
     c["HG"] = HG[d][bool(causal)]
     c["ROT"] = ROT[d][bool(causal)]
-    c["FINISH"] = FINISH[d][bool(causal)]
+    c["FINISH"] = FINISH[d]
     c["NDS"] = NDS[d] if sched >= 4 else 2
     c["PERSIST"] = PERSIST[d][bool(causal)]
     c["DYN"] = DYN[d][bool(causal)]
-    c["DOT"] = DOT[d][bool(causal)]
-    if c["DOT"]:
-        c["REGS"] = DOT_REGS
     return {**c, "STAGES": fit_stages(d, c)}
 
 
@@ -1212,10 +1133,10 @@ def constexprs(c: dict) -> dict:
 
 def persistent(c: dict) -> bool:
     """Whether the kernel runs with persistent blocks: ``PERSIST`` in the configuration
-    ``c``, with ``SCHED`` 4, three dS^T buffers, the two writers and not ``ROT`` (whose
-    key blocks wait for later ones of a head)."""
+    ``c``, with ``SCHED`` 4, three dS^T buffers, the two writers and neither ``ROT`` nor
+    ``FINISH`` (whose rotated walks wait for later blocks of a head)."""
     return (bool(c.get("PERSIST")) and c["SCHED"] == 4 and c["NDS"] == 3 and c["EARLY"] == 3
-            and not c["ROT"])  # fmt: skip
+            and not c["ROT"] and not c["FINISH"])  # fmt: skip
 
 
 def rotated(c: dict, nkb: int, sms: int) -> bool:
@@ -1227,11 +1148,12 @@ def rotated(c: dict, nkb: int, sms: int) -> bool:
     return bool(c.get("ROT")) and nkb <= sms and c["EARLY"] == 3
 
 
-def finishes(c: dict, rot: bool) -> bool:
+def finishes(c: dict, rot: bool, causal: bool) -> bool:
     """Whether the kernel runs with ``finish`` (``FINISH`` in the configuration ``c``): with
-    the fixed order (``ORDER`` 1), and where ``ROT`` is asked, with ``rot`` (``rotated``:
-    all of a head's key blocks fit on the GPU)."""
-    return bool(c.get("FINISH")) and c["ORDER"] == 1 and (rot or not c["ROT"])
+    ``rot`` (``rotated``), not causal (its last turns are key block 0's on every tile: H100,
+    f16 B16 H16 S1024 D 128, that order finishing them ran 239 and 246 TFLOP/s against 230
+    and 255 without, B4 S4096 443 against 459) and the fixed order (``ORDER`` 1)."""
+    return bool(c.get("FINISH")) and rot and not causal and c["ORDER"] == 1
 
 
 def fit_stages(d: int, c: dict) -> int:
@@ -1251,13 +1173,9 @@ def _buffers(c: dict) -> int:
 
 def smem_bytes(d: int, c: dict) -> int:
     """The kernel's dynamic shared memory for head dim ``d`` and constexprs ``c``."""
-    more = 32 * max(c.get("NW", 2) - 3, 0) + 32  # (writers 3 .. NW - 1's barriers; DYN's
-    # items, DOT's ring end)
+    more = 32 * max(c.get("NW", 2) - 3, 0) + 8  # (writers 3 .. NW - 1's barriers; DYN's items)
     if c.get("PERSIST"):  # K and V's second buffer, its two barriers
         more += 2 * 64 * c["WG"] * d * 2 + 16
-    if c.get("DOT"):  # O's ring tiles, a third row of barriers
-        nb = c["STAGES"] + 2 * c["WG"] + 2 + max(c.get("NW", 2) - 3, 0)  # (the kernel's NB)
-        more += c["STAGES"] * c["BM"] * d * 2 + 8 * nb + 8
     return more + shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
                                _buffers(c))  # fmt: skip
 
@@ -1281,9 +1199,6 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     c = {**ordered_config(d, cfg.get("SCHED"), causal), **cfg}  # (EARLY too)
     c["PERSIST"] = int(persistent(c))
     c["DYN"] = int(c["PERSIST"] and bool(c.get("DYN")))
-    c["DOT"] = int(bool(c.get("DOT")) and o is not None)  # (else delta is given)
-    if c["DOT"]:
-        c["REGS"] = DOT_REGS
     if "STAGES" not in cfg:  # as many as fit with the overrides
         c["STAGES"] = fit_stages(d, c)
     if c.get("DQ") != 5 or c["PIPE"] or c["BM"] != 64 or (c["SCHED"] and c["LATE"]):
@@ -1301,10 +1216,6 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         raise ValueError(
             f"_attention_hopper_bwd_fused.launch: SPLIT, L2, PFIRST need SCHED 1 to 6: {c}"
         )
-    if c["DOT"] and (c["NW"] != 2 or c["EARLY"] != 3 or c["TSTATS"] != 1):
-        raise ValueError(
-            f"_attention_hopper_bwd_fused.launch: DOT needs NW 2, EARLY 3, TSTATS 1: {c}"
-        )
     if c["SCHED"] and c["STAGES"] < 2:
         raise ValueError(f"_attention_hopper_bwd_fused.launch: SCHED 1 needs 2 stages: {c}")
     stream, dq, dk, dv, rows_q, rows_kv = launch_outputs(qa, ka, da, d)
@@ -1317,24 +1228,21 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     l2 = _arrays.output(da, (rows_q,), f32)  # lse_log2(lse) once a query row
     l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
     r = PREP_R[d]
-    dot = o is not None and not c["DOT"]  # (prep's delta; the kernel's with DOT)
-    grid = max(-(-rows_q // prep_rows(d, r, dot)), -(-max(zeros // 4, n_sem) // 256))
-    src = o if dot else da  # (without o, delta is given: DOT 0 reads neither)
+    grid = max(-(-rows_q // prep_rows(d, r)), -(-max(zeros // 4, n_sem) // 256))
+    src = da if o is None else o  # (without o, delta is given: DOT 0 reads neither)
     prep[grid, 256, stream, 0](src.arg(src.size), da.arg(da.size), delta, la.arg(rows_q), l2_arg,
-                               rows_q, dq_acc, zeros, sem, n_sem, D=d, R=r, DOT=int(dot),
-                               DT=qa.dtype)  # fmt: skip
+                               rows_q, dq_acc, zeros, sem, n_sem, D=d, R=r,
+                               DOT=int(o is not None), DT=qa.dtype)  # fmt: skip
     if c["L2"]:  # (the kernel's stats: l2, else lse)
         la = types.SimpleNamespace(obj=l2, kind=da.kind, arg=lambda *_: l2_arg)
 
     tmap = functools.partial(row_map, d=d)
     stats = stats_maps(la, delta, rows_q, c["BM"])
-    if c["DOT"]:  # (the kernel's td: O's rows, delta_warp's)
-        stats[1] = tmap(o, rows_q, c["BM"])
     bk = 64 * c["WG"]
     smem = smem_bytes(d, c)
     nkb = -(-sk // bk)
     rot = rotated(c, nkb, _arrays.multiprocessors(qa))
-    finish = finishes(c, rot)
+    finish = finishes(c, rot, causal)
     hg = 1 if rot else c["HG"]  # (rotated walks: a head's key blocks side by side)
     grid = (nkb, bh // group)
     if c["PERSIST"]:  # at most one block a multiprocessor
@@ -1368,7 +1276,7 @@ def specializations():
             for causal in (False, True):  # the configurations taken (by mask)
                 cfg = ordered_config(d, None, causal)
                 rot = bool(cfg["ROT"]) and cfg["EARLY"] == 3  # (rotated, where all fit)
-                c = {**constexprs(cfg), "ROT": int(rot), "FINISH": int(finishes(cfg, rot))}
+                c = {**constexprs(cfg), "ROT": int(rot), "FINISH": int(finishes(cfg, rot, causal))}
                 if c not in seen:
                     seen.append(c)
                     yield attention_bwd_fused_ordered, {"D": d, "DT": dt, **c}

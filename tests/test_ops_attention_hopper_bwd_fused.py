@@ -41,12 +41,6 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
     return over
 
 
-# persistent blocks taking their work items from a counter, on three "multiprocessors"
-DYN3 = {"PERSIST": 1, "DYN": 1, "SMS": 3}
-# and the last turn on each tile storing its dQ (FINISH), two K/V heads interleaved
-DYN_FINISH = {**DYN3, "HG": 2, "FINISH": 1}
-
-
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, d, dtype, causal, sched, early, more",
     [
@@ -60,8 +54,6 @@ DYN_FINISH = {**DYN3, "HG": 2, "FINISH": 1}
         # P^T in registers, two dQ writers; Sq > Sk, causal, grouped-query; delta computed by
         # the launch's prep from o (O)
         (1, 2, 1, 256, 128, 64, np.float16, True, 4, 3, {"O": 1}),
-        # the same with delta computed in the kernel (DOT: O's tiles in the ring), bf16
-        (1, 2, 1, 256, 128, 64, ml_dtypes.bfloat16, True, 4, 3, {"O": 1, "DOT": 1}),
         # each tile's dQ product with its dV and dK (SCHED 6: the next tile's S^T and dP^T
         # meanwhile), three dS^T buffers, the masked and unmasked probabilities in two
         # branches (SPLIT), lse_log2 once a row (L2), PFIRST; causal, grouped-query, a
@@ -88,15 +80,7 @@ DYN_FINISH = {**DYN3, "HG": 2, "FINISH": 1}
         # persistent blocks taking their items from a counter (DYN) in the fixed order, causal:
         # the simulator's block 0 takes all six (two K/V heads' three key blocks of walks of
         # two to eight tiles), the others find none left; Sq > Sk, grouped-query heads
-        (2, 2, 1, 448, 384, 64, np.float16, True, 4, 3, DYN3),
-        # and the last turn on each tile (key block 0's) storing its dQ (FINISH: no dQ
-        # conversion after the kernel), three batches: after key block 0 of the first two
-        # (each of its tiles finished, none to the writers) come the third's key blocks
-        (3, 2, 1, 448, 384, 64, np.float16, True, 4, 3, DYN_FINISH),
-        # the same without the mask (the last key block finishes every tile), Sq < Sk
-        (2, 2, 1, 256, 384, 64, np.float16, False, 4, 3, DYN_FINISH),
-        # and delta = rowsum(dO * O) in the kernel (DOT: O's tiles in the ring)
-        (3, 2, 1, 448, 384, 64, np.float16, True, 4, 3, {**DYN_FINISH, "O": 1, "DOT": 1}),
+        (2, 2, 1, 448, 384, 64, np.float16, True, 4, 3, {"PERSIST": 1, "DYN": 1, "SMS": 3}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
         # heads of one K/V head, the second key block seeing no query (Sq < Sk); delta from o
         (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {"O": 1}),
@@ -280,7 +264,7 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
     delta = (o.float() * do.float()).sum(-1).reshape(-1)
 
     def run(with_o=False, **keywords):
-        o_arg = oa if with_o else None  # (given: delta computed from it)
+        o_arg = oa if with_o else None  # (given: prep computes delta from it)
         return hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, **keywords,
                                  o=o_arg)  # fmt: skip
 
@@ -296,10 +280,6 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
      (64, False, 3, {"ROT": True, "FINISH": True}), (64, False, 3, {"PERSIST": 1, "SMS": 7}),
      (64, True, 4, {"PERSIST": 1, "SMS": 7}), (64, True, 4, {"PERSIST": 1, "DYN": 1, "SMS": 7}),
      (64, False, 3, {"PERSIST": 1, "DYN": 1, "SMS": 7}),
-     (64, True, 4, {"PERSIST": 1, "DYN": 1, "FINISH": True, "DOT": 1, "O": 1, "SMS": 7}),
-     (64, False, 3, {"PERSIST": 1, "DYN": 1, "FINISH": True, "DOT": 1, "O": 1, "SMS": 7}),
-     (64, True, 4, {"PERSIST": 1, "DYN": 1, "SMS": 7, "DOT": 1, "O": 1}),
-     (64, False, 3, {"DOT": 1, "O": 1}),
      (128, False, 4, {"ROT": True, "FINISH": True}), (128, True, 2, {"ROT": True})],
 )  # fmt: skip
 def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, monkeypatch):
@@ -308,12 +288,10 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, m
     heads: six blocks' heads, a partial group of ``HG``); ``over``: with ``ROT`` (rotated
     walks, resp. the longest causal walks launched first), ``FINISH`` (with rotated walks)
     and ``PERSIST`` (persistent blocks; ``SMS``: the multiprocessors the launch sees, so
-    that each block runs several work items; ``DYN``: taken from a counter as they go;
-    ``DOT``, with o: delta computed in the kernel)."""
+    that each block runs several work items; ``DYN``: taken from a counter as they go)."""
     import torch
 
     over = _with_multiprocessors(monkeypatch, over)
-    with_o = bool(over.pop("O", 0))  # (o given: delta computed from it, with DOT in the kernel)
 
     from tests.test_ops_attention import _rel_t, _sdpa64
 
@@ -321,7 +299,7 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, m
     q, k, v, do, run = _gpu_operands(2, h, hkv, 1000, 2048, d, causal, d + hkv)
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
     _sdpa64(*leaves, causal, group=h // hkv).backward(do.double())
-    runs = [run(with_o, ordered=over or True) for _ in range(3)]
+    runs = [run(ordered=over or True) for _ in range(3)]
     for g, leaf in zip(runs[0], leaves, strict=True):
         assert _rel_t(g, leaf.grad) < 5e-3, _rel_t(g, leaf.grad)
     for again in runs[1:]:
@@ -334,8 +312,9 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, m
 def test_gpu_ordered_backward_replays_in_a_cuda_graph(d, causal):
     """Captured in a CUDA graph, replayed twice: the semaphores are zeroed inside the
     captured work, so each replay equals the eager call bit for bit (a replay that found
-    the last call's counts would wait forever or add out of order); the defaults with o
-    given (as ``flash_attention_bwd`` calls it)."""
+    the last call's counts would wait forever or add out of order, and D 64's persistent
+    blocks would find no work item left); the defaults with o given (as
+    ``flash_attention_bwd`` calls it)."""
     import torch
 
     *_, run = _gpu_operands(1, 4, 4, 1024, 1024, d, causal, 5)
