@@ -1078,9 +1078,9 @@ PERSIST = {64: (1, 1), 128: (0, 0)}
 # the one before to be two tiles ahead): 127 (16 heads interleaved) and 193 (32) at B16
 # S1024 causal, 316 at B4 S4096; delta computed in the kernel from O's tiles in the ring by
 # the producer warpgroup's fourth warp (no pass over O and dO before; three ring stages,
-# the consumers at 232 registers): 248 causal, 325 (against 363) without the mask, 331 at
-# B4 S4096 causal; with the last turn on each tile storing dQ (no conversion after): 241,
-# 313, 321.
+# the consumers at 232 registers): 248 causal (DYN alone 255), 325 (shipped 363) without
+# the mask, 331 (shipped 390) at B4 S4096 causal; with the last turn on each tile storing dQ
+# (no conversion after): 241, 313, 321.
 DYN = {64: (1, 1), 128: (0, 0)}
 
 # Whether dQ's conversion runs behind the kernel (``dq_convert_behind``) rather than after
