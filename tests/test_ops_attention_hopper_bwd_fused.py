@@ -71,16 +71,13 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
         # the last turn on each tile stores dQ (FINISH, with ROT): one key block, the only
         # turn (its walk over two heads' four tiles, the last partial)
         (1, 2, 1, 200, 128, 64, np.float16, False, 4, 3, {"ROT": True, "FINISH": True}),
-        # persistent blocks (PERSIST; four "multiprocessors": a grid of four blocks, each
-        # running its work items in turn, K and V in two buffers: nine items, blocks of
-        # three, two, two and two, the last round's partial), without the semaphores
-        # (ORDER 0: the simulator runs block 0's items before block 1's); grouped-query,
-        # three K/V heads' three key blocks, a partial query tile (the mask's: the GPU case)
-        (3, 2, 1, 200, 384, 64, np.float16, False, 4, 3, {"PERSIST": 1, "ORDER": 0, "SMS": 4}),
-        # persistent blocks taking their items from a counter (DYN) in the fixed order, causal:
-        # the simulator's block 0 takes all six (two K/V heads' three key blocks of walks of
-        # two to eight tiles), the others find none left; Sq > Sk, grouped-query heads
-        (2, 2, 1, 448, 384, 64, np.float16, True, 4, 3, {"PERSIST": 1, "DYN": 1, "SMS": 3}),
+        # persistent blocks (PERSIST; four "multiprocessors": a grid of four blocks taking
+        # the nine work items from a counter, K and V in two buffers; the simulator's block 0
+        # takes them all, the others find none left); grouped-query, three K/V heads' three
+        # key blocks, a partial query tile (the mask's: the GPU case)
+        (3, 2, 1, 200, 384, 64, np.float16, False, 4, 3, {"PERSIST": 1, "SMS": 4}),
+        # the same with the mask (walks of two to eight tiles), Sq > Sk
+        (2, 2, 1, 448, 384, 64, np.float16, True, 4, 3, {"PERSIST": 1, "SMS": 3}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
         # heads of one K/V head, the second key block seeing no query (Sq < Sk); delta from o
         (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {"O": 1}),
@@ -278,8 +275,7 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
     [(128, True, 2, {}), (128, False, 4, {}), (64, True, 4, {}), (64, False, 3, {}),
      (64, False, 3, {"ROT": True}), (64, True, 4, {"ROT": True}),
      (64, False, 3, {"ROT": True, "FINISH": True}), (64, False, 3, {"PERSIST": 1, "SMS": 7}),
-     (64, True, 4, {"PERSIST": 1, "SMS": 7}), (64, True, 4, {"PERSIST": 1, "DYN": 1, "SMS": 7}),
-     (64, False, 3, {"PERSIST": 1, "DYN": 1, "SMS": 7}),
+     (64, True, 4, {"PERSIST": 1, "SMS": 7}),
      (128, False, 4, {"ROT": True, "FINISH": True}), (128, True, 2, {"ROT": True})],
 )  # fmt: skip
 def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, monkeypatch):
@@ -288,7 +284,7 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, m
     heads: six blocks' heads, a partial group of ``HG``); ``over``: with ``ROT`` (rotated
     walks, resp. the longest causal walks launched first), ``FINISH`` (with rotated walks)
     and ``PERSIST`` (persistent blocks; ``SMS``: the multiprocessors the launch sees, so
-    that each block runs several work items; ``DYN``: taken from a counter as they go)."""
+    that each block runs several work items)."""
     import torch
 
     over = _with_multiprocessors(monkeypatch, over)
