@@ -1013,8 +1013,12 @@ SCHED = {64: (4, 4), 128: (4, 4)}
 # against 352 / 366, S4096 and S1024 alike: causal blocks finish at different times, so
 # spreading a head's key blocks apart only delays the turns. H100, f16 B16 H16 S1024 D 64
 # (2026-11-27, two rounds): HG 16 243 and 246 against 8's 237 and 241 (SDPA flash 186, 194);
-# earlier at B4 S4096 HG 16 403 / 348 against 4's 402 / 348.
-HG = {64: (16, 1), 128: (4, 1)}
+# earlier at B4 S4096 HG 16 403 / 348 against 4's 402 / 348. D 64 causal with persistent
+# blocks taking the items in this order (bwd rounds E and F, H100, queued): HG 4 against 1,
+# f16 B16 S1024 259 / 257 against 253 / 255 (HG 2 253, 8 258), bf16 262 against 256, B4
+# S4096 409 against 404, B1 S16384 473 against 471; without the mask HG 4 318 against 16's
+# 367.
+HG = {64: (16, 4), 128: (4, 1)}
 
 # Whether the key blocks of a head may wait for later ones (``ROT``; not causal, rotated
 # walks; causal, the longest walks launched first) by head dim and mask, where they all fit
