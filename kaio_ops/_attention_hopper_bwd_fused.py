@@ -384,30 +384,6 @@ def work_item(
 
 
 @kaio.gpu_func
-def block_item(
-    j: i32, blk: i32, stride: i32, nkb: i32, nkvh: i32, hg: i32, rot: i32, heads: i32,
-    group: i32, sq: i32, causal: i32, x: i32, kvh: i32, first_head: i32, first: i32,
-    n_tiles: i32, start: i32, BM: kaio.constexpr, BK: kaio.constexpr, PERSIST: kaio.constexpr,
-) -> tuple[i32, i32, i32, i32, i32, i32]:  # fmt: skip
-    """``work_item``'s tuple of block ``blk``'s ``j``-th item, for each role's loop over
-    them: with ``PERSIST``, item ``blk + j * stride`` of the launch order's; else (one item a
-    block) ``x`` .. ``start``, the block's own, computed once before the roles branch."""
-    if PERSIST:
-        x, kvh, first_head, first, n_tiles, start = work_item(
-            blk + j * stride, nkb, nkvh, hg, rot, heads, group, sq, causal, BM, BK
-        )
-    return x, kvh, first_head, first, n_tiles, start
-
-
-@kaio.gpu_func
-def item_stages(group: i32, first: i32, n_tiles: i32) -> i32:
-    """The ring stages (a query tile of a head each) of a work item's walk: its ``group``
-    heads' query tiles ``first`` .. ``n_tiles`` - 1 (none where ``first`` is past them); a
-    persistent block's roles count them alike to agree on the ring's position."""
-    return group * kaio.max(n_tiles - first, 0)
-
-
-@kaio.gpu_func
 def full_bar(fb: i32, FULL: kaio.constexpr) -> i32:
     """The "dQ in dq_s" barrier (``bars[1, .]``) of writer ``fb``: the dS^T barriers of
     buffers 2, 3 (unused by ``consume_late``), the one-writer "full"
@@ -730,10 +706,11 @@ def attention_bwd_fused_ordered(
     the last turn on each tile stores its dQ to ``dq`` (``finish_dq``), no ``dq_convert_rows``
     after the kernel; ``PERSIST`` (``SCHED`` 4, ``EARLY`` 3,
     ``NDS`` 3, neither ``ROT`` nor ``FINISH``): a persistent block (a 1-d grid of at
-    most one block a multiprocessor) runs the work items blk, blk + the grid, ... of the
-    launch order one after the other, K and V in two buffers (an item's loaded while the
-    one before runs), the ring, the dS^T buffers and the dQ writers going on across them
-    (an item waits only for items before it in the launch order: those run or ran); ``NDS``:
+    most one block a multiprocessor) takes the work items of the launch order from a
+    counter (``take_item``), one after the other (a block whose items are short takes more
+    of them), K and V in two buffers (the next item's loaded while one runs), the ring, the
+    dS^T buffers and the dQ writers going on across them (an item waits only for items
+    taken before it: those run or ran); ``NDS``:
     ``consume_late``'s dS^T buffers (2, or 3 with ``SCHED`` 4, 6); ``SPLIT``, ``L2``,
     ``PFIRST``: ``grads_t``'s (with ``SCHED`` 1 to 6; ``L2`` 1: ``lse`` and its TMA map hold
     ``lse_log2(lse)``, ``prep``)."""
@@ -756,13 +733,13 @@ def attention_bwd_fused_ordered(
     BARS = DQS + BM * (D + 4) * 4 + 2 * STAGES * BM * 4
     bars = kaio.shared_dynamic(u64, (2, NB), BARS)
     turn = kaio.shared_dynamic(u64, (2 + 2 * PERSIST,), BARS + 16 * NB)  # (PERSIST: K/V free)
+    taken = kaio.shared_dynamic(i32, (2,), BARS + 16 * NB + 8 * (2 + 2 * PERSIST))  # PERSIST's
     nkb = (sk + BK - 1) // BK
     blk = i32(kaio.block_idx_y() * kaio.grid_dim_x() + kaio.block_idx_x())
-    # PERSIST: a 1-d grid, work items blk, blk + stride, ... (H100, f16 B16 H16 S1024 D 64:
-    # 298 TFLOP/s against 282 without; with the odd rounds' items taken in reverse, 234
-    # against 264: likely a block late in its head's turns then holding an early turn)
-    stride = i32(kaio.grid_dim_x())
-    items = 1 if PERSIST == 0 else (nkb * nkvh - blk + stride - 1) // stride
+    # PERSIST: a 1-d grid, the items taken from a counter, sem's entry past the tiles' (at
+    # most all of them, and the index past them that says there are no more)
+    counter = nkvh * group * ((sq + BM - 1) // BM)
+    items = 1 if PERSIST == 0 else nkb * nkvh + 1
 
     t, wg, lt = thread_roles(WG)
     if t == 0:
@@ -774,8 +751,8 @@ def attention_bwd_fused_ordered(
                 kaio.mbarrier_init(bars, (0, STAGES + b), 4 * WG)
         if PERSIST:  # K and V's second buffer landed; either free (an arrival a consumer warp)
             kaio.mbarrier_init(turn, 1, 1)
-            for b in kaio.static_range(2):
-                kaio.mbarrier_init(turn, 2 + b, 4 * WG)
+            for b in kaio.static_range(2):  # (and the writers', once they read the item)
+                kaio.mbarrier_init(turn, 2 + b, 4 * WG + NW)
         kaio.fence_proxy_async()
     kaio.sync_threads()
     # launched while prep finishes (programmatic dependent launch: its arrays are read after
@@ -790,10 +767,13 @@ def attention_bwd_fused_ordered(
         if SCHED:
             st, ph, pb, hph, wph, fb, g0 = i32(0), u32(0), i32(0), u32(0), u32(0), i32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                x, kvh, first_head, first, n_tiles, start = block_item(
-                    j, blk, stride, nkb, nkvh, hg, ROT, heads, group, sq, causal, x, kvh,
-                    first_head, first, n_tiles, start, BM, BK, PERSIST,
-                )  # fmt: skip
+                if PERSIST:
+                    b = taken_item(turn, taken, j)
+                    if b >= nkb * nkvh:
+                        break
+                    x, kvh, first_head, first, n_tiles, start = work_item(
+                        b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
+                    )  # fmt: skip
                 st, ph, pb, hph, wph, fb = consume_late(
                     k_s, v_s, q_s, do_s, stats, bars, turn, lse, delta, dk, dv, ds_s, dq_s,
                     dq_acc, sem, dq, wg, lt, kvh, first_head, group, first, n_tiles, start,
@@ -814,10 +794,14 @@ def attention_bwd_fused_ordered(
         if EARLY == 3 and lt % 16 == 0 and lt >= 32 and w < NW:
             ph, g0 = u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                x, kvh, first_head, first, n_tiles, start = block_item(
-                    j, blk, stride, nkb, nkvh, hg, ROT, heads, group, sq, causal, x, kvh,
-                    first_head, first, n_tiles, start, BM, BK, PERSIST,
-                )  # fmt: skip
+                if PERSIST:  # (read: the producer may take the item after next in its place)
+                    b = taken_item(turn, taken, j)
+                    kaio.mbarrier_arrive(turn, 2 + j % 2)
+                    if b >= nkb * nkvh:
+                        break
+                    x, kvh, first_head, first, n_tiles, start = work_item(
+                        b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
+                    )  # fmt: skip
                 ph = write_dq_two(dq_s, bars, dq_acc, sem, w, first_head, group, first,
                                   n_tiles, sq, x, nkb, causal, start, STAGES + NBUF * WG, D,
                                   BM, BK, ORDER, NW, ROT, FINISH, g0, ph)  # fmt: skip
@@ -825,11 +809,15 @@ def attention_bwd_fused_ordered(
         elif lt == 0:
             st, ph, g0 = i32(0), u32(0), i32(0)
             for j in range(items):  # (PERSIST 0: one, unrolled)
-                x, kvh, first_head, first, n_tiles, start = block_item(
-                    j, blk, stride, nkb, nkvh, hg, ROT, heads, group, sq, causal, x, kvh,
-                    first_head, first, n_tiles, start, BM, BK, PERSIST,
-                )  # fmt: skip
-                kv = -1 if j < 2 else (j - 2) // 2 % 2  # (buffer j % 2 again: once free)
+                kv = -1
+                if PERSIST:  # (buffer j % 2 again once free: take_item waits)
+                    b = take_item(turn, taken, sem, counter, j, -1 if j < 2 else (j - 2) // 2 % 2,
+                                  nkb * nkvh)  # fmt: skip
+                    if b >= nkb * nkvh:
+                        break
+                    x, kvh, first_head, first, n_tiles, start = work_item(
+                        b, nkb, nkvh, hg, ROT, heads, group, sq, causal, BM, BK
+                    )  # fmt: skip
                 st, ph = produce(k_s, v_s, q_s, do_s, stats, bars, turn, tk, tv, tq, tdo, tl,
                                  td, kvh * sk + x * BK, first_head * sq, sq, group, first,
                                  n_tiles, D, BK, BM, STAGES, TSTATS, DT, WRAP=ROT, start=start,
@@ -839,6 +827,39 @@ def attention_bwd_fused_ordered(
             write_dq_ordered(dq_s, bars, dq_acc, sem, lt, first_head, group, first, n_tiles,
                              sq, x, nkb, causal, STAGES + NBUF * WG, D, BM, BK,
                              EARLY)  # fmt: skip
+
+
+@kaio.gpu_func
+def item_stages(group: i32, first: i32, n_tiles: i32) -> i32:
+    """The ring stages (a query tile of a head each) of a work item's walk: its ``group``
+    heads' query tiles ``first`` .. ``n_tiles`` - 1 (none where ``first`` is past them); a
+    persistent block's roles count them alike to agree on the ring's position."""
+    return group * kaio.max(n_tiles - first, 0)
+
+
+@kaio.gpu_func
+def take_item(turn: u64[:], taken: i32[:], sem: i32[:], counter: i32, j: i32, kv: i32,
+              n: i32) -> i32:  # fmt: skip
+    """``PERSIST``: the producer's work item j, the next in launch order (``sem[counter]``, zeroed
+    by ``prep``), taken once K/V buffer j % 2 is free (``turn[2 + j % 2]``'s phase kv, where
+    kv >= 0: the consumers' last reads of item j - 2 and the writers' of its index) and
+    written to ``taken[j % 2]`` for the other warps (``taken_item``); past the n items, the
+    "landed" barrier is completed without a load: no more work."""
+    kb = j % 2
+    if kv >= 0:
+        kaio.mbarrier_wait(turn, 2 + kb, u32(kv))
+    b = kaio.atomic_add(sem, counter, 1)
+    taken[kb] = b
+    if b >= n:
+        kaio.mbarrier_arrive(turn, kb)
+    return b
+
+
+@kaio.gpu_func
+def taken_item(turn: u64[:], taken: i32[:], j: i32) -> i32:
+    """``PERSIST``: work item j of this block (``take_item``'s), once its K and V landed."""
+    kaio.mbarrier_wait(turn, j % 2, u32(j // 2 % 2))
+    return taken[j % 2]
 
 
 @kaio.gpu_kernel(block_size=256)
@@ -1000,8 +1021,12 @@ SCHED = {64: (4, 4), 128: (4, 4)}
 # against 352 / 366, S4096 and S1024 alike: causal blocks finish at different times, so
 # spreading a head's key blocks apart only delays the turns. H100, f16 B16 H16 S1024 D 64
 # (2026-11-27, two rounds): HG 16 243 and 246 against 8's 237 and 241 (SDPA flash 186, 194);
-# earlier at B4 S4096 HG 16 403 / 348 against 4's 402 / 348.
-HG = {64: (16, 1), 128: (4, 1)}
+# earlier at B4 S4096 HG 16 403 / 348 against 4's 402 / 348. D 64 causal with persistent
+# blocks taking the items in this order (bwd rounds E and F, H100, queued): HG 4 against 1,
+# f16 B16 S1024 259 / 257 against 253 / 255 (HG 2 253, 8 258), bf16 262 against 256, B4
+# S4096 409 against 404, B1 S16384 473 against 471; without the mask HG 4 318 against 16's
+# 367.
+HG = {64: (16, 4), 128: (4, 1)}
 
 # Whether the key blocks of a head may wait for later ones (``ROT``; not causal, rotated
 # walks; causal, the longest walks launched first) by head dim and mask, where they all fit
@@ -1028,20 +1053,32 @@ NDS = {64: 3, 128: 2}
 PREP_R = {64: 2, 128: 2}
 
 
-# Whether the blocks are persistent (``PERSIST``: one a multiprocessor, each running work
-# items in turn, the next item's K and V loaded while one runs), by head dim and mask; D 64
-# only (two K and V buffers do not fit beside D 128's ring). H100, f16 H16 D 64, TFLOP/s
-# against the same kernel without (and main's module), each call's GPU time (queued, round
-# D): B16 S1024 345 against 331 (332), B4 S4096 443 against 439, B1 S16384 471 against 463;
-# through the same host path B16 S1024 298 against 282 (round B), 281 against main's 270,
-# B4 S4096 403 against 394, bf16 B16 S1024 258 against 239 (round E). With the mask (items of
-# unequal walks: blocks given the same share end apart) B16 S1024 160 against 185, B4 S4096
-# 224 against 317 (the odd rounds' items reversed to even the walks out: 172 against 178).
-# Tried: the blocks converting dQ's tiles themselves once their items are done (no
-# dq_convert_tiles): 327 against 345, 449 against 443, 447 against 471. With the mask, a
-# head's key blocks in pairs of equal work (nkb - 1 - p, then p; bwd64 round C, queued):
-# B16 S1024 226 against 234, B4 S4096 330 against 384.
-PERSIST = {64: (1, 0), 128: (0, 0)}
+# Whether the blocks are persistent (``PERSIST``: one a multiprocessor, each taking work
+# items from a counter in launch order, the next item's K and V loaded while one runs), by
+# head dim and mask; D 64 only (two K and V buffers do not fit beside D 128's ring). H100,
+# f16 H16 D 64, TFLOP/s, each call's GPU time (queued): every grid-th item to each block,
+# against the same kernel without (and main's module; round D): B16 S1024 345 against 331
+# (332), B4 S4096 443 against 439, B1 S16384 471 against 463; through the same host path
+# B16 S1024 298 against 282 (round B), 281 against main's 270, B4 S4096 403 against 394,
+# bf16 B16 S1024 258 against 239 (round E). With the mask (items of unequal walks: blocks
+# given the same share end apart) B16 S1024 160 against 185, B4 S4096 224 against 317 (the
+# odd rounds' items reversed to even the walks out: 172 against 178). Tried: the blocks
+# converting dQ's tiles themselves once their items are done (no dq_convert_tiles): 327
+# against 345, 449 against 443, 447 against 471. With the mask, a head's key blocks in pairs
+# of equal work (nkb - 1 - p, then p; bwd64 round C, queued): B16 S1024 226 against 234, B4
+# S4096 330 against 384. The items taken from a counter (bwd, rounds A, C, D; against the
+# shipped kernel, resp. main's, in the same run): B16 S1024 causal 252, 255 and 251 against
+# 240, 243 and 240 (SDPA flash 143, 144, 143), bf16 252 against 241, B4 S4096 causal 405 and
+# 400 against 392 and 385; B16 S1024 364 and 370 against 359 and 365 (every grid-th item:
+# 365). Tried with them (removed): the turns under the mask in increasing key-block order
+# with the longest walks first (each key block then waits for the one before to be two
+# tiles ahead): 127 (16 heads interleaved) and 193 (32) at B16 S1024 causal, 316 at B4
+# S4096; delta computed in the kernel from O's tiles in the ring by the producer
+# warpgroup's fourth warp (no pass over O and dO before; three ring stages, the consumers at
+# 232 registers): 248 causal (255 without), 325 (shipped 363) without the mask, 331
+# (shipped 390) at B4 S4096 causal; with the last turn on each tile storing dQ (no
+# conversion after): 241, 313, 321.
+PERSIST = {64: (1, 1), 128: (0, 0)}
 
 # Whether dQ's conversion runs behind the kernel (``dq_convert_behind``) rather than after
 # it (``dq_convert_rows``), by head dim. H100, f16 H16 B16 S1024, queued, each against the
@@ -1132,7 +1169,7 @@ def _buffers(c: dict) -> int:
 
 def smem_bytes(d: int, c: dict) -> int:
     """The kernel's dynamic shared memory for head dim ``d`` and constexprs ``c``."""
-    more = 32 * max(c.get("NW", 2) - 3, 0)  # (writers 3 .. NW - 1's barriers)
+    more = 32 * max(c.get("NW", 2) - 3, 0) + 8  # (writers 3 .. NW - 1's barriers; ``taken``)
     if c.get("PERSIST"):  # K and V's second buffer, its two barriers
         more += 2 * 64 * c["WG"] * d * 2 + 16
     return more + shared_bytes(d, 64 * c["WG"], c["BM"], c["STAGES"], c["STAGES"] * c["BM"], 5,
@@ -1180,15 +1217,16 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     n_tiles = -(-sq // c["BM"])  # the semaphores' (dq_acc: whole tiles of 64 rows)
     acc_size = bh * -(-sq // 64) * 64 * d
     dq_acc = _arrays.output(da, (acc_size,), f32)
-    sem = _arrays.output(da, (bh * n_tiles,), i32)
+    n_sem = bh * n_tiles + 1  # (and PERSIST's counter of the work items taken)
+    sem = _arrays.output(da, (n_sem,), i32)
     zeros = 0 if stores_first(c) else acc_size  # (the dQ sums' zeros)
     l2 = _arrays.output(da, (rows_q,), f32)  # lse_log2(lse) once a query row
     l2_arg = _arrays.output_arg(da, l2, (rows_q,), f32)
     r = PREP_R[d]
-    grid = max(-(-rows_q // prep_rows(d, r)), -(-max(zeros // 4, bh * n_tiles) // 256))
+    grid = max(-(-rows_q // prep_rows(d, r)), -(-max(zeros // 4, n_sem) // 256))
     src = da if o is None else o  # (without o, delta is given: DOT 0 reads neither)
     prep[grid, 256, stream, 0](src.arg(src.size), da.arg(da.size), delta, la.arg(rows_q), l2_arg,
-                               rows_q, dq_acc, zeros, sem, bh * n_tiles, D=d, R=r,
+                               rows_q, dq_acc, zeros, sem, n_sem, D=d, R=r,
                                DOT=int(o is not None), DT=qa.dtype)  # fmt: skip
     if c["L2"]:  # (the kernel's stats: l2, else lse)
         la = types.SimpleNamespace(obj=l2, kind=da.kind, arg=lambda *_: l2_arg)

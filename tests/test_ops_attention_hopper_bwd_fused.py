@@ -71,12 +71,13 @@ def _with_multiprocessors(monkeypatch, over: dict) -> dict:
         # the last turn on each tile stores dQ (FINISH, with ROT): one key block, the only
         # turn (its walk over two heads' four tiles, the last partial)
         (1, 2, 1, 200, 128, 64, np.float16, False, 4, 3, {"ROT": True, "FINISH": True}),
-        # persistent blocks (PERSIST; four "multiprocessors": a grid of four blocks, each
-        # running its work items in turn, K and V in two buffers: nine items, blocks of
-        # three, two, two and two, the last round's partial), without the semaphores
-        # (ORDER 0: the simulator runs block 0's items before block 1's); grouped-query,
-        # three K/V heads' three key blocks, a partial query tile (the mask's: the GPU case)
-        (3, 2, 1, 200, 384, 64, np.float16, False, 4, 3, {"PERSIST": 1, "ORDER": 0, "SMS": 4}),
+        # persistent blocks (PERSIST; four "multiprocessors": a grid of four blocks taking
+        # the nine work items from a counter, K and V in two buffers; the simulator's block 0
+        # takes them all, the others find none left); grouped-query, three K/V heads' three
+        # key blocks, a partial query tile (the mask's: the GPU case)
+        (3, 2, 1, 200, 384, 64, np.float16, False, 4, 3, {"PERSIST": 1, "SMS": 4}),
+        # the same with the mask (walks of two to eight tiles), Sq > Sk
+        (2, 2, 1, 448, 384, 64, np.float16, True, 4, 3, {"PERSIST": 1, "SMS": 3}),
         # D 128's defaults with the mask (two dS^T buffers and their "free" waits), three
         # heads of one K/V head, the second key block seeing no query (Sq < Sk); delta from o
         (1, 3, 1, 120, 256, 128, np.float16, True, 4, 3, {"O": 1}),
@@ -256,10 +257,13 @@ def _gpu_operands(b, h, hkv, sq, sk, d, causal, seed):
     (qa, ka, va), dims, scale = attention._check_flash("test", q, k, v, None, inputs)
     da = inputs.array(do, "do", ndim=4)
     la = inputs.array(lse, "lse", ndim=3, dtypes=(f32,))
+    oa = inputs.array(o, "o", ndim=4)
     delta = (o.float() * do.float()).sum(-1).reshape(-1)
 
-    def run(**keywords):
-        return hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, **keywords)
+    def run(with_o=False, **keywords):
+        o_arg = oa if with_o else None  # (given: prep computes delta from it)
+        return hopper_bwd.launch(qa, ka, va, da, la, delta, dims, causal, scale, **keywords,
+                                 o=o_arg)  # fmt: skip
 
     return q, k, v, do, run
 
@@ -300,20 +304,21 @@ def test_gpu_ordered_backward_is_right_and_deterministic(d, causal, hkv, over, m
 
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("d, causal", [(128, False), (128, True), (64, False)])
+@pytest.mark.parametrize("d, causal", [(128, False), (128, True), (64, False), (64, True)])
 def test_gpu_ordered_backward_replays_in_a_cuda_graph(d, causal):
     """Captured in a CUDA graph, replayed twice: the semaphores are zeroed inside the
     captured work, so each replay equals the eager call bit for bit (a replay that found
-    the last call's counts would wait forever or add out of order); the defaults (D 64:
-    persistent blocks)."""
+    the last call's counts would wait forever or add out of order, and D 64's persistent
+    blocks would find no work item left); the defaults with o given (as
+    ``flash_attention_bwd`` calls it)."""
     import torch
 
     *_, run = _gpu_operands(1, 4, 4, 1024, 1024, d, causal, 5)
-    eager = run(ordered=True)
+    eager = run(True, ordered=True)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = run(ordered=True)
+        captured = run(True, ordered=True)
     for _ in range(2):
         for g in captured:
             g.fill_(float("nan"))
