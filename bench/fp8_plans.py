@@ -556,9 +556,26 @@ def kernel_names(cases, deadline=math.inf) -> None:
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 fn(a, b, sa, sb)
                 torch.cuda.synchronize()
-            ks = [(e.name, e.device_time) for e in prof.events() if e.device_time > 0]
             print(f"names M={m} {n}x{k} {name}: "
-                  + "; ".join(f"{nm[:110]} {t:.1f}us" for nm, t in ks), flush=True)  # fmt: skip
+                  + "; ".join(launch_shapes(prof)), flush=True)  # fmt: skip
+
+
+def launch_shapes(prof) -> list:
+    """Each kernel of a profile as its name, grid, block, cluster and dynamic shared memory
+    (from the profiler's trace: what cuBLAS's kernel names do not say) and its time."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))  # noqa: SIM115
+    out = []
+    for e in trace.get("traceEvents", []):
+        if e.get("cat") == "kernel":
+            a = e.get("args", {})
+            keys = ("grid", "block", "cluster", "shared memory", "registers per thread")
+            shape = " ".join(f"{key.split()[0]}={a[key]}" for key in keys if key in a)
+            out.append(f"{e['name'][:100]} [{shape}] {e.get('dur', 0):.1f}us")
+    return out
 
 
 GAP_CASES = [(128, 4096, 4096), (8, 4096, 4096)]
