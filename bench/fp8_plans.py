@@ -1313,7 +1313,7 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=70.0)
     p.add_argument("--cases", default="big,rowwise,sweep,cluster")
     p.add_argument("--ms", default="1,8192,16,4096,64,1024,256,2048,128,512,2,4,8,32")
-    p.add_argument("--models", default="8b,70b")
+    p.add_argument("--models", default="8b,70b", help="8b, 70b or shapes NxK")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--timing", default="percall", choices=("percall", "batched"))
     args = p.parse_args()
@@ -1348,6 +1348,9 @@ def main() -> None:
     cases = args.cases.split(",")
     ms = [int(x) for x in args.ms.split(",") if x]
     models = args.models.split(",")
+    for model in models:  # an "NxK" model: that one shape
+        if model not in SHAPES:
+            SHAPES[model] = [tuple(int(x) for x in model.split("x"))]
     if "warm" in cases:
         try:
             warm(cases, ms, models)
