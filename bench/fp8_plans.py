@@ -34,8 +34,8 @@ other K slice), ``kc`` ``kc_plans`` (a tile's K slices over a cluster), ``vsmain
 routed plans against main's routing (``main_plan``). Writes ``DIR/fp8_plans.jsonl`` (one line
 per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds have
 passed. ``cold`` (``cold2``, ``cold3``, ``cold4``): ``cold_plans`` (``cold2_plans``,
-``cold3_plans``, ``cold4_plans``) beside the routed plan; ``pairs``: ``pair_plans`` (clusters
-of two tiles side by side sharing each A slice) beside it.
+``cold3_plans``, ``cold4_plans``) beside the routed plan; ``tiles``: ``tile_plans`` (every
+wide tile, split or not) beside it past 256 rows.
 ``--timing``: ``percall`` (the default) times each call as bench/fp8.py does, the issue's
 figure (``percall_times``: its own pair of events, as many input sets as bench/fp8.py
 rotates); ``batched`` (every figure before 2026-11-27's cold pass) times batches of calls
@@ -946,42 +946,27 @@ def cold4_plans(m, n, k, sms=132):
     return [(2, full[1], s, 2, 1, 1, 1, 1, 0, 1, H.GROUP_ROWS, 2) for s in (12, 16)]
 
 
-def ns_fits(bn, most=16, occ=1, ns=2):
-    """The ring stages (at most ``most``) of a 64 x ``bn`` tile of two consumer warpgroups
-    (``NS`` ``ns``) that fit ``occ`` blocks a multiprocessor."""
-    limit = (H.SHARED_LIMIT + 1024) // occ - 1024
-    return [s for s in range(2, most + 1) if H.shared_bytes(2, bn, s, 1, 64, ns) <= limit][-1]
-
-
-def pair_plans(m, n, k, sms=132):
-    """The alternatives "pairs" times beside the routed plan: tiles in clusters of two side
-    by side sharing each A slice (``CL`` 3, TMA multicast; cuBLAS's kernels at 16 x 4096 x
-    4096, ``64x8_128x16_1x2``: 128 blocks of 384 threads, and at 128 x 4096 x 4096,
-    ``64x64_128x13_1x2``). Swapped (up to ``SWAP_M`` rows, from 9): half the routed tile's
-    columns (a's rows) a block, two consumer warpgroups on alternate K slices, 16 and 24
-    stages. Unswapped (65 to 256 rows): 64 x 64 to 64 x 128 tiles of two warpgroups on
-    alternate K slices (13 stages and the most that fit) where the tiles fit one wave, 128 x
-    96 tiles (cuBLAS's at 256 x 6144) in pairs."""
-    full = full_plan(H.config(m, n, k, sms))
-    ns2 = (H.GROUP_ROWS, 2)
-    if full[9]:  # swapped, where the pairs fit one wave
-        if m <= 8 or 2 * -(-n // 64) > sms:
-            return []
-        bn = max(8, -(-m // 16) * 8)
-        return [(2, bn, s, 2, 1, 3, 1, 1, 0, 1, *ns2) for s in (16, ns_fits(bn, 24)) if s >= 16]
-    if m <= 64:
+def tile_plans(m, n, k, sms=132):
+    """The alternatives "tiles" times beside the routed plan past 256 rows (``--timing
+    percall``): every two-warpgroup tile of ``RATES`` from 128 columns with ``plan``'s ring
+    and epilogue, unsplit and with the K split of its last partial wave that
+    ``split_parts`` gives (its parts added by ``sum_parts``); where the routed plan is
+    swapped, the unswapped one (64-row tiles of a, 128 of them at N = 4096)."""
+    if full_plan(H.config(m, n, k, sms))[9]:
+        return [unswapped(m, n, k, sms)]
+    if m <= H.WIDE_ALTERNATE_M:
         return []
     out = []
-    for bn in (64, 96, 128):
-        if -(-m // 64) * -(-n // bn) <= sms:
-            pr, most = 2 if bn <= H.ALTERNATE_BN else 1, ns_fits(bn)
-            out += [(2, bn, s, pr, 1, 3, 1, 1, 0, 0, *ns2) for s in {min(13, most), most}]
-    out.append((2, 96, H.stages_for(2, 96), 2, 1, 3))
-    return sorted(set(out))
+    for wg, bn, cl in H.RATES:
+        if wg == 2 and bn >= 128:
+            p = H.plan(wg, bn, cl)
+            parts = H.split_parts(-(-m // 128) * -(-n // bn), sms, k // 128)
+            out += [p[:6] + (1,)] + ([p[:6] + (parts,)] if parts > 1 else [])
+    return out
 
 
 COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans,
-         "pairs": pair_plans}  # fmt: skip
+         "tiles": tile_plans}  # fmt: skip
 
 
 def kc_plans(m, n, k, sms=132):
@@ -1315,7 +1300,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 plans = [p for p in cold2_plans(m, n, k) if p not in NAMED]
                 pick = H.config(m, n, k, 132)
                 jobs += [(p, False, rows) for p in [pick, *plans]]
-    for name in [c for c in cases if c in ("cold3", "cold4", "pairs")]:
+    for name in [c for c in cases if c in ("cold3", "cold4", "tiles")]:
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
@@ -1445,7 +1430,7 @@ def main() -> None:
     for name in [c for c in cases if c in COLDS]:  # (--timing percall)
         bw = copy_bandwidth()
         print(f"copy bandwidth {bw / 1e12:.3f} TB/s (read + written)", flush=True)
-        over_shapes(ms, COLDS[name], bw=bw, some=name in ("cold3", "cold4", "pairs"))
+        over_shapes(ms, COLDS[name], bw=bw, some=name in ("cold3", "cold4", "tiles"))
     if "kc" in cases:  # a tile's K slices over a cluster of blocks
         over_shapes(ms, kc_plans, some=True)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch

@@ -20,10 +20,8 @@ warpgroup the producer warpgroup gives its registers to them (``setmaxnreg``: 24
 there; the runtime's whole-program JIT spills none of them, where the old relocatable one
 gave them local memory: docs/performance.md). ``CL = 2``: clusters of two blocks, which take
 pairs of tiles one above the other and share each B slice (each copies half of it into both,
-TMA multicast); ``CL = 3``: pairs side by side sharing each A slice (cuBLAS's decode
-kernels at 9 to 32 rows of N = 4096: two swapped tiles of a's rows, one weight slice).
-``SPLIT``: the tiles of the last, partial wave of the persistent grid (all of them when
-there are fewer tiles than multiprocessors) split along K into ``parts``
+TMA multicast). ``SPLIT``: the tiles of the last, partial wave of the persistent grid (all
+of them when there are fewer tiles than multiprocessors) split along K into ``parts``
 (``unit_of``, ``split_parts``), their raw f32 sums in a workspace that ``sum_parts`` adds in
 order and scales, or (``SPLIT`` 3) that the last warp to arrive of each tile's warps adds
 in the same order before its epilogue (``last_part``: no second launch). ``SWAP``: the roles
@@ -139,25 +137,19 @@ def load_slice(
     """The TMA copies of K slice ``kt`` of the tile at rows ``row0``, columns ``col0`` into
     stage ``s`` (``AR`` A rows, ``BN`` B^T rows). ``AR``: the A rows a copy brings (``ROWS``,
     or fewer for a decode tile of fewer rows: the stage's other rows keep what they held,
-    and the results of those rows are never stored). In a cluster of two (``CL`` 2, 3), the
-    position is the pair's: with ``CL`` 2 (``2 * ROWS`` rows a pair) block r copies its own
-    A rows and half r of the B slice, multicast into both blocks; with ``CL`` 3 (``2 * BN``
-    columns a pair) half r of the A slice, multicast, and its own B rows."""
+    and the results of those rows are never stored). In a cluster of two (``CL``), the
+    position is the pair's (``2 * ROWS`` rows a tile): block r copies its own A rows and
+    half r of the B slice, multicast into both blocks."""
     k0 = kt * BK
     kaio.mbarrier_arrive_expect_tx(bars, (0, s), u32((AR + BN) * BK * 2))
     if CL == 1:
         kaio.tma_load_2d(sa, (s, 0, 0), ta, row0, k0, bars, (0, s))
         kaio.tma_load_2d(sb, (s, 0, 0), tb, col0, k0, bars, (0, s))
-    elif CL == 2:
+    else:
         r = i32(kaio.cluster_rank())
         kaio.tma_load_2d(sa, (s, 0, 0), ta, row0 + r * ROWS, k0, bars, (0, s))
         half = r * (BN // 2)
         kaio.tma_load_2d_multicast(sb, (s, half, 0), tb, col0 + half, k0, bars, (0, s), 3)
-    else:
-        r = i32(kaio.cluster_rank())
-        half = r * (ROWS // 2)
-        kaio.tma_load_2d_multicast(sa, (s, half, 0), ta, row0 + half, k0, bars, (0, s), 3)
-        kaio.tma_load_2d(sb, (s, 0, 0), tb, col0 + r * BN, k0, bars, (0, s))
 
 
 @kaio.gpu_func
@@ -180,14 +172,12 @@ def produce_all(
     if SPLIT == 1 and KC == 1:
         kt = i32(0)
         tile = tile0
-        row0, col0 = tile_origin(tile0, tiles_m, tiles_n, BN * (1 + (CL == 3)), GROUP,
-                                 ROWS * (1 + (CL == 2)))  # fmt: skip
+        row0, col0 = tile_origin(tile0, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
         for g in range(count):
             wait_free(bars, s, ph, g, STAGES)
             load_slice(sa, sb, bars, ta, tb, kt, row0, col0, s, BN, ROWS, CL, AR)
             kt, tile, row0, col0 = next_position(kt, tile, row0, col0, k_tiles, step, tiles_m,
-                                                 tiles_n, BN * (1 + (CL == 3)), GROUP,
-                                                 ROWS * (1 + (CL == 2)))  # fmt: skip
+                                                 tiles_n, BN, GROUP, ROWS * CL)  # fmt: skip
             s, ph = next_stage(s, ph, STAGES)
     else:
         g = i32(0)  # slices so far
@@ -683,11 +673,9 @@ def consume_tiles(
             carried = False
         if KC > 1:  # the kernel sums the cluster's parts, stores them (store_cluster_sums)
             continue
-        tr, tc = tile_origin(
-            tile, tiles_m, tiles_n, BN * (1 + (CL == 3)), GROUP, ROWS * (1 + (CL == 2))
-        )
-        row0 = tr + rank * ROWS * (CL == 2) + 64 * i32(wa)
-        col0 = tc + rank * BN * (CL == 3) + nb
+        tr, tc = tile_origin(tile, tiles_m, tiles_n, BN, GROUP, ROWS * CL)
+        row0 = tr + rank * ROWS + 64 * i32(wa)
+        col0 = tc + nb
         pa = sa[0]
         pb = sb[0]
         carry = PROMOTE == 7 and VEC == 1 and SPLIT == 1 and SWAP + ROW_A + COL_B + BIAS == 0
@@ -884,7 +872,7 @@ def matmul_fp8_wgmma(
     every thread waiting for that kernel's writes before any global access
     (``kaio.grid_dependency_wait``)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
-    if CL > 1:
+    if CL == 2:
         kaio.cluster_dims(2)
     if KC > 1:
         kaio.cluster_dims(KC)
@@ -916,7 +904,7 @@ def matmul_fp8_wgmma(
     wg = kaio.shfl_idx(t // 128, 0)  # warp-uniform as ptxas sees it
     lt = t % 128
     tile0, step, tiles_m, tiles_n, my_tiles, k_tiles, slices = tile_schedule(
-        m, n, k2, ROWS * (1 + (CL == 2)), BN * (1 + (CL == 3)), BK
+        m, n, k2, ROWS * CL, BN, BK
     )
     # the producer's registers to the consumers (not with NS 2: decode tiles, two blocks a
     # multiprocessor; nor KC, whose sums are stored after the branches)
@@ -928,7 +916,7 @@ def matmul_fp8_wgmma(
         kaio.mbarrier_init(turn, 0, 128)
         kaio.mbarrier_init(turn, 1, 128)
     rank = i32(0)
-    if CL > 1:  # the cluster's pair of tiles: tile0, step and the counts in pairs
+    if CL == 2:  # the cluster's pair of tiles: tile0, step and the counts in pairs
         rank = i32(kaio.cluster_rank())
         tile0 = tile0 // 2
         step = step // 2
@@ -944,8 +932,8 @@ def matmul_fp8_wgmma(
         step = step // KC
         my_tiles = (tiles_m * tiles_n - tile0 + step - 1) // step
     # "free": lane 0 of each consumer warpgroup (of both blocks; NS 2: of the one that read it)
-    init_ring(bars, t, STAGES, (1 + (WG - 1) * (NS != 2)) * (1 + (CL > 1)))
-    if CL > 1:
+    init_ring(bars, t, STAGES, (1 + (WG - 1) * (NS != 2)) * CL)
+    if CL == 2:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy
     if PDL:  # (no global memory touched above)
         kaio.grid_dependency_wait()
@@ -986,7 +974,7 @@ def matmul_fp8_wgmma(
             store_cluster_sums(acc, red, out, ebuf, sa, sb, bias, tile0, tiles_m, tiles_n, kr, m,
                                n, wg, lt, BN, GROUP, ROW_A, COL_B, BIAS, DT, VEC, SWAP, KC,
                                ROWS)  # fmt: skip
-    if CL > 1 or KC > 1:
+    if CL == 2 or KC > 1:
         kaio.cluster_sync()  # no block leaves while another may still write to it or read it
 
 
@@ -1313,9 +1301,9 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
     BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[,
     GROUP[, NS[, KC]]]]]]]]), default ``config``'s; CL: 1, or clusters of two tiles one
-    above the other (2) or side by side (3); SPLIT > 1 (one block a cluster): the tiles of
-    the last partial wave split that many ways along K (``split_from``), their raw sums in
-    a workspace made like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one
+    above the other (2); SPLIT > 1 (one block a cluster): the tiles of the last partial
+    wave split that many ways along K (``split_from``), their raw sums in a workspace made
+    like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one
     block a cluster; default 1): a persistent grid of up to OCC blocks a multiprocessor
     (with a ring of STAGES small enough that OCC blocks' shared memory fits one: more blocks
     streaming the weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the
@@ -1345,9 +1333,8 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         fuse, vec = 1, 1  # (sum_parts and the shared epilogue store tiles of C, not C^T)
     rows = 64 if ns else 64 * wg  # (NS: the warpgroups share the rows, each half the columns)
     ar = 64 if ns else a_rows(m, wg, cl)
-    # (a cluster's pair: each block copies half the shared slice, CL 2 B's, CL 3 A's)
-    ta = kaio.tensor_map_2d(a_units, (ar // (1 + (cl == 3)), BK), SW)
-    tb = kaio.tensor_map_2d(bt_units, (bn // (1 + (cl == 2)), BK), SW)
+    ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
+    tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
@@ -1360,7 +1347,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         if plan is None:  # config's: the ring takes the buffers' room
             stages = constexprs["STAGES"] = stages_for(wg, bn)
     threads, shared = wg * 128 + 128, shared_bytes(wg, bn, stages, vec, ar, ns)
-    tiles = -(-m // (rows * (1 + (cl == 2)))) * -(-n // (bn * (1 + (cl == 3))))  # (pairs)
+    tiles = -(-m // (rows * cl)) * -(-n // bn)
     if swap and constexprs["PDL"]:  # (the next kernel's blocks placed beside this one's)
         shared = max(shared, exclusive_shared(1 if tiles <= sms else occ))
     full = split_from(tiles, sms * occ, split)
