@@ -951,11 +951,17 @@ def tile_plans(m, n, k, sms=132):
     percall``): every two-warpgroup tile of ``RATES`` from 128 columns with ``plan``'s ring
     and epilogue, unsplit and with the K split of its last partial wave that
     ``split_parts`` gives (its parts added by ``sum_parts``); where the routed plan is
-    swapped, the unswapped one (64-row tiles of a, 128 of them at N = 4096)."""
+    swapped, the unswapped one (64-row tiles of a, 128 of them at N = 4096); from
+    ``NS_M`` to ``WIDE_ALTERNATE_M`` rows ``shared_plan``'s where its tiles fit one wave
+    (64 x 192 at 256 x 6144)."""
     if full_plan(H.config(m, n, k, sms))[9]:
         return [unswapped(m, n, k, sms)]
-    if m <= H.WIDE_ALTERNATE_M:
+    if m <= H.NS_M:
         return []
+    if m <= H.WIDE_ALTERNATE_M:  # shared_plan's 64-row tile of two warpgroups, one wave
+        shared = H.shared_plan(m, n, sms)
+        fits = -(-m // 64) * -(-n // shared[1]) <= sms
+        return [shared] if fits and shared != H.config(m, n, k, sms) else []
     out = []
     for wg, bn, cl in H.RATES:
         if wg == 2 and bn >= 128:
