@@ -26,7 +26,8 @@ tile alone and in clusters of two with each epilogue at K = 1024 and 2048, ``squ
 ``SQUARE_PLANS`` at 4096^3 and 8192^3, ``widths`` ``without_200`` at ``WIDTH_CASES``,
 ``paired`` ``paired_plans`` at ``BAND_SHAPES``, ``ns`` ``ns_plans`` (two consumer
 warpgroups on a 64-row tile) up to 256 rows, ``nsroute`` the routed plans against
-``unshared``'s, ``once`` one call of cuBLAS and kaio at ``ONCE_CASES`` (for ncu), ``gaps``
+``unshared``'s, ``once`` one call of cuBLAS and kaio at the ``--ms`` over the ``--models``'
+shapes (for ncu), ``gaps``
 the kernels' spans and gaps at ``GAP_CASES``, ``pdl`` the routed plans with and without
 programmatic dependent launch at ``PDL_CASES`` (``pdlsweep``: at the ``--ms`` up to
 ``SWAP_M`` over the models' shapes), ``alt`` ``alternate_plans`` (two warpgroups on every
@@ -526,9 +527,6 @@ def ring_plans(m, n, k, sms=132):
 CLUSTER_K = [(4096, 4096, 1024), (4096, 4096, 2048)]
 CLUSTER_VEC = [(2, 208, 4, 1, 3, 2), (2, 208, 5, 1, 1, 2), (2, 208, 4, 1, 2, 2), (2, 208, 4, 1, 3),
                (2, 208, 5, 1, 1)]  # fmt: skip
-
-
-ONCE_CASES = [(128, 4096, 4096), (256, 6144, 4096), (128, 4096, 14336), (8192, 8192, 8192)]
 
 
 def call_once(cases) -> None:
@@ -1463,8 +1461,8 @@ def main() -> None:
             kernel_gaps(GAP_CASES)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
-    if "once" in cases:  # one call of each at ONCE_CASES (under ncu)
-        call_once(ONCE_CASES)
+    if "once" in cases:  # one call of each (under ncu)
+        call_once([(m, n, k) for m in ms for mo in models for n, k in SHAPES[mo]])
     if "names" in cases:  # which kernels cuBLAS runs where kaio loses most
         try:
             names = [(m, n, k) for m in ms for mo in models for n, k in SHAPES[mo]]
