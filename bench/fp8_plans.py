@@ -949,11 +949,20 @@ def tile_plans(m, n, k, sms=132):
     percall``): every two-warpgroup tile of ``RATES`` from 128 columns with ``plan``'s ring
     and epilogue, unsplit and with the K split of its last partial wave that
     ``split_parts`` gives (its parts added by ``sum_parts``); where the routed plan is
-    swapped, the unswapped one (64-row tiles of a, 128 of them at N = 4096); from
+    swapped, the unswapped one (64-row tiles of a, 128 of them at N = 4096) and, where the
+    routed tile is two warpgroups' and twice its tiles fit one wave, tiles of half a's rows
+    (two a weight tile, each read twice: cuBLAS's 64 x 16 tiles at 32 x 4096 x 4096); from
     ``NS_M`` to ``WIDE_ALTERNATE_M`` rows ``shared_plan``'s where its tiles fit one wave
     (64 x 192 at 256 x 6144)."""
-    if full_plan(H.config(m, n, k, sms))[9]:
-        return [unswapped(m, n, k, sms)]
+    full = full_plan(H.config(m, n, k, sms))
+    if full[9]:  # swapped: unswapped, and where it fits, half a's rows a tile (16 stages, 24)
+        half = max(8, -(-m // 16) * 8)
+        fits = full[0] == 2 and half < full[1] and 2 * -(-n // 64) <= sms
+        deep = max(
+            s for s in range(2, 25) if H.shared_bytes(2, half, s, 1, 64, 2) <= H.SHARED_LIMIT
+        )
+        rows = [(2, half, s, *full[3:]) for s in sorted({16, deep})] if fits else []
+        return [unswapped(m, n, k, sms), *rows]
     if m <= H.NS_M:
         return []
     if m <= H.WIDE_ALTERNATE_M:  # shared_plan's 64-row tile of two warpgroups, one wave
