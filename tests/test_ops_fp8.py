@@ -289,7 +289,7 @@ def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
     """Every tile shape and accumulation mode of the sm_90 kernel on the simulator, two
     persistent blocks (several tiles each, the ring running across tiles), against float64:
     per-tensor, per-row and per-column scales, bias, the output types, M and N edges."""
-    check_plan_sim(plan, m, n, k, scales, out, monkeypatch)
+    _check_plan_sim(plan, m, n, k, scales, out, monkeypatch)
 
 
 def test_split_of_a_200_column_tile_sim(monkeypatch):
@@ -297,10 +297,10 @@ def test_split_of_a_200_column_tile_sim(monkeypatch):
     pair a lane, ``_matmul_hopper.store_pair``; before, left unwritten), three persistent
     blocks: the last of four tiles, a full-width one, split in two and added by
     ``sum_parts``."""
-    check_plan_sim((2, 200, 2, 1, 3, 1, 2), 130, 400, 384, "col", "bf16", monkeypatch, sms=3)
+    _check_plan_sim((2, 200, 2, 1, 3, 1, 2), 130, 400, 384, "col", "bf16", monkeypatch, sms=3)
 
 
-def check_plan_sim(plan, m, n, k, scales, out, monkeypatch, sms=2):
+def _check_plan_sim(plan, m, n, k, scales, out, monkeypatch, sms=2):
     """``plan`` at ``m x n x k`` on ``sms`` persistent blocks of the simulator against
     float64 (``scales``: per tensor, row, column or both; bias; ``out`` the output type)."""
     from kaio_ops import fp8
