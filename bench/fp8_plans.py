@@ -19,13 +19,15 @@ Llama-3-8B/-70B shapes with ``plans_for``'s, ``SWEEP_WIDE``'s (``with_splits``) 
 routing before this branch, ``BEFORE``); ``decgrid`` the decode
 plans of ``decode_plans`` at ``DECODE_SHAPES`` (the ``--ms`` up to 64) with the weight-read
 floor (``copy_bandwidth``); ``bands`` ``band_plans`` at ``BAND_SHAPES`` (``allshapes``: the
-8), ``names`` the kernels cuBLAS and kaio launch there, ``rings`` ``ring_plans`` at
+8), ``names`` the kernels cuBLAS and kaio launch at the ``--ms`` over the ``--models``'
+shapes (each one's grid, block, cluster and shared memory), ``rings`` ``ring_plans`` at
 ``RING_SHAPES``, ``one`` one row at the 8 shapes against ``gemv_fp8``, ``clk`` the 128 x 208
 tile alone and in clusters of two with each epilogue at K = 1024 and 2048, ``squares``
 ``SQUARE_PLANS`` at 4096^3 and 8192^3, ``widths`` ``without_200`` at ``WIDTH_CASES``,
 ``paired`` ``paired_plans`` at ``BAND_SHAPES``, ``ns`` ``ns_plans`` (two consumer
 warpgroups on a 64-row tile) up to 256 rows, ``nsroute`` the routed plans against
-``unshared``'s, ``once`` one call of cuBLAS and kaio at ``ONCE_CASES`` (for ncu), ``gaps``
+``unshared``'s, ``once`` one call of cuBLAS and kaio at the ``--ms`` over the ``--models``'
+shapes (for ncu), ``gaps``
 the kernels' spans and gaps at ``GAP_CASES``, ``pdl`` the routed plans with and without
 programmatic dependent launch at ``PDL_CASES`` (``pdlsweep``: at the ``--ms`` up to
 ``SWAP_M`` over the models' shapes), ``alt`` ``alternate_plans`` (two warpgroups on every
@@ -33,7 +35,8 @@ other K slice), ``vsmain`` the
 routed plans against main's routing (``main_plan``). Writes ``DIR/fp8_plans.jsonl`` (one line
 per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds have
 passed. ``cold`` (``cold2``, ``cold3``, ``cold4``): ``cold_plans`` (``cold2_plans``,
-``cold3_plans``, ``cold4_plans``) beside the routed plan.
+``cold3_plans``, ``cold4_plans``) beside the routed plan; ``tiles``: ``tile_plans`` (every
+wide tile, split or not) beside it past 256 rows.
 ``--timing``: ``percall`` (the default) times each call as bench/fp8.py does, the issue's
 figure (``percall_times``: its own pair of events, as many input sets as bench/fp8.py
 rotates); ``batched`` (every figure before 2026-11-27's cold pass) times batches of calls
@@ -526,9 +529,6 @@ CLUSTER_VEC = [(2, 208, 4, 1, 3, 2), (2, 208, 5, 1, 1, 2), (2, 208, 4, 1, 2, 2),
                (2, 208, 5, 1, 1)]  # fmt: skip
 
 
-ONCE_CASES = [(128, 4096, 4096), (256, 6144, 4096), (128, 4096, 14336), (8192, 8192, 8192)]
-
-
 def call_once(cases) -> None:
     """``torch._scaled_mm`` and the routed ``matmul_fp8`` called once each at ``cases`` (m,
     n, k), for a profiler that picks their kernels out (ncu -k)."""
@@ -556,9 +556,26 @@ def kernel_names(cases, deadline=math.inf) -> None:
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 fn(a, b, sa, sb)
                 torch.cuda.synchronize()
-            ks = [(e.name, e.device_time) for e in prof.events() if e.device_time > 0]
             print(f"names M={m} {n}x{k} {name}: "
-                  + "; ".join(f"{nm[:110]} {t:.1f}us" for nm, t in ks), flush=True)  # fmt: skip
+                  + "; ".join(launch_shapes(prof)), flush=True)  # fmt: skip
+
+
+def launch_shapes(prof) -> list:
+    """Each kernel of a profile as its name, grid, block, cluster and dynamic shared memory
+    (from the profiler's trace: what cuBLAS's kernel names do not say) and its time."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))  # noqa: SIM115
+    out = []
+    for e in trace.get("traceEvents", []):
+        if e.get("cat") == "kernel":
+            a = e.get("args", {})
+            keys = ("grid", "block", "cluster", "shared memory", "registers per thread")
+            shape = " ".join(f"{key.split()[0]}={a[key]}" for key in keys if key in a)
+            out.append(f"{e['name'][:100]} [{shape}] {e.get('dur', 0):.1f}us")
+    return out
 
 
 GAP_CASES = [(128, 4096, 4096), (8, 4096, 4096)]
@@ -925,7 +942,42 @@ def cold4_plans(m, n, k, sms=132):
     return [(2, full[1], s, 2, 1, 1, 1, 1, 0, 1, H.GROUP_ROWS, 2) for s in (12, 16)]
 
 
-COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans}
+def tile_plans(m, n, k, sms=132):
+    """The alternatives "tiles" times beside the routed plan past 256 rows (``--timing
+    percall``): every two-warpgroup tile of ``RATES`` from 128 columns with ``plan``'s ring
+    and epilogue, unsplit and with the K split of its last partial wave that
+    ``split_parts`` gives (its parts added by ``sum_parts``); where the routed plan is
+    swapped, the unswapped one (64-row tiles of a, 128 of them at N = 4096) and, where the
+    routed tile is two warpgroups' and twice its tiles fit one wave, tiles of half a's rows
+    (two a weight tile, each read twice: cuBLAS's 64 x 16 tiles at 32 x 4096 x 4096); from
+    ``NS_M`` to ``WIDE_ALTERNATE_M`` rows ``shared_plan``'s where its tiles fit one wave
+    (64 x 192 at 256 x 6144)."""
+    full = full_plan(H.config(m, n, k, sms))
+    if full[9]:  # swapped: unswapped, and where it fits, half a's rows a tile (16 stages, 24)
+        half = max(8, -(-m // 16) * 8)
+        fits = full[0] == 2 and half < full[1] and 2 * -(-n // 64) <= sms
+        deep = max(
+            s for s in range(2, 25) if H.shared_bytes(2, half, s, 1, 64, 2) <= H.SHARED_LIMIT
+        )
+        rows = [(2, half, s, *full[3:]) for s in sorted({16, deep})] if fits else []
+        return [unswapped(m, n, k, sms), *rows]
+    if m <= H.NS_M:
+        return []
+    if m <= H.WIDE_ALTERNATE_M:  # shared_plan's 64-row tile of two warpgroups, one wave
+        shared = H.shared_plan(m, n, sms)
+        fits = -(-m // 64) * -(-n // shared[1]) <= sms
+        return [shared] if fits and shared != H.config(m, n, k, sms) else []
+    out = []
+    for wg, bn, cl in H.RATES:
+        if wg == 2 and bn >= 128:
+            p = H.plan(wg, bn, cl)
+            parts = H.split_parts(-(-m // 128) * -(-n // bn), sms, k // 128)
+            out += [p[:6] + (1,)] + ([p[:6] + (parts,)] if parts > 1 else [])
+    return out
+
+
+COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans,
+         "tiles": tile_plans}  # fmt: skip
 
 
 def main_plan(plan, m) -> tuple:
@@ -1228,7 +1280,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 plans = [p for p in cold2_plans(m, n, k) if p not in NAMED]
                 pick = H.config(m, n, k, 132)
                 jobs += [(p, False, rows) for p in [pick, *plans]]
-    for name in [c for c in cases if c in ("cold3", "cold4")]:
+    for name in [c for c in cases if c in ("cold3", "cold4", "tiles")]:
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
@@ -1263,7 +1315,7 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=70.0)
     p.add_argument("--cases", default="big,rowwise,sweep,cluster")
     p.add_argument("--ms", default="1,8192,16,4096,64,1024,256,2048,128,512,2,4,8,32")
-    p.add_argument("--models", default="8b,70b")
+    p.add_argument("--models", default="8b,70b", help="8b, 70b or shapes NxK")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--timing", default="percall", choices=("percall", "batched"))
     args = p.parse_args()
@@ -1298,6 +1350,9 @@ def main() -> None:
     cases = args.cases.split(",")
     ms = [int(x) for x in args.ms.split(",") if x]
     models = args.models.split(",")
+    for model in models:  # an "NxK" model: that one shape
+        if model not in SHAPES:
+            SHAPES[model] = [tuple(int(x) for x in model.split("x"))]
     if "warm" in cases:
         try:
             warm(cases, ms, models)
@@ -1355,7 +1410,7 @@ def main() -> None:
     for name in [c for c in cases if c in COLDS]:  # (--timing percall)
         bw = copy_bandwidth()
         print(f"copy bandwidth {bw / 1e12:.3f} TB/s (read + written)", flush=True)
-        over_shapes(ms, COLDS[name], bw=bw, some=name in ("cold3", "cold4"))
+        over_shapes(ms, COLDS[name], bw=bw, some=name in ("cold3", "cold4", "tiles"))
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
         for m, n, k in PDL_CASES:
             if time.time() - t0 > args.budget:
@@ -1380,11 +1435,11 @@ def main() -> None:
             kernel_gaps(GAP_CASES)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
-    if "once" in cases:  # one call of each at ONCE_CASES (under ncu)
-        call_once(ONCE_CASES)
+    if "once" in cases:  # one call of each (under ncu)
+        call_once([(m, n, k) for m in ms for mo in models for n, k in SHAPES[mo]])
     if "names" in cases:  # which kernels cuBLAS runs where kaio loses most
         try:
-            names = [(m, n, k) for m in ms for n, k in BAND_SHAPES]
+            names = [(m, n, k) for m in ms for mo in models for n, k in SHAPES[mo]]
             if "squares" in cases:
                 names.append((8192, 8192, 8192))
             kernel_names(names, t0 + args.budget + 6)

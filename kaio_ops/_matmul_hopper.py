@@ -191,7 +191,8 @@ def store_rows(
     ``lt`` of it holds ``acc``, the m16n8 C fragment of each n8 tile of its warp's 16 rows)
     through ``store_c``, each column times its output's scale. Lanes t and t ^ 1 trade
     pairs, so that each stores 4 adjacent columns (16 bytes of f32, 8 of f16): even lanes
-    columns 2t..2t+3 of the first 8 of a 16, odd lanes 2t-2..2t+1 of the next 8.
+    columns 2t..2t+3 of the first 8 of a 16, odd lanes 2t-2..2t+1 of the next 8; where BN is
+    an odd multiple of 8 (200), the last 8 columns a pair a lane (``store_pair``).
     ``CHECK`` 0: the 64 x BN block is inside C and c0 (``store_c``)."""
     SIZE = OUT.itemsize  # noqa: N806  (a compile-time int, as the constexprs)
     lane = i32(lt % 32)
@@ -221,6 +222,34 @@ def store_rows(
                 out[SIZE // 2 + w] = kaio.select(odd, mine[1, w], got)
             put = col + kaio.select(odd, 6, 0)
             store_c(c0, c1, c2, row + 8 * h, put, m, n, n0, n1, out, OUT, CHECK)
+    if BN % 16:
+        store_pair(acc, c0, c1, c2, row, col0 + BN - 8 + 2 * (lane % 4), m, n, n0, n1, s0, s1,
+                   s2, BN // 8 - 1, OUT, CHECK)  # fmt: skip
+
+
+@kaio.gpu_func
+def store_pair(
+    acc: f32[:, :, :], c0: OUT[:, :], c1: OUT[:, :], c2: OUT[:, :], row: i32, col: i32, m: i32,
+    n: i32, n0: i32, n1: i32, s0: f32, s1: f32, s2: f32, J: kaio.constexpr,
+    OUT: kaio.constexpr, CHECK: kaio.constexpr,
+):  # fmt: skip
+    """``store_rows`` of the C fragment's n8 tile ``J`` when it has no partner tile to trade
+    with: each lane stores its own pair of columns ``col``, ``col + 1`` in rows ``row`` and
+    ``row + 8`` (``store_c``)."""
+    SIZE = OUT.itemsize  # noqa: N806
+    s = scale_of(col, n0, n1, s0, s1, s2)
+    for h in kaio.static_range(2):
+        x = acc[J, h, 0] * s
+        y = acc[J, h, 1] * s
+        pair = kaio.local(u32, SIZE // 2)  # its f32 bits or f16x2
+        if SIZE == 4:
+            pair[0] = kaio.bitcast(x, u32)
+            pair[1] = kaio.bitcast(y, u32)
+        elif OUT == kaio.bf16:
+            pair[0] = kaio.bitcast(kaio.bf16x2(x, y), u32)
+        else:
+            pair[0] = kaio.bitcast(kaio.f16x2(x, y), u32)
+        store_c(c0, c1, c2, row + 8 * h, col, m, n, n0, n1, pair, OUT, CHECK)
 
 
 @kaio.gpu_func

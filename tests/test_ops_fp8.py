@@ -270,6 +270,7 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((2, 192, 2, 1, 1, 1, 2), 100, 176, 384, "row", "bf16"),  # 1 tile, 2 blocks: K split
         ((2, 192, 2, 1, 2), 200, 432, 256, "both", "f16"),  # C through shared, bulk copies
         ((2, 200, 2, 1, 3), 200, 432, 256, "row", "bf16"),  # copies waited for later; 25 n8s
+        ((2, 200, 2, 1, 1), 130, 416, 256, "both", "f32"),  # 25 n8s from registers
         ((2, 128, 3, 21, 1), 130, 144, 640, "row", "bf16"),  # promoted every 2, staggered
         ((2, 128, 3, 5, 1), 70, 144, 384, "both", "f16"),  # halves, one in flight
         ((2, 128, 3, 6, 1), 130, 144, 640, "row", "f16"),  # two full sums, one in flight
@@ -286,10 +287,24 @@ def test_hopper_plans_sim(plan, m, n, k, scales, out, monkeypatch):
     """Every tile shape and accumulation mode of the sm_90 kernel on the simulator, two
     persistent blocks (several tiles each, the ring running across tiles), against float64:
     per-tensor, per-row and per-column scales, bias, the output types, M and N edges."""
+    _check_plan_sim(plan, m, n, k, scales, out, monkeypatch)
+
+
+def test_split_of_a_200_column_tile_sim(monkeypatch):
+    """The K split of a 128 x 200 tile (25 n8 tiles: the workspace's last 8 columns stored a
+    pair a lane, ``_matmul_hopper.store_pair``; before, left unwritten), three persistent
+    blocks: the last of four tiles, a full-width one, split in two and added by
+    ``sum_parts``."""
+    _check_plan_sim((2, 200, 2, 1, 3, 1, 2), 130, 400, 384, "col", "bf16", monkeypatch, sms=3)
+
+
+def _check_plan_sim(plan, m, n, k, scales, out, monkeypatch, sms=2):
+    """``plan`` at ``m x n x k`` on ``sms`` persistent blocks of the simulator against
+    float64 (``scales``: per tensor, row, column or both; bias; ``out`` the output type)."""
     from kaio_ops import fp8
 
     monkeypatch.setattr(fp8, "HOPPER_IN_SIMULATOR", True)
-    calls = _force_plan(monkeypatch, plan)
+    calls = _force_plan(monkeypatch, plan, sms)
     a, w = _fp8_operands(m, k, n, "e4m3", seed=m + n)
     rng = np.random.default_rng(k)
     sa = rng.uniform(0.5, 2, (m, 1) if scales in ("row", "both") else (1,)).astype(np.float32)
@@ -333,8 +348,8 @@ def test_carried_slice_sim(plan, m, n, k, out, monkeypatch):
     assert np.abs(ref).max() > 100
 
 
-def _force_plan(monkeypatch, plan) -> list:
-    """Make ``_fp8_hopper.launch`` run ``plan`` on two persistent blocks; the list it
+def _force_plan(monkeypatch, plan, sms=2) -> list:
+    """Make ``_fp8_hopper.launch`` run ``plan`` on ``sms`` persistent blocks; the list it
     returns gets a 1 per launch."""
     from kaio_ops import _fp8_hopper
 
@@ -343,7 +358,7 @@ def _force_plan(monkeypatch, plan) -> list:
 
     def forced(*args, like=None):
         calls.append(1)
-        launch(*args[:12], 2, args[13], plan, like=like)
+        launch(*args[:12], sms, args[13], plan, like=like)
 
     monkeypatch.setattr(_fp8_hopper, "launch", forced)
     return calls
@@ -627,7 +642,7 @@ def test_matmul_gpu_vs_scaled_mm(shape, scales, path, monkeypatch):
     [(2, 128, 1, None), (2, 96, 1, None), (3, 128, 1, None), (2, 64, 1, None), (1, 64, 1, None),
      (1, 256, 1, None), (1, 64, 3, None), (2, 128, 1, 5), (2, 128, 1, 21), (2, 192, 1, 41),
      (1, 32, 1, 20), (1, 112, 1, None), (1, 48, 1, None), (2, 192, 1, None),
-     (2, 224, 1, None), (2, 208, 3, None), (2, 256, 2, None)],
+     (2, 224, 1, None), (2, 208, 3, None), (2, 256, 2, None), (2, 200, 3, None)],
 )  # fmt: skip
 def test_hopper_plans_gpu_vs_scaled_mm(wg, bn, split, promote, vec, monkeypatch):
     """Every tile shape of the sm_90 kernel, forced, against torch._scaled_mm at K = 8192 (64
