@@ -252,13 +252,20 @@ def run_kaio(lens, contiguous=False, **cfg):
 
 
 def check(sets, lens, contiguous=False, **cfg):
+    """kaio's relative error against f32 SDPA on the contiguous cache (the reference a few
+    sequences at a time: B64 L32768's grouped f32 heads would not fit)."""
     force(**cfg)
     q, k, v, kc, vc, table = sets[0]
     if contiguous:
         kc, vc, table = k, v, None
     out = decode._decode("probe", q, kc, vc, lens, table, None)[0]
     mask = torch.arange(k.shape[2], device="cuda")[None] < lens[:, None]
-    ref = sdpa(q.float(), k.float(), v.float(), attn_mask=mask[:, None, None], enable_gqa=True)
+    step = max(1, (1 << 28) // (k[0].numel() * H // HKV))
+    ref = torch.cat([
+        sdpa(q[i:i + step].float(), k[i:i + step].float(), v[i:i + step].float(),
+             attn_mask=mask[i:i + step, None, None], enable_gqa=True)
+        for i in range(0, q.shape[0], step)
+    ])  # fmt: skip
     err = ((out.float() - ref).norm() / ref.norm()).item()
     restore()
     return err
@@ -2562,6 +2569,78 @@ def round_z3(budget: float):
         show(f"{label} SDPA again", again)
 
 
+def sdpa_grids(sets, label):
+    """The kernels torch SDPA's default launches for the decode step on the contiguous
+    cache (kernel time and launch shape from the profiler's trace), and kaio's paged."""
+    import json
+    import tempfile
+
+    q, k, v = sets[0][:3]
+    for _ in range(3):
+        sdpa(q, k, v, enable_gqa=True)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(6):
+            sdpa(*sets[i % len(sets)][:3], enable_gqa=True)
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    seen = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") == "kernel":
+            a = e.get("args", {})
+            key = (e["name"][:90], str(a.get("grid")), str(a.get("block")),
+                   a.get("registers per thread"), a.get("shared memory"))  # fmt: skip
+            seen[key].append(e["dur"])
+    for (name, grid, block, regs, smem), durs in seen.items():
+        print(f"{label} SDPA kernel x{len(durs)} {statistics.median(durs):.2f} us grid {grid} "
+              f"block {block} regs {regs} smem {smem}: {name}", flush=True)  # fmt: skip
+
+
+W64_CASES = ((64, 4096), (64, 1024), (64, 32768), (16, 32768))
+W64_VARIANTS = {  # name: force()'s settings
+    "paged SORT off": {"sort": 0},
+    "paged 2 stages": {"stages": 2},
+    "paged 4 stages": {"stages": 4},
+    "paged 4 stages OWN": {"stages": 4, "own": True},
+}
+
+
+def round_w64(budget: float):
+    """(dec, eleventh pass, round A) B = 64 paged (one split, two waves of blocks): the
+    shipped kernel (3 stages, two blocks a multiprocessor; SORT at 2k-4k keys) against 2
+    stages (three a multiprocessor), 4 (one) with and without OWN, SORT off; B64 L32768
+    and B16 L32768 the shipped kernel only; SDPA's kernels listed; each variant checked
+    against f32 SDPA first; two passes, the second reversed; SDPA first and last."""
+    for b, length, _, sets, lens, label in shapes(W64_CASES, budget):
+        sdpa_grids(sets, label)
+        print(f"{label} routed SORT {decode.sorts(True, 1, sets[0][5].shape[1], 16)}")
+        jobs = [("paged shipped", run_kaio(lens))]
+        if b == 64 and length < 32768:
+            for name, cfg in W64_VARIANTS.items():
+                print(f"{label} {name} rel err {check(sets, lens, **cfg):.1e}", flush=True)
+                jobs.append((name, run_kaio(lens, **cfg)))
+        for order in (jobs, jobs[::-1]):
+            for name, fn in order:
+                show(f"{label} {name}", kernel_times(fn, sets, 12 if length > 8192 else 24))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_w64():
+    """What round w64 launches: the one-split paged kernels at 2, 3 and 4 stages (4 also
+    with OWN), with SORT 256 and without."""
+    out = [(probe_mark, {})]
+    c = {"DP": 128, "MT": 1, "PAGED": True, "DT": f16, "PW": 1, "CL": 1, "DIRECT": True}
+    c |= {"FUSED": False, "SPEC": 1, "SWAP": 1}
+    for st, own in ((3, 0), (2, 0), (4, 0), (4, 1)):
+        for n in (256, 0):
+            sync1 = decode.stage_syncs(st, own)
+            out.append((decode.DECODE, {**c, "STAGES": st, "OWN": own, "SYNC1": sync1, "SORT": n}))
+    return out
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -2591,6 +2670,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "z": (round_z, 40),
     "z2": (round_z2, 40),
     "z3": (round_z3, 40),
+    "w64": (round_w64, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2612,6 +2692,7 @@ WARMS = {
     "warm_z": warm_z,
     "warm_z2": warm_z2,
     "warm_z3": warm_z,
+    "warm_w64": warm_w64,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
