@@ -113,6 +113,7 @@ ORIG_CLUSTERS = getattr(decode, "CLUSTERS", (2, 4, 8, 16))
 ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
+ORIG_NEXT = getattr(decode, "NEXT_ITEMS", False)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -146,6 +147,7 @@ def restore():
     decode.WHOLE_PAGES = ORIG_PAGES
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
+    decode.NEXT_ITEMS = ORIG_NEXT
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -290,12 +292,15 @@ def force(
     own=None,
     own_tiles=None,
     sort=None,
+    next_items=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
+    if next_items is not None:  # the next wave's first pages into L2 (NEXT) on or off
+        decode.NEXT_ITEMS = next_items
     if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
         decode.sorts = lambda paged, splits, *a, n=sort: n if paged and splits == 1 else 0
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
@@ -1278,7 +1283,7 @@ WARM_LIST = warm_list
 def warm_one(i):
     kernel, c = WARM_LIST()[i]
     if kernel is decode.DECODE:  # (lists made before decode_fwd had SORT)
-        c = {"SORT": 0, **c}
+        c = {"SORT": 0, "NEXT": 0, **c}
     try:
         kernel.resources(**c)  # compiled, loaded, its cubin in the disk cache
     except Exception as e:  # noqa: BLE001
@@ -2604,21 +2609,25 @@ W64_VARIANTS = {  # name: force()'s settings
     "paged 2 stages": {"stages": 2},
     "paged 4 stages": {"stages": 4},
     "paged 4 stages OWN": {"stages": 4, "own": True},
+    "paged NEXT": {"next_items": True},
 }
 
 
 def round_w64(budget: float):
     """(dec, eleventh pass, round A) B = 64 paged (one split, two waves of blocks): the
     shipped kernel (3 stages, two blocks a multiprocessor; SORT at 2k-4k keys) against 2
-    stages (three a multiprocessor), 4 (one) with and without OWN, SORT off; B64 L32768
-    and B16 L32768 the shipped kernel only; SDPA's kernels listed; each variant checked
+    stages (three a multiprocessor), 4 (one) with and without OWN, SORT off, NEXT (the
+    next wave's first pages into L2); B64 L32768 the shipped kernel and NEXT, B16 L32768
+    the shipped kernel only; SDPA's kernels listed; each variant checked
     against f32 SDPA first; two passes, the second reversed; SDPA first and last."""
     for b, length, _, sets, lens, label in shapes(W64_CASES, budget):
         sdpa_grids(sets, label)
         print(f"{label} routed SORT {decode.sorts(True, 1, sets[0][5].shape[1], 16)}")
         jobs = [("paged shipped", run_kaio(lens))]
-        if b == 64 and length < 32768:
+        if b == 64:
             for name, cfg in W64_VARIANTS.items():
+                if length >= 32768 and name != "paged NEXT":
+                    continue
                 print(f"{label} {name} rel err {check(sets, lens, **cfg):.1e}", flush=True)
                 jobs.append((name, run_kaio(lens, **cfg)))
         for order in (jobs, jobs[::-1]):
@@ -2630,14 +2639,15 @@ def round_w64(budget: float):
 
 def warm_w64():
     """What round w64 launches: the one-split paged kernels at 2, 3 and 4 stages (4 also
-    with OWN), with SORT 256 and without."""
+    with OWN), with SORT 256 and without; at 3 stages also with NEXT."""
     out = [(probe_mark, {})]
     c = {"DP": 128, "MT": 1, "PAGED": True, "DT": f16, "PW": 1, "CL": 1, "DIRECT": True}
     c |= {"FUSED": False, "SPEC": 1, "SWAP": 1}
-    for st, own in ((3, 0), (2, 0), (4, 0), (4, 1)):
+    for st, own, nxt in ((3, 0, 0), (3, 0, 1), (2, 0, 0), (4, 0, 0), (4, 1, 0)):
         for n in (256, 0):
             sync1 = decode.stage_syncs(st, own)
-            out.append((decode.DECODE, {**c, "STAGES": st, "OWN": own, "SYNC1": sync1, "SORT": n}))
+            flags = {"STAGES": st, "OWN": own, "SYNC1": sync1, "SORT": n, "NEXT": nxt}
+            out.append((decode.DECODE, {**c, **flags}))
     return out
 
 
