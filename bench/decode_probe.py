@@ -2576,7 +2576,7 @@ def round_z3(budget: float):
 
 def sdpa_grids(sets, label):
     """The kernels torch SDPA's default launches for the decode step on the contiguous
-    cache (kernel time and launch shape from the profiler's trace), and kaio's paged."""
+    cache: median time, grid, block, registers and shared memory (the profiler's trace)."""
     import json
     import tempfile
 
