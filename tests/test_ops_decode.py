@@ -855,6 +855,9 @@ def _sdpa_reference(q, k_cache, v_cache, lens, table, scale=None):
             16384,
             [16384, 0, 1, 17, 4095, 4096, 4097, 8000, 12345, 16383, 2048, 2049, 30, 64, 1000, 9999],
         ),  # fmt: skip
+        # two waves of blocks (one split: the blocks of the second wave take the places of
+        # the first's, NEXT); SORT over pages of 16
+        (64, 32, 8, 1, 128, 2048, [2048, 1, *((i * 977) % 2049 for i in range(62))]),
     ],
 )
 @pytest.mark.parametrize("page_size", [None, 16, 128])
