@@ -114,6 +114,7 @@ ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
 ORIG_NEXT = getattr(decode, "NEXT_ITEMS", False)
+ORIG_LEAD = getattr(decode, "NEXT_LEAD", 2)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -148,6 +149,7 @@ def restore():
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
     decode.NEXT_ITEMS = ORIG_NEXT
+    decode.NEXT_LEAD = ORIG_LEAD
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -299,8 +301,9 @@ def force(
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
-    if next_items is not None:  # the next wave's first pages into L2 (NEXT) on or off
-        decode.NEXT_ITEMS = next_items
+    if next_items is not None:  # the next wave's first pages into L2 (NEXT), so many
+        decode.NEXT_ITEMS = bool(next_items)  # tiles before a block's end (0: off)
+        decode.NEXT_LEAD = next_items or ORIG_LEAD
     if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
         decode.sorts = lambda paged, splits, *a, n=sort: n if paged and splits == 1 else 0
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
@@ -2609,15 +2612,17 @@ W64_VARIANTS = {  # name: force()'s settings
     "paged 2 stages": {"stages": 2},
     "paged 4 stages": {"stages": 4},
     "paged 4 stages OWN": {"stages": 4, "own": True},
-    "paged NEXT": {"next_items": True},
+    "paged NEXT 2": {"next_items": 2},
+    "paged NEXT 4": {"next_items": 4},
 }
 
 
 def round_w64(budget: float):
     """(dec, eleventh pass, round A) B = 64 paged (one split, two waves of blocks): the
     shipped kernel (3 stages, two blocks a multiprocessor; SORT at 2k-4k keys) against 2
-    stages (three a multiprocessor), 4 (one) with and without OWN, SORT off, NEXT (the
-    next wave's first pages into L2); B64 L32768 the shipped kernel and NEXT, B16 L32768
+    stages (three a multiprocessor), 4 (one) with and without OWN, SORT off, NEXT 2 and 4
+    (the next wave's first pages into L2 so many tiles before a block's end); B64 L32768
+    the shipped kernel and NEXT, B16 L32768
     the shipped kernel only; SDPA's kernels listed; each variant checked
     against f32 SDPA first; two passes, the second reversed; SDPA first and last."""
     for b, length, _, sets, lens, label in shapes(W64_CASES, budget):
@@ -2626,7 +2631,7 @@ def round_w64(budget: float):
         jobs = [("paged shipped", run_kaio(lens))]
         if b == 64:
             for name, cfg in W64_VARIANTS.items():
-                if length >= 32768 and name != "paged NEXT":
+                if length >= 32768 and not name.startswith("paged NEXT"):
                     continue
                 print(f"{label} {name} rel err {check(sets, lens, **cfg):.1e}", flush=True)
                 jobs.append((name, run_kaio(lens, **cfg)))
@@ -2639,11 +2644,11 @@ def round_w64(budget: float):
 
 def warm_w64():
     """What round w64 launches: the one-split paged kernels at 2, 3 and 4 stages (4 also
-    with OWN), with SORT 256 and without; at 3 stages also with NEXT."""
+    with OWN), with SORT 256 and without; at 3 stages also with NEXT 2 and 4."""
     out = [(probe_mark, {})]
     c = {"DP": 128, "MT": 1, "PAGED": True, "DT": f16, "PW": 1, "CL": 1, "DIRECT": True}
     c |= {"FUSED": False, "SPEC": 1, "SWAP": 1}
-    for st, own, nxt in ((3, 0, 0), (3, 0, 1), (2, 0, 0), (4, 0, 0), (4, 1, 0)):
+    for st, own, nxt in ((3, 0, 0), (3, 0, 2), (3, 0, 4), (2, 0, 0), (4, 0, 0), (4, 1, 0)):
         for n in (256, 0):
             sync1 = decode.stage_syncs(st, own)
             flags = {"STAGES": st, "OWN": own, "SYNC1": sync1, "SORT": n, "NEXT": nxt}

@@ -580,8 +580,8 @@ def decode_fwd(
     (one split over a paged cache with SPEC, more blocks than run at once): the block
     ``ahead`` blocks on, which takes a finishing block's place, has its table row, query
     rows and first STAGES - 1 key tiles brought into L2 by this block during its last
-    tiles (``next_item_pages``, ``prefetch_first_tiles``), so that its start waits on no
-    DRAM read."""
+    tiles (``next_item_pages`` NEXT + 1 tiles before the end, ``prefetch_first_tiles``
+    NEXT before it), so that its start waits on no DRAM read."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -748,12 +748,12 @@ def decode_fwd(
         if not (SYNC1 or OWN):
             kaio.sync_threads()  # this stage is free
         if NEXT:  # (after this tile's arithmetic: the table loads then wait a tile)
-            if i + 3 == count and item < kaio.grid_dim_y():
+            if i + NEXT + 1 == count and item < kaio.grid_dim_y():
                 next_item_pages(
                     nxt, q, block_table, item // chunks, heads, group, sq, kv_heads, max_pages,
                     shift, tid, DP, STAGES, DT,
                 )  # fmt: skip
-            if i + 2 == count and item < kaio.grid_dim_y():
+            if i + NEXT == count and item < kaio.grid_dim_y():
                 prefetch_first_tiles(
                     nxt, k, v, item // chunks, kv_heads, shift, pages, tid, DP, STAGES, DT
                 )

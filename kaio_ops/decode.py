@@ -115,8 +115,10 @@ SORT_MAX_PAGES = 256
 # one split over a paged cache with more blocks than run at once (B = 64 with 8 K/V heads:
 # two waves): each block brings the table row, query rows and first key tiles of the block
 # that takes its place into L2 during its last tiles (``decode_fwd``'s NEXT), so that the
-# second wave starts on no DRAM read. Off until measured.
+# second wave starts on no DRAM read, NEXT_LEAD key tiles before a block's end. Off until
+# measured.
 NEXT_ITEMS = False
+NEXT_LEAD = 2
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -616,7 +618,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
         SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages, own),
-        OWN=own, SORT=sort, NEXT=int(ahead > 0),
+        OWN=own, SORT=sort, NEXT=NEXT_LEAD if ahead else 0,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](

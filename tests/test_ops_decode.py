@@ -413,7 +413,7 @@ def test_sorted_pages_in_simulator(monkeypatch, own, sq, stages, page_size, ahea
             q, k_cache, v_cache, np.array(lens, np.int32), table
         )
     flags = [(c["SORT"], c["OWN"], c["SYNC1"], c["NEXT"]) for c in spy.constexprs]
-    assert flags == [(128, own, 1 - own, int(ahead > 0))]
+    assert flags == [(128, own, 1 - own, decode.NEXT_LEAD if ahead else 0)]
     ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
     out = out.astype(np.float64)
     assert np.isfinite(out).all()
