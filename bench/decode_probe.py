@@ -2622,13 +2622,13 @@ def round_w64(budget: float):
     shipped kernel (3 stages, two blocks a multiprocessor; SORT at 2k-4k keys) against 2
     stages (three a multiprocessor), 4 (one) with and without OWN, SORT off, NEXT 2 and 4
     (the next wave's first pages into L2 so many tiles before a block's end); B64 L32768
-    the shipped kernel and NEXT, B16 L32768
-    the shipped kernel only; SDPA's kernels listed; each variant checked
-    against f32 SDPA first; two passes, the second reversed; SDPA first and last."""
+    the shipped kernel and NEXT, B16 L32768 the shipped kernel only; every case also
+    contiguous; SDPA's kernels listed; each variant checked against f32 SDPA first; two
+    passes, the second reversed; SDPA first and last."""
     for b, length, _, sets, lens, label in shapes(W64_CASES, budget):
         sdpa_grids(sets, label)
         print(f"{label} routed SORT {decode.sorts(True, 1, sets[0][5].shape[1], 16)}")
-        jobs = [("paged shipped", run_kaio(lens))]
+        jobs = [("paged shipped", run_kaio(lens)), ("contiguous shipped", run_kaio_contig(lens))]
         if b == 64:
             for name, cfg in W64_VARIANTS.items():
                 if length >= 32768 and not name.startswith("paged NEXT"):
@@ -2653,6 +2653,9 @@ def warm_w64():
             sync1 = decode.stage_syncs(st, own)
             flags = {"STAGES": st, "OWN": own, "SYNC1": sync1, "SORT": n, "NEXT": nxt}
             out.append((decode.DECODE, {**c, **flags}))
+    c |= {"PAGED": False, "PW": 0, "SPEC": decode.speculates(False), "SORT": 0, "NEXT": 0}
+    for st in (3, 2):  # contiguous: B = 64, B = 16
+        out.append((decode.DECODE, {**c, "STAGES": st, "OWN": 0, "SYNC1": decode.stage_syncs(st)}))
     return out
 
 
