@@ -113,8 +113,6 @@ ORIG_CLUSTERS = getattr(decode, "CLUSTERS", (2, 4, 8, 16))
 ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
-ORIG_NEXT = getattr(decode, "NEXT_ITEMS", False)
-ORIG_LEAD = getattr(decode, "NEXT_LEAD", 2)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -148,8 +146,6 @@ def restore():
     decode.WHOLE_PAGES = ORIG_PAGES
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
-    decode.NEXT_ITEMS = ORIG_NEXT
-    decode.NEXT_LEAD = ORIG_LEAD
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -294,16 +290,12 @@ def force(
     own=None,
     own_tiles=None,
     sort=None,
-    next_items=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
-    if next_items is not None:  # the next wave's first pages into L2 (NEXT), so many
-        decode.NEXT_ITEMS = bool(next_items)  # tiles before a block's end (0: off)
-        decode.NEXT_LEAD = next_items or ORIG_LEAD
     if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
         decode.sorts = lambda paged, splits, *a, n=sort: n if paged and splits == 1 else 0
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
@@ -1286,7 +1278,7 @@ WARM_LIST = warm_list
 def warm_one(i):
     kernel, c = WARM_LIST()[i]
     if kernel is decode.DECODE:  # (lists made before decode_fwd had SORT)
-        c = {"SORT": 0, "NEXT": 0, **c}
+        c = {"SORT": 0, **c}
     try:
         kernel.resources(**c)  # compiled, loaded, its cubin in the disk cache
     except Exception as e:  # noqa: BLE001
@@ -2612,27 +2604,24 @@ W64_VARIANTS = {  # name: force()'s settings
     "paged 2 stages": {"stages": 2},
     "paged 4 stages": {"stages": 4},
     "paged 4 stages OWN": {"stages": 4, "own": True},
-    "paged NEXT 2": {"next_items": 2},
-    "paged NEXT 4": {"next_items": 4},
 }
 
 
 def round_w64(budget: float):
     """(dec, eleventh pass, round A) B = 64 paged (one split, two waves of blocks): the
     shipped kernel (3 stages, two blocks a multiprocessor; SORT at 2k-4k keys) against 2
-    stages (three a multiprocessor), 4 (one) with and without OWN, SORT off, NEXT 2 and 4
-    (the next wave's first pages into L2 so many tiles before a block's end); B64 L32768
-    the shipped kernel and NEXT, B16 L32768 the shipped kernel only; every case also
-    contiguous; SDPA's kernels listed; each variant checked against f32 SDPA first; two
-    passes, the second reversed; SDPA first and last."""
+    stages (three a multiprocessor), 4 (one) with and without OWN, SORT off; B64 L32768
+    and B16 L32768 the shipped kernel only; every case also contiguous; SDPA's kernels
+    listed; each variant checked against f32 SDPA first; two passes, the second reversed;
+    SDPA first and last. (Round A also timed NEXT, commit 478b305: each block's last tiles
+    bringing the table row, query rows and first key tiles of the block that takes its
+    place into L2; slower, removed.)"""
     for b, length, _, sets, lens, label in shapes(W64_CASES, budget):
         sdpa_grids(sets, label)
         print(f"{label} routed SORT {decode.sorts(True, 1, sets[0][5].shape[1], 16)}")
         jobs = [("paged shipped", run_kaio(lens)), ("contiguous shipped", run_kaio_contig(lens))]
-        if b == 64:
+        if b == 64 and length < 32768:
             for name, cfg in W64_VARIANTS.items():
-                if length >= 32768 and not name.startswith("paged NEXT"):
-                    continue
                 print(f"{label} {name} rel err {check(sets, lens, **cfg):.1e}", flush=True)
                 jobs.append((name, run_kaio(lens, **cfg)))
         for order in (jobs, jobs[::-1]):
@@ -2642,21 +2631,50 @@ def round_w64(budget: float):
         show(f"{label} SDPA again", again)
 
 
+def one_split(stages: int, own: int = 0, sort: int = 0, paged: bool = True) -> dict:
+    """decode_fwd's constexprs for a one-split grid at D 128, f16, 4 query rows a group."""
+    c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
+    c |= {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "SWAP": 1}
+    c |= {"STAGES": stages, "OWN": own, "SYNC1": decode.stage_syncs(stages, own)}
+    return c | {"SORT": sort}
+
+
 def warm_w64():
     """What round w64 launches: the one-split paged kernels at 2, 3 and 4 stages (4 also
-    with OWN), with SORT 256 and without; at 3 stages also with NEXT 2 and 4."""
+    with OWN), with SORT 256 and without; the contiguous ones at 3 and 2 stages."""
     out = [(probe_mark, {})]
-    c = {"DP": 128, "MT": 1, "PAGED": True, "DT": f16, "PW": 1, "CL": 1, "DIRECT": True}
-    c |= {"FUSED": False, "SPEC": 1, "SWAP": 1}
-    for st, own, nxt in ((3, 0, 0), (3, 0, 2), (3, 0, 4), (2, 0, 0), (4, 0, 0), (4, 1, 0)):
-        for n in (256, 0):
-            sync1 = decode.stage_syncs(st, own)
-            flags = {"STAGES": st, "OWN": own, "SYNC1": sync1, "SORT": n, "NEXT": nxt}
-            out.append((decode.DECODE, {**c, **flags}))
-    c |= {"PAGED": False, "PW": 0, "SPEC": decode.speculates(False), "SORT": 0, "NEXT": 0}
-    for st in (3, 2):  # contiguous: B = 64, B = 16
-        out.append((decode.DECODE, {**c, "STAGES": st, "OWN": 0, "SYNC1": decode.stage_syncs(st)}))
-    return out
+    for st, own in ((3, 0), (2, 0), (4, 0), (4, 1)):
+        out += [(decode.DECODE, one_split(st, own, n)) for n in (256, 0)]
+    return out + [(decode.DECODE, one_split(st, paged=False)) for st in (3, 2)]
+
+
+W64B_CASES = ((64, 32768), (64, 4096), (64, 2048))
+
+
+def round_w64b(budget: float):
+    """(dec, eleventh pass, round B) B64 L32768 paged (2048 pages a sequence, not sorted by
+    default) with SORT over its first 256 and 1024 table slots and all 2048; B64 L4096 and
+    L2048 the shipped kernel, SORT off and contiguous; each checked against f32 SDPA first;
+    two passes, the second reversed; SDPA first and last."""
+    for _, length, _, sets, lens, label in shapes(W64B_CASES, budget):
+        sdpa_grids(sets, label)
+        sorts = (256, 1024, 2048) if length >= 32768 else (0,)
+        jobs = [("paged shipped", run_kaio(lens)), ("contiguous shipped", run_kaio_contig(lens))]
+        for n in sorts:
+            print(f"{label} paged SORT {n} rel err {check(sets, lens, sort=n):.1e}", flush=True)
+            jobs.append((f"paged SORT {n}", run_kaio(lens, sort=n)))
+        for order in (jobs, jobs[::-1]):
+            for name, fn in order:
+                show(f"{label} {name}", kernel_times(fn, sets, 12 if length > 8192 else 24))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_w64b():
+    """What round w64b launches: the B64 one-split kernels (3 stages) with SORT 0 to 2048,
+    the contiguous one."""
+    out = [(probe_mark, {}), (decode.DECODE, one_split(3, paged=False))]
+    return out + [(decode.DECODE, one_split(3, sort=n)) for n in (0, 128, 256, 1024, 2048)]
 
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)
@@ -2689,6 +2707,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "z2": (round_z2, 40),
     "z3": (round_z3, 40),
     "w64": (round_w64, 40),
+    "w64b": (round_w64b, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2711,6 +2730,7 @@ WARMS = {
     "warm_z2": warm_z2,
     "warm_z3": warm_z,
     "warm_w64": warm_w64,
+    "warm_w64b": warm_w64b,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,

@@ -339,65 +339,6 @@ def sort_keys(key: u32[:], buf: u32[:], lane: u32, warp: u32, N: kaio.constexpr)
 
 
 @kaio.gpu_func
-def next_item_pages(
-    nxt: u32[:],
-    q: DT[:],
-    block_table: i32[:],
-    item: u32,
-    heads: u32,
-    group: u32,
-    sq: u32,
-    kv_heads: u32,
-    max_pages: u32,
-    shift: u32,
-    tid: u32,
-    DP: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    DT: kaio.constexpr,
-):
-    """NEXT, a tile before ``prefetch_first_tiles``: into ``nxt`` the table entries of the
-    rows this thread prefetches of the first STAGES - 1 key tiles of K/V group ``item``
-    (a block of the next wave walks it, copying those tiles before it reads its length,
-    SPEC), and into L2 that sequence's table row (its first 4096 entries) and the group's
-    query rows, which that block loads first."""
-    LINES = DP // 64  # 128-byte lines a K or V row
-    b = item // kv_heads
-    for j in kaio.static_range(((STAGES - 1) * BN * LINES + THREADS - 1) // THREADS):
-        key = (tid + j * THREADS) // LINES
-        nxt[j] = table_at(block_table, b, key >> shift, max_pages)
-    if tid * 32 < max_pages:
-        kaio.prefetch_l2(block_table, b * max_pages + tid * 32)
-    if tid * 64 < group * sq * DP:
-        kaio.prefetch_l2(q, (b * heads + item % kv_heads * group) * sq * DP + tid * 64)
-
-
-@kaio.gpu_func
-def prefetch_first_tiles(
-    nxt: u32[:],
-    k: DT[:],
-    v: DT[:],
-    item: u32,
-    kv_heads: u32,
-    shift: u32,
-    pages: u32,
-    tid: u32,
-    DP: kaio.constexpr,
-    STAGES: kaio.constexpr,
-    DT: kaio.constexpr,
-):
-    """NEXT: the K and V rows of the first STAGES - 1 key tiles of K/V group ``item`` into
-    L2 (``prefetch.global.L2``, a 128-byte line each), their pages ``next_item_pages``'."""
-    LINES = DP // 64
-    TOTAL = (STAGES - 1) * BN * LINES
-    for j in kaio.static_range((TOTAL + THREADS - 1) // THREADS):
-        u = tid + j * THREADS
-        if u < TOTAL:
-            at = paged_row(nxt[j], u // LINES, item % kv_heads, kv_heads, shift, pages, DP)
-            kaio.prefetch_l2(k, at + u % LINES * 64)
-            kaio.prefetch_l2(v, at + u % LINES * 64)
-
-
-@kaio.gpu_func
 def copy_tile(
     kv_s: DT[:, :],
     row0: u32,
@@ -533,7 +474,6 @@ def decode_fwd(
     pages: u32,
     chunks: u32,
     total_rows: u32,
-    ahead: u32,
     scale_log2: f32,
     DP: kaio.constexpr,
     MT: kaio.constexpr,
@@ -549,7 +489,6 @@ def decode_fwd(
     SYNC1: kaio.constexpr,
     OWN: kaio.constexpr,
     SORT: kaio.constexpr,
-    NEXT: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -576,12 +515,7 @@ def decode_fwd(
     (one split with ``SPEC`` over a paged cache): the SORT table slots after those copied
     before the length are visited in pool order where every query row sees all their
     keys (``sort_keys``: the order of unmasked keys does not change the attention), so
-    that the blocks, sweeping the pool together, read neighbouring pages at once. ``NEXT``
-    (one split over a paged cache with SPEC, more blocks than run at once): the block
-    ``ahead`` blocks on, which takes a finishing block's place, has its table row, query
-    rows and first STAGES - 1 key tiles brought into L2 by this block during its last
-    tiles (``next_item_pages`` NEXT + 1 tiles before the end, ``prefetch_first_tiles``
-    NEXT before it), so that its start waits on no DRAM read."""
+    that the blocks, sweeping the pool together, read neighbouring pages at once."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -694,8 +628,6 @@ def decode_fwd(
     s = kaio.local(f32, (KW // 8, 4))
     kf = kaio.local(u32, (DP // 16, 4))  # SWAP: K's A fragments
     pb = kaio.local(u32, (1, 2))  # SWAP: P^T's B fragment
-    nxt = kaio.local(u32, ((STAGES - 1) * BN * (DP // 64) + THREADS - 1) // THREADS)
-    item = kaio.block_idx_y() + ahead  # NEXT: the block that takes this one's place
     for i in range(count):
         t = t0 + i * step
         stage = i % STAGES * 2 * BN
@@ -747,16 +679,6 @@ def decode_fwd(
             acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
         if not (SYNC1 or OWN):
             kaio.sync_threads()  # this stage is free
-        if NEXT:  # (after this tile's arithmetic: the table loads then wait a tile)
-            if i + NEXT + 1 == count and item < kaio.grid_dim_y():
-                next_item_pages(
-                    nxt, q, block_table, item // chunks, heads, group, sq, kv_heads, max_pages,
-                    shift, tid, DP, STAGES, DT,
-                )  # fmt: skip
-            if i + NEXT == count and item < kaio.grid_dim_y():
-                prefetch_first_tiles(
-                    nxt, k, v, item // chunks, kv_heads, shift, pages, tid, DP, STAGES, DT
-                )
 
     # the warps' partial results, relative to their own maxima, through shared memory (the
     # columns of row r XOR-ed with r % 4 * 8: a store's 8 rows x 4 column pairs fall on 16

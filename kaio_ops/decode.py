@@ -112,14 +112,6 @@ SORT_PAGE = 16
 SORT_MIN_PAGES = 128
 SORT_MAX_PAGES = 256
 
-# one split over a paged cache with more blocks than run at once (B = 64 with 8 K/V heads:
-# two waves): each block brings the table row, query rows and first key tiles of the block
-# that takes its place into L2 during its last tiles (``decode_fwd``'s NEXT), so that the
-# second wave starts on no DRAM read, NEXT_LEAD key tiles before a block's end. Off until
-# measured.
-NEXT_ITEMS = False
-NEXT_LEAD = 2
-
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
 PAGES = dk.decode_pages
@@ -206,27 +198,6 @@ def sort_sizes(paged: bool, direct: bool) -> tuple:
     if not (paged and direct and speculates(paged)):
         return (0,)
     return (0, *(n for n in (128, 256, 512, 1024, 2048) if n <= SORT_MAX_PAGES))
-
-
-def resident_blocks(like, shared: int) -> int:
-    """``decode_fwd`` blocks of ``shared`` dynamic shared memory that run at once on
-    ``like``'s GPU: its launch bounds' 3 a multiprocessor, fewer where their shared memory
-    (and the driver's reserve a block) does not fit (H100 figures in the simulator)."""
-    dev = _arrays.gpu(like)
-    sm, reserve = 228 * 1024, 1024
-    if dev is not None:
-        sm = dev.attribute("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR")
-        reserve = dev.attribute("RESERVED_SHARED_MEMORY_PER_BLOCK")
-    return min(3, sm // (shared + reserve)) * _arrays.multiprocessors(like)
-
-
-def nexts(paged: bool, splits: int, blocks: int, resident: int) -> int:
-    """``decode_fwd``'s ``ahead`` (NEXT where > 0): for one split over a paged cache whose
-    first copies precede the length (``speculates``) and more ``blocks`` than the
-    ``resident`` ones (NEXT_ITEMS), the blocks from a block to the one that takes its
-    place; else 0."""
-    one = paged and splits == 1 and speculates(paged)
-    return resident if NEXT_ITEMS and one and blocks > resident else 0
 
 
 def merge_shared(mt: int) -> int:
@@ -336,7 +307,6 @@ def plan_grid(
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
         own = owns(mt, paged, False, cl, per)
         consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages, own), "OWN": own, "SORT": 0}
-        consts["NEXT"] = 0
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
@@ -602,7 +572,6 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     stream = _arrays.stream_of(qa)
     direct = splits == 1
     sort = sorts(cache.paged, splits, cache.max_pages, cache.page_size if cache.paged else 0)
-    ahead = nexts(cache.paged, splits, blocks, resident_blocks(qa, shared + 4 * sort))
     out, lse, out_flat, lse_flat, part, part_lse = _outputs(qa, 1 if cl > 1 else splits)
     counters = None
     if not (direct or cl > 1):
@@ -613,12 +582,12 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
     DECODE[(splits, blocks), dk.THREADS, stream, shared + 4 * sort](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
-        counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows, ahead,
+        counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
         SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages, own),
-        OWN=own, SORT=sort, NEXT=NEXT_LEAD if ahead else 0,
+        OWN=own, SORT=sort,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -719,7 +688,6 @@ def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
     """(DECODE, constexprs) of each stage count and merge of one family of ``decode_fwd``
     (the one-split grid at its stages with and without OWN, which depends on the grid)."""
     base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dtype, "SWAP": swap, "OWN": 0, "SORT": 0}
-    base["NEXT"] = 0
     base["PW"] = int(PAGE_WINDOW and paged)
     one = one_split_stages(dp, mt, paged)
     for direct, fused in ((True, False), (False, False), (False, True)):

@@ -385,15 +385,13 @@ def test_sorted_walk_route():
     assert sorted(set(launched)) == [0, 128, 256]
 
 
-@pytest.mark.parametrize("own, sq, stages, page_size, ahead", [(1, 1, 4, 16, 0), (0, 2, 3, 32, 2)])
-def test_sorted_pages_in_simulator(monkeypatch, own, sq, stages, page_size, ahead):
+@pytest.mark.parametrize("own, sq, stages, page_size", [(1, 1, 4, 16), (0, 2, 3, 32)])
+def test_sorted_pages_in_simulator(monkeypatch, own, sq, stages, page_size):
     # one split over a paged cache whose table slots after the first copies are visited in
     # pool order where every new token sees their keys (SORT), each warp on its own keys
     # (OWN) or the block's rows (one barrier a tile, SYNC1), against float64 and the race
     # checker; lengths 0, 1, under the first copies, a page boundary, past the sorted slots
-    # (SORT 128 of 15 + 128 pages), rows past each length NaN; with ``ahead``, each block's
-    # last tiles also bring the first pages of the block 2 on into L2 (NEXT)
-    monkeypatch.setattr(decode, "nexts", lambda *_: ahead)
+    # (SORT 128 of 15 + 128 pages), rows past each length NaN
     monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
     monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
     monkeypatch.setattr(decode, "one_split_stages", lambda *_: stages)
@@ -412,8 +410,7 @@ def test_sorted_pages_in_simulator(monkeypatch, own, sq, stages, page_size, ahea
         out, lse = kaio_ops.flash_attention_decode_with_stats(
             q, k_cache, v_cache, np.array(lens, np.int32), table
         )
-    flags = [(c["SORT"], c["OWN"], c["SYNC1"], c["NEXT"]) for c in spy.constexprs]
-    assert flags == [(128, own, 1 - own, decode.NEXT_LEAD if ahead else 0)]
+    assert [(c["SORT"], c["OWN"], c["SYNC1"]) for c in spy.constexprs] == [(128, own, 1 - own)]
     ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
     out = out.astype(np.float64)
     assert np.isfinite(out).all()
@@ -715,14 +712,14 @@ def assembled() -> list:
     vector and scalar paths), not all of them (the CI time budget). The largest
     (D = 256, four M-tiles) and the one compiled for 3 blocks per SM (168 registers) are in."""
 
-    def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16, swap=0, own=0, sort=0, nxt=0):
+    def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16, swap=0, own=0, sort=0):
         flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused", "CL": cl}
         stages = (decode.deep_stages if deep else decode.stages_for)(dp, mt)
         pw = int(decode.PAGE_WINDOW and paged)
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
         tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own, "SORT": sort}
-        return {**base, "SPEC": spec, **flags, **tile, "NEXT": nxt}
+        return {**base, "SPEC": spec, **flags, **tile}
 
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
@@ -855,8 +852,7 @@ def _sdpa_reference(q, k_cache, v_cache, lens, table, scale=None):
             16384,
             [16384, 0, 1, 17, 4095, 4096, 4097, 8000, 12345, 16383, 2048, 2049, 30, 64, 1000, 9999],
         ),  # fmt: skip
-        # two waves of blocks (one split: the blocks of the second wave take the places of
-        # the first's, NEXT); SORT over pages of 16
+        # two waves of blocks (one split, more blocks than run at once), SORT over pages of 16
         (64, 32, 8, 1, 128, 2048, [2048, 1, *((i * 977) % 2049 for i in range(62))]),
     ],
 )
