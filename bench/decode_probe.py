@@ -2677,6 +2677,67 @@ def warm_w64b():
     return out + [(decode.DECODE, one_split(3, sort=n)) for n in (0, 128, 256, 1024, 2048)]
 
 
+def folded_tables(table, fold: int, sort: bool = True):
+    """Block tables of ``fold`` sequences walked as one: row i the pages of sequences
+    i * fold .. i * fold + fold - 1 (``table`` [B, P] -> [B / fold, fold P]), in ascending
+    pool order with ``sort`` (the union's pages then lie fold times closer)."""
+    b, p = table.shape
+    t = table.reshape(b // fold, fold * p)
+    return (t.sort(dim=1).values if sort else t).contiguous()
+
+
+PF_CASES = ((64, 4096), (64, 32768))
+
+
+def round_pf(budget: float):
+    """(dec, eleventh pass, round B) Floors (head_stream: kaio's copies, no arithmetic) of
+    walks that fold 2 or 4 sequences of a K/V head into one block (the union of their
+    pages in pool order: fewer blocks, one wave, neighbouring pages fold times closer)
+    against the kernel's own walk (a block a sequence and head, shuffled or sorted, 3
+    stages: two blocks a multiprocessor) and the pool in order; the shipped kernel,
+    contiguous, SORT over more slots at 32k keys; SDPA first and last; two passes, the
+    second reversed."""
+    for b, length, _, sets, lens, label in shapes(PF_CASES, budget):
+        q, k, v, kc, vc, table = sets[0]
+        one = [sets[0]]
+        order = torch.arange(table.numel(), device="cuda", dtype=torch.int32)
+        order = order.reshape(table.shape)
+        sorts = (1024, 2048) if length >= 32768 else ()
+        for n in sorts:
+            print(f"{label} paged SORT {n} rel err {check(sets, lens, sort=n):.1e}", flush=True)
+        jobs = [
+            ("kaio paged shipped", run_kaio(lens)),
+            ("kaio contiguous shipped", run_kaio_contig(lens)),
+            *((f"kaio paged SORT {n}", run_kaio(lens, sort=n)) for n in sorts),
+            ("floor per head shuffled st3", walk_floor(b, length, kc, vc, table, HKV, 3)),
+            ("floor per head sorted st3",
+             walk_floor(b, length, kc, vc, folded_tables(table, 1), HKV, 3)),
+            ("floor per head in order st3", walk_floor(b, length, kc, vc, order, HKV, 3)),
+            ("floor pairs shuffled st3",
+             walk_floor(b, length, kc, vc, folded_tables(table, 2, False), HKV, 3)),
+            ("floor pairs sorted st3",
+             walk_floor(b, length, kc, vc, folded_tables(table, 2), HKV, 3)),
+            ("floor pairs sorted st4",
+             walk_floor(b, length, kc, vc, folded_tables(table, 2), HKV, 4)),
+            ("floor quads sorted st4",
+             walk_floor(b, length, kc, vc, folded_tables(table, 4), HKV, 4)),
+        ]  # fmt: skip
+        for order_ in (jobs, jobs[::-1]):
+            for name, fn in order_:
+                show(f"{label} {name}", kernel_times(fn, one, 12 if length > 8192 else 24))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_pf():
+    """What round pf launches: head_stream paged at 3 and 4 stages, the B64 kernels (SORT
+    0, 256, 1024, 2048), the contiguous one."""
+    out = [(probe_mark, {}), (decode.DECODE, one_split(3, paged=False))]
+    out += [(decode.DECODE, one_split(3, sort=n)) for n in (256, 0, 1024, 2048)]
+    flags = {"PAGED": True, "DP": 128, "LOCK": 0, "TOUCH": 0, "CO": 0}
+    return out + [(head_stream, {**flags, "STAGES": st}) for st in (3, 4)]
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -2708,6 +2769,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "z3": (round_z3, 40),
     "w64": (round_w64, 40),
     "w64b": (round_w64b, 40),
+    "pf": (round_pf, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2731,6 +2793,7 @@ WARMS = {
     "warm_z3": warm_z,
     "warm_w64": warm_w64,
     "warm_w64b": warm_w64b,
+    "warm_pf": warm_pf,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
