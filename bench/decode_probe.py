@@ -113,6 +113,7 @@ ORIG_CLUSTERS = getattr(decode, "CLUSTERS", (2, 4, 8, 16))
 ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
+ORIG_FOLD = getattr(decode, "FOLD_SEQS", False)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -146,6 +147,7 @@ def restore():
     decode.WHOLE_PAGES = ORIG_PAGES
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
+    decode.FOLD_SEQS = ORIG_FOLD
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -290,12 +292,15 @@ def force(
     own=None,
     own_tiles=None,
     sort=None,
+    fold=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
+    if fold is not None:  # two sequences a block (decode_folded) where it applies, or never
+        decode.FOLD_SEQS = fold
     if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
         decode.sorts = lambda paged, splits, *a, n=sort: n if paged and splits == 1 else 0
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
@@ -2738,6 +2743,44 @@ def warm_pf():
     return out + [(head_stream, {**flags, "STAGES": st}) for st in (3, 4)]
 
 
+FOLD_CASES = ((64, 4096), (64, 1024), (64, 2048), (64, 8192))
+
+
+def round_fold(budget: float):
+    """(dec, eleventh pass, round C) ``decode_folded`` (two sequences a block, the union of
+    their pages in pool order: 256 blocks at B64, one wave) against the shipped kernel
+    (a block a sequence and head: 512 blocks, two waves) over the suite's shuffled pool,
+    B64 L4096 also with ragged lengths (L/4 .. L); the contiguous kernel; each checked
+    against f32 SDPA first; two passes, the second reversed; SDPA first and last."""
+    for b, length, _, sets, lens, label in shapes(FOLD_CASES, budget):
+        print(f"{label} folded rel err {check(sets, lens, fold=True):.1e}", flush=True)
+        jobs = [
+            ("paged shipped", run_kaio(lens)),
+            ("paged folded", run_kaio(lens, fold=True)),
+            ("contiguous shipped", run_kaio_contig(lens)),
+        ]
+        if length == 4096:
+            gen = torch.Generator(device="cuda").manual_seed(b)
+            rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+            rl = rl.to(torch.int32)
+            print(f"{label} ragged folded rel err {check(sets, rl, fold=True):.1e}", flush=True)
+            jobs += [("ragged shipped", run_kaio(rl)), ("ragged folded", run_kaio(rl, fold=True))]
+        for order in (jobs, jobs[::-1]):
+            for name, fn in order:
+                show(f"{label} {name}", kernel_times(fn, sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_fold():
+    """What round fold launches: decode_folded at 128 to 1024 slots, the B64 kernels
+    (SORT 0, 128, 256), the contiguous one."""
+    out = [(probe_mark, {}), (decode.DECODE, one_split(3, paged=False))]
+    out += [(decode.DECODE, one_split(3, sort=n)) for n in (256, 128, 0)]
+    flags = {"DP": 128, "STAGES": 3, "FOLD": 2, "DT": f16}
+    return out + [(decode.FOLDED, {**flags, "SORT": n}) for n in (512, 128, 256, 1024)]
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -2770,6 +2813,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "w64": (round_w64, 40),
     "w64b": (round_w64b, 40),
     "pf": (round_pf, 40),
+    "fold": (round_fold, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2794,6 +2838,7 @@ WARMS = {
     "warm_w64": warm_w64,
     "warm_w64b": warm_w64b,
     "warm_pf": warm_pf,
+    "warm_fold": warm_fold,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,

@@ -112,8 +112,18 @@ SORT_PAGE = 16
 SORT_MIN_PAGES = 128
 SORT_MAX_PAGES = 256
 
+# paged, pages of 16, 4 query rows a K/V group (H32 / Hkv 8 at Sq 1), D up to 128 and more
+# blocks than run at once (two waves of decode_fwd): FOLD sequences a block, their pages'
+# union walked in pool order (``decode_folded``), up to FOLD_SORT table slots. Off until
+# measured.
+FOLD_SEQS = False
+FOLD = 2
+FOLD_SORT = 1024
+FOLD_STAGES = 3
+
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
+FOLDED = dk.decode_folded
 PAGES = dk.decode_pages
 APPEND = dk.kv_append
 
@@ -198,6 +208,23 @@ def sort_sizes(paged: bool, direct: bool) -> tuple:
     if not (paged and direct and speculates(paged)):
         return (0,)
     return (0, *(n for n in (128, 256, 512, 1024, 2048) if n <= SORT_MAX_PAGES))
+
+
+def folds(cache, batch: int, rows: int, d: int, sms: int) -> int:
+    """``decode_folded``'s FOLD for a call of ``batch`` sequences with ``rows`` query rows a
+    K/V group (heads of the group times new tokens), head dim ``d``: FOLD where FOLD_SEQS,
+    the cache is paged in SORT_PAGE-token pages, rows is 4 (FOLD groups fill the mma's N
+    of 8), d is at most 128, decode_fwd's grid would take more than two blocks a
+    multiprocessor and FOLD table rows fit FOLD_SORT slots; else 0."""
+    if not (FOLD_SEQS and cache.paged and cache.page_size == SORT_PAGE and rows == 4):
+        return 0
+    fits = d <= 128 and FOLD * cache.max_pages <= FOLD_SORT
+    return FOLD if fits and batch * cache.kv_heads > 2 * sms else 0
+
+
+def folded_shared(dp: int, sort: int) -> int:
+    """Dynamic shared memory of ``decode_folded``: ``shared_bytes``' and its sorted keys."""
+    return shared_bytes(dp, 1, FOLD_STAGES) + 4 * sort
 
 
 def merge_shared(mt: int) -> int:
@@ -560,6 +587,9 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     group = heads // cache.kv_heads
     if uses_pages(cache, batch, group, sq, d):
         return _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale)
+    fold = folds(cache, batch, group * sq, d, _arrays.multiprocessors(qa))
+    if fold:
+        return _decode_folded(qa, cache, lens, batch, heads, group, sq, d, scale, fold)
     mt = row_tiles(group * sq)
     chunks = -(-group * sq // (16 * mt))
     blocks = batch * cache.kv_heads * chunks
@@ -619,6 +649,20 @@ def _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale) -> tuple:
             part, part_lse, out_flat, lse_flat, heads, group, sq, hkv, 1, rows, splits,
             DP=d, MT=1, DT=qa.dtype,
         )  # fmt: skip
+    return out, lse
+
+
+def _decode_folded(qa, cache, lens, batch, heads, group, sq, d, scale, fold) -> tuple:
+    """``decode_folded`` over the paged ``cache``, ``fold`` sequences a block: (out, lse)."""
+    sort = max(128, 1 << (fold * cache.max_pages - 1).bit_length())
+    out, lse, out_flat, lse_flat, _, _ = _outputs(qa, 1)
+    flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
+    blocks = -(-batch // fold) * cache.kv_heads
+    FOLDED[(1, blocks), dk.THREADS, _arrays.stream_of(qa), folded_shared(d, sort)](
+        *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, batch, heads, group,
+        sq, cache.kv_heads, *cache.geometry(), math.log2(math.e) * float(scale),
+        DP=d, STAGES=FOLD_STAGES, FOLD=fold, SORT=sort, DT=qa.dtype,
+    )  # fmt: skip
     return out, lse
 
 

@@ -706,6 +706,38 @@ def test_bad_inputs_raise_before_launch(call, message):
         call()
 
 
+@pytest.mark.parametrize("heads, sq, dtype", [(8, 1, np.float16), (4, 2, BF16)])
+def test_folded_walk_in_simulator(monkeypatch, heads, sq, dtype):
+    # two sequences a block (decode_folded), the union of their pages in pool order, 4
+    # query rows a K/V group (group 4 at Sq 1, group 2 at Sq 2), against float64 and the
+    # race checker: an odd batch (the last block's second sequence missing), lengths 0, 1,
+    # under a page, a page boundary, past the first tile, full, rows past each length NaN
+    monkeypatch.setattr(decode, "FOLDED", spy := _Launches(decode.FOLDED))
+    monkeypatch.setattr(decode, "FOLD_SEQS", True)
+    monkeypatch.setattr(decode, "folds", lambda *_: 2)
+    rng = np.random.default_rng(heads + sq)
+    lens = [0, 300, 1, 15, 16, 65, 512]
+    b, hkv, d, capacity, page_size = len(lens), 2, 64, 512, 16
+    q = rng.standard_normal((b, heads, sq, d)).astype(dtype)
+    k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, dtype, page_size)
+    for cache in (k_cache, v_cache):
+        for i, n in enumerate(lens):
+            for pos in range(n, capacity):
+                cache[table[i, pos // page_size], pos % page_size] = np.nan
+    with kaio.simulate():
+        out, lse = kaio_ops.flash_attention_decode_with_stats(
+            q, k_cache, v_cache, np.array(lens, np.int32), table
+        )
+    assert [(c["FOLD"], c["SORT"]) for c in spy.constexprs] == [(2, 128)]
+    ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
+    out = out.astype(np.float64)
+    assert np.isfinite(out).all()
+    assert np.abs(out - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
+    seen = np.isfinite(ref_lse)
+    assert np.array_equal(seen, np.isfinite(lse))
+    assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-3
+
+
 def assembled() -> list:
     """The specializations assembled here: each family of ``decode.shipped()`` (every head
     dim, M-tile count, layout and merge mode, both dtypes; the merge kernel; the append's
