@@ -113,7 +113,7 @@ ORIG_CLUSTERS = getattr(decode, "CLUSTERS", (2, 4, 8, 16))
 ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
-ORIG_FOLD = getattr(decode, "FOLD_SEQS", False)
+ORIG_FOLD = getattr(decode, "FOLD_SEQS", 0)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -299,8 +299,8 @@ def force(
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
-    if fold is not None:  # two sequences a block (decode_folded) where it applies, or never
-        decode.FOLD_SEQS = fold
+    if fold is not None:  # so many sequences a block (decode_folded) where it applies (0:
+        decode.FOLD_SEQS = fold  # never)
     if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
         decode.sorts = lambda paged, splits, *a, n=sort: n if paged and splits == 1 else 0
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
@@ -2747,24 +2747,26 @@ FOLD_CASES = ((64, 4096), (64, 1024), (64, 2048), (64, 8192))
 
 
 def round_fold(budget: float):
-    """(dec, eleventh pass, round C) ``decode_folded`` (two sequences a block, the union of
-    their pages in pool order: 256 blocks at B64, one wave) against the shipped kernel
-    (a block a sequence and head: 512 blocks, two waves) over the suite's shuffled pool,
-    B64 L4096 also with ragged lengths (L/4 .. L); the contiguous kernel; each checked
-    against f32 SDPA first; two passes, the second reversed; SDPA first and last."""
+    """(dec, eleventh pass, round C) ``decode_folded`` (2 or 4 sequences a block, the union
+    of their pages in pool order: 256 blocks at B64, one wave; 128 with 4) against the
+    shipped kernel (a block a sequence and head: 512 blocks, two waves) over the suite's
+    shuffled pool, B64 L4096 also with ragged lengths (L/4 .. L); the contiguous kernel;
+    each checked against f32 SDPA first; two passes, the second reversed; SDPA first and
+    last."""
     for b, length, _, sets, lens, label in shapes(FOLD_CASES, budget):
-        print(f"{label} folded rel err {check(sets, lens, fold=True):.1e}", flush=True)
-        jobs = [
-            ("paged shipped", run_kaio(lens)),
-            ("paged folded", run_kaio(lens, fold=True)),
-            ("contiguous shipped", run_kaio_contig(lens)),
-        ]
+        folds = (2, 4) if length <= 4096 else (2,)
+        for n in folds:
+            print(f"{label} fold {n} rel err {check(sets, lens, fold=n):.1e}", flush=True)
+        jobs = [("paged shipped", run_kaio(lens)), ("contiguous shipped", run_kaio_contig(lens))]
+        jobs += [(f"paged fold {n}", run_kaio(lens, fold=n)) for n in folds]
         if length == 4096:
             gen = torch.Generator(device="cuda").manual_seed(b)
             rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
             rl = rl.to(torch.int32)
-            print(f"{label} ragged folded rel err {check(sets, rl, fold=True):.1e}", flush=True)
-            jobs += [("ragged shipped", run_kaio(rl)), ("ragged folded", run_kaio(rl, fold=True))]
+            jobs.append(("ragged shipped", run_kaio(rl)))
+            for n in folds:
+                print(f"{label} ragged fold {n} rel err {check(sets, rl, fold=n):.1e}")
+                jobs.append((f"ragged fold {n}", run_kaio(rl, fold=n)))
         for order in (jobs, jobs[::-1]):
             for name, fn in order:
                 show(f"{label} {name}", kernel_times(fn, sets))
@@ -2773,12 +2775,14 @@ def round_fold(budget: float):
 
 
 def warm_fold():
-    """What round fold launches: decode_folded at 128 to 1024 slots, the B64 kernels
-    (SORT 0, 128, 256), the contiguous one."""
+    """What round fold launches: decode_folded (2 sequences a block at 3 stages, 128 to
+    1024 slots; 4 at 4 stages, 256 to 1024), the B64 kernels (SORT 0, 128, 256), the
+    contiguous one."""
     out = [(probe_mark, {}), (decode.DECODE, one_split(3, paged=False))]
     out += [(decode.DECODE, one_split(3, sort=n)) for n in (256, 128, 0)]
-    flags = {"DP": 128, "STAGES": 3, "FOLD": 2, "DT": f16}
-    return out + [(decode.FOLDED, {**flags, "SORT": n}) for n in (512, 128, 256, 1024)]
+    two = [(decode.FOLDED, {"STAGES": 3, "FOLD": 2, "SORT": n}) for n in (512, 128, 256, 1024)]
+    four = [(decode.FOLDED, {"STAGES": 4, "FOLD": 4, "SORT": n}) for n in (1024, 256, 512)]
+    return out + [(k, {**c, "DP": 128, "DT": f16}) for k, c in two + four]
 
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)
