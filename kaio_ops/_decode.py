@@ -692,7 +692,8 @@ def decode_fwd(
     if SWAP:
         store_key_partials(red_o, red_ml, o, m, l, warp, lane, nrows - row0, DP)
     else:
-        store_row_partials(red_o, red_ml, o, m, l, warp, lane, nrows - row0 - mtile * 16, DP)
+        real = i32(nrows) - i32(row0 + mtile * 16)  # (none in an M-tile past the rows)
+        store_row_partials(red_o, red_ml, o, m, l, warp, lane, real, DP)
     kaio.sync_threads()
     # CL > 1: this block's merged rows, read by the cluster (after red_o; over Q)
     mine_o = kaio.shared_dynamic(f32, (ROWS, DP), WARPS * 16 * DP * 4)
@@ -934,7 +935,7 @@ def decode_folded(
     if SWAP:
         store_key_partials(red_o, red_ml, o, m, l, warp, lane, FOLD * nrows, DP)
     else:
-        store_row_partials(red_o, red_ml, o, m, l, warp, lane, FOLD * nrows, DP)
+        store_row_partials(red_o, red_ml, o, m, l, warp, lane, i32(FOLD * nrows), DP)
     kaio.sync_threads()
     for f in kaio.static_range(FOLD):  # sequence f's rows: rows f * nrows on of the partials
         o_f = kaio.shared_dynamic(f32, (WARPS * 16, DP), f * 4 * DP * 4)
@@ -1214,7 +1215,7 @@ def store_key_partials(
 @kaio.gpu_func
 def store_row_partials(
     red_o: f32[:, :], red_ml: f32[:, :], o: f32[:, :], m: f32[:], l: f32[:], warp: u32,
-    lane: u32, nreal: u32, DP: kaio.constexpr,
+    lane: u32, nreal: i32, DP: kaio.constexpr,
 ):  # fmt: skip
     """A warp's partial results (the query rows in M: O in ``o``, relative to the maxima
     m) of its M-tile's real rows (< nreal) into rows warp * 16 + row of red_o (columns
@@ -1225,7 +1226,7 @@ def store_row_partials(
         r = warp * 16 + g + 8 * h
         total = l[h] + kaio.shfl_xor(l[h], 1)
         total += kaio.shfl_xor(total, 2)
-        if g + 8 * h < nreal:
+        if i32(g + 8 * h) < nreal:
             if lane % 4 == 0:
                 red_ml[0, r] = m[h]
                 red_ml[1, r] = total
