@@ -2758,6 +2758,8 @@ def round_fold(budget: float):
         for n in folds:
             print(f"{label} fold {n} rel err {check(sets, lens, fold=n):.1e}", flush=True)
         jobs = [("paged shipped", run_kaio(lens)), ("contiguous shipped", run_kaio_contig(lens))]
+        if decode.FOLD_SEQS:  # (routed: against it off)
+            jobs.append(("paged fold off", run_kaio(lens, fold=0)))
         jobs += [(f"paged fold {n}", run_kaio(lens, fold=n)) for n in folds]
         if length == 4096:
             gen = torch.Generator(device="cuda").manual_seed(b)
