@@ -750,7 +750,6 @@ def copy_folded(
     sort_s: u32[:],
     n_valid: u32,
     lens: u32[:],
-    max_pages: u32,
     kvh: u32,
     kv_heads: u32,
     shift: u32,
@@ -762,10 +761,11 @@ def copy_folded(
     DT: kaio.constexpr,
 ):
     """``load_stage`` of ``decode_folded``'s walk keys key0 .. key0 + BN into the stage at
-    row row0: walk key w lies in the page of sorted entry w >> shift (a pool page, and in
-    its low FOLD_BITS the slot f * max_pages + s of sequence f's table slot s), at
-    position s << shift | w's offset; zeros past the n_valid entries or past lens[f] (a
-    masked key multiplies finite values)."""
+    row row0: walk key w lies in the page of sorted entry w >> shift (a pool page above
+    FOLD_BITS of sequence f << SB | table slot s), at position s << shift | w's offset;
+    zeros past the n_valid entries or past lens[f] (a masked key multiplies finite
+    values)."""
+    SB = 9 if FOLD == 2 else 8
     PIECES = DP // 8
     STEP = THREADS // PIECES
     r0 = tid // PIECES
@@ -774,9 +774,9 @@ def copy_folded(
         r = r0 + i * STEP
         w = key0 + r
         entry = sort_s[kaio.min(w >> shift, u32(SORT - 1))]
-        slot = entry & (u32(1) << FOLD_BITS) - 1
-        pos = slot % max_pages << shift | w & (u32(1) << shift) - 1
-        ok = w >> shift < n_valid and pos < fold_length(lens, slot // max_pages, FOLD)
+        pos = (entry & (u32(1) << SB) - 1) << shift | w & (u32(1) << shift) - 1
+        seq = (entry & (u32(1) << FOLD_BITS) - 1) >> SB
+        ok = w >> shift < n_valid and pos < fold_length(lens, seq, FOLD)
         at = paged_row(entry >> FOLD_BITS, w, kvh, kv_heads, shift, pages, DP)
         index = kaio.select(ok, at + col, 0)
         nbytes = kaio.select(ok, 16, 0)
@@ -814,14 +814,16 @@ def decode_folded(
     each of FOLD sequences (from block y // kv_heads * FOLD; FOLD 2: 8 rows, the mma's N,
     the keys in M as ``decode_fwd``'s SWAP; FOLD 4: 16 rows in M; D up to 128) over the
     union of their pages of a paged cache, walked in pool order (the FOLD table rows'
-    used slots sorted by page, ``sort_keys``, SORT >= FOLD * max_pages keys, each a pool
-    page above its slot f * max_pages + s): a block's neighbouring pages lie FOLD times
-    closer than one sequence's, and FOLD times fewer blocks take the batch (B = 64 with 8
-    K/V heads: one wave). A key is seen by its own sequence's rows up to their causal
-    limit (a page is one warp's 16 keys of a tile: one sequence a warp); rows past a
-    length are zeros in shared memory. One split: writes out / lse, no merge. STAGES K/V
-    stages, one barrier a tile (``decode_fwd``'s SYNC1 loop)."""
+    used slots sorted by page, ``sort_keys``: SORT >= FOLD * max_pages keys, each a pool
+    page above FOLD_BITS of f << SB | slot, SB 9 for FOLD 2, 8 for 4): a block's
+    neighbouring pages lie FOLD times closer than one sequence's, and FOLD times fewer
+    blocks take the batch (B = 64 with 8 K/V heads: one wave). A key is seen by its own
+    sequence's rows up to their causal limit (a page is one warp's 16 keys of a tile: one
+    sequence a warp); rows past a length are zeros in shared memory. One split: writes
+    out / lse, no merge. STAGES K/V stages, one barrier a tile (``decode_fwd``'s SYNC1
+    loop)."""
     kaio.launch_bounds(THREADS, 3)
+    SB = 9 if FOLD == 2 else 8  # a sort key's bits of table slot, under its sequence's
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
     warp = tid // 32
@@ -861,7 +863,7 @@ def decode_folded(
         seq = slot // max_pages
         need = fold_length(lens, seq, FOLD) + (u32(1) << shift) - 1 >> shift
         used = seq < FOLD and slot % max_pages < need
-        key = kaio.min(entry[e], pages - 1) << FOLD_BITS | slot
+        key = kaio.min(entry[e], pages - 1) << FOLD_BITS | seq << SB | slot % max_pages
         entry[e] = kaio.select(used, key, u32(PAD))
     sort_keys(entry, sort_s, lane, warp, SORT)
     kaio.sync_threads()  # the sorted keys, for every thread's copies
@@ -869,8 +871,8 @@ def decode_folded(
     for j in kaio.static_range(STAGES - 1):  # tiles 0 .. STAGES - 2 in flight
         if j < count:
             copy_folded(
-                kv_s, j * 2 * BN, k, v, j * BN, sort_s, n_valid, lens, max_pages, kvh,
-                kv_heads, shift, pages, tid, DP, FOLD, SORT, DT,
+                kv_s, j * 2 * BN, k, v, j * BN, sort_s, n_valid, lens, kvh, kv_heads, shift,
+                pages, tid, DP, FOLD, SORT, DT,
             )  # fmt: skip
         kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
@@ -907,17 +909,17 @@ def decode_folded(
         if i + STAGES - 1 < count:  # into the stage tile i - 1 used
             copy_folded(
                 kv_s, (i + STAGES - 1) % STAGES * 2 * BN, k, v, (i + STAGES - 1) * BN, sort_s,
-                n_valid, lens, max_pages, kvh, kv_heads, shift, pages, tid, DP, FOLD, SORT, DT,
+                n_valid, lens, kvh, kv_heads, shift, pages, tid, DP, FOLD, SORT, DT,
             )  # fmt: skip
         kaio.cp_async_commit()
-        # this warp's 16 keys: one page, of sequence slot // max_pages from its position on
+        # this warp's 16 keys: one page, of sequence seq from position slot << shift on
         at = i * (BN >> shift) + warp
-        slot = sort_s[kaio.min(at, u32(SORT - 1))] & (u32(1) << FOLD_BITS) - 1
+        got = sort_s[kaio.min(at, u32(SORT - 1))]
         for e in kaio.static_range(2):
-            ours = at < n_valid and slot // max_pages == mine[e]
+            ours = at < n_valid and (got & (u32(1) << FOLD_BITS) - 1) >> SB == mine[e]
             lim[e] = kaio.select(ours, limit[e], i32(0))
         krow = stage + warp * 16
-        key0 = slot % max_pages << shift
+        key0 = (got & (u32(1) << SB) - 1) << shift
         if SWAP:
             key_scores(s, kf, kv_s, krow, acol, qb, lane, DP, DT)  # S^T = K Q^T
             key_softmax(s, m, l, o, True, key0, lim, lane, scale_log2, DP)
