@@ -114,6 +114,7 @@ ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
 ORIG_FOLD = getattr(decode, "FOLD_SEQS", 0)
+ORIG_PAIR = getattr(decode, "FOLD_PAIR", 0)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -148,6 +149,7 @@ def restore():
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
     decode.FOLD_SEQS = ORIG_FOLD
+    decode.FOLD_PAIR = ORIG_PAIR
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -293,6 +295,7 @@ def force(
     own_tiles=None,
     sort=None,
     fold=None,
+    pair=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
@@ -301,6 +304,8 @@ def force(
     restore()
     if fold is not None:  # so many sequences a block (decode_folded) where it applies (0:
         decode.FOLD_SEQS = fold  # never)
+    if pair is not None:  # decode_folded pairs the longest with the shortest (batch <= pair)
+        decode.FOLD_PAIR = pair
     if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
         decode.sorts = lambda paged, splits, *a, n=sort: n if paged and splits == 1 else 0
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
@@ -2744,31 +2749,33 @@ def warm_pf():
 
 
 FOLD_CASES = ((64, 4096), (64, 1024), (64, 2048), (64, 8192))
+FOLD_VARIANTS = {"fold 2": {"fold": 2, "pair": 0}, "fold 2 pairs": {"fold": 2, "pair": 256}}
 
 
 def round_fold(budget: float):
-    """(dec, eleventh pass, round C) ``decode_folded`` (2 or 4 sequences a block, the union
-    of their pages in pool order: 256 blocks at B64, one wave; 128 with 4) against the
-    shipped kernel (a block a sequence and head: 512 blocks, two waves) over the suite's
-    shuffled pool, B64 L4096 also with ragged lengths (L/4 .. L); the contiguous kernel;
-    each checked against f32 SDPA first; two passes, the second reversed; SDPA first and
-    last."""
+    """(dec, eleventh pass, rounds C and D) ``decode_folded`` (2 sequences a block, the
+    union of their pages in pool order: 256 blocks at B64, one wave; sequences 2p and 2p +
+    1, or with "pairs" the p-th longest and the p-th shortest) against the shipped kernel
+    (a block a sequence and head: 512 blocks, two waves) over the suite's shuffled pool,
+    uniform and ragged (L/4 .. L) lengths; the contiguous kernel; each checked against f32
+    SDPA first; two passes, the second reversed; SDPA first and last. (Round C also timed 4
+    sequences a block, 16 query rows in M: slower at every length.)"""
     for b, length, _, sets, lens, label in shapes(FOLD_CASES, budget):
-        folds = (2, 4) if length <= 4096 else (2,)
-        for n in folds:
-            print(f"{label} fold {n} rel err {check(sets, lens, fold=n):.1e}", flush=True)
+        gen = torch.Generator(device="cuda").manual_seed(b)
+        rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+        rl = rl.to(torch.int32)
         jobs = [("paged shipped", run_kaio(lens)), ("contiguous shipped", run_kaio_contig(lens))]
         if decode.FOLD_SEQS:  # (routed: against it off)
             jobs.append(("paged fold off", run_kaio(lens, fold=0)))
-        jobs += [(f"paged fold {n}", run_kaio(lens, fold=n)) for n in folds]
-        if length == 4096:
-            gen = torch.Generator(device="cuda").manual_seed(b)
-            rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
-            rl = rl.to(torch.int32)
-            jobs.append(("ragged shipped", run_kaio(rl)))
-            for n in folds:
-                print(f"{label} ragged fold {n} rel err {check(sets, rl, fold=n):.1e}")
-                jobs.append((f"ragged fold {n}", run_kaio(rl, fold=n)))
+            jobs.append(("ragged fold off", run_kaio(rl, fold=0)))
+        jobs.append(("ragged shipped", run_kaio(rl)))
+        for name, cfg in FOLD_VARIANTS.items():
+            print(f"{label} {name} rel err {check(sets, lens, **cfg):.1e}", flush=True)
+            print(f"{label} ragged {name} rel err {check(sets, rl, **cfg):.1e}", flush=True)
+            jobs += [
+                (f"paged {name}", run_kaio(lens, **cfg)),
+                (f"ragged {name}", run_kaio(rl, **cfg)),
+            ]
         for order in (jobs, jobs[::-1]):
             for name, fn in order:
                 show(f"{label} {name}", kernel_times(fn, sets))
@@ -2778,13 +2785,15 @@ def round_fold(budget: float):
 
 def warm_fold():
     """What round fold launches: decode_folded (2 sequences a block at 3 stages, 128 to
-    1024 slots; 4 at 4 stages, 256 to 1024), the B64 kernels (SORT 0, 128, 256), the
+    1024 slots, paired by length or not), the B64 kernels (SORT 0, 128, 256), the
     contiguous one."""
     out = [(probe_mark, {}), (decode.DECODE, one_split(3, paged=False))]
     out += [(decode.DECODE, one_split(3, sort=n)) for n in (256, 128, 0)]
-    two = [(decode.FOLDED, {"STAGES": 3, "FOLD": 2, "SORT": n}) for n in (512, 128, 256, 1024)]
-    four = [(decode.FOLDED, {"STAGES": 4, "FOLD": 4, "SORT": n}) for n in (1024, 256, 512)]
-    return out + [(k, {**c, "DP": 128, "DT": f16}) for k, c in two + four]
+    for pair in (64, 0):
+        for n in (512, 128, 256, 1024):
+            c = {"STAGES": 3, "FOLD": 2, "SORT": n, "PAIR": pair, "DP": 128, "DT": f16}
+            out.append((decode.FOLDED, c))
+    return out
 
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)

@@ -741,6 +741,47 @@ def fold_length(lens: u32[:], f: u32, FOLD: kaio.constexpr) -> u32:
 
 
 @kaio.gpu_func
+def fold_sequences(
+    seqs: u32[:],
+    seq_lens: i32[:],
+    p: u32,
+    batch: u32,
+    capacity: u32,
+    tid: u32,
+    buf: u32[:],
+    FOLD: kaio.constexpr,
+    PAIR: kaio.constexpr,
+):
+    """seqs[f]: ``decode_folded``'s block p's sequences (batch where there is none):
+    2p + f, or with PAIR those of the p-th longest and p-th shortest length (every
+    thread ranks its sequences by all the lengths in ``buf``; the block's threads all
+    take part, ``buf`` free again on return)."""
+    if PAIR:  # (buf: the lengths, then from PAIR on the sequences by rank)
+        for j in kaio.static_range((PAIR + THREADS - 1) // THREADS):
+            i = tid + j * THREADS
+            if i < PAIR:
+                n = seq_lens[kaio.min(i, batch - 1)]
+                buf[i] = u32(kaio.min(kaio.max(n, 0), i32(capacity)))
+        kaio.sync_threads()
+        for j in kaio.static_range((PAIR + THREADS - 1) // THREADS):
+            i = tid + j * THREADS
+            if i < batch:
+                mine = buf[i]
+                rank = u32(0)
+                for other in range(batch):
+                    x = buf[other]
+                    rank += kaio.select(x > mine or x == mine and other < i, u32(1), u32(0))
+                buf[PAIR + rank] = i
+        kaio.sync_threads()
+        seqs[0] = buf[PAIR + p]
+        seqs[1] = kaio.select(batch - 1 - p > p, buf[PAIR + batch - 1 - p], batch)
+        kaio.sync_threads()  # (buf is the sort's next)
+    else:
+        for f in kaio.static_range(FOLD):
+            seqs[f] = kaio.min(p * FOLD + f, batch)
+
+
+@kaio.gpu_func
 def copy_folded(
     kv_s: DT[:, :],
     row0: u32,
@@ -808,6 +849,7 @@ def decode_folded(
     STAGES: kaio.constexpr,
     FOLD: kaio.constexpr,
     SORT: kaio.constexpr,
+    PAIR: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """Attention of the 4 query rows of one K/V group (head ``block y % kv_heads``) of
@@ -821,27 +863,33 @@ def decode_folded(
     sequence's rows up to their causal limit (a page is one warp's 16 keys of a tile: one
     sequence a warp); rows past a length are zeros in shared memory. One split: writes
     out / lse, no merge. STAGES K/V stages, one barrier a tile (``decode_fwd``'s SYNC1
-    loop)."""
+    loop). PAIR (FOLD 2, batch <= PAIR): block y // kv_heads = p takes the sequences of
+    the p-th longest and p-th shortest length (ranks by length, ties by index, from all
+    lengths in shared memory), so that ragged batches give every block about the same
+    keys; else sequences 2p and 2p + 1."""
     kaio.launch_bounds(THREADS, 3)
     SB = 9 if FOLD == 2 else 8  # a sort key's bits of table slot, under its sequence's
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
     warp = tid // 32
-    b0 = kaio.block_idx_y() // kv_heads * FOLD
     kvh = kaio.block_idx_y() % kv_heads
     nrows = group * sq  # 4 (the route's condition), a sequence's rows of the group
     kv_s = kaio.shared_dynamic(DT, (2 * STAGES * BN, DP), 0)  # K0, V0, K1, V1, ...
     q_s = kaio.shared_dynamic(DT, (16, DP), 2 * STAGES * BN * DP * 2)
     ml_at = (2 * STAGES * BN + 16) * DP * 2
     sort_s = kaio.shared_dynamic(u32, (SORT,), ml_at + 2 * WARPS * 16 * 4)
+    seqs = kaio.local(u32, FOLD)  # the block's sequences (batch: none)
+    p = kaio.block_idx_y() // kv_heads
+    fold_sequences(seqs, seq_lens, p, batch, capacity, tid, sort_s, FOLD, PAIR)
 
-    # Q: row f * nrows + r of the tile is row r of sequence b0 + f's group (zeros past)
+    # Q: row f * nrows + r of the tile is row r of sequence seqs[f]'s group (zeros past)
     for j in kaio.static_range(16 * (DP // 8) // THREADS):
         piece = tid + j * THREADS
         r = piece // (DP // 8)
         col = piece % (DP // 8) * 8
-        real = r < FOLD * nrows and b0 + r // nrows < batch
-        at = (((b0 + r // nrows) * heads + kvh * group) * sq + r % nrows) * DP + col
+        b = fold_length(seqs, r // nrows, FOLD)
+        real = r < FOLD * nrows and b < batch
+        at = ((b * heads + kvh * group) * sq + r % nrows) * DP + col
         index = kaio.select(real, at, 0)
         kaio.cp_async(q_s, (r, kaio.swizzle(q_s, r, col)), q, index, 16, kaio.select(real, 16, 0))
     kaio.cp_async_commit()
@@ -850,12 +898,12 @@ def decode_folded(
     entry = kaio.local(u32, R)
     for e in kaio.static_range(R):
         slot = warp * 32 * R + 32 * e + lane
-        row = kaio.min(b0 + slot // max_pages, batch - 1)
+        row = kaio.min(fold_length(seqs, slot // max_pages, FOLD), batch - 1)
         entry[e] = table_at(block_table, row, slot % max_pages, max_pages)
     lens = kaio.local(u32, FOLD)
     n_valid = u32(0)
     for f in kaio.static_range(FOLD):
-        n = kaio.select(b0 + f < batch, seq_lens[kaio.min(b0 + f, batch - 1)], 0)
+        n = kaio.select(seqs[f] < batch, seq_lens[kaio.min(seqs[f], batch - 1)], 0)
         lens[f] = u32(kaio.min(kaio.max(n, 0), i32(capacity)))
         n_valid += lens[f] + (u32(1) << shift) - 1 >> shift
     for e in kaio.static_range(R):
@@ -942,8 +990,8 @@ def decode_folded(
     for f in kaio.static_range(FOLD):  # sequence f's rows: rows f * nrows on of the partials
         o_f = kaio.shared_dynamic(f32, (WARPS * 16, DP), f * 4 * DP * 4)
         ml_f = kaio.shared_dynamic(f32, (2, WARPS * 16), ml_at + f * 4 * 4)
-        items = kaio.select(b0 + f < batch, nrows * (DP // 4), 0)
-        at0 = ((b0 + f) * heads + kvh * group) * sq
+        items = kaio.select(seqs[f] < batch, nrows * (DP // 4), 0)
+        at0 = (seqs[f] * heads + kvh * group) * sq
         merge_warps(o_f, ml_f, out, lse, lse, lse, o_f, lse, items, at0, 0, tid, DP, 1, True, 1, DT)
 
 

@@ -118,6 +118,9 @@ SORT_MAX_PAGES = 256
 # slots. Off (0) until measured.
 FOLD_SEQS = 0
 FOLD_SORT = 1024
+# decode_folded pairs the p-th longest with the p-th shortest sequence (PAIR) for batches up
+# to FOLD_PAIR (its ranks by length over all of them in shared memory; 0: off)
+FOLD_PAIR = 0
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -658,7 +661,8 @@ def _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale) -> tuple:
 
 def _decode_folded(qa, cache, lens, batch, heads, group, sq, d, scale, fold) -> tuple:
     """``decode_folded`` over the paged ``cache``, ``fold`` sequences a block: (out, lse)."""
-    sort = max(128, 1 << (fold * cache.max_pages - 1).bit_length())
+    pair = max(64, 1 << (batch - 1).bit_length()) if fold == 2 and batch <= FOLD_PAIR else 0
+    sort = max(128, 2 * pair, 1 << (fold * cache.max_pages - 1).bit_length())
     out, lse, out_flat, lse_flat, _, _ = _outputs(qa, 1)
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
     blocks = -(-batch // fold) * cache.kv_heads
@@ -666,7 +670,7 @@ def _decode_folded(qa, cache, lens, batch, heads, group, sq, d, scale, fold) -> 
     FOLDED[(1, blocks), dk.THREADS, _arrays.stream_of(qa), folded_shared(d, stages, sort)](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, batch, heads, group,
         sq, cache.kv_heads, *cache.geometry(), math.log2(math.e) * float(scale),
-        DP=d, STAGES=stages, FOLD=fold, SORT=sort, DT=qa.dtype,
+        DP=d, STAGES=stages, FOLD=fold, SORT=sort, PAIR=pair, DT=qa.dtype,
     )  # fmt: skip
     return out, lse
 

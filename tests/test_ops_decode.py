@@ -707,18 +707,24 @@ def test_bad_inputs_raise_before_launch(call, message):
 
 
 @pytest.mark.parametrize(
-    "fold, heads, sq, dtype, stages",
-    [(2, 8, 1, np.float16, 3), (2, 4, 2, BF16, 4), (4, 8, 1, np.float16, 4)],
+    "fold, heads, sq, dtype, stages, pair",
+    [
+        (2, 8, 1, np.float16, 3, 0),
+        (2, 4, 2, BF16, 4, 64),
+        (2, 8, 1, np.float16, 3, 64),
+        (4, 8, 1, np.float16, 4, 0),
+    ],
 )
-def test_folded_walk_in_simulator(monkeypatch, fold, heads, sq, dtype, stages):
+def test_folded_walk_in_simulator(monkeypatch, fold, heads, sq, dtype, stages, pair):
     # fold sequences a block (decode_folded), the union of their pages in pool order, 4
     # query rows a K/V group (group 4 at Sq 1, group 2 at Sq 2; 2 sequences the keys in M,
-    # 4 the rows; 3 or 4 K/V stages), against float64 and the race checker: a batch that
-    # leaves the last block sequences short, lengths 0, 1, under a page, a page boundary,
-    # past the first tile, full, rows past each length NaN
+    # 4 the rows; 3 or 4 K/V stages; the longest with the shortest, PAIR), against float64
+    # and the race checker: a batch that leaves a block sequences short, lengths 0, 1,
+    # under a page, a page boundary, past the first tile, full, rows past each length NaN
     monkeypatch.setattr(decode, "FOLDED", spy := _Launches(decode.FOLDED))
     monkeypatch.setattr(decode, "folds", lambda *_: fold)
     monkeypatch.setattr(decode, "folded_stages", lambda *_: stages)
+    monkeypatch.setattr(decode, "FOLD_PAIR", pair)
     rng = np.random.default_rng(heads + sq)
     lens = [0, 300, 1, 15, 16, 65, 512]
     b, hkv, d, capacity, page_size = len(lens), 2, 64, 512, 16
@@ -732,7 +738,8 @@ def test_folded_walk_in_simulator(monkeypatch, fold, heads, sq, dtype, stages):
         out, lse = kaio_ops.flash_attention_decode_with_stats(
             q, k_cache, v_cache, np.array(lens, np.int32), table
         )
-    assert [(c["FOLD"], c["SORT"], c["STAGES"]) for c in spy.constexprs] == [(fold, 128, stages)]
+    flags = [(c["FOLD"], c["SORT"], c["STAGES"], c["PAIR"]) for c in spy.constexprs]
+    assert flags == [(fold, 128, stages, pair)]
     ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
     out = out.astype(np.float64)
     assert np.isfinite(out).all()
