@@ -692,8 +692,17 @@ def decode_fwd(
     if SWAP:
         store_key_partials(red_o, red_ml, o, m, l, warp, lane, nrows - row0, DP)
     else:
-        real = i32(nrows) - i32(row0 + mtile * 16)  # (none in an M-tile past the rows)
-        store_row_partials(red_o, red_ml, o, m, l, warp, lane, real, DP)
+        for h in kaio.static_range(2):
+            r = warp * 16 + g + 8 * h
+            total = l[h] + kaio.shfl_xor(l[h], 1)
+            total += kaio.shfl_xor(total, 2)
+            if row0 + mtile * 16 + g + 8 * h < nrows:
+                if lane % 4 == 0:
+                    red_ml[0, r] = m[h]
+                    red_ml[1, r] = total
+                for n in kaio.static_range(DP // 8):
+                    for e in kaio.static_range(2):
+                        red_o[r, (n * 8 + lane % 4 * 2 + e) ^ r % 4 * 8] = o[n, 2 * h + e]
     kaio.sync_threads()
     # CL > 1: this block's merged rows, read by the cluster (after red_o; over Q)
     mine_o = kaio.shared_dynamic(f32, (ROWS, DP), WARPS * 16 * DP * 4)
@@ -806,7 +815,7 @@ def copy_folded(
     FOLD_BITS of sequence f << SB | table slot s), at position s << shift | w's offset;
     zeros past the n_valid entries or past lens[f] (a masked key multiplies finite
     values)."""
-    SB = 9 if FOLD == 2 else 8
+    SB = 9
     PIECES = DP // 8
     STEP = THREADS // PIECES
     r0 = tid // PIECES
@@ -853,22 +862,21 @@ def decode_folded(
     DT: kaio.constexpr,
 ):
     """Attention of the 4 query rows of one K/V group (head ``block y % kv_heads``) of
-    each of FOLD sequences (from block y // kv_heads * FOLD; FOLD 2: 8 rows, the mma's N,
-    the keys in M as ``decode_fwd``'s SWAP; FOLD 4: 16 rows in M; D up to 128) over the
-    union of their pages of a paged cache, walked in pool order (the FOLD table rows'
-    used slots sorted by page, ``sort_keys``: SORT >= FOLD * max_pages keys, each a pool
-    page above FOLD_BITS of f << SB | slot, SB 9 for FOLD 2, 8 for 4): a block's
+    each of FOLD (2) sequences: 8 rows, the mma's N, the keys in M as ``decode_fwd``'s
+    SWAP (D up to 128), over the union of their pages of a paged cache, walked in pool
+    order (the FOLD table rows' used slots sorted by page, ``sort_keys``: SORT >= FOLD *
+    max_pages keys, each a pool page above FOLD_BITS of f << SB | slot): a block's
     neighbouring pages lie FOLD times closer than one sequence's, and FOLD times fewer
     blocks take the batch (B = 64 with 8 K/V heads: one wave). A key is seen by its own
     sequence's rows up to their causal limit (a page is one warp's 16 keys of a tile: one
     sequence a warp); rows past a length are zeros in shared memory. One split: writes
     out / lse, no merge. STAGES K/V stages, one barrier a tile (``decode_fwd``'s SYNC1
-    loop). PAIR (FOLD 2, batch <= PAIR): block y // kv_heads = p takes the sequences of
-    the p-th longest and p-th shortest length (ranks by length, ties by index, from all
-    lengths in shared memory), so that ragged batches give every block about the same
-    keys; else sequences 2p and 2p + 1."""
+    loop). PAIR (batch <= PAIR): block y // kv_heads = p takes the sequences of the p-th
+    longest and p-th shortest length (ranks by length, ties by index, from all lengths in
+    shared memory), so that ragged batches give every block about the same keys; else
+    sequences 2p and 2p + 1."""
     kaio.launch_bounds(THREADS, 3)
-    SB = 9 if FOLD == 2 else 8  # a sort key's bits of table slot, under its sequence's
+    SB = 9  # a sort key's bits of table slot, under its sequence's
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
     warp = tid // 32
@@ -926,24 +934,19 @@ def decode_folded(
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
     kaio.sync_threads()
 
-    SWAP = FOLD * 4 <= 8
     acol = kaio.local(u32, 4)
     bcol = kaio.local(u32, 4)
-    m = kaio.local(f32, 2)  # of this lane's query columns (SWAP), else of its row halves
+    m = kaio.local(f32, 2)  # of this lane's query columns
     l = kaio.local(f32, 2)
-    o = kaio.local(f32, (DP // 16 if SWAP else DP // 8, 4))
+    o = kaio.local(f32, (DP // 16, 4))
     frag_columns(acol, bcol, q_s, lane, DT)
-    qb = kaio.local(u32, (DP // 16, 2))  # SWAP: Q^T's B fragments (query rows 0 .. 7)
-    qf = kaio.local(u32, (DP // 16, 4))  # else Q's A fragments
-    if SWAP:
-        load_b(qb, q_s, bcol, lane, DP, DT)
-    else:
-        load_a(qf, q_s, 0, acol, lane, 0, DP, DT)
-    start_rows(m, l, o, DP // 2 if SWAP else DP)
-    limit = kaio.local(i32, 2)  # a row's keys < limit are visible (causal) ...
+    qb = kaio.local(u32, (DP // 16, 2))  # Q^T's B fragments (query rows 0 .. 7)
+    load_b(qb, q_s, bcol, lane, DP, DT)
+    start_rows(m, l, o, DP // 2)
+    limit = kaio.local(i32, 2)  # a column's keys < limit are visible (causal) ...
     mine = kaio.local(u32, 2)  # ... of its sequence
     for e in kaio.static_range(2):
-        c = lane % 4 * 2 + e if SWAP else lane // 4 + 8 * e  # (a column, else a row half)
+        c = lane % 4 * 2 + e
         mine[e] = c // nrows
         limit[e] = i32(fold_length(lens, mine[e], FOLD)) - i32(sq) + i32(c % nrows % sq) + 1
     lim = kaio.local(i32, 2)
@@ -968,24 +971,16 @@ def decode_folded(
             lim[e] = kaio.select(ours, limit[e], i32(0))
         krow = stage + warp * 16
         key0 = (got & (u32(1) << SB) - 1) << shift
-        if SWAP:
-            key_scores(s, kf, kv_s, krow, acol, qb, lane, DP, DT)  # S^T = K Q^T
-            key_softmax(s, m, l, o, True, key0, lim, lane, scale_log2, DP)
-            probs_as_b(pb, s, lane, DT)
-            key_values(o, pb, kv_s, krow + BN, bcol, lane, DP, DT)  # O^T += V^T P^T
-        else:
-            dot_rows_at(s, qf, kv_s, krow, bcol, lane, 2, 0, DP, DT)  # S = Q K^T
-            masked_softmax(s, m, l, o, True, key0, lim, lane, scale_log2, 16, DP)
-            acc_rows_at(o, s, kv_s, krow + BN, acol, lane, 2, DP, DT)  # O += P V
+        key_scores(s, kf, kv_s, krow, acol, qb, lane, DP, DT)  # S^T = K Q^T
+        key_softmax(s, m, l, o, True, key0, lim, lane, scale_log2, DP)
+        probs_as_b(pb, s, lane, DT)
+        key_values(o, pb, kv_s, krow + BN, bcol, lane, DP, DT)  # O^T += V^T P^T
 
     kaio.cp_async_wait_all()
     kaio.sync_threads()
     red_o = kaio.shared_dynamic(f32, (WARPS * 16, DP), 0)  # over kv_s
     red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), ml_at)
-    if SWAP:
-        store_key_partials(red_o, red_ml, o, m, l, warp, lane, FOLD * nrows, DP)
-    else:
-        store_row_partials(red_o, red_ml, o, m, l, warp, lane, i32(FOLD * nrows), DP)
+    store_key_partials(red_o, red_ml, o, m, l, warp, lane, FOLD * nrows, DP)
     kaio.sync_threads()
     for f in kaio.static_range(FOLD):  # sequence f's rows: rows f * nrows on of the partials
         o_f = kaio.shared_dynamic(f32, (WARPS * 16, DP), f * 4 * DP * 4)
@@ -1260,29 +1255,6 @@ def store_key_partials(
             for mi in kaio.static_range(DP // 16):
                 for h in kaio.static_range(2):
                     red_o[r, (mi * 16 + lane // 4 + 8 * h) ^ r % 4 * 8] = o[mi, 2 * h + e]
-
-
-@kaio.gpu_func
-def store_row_partials(
-    red_o: f32[:, :], red_ml: f32[:, :], o: f32[:, :], m: f32[:], l: f32[:], warp: u32,
-    lane: u32, nreal: i32, DP: kaio.constexpr,
-):  # fmt: skip
-    """A warp's partial results (the query rows in M: O in ``o``, relative to the maxima
-    m) of its M-tile's real rows (< nreal) into rows warp * 16 + row of red_o (columns
-    XOR-ed with the row % 4 * 8, as the merge reads them) and red_ml (max, sum over the
-    lanes)."""
-    g = lane // 4
-    for h in kaio.static_range(2):
-        r = warp * 16 + g + 8 * h
-        total = l[h] + kaio.shfl_xor(l[h], 1)
-        total += kaio.shfl_xor(total, 2)
-        if i32(g + 8 * h) < nreal:
-            if lane % 4 == 0:
-                red_ml[0, r] = m[h]
-                red_ml[1, r] = total
-            for n in kaio.static_range(DP // 8):
-                for e in kaio.static_range(2):
-                    red_o[r, (n * 8 + lane % 4 * 2 + e) ^ r % 4 * 8] = o[n, 2 * h + e]
 
 
 @kaio.gpu_func

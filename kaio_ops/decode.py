@@ -113,11 +113,13 @@ SORT_MIN_PAGES = 128
 SORT_MAX_PAGES = 256
 
 # paged, pages of 16, 4 query rows a K/V group (H32 / Hkv 8 at Sq 1), D up to 128 and more
-# blocks than run at once (two waves of decode_fwd): FOLD_SEQS sequences a block (2 or 4),
-# their pages' union walked in pool order (``decode_folded``), up to FOLD_SORT table
-# slots. Off (0) until measured.
+# blocks than run at once (two waves of decode_fwd): FOLD_SEQS (2) sequences a block, their
+# pages' union walked in pool order (``decode_folded``, FOLD_STAGES K/V stages: two blocks
+# a multiprocessor), up to FOLD_SORT table slots. Off (0) until measured; 4 sequences a
+# block (16 query rows in M, 4 stages) measured slower (dec, eleventh pass, round C).
 FOLD_SEQS = 0
 FOLD_SORT = 1024
+FOLD_STAGES = 3
 # decode_folded pairs the p-th longest with the p-th shortest sequence (PAIR) for batches up
 # to FOLD_PAIR (its ranks by length over all of them in shared memory; 0: off)
 FOLD_PAIR = 0
@@ -214,24 +216,18 @@ def sort_sizes(paged: bool, direct: bool) -> tuple:
 def folds(cache, batch: int, rows: int, d: int, sms: int) -> int:
     """``decode_folded``'s FOLD for a call of ``batch`` sequences with ``rows`` query rows a
     K/V group (heads of the group times new tokens), head dim ``d``: FOLD_SEQS where the
-    cache is paged in SORT_PAGE-token pages, rows is 4 (FOLD groups fill the mma's N of 8
-    or M of 16), d is at most 128, decode_fwd's grid would take more than two blocks a
-    multiprocessor and FOLD table rows fit FOLD_SORT slots; else 0."""
+    cache is paged in SORT_PAGE-token pages, rows is 4 (two groups fill the mma's N of 8),
+    d is at most 128, decode_fwd's grid would take more than two blocks a multiprocessor
+    and FOLD table rows fit FOLD_SORT slots; else 0."""
     if not (FOLD_SEQS and cache.paged and cache.page_size == SORT_PAGE and rows == 4):
         return 0
     fits = d <= 128 and FOLD_SEQS * cache.max_pages <= FOLD_SORT
     return FOLD_SEQS if fits and batch * cache.kv_heads > 2 * sms else 0
 
 
-def folded_stages(blocks: int, sms: int) -> int:
-    """``decode_folded``'s K/V stages: 4 where its grid takes at most a block a
-    multiprocessor, else 3 (two a multiprocessor; ``one_split_stages``, ``stages_for``)."""
-    return 4 if blocks <= sms else 3
-
-
-def folded_shared(dp: int, stages: int, sort: int) -> int:
+def folded_shared(dp: int, sort: int) -> int:
     """Dynamic shared memory of ``decode_folded``: ``shared_bytes``' and its sorted keys."""
-    return shared_bytes(dp, 1, stages) + 4 * sort
+    return shared_bytes(dp, 1, FOLD_STAGES) + 4 * sort
 
 
 def merge_shared(mt: int) -> int:
@@ -661,16 +657,15 @@ def _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale) -> tuple:
 
 def _decode_folded(qa, cache, lens, batch, heads, group, sq, d, scale, fold) -> tuple:
     """``decode_folded`` over the paged ``cache``, ``fold`` sequences a block: (out, lse)."""
-    pair = max(64, 1 << (batch - 1).bit_length()) if fold == 2 and batch <= FOLD_PAIR else 0
+    pair = max(64, 1 << (batch - 1).bit_length()) if batch <= FOLD_PAIR else 0
     sort = max(128, 2 * pair, 1 << (fold * cache.max_pages - 1).bit_length())
     out, lse, out_flat, lse_flat, _, _ = _outputs(qa, 1)
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
     blocks = -(-batch // fold) * cache.kv_heads
-    stages = folded_stages(blocks, _arrays.multiprocessors(qa))
-    FOLDED[(1, blocks), dk.THREADS, _arrays.stream_of(qa), folded_shared(d, stages, sort)](
+    FOLDED[(1, blocks), dk.THREADS, _arrays.stream_of(qa), folded_shared(d, sort)](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, batch, heads, group,
         sq, cache.kv_heads, *cache.geometry(), math.log2(math.e) * float(scale),
-        DP=d, STAGES=stages, FOLD=fold, SORT=sort, PAIR=pair, DT=qa.dtype,
+        DP=d, STAGES=FOLD_STAGES, FOLD=fold, SORT=sort, PAIR=pair, DT=qa.dtype,
     )  # fmt: skip
     return out, lse
 

@@ -707,23 +707,18 @@ def test_bad_inputs_raise_before_launch(call, message):
 
 
 @pytest.mark.parametrize(
-    "fold, heads, sq, dtype, stages, pair",
-    [
-        (2, 8, 1, np.float16, 3, 0),
-        (2, 4, 2, BF16, 4, 64),
-        (2, 8, 1, np.float16, 3, 64),
-        (4, 8, 1, np.float16, 4, 0),
-    ],
+    "heads, sq, dtype, stages, pair",
+    [(8, 1, np.float16, 3, 0), (4, 2, BF16, 4, 64), (8, 1, np.float16, 3, 64)],
 )
-def test_folded_walk_in_simulator(monkeypatch, fold, heads, sq, dtype, stages, pair):
-    # fold sequences a block (decode_folded), the union of their pages in pool order, 4
-    # query rows a K/V group (group 4 at Sq 1, group 2 at Sq 2; 2 sequences the keys in M,
-    # 4 the rows; 3 or 4 K/V stages; the longest with the shortest, PAIR), against float64
-    # and the race checker: a batch that leaves a block sequences short, lengths 0, 1,
-    # under a page, a page boundary, past the first tile, full, rows past each length NaN
+def test_folded_walk_in_simulator(monkeypatch, heads, sq, dtype, stages, pair):
+    # two sequences a block (decode_folded), the union of their pages in pool order, 4
+    # query rows a K/V group (group 4 at Sq 1, group 2 at Sq 2), 3 or 4 K/V stages, the
+    # longest with the shortest (PAIR) or not, against float64 and the race checker: an
+    # odd batch (a block with one sequence), lengths 0, 1, under a page, a page boundary,
+    # past the first tile, full, rows past each length NaN
     monkeypatch.setattr(decode, "FOLDED", spy := _Launches(decode.FOLDED))
-    monkeypatch.setattr(decode, "folds", lambda *_: fold)
-    monkeypatch.setattr(decode, "folded_stages", lambda *_: stages)
+    monkeypatch.setattr(decode, "folds", lambda *_: 2)
+    monkeypatch.setattr(decode, "FOLD_STAGES", stages)
     monkeypatch.setattr(decode, "FOLD_PAIR", pair)
     rng = np.random.default_rng(heads + sq)
     lens = [0, 300, 1, 15, 16, 65, 512]
@@ -739,7 +734,7 @@ def test_folded_walk_in_simulator(monkeypatch, fold, heads, sq, dtype, stages, p
             q, k_cache, v_cache, np.array(lens, np.int32), table
         )
     flags = [(c["FOLD"], c["SORT"], c["STAGES"], c["PAIR"]) for c in spy.constexprs]
-    assert flags == [(fold, 128, stages, pair)]
+    assert flags == [(2, 128, stages, pair)]
     ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
     out = out.astype(np.float64)
     assert np.isfinite(out).all()
