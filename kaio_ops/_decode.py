@@ -750,7 +750,7 @@ def fold_length(lens: u32[:], f: u32, FOLD: kaio.constexpr) -> u32:
 
 
 @kaio.gpu_func
-def fold_sequences(
+def pair_by_length(
     seqs: u32[:],
     seq_lens: i32[:],
     p: u32,
@@ -758,36 +758,73 @@ def fold_sequences(
     capacity: u32,
     tid: u32,
     buf: u32[:],
-    FOLD: kaio.constexpr,
     PAIR: kaio.constexpr,
 ):
-    """seqs[f]: ``decode_folded``'s block p's sequences (batch where there is none):
-    2p + f, or with PAIR those of the p-th longest and p-th shortest length (every
-    thread ranks its sequences by all the lengths in ``buf``; the block's threads all
-    take part, ``buf`` free again on return)."""
-    if PAIR:  # (buf: the lengths, then from PAIR on the sequences by rank)
-        for j in kaio.static_range((PAIR + THREADS - 1) // THREADS):
-            i = tid + j * THREADS
-            if i < PAIR:
-                n = seq_lens[kaio.min(i, batch - 1)]
-                buf[i] = u32(kaio.min(kaio.max(n, 0), i32(capacity)))
-        kaio.sync_threads()
-        for j in kaio.static_range((PAIR + THREADS - 1) // THREADS):
-            i = tid + j * THREADS
-            if i < batch:
-                mine = buf[i]
-                rank = u32(0)
-                for other in range(batch):
-                    x = buf[other]
-                    rank += kaio.select(x > mine or x == mine and other < i, u32(1), u32(0))
-                buf[PAIR + rank] = i
-        kaio.sync_threads()
-        seqs[0] = buf[PAIR + p]
-        seqs[1] = kaio.select(batch - 1 - p > p, buf[PAIR + batch - 1 - p], batch)
-        kaio.sync_threads()  # (buf is the sort's next)
-    else:
-        for f in kaio.static_range(FOLD):
-            seqs[f] = kaio.min(p * FOLD + f, batch)
+    """seqs = the sequences of the p-th longest and the p-th shortest length (batch where
+    there is none; ranks by length, ties by index: uniform lengths give p and batch - 1 -
+    p): every thread ranks its sequences against all the lengths in ``buf`` (the block's
+    threads all take part; ``buf`` free again on return)."""
+    for j in kaio.static_range((PAIR + THREADS - 1) // THREADS):  # buf: the lengths
+        i = tid + j * THREADS
+        if i < PAIR:
+            n = seq_lens[kaio.min(i, batch - 1)]
+            buf[i] = u32(kaio.min(kaio.max(n, 0), i32(capacity)))
+    kaio.sync_threads()
+    for j in kaio.static_range((PAIR + THREADS - 1) // THREADS):  # buf[PAIR + rank]: its sequence
+        i = tid + j * THREADS
+        if i < batch:
+            mine = buf[i]
+            rank = u32(0)
+            for other in kaio.static_range(PAIR):  # (unrolled: the loads overlap)
+                x = buf[other]
+                ahead = other < batch and (x > mine or x == mine and other < i)
+                rank += kaio.select(ahead, u32(1), u32(0))
+            buf[PAIR + rank] = i
+    kaio.sync_threads()
+    seqs[0] = buf[PAIR + p]
+    seqs[1] = kaio.select(batch - 1 - p > p, buf[PAIR + batch - 1 - p], batch)
+    kaio.sync_threads()  # (buf is the sort's next)
+
+
+@kaio.gpu_func
+def fold_loads(
+    q_s: DT[:, :],
+    entry: u32[:],
+    q: DT[:],
+    block_table: i32[:],
+    seqs: u32[:],
+    batch: u32,
+    heads: u32,
+    group: u32,
+    sq: u32,
+    kvh: u32,
+    max_pages: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+    FOLD: kaio.constexpr,
+    SORT: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """``decode_folded``'s first loads for sequences ``seqs``: the query tile (row f *
+    nrows + r is row r of sequence seqs[f]'s group, zeros past; one cp.async group) and
+    this thread's SORT / THREADS table slots of the FOLD table rows into ``entry``."""
+    nrows = group * sq
+    for j in kaio.static_range(16 * (DP // 8) // THREADS):
+        piece = tid + j * THREADS
+        r = piece // (DP // 8)
+        col = piece % (DP // 8) * 8
+        b = fold_length(seqs, r // nrows, FOLD)
+        real = r < FOLD * nrows and b < batch
+        at = ((b * heads + kvh * group) * sq + r % nrows) * DP + col
+        index = kaio.select(real, at, 0)
+        kaio.cp_async(q_s, (r, kaio.swizzle(q_s, r, col)), q, index, 16, kaio.select(real, 16, 0))
+    kaio.cp_async_commit()
+    R = SORT // THREADS
+    lane = tid % 32
+    for e in kaio.static_range(R):
+        slot = tid // 32 * 32 * R + 32 * e + lane
+        row = kaio.min(fold_length(seqs, slot // max_pages, FOLD), batch - 1)
+        entry[e] = table_at(block_table, row, slot % max_pages, max_pages)
 
 
 @kaio.gpu_func
@@ -886,28 +923,32 @@ def decode_folded(
     q_s = kaio.shared_dynamic(DT, (16, DP), 2 * STAGES * BN * DP * 2)
     ml_at = (2 * STAGES * BN + 16) * DP * 2
     sort_s = kaio.shared_dynamic(u32, (SORT,), ml_at + 2 * WARPS * 16 * 4)
-    seqs = kaio.local(u32, FOLD)  # the block's sequences (batch: none)
+    # the block's sequences (batch: none): 2p and 2p + 1, or with PAIR p and batch - 1 - p
+    # (uniform lengths' pairs by length, loaded at once) until the ranks tell
     p = kaio.block_idx_y() // kv_heads
-    fold_sequences(seqs, seq_lens, p, batch, capacity, tid, sort_s, FOLD, PAIR)
-
-    # Q: row f * nrows + r of the tile is row r of sequence seqs[f]'s group (zeros past)
-    for j in kaio.static_range(16 * (DP // 8) // THREADS):
-        piece = tid + j * THREADS
-        r = piece // (DP // 8)
-        col = piece % (DP // 8) * 8
-        b = fold_length(seqs, r // nrows, FOLD)
-        real = r < FOLD * nrows and b < batch
-        at = ((b * heads + kvh * group) * sq + r % nrows) * DP + col
-        index = kaio.select(real, at, 0)
-        kaio.cp_async(q_s, (r, kaio.swizzle(q_s, r, col)), q, index, 16, kaio.select(real, 16, 0))
-    kaio.cp_async_commit()
-    # the FOLD table rows' slots (loads in flight with the lengths'), the used ones as keys
+    seqs = kaio.local(u32, FOLD)
+    for f in kaio.static_range(FOLD):
+        seqs[f] = kaio.min(p * FOLD + f, batch)
+    if PAIR:
+        seqs[0] = p
+        seqs[1] = kaio.select(batch - 1 - p > p, batch - 1 - p, batch)
     R = SORT // THREADS
-    entry = kaio.local(u32, R)
-    for e in kaio.static_range(R):
-        slot = warp * 32 * R + 32 * e + lane
-        row = kaio.min(fold_length(seqs, slot // max_pages, FOLD), batch - 1)
-        entry[e] = table_at(block_table, row, slot % max_pages, max_pages)
+    entry = kaio.local(u32, R)  # this thread's table slots, then sort keys
+    fold_loads(
+        q_s, entry, q, block_table, seqs, batch, heads, group, sq, kvh, max_pages, tid, DP,
+        FOLD, SORT, DT,
+    )  # fmt: skip
+    if PAIR:
+        paired = kaio.local(u32, FOLD)
+        pair_by_length(paired, seq_lens, p, batch, capacity, tid, sort_s, PAIR)
+        if paired[0] != seqs[0] or paired[1] != seqs[1]:  # (uniform over the block)
+            kaio.cp_async_wait_all()  # (this thread's query copies: the same pieces again)
+            for f in kaio.static_range(FOLD):
+                seqs[f] = paired[f]
+            fold_loads(
+                q_s, entry, q, block_table, seqs, batch, heads, group, sq, kvh, max_pages,
+                tid, DP, FOLD, SORT, DT,
+            )  # fmt: skip
     lens = kaio.local(u32, FOLD)
     n_valid = u32(0)
     for f in kaio.static_range(FOLD):

@@ -707,21 +707,25 @@ def test_bad_inputs_raise_before_launch(call, message):
 
 
 @pytest.mark.parametrize(
-    "heads, sq, dtype, stages, pair",
-    [(8, 1, np.float16, 3, 0), (4, 2, BF16, 4, 64), (8, 1, np.float16, 3, 64)],
+    "heads, sq, dtype, stages, pair, lens",
+    [
+        (8, 1, np.float16, 3, 0, [0, 300, 1, 15, 16, 65, 512]),
+        (4, 2, BF16, 4, 64, [512, 300, 65, 16, 15, 1, 0]),  # (ranked as loaded first)
+        (8, 1, np.float16, 3, 64, [0, 300, 1, 15, 16, 65, 512]),
+    ],
 )
-def test_folded_walk_in_simulator(monkeypatch, heads, sq, dtype, stages, pair):
+def test_folded_walk_in_simulator(monkeypatch, heads, sq, dtype, stages, pair, lens):
     # two sequences a block (decode_folded), the union of their pages in pool order, 4
     # query rows a K/V group (group 4 at Sq 1, group 2 at Sq 2), 3 or 4 K/V stages, the
-    # longest with the shortest (PAIR) or not, against float64 and the race checker: an
-    # odd batch (a block with one sequence), lengths 0, 1, under a page, a page boundary,
-    # past the first tile, full, rows past each length NaN
+    # longest with the shortest (PAIR: lengths in rank order or not) or not, against
+    # float64 and the race checker: an odd batch (a block with one sequence), lengths 0,
+    # 1, under a page, a page boundary, past the first tile, full, rows past each length
+    # NaN
     monkeypatch.setattr(decode, "FOLDED", spy := _Launches(decode.FOLDED))
     monkeypatch.setattr(decode, "folds", lambda *_: 2)
     monkeypatch.setattr(decode, "FOLD_STAGES", stages)
     monkeypatch.setattr(decode, "FOLD_PAIR", pair)
     rng = np.random.default_rng(heads + sq)
-    lens = [0, 300, 1, 15, 16, 65, 512]
     b, hkv, d, capacity, page_size = len(lens), 2, 64, 512, 16
     q = rng.standard_normal((b, heads, sq, d)).astype(dtype)
     k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, dtype, page_size)
