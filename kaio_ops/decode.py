@@ -112,17 +112,25 @@ SORT_PAGE = 16
 SORT_MIN_PAGES = 128
 SORT_MAX_PAGES = 256
 
-# paged, pages of 16, 4 query rows a K/V group (H32 / Hkv 8 at Sq 1), D up to 128 and more
-# blocks than run at once (two waves of decode_fwd): FOLD_SEQS (2) sequences a block, their
-# pages' union walked in pool order (``decode_folded``, FOLD_STAGES K/V stages: two blocks
-# a multiprocessor), up to FOLD_SORT table slots. Off (0) until measured; 4 sequences a
-# block (16 query rows in M, 4 stages) measured slower (dec, eleventh pass, round C).
-FOLD_SEQS = 0
+# paged, pages of 16, 4 query rows a K/V group (H32 / Hkv 8 at Sq 1), D 128 and more blocks
+# than run at once (two waves of decode_fwd): FOLD_SEQS (2) sequences a block, their pages'
+# union walked in pool order (``decode_folded``, FOLD_STAGES K/V stages: two blocks a
+# multiprocessor), two tables of up to FOLD_SORT slots in all; for batches up to FOLD_PAIR
+# the p-th longest sequence with the p-th shortest (ragged batches balance). Measured on an
+# H100 (kernel time, H32 / Hkv 8, D 128, f16, the suite's shuffled pool; dec, eleventh
+# pass, round E), against decode_fwd: B64 L4096 352.5 to 352.6 us against 353.9 to 354.1
+# (SDPA 351.6 to 352.2), ragged (L/4 .. L) 229.1 to 229.6 against 239.4 to 239.8; L1024
+# 91.7 to 91.9 against 91.7 to 91.9 (SDPA 92.0 to 92.1), ragged 59.3 to 59.4 against 59.8
+# to 60.0; L2048 178.6 to 179.0 against 179.0 to 179.1, ragged 116.5 against 119.9 to
+# 120.3; L8192 701.2 to 701.6 against 704.5 to 705.4, ragged 447.0 to 447.3 against 458.6
+# to 462.0. Without the pairing ragged batches were 1% to 3% slower (one wave: the longest
+# pairs end alone); 4 sequences a block (16 query rows in M) slower at every length.
+FOLD_SEQS = 2
 FOLD_SORT = 1024
 FOLD_STAGES = 3
 # decode_folded pairs the p-th longest with the p-th shortest sequence (PAIR) for batches up
 # to FOLD_PAIR (its ranks by length over all of them in shared memory; 0: off)
-FOLD_PAIR = 0
+FOLD_PAIR = 256
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -217,11 +225,11 @@ def folds(cache, batch: int, rows: int, d: int, sms: int) -> int:
     """``decode_folded``'s FOLD for a call of ``batch`` sequences with ``rows`` query rows a
     K/V group (heads of the group times new tokens), head dim ``d``: FOLD_SEQS where the
     cache is paged in SORT_PAGE-token pages, rows is 4 (two groups fill the mma's N of 8),
-    d is at most 128, decode_fwd's grid would take more than two blocks a multiprocessor
-    and FOLD table rows fit FOLD_SORT slots; else 0."""
+    d is 128 (measured), decode_fwd's grid would take more than two blocks a
+    multiprocessor and FOLD table rows fit FOLD_SORT slots; else 0."""
     if not (FOLD_SEQS and cache.paged and cache.page_size == SORT_PAGE and rows == 4):
         return 0
-    fits = d <= 128 and FOLD_SEQS * cache.max_pages <= FOLD_SORT
+    fits = d == 128 and FOLD_SEQS * cache.max_pages <= FOLD_SORT
     return FOLD_SEQS if fits and batch * cache.kv_heads > 2 * sms else 0
 
 
@@ -773,6 +781,12 @@ def shipped():
                     for direct in (False, True):
                         flags = {"HKV": hkv, "DP": dp, "STAGES": stages, "DIRECT": direct}
                         yield PAGES, {**flags, "DT": dtype, "SPEC": int(PAGE_SPEC)}
+        for dp in (128,) if FOLD_SEQS else ():  # two sequences a block
+            for sort in (128, 256, 512, 1024):
+                for pair in (0, 64, 128, 256):
+                    if pair <= FOLD_PAIR and 2 * pair <= sort:
+                        flags = {"DP": dp, "STAGES": FOLD_STAGES, "FOLD": FOLD_SEQS, "SORT": sort}
+                        yield FOLDED, {**flags, "PAIR": pair, "DT": dtype}
         for paged in (False, True):
             for vec in (1, 8):
                 yield APPEND, {"PAGED": paged, "VEC": vec, "DT": dtype}

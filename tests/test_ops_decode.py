@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import types
 from concurrent.futures import ProcessPoolExecutor
 
 import ml_dtypes
@@ -706,6 +707,21 @@ def test_bad_inputs_raise_before_launch(call, message):
         call()
 
 
+def test_folded_walk_route():
+    # two sequences a block: paged in pages of 16, 4 query rows a K/V group, D 128, more
+    # than two blocks a multiprocessor, two tables of up to 1024 slots
+    cache = types.SimpleNamespace(paged=True, page_size=16, max_pages=256, kv_heads=8)
+    assert decode.folds(cache, 64, 4, 128, 132) == 2 and decode.FOLD_PAIR >= 64
+    assert decode.folds(cache, 34, 4, 128, 132) == 2  # 272 blocks
+    assert decode.folds(cache, 32, 4, 128, 132) == 0  # 256 blocks: one wave already
+    assert decode.folds(cache, 64, 8, 128, 132) == decode.folds(cache, 64, 4, 64, 132) == 0
+    for name, value in (("max_pages", 1024), ("page_size", 32), ("paged", False)):
+        other = types.SimpleNamespace(**{**vars(cache), name: value})
+        assert decode.folds(other, 64, 4, 128, 132) == 0
+    launched = {(c["SORT"], c["PAIR"]) for k, c in decode.shipped() if k is decode.FOLDED}
+    assert {(128, 64), (512, 64), (1024, 256), (1024, 0)} <= launched
+
+
 @pytest.mark.parametrize(
     "heads, sq, dtype, stages, pair, lens",
     [
@@ -775,6 +791,14 @@ def assembled() -> list:
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1)),
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1, sort=256)),
         (decode.DECODE, fwd(128, 1, True, "direct", dt=kaio.bf16, swap=1, sort=128)),
+        (
+            decode.FOLDED,
+            {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": 512, "PAIR": 64, "DT": kaio.f16},
+        ),
+        (
+            decode.FOLDED,
+            {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": 1024, "PAIR": 0, "DT": kaio.bf16},
+        ),
         (decode.DECODE, fwd(128, 1, False, "direct", dt=kaio.bf16, swap=1)),
         (decode.DECODE, fwd(256, 4, False, "cluster", deep=True, cl=2, dt=kaio.bf16)),
         (decode.MERGE, {"DP": 256, "MT": 4, "DT": kaio.bf16}),
