@@ -123,10 +123,17 @@ SORT_MAX_PAGES = 256
 # 91.7 to 91.9 against 91.7 to 91.9 (SDPA 92.0 to 92.1), ragged 59.3 to 59.4 against 59.8
 # to 60.0; L2048 178.6 to 179.0 against 179.0 to 179.1, ragged 116.5 against 119.9 to
 # 120.3; L8192 701.2 to 701.6 against 704.5 to 705.4, ragged 447.0 to 447.3 against 458.6
-# to 462.0. Without the pairing ragged batches were 1% to 3% slower (one wave: the longest
-# pairs end alone); 4 sequences a block (16 query rows in M) slower at every length.
+# to 462.0. Round F (the route against decode_fwd): L4096 351.9 to 352.6 against 352.0 to
+# 352.1, ragged 228.5 to 228.7 against 239.8 to 241.1; L2048 178.6 to 178.9 against 178.6
+# to 178.8, ragged 117.4 to 117.7 against 120.6 to 120.8; L8192 699.5 to 700.2 against
+# 700.9 to 702.0, ragged 446.1 to 446.7 against 461.4 to 462.4; L1024 92.1 to 92.2 against
+# 91.8 to 91.9 (ragged 58.6 to 59.3 against 60.3 to 60.4): from FOLD_MIN_PAGES pages a
+# sequence (2k keys). Without the pairing ragged batches were 1% to 3% slower (one wave:
+# the longest pairs end alone); 4 sequences a block (16 query rows in M) slower at every
+# length.
 FOLD_SEQS = 2
 FOLD_SORT = 1024
+FOLD_MIN_PAGES = 128
 FOLD_STAGES = 3
 # decode_folded pairs the p-th longest with the p-th shortest sequence (PAIR) for batches up
 # to FOLD_PAIR (its ranks by length over all of them in shared memory; 0: off)
@@ -226,10 +233,12 @@ def folds(cache, batch: int, rows: int, d: int, sms: int) -> int:
     K/V group (heads of the group times new tokens), head dim ``d``: FOLD_SEQS where the
     cache is paged in SORT_PAGE-token pages, rows is 4 (two groups fill the mma's N of 8),
     d is 128 (measured), decode_fwd's grid would take more than two blocks a
-    multiprocessor and FOLD table rows fit FOLD_SORT slots; else 0."""
+    multiprocessor and a table holds FOLD_MIN_PAGES pages or more, FOLD of them FOLD_SORT
+    slots at most; else 0."""
     if not (FOLD_SEQS and cache.paged and cache.page_size == SORT_PAGE and rows == 4):
         return 0
-    fits = d == 128 and FOLD_SEQS * cache.max_pages <= FOLD_SORT
+    pages = FOLD_MIN_PAGES <= cache.max_pages <= FOLD_SORT // FOLD_SEQS
+    fits = d == 128 and pages
     return FOLD_SEQS if fits and batch * cache.kv_heads > 2 * sms else 0
 
 
@@ -782,7 +791,7 @@ def shipped():
                         flags = {"HKV": hkv, "DP": dp, "STAGES": stages, "DIRECT": direct}
                         yield PAGES, {**flags, "DT": dtype, "SPEC": int(PAGE_SPEC)}
         for dp in (128,) if FOLD_SEQS else ():  # two sequences a block
-            for sort in (128, 256, 512, 1024):
+            for sort in (256, 512, 1024):  # (FOLD_MIN_PAGES to FOLD_SORT)
                 for pair in (0, 64, 128, 256):
                     if pair <= FOLD_PAIR and 2 * pair <= sort:
                         flags = {"DP": dp, "STAGES": FOLD_STAGES, "FOLD": FOLD_SEQS, "SORT": sort}

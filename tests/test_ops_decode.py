@@ -709,17 +709,20 @@ def test_bad_inputs_raise_before_launch(call, message):
 
 def test_folded_walk_route():
     # two sequences a block: paged in pages of 16, 4 query rows a K/V group, D 128, more
-    # than two blocks a multiprocessor, two tables of up to 1024 slots
+    # than two blocks a multiprocessor, tables of 128 to 512 pages
     cache = types.SimpleNamespace(paged=True, page_size=16, max_pages=256, kv_heads=8)
     assert decode.folds(cache, 64, 4, 128, 132) == 2 and decode.FOLD_PAIR >= 64
     assert decode.folds(cache, 34, 4, 128, 132) == 2  # 272 blocks
     assert decode.folds(cache, 32, 4, 128, 132) == 0  # 256 blocks: one wave already
     assert decode.folds(cache, 64, 8, 128, 132) == decode.folds(cache, 64, 4, 64, 132) == 0
-    for name, value in (("max_pages", 1024), ("page_size", 32), ("paged", False)):
+    for name, value in (("max_pages", 1024), ("max_pages", 64), ("page_size", 32)):
         other = types.SimpleNamespace(**{**vars(cache), name: value})
         assert decode.folds(other, 64, 4, 128, 132) == 0
     launched = {(c["SORT"], c["PAIR"]) for k, c in decode.shipped() if k is decode.FOLDED}
-    assert {(128, 64), (512, 64), (1024, 256), (1024, 0)} <= launched
+    assert {(256, 64), (512, 64), (1024, 256), (1024, 0)} <= launched
+    assert min(n for n, _ in launched) == 256
+    flat = types.SimpleNamespace(**{**vars(cache), "paged": False})
+    assert decode.folds(flat, 64, 4, 128, 132) == 0
 
 
 @pytest.mark.parametrize(
