@@ -2658,35 +2658,6 @@ def warm_w64():
     return out + [(decode.DECODE, one_split(st, paged=False)) for st in (3, 2)]
 
 
-W64B_CASES = ((64, 32768), (64, 4096), (64, 2048))
-
-
-def round_w64b(budget: float):
-    """(dec, eleventh pass, round B) B64 L32768 paged (2048 pages a sequence, not sorted by
-    default) with SORT over its first 256 and 1024 table slots and all 2048; B64 L4096 and
-    L2048 the shipped kernel, SORT off and contiguous; each checked against f32 SDPA first;
-    two passes, the second reversed; SDPA first and last."""
-    for _, length, _, sets, lens, label in shapes(W64B_CASES, budget):
-        sdpa_grids(sets, label)
-        sorts = (256, 1024, 2048) if length >= 32768 else (0,)
-        jobs = [("paged shipped", run_kaio(lens)), ("contiguous shipped", run_kaio_contig(lens))]
-        for n in sorts:
-            print(f"{label} paged SORT {n} rel err {check(sets, lens, sort=n):.1e}", flush=True)
-            jobs.append((f"paged SORT {n}", run_kaio(lens, sort=n)))
-        for order in (jobs, jobs[::-1]):
-            for name, fn in order:
-                show(f"{label} {name}", kernel_times(fn, sets, 12 if length > 8192 else 24))
-        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
-        show(f"{label} SDPA again", again)
-
-
-def warm_w64b():
-    """What round w64b launches: the B64 one-split kernels (3 stages) with SORT 0 to 2048,
-    the contiguous one."""
-    out = [(probe_mark, {}), (decode.DECODE, one_split(3, paged=False))]
-    return out + [(decode.DECODE, one_split(3, sort=n)) for n in (0, 128, 256, 1024, 2048)]
-
-
 def folded_tables(table, fold: int, sort: bool = True):
     """Block tables of ``fold`` sequences walked as one: row i the pages of sequences
     i * fold .. i * fold + fold - 1 (``table`` [B, P] -> [B / fold, fold P]), in ascending
@@ -2826,7 +2797,6 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "z2": (round_z2, 40),
     "z3": (round_z3, 40),
     "w64": (round_w64, 40),
-    "w64b": (round_w64b, 40),
     "pf": (round_pf, 40),
     "fold": (round_fold, 40),
 }
@@ -2851,7 +2821,6 @@ WARMS = {
     "warm_z2": warm_z2,
     "warm_z3": warm_z,
     "warm_w64": warm_w64,
-    "warm_w64b": warm_w64b,
     "warm_pf": warm_pf,
     "warm_fold": warm_fold,
     "warm_p": warm_p,
