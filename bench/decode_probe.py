@@ -113,6 +113,8 @@ ORIG_CLUSTERS = getattr(decode, "CLUSTERS", (2, 4, 8, 16))
 ORIG_PAGES = getattr(decode, "WHOLE_PAGES", False)
 ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
+ORIG_FOLD = getattr(decode, "FOLD_SEQS", 0)
+ORIG_PAIR = getattr(decode, "FOLD_PAIR", 0)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -146,6 +148,8 @@ def restore():
     decode.WHOLE_PAGES = ORIG_PAGES
     decode.PAGE_MIN_BATCH = ORIG_MIN_BATCH
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
+    decode.FOLD_SEQS = ORIG_FOLD
+    decode.FOLD_PAIR = ORIG_PAIR
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -252,13 +256,20 @@ def run_kaio(lens, contiguous=False, **cfg):
 
 
 def check(sets, lens, contiguous=False, **cfg):
+    """kaio's relative error against f32 SDPA on the contiguous cache (the reference a few
+    sequences at a time: B64 L32768's grouped f32 heads would not fit)."""
     force(**cfg)
     q, k, v, kc, vc, table = sets[0]
     if contiguous:
         kc, vc, table = k, v, None
     out = decode._decode("probe", q, kc, vc, lens, table, None)[0]
     mask = torch.arange(k.shape[2], device="cuda")[None] < lens[:, None]
-    ref = sdpa(q.float(), k.float(), v.float(), attn_mask=mask[:, None, None], enable_gqa=True)
+    step = max(1, (1 << 28) // (k[0].numel() * H // HKV))
+    ref = torch.cat([
+        sdpa(q[i:i + step].float(), k[i:i + step].float(), v[i:i + step].float(),
+             attn_mask=mask[i:i + step, None, None], enable_gqa=True)
+        for i in range(0, q.shape[0], step)
+    ])  # fmt: skip
     err = ((out.float() - ref).norm() / ref.norm()).item()
     restore()
     return err
@@ -283,12 +294,18 @@ def force(
     own=None,
     own_tiles=None,
     sort=None,
+    fold=None,
+    pair=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
     the paged block-table window on or off; spread: the cluster merge's least shared
     memory a block, SPREAD)."""
     restore()
+    if fold is not None:  # so many sequences a block (decode_folded) where it applies (0:
+        decode.FOLD_SEQS = fold  # never)
+    if pair is not None:  # decode_folded pairs the longest with the shortest (batch <= pair)
+        decode.FOLD_PAIR = pair
     if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
         decode.sorts = lambda paged, splits, *a, n=sort: n if paged and splits == 1 else 0
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
@@ -2562,6 +2579,194 @@ def round_z3(budget: float):
         show(f"{label} SDPA again", again)
 
 
+def sdpa_grids(sets, label):
+    """The kernels torch SDPA's default launches for the decode step on the contiguous
+    cache: median time, grid, block, registers and shared memory (the profiler's trace)."""
+    import json
+    import tempfile
+
+    q, k, v = sets[0][:3]
+    for _ in range(3):
+        sdpa(q, k, v, enable_gqa=True)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(6):
+            sdpa(*sets[i % len(sets)][:3], enable_gqa=True)
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    seen = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") == "kernel":
+            a = e.get("args", {})
+            key = (e["name"][:90], str(a.get("grid")), str(a.get("block")),
+                   a.get("registers per thread"), a.get("shared memory"))  # fmt: skip
+            seen[key].append(e["dur"])
+    for (name, grid, block, regs, smem), durs in seen.items():
+        print(f"{label} SDPA kernel x{len(durs)} {statistics.median(durs):.2f} us grid {grid} "
+              f"block {block} regs {regs} smem {smem}: {name}", flush=True)  # fmt: skip
+
+
+W64_CASES = ((64, 4096), (64, 1024), (64, 32768), (16, 32768))
+W64_VARIANTS = {  # name: force()'s settings
+    "paged SORT off": {"sort": 0},
+    "paged 2 stages": {"stages": 2},
+    "paged 4 stages": {"stages": 4},
+    "paged 4 stages OWN": {"stages": 4, "own": True},
+}
+
+
+def round_w64(budget: float):
+    """(dec, eleventh pass, round A) B = 64 paged (one split, two waves of blocks): the
+    shipped kernel (3 stages, two blocks a multiprocessor; SORT at 2k-4k keys) against 2
+    stages (three a multiprocessor), 4 (one) with and without OWN, SORT off; B64 L32768
+    and B16 L32768 the shipped kernel only; every case also contiguous; SDPA's kernels
+    listed; each variant checked against f32 SDPA first; two passes, the second reversed;
+    SDPA first and last. (Round A also timed NEXT, commit 478b305: each block's last tiles
+    bringing the table row, query rows and first key tiles of the block that takes its
+    place into L2; slower, removed.)"""
+    for b, length, _, sets, lens, label in shapes(W64_CASES, budget):
+        sdpa_grids(sets, label)
+        print(f"{label} routed SORT {decode.sorts(True, 1, sets[0][5].shape[1], 16)}")
+        jobs = [("paged shipped", run_kaio(lens)), ("contiguous shipped", run_kaio_contig(lens))]
+        if b == 64 and length < 32768:
+            for name, cfg in W64_VARIANTS.items():
+                print(f"{label} {name} rel err {check(sets, lens, **cfg):.1e}", flush=True)
+                jobs.append((name, run_kaio(lens, **cfg)))
+        for order in (jobs, jobs[::-1]):
+            for name, fn in order:
+                show(f"{label} {name}", kernel_times(fn, sets, 12 if length > 8192 else 24))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def one_split(stages: int, own: int = 0, sort: int = 0, paged: bool = True) -> dict:
+    """decode_fwd's constexprs for a one-split grid at D 128, f16, 4 query rows a group."""
+    c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
+    c |= {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "SWAP": 1}
+    c |= {"STAGES": stages, "OWN": own, "SYNC1": decode.stage_syncs(stages, own)}
+    return c | {"SORT": sort}
+
+
+def warm_w64():
+    """What round w64 launches: the one-split paged kernels at 2, 3 and 4 stages (4 also
+    with OWN), with SORT 256 and without; the contiguous ones at 3 and 2 stages."""
+    out = [(probe_mark, {})]
+    for st, own in ((3, 0), (2, 0), (4, 0), (4, 1)):
+        out += [(decode.DECODE, one_split(st, own, n)) for n in (256, 0)]
+    return out + [(decode.DECODE, one_split(st, paged=False)) for st in (3, 2)]
+
+
+def folded_tables(table, fold: int, sort: bool = True):
+    """Block tables of ``fold`` sequences walked as one: row i the pages of sequences
+    i * fold .. i * fold + fold - 1 (``table`` [B, P] -> [B / fold, fold P]), in ascending
+    pool order with ``sort`` (the union's pages then lie fold times closer)."""
+    b, p = table.shape
+    t = table.reshape(b // fold, fold * p)
+    return (t.sort(dim=1).values if sort else t).contiguous()
+
+
+PF_CASES = ((64, 4096), (64, 32768))
+
+
+def round_pf(budget: float):
+    """(dec, eleventh pass, round B) Floors (head_stream: kaio's copies, no arithmetic) of
+    walks that fold 2 or 4 sequences of a K/V head into one block (the union of their
+    pages in pool order: fewer blocks, one wave, neighbouring pages fold times closer)
+    against the kernel's own walk (a block a sequence and head, shuffled or sorted, 3
+    stages: two blocks a multiprocessor) and the pool in order; the shipped kernel,
+    contiguous, SORT over more slots at 32k keys; SDPA first and last; two passes, the
+    second reversed."""
+    for b, length, _, sets, lens, label in shapes(PF_CASES, budget):
+        q, k, v, kc, vc, table = sets[0]
+        one = [sets[0]]
+        order = torch.arange(table.numel(), device="cuda", dtype=torch.int32)
+        order = order.reshape(table.shape)
+        sorts = (1024, 2048) if length >= 32768 else ()
+        for n in sorts:
+            print(f"{label} paged SORT {n} rel err {check(sets, lens, sort=n):.1e}", flush=True)
+        jobs = [
+            ("kaio paged shipped", run_kaio(lens)),
+            ("kaio contiguous shipped", run_kaio_contig(lens)),
+            *((f"kaio paged SORT {n}", run_kaio(lens, sort=n)) for n in sorts),
+            ("floor per head shuffled st3", walk_floor(b, length, kc, vc, table, HKV, 3)),
+            ("floor per head sorted st3",
+             walk_floor(b, length, kc, vc, folded_tables(table, 1), HKV, 3)),
+            ("floor per head in order st3", walk_floor(b, length, kc, vc, order, HKV, 3)),
+            ("floor pairs shuffled st3",
+             walk_floor(b, length, kc, vc, folded_tables(table, 2, False), HKV, 3)),
+            ("floor pairs sorted st3",
+             walk_floor(b, length, kc, vc, folded_tables(table, 2), HKV, 3)),
+            ("floor pairs sorted st4",
+             walk_floor(b, length, kc, vc, folded_tables(table, 2), HKV, 4)),
+            ("floor quads sorted st4",
+             walk_floor(b, length, kc, vc, folded_tables(table, 4), HKV, 4)),
+        ]  # fmt: skip
+        for order_ in (jobs, jobs[::-1]):
+            for name, fn in order_:
+                show(f"{label} {name}", kernel_times(fn, one, 12 if length > 8192 else 24))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_pf():
+    """What round pf launches: head_stream paged at 3 and 4 stages, the B64 kernels (SORT
+    0, 256, 1024, 2048), the contiguous one."""
+    out = [(probe_mark, {}), (decode.DECODE, one_split(3, paged=False))]
+    out += [(decode.DECODE, one_split(3, sort=n)) for n in (256, 0, 1024, 2048)]
+    flags = {"PAGED": True, "DP": 128, "LOCK": 0, "TOUCH": 0, "CO": 0}
+    return out + [(head_stream, {**flags, "STAGES": st}) for st in (3, 4)]
+
+
+FOLD_CASES = ((64, 4096), (64, 1024), (64, 2048), (64, 8192))
+FOLD_VARIANTS = {"fold 2": {"fold": 2, "pair": 0}, "fold 2 pairs": {"fold": 2, "pair": 256}}
+
+
+def round_fold(budget: float):
+    """(dec, eleventh pass, rounds C and D) ``decode_folded`` (2 sequences a block, the
+    union of their pages in pool order: 256 blocks at B64, one wave; sequences 2p and 2p +
+    1, or with "pairs" the p-th longest and the p-th shortest) against the shipped kernel
+    (a block a sequence and head: 512 blocks, two waves) over the suite's shuffled pool,
+    uniform and ragged (L/4 .. L) lengths; the contiguous kernel; each checked against f32
+    SDPA first; two passes, the second reversed; SDPA first and last. (Round C also timed 4
+    sequences a block, 16 query rows in M: slower at every length.)"""
+    for b, length, _, sets, lens, label in shapes(FOLD_CASES, budget):
+        gen = torch.Generator(device="cuda").manual_seed(b)
+        rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+        rl = rl.to(torch.int32)
+        jobs = [("paged shipped", run_kaio(lens)), ("contiguous shipped", run_kaio_contig(lens))]
+        if decode.FOLD_SEQS:  # (routed: against it off)
+            jobs.append(("paged fold off", run_kaio(lens, fold=0)))
+            jobs.append(("ragged fold off", run_kaio(rl, fold=0)))
+        jobs.append(("ragged shipped", run_kaio(rl)))
+        for name, cfg in FOLD_VARIANTS.items():
+            print(f"{label} {name} rel err {check(sets, lens, **cfg):.1e}", flush=True)
+            print(f"{label} ragged {name} rel err {check(sets, rl, **cfg):.1e}", flush=True)
+            jobs += [
+                (f"paged {name}", run_kaio(lens, **cfg)),
+                (f"ragged {name}", run_kaio(rl, **cfg)),
+            ]
+        for order in (jobs, jobs[::-1]):
+            for name, fn in order:
+                show(f"{label} {name}", kernel_times(fn, sets))
+        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
+        show(f"{label} SDPA again", again)
+
+
+def warm_fold():
+    """What round fold launches: decode_folded (2 sequences a block at 3 stages, 128 to
+    1024 slots, paired by length or not), the B64 kernels (SORT 0, 128, 256), the
+    contiguous one."""
+    out = [(probe_mark, {}), (decode.DECODE, one_split(3, paged=False))]
+    out += [(decode.DECODE, one_split(3, sort=n)) for n in (256, 128, 0)]
+    for pair in (64, 0):
+        for n in (512, 128, 256, 1024):
+            c = {"STAGES": 3, "FOLD": 2, "SORT": n, "PAIR": pair, "DP": 128, "DT": f16}
+            out.append((decode.FOLDED, c))
+    return out
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -2591,6 +2796,9 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "z": (round_z, 40),
     "z2": (round_z2, 40),
     "z3": (round_z3, 40),
+    "w64": (round_w64, 40),
+    "pf": (round_pf, 40),
+    "fold": (round_fold, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2612,6 +2820,9 @@ WARMS = {
     "warm_z": warm_z,
     "warm_z2": warm_z2,
     "warm_z3": warm_z,
+    "warm_w64": warm_w64,
+    "warm_pf": warm_pf,
+    "warm_fold": warm_fold,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,

@@ -66,6 +66,9 @@ UNROLL = 8  # splits a merge step loads at once (16 bytes each)
 PREFETCH = 16  # splits of a thread's first merge item loaded before the weights are known
 MAX_SPLITS = 64  # the most key splits (the merge holds a weight per split and row)
 PAD = 0xFFFFFFFF  # a sort key past every page (``sort_keys``)
+# ``decode_folded``'s sort keys: a pool page above FOLD_BITS of table slot (a cache of u32
+# element indices has under 2**22 pages of 16 rows of D >= 64)
+FOLD_BITS = 10
 
 
 @kaio.gpu_func
@@ -735,6 +738,297 @@ def decode_fwd(
                 part, part_lse, out, lse, w_s, q_row0 + row0, kaio.min(ROWS, nrows - row0),
                 total_rows, splits, tid, DP, ROWS, DT,
             )  # fmt: skip
+
+
+@kaio.gpu_func
+def fold_length(lens: u32[:], f: u32, FOLD: kaio.constexpr) -> u32:
+    """lens[f] (f < FOLD; a select chain, no indexed local memory)."""
+    length = lens[0]
+    for e in kaio.static_range(1, FOLD):
+        length = kaio.select(f == e, lens[e], length)
+    return length
+
+
+@kaio.gpu_func
+def pair_by_length(
+    seqs: u32[:],
+    seq_lens: i32[:],
+    p: u32,
+    batch: u32,
+    capacity: u32,
+    tid: u32,
+    buf: u32[:],
+    PAIR: kaio.constexpr,
+):
+    """seqs = the sequences of the p-th longest and the p-th shortest length (batch where
+    there is none; ranks by length, ties by index: uniform lengths give p and batch - 1 -
+    p): every thread ranks its sequences against all the lengths in ``buf`` (the block's
+    threads all take part; ``buf`` free again on return)."""
+    for j in kaio.static_range((PAIR + THREADS - 1) // THREADS):  # buf: the lengths
+        i = tid + j * THREADS
+        if i < PAIR:
+            n = seq_lens[kaio.min(i, batch - 1)]
+            buf[i] = u32(kaio.min(kaio.max(n, 0), i32(capacity)))
+    kaio.sync_threads()
+    for j in kaio.static_range((PAIR + THREADS - 1) // THREADS):  # buf[PAIR + rank]: its sequence
+        i = tid + j * THREADS
+        if i < batch:
+            mine = buf[i]
+            rank = u32(0)
+            for other in kaio.static_range(PAIR):  # (unrolled: the loads overlap)
+                x = buf[other]
+                ahead = other < batch and (x > mine or x == mine and other < i)
+                rank += kaio.select(ahead, u32(1), u32(0))
+            buf[PAIR + rank] = i
+    kaio.sync_threads()
+    seqs[0] = buf[PAIR + p]
+    seqs[1] = kaio.select(batch - 1 - p > p, buf[PAIR + batch - 1 - p], batch)
+    kaio.sync_threads()  # (buf is the sort's next)
+
+
+@kaio.gpu_func
+def fold_loads(
+    q_s: DT[:, :],
+    entry: u32[:],
+    q: DT[:],
+    block_table: i32[:],
+    seqs: u32[:],
+    batch: u32,
+    heads: u32,
+    group: u32,
+    sq: u32,
+    kvh: u32,
+    max_pages: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+    FOLD: kaio.constexpr,
+    SORT: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """``decode_folded``'s first loads for sequences ``seqs``: the query tile (row f *
+    nrows + r is row r of sequence seqs[f]'s group, zeros past; one cp.async group) and
+    this thread's SORT / THREADS table slots of the FOLD table rows into ``entry``."""
+    nrows = group * sq
+    for j in kaio.static_range(16 * (DP // 8) // THREADS):
+        piece = tid + j * THREADS
+        r = piece // (DP // 8)
+        col = piece % (DP // 8) * 8
+        b = fold_length(seqs, r // nrows, FOLD)
+        real = r < FOLD * nrows and b < batch
+        at = ((b * heads + kvh * group) * sq + r % nrows) * DP + col
+        index = kaio.select(real, at, 0)
+        kaio.cp_async(q_s, (r, kaio.swizzle(q_s, r, col)), q, index, 16, kaio.select(real, 16, 0))
+    kaio.cp_async_commit()
+    R = SORT // THREADS
+    lane = tid % 32
+    for e in kaio.static_range(R):
+        slot = tid // 32 * 32 * R + 32 * e + lane
+        row = kaio.min(fold_length(seqs, slot // max_pages, FOLD), batch - 1)
+        entry[e] = table_at(block_table, row, slot % max_pages, max_pages)
+
+
+@kaio.gpu_func
+def copy_folded(
+    kv_s: DT[:, :],
+    row0: u32,
+    k: DT[:],
+    v: DT[:],
+    key0: u32,
+    sort_s: u32[:],
+    n_valid: u32,
+    lens: u32[:],
+    kvh: u32,
+    kv_heads: u32,
+    shift: u32,
+    pages: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+    FOLD: kaio.constexpr,
+    SORT: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """``load_stage`` of ``decode_folded``'s walk keys key0 .. key0 + BN into the stage at
+    row row0: walk key w lies in the page of sorted entry w >> shift (a pool page above
+    FOLD_BITS of sequence f << SB | table slot s), at position s << shift | w's offset;
+    zeros past the n_valid entries or past lens[f] (a masked key multiplies finite
+    values)."""
+    SB = 9
+    PIECES = DP // 8
+    STEP = THREADS // PIECES
+    r0 = tid // PIECES
+    col = tid % PIECES * 8
+    for i in kaio.static_range(BN // STEP):
+        r = r0 + i * STEP
+        w = key0 + r
+        entry = sort_s[kaio.min(w >> shift, u32(SORT - 1))]
+        pos = (entry & (u32(1) << SB) - 1) << shift | w & (u32(1) << shift) - 1
+        seq = (entry & (u32(1) << FOLD_BITS) - 1) >> SB
+        ok = w >> shift < n_valid and pos < fold_length(lens, seq, FOLD)
+        at = paged_row(entry >> FOLD_BITS, w, kvh, kv_heads, shift, pages, DP)
+        index = kaio.select(ok, at + col, 0)
+        nbytes = kaio.select(ok, 16, 0)
+        swizzled = kaio.swizzle(kv_s, r0 + i * STEP % 8, col)
+        kaio.cp_async(kv_s, (row0 + r, swizzled), k, index, 16, nbytes)
+        kaio.cp_async(kv_s, (row0 + BN + r, swizzled), v, index, 16, nbytes)
+
+
+@kaio.gpu_kernel
+def decode_folded(
+    q: DT[:],
+    k: DT[:],
+    v: DT[:],
+    block_table: i32[:],
+    seq_lens: i32[:],
+    out: DT[:],
+    lse: f32[:],
+    batch: u32,
+    heads: u32,
+    group: u32,
+    sq: u32,
+    kv_heads: u32,
+    capacity: u32,
+    max_pages: u32,
+    shift: u32,
+    pages: u32,
+    scale_log2: f32,
+    DP: kaio.constexpr,
+    STAGES: kaio.constexpr,
+    FOLD: kaio.constexpr,
+    SORT: kaio.constexpr,
+    PAIR: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """Attention of the 4 query rows of one K/V group (head ``block y % kv_heads``) of
+    each of FOLD (2) sequences: 8 rows, the mma's N, the keys in M as ``decode_fwd``'s
+    SWAP (D up to 128), over the union of their pages of a paged cache, walked in pool
+    order (the FOLD table rows' used slots sorted by page, ``sort_keys``: SORT >= FOLD *
+    max_pages keys, each a pool page above FOLD_BITS of f << SB | slot): a block's
+    neighbouring pages lie FOLD times closer than one sequence's, and FOLD times fewer
+    blocks take the batch (B = 64 with 8 K/V heads: one wave). A key is seen by its own
+    sequence's rows up to their causal limit (a page is one warp's 16 keys of a tile: one
+    sequence a warp); rows past a length are zeros in shared memory. One split: writes
+    out / lse, no merge. STAGES K/V stages, one barrier a tile (``decode_fwd``'s SYNC1
+    loop). PAIR (batch <= PAIR): block y // kv_heads = p takes the sequences of the p-th
+    longest and p-th shortest length (ranks by length, ties by index, from all lengths in
+    shared memory), so that ragged batches give every block about the same keys; else
+    sequences 2p and 2p + 1."""
+    kaio.launch_bounds(THREADS, 3)
+    SB = 9  # a sort key's bits of table slot, under its sequence's
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    warp = tid // 32
+    kvh = kaio.block_idx_y() % kv_heads
+    nrows = group * sq  # 4 (the route's condition), a sequence's rows of the group
+    kv_s = kaio.shared_dynamic(DT, (2 * STAGES * BN, DP), 0)  # K0, V0, K1, V1, ...
+    q_s = kaio.shared_dynamic(DT, (16, DP), 2 * STAGES * BN * DP * 2)
+    ml_at = (2 * STAGES * BN + 16) * DP * 2
+    sort_s = kaio.shared_dynamic(u32, (SORT,), ml_at + 2 * WARPS * 16 * 4)
+    # the block's sequences (batch: none): 2p and 2p + 1, or with PAIR p and batch - 1 - p
+    # (uniform lengths' pairs by length, loaded at once) until the ranks tell
+    p = kaio.block_idx_y() // kv_heads
+    seqs = kaio.local(u32, FOLD)
+    for f in kaio.static_range(FOLD):
+        seqs[f] = kaio.min(p * FOLD + f, batch)
+    if PAIR:
+        seqs[0] = p
+        seqs[1] = kaio.select(batch - 1 - p > p, batch - 1 - p, batch)
+    R = SORT // THREADS
+    entry = kaio.local(u32, R)  # this thread's table slots, then sort keys
+    fold_loads(
+        q_s, entry, q, block_table, seqs, batch, heads, group, sq, kvh, max_pages, tid, DP,
+        FOLD, SORT, DT,
+    )  # fmt: skip
+    if PAIR:
+        paired = kaio.local(u32, FOLD)
+        pair_by_length(paired, seq_lens, p, batch, capacity, tid, sort_s, PAIR)
+        if paired[0] != seqs[0] or paired[1] != seqs[1]:  # (uniform over the block)
+            kaio.cp_async_wait_all()  # (this thread's query copies: the same pieces again)
+            for f in kaio.static_range(FOLD):
+                seqs[f] = paired[f]
+            fold_loads(
+                q_s, entry, q, block_table, seqs, batch, heads, group, sq, kvh, max_pages,
+                tid, DP, FOLD, SORT, DT,
+            )  # fmt: skip
+    lens = kaio.local(u32, FOLD)
+    n_valid = u32(0)
+    for f in kaio.static_range(FOLD):
+        n = kaio.select(seqs[f] < batch, seq_lens[kaio.min(seqs[f], batch - 1)], 0)
+        lens[f] = u32(kaio.min(kaio.max(n, 0), i32(capacity)))
+        n_valid += lens[f] + (u32(1) << shift) - 1 >> shift
+    for e in kaio.static_range(R):
+        slot = warp * 32 * R + 32 * e + lane
+        seq = slot // max_pages
+        need = fold_length(lens, seq, FOLD) + (u32(1) << shift) - 1 >> shift
+        used = seq < FOLD and slot % max_pages < need
+        key = kaio.min(entry[e], pages - 1) << FOLD_BITS | seq << SB | slot % max_pages
+        entry[e] = kaio.select(used, key, u32(PAD))
+    sort_keys(entry, sort_s, lane, warp, SORT)
+    kaio.sync_threads()  # the sorted keys, for every thread's copies
+    count = ((n_valid << shift) + BN - 1) // BN  # the walk's key tiles
+    for j in kaio.static_range(STAGES - 1):  # tiles 0 .. STAGES - 2 in flight
+        if j < count:
+            copy_folded(
+                kv_s, j * 2 * BN, k, v, j * BN, sort_s, n_valid, lens, kvh, kv_heads, shift,
+                pages, tid, DP, FOLD, SORT, DT,
+            )  # fmt: skip
+        kaio.cp_async_commit()
+    kaio.cp_async_wait(STAGES - 1)  # Q has landed
+    kaio.sync_threads()
+
+    acol = kaio.local(u32, 4)
+    bcol = kaio.local(u32, 4)
+    m = kaio.local(f32, 2)  # of this lane's query columns
+    l = kaio.local(f32, 2)
+    o = kaio.local(f32, (DP // 16, 4))
+    frag_columns(acol, bcol, q_s, lane, DT)
+    qb = kaio.local(u32, (DP // 16, 2))  # Q^T's B fragments (query rows 0 .. 7)
+    load_b(qb, q_s, bcol, lane, DP, DT)
+    start_rows(m, l, o, DP // 2)
+    limit = kaio.local(i32, 2)  # a column's keys < limit are visible (causal) ...
+    mine = kaio.local(u32, 2)  # ... of its sequence
+    for e in kaio.static_range(2):
+        c = lane % 4 * 2 + e
+        mine[e] = c // nrows
+        limit[e] = i32(fold_length(lens, mine[e], FOLD)) - i32(sq) + i32(c % nrows % sq) + 1
+    lim = kaio.local(i32, 2)
+    s = kaio.local(f32, (2, 4))
+    kf = kaio.local(u32, (DP // 16, 4))  # SWAP: K's A fragments
+    pb = kaio.local(u32, (1, 2))  # SWAP: P^T's B fragment
+    for i in range(count):
+        stage = i % STAGES * 2 * BN
+        kaio.cp_async_wait(STAGES - 2)  # tile i has landed
+        kaio.sync_threads()  # (and every warp is past tile i - 1)
+        if i + STAGES - 1 < count:  # into the stage tile i - 1 used
+            copy_folded(
+                kv_s, (i + STAGES - 1) % STAGES * 2 * BN, k, v, (i + STAGES - 1) * BN, sort_s,
+                n_valid, lens, kvh, kv_heads, shift, pages, tid, DP, FOLD, SORT, DT,
+            )  # fmt: skip
+        kaio.cp_async_commit()
+        # this warp's 16 keys: one page, of sequence seq from position slot << shift on
+        at = i * (BN >> shift) + warp
+        got = sort_s[kaio.min(at, u32(SORT - 1))]
+        for e in kaio.static_range(2):
+            ours = at < n_valid and (got & (u32(1) << FOLD_BITS) - 1) >> SB == mine[e]
+            lim[e] = kaio.select(ours, limit[e], i32(0))
+        krow = stage + warp * 16
+        key0 = (got & (u32(1) << SB) - 1) << shift
+        key_scores(s, kf, kv_s, krow, acol, qb, lane, DP, DT)  # S^T = K Q^T
+        key_softmax(s, m, l, o, True, key0, lim, lane, scale_log2, DP)
+        probs_as_b(pb, s, lane, DT)
+        key_values(o, pb, kv_s, krow + BN, bcol, lane, DP, DT)  # O^T += V^T P^T
+
+    kaio.cp_async_wait_all()
+    kaio.sync_threads()
+    red_o = kaio.shared_dynamic(f32, (WARPS * 16, DP), 0)  # over kv_s
+    red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), ml_at)
+    store_key_partials(red_o, red_ml, o, m, l, warp, lane, FOLD * nrows, DP)
+    kaio.sync_threads()
+    for f in kaio.static_range(FOLD):  # sequence f's rows: rows f * nrows on of the partials
+        o_f = kaio.shared_dynamic(f32, (WARPS * 16, DP), f * 4 * DP * 4)
+        ml_f = kaio.shared_dynamic(f32, (2, WARPS * 16), ml_at + f * 4 * 4)
+        items = kaio.select(seqs[f] < batch, nrows * (DP // 4), 0)
+        at0 = (seqs[f] * heads + kvh * group) * sq
+        merge_warps(o_f, ml_f, out, lse, lse, lse, o_f, lse, items, at0, 0, tid, DP, 1, True, 1, DT)
 
 
 @kaio.gpu_kernel

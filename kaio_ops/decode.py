@@ -112,8 +112,36 @@ SORT_PAGE = 16
 SORT_MIN_PAGES = 128
 SORT_MAX_PAGES = 256
 
+# paged, pages of 16, 4 query rows a K/V group (H32 / Hkv 8 at Sq 1), D 128 and more blocks
+# than run at once (two waves of decode_fwd): FOLD_SEQS (2) sequences a block, their pages'
+# union walked in pool order (``decode_folded``, FOLD_STAGES K/V stages: two blocks a
+# multiprocessor), two tables of up to FOLD_SORT slots in all; for batches up to FOLD_PAIR
+# the p-th longest sequence with the p-th shortest (ragged batches balance). Measured on an
+# H100 (kernel time, H32 / Hkv 8, D 128, f16, the suite's shuffled pool; dec, eleventh
+# pass, round E), against decode_fwd: B64 L4096 352.5 to 352.6 us against 353.9 to 354.1
+# (SDPA 351.6 to 352.2), ragged (L/4 .. L) 229.1 to 229.6 against 239.4 to 239.8; L1024
+# 91.7 to 91.9 against 91.7 to 91.9 (SDPA 92.0 to 92.1), ragged 59.3 to 59.4 against 59.8
+# to 60.0; L2048 178.6 to 179.0 against 179.0 to 179.1, ragged 116.5 against 119.9 to
+# 120.3; L8192 701.2 to 701.6 against 704.5 to 705.4, ragged 447.0 to 447.3 against 458.6
+# to 462.0. Round F (the route against decode_fwd): L4096 351.9 to 352.6 against 352.0 to
+# 352.1, ragged 228.5 to 228.7 against 239.8 to 241.1; L2048 178.6 to 178.9 against 178.6
+# to 178.8, ragged 117.4 to 117.7 against 120.6 to 120.8; L8192 699.5 to 700.2 against
+# 700.9 to 702.0, ragged 446.1 to 446.7 against 461.4 to 462.4; L1024 92.1 to 92.2 against
+# 91.8 to 91.9 (ragged 58.6 to 59.3 against 60.3 to 60.4): from FOLD_MIN_PAGES pages a
+# sequence (2k keys). Without the pairing ragged batches were 1% to 3% slower (one wave:
+# the longest pairs end alone); 4 sequences a block (16 query rows in M) slower at every
+# length.
+FOLD_SEQS = 2
+FOLD_SORT = 1024
+FOLD_MIN_PAGES = 128
+FOLD_STAGES = 3
+# decode_folded pairs the p-th longest with the p-th shortest sequence (PAIR) for batches up
+# to FOLD_PAIR (its ranks by length over all of them in shared memory; 0: off)
+FOLD_PAIR = 256
+
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
+FOLDED = dk.decode_folded
 PAGES = dk.decode_pages
 APPEND = dk.kv_append
 
@@ -198,6 +226,25 @@ def sort_sizes(paged: bool, direct: bool) -> tuple:
     if not (paged and direct and speculates(paged)):
         return (0,)
     return (0, *(n for n in (128, 256, 512, 1024, 2048) if n <= SORT_MAX_PAGES))
+
+
+def folds(cache, batch: int, rows: int, d: int, sms: int) -> int:
+    """``decode_folded``'s FOLD for a call of ``batch`` sequences with ``rows`` query rows a
+    K/V group (heads of the group times new tokens), head dim ``d``: FOLD_SEQS where the
+    cache is paged in SORT_PAGE-token pages, rows is 4 (two groups fill the mma's N of 8),
+    d is 128 (measured), decode_fwd's grid would take more than two blocks a
+    multiprocessor and a table holds FOLD_MIN_PAGES pages or more, FOLD of them FOLD_SORT
+    slots at most; else 0."""
+    if not (FOLD_SEQS and cache.paged and cache.page_size == SORT_PAGE and rows == 4):
+        return 0
+    pages = FOLD_MIN_PAGES <= cache.max_pages <= FOLD_SORT // FOLD_SEQS
+    fits = d == 128 and pages
+    return FOLD_SEQS if fits and batch * cache.kv_heads > 2 * sms else 0
+
+
+def folded_shared(dp: int, sort: int) -> int:
+    """Dynamic shared memory of ``decode_folded``: ``shared_bytes``' and its sorted keys."""
+    return shared_bytes(dp, 1, FOLD_STAGES) + 4 * sort
 
 
 def merge_shared(mt: int) -> int:
@@ -560,6 +607,9 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     group = heads // cache.kv_heads
     if uses_pages(cache, batch, group, sq, d):
         return _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale)
+    fold = folds(cache, batch, group * sq, d, _arrays.multiprocessors(qa))
+    if fold:
+        return _decode_folded(qa, cache, lens, batch, heads, group, sq, d, scale, fold)
     mt = row_tiles(group * sq)
     chunks = -(-group * sq // (16 * mt))
     blocks = batch * cache.kv_heads * chunks
@@ -619,6 +669,21 @@ def _decode_pages(qa, cache, lens, batch, heads, group, sq, d, scale) -> tuple:
             part, part_lse, out_flat, lse_flat, heads, group, sq, hkv, 1, rows, splits,
             DP=d, MT=1, DT=qa.dtype,
         )  # fmt: skip
+    return out, lse
+
+
+def _decode_folded(qa, cache, lens, batch, heads, group, sq, d, scale, fold) -> tuple:
+    """``decode_folded`` over the paged ``cache``, ``fold`` sequences a block: (out, lse)."""
+    pair = max(64, 1 << (batch - 1).bit_length()) if batch <= FOLD_PAIR else 0
+    sort = max(128, 2 * pair, 1 << (fold * cache.max_pages - 1).bit_length())
+    out, lse, out_flat, lse_flat, _, _ = _outputs(qa, 1)
+    flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
+    blocks = -(-batch // fold) * cache.kv_heads
+    FOLDED[(1, blocks), dk.THREADS, _arrays.stream_of(qa), folded_shared(d, sort)](
+        *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, batch, heads, group,
+        sq, cache.kv_heads, *cache.geometry(), math.log2(math.e) * float(scale),
+        DP=d, STAGES=FOLD_STAGES, FOLD=fold, SORT=sort, PAIR=pair, DT=qa.dtype,
+    )  # fmt: skip
     return out, lse
 
 
@@ -725,6 +790,12 @@ def shipped():
                     for direct in (False, True):
                         flags = {"HKV": hkv, "DP": dp, "STAGES": stages, "DIRECT": direct}
                         yield PAGES, {**flags, "DT": dtype, "SPEC": int(PAGE_SPEC)}
+        for dp in (128,) if FOLD_SEQS else ():  # two sequences a block
+            for sort in (256, 512, 1024):  # (FOLD_MIN_PAGES to FOLD_SORT)
+                for pair in (0, 64, 128, 256):
+                    if pair <= FOLD_PAIR and 2 * pair <= sort:
+                        flags = {"DP": dp, "STAGES": FOLD_STAGES, "FOLD": FOLD_SEQS, "SORT": sort}
+                        yield FOLDED, {**flags, "PAIR": pair, "DT": dtype}
         for paged in (False, True):
             for vec in (1, 8):
                 yield APPEND, {"PAGED": paged, "VEC": vec, "DT": dtype}

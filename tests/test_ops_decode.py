@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import types
 from concurrent.futures import ProcessPoolExecutor
 
 import ml_dtypes
@@ -707,6 +708,66 @@ def test_bad_inputs_raise_before_launch(call, message):
         call()
 
 
+def test_folded_walk_route():
+    # two sequences a block: paged in pages of 16, 4 query rows a K/V group, D 128, more
+    # than two blocks a multiprocessor, tables of 128 to 512 pages
+    cache = types.SimpleNamespace(paged=True, page_size=16, max_pages=256, kv_heads=8)
+    assert decode.folds(cache, 64, 4, 128, 132) == 2 and decode.FOLD_PAIR >= 64
+    assert decode.folds(cache, 34, 4, 128, 132) == 2  # 272 blocks
+    assert decode.folds(cache, 32, 4, 128, 132) == 0  # 256 blocks: one wave already
+    assert decode.folds(cache, 64, 8, 128, 132) == decode.folds(cache, 64, 4, 64, 132) == 0
+    for name, value in (("max_pages", 1024), ("max_pages", 64), ("page_size", 32)):
+        other = types.SimpleNamespace(**{**vars(cache), name: value})
+        assert decode.folds(other, 64, 4, 128, 132) == 0
+    launched = {(c["SORT"], c["PAIR"]) for k, c in decode.shipped() if k is decode.FOLDED}
+    assert {(256, 64), (512, 64), (1024, 256), (1024, 0)} <= launched
+    assert min(n for n, _ in launched) == 256
+    flat = types.SimpleNamespace(**{**vars(cache), "paged": False})
+    assert decode.folds(flat, 64, 4, 128, 132) == 0
+
+
+@pytest.mark.parametrize(
+    "heads, sq, dtype, stages, pair, lens",
+    [
+        (8, 1, np.float16, 3, 0, [0, 300, 1, 15, 16, 65, 512]),
+        (4, 2, BF16, 4, 64, [512, 300, 65, 16, 15, 1, 0]),  # (ranked as loaded first)
+        (8, 1, np.float16, 3, 64, [0, 300, 1, 15, 16, 65, 512]),
+    ],
+)
+def test_folded_walk_in_simulator(monkeypatch, heads, sq, dtype, stages, pair, lens):
+    # two sequences a block (decode_folded), the union of their pages in pool order, 4
+    # query rows a K/V group (group 4 at Sq 1, group 2 at Sq 2), 3 or 4 K/V stages, the
+    # longest with the shortest (PAIR: lengths in rank order or not) or not, against
+    # float64 and the race checker: an odd batch (a block with one sequence), lengths 0,
+    # 1, under a page, a page boundary, past the first tile, full, rows past each length
+    # NaN
+    monkeypatch.setattr(decode, "FOLDED", spy := _Launches(decode.FOLDED))
+    monkeypatch.setattr(decode, "folds", lambda *_: 2)
+    monkeypatch.setattr(decode, "FOLD_STAGES", stages)
+    monkeypatch.setattr(decode, "FOLD_PAIR", pair)
+    rng = np.random.default_rng(heads + sq)
+    b, hkv, d, capacity, page_size = len(lens), 2, 64, 512, 16
+    q = rng.standard_normal((b, heads, sq, d)).astype(dtype)
+    k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, dtype, page_size)
+    for cache in (k_cache, v_cache):
+        for i, n in enumerate(lens):
+            for pos in range(n, capacity):
+                cache[table[i, pos // page_size], pos % page_size] = np.nan
+    with kaio.simulate():
+        out, lse = kaio_ops.flash_attention_decode_with_stats(
+            q, k_cache, v_cache, np.array(lens, np.int32), table
+        )
+    flags = [(c["FOLD"], c["SORT"], c["STAGES"], c["PAIR"]) for c in spy.constexprs]
+    assert flags == [(2, 128, stages, pair)]
+    ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
+    out = out.astype(np.float64)
+    assert np.isfinite(out).all()
+    assert np.abs(out - ref).max() < (4e-3 if dtype == np.float16 else 3e-2)
+    seen = np.isfinite(ref_lse)
+    assert np.array_equal(seen, np.isfinite(lse))
+    assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-3
+
+
 def assembled() -> list:
     """The specializations assembled here: each family of ``decode.shipped()`` (every head
     dim, M-tile count, layout and merge mode, both dtypes; the merge kernel; the append's
@@ -734,6 +795,14 @@ def assembled() -> list:
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1)),
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1, sort=256)),
         (decode.DECODE, fwd(128, 1, True, "direct", dt=kaio.bf16, swap=1, sort=128)),
+        (
+            decode.FOLDED,
+            {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": 512, "PAIR": 64, "DT": kaio.f16},
+        ),
+        (
+            decode.FOLDED,
+            {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": 1024, "PAIR": 0, "DT": kaio.bf16},
+        ),
         (decode.DECODE, fwd(128, 1, False, "direct", dt=kaio.bf16, swap=1)),
         (decode.DECODE, fwd(256, 4, False, "cluster", deep=True, cl=2, dt=kaio.bf16)),
         (decode.MERGE, {"DP": 256, "MT": 4, "DT": kaio.bf16}),
@@ -853,6 +922,8 @@ def _sdpa_reference(q, k_cache, v_cache, lens, table, scale=None):
             16384,
             [16384, 0, 1, 17, 4095, 4096, 4097, 8000, 12345, 16383, 2048, 2049, 30, 64, 1000, 9999],
         ),  # fmt: skip
+        # two waves of blocks (one split, more blocks than run at once), SORT over pages of 16
+        (64, 32, 8, 1, 128, 2048, [2048, 1, *((i * 977) % 2049 for i in range(62))]),
     ],
 )
 @pytest.mark.parametrize("page_size", [None, 16, 128])

@@ -585,6 +585,14 @@ def test_decode_ops_replay_what_they_launch(fake, paged):
     assert len(plans) == 1 and None not in plans.values()
 
 
+def test_folded_decode_replays_what_it_launches(fake, monkeypatch):
+    """decode_folded (two sequences a block, B64-sized calls) replays its one launch."""
+    monkeypatch.setattr(kaio_ops.decode, "folds", lambda *_: 2)
+    q, k, v, lens, table = _decode_args(fake, paged=True, batch=3)
+    planned, unplanned, _ = fake.run(kaio_ops.flash_attention_decode, q, k, v, lens, table)
+    assert planned == unplanned and len(planned) == 1
+
+
 def test_decode_none_block_table_and_a_table_get_their_own_plans(fake):
     op = kaio_ops.flash_attention_decode
     same_as_unplanned(fake, op, *_decode_args(fake, paged=False))
