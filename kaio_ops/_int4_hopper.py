@@ -935,11 +935,12 @@ def int4_swap(
     RINGS = STAGES if STAGES > WSTAGES else WSTAGES  # a's and the words'
     RING = RINGS if RINGS > DQ else DQ
     DQS = 1 if DQ > 0 else 0  # (DQ: 1)
-    F_AT = STAGES * X_BYTES  # DQ: the f16 ring (1024-byte aligned: BM % 8 == 0)
-    W_AT = F_AT + DQ * BNW * BK * 2
+    F_AT = STAGES * X_BYTES * DQS  # DQ: the f16 ring (1024-byte aligned: BM % 8 == 0)
+    W_AT = STAGES * X_BYTES + DQ * BNW * BK * 2
+    F_SHAPE = (DQ, BNW, BK) if DQ else (1, 8, BK)  # (else unused, a stub over a's ring)
     sx = kaio.shared_dynamic(f16, (STAGES, BM, BK), 0)
-    sf = kaio.shared_dynamic(f16, (DQ + 1 - DQS, BNW, BK), F_AT)
-    sfw = kaio.shared_dynamic(u32, (DQ + 1 - DQS, BNW, BK // 2), F_AT)  # sf's words
+    sf = kaio.shared_dynamic(f16, F_SHAPE, F_AT)
+    sfw = kaio.shared_dynamic(u32, (F_SHAPE[0], F_SHAPE[1], BK // 2), F_AT)  # sf's words
     sw = kaio.shared_dynamic(u32, (WSTAGES, WORD_ROWS, BNW), W_AT)
     ss = kaio.shared_dynamic(f16, (WSTAGES, BNW), W_AT + WSTAGES * W_BYTES)
     sc = kaio.shared_dynamic(u32, (WSTAGES, BNW // 2), W_AT + WSTAGES * W_BYTES)
