@@ -702,10 +702,6 @@ def free_stage(bars: u64[:, :], s: i32, MC: kaio.constexpr):
         kaio.mbarrier_arrive(bars, (1, s))
 
 
-# DQ: the producer warpgroup's warps 2 and 3 dequantize (threads 0 and 32 issue the copies)
-DQ_THREADS = 64
-
-
 @kaio.gpu_func
 def dq_row(r: u32) -> u32:
     """The W column (of a 64-column block) that row ``r`` of the f16 ring's tile holds: the
@@ -717,17 +713,18 @@ def dq_row(r: u32) -> u32:
 @kaio.gpu_func
 def dequantize_slice(
     sw: u32[:, :, :], sc: u32[:, :], sf: u32[:, :, :], w: i32, f: i32, dt: u32,
-    COLS: kaio.constexpr,
+    COLS: kaio.constexpr, DQT: kaio.constexpr,
 ):  # fmt: skip
-    """Dequantizing thread ``dt`` of ``DQ_THREADS``: the words of stage ``w`` of the words'
+    """Dequantizing thread ``dt`` of ``DQT`` (64 or 128): the words of stage ``w`` of the words'
     ring (``sw[w]`` [8, 64 COLS], scales ``sc[w]`` as f16 pairs) made f16 into stage ``f``
     of the f16 ring (``sf[f]`` [64 COLS, 32 u32]: row r holds W's column ``dq_row(r)`` of
     its 64-column block, 64 K values, 16-byte chunk kw at ``kw ^ (r % 8)``, the 128-byte
     swizzle of wgmma's K-major A). The thread takes row ``dt`` (mod 64) of each block, all 8
-    chunks (``DQ_THREADS`` 64: one word row each, ``nibble_pair`` in k order); 8 threads
+    chunks (with 128 threads every other one), one word a chunk (``nibble_pair`` in k
+    order); 8 threads
     side by side store 8 rows of distinct ``r % 8``: no bank conflict. Every load comes
     first (ptxas keeps shared loads behind earlier shared stores)."""
-    ROWS = DQ_THREADS // 64  # the threads that share a row, each WORD_ROWS / ROWS chunks
+    ROWS = DQT // 64  # the threads that share a row, each WORD_ROWS / ROWS chunks
     KWS = WORD_ROWS // ROWS
     r = dt % 64
     words = kaio.local(u32, (COLS, KWS))
@@ -751,9 +748,9 @@ def dequantize_slice(
 def dequantize(
     sw: u32[:, :, :], sc: u32[:, :], sf: u32[:, :, :], bars: u64[:, :], sched: i32[:],
     segments: i32, k_tiles: i32, dt: u32, COLS: kaio.constexpr, WSTAGES: kaio.constexpr,
-    DQ: kaio.constexpr, FQ: kaio.constexpr, SK: kaio.constexpr,
+    DQ: kaio.constexpr, FQ: kaio.constexpr, SK: kaio.constexpr, DQT: kaio.constexpr,
 ):  # fmt: skip
-    """``int4_swap``'s dequantizing threads (``DQ``): each slice of the block's work items
+    """``int4_swap``'s ``DQT`` dequantizing threads (``DQ``): each slice of the block's work items
     (as ``produce`` copies them), once its words have landed (row 3 of ``bars``) and the
     f16 ring's next stage is free (row ``FQ + 1``: every consumer warpgroup that read it
     done), made f16 there (``dequantize_slice``), then the words' stage freed (row 4) and
@@ -772,7 +769,7 @@ def dequantize(
             w = wpos[0]
             kaio.mbarrier_wait(bars, (3, w), u32(wpos[1]))
             f = next_free(bars, fpos, j, FQ + 1, DQ)
-            dequantize_slice(sw, sc, sf, w, f, dt, COLS)
+            dequantize_slice(sw, sc, sf, w, f, dt, COLS, DQT)
             kaio.fence_proxy_async()
             kaio.sync_warp()
             if dt % 32 == 0:
@@ -874,7 +871,7 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    DQ: kaio.constexpr,
+    DQ: kaio.constexpr, DQW: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -920,8 +917,11 @@ def int4_swap(
     producer warpgroup's warps 2 and 3 dequantize each slice's words once into that ring
     (``dequantize``), W^T's f16 tile in wgmma's swizzled K-major layout, and the consumers
     run their wgmmas with both operands from shared memory (``dq_slice``): no dequantization
-    and no fragments in the consumers' stream (BUFS 2, no EARLY, no ``setmaxnreg``)."""
-    kaio.launch_bounds(WG * 128 + 128, 1)
+    and no fragments in the consumers' stream (BUFS 2, no EARLY, no ``setmaxnreg``); with
+    ``DQW`` a fifth warpgroup dequantizes instead, 128 threads (``setmaxnreg`` as with 4
+    consumer warpgroups, the dequantizers keeping the launch's registers)."""
+    DQT = 64 + 64 * DQW  # the dequantizing threads
+    kaio.launch_bounds(WG * 128 + 128 + 128 * DQW, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
     if MC and not CL:
@@ -994,9 +994,9 @@ def int4_swap(
             kaio.mbarrier_init(bars, (1, i), COLS * (1 + MC))
         for i in kaio.static_range(WSTAGES):
             kaio.mbarrier_init(bars, (3, i), 1)
-            kaio.mbarrier_init(bars, (4, i), DQ_THREADS // 32 if DQ else COLS * 4)
+            kaio.mbarrier_init(bars, (4, i), DQT // 32 if DQ else COLS * 4)
         for i in kaio.static_range(DQ):
-            kaio.mbarrier_init(bars, (FQ, i), DQ_THREADS // 32)
+            kaio.mbarrier_init(bars, (FQ, i), DQT // 32)
             kaio.mbarrier_init(bars, (FQ + 1, i), COLS)
         kaio.mbarrier_init(bars, (2, 0), WG * 128)
         if KW:
@@ -1099,6 +1099,11 @@ def int4_swap(
                         pair[0] = acc[j, 0, e]
                         pair[1] = acc[j, 1, e]
                         kaio.store_vector(part, (8 * j + 2 * (lane % 4) + e, nl), pair)
+    elif DQW and wg > WG:  # a dequantizing warpgroup (it keeps the launch's registers)
+        dequantize(sw, sc, sfw, bars, sched, segments, k_tiles, lt, COLS, WSTAGES, DQ, FQ, SK,
+                   DQT)  # fmt: skip
+        if CL:
+            return
     else:  # the producer warpgroup's threads 0 (a's rows) and 32 (the words): TMA copies
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -1111,9 +1116,9 @@ def int4_swap(
             produce(sx, sw, ss, bars, tx, tw, ts, sched, segments, k_tiles, k_begin,
                     grid_m, grid_n, mine, M, BM, COLS, WSTAGES, MC, 1, GROUP, SK,
                     CLAMP)  # fmt: skip
-        elif DQ and lt >= 128 - DQ_THREADS:
-            dequantize(sw, sc, sfw, bars, sched, segments, k_tiles, lt - (128 - DQ_THREADS),
-                       COLS, WSTAGES, DQ, FQ, SK)  # fmt: skip
+        elif DQ and not DQW and lt >= 64:  # (warps 2 and 3)
+            dequantize(sw, sc, sfw, bars, sched, segments, k_tiles, lt - 64, COLS, WSTAGES,
+                       DQ, FQ, SK, DQT)  # fmt: skip
         if CL:  # the cluster barriers below wait for the threads that have not exited
             return
     if CL and not PSUM:  # one tile a cluster: sum its K slices through distributed shared
@@ -1380,7 +1385,7 @@ def produce(
             j += 1
 
 
-def swap_registers(wg: int) -> int:
+def swap_registers(wg: int, dqw: int = 0) -> int:
     """``REGS`` of ``int4_swap`` with ``wg`` consumer warpgroups: the registers a consumer
     thread takes with ``setmaxnreg`` once the producer warpgroup kept ``PRODUCER_REGS``, out
     of what the block was launched with (its ``128 (wg + 1)`` threads at the launch bounds'
@@ -1390,9 +1395,10 @@ def swap_registers(wg: int) -> int:
     share (120) hung the kernel on an H100 under the whole-program JIT."""
     if wg == 1:
         return 0
-    threads = 128 * (wg + 1)
+    threads = 128 * (wg + 1 + dqw)
     launch = min(255, 65536 // threads // 8 * 8)
-    return min(240, (launch * threads - 128 * PRODUCER_REGS) // (128 * wg) // 8 * 8)
+    others = 128 * PRODUCER_REGS + 128 * launch * dqw  # (a dequantizing warpgroup: launch's)
+    return min(240, (launch * threads - others) // (128 * wg) // 8 * 8)
 
 
 def swap_shared_bytes(
@@ -1503,9 +1509,10 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     late = int(bool(more[7])) if len(more) > 7 else 0
     sk = more[8] if len(more) > 8 else 0
     dq = more[10] if len(more) > 10 else 0
+    dqw = int(bool(more[11])) if len(more) > 11 else 0
     if bufs not in (2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
-    if dq and (bufs != 2 or early or dq % (wg if kw else 1) or dq < 2):
+    if (dq or dqw) and (bufs != 2 or early or dq % (wg if kw else 1) or dq < 2):
         raise ValueError(
             f"int4_swap: DQ (an f16 ring of {dq} stages) takes BUFS 2, no EARLY, at least 2 "
             f"stages and with KW a multiple of WG, got {config}"
@@ -1539,17 +1546,19 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     if cl and split > 2 and not config[3] and more[0] != 2:  # CL 1: the workspace past 2
         cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
-              "CL": cl, "REGS": swap_registers(wg) * (not dq), "OUT": out_type, "MC": mc,
+              "CL": cl, "REGS": swap_registers(wg, dqw) * (not dq or dqw), "OUT": out_type,
+              "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
-              "PSUM": int(PSUM and cl and split == 2 and not mc and not kw), "DQ": dq}  # fmt: skip
+              "PSUM": int(PSUM and cl and split == 2 and not mc and not kw), "DQ": dq,
+              "DQW": dqw}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config``
     = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP[, KW[, LATE[,
-    SK[, SPREAD[, DQ]]]]]]]]]]]]; 0: as
+    SK[, SPREAD[, DQ[, DQW]]]]]]]]]]]]]; 0: as
     many stages as fit, ``GROUP_M`` tile rows a group,
     ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
     along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2
@@ -1559,7 +1568,8 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     of tiles; a K split along z, or with ``CL`` a cluster of ``split`` pairs, one pair of
     tiles a cluster); with ``KW`` the ``WG`` warpgroups share ``BM x 64`` tiles, taking their
     K slices in turn; with ``LATE`` a slice's words' stage is freed after its wgmmas are
-    issued; with ``DQ`` the words dequantized once into an f16 ring of DQ stages; with
+    issued; with ``DQ`` the words dequantized once into an f16 ring of DQ stages (by the
+    producer's warps 2 and 3, with ``DQW`` by a warpgroup of their own); with
     ``SK`` the stream-K schedule (``swap_fixup``), SPREAD
     (default 1) whole waves of tiles shared besides the last partial one (``_gemm_streamk.
     share``), the parts of split tiles in a workspace of ``share``'s slots a stream-K
@@ -1596,10 +1606,11 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         kaio.tensor_map_2d(s.obj, (1, 64 * cols), 0),
     )
     grid = (tiles * split * (1 + mc), 1, 1) if cl else (blocks, 1, split)  # one tile
+    threads = 128 * (wg + 1 + consts["DQW"])
     if mc and not cl:
         grid = (2 * min(tiles, sms // 2), 1, split)
     shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl, consts["WSTAGES"], kw, consts["DQ"])
-    int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), shared](
+    int4_swap[grid, threads, _arrays.stream_of(a), shared](
         *maps, target, ws, counters, m, n, k, k_slice, dp_tiles, **consts
     )
     return finish(a, c, split, out_type) if split > 1 and not cl else c
@@ -1649,6 +1660,7 @@ def swap_specializations() -> list:
                   "LATE": int(i == len(cases) - 1),
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 2,
-                  "PSUM": int(cl == 1 and split == 2 and not mc and not kw), "DQ": 0}  # fmt: skip
+                  "PSUM": int(cl == 1 and split == 2 and not mc and not kw), "DQ": 0,
+                  "DQW": 0}  # fmt: skip
         out.append((int4_swap, consts))
     return out

@@ -476,6 +476,8 @@ SWAP_CASES = [
     (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 0, 0, 0, 3), None),
     (70, 200, 256, None, (3, 40, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1, 3), 3),
     (50, 192, 256, "bfloat16", (2, 32, 4, 1, 0, 0, 2, 2, 0, 0, 1, 0, 0, 0, 4), 2),
+    # DQW (config[15]): a fifth warpgroup dequantizes (128 threads, 4 chunks a row each)
+    (70, 200, 256, "float16", (3, 40, 4, 1, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 3, 1), 3),
 ]
 
 
@@ -753,7 +755,7 @@ def test_int4_swap_registers_can_be_granted():
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
                   "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M,
                   "KW": 0, "LATE": 0, "SK": 0, "CLAMP": 1, "PDL": 1, "PSUM": 0,
-                  "DQ": 0}  # fmt: skip
+                  "DQ": 0, "DQW": 0}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
