@@ -1623,7 +1623,8 @@ def swap_specializations() -> list:
     multicast (also in a cluster with a K split), three fragment buffers, the next slice's
     words read early, warpgroups taking a tile's K slices in turn (``KW``), the words'
     stage freed after the wgmmas (``LATE``), the stream-K schedule (``SK``), with and
-    without programmatic dependent launch (``PDL``)."""
+    without programmatic dependent launch (``PDL``), the words dequantized into an f16
+    ring (``DQ``) by the producer's warps or a warpgroup of their own (``DQW``)."""
     out = []
     plain = (  # without multicast
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -1663,4 +1664,10 @@ def swap_specializations() -> list:
                   "PSUM": int(cl == 1 and split == 2 and not mc and not kw), "DQ": 0,
                   "DQW": 0}  # fmt: skip
         out.append((int4_swap, consts))
+    dequantizing = (  # DQ in cluster pairs (pair_sum); DQW
+        (3, 152, 0, 0, 1, 0, 0, 2, 0, 0, 0, 0, 0, 0, 3),
+        (2, 128, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 4, 1),
+    )
+    for config in dequantizing:
+        out.append((int4_swap, swap_launch_plan(300, 6144, 4096, config, 132, bf16)[3]))
     return out
