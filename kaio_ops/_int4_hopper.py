@@ -20,7 +20,13 @@ bytes), K % 128 == 0, and 16-byte aligned operands (``fits``).
 (A first design, ``int4_wgmma``, dequantized the words into swizzled shared memory with a
 dedicated warpgroup and ran wgmma with both operands in shared memory; 0.59-0.63x cuBLAS f16
 past 512 rows on an H100 against the swap's 0.7-0.8x, it was removed once nothing routed to
-it: git history before the int4m35 branch.)
+it: git history before the int4m35 branch. The same lever on ``int4_swap``, ``DQ``: the
+producer warpgroup's warps 2 and 3, or a fifth warpgroup (``DQW``), dequantized each slice's
+words once into an f16 ring of W^T tiles in wgmma's swizzled layout, the consumers' wgmmas
+with both operands in shared memory; on an H100 0.64-0.80x cuBLAS f16 at 300-512 rows of the
+Llama-3 shapes against the route's 0.92-1.00x in the same runs (int4w, 2026-11-27; ncu at
+6144x4096 M=512: tensor pipe 58% busy against the route's 77%, shared memory not saturated),
+it was removed unrouted: the int4w branch's commits 6e9a3b4 .. 7fde021.)
 """
 
 # ruff: noqa: F821  (OUT in annotations is a dtype parameter, not a module name)
@@ -703,115 +709,6 @@ def free_stage(bars: u64[:, :], s: i32, MC: kaio.constexpr):
 
 
 @kaio.gpu_func
-def dq_row(r: u32) -> u32:
-    """The W column (of a 64-column block) that row ``r`` of the f16 ring's tile holds: the
-    order of the register A fragments (row 16 w + g + 8 h is column 16 w + 2 g + h), so that
-    a lane's accumulators hold two adjacent columns (``store_swapped``) either way."""
-    return r // 16 * 16 + 2 * (r % 8) + r % 16 // 8
-
-
-@kaio.gpu_func
-def dequantize_slice(
-    sw: u32[:, :, :], sc: u32[:, :], sf: u32[:, :, :], w: i32, f: i32, dt: u32,
-    COLS: kaio.constexpr, DQT: kaio.constexpr,
-):  # fmt: skip
-    """Dequantizing thread ``dt`` of ``DQT`` (64 or 128): the words of stage ``w`` of the words'
-    ring (``sw[w]`` [8, 64 COLS], scales ``sc[w]`` as f16 pairs) made f16 into stage ``f``
-    of the f16 ring (``sf[f]`` [64 COLS, 32 u32]: row r holds W's column ``dq_row(r)`` of
-    its 64-column block, 64 K values, 16-byte chunk kw at ``kw ^ (r % 8)``, the 128-byte
-    swizzle of wgmma's K-major A). The thread takes row ``dt`` (mod 64) of each block, all 8
-    chunks (with 128 threads every other one), one word a chunk (``nibble_pair`` in k
-    order); 8 threads
-    side by side store 8 rows of distinct ``r % 8``: no bank conflict. Every load comes
-    first (ptxas keeps shared loads behind earlier shared stores)."""
-    ROWS = DQT // 64  # the threads that share a row, each WORD_ROWS / ROWS chunks
-    KWS = WORD_ROWS // ROWS
-    r = dt % 64
-    words = kaio.local(u32, (COLS, KWS))
-    halves = kaio.local(u32, COLS)
-    for cb in kaio.static_range(COLS):
-        n = 64 * cb + dq_row(r)
-        halves[cb] = sc[w, n // 2] >> (16 * (n % 2))  # column n's scale in the low half
-        for i in kaio.static_range(KWS):
-            words[cb, i] = sw[w, i * ROWS + dt // 64, n]
-    for cb in kaio.static_range(COLS):
-        scale = kaio.bitcast(kaio.prmt(halves[cb], halves[cb], LOW_TWICE), f16x2)
-        for i in kaio.static_range(KWS):
-            kw = i * ROWS + dt // 64
-            chunk = kaio.local(u32, 4)  # k 8 kw + (0, 1), (2, 3), (4, 5), (6, 7)
-            for t in kaio.static_range(4):
-                chunk[t] = nibble_pair(words[cb, i], u32(t * 0x1111), scale)
-            kaio.store_vector(sf, (f, 64 * cb + r, 4 * (kw ^ (r % 8))), chunk)
-
-
-@kaio.gpu_func
-def dequantize(
-    sw: u32[:, :, :], sc: u32[:, :], sf: u32[:, :, :], bars: u64[:, :], sched: i32[:],
-    segments: i32, k_tiles: i32, dt: u32, COLS: kaio.constexpr, WSTAGES: kaio.constexpr,
-    DQ: kaio.constexpr, FQ: kaio.constexpr, SK: kaio.constexpr, DQT: kaio.constexpr,
-):  # fmt: skip
-    """``int4_swap``'s ``DQT`` dequantizing threads (``DQ``): each slice of the block's work items
-    (as ``produce`` copies them), once its words have landed (row 3 of ``bars``) and the
-    f16 ring's next stage is free (row ``FQ + 1``: every consumer warpgroup that read it
-    done), made f16 there (``dequantize_slice``), then the words' stage freed (row 4) and
-    the f16 stage announced (row ``FQ``), a warp's stores in one arrival each after a
-    proxy fence (the stores before the consumers' wgmmas, the words' reads before the next
-    TMA copy)."""
-    wpos = kaio.local(i32, 2)
-    fpos = kaio.local(i32, 2)
-    for i in kaio.static_range(2):
-        wpos[i] = 0
-        fpos[i] = 0
-    j = i32(0)
-    for i in range(segments):
-        _, kb, ke = work_item(sched, i, k_tiles, SK)
-        for _kt in range(kb, ke):
-            w = wpos[0]
-            kaio.mbarrier_wait(bars, (3, w), u32(wpos[1]))
-            f = next_free(bars, fpos, j, FQ + 1, DQ)
-            dequantize_slice(sw, sc, sf, w, f, dt, COLS, DQT)
-            kaio.fence_proxy_async()
-            kaio.sync_warp()
-            if dt % 32 == 0:
-                kaio.mbarrier_arrive(bars, (4, w))
-                kaio.mbarrier_arrive(bars, (FQ, f))
-            advance(wpos, WSTAGES)
-            j += 1
-
-
-@kaio.gpu_func
-def dq_slice(
-    sf: f16[:, :, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :], at: i32[:],
-    fpos: i32[:], kt: i32, row: u32, lt: u32, STAGES: kaio.constexpr, MC: kaio.constexpr,
-    DQ: kaio.constexpr, KW: kaio.constexpr, FQ: kaio.constexpr,
-):  # fmt: skip
-    """One 64-deep K slice of a consumer warpgroup with ``DQ``: both operands from shared
-    memory, W^T's rows ``row`` .. ``row + 63`` of the f16 ring's stage ``fpos[0]`` (phase
-    ``fpos[1]``, made by ``dequantize``) and a's tile (stage ``at[0]``, phase ``at[1]``),
-    its 4 wgmmas, then, once at most this slice's are in flight, both stages of the slice
-    before freed (``at[2]``, ``fpos[2]``). ``KW``: this warpgroup's stages are every
-    ``KW``-th of both rings."""
-    f = fpos[0]
-    s = at[0]
-    kaio.mbarrier_wait(bars, (FQ, f), u32(fpos[1]))
-    kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
-    kaio.wgmma_fence()
-    for kk in kaio.static_range(BK // 16):
-        da = kaio.smem_descriptor(sf, (f, row, kk * 16), SW, 16, 1024)
-        db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
-        kaio.wgmma_f16(acc, da, db, kt + kk > 0)
-    kaio.wgmma_commit()
-    kaio.wgmma_wait(1)
-    if kt > 0 and lt == 0:  # the slice before's wgmmas are done
-        free_stage(bars, at[2], MC)
-        kaio.mbarrier_arrive(bars, (FQ + 1, fpos[2]))
-    at[2] = s
-    fpos[2] = f
-    advance_by(at, STAGES, KW)
-    advance_by(fpos, DQ, KW)
-
-
-@kaio.gpu_func
 def store_swapped(
     acc: f32[:, :, :], c: OUT[:, :], ws: f32[:, :], m0: u32, n: u32, lt: u32, M: u32, N: u32,
     BM: kaio.constexpr, SPLIT: kaio.constexpr, OUT: kaio.constexpr, lo: u32 = 0,
@@ -871,7 +768,6 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    DQ: kaio.constexpr, DQW: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -913,15 +809,8 @@ def int4_swap(
     stream-K tile); no K split along z, no cluster, no ``KW``. ``PDL``: launched with
     programmatic dependent launch, the block placed and its barriers set up while the kernel
     before it ends; every thread waits for that kernel (``kaio.grid_dependency_wait``) before
-    any global memory is touched. ``DQ`` (the stages of an f16 ring; 0: none): the
-    producer warpgroup's warps 2 and 3 dequantize each slice's words once into that ring
-    (``dequantize``), W^T's f16 tile in wgmma's swizzled K-major layout, and the consumers
-    run their wgmmas with both operands from shared memory (``dq_slice``): no dequantization
-    and no fragments in the consumers' stream (BUFS 2, no EARLY, no ``setmaxnreg``); with
-    ``DQW`` a fifth warpgroup dequantizes instead, 128 threads (``setmaxnreg`` as with 4
-    consumer warpgroups, the dequantizers keeping the launch's registers)."""
-    DQT = 64 + 64 * DQW  # the dequantizing threads
-    kaio.launch_bounds(WG * 128 + 128 + 128 * DQW, 1)
+    any global memory is touched."""
+    kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
     if MC and not CL:
@@ -932,29 +821,19 @@ def int4_swap(
     X_BYTES = BM * BK * 2
     W_BYTES = WORD_ROWS * BNW * 4
     S_BYTES = BNW * 2
-    RINGS = STAGES if STAGES > WSTAGES else WSTAGES  # a's and the words'
-    RING = RINGS if RINGS > DQ else DQ
-    DQS = 1 if DQ > 0 else 0  # (DQ: 1)
-    F_AT = STAGES * X_BYTES * DQS  # DQ: the f16 ring (1024-byte aligned: BM % 8 == 0)
-    W_AT = STAGES * X_BYTES + DQ * BNW * BK * 2
-    F_SHAPE = (DQ, BNW, BK) if DQ else (1, 8, BK)  # (else unused, a stub over a's ring)
+    RING = STAGES if STAGES > WSTAGES else WSTAGES
     sx = kaio.shared_dynamic(f16, (STAGES, BM, BK), 0)
-    sf = kaio.shared_dynamic(f16, F_SHAPE, F_AT)
-    sfw = kaio.shared_dynamic(u32, (F_SHAPE[0], F_SHAPE[1], BK // 2), F_AT)  # sf's words
-    sw = kaio.shared_dynamic(u32, (WSTAGES, WORD_ROWS, BNW), W_AT)
-    ss = kaio.shared_dynamic(f16, (WSTAGES, BNW), W_AT + WSTAGES * W_BYTES)
-    sc = kaio.shared_dynamic(u32, (WSTAGES, BNW // 2), W_AT + WSTAGES * W_BYTES)
+    sw = kaio.shared_dynamic(u32, (WSTAGES, WORD_ROWS, BNW), STAGES * X_BYTES)
+    ss = kaio.shared_dynamic(f16, (WSTAGES, BNW), STAGES * X_BYTES + WSTAGES * W_BYTES)
+    sc = kaio.shared_dynamic(u32, (WSTAGES, BNW // 2), STAGES * X_BYTES + WSTAGES * W_BYTES)
     # rows: 0 a's "full" (TMA), 1 a's "free" (the slice's wgmmas done), 2 (CL): every wgmma
-    # done; 3 the words' "full", 4 their "free" (read by every consumer warp, or with DQ by
-    # the dequantizing ones); KW: 5 the partial tiles in ``red``, 6 ``red`` read (free);
-    # DQ: FQ the f16 ring's "full" (dequantized), FQ + 1 its "free" (the wgmmas done)
-    BARS_AT = W_AT + WSTAGES * (W_BYTES + S_BYTES)
-    FQ = 5 + 2 * KW
-    ROWS = FQ + 2 * DQS
-    bars = kaio.shared_dynamic(u64, (ROWS, RING), BARS_AT)
+    # done; 3 the words' "full", 4 their "free" (read by every consumer warp); KW: 5 the
+    # partial tiles in ``red``, 6 ``red`` read (free)
+    BARS_AT = STAGES * X_BYTES + WSTAGES * (W_BYTES + S_BYTES)
+    bars = kaio.shared_dynamic(u64, (5 + 2 * KW, RING), BARS_AT)
     # KW: the partial tiles of warpgroups 1 .. WG - 1 after the barriers (else unused, a
     # stub over the rings)
-    RED_AT = (BARS_AT + ROWS * 8 * RING + 15) // 16 * 16 * KW
+    RED_AT = (BARS_AT + (5 + 2 * KW) * 8 * RING + 15) // 16 * 16 * KW
     RED_WG = (WG - 1) * KW + 1 - KW
     red = kaio.shared_dynamic(f32, (1 + KW, RED_WG, RED_CHUNK * KW + 1 - KW, 128), RED_AT)
     part = kaio.shared_dynamic(f32, (BM, BNW), 0)  # CL: the partial tile, over the idle ring
@@ -994,10 +873,7 @@ def int4_swap(
             kaio.mbarrier_init(bars, (1, i), COLS * (1 + MC))
         for i in kaio.static_range(WSTAGES):
             kaio.mbarrier_init(bars, (3, i), 1)
-            kaio.mbarrier_init(bars, (4, i), DQT // 32 if DQ else COLS * 4)
-        for i in kaio.static_range(DQ):
-            kaio.mbarrier_init(bars, (FQ, i), DQT // 32)
-            kaio.mbarrier_init(bars, (FQ + 1, i), COLS)
+            kaio.mbarrier_init(bars, (4, i), COLS * 4)
         kaio.mbarrier_init(bars, (2, 0), WG * 128)
         if KW:
             for b in kaio.static_range(2):
@@ -1020,11 +896,8 @@ def int4_swap(
         # that, the words' stage read last); wpos: the words' stage to read next, its phase
         at = kaio.local(i32, 5)
         wpos = kaio.local(i32, 2)
-        fpos = kaio.local(i32, 3)  # DQ: the f16 ring's stage, its phase, the slice before's
         for i in kaio.static_range(5):
             at[i] = 0
-        for i in kaio.static_range(3):
-            fpos[i] = 0
         wpos[0] = 0
         wpos[1] = 0
         stores = True  # the warpgroup stores its sums (KW: warpgroup 0 only)
@@ -1033,7 +906,6 @@ def int4_swap(
             stores = wg == 0
             at[0] = i32(wg)
             wpos[0] = i32(wg)
-            fpos[0] = i32(wg)
         sel = (lane % 4) * 0x1111
         wr = kaio.local(u32, (WORD_ROWS + 1, 2))  # a slice's words and scales (load_words)
         if EARLY and segments > 0:  # the first slice's words; then each slice reads the next's
@@ -1043,37 +915,30 @@ def int4_swap(
             origin = swap_origin(u32(tile), grid_m, grid_n, GROUP)
             last = i == segments - 1
             ck = (ke - kb) // KSTEP  # this warpgroup's slices of the item
-            if DQ:
-                for kt in range(ck):
-                    dq_slice(sf, sx, bars, acc, at, fpos, kt, 64 * wg * (1 - KW), lt, STAGES,
-                             MC, DQ, KSTEP, FQ)  # fmt: skip
-            else:
-                # slices in groups of BUFS, the fragment buffers in turn; the last k_tiles %
-                # BUFS slices after every wgmma is done (ptxas serializes all wgmmas if any
-                # path could redefine the registers of one in flight)
-                for kt in range(0, ck - (BUFS - 1), BUFS):
-                    for b in kaio.static_range(BUFS):
-                        more = not (last and kt + b == ck - 1)
-                        swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
+            # slices in groups of BUFS, the fragment buffers in turn; the last k_tiles %
+            # BUFS slices after every wgmma is done (ptxas serializes all wgmmas if any
+            # path could redefine the registers of one in flight)
+            for kt in range(0, ck - (BUFS - 1), BUFS):
+                for b in kaio.static_range(BUFS):
+                    more = not (last and kt + b == ck - 1)
+                    swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
+                               more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
+                               LATE)  # fmt: skip
+            rest = ck % BUFS
+            if rest:
+                kaio.wgmma_wait(0)
+                for b in kaio.static_range(BUFS - 1):
+                    if b < rest:
+                        kt = ck - rest + b
+                        more = not (last and kt == ck - 1)
+                        swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
                                    more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                                   LATE)  # fmt: skip
-                rest = ck % BUFS
-                if rest:
-                    kaio.wgmma_wait(0)
-                    for b in kaio.static_range(BUFS - 1):
-                        if b < rest:
-                            kt = ck - rest + b
-                            more = not (last and kt == ck - 1)
-                            swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
-                                       more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                                       LATE)  # fmt: skip
+                               LATE)  # fmt: skip
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and ck > 1:
                     free_stage(bars, at[3], MC)
                 free_stage(bars, at[2], MC)
-                if DQ:
-                    kaio.mbarrier_arrive(bars, (FQ + 1, fpos[2]))
             if KW:  # the warpgroups' partial tiles summed by warpgroup 0, which stores it
                 reduce_warpgroups(acc, red, bars, wg, lt, i, BM, WG)
             n = (tile_col(origin) * (1 + MC) + mine) * BNW + nl
@@ -1099,11 +964,6 @@ def int4_swap(
                         pair[0] = acc[j, 0, e]
                         pair[1] = acc[j, 1, e]
                         kaio.store_vector(part, (8 * j + 2 * (lane % 4) + e, nl), pair)
-    elif DQW and wg > WG:  # a dequantizing warpgroup (it keeps the launch's registers)
-        dequantize(sw, sc, sfw, bars, sched, segments, k_tiles, lt, COLS, WSTAGES, DQ, FQ, SK,
-                   DQT)  # fmt: skip
-        if CL:
-            return
     else:  # the producer warpgroup's threads 0 (a's rows) and 32 (the words): TMA copies
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
@@ -1116,9 +976,6 @@ def int4_swap(
             produce(sx, sw, ss, bars, tx, tw, ts, sched, segments, k_tiles, k_begin,
                     grid_m, grid_n, mine, M, BM, COLS, WSTAGES, MC, 1, GROUP, SK,
                     CLAMP)  # fmt: skip
-        elif DQ and not DQW and lt >= 64:  # (warps 2 and 3)
-            dequantize(sw, sc, sfw, bars, sched, segments, k_tiles, lt - 64, COLS, WSTAGES,
-                       DQ, FQ, SK, DQT)  # fmt: skip
         if CL:  # the cluster barriers below wait for the threads that have not exited
             return
     if CL and not PSUM:  # one tile a cluster: sum its K slices through distributed shared
@@ -1385,7 +1242,7 @@ def produce(
             j += 1
 
 
-def swap_registers(wg: int, dqw: int = 0) -> int:
+def swap_registers(wg: int) -> int:
     """``REGS`` of ``int4_swap`` with ``wg`` consumer warpgroups: the registers a consumer
     thread takes with ``setmaxnreg`` once the producer warpgroup kept ``PRODUCER_REGS``, out
     of what the block was launched with (its ``128 (wg + 1)`` threads at the launch bounds'
@@ -1395,30 +1252,29 @@ def swap_registers(wg: int, dqw: int = 0) -> int:
     share (120) hung the kernel on an H100 under the whole-program JIT."""
     if wg == 1:
         return 0
-    threads = 128 * (wg + 1 + dqw)
+    threads = 128 * (wg + 1)
     launch = min(255, 65536 // threads // 8 * 8)
-    others = 128 * PRODUCER_REGS + 128 * launch * dqw  # (a dequantizing warpgroup: launch's)
-    return min(240, (launch * threads - others) // (128 * wg) // 8 * 8)
+    return min(240, (launch * threads - 128 * PRODUCER_REGS) // (128 * wg) // 8 * 8)
 
 
 def swap_shared_bytes(
-    wg: int, bm: int, stages: int, cl: int = 0, wstages: int = 0, kw: int = 0, dq: int = 0
+    wg: int, bm: int, stages: int, cl: int = 0, wstages: int = 0, kw: int = 0
 ) -> int:
     """The dynamic shared memory of ``int4_swap``: a's ring (``stages``), the words' ring
-    (``wstages``; 0: ``swap_word_stages``'), ``dq`` stages of the f16 ring, and their
-    barriers; with ``kw`` (the ``wg`` warpgroups take a tile's slices in turn) two more
-    barriers and the partial tiles that warpgroup 0 sums (``reduce_bytes``). With ``cl`` the
-    f32 partial tile that a cluster's K split keeps over the rings must not reach the
-    barriers (a producer may still be reading one)."""
+    (``wstages``; 0: ``swap_word_stages``') and their barriers; with ``kw`` (the ``wg``
+    warpgroups take a tile's slices in turn) two more barriers and the partial tiles that
+    warpgroup 0 sums (``reduce_bytes``). With ``cl`` the f32 partial tile that a cluster's
+    K split keeps over the rings must not reach the barriers (a producer may still be
+    reading one)."""
     cols = 1 if kw else wg
-    wstages = wstages or swap_word_stages(wg, bm, stages, kw, dq)
-    rings = stages * bm * BK * 2 + wstages * word_stage_bytes(cols) + dq * f16_stage_bytes(cols)
+    wstages = wstages or swap_word_stages(wg, bm, stages, kw)
+    rings = stages * bm * BK * 2 + wstages * word_stage_bytes(cols)
     if cl and bm * 64 * cols * 4 > rings:
         raise ValueError(
             f"int4_swap: the {bm} x {64 * cols} f32 partial tile does not fit in the rings of "
             f"{stages} and {wstages} stages: use more stages"
         )
-    total = rings + (5 + 2 * kw + 2 * bool(dq)) * 8 * max(stages, wstages, dq)
+    total = rings + (5 + 2 * kw) * 8 * max(stages, wstages)
     return -(-total // 16) * 16 + reduce_bytes(wg, bm) if kw else total
 
 
@@ -1433,32 +1289,22 @@ def word_stage_bytes(wg: int) -> int:
     return WORD_ROWS * 64 * wg * 4 + 64 * wg * 2
 
 
-def f16_stage_bytes(wg: int) -> int:
-    """One stage of ``int4_swap``'s f16 ring (``DQ``): a slice of W^T's 64 ``wg`` columns."""
-    return 64 * wg * BK * 2
-
-
-def swap_stages(wg: int, bm: int, kw: int = 0, dq: int = 0) -> int:
-    """The stages of a's ring in ``int4_swap``: as many as fit beside a words' stage each
-    and ``dq`` stages of the f16 ring, at most 8; with ``kw`` beside ``reduce_bytes`` too,
-    a multiple of ``wg``."""
-    free = SHARED_LIMIT - dq * f16_stage_bytes(1 if kw else wg)
+def swap_stages(wg: int, bm: int, kw: int = 0) -> int:
+    """The stages of a's ring in ``int4_swap``: as many as fit beside a words' stage each,
+    at most 8; with ``kw`` beside ``reduce_bytes`` too, a multiple of ``wg``."""
     if not kw:
-        return max(2, min(8, free // (bm * BK * 2 + word_stage_bytes(wg) + 40 + 16 * bool(dq))))
-    left = free - reduce_bytes(wg, bm) - 16
+        return max(2, min(8, SHARED_LIMIT // (bm * BK * 2 + word_stage_bytes(wg) + 40)))
+    left = SHARED_LIMIT - reduce_bytes(wg, bm) - 16
     return max(wg, min(8, left // (bm * BK * 2 + word_stage_bytes(1) + 56)) // wg * wg)
 
 
-def swap_word_stages(wg: int, bm: int, stages: int, kw: int = 0, dq: int = 0) -> int:
-    """The stages of the words' ring beside ``stages`` of a's and ``dq`` of the f16 ring:
-    what the shared memory left holds, at most ``MAX_WORD_STAGES``, at least 1; with ``kw``
-    (``swap_stages``) a multiple of ``wg``."""
-    cols = 1 if kw else wg
+def swap_word_stages(wg: int, bm: int, stages: int, kw: int = 0) -> int:
+    """The stages of the words' ring beside ``stages`` of a's: what the shared memory left
+    holds, at most ``MAX_WORD_STAGES``, at least 1; with ``kw`` (``swap_stages``) a multiple
+    of ``wg``."""
     left = SHARED_LIMIT - stages * bm * BK * 2 - (reduce_bytes(wg, bm) + 16 if kw else 0)
-    left -= dq * f16_stage_bytes(cols)
-    rows = 40 + 16 * kw + 16 * bool(dq)  # the barriers of a stage
     for w in range(MAX_WORD_STAGES, 1, -1):
-        fits = w * word_stage_bytes(cols) + rows * max(stages, w, dq) <= left
+        fits = w * word_stage_bytes(1 if kw else wg) + (40 + 16 * kw) * max(stages, w) <= left
         if fits and not (kw and w % wg):
             return w
     return 1
@@ -1508,19 +1354,11 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     kw = int(bool(more[6])) if len(more) > 6 else 0
     late = int(bool(more[7])) if len(more) > 7 else 0
     sk = more[8] if len(more) > 8 else 0
-    dq = more[10] if len(more) > 10 else 0
-    dqw = int(bool(more[11])) if len(more) > 11 else 0
     if bufs not in (2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
-    if (dq or dqw) and (bufs != 2 or early or dq % (wg if kw else 1) or dq < 2):
-        raise ValueError(
-            f"int4_swap: DQ (an f16 ring of {dq} stages) takes BUFS 2, no EARLY, at least 2 "
-            f"stages and with KW a multiple of WG, got {config}"
-        )
-    stages = stages or swap_stages(wg, bm, kw, dq)
-    wstages = wstages or swap_word_stages(wg, bm, stages, kw, dq)
-    rings = stages * bm * BK * 2 + wstages * word_stage_bytes(wg) + dq * f16_stage_bytes(wg)
-    if sk and bm * wg * 256 > rings:
+    stages = stages or swap_stages(wg, bm, kw)
+    wstages = wstages or swap_word_stages(wg, bm, stages, kw)
+    if sk and bm * wg * 256 > stages * bm * BK * 2 + wstages * word_stage_bytes(wg):
         raise ValueError(f"int4_swap: SK: a tile's f32 part does not fit the rings, {config}")
     if stages < bufs:  # a slice's stage is freed BUFS - 1 slices later
         raise ValueError(f"int4_swap: {bufs} fragment buffers need {bufs} stages, got {stages}")
@@ -1546,19 +1384,17 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     if cl and split > 2 and not config[3] and more[0] != 2:  # CL 1: the workspace past 2
         cl = 0
     consts = {"WG": wg, "BM": bm, "STAGES": stages, "SPLIT": split if cl else min(split, 2),
-              "CL": cl, "REGS": swap_registers(wg, dqw) * (not dq or dqw), "OUT": out_type,
-              "MC": mc,
+              "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
-              "PSUM": int(PSUM and cl and split == 2 and not mc and not kw), "DQ": dq,
-              "DQW": dqw}  # fmt: skip
+              "PSUM": int(PSUM and cl and split == 2 and not mc and not kw)}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config``
     = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP[, KW[, LATE[,
-    SK[, SPREAD[, DQ[, DQW]]]]]]]]]]]]]; 0: as
+    SK[, SPREAD]]]]]]]]]]]; 0: as
     many stages as fit, ``GROUP_M`` tile rows a group,
     ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
     along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2
@@ -1568,9 +1404,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     of tiles; a K split along z, or with ``CL`` a cluster of ``split`` pairs, one pair of
     tiles a cluster); with ``KW`` the ``WG`` warpgroups share ``BM x 64`` tiles, taking their
     K slices in turn; with ``LATE`` a slice's words' stage is freed after its wgmmas are
-    issued; with ``DQ`` the words dequantized once into an f16 ring of DQ stages (by the
-    producer's warps 2 and 3, with ``DQW`` by a warpgroup of their own); with
-    ``SK`` the stream-K schedule (``swap_fixup``), SPREAD
+    issued; with ``SK`` the stream-K schedule (``swap_fixup``), SPREAD
     (default 1) whole waves of tiles shared besides the last partial one (``_gemm_streamk.
     share``), the parts of split tiles in a workspace of ``share``'s slots a stream-K
     tile."""
@@ -1606,11 +1440,10 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         kaio.tensor_map_2d(s.obj, (1, 64 * cols), 0),
     )
     grid = (tiles * split * (1 + mc), 1, 1) if cl else (blocks, 1, split)  # one tile
-    threads = 128 * (wg + 1 + consts["DQW"])
     if mc and not cl:
         grid = (2 * min(tiles, sms // 2), 1, split)
-    shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl, consts["WSTAGES"], kw, consts["DQ"])
-    int4_swap[grid, threads, _arrays.stream_of(a), shared](
+    shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl, consts["WSTAGES"], kw)
+    int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), shared](
         *maps, target, ws, counters, m, n, k, k_slice, dp_tiles, **consts
     )
     return finish(a, c, split, out_type) if split > 1 and not cl else c
@@ -1623,8 +1456,7 @@ def swap_specializations() -> list:
     multicast (also in a cluster with a K split), three fragment buffers, the next slice's
     words read early, warpgroups taking a tile's K slices in turn (``KW``), the words'
     stage freed after the wgmmas (``LATE``), the stream-K schedule (``SK``), with and
-    without programmatic dependent launch (``PDL``), the words dequantized into an f16
-    ring (``DQ``) by the producer's warps or a warpgroup of their own (``DQW``)."""
+    without programmatic dependent launch (``PDL``)."""
     out = []
     plain = (  # without multicast
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -1661,13 +1493,6 @@ def swap_specializations() -> list:
                   "LATE": int(i == len(cases) - 1),
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 2,
-                  "PSUM": int(cl == 1 and split == 2 and not mc and not kw), "DQ": 0,
-                  "DQW": 0}  # fmt: skip
+                  "PSUM": int(cl == 1 and split == 2 and not mc and not kw)}  # fmt: skip
         out.append((int4_swap, consts))
-    dequantizing = (  # DQ in cluster pairs (pair_sum); DQW
-        (3, 152, 0, 0, 1, 0, 0, 2, 0, 0, 0, 0, 0, 0, 3),
-        (2, 128, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 4, 1),
-    )
-    for config in dequantizing:
-        out.append((int4_swap, swap_launch_plan(300, 6144, 4096, config, 132, bf16)[3]))
     return out

@@ -466,18 +466,6 @@ SWAP_CASES = [
     (70, 200, 256, "float16", (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0), 2),
     (70, 72, 256, None, (2, 32, 4, 1, 0, 0, 2, 2, 0, 0, 1), 2),
     (70, 200, 256, "bfloat16", (2, 40, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 5),
-    # DQ (config[14]): the words dequantized once into an f16 ring (2 stages, wrapping) by
-    # the producer's warps 2 and 3, the consumers' wgmmas with both operands in shared
-    # memory: three warpgroups' 40 x 192 tiles (2 x 2, the second column 8 wide) on 3
-    # blocks, a words' ring of 3
-    (70, 200, 256, "float16", (3, 40, 4, 1, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 2), 3),
-    # DQ in cluster pairs (pair_sum); on the stream-K schedule; with KW (each warpgroup
-    # every other stage of the f16 ring)
-    (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 0, 0, 0, 3), None),
-    (70, 200, 256, None, (3, 40, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1, 3), 3),
-    (50, 192, 256, "bfloat16", (2, 32, 4, 1, 0, 0, 2, 2, 0, 0, 1, 0, 0, 0, 4), 2),
-    # DQW (config[15]): a fifth warpgroup dequantizes (128 threads, 4 chunks a row each)
-    (70, 200, 256, "float16", (3, 40, 4, 1, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 3, 1), 3),
 ]
 
 
@@ -754,8 +742,7 @@ def test_int4_swap_registers_can_be_granted():
         consts = {"WG": wg, "BM": bm, "STAGES": _int4_hopper.swap_stages(wg, bm), "SPLIT": 2,
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
                   "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M,
-                  "KW": 0, "LATE": 0, "SK": 0, "CLAMP": 1, "PDL": 1, "PSUM": 0,
-                  "DQ": 0, "DQW": 0}  # fmt: skip
+                  "KW": 0, "LATE": 0, "SK": 0, "CLAMP": 1, "PDL": 1, "PSUM": 0}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
