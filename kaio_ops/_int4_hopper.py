@@ -239,8 +239,7 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     ``balanced_rows`` x 128 tiles on the stream-K schedule (SK, config[12]) where
     ``takes_streamk`` and it costs less than the tiles above (``SK_TIME``); at 257-512 rows
     BM x 192 tiles in cluster pairs too (``PAIR_KINDS``); LATE (config[11]) on three
-    warpgroups' tiles in one wave (``late_words``), and on the stream-K schedule's at N >=
-    ``WIDE_N`` (the comment below ``late_words``)."""
+    warpgroups' tiles in one wave (``late_words``)."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
@@ -293,8 +292,7 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     if n and sms and m > 256 and not mc and takes_streamk(m, n, k, sms, band):
         sk_cost, sk_wg, sk_rows = streamk_tiles(m, n, k, sms)
         if sk_cost < cost:
-            late = int(sk_wg == 3 and n >= WIDE_N)  # (the comment below late_words)
-            return sk_wg, sk_rows, 0, 0, 0, 0, 0, bufs, int(sk_wg == 2), group, 0, late, 1, 1
+            return sk_wg, sk_rows, 0, 0, 0, 0, 0, bufs, int(sk_wg == 2), group, 0, 0, 1, 1
     return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw, late_words(m, n, k, sms, wg, rows)
 
 
@@ -313,12 +311,7 @@ def late_words(m: int, n: int, k: int, sms: int, wg: int, rows: int) -> int:
 # against 0.970x / 0.989x; 8192x8192 M=520 1.017x both. Over several waves it lost
 # (10240x8192 M=1500, 486 tiles: 0.966x against 0.974x), and on the stream-K schedule it
 # went both ways (28672x4096 M=300 1.002x against 1.007x, 57344x8192 M=300 0.956x against
-# 0.888x). Then at N >= WIDE_N (int4w round F of 2026-11-27, H100, 6 interleaved passes,
-# LATE on the stream-K 152 x 192 tiles against the route without it): 57344x8192 M=300
-# 1.02x against 0.97x, M=600 0.94x against 0.89x, LATE ahead in 5 of 6 passes at each (by
-# pass: that point's times step up over a run); 28672x4096
-# M=300 0.97x against 1.00x, M=600 1.26x against 1.27x: LATE on the stream-K schedule at
-# N >= WIDE_N only.
+# 0.888x): not routed there.
 
 
 def streamk_tiles(m: int, n: int, k: int, sms: int) -> tuple:

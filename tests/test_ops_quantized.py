@@ -458,10 +458,8 @@ SWAP_CASES = [
     # through distributed shared memory, pair_sum), LATE: the route's at 257-352 rows of
     # 6144x4096; the second column of tiles 8 wide
     (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 1), None),
-    # three warpgroups' 40 x 192 tiles (2 x 2, the second column 8 wide) on 3 blocks, and
-    # with LATE (the route's stream-K tiles at N >= WIDE_N)
+    # three warpgroups' 40 x 192 tiles (2 x 2, the second column 8 wide) on 3 blocks
     (70, 200, 256, "float16", (3, 40, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1), 3),
-    (70, 200, 256, None, (3, 40, 4, 1, 0, 0, 4, 2, 0, 0, 0, 1, 1, 1), 3),
     # CLAMP (every launch without CL): the last row tile moved up to end at row M - 1 (rows
     # 38-69 of 70, rows 38-63 repeated and stored by the tile before), with KW, and with
     # SK's parts (the cases above with a partial last row tile take it too)
@@ -594,9 +592,6 @@ def test_int4_swap_plan_bands():
     assert plan(384, 6144, 4096)[1:3] == (2, 192)  # 2 x 32 tiles of 192 x 192: too many rows
     assert plan(1024, 8192, 8192)[1] == 2  # whole 256-row tiles: no BM x 192 weighed
     assert _int4_hopper.swap_plan(600, 57344, 8192, 132)[:2] == (3, 152)  # stream-K, not MC
-    # LATE on the stream-K schedule's three-warpgroup tiles at N >= WIDE_N only
-    assert _int4_hopper.swap_plan(300, 57344, 8192, 132)[11:13] == (1, 1)
-    assert _int4_hopper.swap_plan(300, 28672, 4096, 132)[11:13] == (0, 1)
     assert plan(600, 4096, 4096) == (1, 2, 152, 0, 0, g, 0)
 
 
