@@ -20,7 +20,13 @@ bytes), K % 128 == 0, and 16-byte aligned operands (``fits``).
 (A first design, ``int4_wgmma``, dequantized the words into swizzled shared memory with a
 dedicated warpgroup and ran wgmma with both operands in shared memory; 0.59-0.63x cuBLAS f16
 past 512 rows on an H100 against the swap's 0.7-0.8x, it was removed once nothing routed to
-it: git history before the int4m35 branch.)
+it: git history before the int4m35 branch. The same lever on ``int4_swap``, ``DQ``: the
+producer warpgroup's warps 2 and 3, or a fifth warpgroup (``DQW``), dequantized each slice's
+words once into an f16 ring of W^T tiles in wgmma's swizzled layout, the consumers' wgmmas
+with both operands in shared memory; on an H100 0.64-0.80x cuBLAS f16 at 300-512 rows of the
+Llama-3 shapes against the route's 0.92-1.00x in the same runs (int4w, 2026-11-27; ncu at
+6144x4096 M=512: tensor pipe 58% busy against the route's 77%, shared memory not saturated),
+it was removed unrouted: the int4w branch's commits 6e9a3b4 .. 7fde021.)
 """
 
 # ruff: noqa: F821  (OUT in annotations is a dtype parameter, not a module name)
