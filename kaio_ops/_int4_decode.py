@@ -141,23 +141,6 @@ def load_group(
 
 
 @kaio.gpu_func
-def load_columns(
-    words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
-    x: f16[:, :], scales: f16[:, :], group: u32, cols: u32[:], g: u32, t: u32, M: u32,
-    ROWS: kaio.constexpr, L2F: kaio.constexpr, XLEAD: kaio.constexpr, WC: kaio.constexpr,
-    XS: kaio.constexpr, WIDE: kaio.constexpr,
-):  # fmt: skip
-    """``load_group`` of buffer BUF for each of the ``WIDE`` column blocks of the warp (the
-    lane's columns ``cols[c]`` into buffer ``WIDE BUF + c``; ``WIDE`` > 1 takes x by
-    ``XLEAD``, never with the words)."""
-    for c in kaio.static_range(WIDE):
-        load_group(
-            words, xr, sc, WIDE * BUF + c, w, x, scales, group, cols[c], g, t, M, ROWS, L2F,
-            XLEAD, WC, XS,
-        )  # fmt: skip
-
-
-@kaio.gpu_func
 def swizzled(t: u32, g: u32) -> u32:
     """ASYNC: the 16-byte slot, in a warp's 512 bytes of one load, of packed row ``t``'s
     column chunk ``g`` (row t at 128 t, chunk ``(g + 2 t) % 8``): the 8 lanes of a copy phase
@@ -333,7 +316,7 @@ def multiply_group(
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     DEQ: kaio.constexpr, SWAP: kaio.constexpr, xq: u32[:, :, :], base: u32,
     WARPS: kaio.constexpr, last: u32, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
-    xread: u32, WIDE: kaio.constexpr,
+    xread: u32,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
@@ -347,7 +330,7 @@ def multiply_group(
     if SWAP == 1:
         multiply_swapped(
             acc, words, xr, sc, BUF, DEQ, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS,
-            xring, xread, WIDE,
+            xring, xread,
         )  # fmt: skip
         return
     for u in kaio.static_range(LOADS):
@@ -394,20 +377,24 @@ def multiply_swapped(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
     BUF: kaio.constexpr, DEQ: kaio.constexpr, xq: u32[:, :, :], x: f16[:, :], base: u32,
     WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
-    XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], xread: u32, WIDE: kaio.constexpr,
+    XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], xread: u32,
 ):  # fmt: skip
     """``multiply_group`` at M <= 16 (``ROWS`` 1 or 2) with the roles swapped: the weights
     are the A operand (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8
     of tile p), x the B operand (n8: x's rows, slab r), so one m16n8k16 takes 256 weights,
     not 128: half the mma at M <= 8. The k order is the unswapped one (pairs j and j + 4 of
     each word, or DEQ 6's bytes); acc[0, 2 r + p, e] is x row ``8 r + 2 t + e % 2``, column
-    ``4 g + 2 p + e // 2`` of the block. ``WIDE`` > 1: x's fragments of a load feed the
-    words of WIDE column blocks (buffers ``WIDE BUF + c``, sums in acc[c])."""
+    ``4 g + 2 p + e // 2`` of the block."""
     aw = kaio.local(u32, (2, 2, 4))
     bx = kaio.local(u32, (2, 2, 2))
     b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
         step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread)
+        dequantize_load(b, words, sc, BUF, u, DEQ)
+        for i in kaio.static_range(4):
+            for h in kaio.static_range(2):
+                for r in kaio.static_range(2):
+                    aw[i // 2, h, 2 * r + i % 2] = b[i, h, r]
         for s in kaio.static_range(ROWS):
             for h in kaio.static_range(2):
                 for r in kaio.static_range(2):
@@ -416,16 +403,10 @@ def multiply_swapped(
                         bx[s, h, r] = xr[BUF, u, s, 2 * h + r]
                     else:
                         bx[s, h, r] = kaio.prmt(xr[BUF, u, s, h], xr[BUF, u, s, h + 2], sel)
-        for c in kaio.static_range(WIDE):
-            dequantize_load(b, words, sc, WIDE * BUF + c, u, DEQ)
-            for i in kaio.static_range(4):
+        for s in kaio.static_range(ROWS):
+            for p in kaio.static_range(2):
                 for h in kaio.static_range(2):
-                    for r in kaio.static_range(2):
-                        aw[i // 2, h, 2 * r + i % 2] = b[i, h, r]
-            for s in kaio.static_range(ROWS):
-                for p in kaio.static_range(2):
-                    for h in kaio.static_range(2):
-                        kaio.mma_f16(acc[c, 2 * s + p], aw[p, h], bx[s, h], acc[c, 2 * s + p])
+                    kaio.mma_f16(acc[0, 2 * s + p], aw[p, h], bx[s, h], acc[0, 2 * s + p])
 
 
 @kaio.gpu_func
@@ -492,8 +473,7 @@ def buffer_step(
     WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr, WC: kaio.constexpr,
     ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:], cb: u32, N: u32, warp: u32, tid: u32,
     BLOCK_WARPS: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], bars: u64[:], parity: u32,
-    CS: kaio.constexpr, xread: u32, xcopy: u32, xrows: u32[:], xcol: u32, cols: u32[:],
-    WIDE: kaio.constexpr,
+    CS: kaio.constexpr, xread: u32, xcopy: u32, xrows: u32[:], xcol: u32,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
@@ -503,14 +483,13 @@ def buffer_step(
     ``BLOCK_WARPS`` (the block's, of which ``WARPS`` split K) lays the rings out. With ``XS``
     x's slot B of the K slice's ring is waited for the same way, by the slice's ``CS`` warps
     together (``x_turn``, phase ``parity``), and x's copies of the group ahead join the
-    turn's. ``WIDE`` > 1: the words of the lane's columns ``cols[c]`` of WIDE column blocks
-    in buffers ``WIDE B + c``."""
+    turn's."""
     ahead = base + (B + WBUF - 1) * WARPS
     kslice = warp // CS
     if ASYNC == 0 and ahead < groups:  # first: XS's wait must not hold the words back
-        load_columns(
-            words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, cols, g, t, M, ROWS, L2F,
-            XLEAD, WC, XS, WIDE,
+        load_group(
+            words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
+            XLEAD, WC, XS,
         )  # fmt: skip
     if ASYNC > 0 or XS > 0:
         if XS > 0:
@@ -534,7 +513,7 @@ def buffer_step(
         kaio.cp_async_commit()
     multiply_group(
         acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
-        last, XLEAD, XS, xring, xread, WIDE,
+        last, XLEAD, XS, xring, xread,
     )  # fmt: skip
 
 
@@ -545,7 +524,7 @@ def decode_columns(
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     parts: u32, slot: u32, SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
-    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, WIDE: kaio.constexpr,
+    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -567,12 +546,8 @@ def decode_columns(
     through a ring of WBUF slots in shared memory by ``cp.async`` too, one per K slice (the
     CS warps of one run of groups), each group's x copied once for the slice's CS column
     blocks (x's L2 traffic divided by CS), the slice's warps meeting at an mbarrier a turn
-    (``x_turn``). ``WIDE`` > 1 (swapped, x by ``XLEAD``): each warp takes WIDE adjacent column
-    blocks (from ``WIDE (CS block + w % CS)``) with the same x fragments, so x's loads a
-    weight byte are divided by WIDE; ``partial`` [WARPS WIDE, 16, 32] holds warp w's column
-    block c at ``WIDE w + c``, which is where CS WIDE column blocks a block put it."""
+    (``x_turn``)."""
     KW = WARPS // CS  # the warps that split K
-    CSW = CS * WIDE  # the block's column blocks
     # The rings (``ring_bytes`` of dynamic shared memory at launch): ASYNC's words
     # (``ring_word``), then each thread's scales [WBUF, threads, 4], then XS's x
     # (``x_bases``) and its mbarriers [KW, WBUF]; 16 bytes each without them
@@ -591,26 +566,22 @@ def decode_columns(
     g = lane // 4
     t = lane % 4
     # Columns past N read column 0 instead: their products are never stored.
-    cb = (block * CS + warp % CS) * WIDE
-    cols = kaio.local(u32, (WIDE,))
-    for n in kaio.static_range(WIDE):
-        cols[n] = kaio.select((cb + n) * COLS + 4 * g < N, (cb + n) * COLS + 4 * g, 0)
-    col = cols[0]
+    cb = block * CS + warp % CS
+    col = kaio.select(cb * COLS + 4 * g < N, cb * COLS + 4 * g, 0)
     groups = u32(scales.shape[0])
     first = warp // CS
     if SPLIT > 1:
         first = part * groups // parts + warp // CS
         groups = (part + 1) * groups // parts
-    TILES = (ROWS + 1) // 2 + WIDE - 1  # the m16 tiles, or WIDE's column blocks (one tile)
-    acc = kaio.local(f32, (TILES, 4, 4))
-    for m in kaio.static_range(TILES):
+    acc = kaio.local(f32, ((ROWS + 1) // 2, 4, 4))
+    for m in kaio.static_range((ROWS + 1) // 2):
         for i in kaio.static_range(4):
             for e in kaio.static_range(4):
                 acc[m, i, e] = 0.0
-    words = kaio.local(u32, (WBUF * WIDE, LOADS, 4))
+    words = kaio.local(u32, (WBUF, LOADS, 4))
     xr = kaio.local(u32, (WBUF, LOADS, 2, 4))
     xq = kaio.local(u32, (XLEAD + 1, 2, 4))
-    sc = kaio.local(u32, (WBUF * WIDE, 2))
+    sc = kaio.local(u32, (WBUF, 2))
     last = kaio.max(groups, 1) - 1
     xrows = kaio.local(u32, (4 * ROWS // CS + 1,))
     xread, xcopy, xcol = u32(0), u32(0), u32(0)
@@ -626,9 +597,9 @@ def decode_columns(
                     ring, sring, b, w, scales, first + b * KW, col, cb, N, warp, lane, tid, WARPS
                 )
             else:
-                load_columns(
-                    words, xr, sc, b, w, x, scales, first + b * KW, cols, g, t, M, ROWS, L2F,
-                    XLEAD, WC, XS, WIDE,
+                load_group(
+                    words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F,
+                    XLEAD, WC, XS,
                 )  # fmt: skip
             if XS > 0:
                 stage_x(xring, b, x, first + b * KW, xcopy, xrows, xcol, ROWS, CS, KW, XS)
@@ -650,48 +621,46 @@ def decode_columns(
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, cols, WIDE,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol,
                 )  # fmt: skip
             elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, cols, WIDE,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol,
                 )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
         if SWAP == 1:
-            for n in kaio.static_range(WIDE):
-                for slab in kaio.static_range(ROWS):
-                    for p in kaio.static_range(2):
-                        for e in kaio.static_range(4):
-                            row = 8 * slab + 2 * t + e % 2
-                            at = 4 * g + 2 * p + e // 2
-                            partial[WIDE * warp + n, row, at] = acc[n, 2 * slab + p, e]
+            for slab in kaio.static_range(ROWS):
+                for p in kaio.static_range(2):
+                    for e in kaio.static_range(4):
+                        row = 8 * slab + 2 * t + e % 2
+                        partial[warp, row, 4 * g + 2 * p + e // 2] = acc[0, 2 * slab + p, e]
         else:
             for i in kaio.static_range(4):
                 for e in kaio.static_range(4):
                     partial[warp, g + 8 * (e // 2), 4 * (2 * t + e % 2) + i] = acc[m, i, e]
         kaio.sync_threads()
-        for k in kaio.static_range(CSW * 16 * COLS // (WARPS * 32)):
+        for k in kaio.static_range(CS * 16 * COLS // (WARPS * 32)):
             o = tid + k * WARPS * 32
             r = o // COLS
             cs = u32(0)
-            if CSW > 1:
+            if CS > 1:
                 cs = r // 16
                 r = r % 16
-            c = (block * CSW + cs) * COLS + o % COLS
+            c = (block * CS + cs) * COLS + o % COLS
             total = partial[cs, r, o % COLS]
             for s in kaio.static_range(1, KW):
-                total += partial[s * CSW + cs, r, o % COLS]
+                total += partial[s * CS + cs, r, o % COLS]
             if SPLIT > 1 and parts > 1:
                 if r < M:
                     ws[part, slot, o] = total
             elif 16 * m + r < M and c < N:
                 out[16 * m + r, c] = DT(total)
     if SPLIT > 1 and parts > 1:
-        add_parts(out, ws, counters, partial, slot, block, M, N, tid, WARPS, SPLIT, CSW, DT)
+        add_parts(out, ws, counters, partial, slot, block, M, N, tid, WARPS, SPLIT, CS, DT)
 
 
 @kaio.gpu_func
@@ -746,13 +715,13 @@ def int4_decode(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], whole: u32,
     SPLIT: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
-    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, WIDE: kaio.constexpr,
+    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
-    """``out = x @ W`` (``decode_columns``), a block per ``CS WIDE`` column blocks; with SPLIT > 1
+    """``out = x @ W`` (``decode_columns``), a block per ``CS`` column blocks; with SPLIT > 1
     the blocks from ``whole`` on take SPLIT parts of K each (block ``whole + j``: part
     ``j % SPLIT`` of the column blocks ``whole + j // SPLIT``; ``whole`` 0: all of them)."""
     decode_bounds(WARPS, ROWS, MINB)
-    partial = kaio.shared(f32, (WARPS * WIDE, 16, COLS))
+    partial = kaio.shared(f32, (WARPS, 16, COLS))
     b = kaio.block_idx_x()
     block, part, parts = b, u32(0), u32(1)
     if SPLIT > 1 and b >= whole:
@@ -762,7 +731,6 @@ def int4_decode(
     decode_columns(
         x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
         part, parts, block - whole, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS,
-        WIDE,
     )  # fmt: skip
 
 
@@ -786,18 +754,18 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 1,
+            0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 1,
+            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 1,
+            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
 
 
@@ -818,7 +786,6 @@ WC = 0  # the words' cache operator: 0 the default, 1 .cg (L2 only, L1 keeps x),
 ASYNC = 0  # 1: the words and scales through WBUF-slot rings in shared memory by cp.async
 XS = 0  # ROWS <= 2: x through WBUF-slot rings in shared memory, one a K slice of CS warps, copied
 # .cg (1) or .ca (2)
-WIDE = 1  # swapped, x by XLEAD: column blocks a warp (x's fragments shared by their words)
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -832,7 +799,6 @@ TUNED = {
     "WC": WC,
     "ASYNC": ASYNC,
     "XS": XS,
-    "WIDE": WIDE,
 }  # the constexprs matmul's tune overrides
 
 
@@ -891,10 +857,8 @@ def _tuned(m: int, tune: dict | None = None) -> dict:
         tuned["XS"] = 0
     if tuned["XS"]:
         tuned["XLEAD"] = 0  # x comes from its ring
-    elif (tuned["ASYNC"] or tuned["WIDE"] > 1) and not tuned["XLEAD"]:
-        tuned["XLEAD"] = 3  # the rings, WIDE's buffers hold no x: x's fragments 3 loads ahead
-    if tuned["WIDE"] > 1 and (not tuned["SWAP"] or tuned["ASYNC"] or tuned["XS"]):
-        raise ValueError(f"WIDE {tuned['WIDE']} takes the swapped mma without ASYNC or XS")
+    elif tuned["ASYNC"] and not tuned["XLEAD"]:
+        tuned["XLEAD"] = 3  # the rings hold no x: x's fragments 3 loads ahead
     return tuned
 
 
@@ -1005,8 +969,7 @@ def matmul(
         tune = {**planned, **(tune or {})}
     tuned = _tuned(m, tune)
     split, tail = tuned.pop("SPLIT", SPLIT), tuned.pop("TAIL", 0)
-    per_block = tuned["CS"] * tuned["WIDE"]  # column blocks a block
-    units = -(-tiles // per_block)
+    units = -(-tiles // tuned["CS"])
     whole = tail_whole(units, sms, tail) if tail > 1 else 0
     if tail > 1:
         split = tail if whole < units else 1
@@ -1017,7 +980,7 @@ def matmul(
     int4_decode[_config(x, blocks, warps, tuned)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
         WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, whole=whole,
-        **_split_arrays(x, units - whole, split, per_block), SPLIT=split,
+        **_split_arrays(x, units - whole, split, tuned["CS"]), SPLIT=split,
     )  # fmt: skip
     return out
 
@@ -1037,7 +1000,6 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
         warps, planned = 4, ({"DEQ": 6, "XLEAD": 3} if blocks > 10 * sms else {})
     tuned = _tuned(m, planned)
     tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
-    tuned.pop("WIDE")
     tuned.pop("TAIL", None)  # and no K split
     int4_decode_qkv[_config(x, blocks, warps, tuned)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
@@ -1080,7 +1042,6 @@ def specializations() -> list:
                 continue  # qkv keeps main's blocks of 4 where plan takes the rings
             else:
                 tuned.pop("CS")
-                tuned.pop("WIDE")
             for split in splits:
                 consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
                 if kernel is int4_decode:
