@@ -273,16 +273,19 @@ def store_wg_x(xw: u32[:], slot: u32, xv: u32[:, :], warp: u32, lane: u32):
 @kaio.gpu_func
 def wg_turn(
     xw: u32[:], wbars: u64[:], xv: u32[:, :], x: f16[:, :], n: u32, kslice: u32, ahead: u32,
-    groups: u32, KW: kaio.constexpr, warp: u32, lane: u32, M: u32,
+    groups: u32, KW: kaio.constexpr, warp: u32, lane: u32, M: u32, WG: kaio.constexpr,
 ) -> u32:  # fmt: skip
     """WG: turn ``n`` of K slice ``kslice`` (a warpgroup): wait until its group's x is in
     its slot (every thread of the warpgroup stored its part in the turn before and arrived on
     the slot's mbarrier, phase ``n // XSLOTS``), then store the next group's (``ahead``, in
     xv since that turn) into the next slot, which the warpgroup's wgmmas of turn ``n - 2``
-    read (every thread waited for its own at the end of that turn, before it arrived in turn
-    ``n - 1``), and load the group after into xv. The slot's index in the rings."""
+    read (every thread waited for its own before it arrived in turn ``n - 1``: WG 1 at the
+    end of turn ``n - 2``, WG 2 here, at the start of turn ``n - 1``), and load the group
+    after into xv. The slot's index in the rings."""
     slot = kslice * XSLOTS + n % XSLOTS
     kaio.mbarrier_wait(wbars, slot, (n // XSLOTS) % 2)
+    if WG == 2:
+        kaio.wgmma_wait(0)  # this thread's wgmmas of the turn before, before it arrives
     if ahead < groups:
         following = kslice * XSLOTS + (n + 1) % XSLOTS
         store_wg_x(xw, following, xv, warp, lane)
@@ -319,7 +322,7 @@ def wg_start(
 @kaio.gpu_func
 def multiply_wg(
     accw: f32[:, :], words: u32[:, :, :], sc: u32[:, :], BUF: kaio.constexpr,
-    DEQ: kaio.constexpr, xw: u32[:], slot: u32,
+    DEQ: kaio.constexpr, xw: u32[:], slot: u32, WG: kaio.constexpr,
 ):  # fmt: skip
     """WG: accw[p] += buffer BUF's products by ``wgmma`` m64n16k16, warpgroup-wide: A = this
     warp's dequantized weights from registers (its 16 rows of tile p: the lane's columns
@@ -327,7 +330,7 @@ def multiply_wg(
     ``slot`` of the x rings (``store_wg_x``); accw[p, 4 s + e] is ``multiply_swapped``'s
     acc[0, 2 s + p, e]. The wgmmas read A's registers while they run: two sets, each load's
     wgmmas committed and all but the newest group waited for before a set is rewritten, all of
-    them at the end."""
+    them at the end (WG 1) or at the next turn's start (WG 2, ``wg_turn``)."""
     aw = kaio.local(u32, (2, 2, 2, 4))
     b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
@@ -343,7 +346,8 @@ def multiply_wg(
                 kaio.wgmma_f16(accw[p], aw[u % 2, p, h], tile, True)
         kaio.wgmma_commit()
         kaio.wgmma_wait(1)
-    kaio.wgmma_wait(0)
+    if WG == 1:
+        kaio.wgmma_wait(0)
 
 
 @kaio.gpu_func
@@ -600,8 +604,10 @@ def buffer_step(
             XLEAD, WC, XS, WG,
         )  # fmt: skip
     if WG > 0:
-        slot = wg_turn(xw, wbars, xv, x, turn + B, kslice, ahead, groups, WARPS, warp, g * 4 + t, M)
-        multiply_wg(accw, words, sc, B, DEQ, xw, slot)
+        slot = wg_turn(
+            xw, wbars, xv, x, turn + B, kslice, ahead, groups, WARPS, warp, g * 4 + t, M, WG
+        )
+        multiply_wg(accw, words, sc, B, DEQ, xw, slot, WG)
         return
     if ASYNC > 0 or XS > 0:
         if XS > 0:
@@ -674,8 +680,9 @@ def decode_columns(
     xring = kaio.shared_dynamic(f16, (XRING_HALVES,), 4 * RING_WORDS + 2 * SRING_HALVES)
     XBARS_AT = 4 * RING_WORDS + 2 * SRING_HALVES + 2 * XRING_HALVES
     bars = kaio.shared_dynamic(u64, (XON * WBUF * KW + 2 - 2 * XON,), XBARS_AT)
-    xw = kaio.shared(u32, (WG * KW * XSLOTS * WG_SLOT + 4 - 4 * WG,))
-    wbars = kaio.shared(u64, (WG * KW * XSLOTS + 1 - WG,))
+    WON = (WG + 1) // 2  # 1 with WG 1 or 2
+    xw = kaio.shared(u32, (WON * KW * XSLOTS * WG_SLOT + 4 - 4 * WON,))
+    wbars = kaio.shared(u64, (WON * KW * XSLOTS + 1 - WON,))
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -753,6 +760,7 @@ def decode_columns(
                     xv, accw, turn,
                 )  # fmt: skip
     if WG > 0:
+        kaio.wgmma_wait(0)
         for slab in kaio.static_range(2):
             for p in kaio.static_range(2):
                 for e in kaio.static_range(4):
@@ -915,6 +923,7 @@ ASYNC = 0  # 1: the words and scales through WBUF-slot rings in shared memory by
 XS = 0  # ROWS <= 2: x through WBUF-slot rings in shared memory, one a K slice of CS warps, copied
 # .cg (1) or .ca (2)
 WG = 0  # M = 9-16: warpgroups of 4 column blocks multiply by wgmma, x from their shared ring
+# (1: each turn waits for its wgmmas at its end, 2: at the next turn's start)
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
