@@ -91,10 +91,6 @@ LOADS = ROWS_PER_GROUP // 4  # 16-byte loads per lane and group
 # of a read phase fall on the two halves of the banks), and a slot of 16 rows
 XPITCH = 160
 XSLOT = 16 * XPITCH
-# WG: x's ring a warpgroup, XSLOTS slots of a group's x (16 rows x 128 halves) in the wgmma's
-# B layout, WG_SLOT u32 words each: 8 k-steps of a 16 x 16 tile (512 bytes)
-XSLOTS = 3
-WG_SLOT = 1024
 PAIR_MASK = 0x000F000F  # nibbles j and j + 4 of a word shifted right by 4 j
 # XORed into a masked pair: the exponent of f16 1024 in each half, and the nibble's sign bit
 # flipped (q + 8); read as an f16 pair, the same bits are 1032 = 1024 + 8, subtracted after.
@@ -118,11 +114,11 @@ def load_group(
     words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
     x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
     ROWS: kaio.constexpr, L2F: kaio.constexpr, XLEAD: kaio.constexpr, WC: kaio.constexpr,
-    XS: kaio.constexpr, WG: kaio.constexpr,
+    XS: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
     the words of packed rows ``16 group + 4 u + t`` (words[u]) and, when ``ROWS`` <= 2 (one
-    m16 tile) and ``XLEAD``, ``XS`` and ``WG`` are 0, the 8 halves of x those words multiply, rows g
+    m16 tile) and ``XLEAD`` and ``XS`` are 0, the 8 halves of x those words multiply, rows g
     and g + 8 (xr[u, r]; rows past M read row M - 1 instead: their products land in rows that
     are never stored). Past one tile the x fragments are loaded where they are used
     (``multiply_group``): buffering them all would take 32 registers per 8 rows; with
@@ -139,7 +135,7 @@ def load_group(
             kaio.load_vector(words[BUF, u], w, (row, col), L2F, "cs")
         else:
             kaio.load_vector(words[BUF, u], w, (row, col), L2F)
-        if ROWS <= 2 and XLEAD == 0 and XS == 0 and WG == 0:
+        if ROWS <= 2 and XLEAD == 0 and XS == 0:
             for r in kaio.static_range(ROWS):
                 kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
 
@@ -242,112 +238,6 @@ def x_turn(bars: u64[:], SLOT: kaio.constexpr, kslice: u32, parity: u32, WBUF: k
     kaio.cp_async_wait(WBUF - 2)
     kaio.mbarrier_arrive(bars, kslice * WBUF + SLOT)
     kaio.mbarrier_wait(bars, kslice * WBUF + SLOT, parity)
-
-
-@kaio.gpu_func
-def load_wg_x(xv: u32[:, :], x: f16[:, :], group: u32, warp: u32, lane: u32, M: u32):
-    """WG: this thread's two 16-byte chunks of scale group ``group``'s x into xv[j]: row
-    ``8 j + lane // 4`` (past M row M - 1: its products land in columns never stored), the
-    group's 16-byte chunk ``4 (warp % 4) + lane % 4``; a warpgroup's 128 threads load the
-    group's 16 rows x 128 halves once for its 4 warps."""
-    k = group * 8 * ROWS_PER_GROUP + 8 * (4 * (warp % 4) + lane % 4)
-    for j in kaio.static_range(2):
-        kaio.load_vector(xv[j], x, (kaio.min(8 * j + lane // 4, M - 1), k))
-
-
-@kaio.gpu_func
-def store_wg_x(xw: u32[:], slot: u32, xv: u32[:, :], warp: u32, lane: u32):
-    """WG: xv (``load_wg_x``) into slot ``slot`` of the x rings as the B tiles of
-    ``multiply_wg``'s k-steps (K-major, no swizzle: k-step ``(u, h)``'s 16 x 16 tile at 512
-    (2 u + h) bytes, x row ``8 j + i`` at 256 j + 16 i, logical k ``8 r + 2 t + e`` at
-    128 r + 4 t + 2 e). Logical k ``8 r + 2 t + e`` of k-step ``(u, h)`` is the group's k
-    ``32 u + 8 t + 4 h + 2 r + e`` (DEQ 6's order: byte ``2 h + r`` of the word of packed row
-    ``4 u + t``), so the chunk's pair ``2 h + r`` (u = warp % 4, t = lane % 4) goes to word
-    ``lane`` of core matrix ``r`` of row block j: a warp's stores hit 32 banks."""
-    for j in kaio.static_range(2):
-        for hr in kaio.static_range(4):
-            at = slot * WG_SLOT + (2 * (warp % 4) + hr // 2) * 128 + 64 * j + 32 * (hr % 2) + lane
-            xw[at] = xv[j, hr]
-
-
-@kaio.gpu_func
-def wg_turn(
-    xw: u32[:], wbars: u64[:], xv: u32[:, :], x: f16[:, :], n: u32, kslice: u32, ahead: u32,
-    groups: u32, KW: kaio.constexpr, warp: u32, lane: u32, M: u32, WG: kaio.constexpr,
-) -> u32:  # fmt: skip
-    """WG: turn ``n`` of K slice ``kslice`` (a warpgroup): wait until its group's x is in
-    its slot (every thread of the warpgroup stored its part in the turn before and arrived on
-    the slot's mbarrier, phase ``n // XSLOTS``), then store the next group's (``ahead``, in
-    xv since that turn) into the next slot, which the warpgroup's wgmmas of turn ``n - 2``
-    read (every thread waited for its own before it arrived in turn ``n - 1``: WG 1 at the
-    end of turn ``n - 2``, WG 2 here, at the start of turn ``n - 1``), and load the group
-    after into xv. The slot's index in the rings."""
-    slot = kslice * XSLOTS + n % XSLOTS
-    kaio.mbarrier_wait(wbars, slot, (n // XSLOTS) % 2)
-    if WG == 2:
-        kaio.wgmma_wait(0)  # this thread's wgmmas of the turn before, before it arrives
-    if ahead < groups:
-        following = kslice * XSLOTS + (n + 1) % XSLOTS
-        store_wg_x(xw, following, xv, warp, lane)
-        kaio.fence_proxy_async()  # the stores before the wgmmas' reads (the async proxy)
-        kaio.mbarrier_arrive(wbars, following)
-        if ahead + KW < groups:
-            load_wg_x(xv, x, ahead + KW, warp, lane, M)
-    return slot
-
-
-@kaio.gpu_func
-def wg_start(
-    accw: f32[:, :], xw: u32[:], wbars: u64[:], xv: u32[:, :], x: f16[:, :], first: u32,
-    groups: u32, KW: kaio.constexpr, warp: u32, lane: u32, tid: u32, M: u32,
-):  # fmt: skip
-    """WG: zero the sums, set up the x rings' mbarriers (a warpgroup's 128 threads arrive),
-    put the K slice's first group's x in its slot 0 and load the second's into xv."""
-    for p in kaio.static_range(2):
-        for e in kaio.static_range(8):
-            accw[p, e] = 0.0
-    if tid < KW * XSLOTS:
-        kaio.mbarrier_init(wbars, tid, 128)
-    kaio.sync_threads()
-    kslice = warp // 4
-    if first < groups:
-        load_wg_x(xv, x, first, warp, lane, M)
-        store_wg_x(xw, kslice * XSLOTS, xv, warp, lane)
-        kaio.fence_proxy_async()
-        kaio.mbarrier_arrive(wbars, kslice * XSLOTS)
-        if first + KW < groups:
-            load_wg_x(xv, x, first + KW, warp, lane, M)
-
-
-@kaio.gpu_func
-def multiply_wg(
-    accw: f32[:, :], words: u32[:, :, :], sc: u32[:, :], BUF: kaio.constexpr,
-    DEQ: kaio.constexpr, xw: u32[:], slot: u32, WG: kaio.constexpr,
-):  # fmt: skip
-    """WG: accw[p] += buffer BUF's products by ``wgmma`` m64n16k16, warpgroup-wide: A = this
-    warp's dequantized weights from registers (its 16 rows of tile p: the lane's columns
-    ``4 g + 2 p`` and ``+ 1``, as ``multiply_swapped``'s A), B = x's 16 rows from slot
-    ``slot`` of the x rings (``store_wg_x``); accw[p, 4 s + e] is ``multiply_swapped``'s
-    acc[0, 2 s + p, e]. The wgmmas read A's registers while they run: two sets, each load's
-    wgmmas committed and all but the newest group waited for before a set is rewritten, all of
-    them at the end (WG 1) or at the next turn's start (WG 2, ``wg_turn``)."""
-    aw = kaio.local(u32, (2, 2, 2, 4))
-    b = kaio.local(u32, (4, 2, 2))
-    for u in kaio.static_range(LOADS):
-        dequantize_load(b, words, sc, BUF, u, DEQ)
-        for i in kaio.static_range(4):
-            for h in kaio.static_range(2):
-                for r in kaio.static_range(2):
-                    aw[u % 2, i // 2, h, 2 * r + i % 2] = b[i, h, r]
-        kaio.wgmma_fence()
-        for p in kaio.static_range(2):
-            for h in kaio.static_range(2):
-                tile = kaio.smem_descriptor(xw, (slot * WG_SLOT + (2 * u + h) * 128,), 0, 128, 256)
-                kaio.wgmma_f16(accw[p], aw[u % 2, p, h], tile, True)
-        kaio.wgmma_commit()
-        kaio.wgmma_wait(1)
-    if WG == 1:
-        kaio.wgmma_wait(0)
 
 
 @kaio.gpu_func
@@ -583,8 +473,7 @@ def buffer_step(
     WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr, WC: kaio.constexpr,
     ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:], cb: u32, N: u32, warp: u32, tid: u32,
     BLOCK_WARPS: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], bars: u64[:], parity: u32,
-    CS: kaio.constexpr, xread: u32, xcopy: u32, xrows: u32[:], xcol: u32, WG: kaio.constexpr,
-    xw: u32[:], wbars: u64[:], xv: u32[:, :], accw: f32[:, :], turn: u32,
+    CS: kaio.constexpr, xread: u32, xcopy: u32, xrows: u32[:], xcol: u32,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
@@ -594,21 +483,14 @@ def buffer_step(
     ``BLOCK_WARPS`` (the block's, of which ``WARPS`` split K) lays the rings out. With ``XS``
     x's slot B of the K slice's ring is waited for the same way, by the slice's ``CS`` warps
     together (``x_turn``, phase ``parity``), and x's copies of the group ahead join the
-    turn's. With ``WG`` (the warp's K slice is its warpgroup's, turn ``turn + B`` of it)
-    ``wg_turn`` takes x and the products are ``multiply_wg``'s."""
+    turn's."""
     ahead = base + (B + WBUF - 1) * WARPS
     kslice = warp // CS
     if ASYNC == 0 and ahead < groups:  # first: XS's wait must not hold the words back
         load_group(
             words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
-            XLEAD, WC, XS, WG,
+            XLEAD, WC, XS,
         )  # fmt: skip
-    if WG > 0:
-        slot = wg_turn(
-            xw, wbars, xv, x, turn + B, kslice, ahead, groups, WARPS, warp, g * 4 + t, M, WG
-        )
-        multiply_wg(accw, words, sc, B, DEQ, xw, slot, WG)
-        return
     if ASYNC > 0 or XS > 0:
         if XS > 0:
             x_turn(bars, B, kslice, parity, WBUF)
@@ -642,7 +524,7 @@ def decode_columns(
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     parts: u32, slot: u32, SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
-    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, WG: kaio.constexpr,
+    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -664,9 +546,7 @@ def decode_columns(
     through a ring of WBUF slots in shared memory by ``cp.async`` too, one per K slice (the
     CS warps of one run of groups), each group's x copied once for the slice's CS column
     blocks (x's L2 traffic divided by CS), the slice's warps meeting at an mbarrier a turn
-    (``x_turn``). ``WG`` (swapped, CS 4): each warpgroup is a K slice whose 4 warps multiply
-    by ``wgmma`` with x's 16 rows from shared memory, copied once a group for the 4 column
-    blocks into the slice's ring of XSLOTS slots (``wg_turn``)."""
+    (``x_turn``)."""
     KW = WARPS // CS  # the warps that split K
     # The rings (``ring_bytes`` of dynamic shared memory at launch): ASYNC's words
     # (``ring_word``), then each thread's scales [WBUF, threads, 4], then XS's x
@@ -680,9 +560,6 @@ def decode_columns(
     xring = kaio.shared_dynamic(f16, (XRING_HALVES,), 4 * RING_WORDS + 2 * SRING_HALVES)
     XBARS_AT = 4 * RING_WORDS + 2 * SRING_HALVES + 2 * XRING_HALVES
     bars = kaio.shared_dynamic(u64, (XON * WBUF * KW + 2 - 2 * XON,), XBARS_AT)
-    WON = (WG + 1) // 2  # 1 with WG 1 or 2
-    xw = kaio.shared(u32, (WON * KW * XSLOTS * WG_SLOT + 4 - 4 * WON,))
-    wbars = kaio.shared(u64, (WON * KW * XSLOTS + 1 - WON,))
     tid = kaio.thread_idx_x()
     warp = tid // 32
     lane = tid % 32
@@ -708,10 +585,6 @@ def decode_columns(
     last = kaio.max(groups, 1) - 1
     xrows = kaio.local(u32, (4 * ROWS // CS + 1,))
     xread, xcopy, xcol = u32(0), u32(0), u32(0)
-    xv = kaio.local(u32, (2, 4))
-    accw = kaio.local(f32, (2, 8))
-    if WG > 0:
-        wg_start(accw, xw, wbars, xv, x, first, groups, KW, warp, lane, tid, M)
     if XS > 0:
         xread, xcopy, xcol = x_bases(xrows, warp, tid, g, t, M, ROWS, CS)
         if tid < KW * WBUF:
@@ -726,7 +599,7 @@ def decode_columns(
             else:
                 load_group(
                     words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F,
-                    XLEAD, WC, XS, WG,
+                    XLEAD, WC, XS,
                 )  # fmt: skip
             if XS > 0:
                 stage_x(xring, b, x, first + b * KW, xcopy, xrows, xcol, ROWS, CS, KW, XS)
@@ -743,28 +616,19 @@ def decode_columns(
                 if group + d * KW < groups:
                     prefetch_group(w, group + d * KW, cb, lane, N, PMODE)
         parity = ((group - first) // (WBUF * KW)) % 2  # XS: the round's phase of each slot
-        turn = (group - first) // KW  # WG: the K slice's turn of buffer 0
         for b in kaio.static_range(WBUF):
             if b == 0:  # group < groups in the loop
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, WG, xw, wbars,
-                    xv, accw, turn,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol,
                 )  # fmt: skip
             elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, WG, xw, wbars,
-                    xv, accw, turn,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol,
                 )  # fmt: skip
-    if WG > 0:
-        kaio.wgmma_wait(0)
-        for slab in kaio.static_range(2):
-            for p in kaio.static_range(2):
-                for e in kaio.static_range(4):
-                    acc[0, 2 * slab + p, e] = accw[p, 4 * slab + e]
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
@@ -851,7 +715,7 @@ def int4_decode(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], whole: u32,
     SPLIT: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
-    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, WG: kaio.constexpr,
+    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block per ``CS`` column blocks; with SPLIT > 1
     the blocks from ``whole`` on take SPLIT parts of K each (block ``whole + j``: part
@@ -866,7 +730,7 @@ def int4_decode(
         parts = u32(SPLIT)
     decode_columns(
         x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-        part, parts, block - whole, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, WG,
+        part, parts, block - whole, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS,
     )  # fmt: skip
 
 
@@ -890,18 +754,18 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 0,
+            0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 0,
+            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 0,
+            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
         )  # fmt: skip
 
 
@@ -922,8 +786,6 @@ WC = 0  # the words' cache operator: 0 the default, 1 .cg (L2 only, L1 keeps x),
 ASYNC = 0  # 1: the words and scales through WBUF-slot rings in shared memory by cp.async
 XS = 0  # ROWS <= 2: x through WBUF-slot rings in shared memory, one a K slice of CS warps, copied
 # .cg (1) or .ca (2)
-WG = 0  # M = 9-16: warpgroups of 4 column blocks multiply by wgmma, x from their shared ring
-# (1: each turn waits for its wgmmas at its end, 2: at the next turn's start)
 TUNED = {
     "PREFETCH": PREFETCH,
     "DEQ": DEQ,
@@ -937,7 +799,6 @@ TUNED = {
     "WC": WC,
     "ASYNC": ASYNC,
     "XS": XS,
-    "WG": WG,
 }  # the constexprs matmul's tune overrides
 
 
@@ -998,10 +859,6 @@ def _tuned(m: int, tune: dict | None = None) -> dict:
         tuned["XLEAD"] = 0  # x comes from its ring
     elif tuned["ASYNC"] and not tuned["XLEAD"]:
         tuned["XLEAD"] = 3  # the rings hold no x: x's fragments 3 loads ahead
-    if tuned["WG"]:
-        if _rows(m) != 2 or tuned["DEQ"] != 6 or tuned["WBUF"] != 2 or tuned["ASYNC"]:
-            raise ValueError("WG takes M = 9-16, DEQ 6, WBUF 2, no ASYNC")
-        tuned.update(SWAP=1, CS=4, XLEAD=0, XS=0)  # a warpgroup's warps: 4 column blocks
     return tuned
 
 
@@ -1143,7 +1000,6 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
         warps, planned = 4, ({"DEQ": 6, "XLEAD": 3} if blocks > 10 * sms else {})
     tuned = _tuned(m, planned)
     tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
-    tuned.pop("WG")
     tuned.pop("TAIL", None)  # and no K split
     int4_decode_qkv[_config(x, blocks, warps, tuned)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
@@ -1186,7 +1042,6 @@ def specializations() -> list:
                 continue  # qkv keeps main's blocks of 4 where plan takes the rings
             else:
                 tuned.pop("CS")
-                tuned.pop("WG")
             for split in splits:
                 consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
                 if kernel is int4_decode:
