@@ -63,13 +63,17 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   in TAIL parts (``tail_whole``; ``SPLIT`` blocks from ``whole`` on, the last part to
   arrive adding the parts in order: deterministic), so that the SMs that would hold a
   block more hold a part more.
+- ``XC`` and ``WC``: the cache operators of x's and the words' loads (``LOAD_CACHES``).
+  At M = 9-16 x by the read-only path (``ld.global.nc``, XC 3) and the words not allocated
+  in L1 (``ld.global.L1::no_allocate``, WC 6) took 3-8% off (``LOADS_16``); ``.cg`` for the
+  words (WC 1) did not.
 
 ``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
 size, a dequantization by one lop3 a pair and an exact fma for the pairs at bit 4 (DEQ 1,
 the same bits), launch bounds, a K split over blocks, three register buffers of words
 (``WBUF``), blocks of several 32-column blocks whose warps share x through L1 (``CS``),
-the words loaded ``.cg`` so that L1 keeps x (``WC``); DEQ 2-4 are ablations with wrong
+the words loaded ``.cg`` so that L1 keeps x (``WC`` 1); DEQ 2-4 are ablations with wrong
 results) were measured slower or equal and stay off; the benchmark sets them
 (``bench/int4_decode.py --variants``, ``--plan-tunes``).
 
@@ -875,10 +879,13 @@ def _split_arrays(x: _arrays.Operand, units: int, split: int, cs: int = 1) -> di
     return {"ws": ws, "counters": _counters(x, units)}
 
 
-SWAPPED_16 = {"SWAP": 2, "DEQ": 6}  # M = 9-16: the swapped mma, a byte's nibbles a pair
+SWAPPED = {"SWAP": 2, "DEQ": 6}  # M = 9-16: the swapped mma, a byte's nibbles a pair
+# M = 9-16: x's loads by the read-only path (.nc), the words' not allocated in L1
+LOADS_16 = {"XC": 3, "WC": 6}
+SWAPPED_16 = {**SWAPPED, **LOADS_16}
 # M = 9-16 past ten tiles an SM: blocks of two column blocks whose warps of one K slice share
 # x through its shared ring (copied .ca), the words through theirs
-SHARED_X_16 = {**SWAPPED_16, "CS": 2, "XS": 2, "ASYNC": 1}
+SHARED_X_16 = {**SWAPPED, "CS": 2, "XS": 2, "ASYNC": 1}
 # M <= 8 past two tiles an SM: a byte's nibbles a pair, the words through the shared rings
 # (72-76 registers), x 3 loads ahead
 RINGS_8 = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
@@ -908,7 +915,9 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     tiles an SM (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K
     slice's x copied once into a shared ring for both, the words through the rings too
     (without ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth
-    pass")."""
+    pass"). Up to ten tiles an SM at M = 9-16 x's loads take the read-only path and the
+    words' are not allocated in L1 (``LOADS_16``: XC 3, WC 6; "W4A16 decode, M 9-16, ninth
+    pass"; ``qkv`` keeps the default loads)."""
     if m > 16:
         return WARPS, {}
     if m <= 8:
@@ -926,7 +935,7 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     if tiles <= 2 * sms or tiles > 10 * sms:
         return 8, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 3 * sms:
-        return 4, {}
+        return 4, dict(LOADS_16)
     if tiles <= 4 * sms:
         return 4, {**SWAPPED_16, "XLEAD": 3}
     return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2, "TAIL": 2}
@@ -997,6 +1006,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     blocks = sum(-(-n // COLS) for n in widths)
     sms = _arrays.multiprocessors(x)
     warps, planned = plan(m, blocks, sms, shared_x=False)
+    planned = {k: v for k, v in planned.items() if k not in LOADS_16}  # unmeasured here
     if planned.get("ASYNC"):  # the rings measured no faster here (70B widths, H100): main's
         warps, planned = 4, ({"DEQ": 6, "XLEAD": 3} if blocks > 10 * sms else {})
     tuned = _tuned(m, planned)
@@ -1035,6 +1045,8 @@ def specializations() -> list:
     for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16)):
         seen = []
         for m, warps, tune in configs:
+            if kernel is int4_decode_qkv:  # qkv's loads are the default ones
+                tune = {k: v for k, v in tune.items() if k not in LOADS_16}
             tuned = _tuned(m, tune)
             tail = tuned.pop("TAIL", 0)
             splits = [SPLIT]
