@@ -10,9 +10,10 @@ floor (``bench/floors.read_words``: every word read once, nothing else) once per
 ``--once`` runs each kernel once eagerly and times nothing (for a profiler).
 
 Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16] [--warps 4,8]
-[--variants W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/SP/T,...] [--out DIR] [--budget S] [--prewarm N]
-[--once]``: W warps a block, then ``KNOBS`` in order (``_int4_decode.TUNED``'s PREFETCH,
-DEQ, MINB, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, then SPLIT and TAIL). Writes
+[--variants W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/XC/SP/T,...] [--out DIR] [--budget S]
+[--prewarm N] [--once]``: W warps a block, then ``KNOBS`` in order (``_int4_decode.TUNED``'s
+PREFETCH, DEQ, MINB, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, XC, then SPLIT and
+TAIL). Writes
 ``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the floor (floor time
 / time). ``--plan-tunes DEQ=1;WC=1/PREFETCH=1`` adds, per point, ``plan``'s warps and knobs
 with those knobs overridden; ``--baseline 0`` runs the copied module at its own ``plan``.
@@ -54,7 +55,7 @@ def main() -> None:
     p.add_argument(
         "--variants",
         default="",
-        help="W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/SP/T,...: warps and KNOBS' values",
+        help="W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/XC/SP/T,...: warps and KNOBS' values",
     )
     p.add_argument("--budget", type=float, default=40.0)
     p.add_argument("--once", action="store_true", help="run each kernel eagerly, no timing")

@@ -648,7 +648,9 @@ def _vector_frag(ctx, v, arr, node, name: str):
 
 
 _L2_SIZES = (0, 64, 128, 256)  # load_vector's l2: the bytes L2 fetches on a miss (0: its own)
-_LOAD_CACHES = ("", "ca", "cg", "cs")  # load_vector's cache operator ("": the default, .ca)
+# load_vector's cache operator ("": the default, .ca), the read-only path (.nc) or an L1
+# eviction priority
+_LOAD_CACHES = ("", "ca", "cg", "cs", "nc", "L1::evict_last", "L1::evict_first", "L1::no_allocate")
 
 
 def _load_vector(ctx, args, node):
@@ -664,8 +666,8 @@ def _load_vector(ctx, args, node):
     cache = ctx.const_value(args[4], node, "kaio.load_vector()'s cache") if len(args) > 4 else ""
     if cache not in _LOAD_CACHES or (cache and arr.space != "global"):
         ctx.error(
-            f"kaio.load_vector(): cache is '', 'ca', 'cg' or 'cs' (a global array's cache "
-            f"operator), got {cache!r} for a {arr.space} array",
+            f"kaio.load_vector(): cache is one of {_LOAD_CACHES} (a global array's cache "
+            f"operator or L1 eviction priority), got {cache!r} for a {arr.space} array",
             node,
         )
     operands = (frag, arr, *ctx.indices(arr, args[2], node))
@@ -686,9 +688,11 @@ _define(
     "load_vector(regs, arr, index[, l2[, cache]]): regs[:] = the bytes at arr[index...] in ONE "
     "4/8/16-byte access (ld.v4.b32...); the address must be aligned to the size. l2 (64, "
     "128 or 256; global arrays, sm_80+): on an L2 miss, L2 fetches that many bytes around "
-    "the address (ld.L2::256B), a hint. cache ('ca', 'cg' or 'cs'; global arrays): the "
+    "the address (ld.L2::256B), a hint. cache ('ca', 'cg', 'cs', 'nc' or an L1 eviction "
+    "priority 'L1::evict_last', 'L1::evict_first', 'L1::no_allocate'; global arrays): the "
     "cache operator, ld.global.cg (L2 only, L1 not filled: keeps L1 for data read again) "
-    "or .cs (streaming, evict first); '' or 'ca' is the default.",
+    "or .cs (streaming, evict first), the read-only data path ld.global.nc (data the "
+    "kernel never writes), or ld.global.L1::evict_last...; '' or 'ca' is the default.",
     _load_vector,
 )
 _define(

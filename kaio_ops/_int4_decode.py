@@ -63,13 +63,17 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   in TAIL parts (``tail_whole``; ``SPLIT`` blocks from ``whole`` on, the last part to
   arrive adding the parts in order: deterministic), so that the SMs that would hold a
   block more hold a part more.
+- ``XC`` and ``WC``: the cache operators of x's and the words' loads (``LOAD_CACHES``).
+  At M = 9-16 x by the read-only path (``ld.global.nc``, XC 3) and the words not allocated
+  in L1 (``ld.global.L1::no_allocate``, WC 6) took 3-8% off (``LOADS_16``); ``.cg`` for the
+  words (WC 1) did not.
 
 ``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
 size, a dequantization by one lop3 a pair and an exact fma for the pairs at bit 4 (DEQ 1,
 the same bits), launch bounds, a K split over blocks, three register buffers of words
 (``WBUF``), blocks of several 32-column blocks whose warps share x through L1 (``CS``),
-the words loaded ``.cg`` so that L1 keeps x (``WC``); DEQ 2-4 are ablations with wrong
+the words loaded ``.cg`` so that L1 keeps x (``WC`` 1); DEQ 2-4 are ablations with wrong
 results) were measured slower or equal and stay off; the benchmark sets them
 (``bench/int4_decode.py --variants``, ``--plan-tunes``).
 
@@ -91,6 +95,8 @@ LOADS = ROWS_PER_GROUP // 4  # 16-byte loads per lane and group
 # of a read phase fall on the two halves of the banks), and a slot of 16 rows
 XPITCH = 160
 XSLOT = 16 * XPITCH
+# the loads' cache operators and L1 eviction priorities (kaio.load_vector's cache) by knob value
+LOAD_CACHES = ("", "cg", "cs", "nc", "L1::evict_last", "L1::evict_first", "L1::no_allocate")
 PAIR_MASK = 0x000F000F  # nibbles j and j + 4 of a word shifted right by 4 j
 # XORed into a masked pair: the exponent of f16 1024 in each half, and the nibble's sign bit
 # flipped (q + 8); read as an f16 pair, the same bits are 1032 = 1024 + 8, subtracted after.
@@ -114,7 +120,7 @@ def load_group(
     words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :], BUF: kaio.constexpr, w: u32[:, :],
     x: f16[:, :], scales: f16[:, :], group: u32, col: u32, g: u32, t: u32, M: u32,
     ROWS: kaio.constexpr, L2F: kaio.constexpr, XLEAD: kaio.constexpr, WC: kaio.constexpr,
-    XS: kaio.constexpr,
+    XS: kaio.constexpr, XC: kaio.constexpr,
 ):  # fmt: skip
     """Buffer BUF = scale group ``group``'s operands of this lane: its 4 columns' scales (sc),
     the words of packed rows ``16 group + 4 u + t`` (words[u]) and, when ``ROWS`` <= 2 (one
@@ -129,15 +135,11 @@ def load_group(
     kaio.load_vector(sc[BUF], scales, (group, col))
     for u in kaio.static_range(LOADS):
         row = group * ROWS_PER_GROUP + 4 * u + t
-        if WC == 1:
-            kaio.load_vector(words[BUF, u], w, (row, col), L2F, "cg")
-        elif WC == 2:
-            kaio.load_vector(words[BUF, u], w, (row, col), L2F, "cs")
-        else:
-            kaio.load_vector(words[BUF, u], w, (row, col), L2F)
+        kaio.load_vector(words[BUF, u], w, (row, col), L2F, LOAD_CACHES[WC])
         if ROWS <= 2 and XLEAD == 0 and XS == 0:
             for r in kaio.static_range(ROWS):
-                kaio.load_vector(xr[BUF, u, r], x, (kaio.min(g + 8 * r, M - 1), 8 * row))
+                at = (kaio.min(g + 8 * r, M - 1), 8 * row)
+                kaio.load_vector(xr[BUF, u, r], x, at, 0, LOAD_CACHES[XC])
 
 
 @kaio.gpu_func
@@ -243,25 +245,26 @@ def x_turn(bars: u64[:], SLOT: kaio.constexpr, kslice: u32, parity: u32, WBUF: k
 @kaio.gpu_func
 def load_x(
     xq: u32[:, :, :], SLOT: kaio.constexpr, x: f16[:, :], group: u32, u: kaio.constexpr,
-    g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
+    g: u32, t: u32, M: u32, ROWS: kaio.constexpr, XC: kaio.constexpr,
 ):  # fmt: skip
     """xq[SLOT, r] = the 8 halves of x that load ``u`` of scale group ``group`` multiplies,
     rows g and g + 8 (``ROWS`` of them; rows past M read row M - 1)."""
     k8 = group * ROWS_PER_GROUP + 4 * u + t
     for r in kaio.static_range(ROWS):
-        kaio.load_vector(xq[SLOT, r], x, (kaio.min(g + 8 * r, M - 1), 8 * k8))
+        kaio.load_vector(xq[SLOT, r], x, (kaio.min(g + 8 * r, M - 1), 8 * k8), 0, LOAD_CACHES[XC])
 
 
 @kaio.gpu_func
 def lead_x(
     xq: u32[:, :, :], x: f16[:, :], base: u32, s: kaio.constexpr, WARPS: kaio.constexpr,
     last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr, XLEAD: kaio.constexpr,
+    XC: kaio.constexpr,
 ):  # fmt: skip
     """The x fragments of step ``s`` (load ``s % 4`` of the group ``s // 4`` rounds of
     ``WARPS`` past ``base``, at most group ``last``: a step past the warp's groups reads one
     it has) into slot ``s % (XLEAD + 1)`` of the ring xq."""
     group = kaio.min(base + (s // LOADS) * WARPS, last)
-    load_x(xq, s % (XLEAD + 1), x, group, s % LOADS, g, t, M, ROWS)
+    load_x(xq, s % (XLEAD + 1), x, group, s % LOADS, g, t, M, ROWS, XC)
 
 
 @kaio.gpu_func
@@ -269,7 +272,7 @@ def step_x(
     xr: u32[:, :, :, :], BUF: kaio.constexpr, u: kaio.constexpr, xq: u32[:, :, :],
     x: f16[:, :], base: u32, WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32,
     ROWS: kaio.constexpr, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
-    xread: u32,
+    xread: u32, XC: kaio.constexpr,
 ):  # fmt: skip
     """With ``XLEAD`` > 0: ask for the x fragments of the step ``XLEAD`` loads later
     (``lead_x``), then take this step's (load ``u`` of buffer BUF) from the ring into
@@ -281,7 +284,7 @@ def step_x(
             kaio.load_vector(xr[BUF, u, r], xring, (at,))
     if XLEAD > 0:
         s = LOADS * BUF + u
-        lead_x(xq, x, base, s + XLEAD, WARPS, last, g, t, M, ROWS, XLEAD)
+        lead_x(xq, x, base, s + XLEAD, WARPS, last, g, t, M, ROWS, XLEAD, XC)
         for r in kaio.static_range(ROWS):
             for e in kaio.static_range(4):
                 xr[BUF, u, r, e] = xq[s % (XLEAD + 1), r, e]
@@ -316,7 +319,7 @@ def multiply_group(
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     DEQ: kaio.constexpr, SWAP: kaio.constexpr, xq: u32[:, :, :], base: u32,
     WARPS: kaio.constexpr, last: u32, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
-    xread: u32,
+    xread: u32, XC: kaio.constexpr,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
@@ -330,11 +333,11 @@ def multiply_group(
     if SWAP == 1:
         multiply_swapped(
             acc, words, xr, sc, BUF, DEQ, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS,
-            xring, xread,
+            xring, xread, XC,
         )  # fmt: skip
         return
     for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread)
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread, XC)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for m in kaio.static_range((ROWS + 1) // 2):
             if ROWS > 2:
@@ -377,7 +380,7 @@ def multiply_swapped(
     acc: f32[:, :, :], words: u32[:, :, :], xr: u32[:, :, :, :], sc: u32[:, :],
     BUF: kaio.constexpr, DEQ: kaio.constexpr, xq: u32[:, :, :], x: f16[:, :], base: u32,
     WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
-    XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], xread: u32,
+    XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], xread: u32, XC: kaio.constexpr,
 ):  # fmt: skip
     """``multiply_group`` at M <= 16 (``ROWS`` 1 or 2) with the roles swapped: the weights
     are the A operand (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8
@@ -389,7 +392,7 @@ def multiply_swapped(
     bx = kaio.local(u32, (2, 2, 2))
     b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread)
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread, XC)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for i in kaio.static_range(4):
             for h in kaio.static_range(2):
@@ -473,7 +476,7 @@ def buffer_step(
     WARPS: kaio.constexpr, last: u32, WBUF: kaio.constexpr, WC: kaio.constexpr,
     ASYNC: kaio.constexpr, ring: u32[:], sring: f16[:], cb: u32, N: u32, warp: u32, tid: u32,
     BLOCK_WARPS: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], bars: u64[:], parity: u32,
-    CS: kaio.constexpr, xread: u32, xcopy: u32, xrows: u32[:], xcol: u32,
+    CS: kaio.constexpr, xread: u32, xcopy: u32, xrows: u32[:], xcol: u32, XC: kaio.constexpr,
 ):  # fmt: skip
     """Buffer B's turn in a round of ``WBUF`` groups from ``base`` (``WARPS`` apart): first
     the loads of the group ``WBUF - 1`` later into the buffer the previous turn freed, then
@@ -489,7 +492,7 @@ def buffer_step(
     if ASYNC == 0 and ahead < groups:  # first: XS's wait must not hold the words back
         load_group(
             words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead, col, g, t, M, ROWS, L2F,
-            XLEAD, WC, XS,
+            XLEAD, WC, XS, XC,
         )  # fmt: skip
     if ASYNC > 0 or XS > 0:
         if XS > 0:
@@ -513,7 +516,7 @@ def buffer_step(
         kaio.cp_async_commit()
     multiply_group(
         acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
-        last, XLEAD, XS, xring, xread,
+        last, XLEAD, XS, xring, xread, XC,
     )  # fmt: skip
 
 
@@ -524,7 +527,7 @@ def decode_columns(
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
     parts: u32, slot: u32, SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
-    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
+    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, XC: kaio.constexpr,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -599,14 +602,14 @@ def decode_columns(
             else:
                 load_group(
                     words, xr, sc, b, w, x, scales, first + b * KW, col, g, t, M, ROWS, L2F,
-                    XLEAD, WC, XS,
+                    XLEAD, WC, XS, XC,
                 )  # fmt: skip
             if XS > 0:
                 stage_x(xring, b, x, first + b * KW, xcopy, xrows, xcol, ROWS, CS, KW, XS)
         if ASYNC > 0 or XS > 0:
             kaio.cp_async_commit()
     for s in kaio.static_range(XLEAD):
-        lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD)
+        lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD, XC)
     for d in kaio.static_range(WBUF, WBUF * PREFETCH + WBUF):
         if first + d * KW < groups:
             prefetch_group(w, first + d * KW, cb, lane, N, PMODE)
@@ -621,13 +624,13 @@ def decode_columns(
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XC,
                 )  # fmt: skip
             elif group + b * KW < groups:
                 buffer_step(
                     acc, words, xr, sc, xq, b, w, x, scales, group, groups, col, g, t, M, ROWS,
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
-                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol,
+                    WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XC,
                 )  # fmt: skip
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
@@ -715,7 +718,7 @@ def int4_decode(
     DEQ: kaio.constexpr, MINB: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], whole: u32,
     SPLIT: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
-    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
+    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, XC: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block per ``CS`` column blocks; with SPLIT > 1
     the blocks from ``whole`` on take SPLIT parts of K each (block ``whole + j``: part
@@ -730,7 +733,7 @@ def int4_decode(
         parts = u32(SPLIT)
     decode_columns(
         x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-        part, parts, block - whole, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS,
+        part, parts, block - whole, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, XC,
     )  # fmt: skip
 
 
@@ -754,18 +757,18 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
+            0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 0,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
+            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 0,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS,
+            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 0,
         )  # fmt: skip
 
 
@@ -782,7 +785,8 @@ XLEAD = 0  # ROWS <= 2: x's fragments XLEAD loads ahead in a ring (0: with the w
 # divides 4 WBUF)
 WBUF = 2  # register buffers of words a warp (groups in flight: WBUF - 1)
 CS = 1  # matmul: 32-column blocks a block (its warps split K CS times less)
-WC = 0  # the words' cache operator: 0 the default, 1 .cg (L2 only, L1 keeps x), 2 .cs
+WC = 0  # the words' cache operator: LOAD_CACHES[WC] (1 .cg: L2 only, L1 keeps x; 2 .cs; ...)
+XC = 0  # x's loads at M <= 16 (with the words or by XLEAD): LOAD_CACHES[XC]
 ASYNC = 0  # 1: the words and scales through WBUF-slot rings in shared memory by cp.async
 XS = 0  # ROWS <= 2: x through WBUF-slot rings in shared memory, one a K slice of CS warps, copied
 # .cg (1) or .ca (2)
@@ -799,6 +803,7 @@ TUNED = {
     "WC": WC,
     "ASYNC": ASYNC,
     "XS": XS,
+    "XC": XC,
 }  # the constexprs matmul's tune overrides
 
 
@@ -874,10 +879,13 @@ def _split_arrays(x: _arrays.Operand, units: int, split: int, cs: int = 1) -> di
     return {"ws": ws, "counters": _counters(x, units)}
 
 
-SWAPPED_16 = {"SWAP": 2, "DEQ": 6}  # M = 9-16: the swapped mma, a byte's nibbles a pair
+SWAPPED = {"SWAP": 2, "DEQ": 6}  # M = 9-16: the swapped mma, a byte's nibbles a pair
+# M = 9-16: x's loads by the read-only path (.nc), the words' not allocated in L1
+LOADS_16 = {"XC": 3, "WC": 6}
+SWAPPED_16 = {**SWAPPED, **LOADS_16}
 # M = 9-16 past ten tiles an SM: blocks of two column blocks whose warps of one K slice share
 # x through its shared ring (copied .ca), the words through theirs
-SHARED_X_16 = {**SWAPPED_16, "CS": 2, "XS": 2, "ASYNC": 1}
+SHARED_X_16 = {**SWAPPED, "CS": 2, "XS": 2, "ASYNC": 1}
 # M <= 8 past two tiles an SM: a byte's nibbles a pair, the words through the shared rings
 # (72-76 registers), x 3 loads ahead
 RINGS_8 = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
@@ -907,7 +915,9 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     tiles an SM (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K
     slice's x copied once into a shared ring for both, the words through the rings too
     (without ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth
-    pass")."""
+    pass"). Up to ten tiles an SM at M = 9-16 x's loads take the read-only path and the
+    words' are not allocated in L1 (``LOADS_16``: XC 3, WC 6; "W4A16 decode, M 9-16, ninth
+    pass"; ``qkv`` keeps the default loads)."""
     if m > 16:
         return WARPS, {}
     if m <= 8:
@@ -925,7 +935,7 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     if tiles <= 2 * sms or tiles > 10 * sms:
         return 8, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 3 * sms:
-        return 4, {}
+        return 4, dict(LOADS_16)
     if tiles <= 4 * sms:
         return 4, {**SWAPPED_16, "XLEAD": 3}
     return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2, "TAIL": 2}
@@ -996,10 +1006,12 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     blocks = sum(-(-n // COLS) for n in widths)
     sms = _arrays.multiprocessors(x)
     warps, planned = plan(m, blocks, sms, shared_x=False)
+    planned = {k: v for k, v in planned.items() if k not in LOADS_16}  # unmeasured here
     if planned.get("ASYNC"):  # the rings measured no faster here (70B widths, H100): main's
         warps, planned = 4, ({"DEQ": 6, "XLEAD": 3} if blocks > 10 * sms else {})
     tuned = _tuned(m, planned)
     tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
+    tuned.pop("XC")
     tuned.pop("TAIL", None)  # and no K split
     int4_decode_qkv[_config(x, blocks, warps, tuned)](
         x.arg(), *(_words(w) for w, _ in weights), *(s.arg() for _, s in weights),
@@ -1033,6 +1045,8 @@ def specializations() -> list:
     for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16)):
         seen = []
         for m, warps, tune in configs:
+            if kernel is int4_decode_qkv:  # qkv's loads are the default ones
+                tune = {k: v for k, v in tune.items() if k not in LOADS_16}
             tuned = _tuned(m, tune)
             tail = tuned.pop("TAIL", 0)
             splits = [SPLIT]
@@ -1042,6 +1056,7 @@ def specializations() -> list:
                 continue  # qkv keeps main's blocks of 4 where plan takes the rings
             else:
                 tuned.pop("CS")
+                tuned.pop("XC")
             for split in splits:
                 consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
                 if kernel is int4_decode:

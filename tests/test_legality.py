@@ -39,7 +39,9 @@ def _instr(op: str, key: str) -> Instr:
     elif op == "bulk_store":
         attrs = {"reduce": key} if key else {}
     elif op == "ld_vec":
-        attrs = {"l2": 256 if key else 0}
+        attrs = {"l2": 256 if key == "l2" else 0}
+        if key == "l1":
+            attrs["cache"] = "L1::no_allocate"
     elif op == "prefetch_l2":
         attrs = {"bulk": 128 if key else 0}
     elif op == "sreg":

@@ -302,11 +302,13 @@ def test_int4_decode_warps_route():
     3 loads ahead) up to two tiles a SM, main's blocks of 4 up to three, swapped blocks of 4
     up to four, then swapped blocks of 4 taking two column blocks each (the last partial
     round split over K: TAIL 2), past ten those blocks sharing x through shared rings
-    with the words' rings (without XS, as qkv plans: blocks of 8, x 3 loads ahead) (the H100
-    measurements of docs/performance.md); the default past 16 rows; and each plan is a
-    listed specialization (ptxas checks those)."""
+    with the words' rings (without XS, as qkv plans: blocks of 8, x 3 loads ahead), x by the
+    read-only path and the words not allocated in L1 but past ten (the H100 measurements of
+    docs/performance.md); the default past 16 rows; and each plan is a listed
+    specialization (ptxas checks those)."""
     plan = _int4_decode.plan
-    swapped, lead = {"SWAP": 2, "DEQ": 6}, {"SWAP": 2, "DEQ": 6, "XLEAD": 3}
+    loads = {"XC": 3, "WC": 6}
+    swapped, lead = {"SWAP": 2, "DEQ": 6, **loads}, {"SWAP": 2, "DEQ": 6, "XLEAD": 3, **loads}
     ns = (4096, 4224, 4256, 8448, 8480, 10240, 28672, 42240, 42272, 57344)
     rings = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
     assert [plan(1, n // 32, 132) for n in ns] == [(16, {})] * 2 + [(8, {})] * 2 + [
@@ -316,9 +318,10 @@ def test_int4_decode_warps_route():
     ns = (4096, 6144, 8448, 10240, 12672, 12704, 16896, 16928, 28672)
     got = [plan(16, n // 32, 132) for n in ns]
     pairs = {**lead, "CS": 2, "TAIL": 2}
-    want = [(8, swapped), (8, lead), (8, lead), (4, {}), (4, {}), (4, lead), (4, lead)]
+    want = [(8, swapped), (8, lead), (8, lead), (4, loads), (4, loads), (4, lead), (4, lead)]
     assert got == want + [(4, pairs)] * 2
-    assert plan(16, 57344 // 32, 132) == (4, {**swapped, "CS": 2, "XS": 2, "ASYNC": 1})
+    shared = {"SWAP": 2, "DEQ": 6, "CS": 2, "XS": 2, "ASYNC": 1}
+    assert plan(16, 57344 // 32, 132) == (4, shared)
     assert plan(16, 42272 // 32, 132, shared_x=False) == (8, lead)
     assert plan(32, 4096, 132) == (_int4_decode.WARPS, {})
     assert _int4_decode.warps_for(9, 320, 132) == 4

@@ -527,9 +527,10 @@ def cached(x: f32[:, :], out: f32[:, :], C: kaio.constexpr, L2: kaio.constexpr):
 
 
 def test_load_vector_cache_operator():
-    """load_vector's cache ('cg': L2 only, 'cs': streaming) loads the same values, is
-    ld.global.cg / .cs in both backends (before the L2 fetch size), and is refused for a
-    shared array or an unknown operator."""
+    """load_vector's cache ('cg': L2 only, 'cs': streaming, 'nc': the read-only path, an L1
+    eviction priority) loads the same values, is ld.global.cg / .cs / .nc /
+    .L1::evict_last in both backends (before the L2 fetch size), and is refused for a shared
+    array or an unknown operator."""
     x = RNG.standard_normal((8, 16)).astype(np.float32)
     out = np.full((8, 16), np.nan, np.float32)
     cached.sim[1](x, out, C="cg", L2=0)
@@ -538,8 +539,13 @@ def test_load_vector_cache_operator():
         assert "ld.global.cg.v4" in cached.ptx(arch="sm_80", backend=backend, C="cg", L2=0)
         text = cached.ptx(arch="sm_80", backend=backend, C="cs", L2=128)
         assert "ld.global.cs.L2::128B.v4" in text
+        assert "ld.global.nc.v4" in cached.ptx(arch="sm_80", backend=backend, C="nc", L2=0)
+        text = cached.ptx(arch="sm_80", backend=backend, C="L1::evict_last", L2=128)
+        assert "ld.global.L1::evict_last.L2::128B.v4" in text
     assemble(cached.ptx(arch="sm_80", C="cs", L2=128), "sm_80")
-    with pytest.raises(kaio.CompileError, match="cache is '', 'ca', 'cg' or 'cs'"):
+    assemble(cached.ptx(arch="sm_80", C="L1::evict_last", L2=128), "sm_80")
+    assemble(cached.ptx(arch="sm_80", C="nc", L2=0), "sm_80")
+    with pytest.raises(kaio.CompileError, match="cache is one of"):
         cached.ptx(C="lu", L2=0)
 
     @kaio.gpu_kernel(block_size=32)

@@ -80,6 +80,7 @@ FEATURES: dict[str, Feature] = {
     "tma": Feature(90, (8, 0), "cp.async.bulk.tensor and tensor-map parameters"),
     "bulk_copy": Feature(90, (8, 0), "cp.async.bulk (shared to global) and its bulk groups"),
     "l2_fetch_size": Feature(80, (7, 4), "ld.global.L2::{64,128,256}B"),
+    "l1_eviction": Feature(70, (7, 4), "ld.global.L1::{evict_last,evict_first,no_allocate}"),
     "bulk_prefetch": Feature(90, (8, 0), "cp.async.bulk.prefetch.L2"),
     "fence_proxy_async": Feature(90, (8, 0), "fence.proxy.async"),
     "griddepcontrol": Feature(90, (7, 8), "griddepcontrol (programmatic dependent launch)"),
@@ -204,6 +205,7 @@ _ONE_FEATURE = (
     ("mbarrier_arrive_cluster", "", "cluster", ""),
     ("bulk_store", "", "bulk_copy", ""),
     ("ld_vec", "l2", "l2_fetch_size", "load_vector"),
+    ("ld_vec", "l1", "l1_eviction", "load_vector"),
     ("prefetch_l2", "bulk", "bulk_prefetch", ""),
     ("bulk_store", "add", "bulk_copy", "bulk_reduce_add"),
     ("bulk_prefetch", "", "bulk_copy", "prefetch_l2"),
@@ -302,6 +304,8 @@ def key(ins: Instr) -> str:
     if op == "ldmatrix":
         return "trans" if attrs["trans"] else ""
     if op == "ld_vec":
+        if attrs.get("cache", "").startswith("L1::"):
+            return "l1"  # PTX 7.4, as an L2 fetch size (with or without one)
         return "l2" if attrs.get("l2") else ""
     if op == "prefetch_l2":
         return "bulk" if attrs.get("bulk") else ""
