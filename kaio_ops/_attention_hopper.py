@@ -224,7 +224,7 @@ def softmax_tile(
     s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
     causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
     LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16, HEXP: kaio.constexpr = 0,
-    MASK: kaio.constexpr = 1, WAIT: kaio.constexpr = 0,
+    MASK: kaio.constexpr = 1, WAIT: kaio.constexpr = 0, LAZY: kaio.constexpr = 0,
 ):  # fmt: skip
     """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
     tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
@@ -237,7 +237,8 @@ def softmax_tile(
     1 (with ``SUMS`` 0): the probabilities as DT pairs from one ``ex2.approx`` each (half the
     MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``.
     ``WAIT`` 1: the pending wgmma group (P V of the key tile before) waited for between the
-    row maxima and the exponentials (``overlap_step``'s ``EARLY``)."""
+    row maxima and the exponentials (``overlap_step``'s ``EARLY``). ``LAZY`` 1: a row max
+    kept while the scores exceed it by little (``row_max``'s)."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
     masked = False  # (MASK 0: a tile that the caller knows none of the warp's rows masks)
@@ -256,13 +257,13 @@ def softmax_tile(
         bases = kaio.local(f32, 2)
         if k0 >= 0:  # (always: a block of its own, above which ptxas does not hoist the wait)
             for h in kaio.static_range(2):
-                bases[h], alpha[h] = row_max(s, m, h, scale_log2, BN // 8)
+                bases[h], alpha[h] = row_max(s, m, h, scale_log2, BN // 8, LAZY)
         kaio.wgmma_wait(0)
         for h in kaio.static_range(2):
             exponentials(s, l, h, bases[h], alpha[h], scale_log2, BN // 8, SUMS, HEXP, DT)
     else:
         for h in kaio.static_range(2):
-            alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT)
+            alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT, LAZY)
     if LSE == 1 and SUMS == 0:
         if masked:  # a row with few keys sees them all here: its sum to the last bit
             for h in kaio.static_range(2):
@@ -531,6 +532,7 @@ def overlap_step(
     st: i32, ph: u32, ps: i32, pph: u32, j: i32, D: kaio.constexpr, BN: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr, LSE: kaio.constexpr,
     HEXP: kaio.constexpr, MASK: kaio.constexpr = 1, EARLY: kaio.constexpr = 0,
+    LAZY: kaio.constexpr = 0,
 ):  # fmt: skip
     """One overlapped step of ``consume_tile`` (PIPE 1 to 4): S = Q K_j^T (stage ``st``,
     parity ``ph``) issued with the pending P_{j-1} V_{j-1} (stage ``ps``, parity ``pph``),
@@ -539,7 +541,7 @@ def overlap_step(
     that no row of the warpgroup masks, ``softmax_tile``'s). ``EARLY`` 1: P V waited for
     after the row maxima (under it), before the exponentials, so that P's registers are
     free and each pair is packed as its exponentials come (the F2FPs among the MUFU.EX2s,
-    not after them)."""
+    not after them). ``LAZY``: ``softmax_tile``'s."""
     lane = lt % 32
     DO = D + 8 * ONES
     kaio.mbarrier_wait(bars, (0, st), ph)
@@ -563,7 +565,7 @@ def overlap_step(
         kaio.mbarrier_arrive(bars, (2, st))
     if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE,
-                     DT, HEXP, MASK, EARLY)  # fmt: skip
+                     DT, HEXP, MASK, EARLY, LAZY)  # fmt: skip
         if EARLY:  # (P V waited for: no wait between the exponentials and their packing)
             pack_p(p, s, BN, DT, HEXP)
     kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done (EARLY: already, but ptxas must see it on every path)
@@ -607,7 +609,7 @@ def consume_tile(
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
     LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
     HEXP: kaio.constexpr = 0, DIAG: kaio.constexpr = 0, OV: kaio.constexpr = 0,
-    EARLY: kaio.constexpr = 0,
+    EARLY: kaio.constexpr = 0, LAZY: kaio.constexpr = 0,
 ) -> tuple[i32, u32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` from ``lo`` and below
@@ -626,7 +628,8 @@ def consume_tile(
     tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips).
     ``DIAG`` 1 (PIPE 1 to 4): the steps over the key tiles that no row of the block masks
     run in a loop of their own, without the mask's test (``overlap_step``). ``OV`` 1: the
-    rows of O stored as 16-byte vectors (``store_quads``). ``EARLY`` 1: ``overlap_step``'s."""
+    rows of O stored as 16-byte vectors (``store_quads``). ``EARLY`` 1: ``overlap_step``'s,
+    ``LAZY`` 1: ``softmax_tile``'s."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -690,7 +693,7 @@ def consume_tile(
             for j in range(1, j0):
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EARLY)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EARLY, LAZY)  # fmt: skip
                 ps = st
                 pph = ph
                 st, ph = next_stage(st, ph, STAGES)
@@ -701,13 +704,13 @@ def consume_tile(
             if plain:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EARLY)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EARLY, LAZY)  # fmt: skip
                 ps = st
                 pph = ph
             elif SKIP == 0 or j < n_mine:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
                              g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 1, EARLY)  # fmt: skip
+                             BN, PIPE, DT, ONES, LSE, HEXP, 1, EARLY, LAZY)  # fmt: skip
                 ps = st
                 pph = ph
             else:  # a key tile past this warpgroup's rows
@@ -1032,6 +1035,7 @@ def attention_fwd_wgmma(
     DIAG: kaio.constexpr,
     OV: kaio.constexpr,
     EARLY: kaio.constexpr,
+    LAZY: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -1042,7 +1046,8 @@ def attention_fwd_wgmma(
     log2(e). ``XT``, ``QB``, ``ONES``: the one-stream schedule, its Q buffers and the row
     sums on the tensor cores (module docstring; ``extras``); ``DIAG`` 1: the unmasked key
     tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors, ``EARLY`` 1: P
-    packed as the exponentials come (``consume_tile``).
+    packed as the exponentials come, ``LAZY`` 1: a row max kept while the scores exceed it
+    by little (``consume_tile``).
     ``sched``: two i32 counters, 0 at the launch, that ``PERSIST`` 4 takes its tiles from
     and leaves 0 (``produce_dynamic``); with ``PERSIST`` 5 the plan of every block's tiles
     (``balanced_plan``)."""
@@ -1121,7 +1126,7 @@ def attention_fwd_wgmma(
                 st, ph, g, done = consume_tile(
                     q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                     q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
+                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY, LAZY,
                 )  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
@@ -1140,12 +1145,14 @@ def attention_fwd_wgmma(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
                         STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
+                        LAZY,
                     )  # fmt: skip
                 else:
                     st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
                         STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
+                        LAZY,
                     )  # fmt: skip
     elif PERSIST == 4:  # the producer warpgroup: its first warp takes the tiles
         producer_start(REGS)
@@ -1208,7 +1215,17 @@ def config(d: int, causal: bool = False) -> dict:
 
 
 # a tile at a time, one Q buffer, sums by FADD (LSE: the rounding added back, with ONES)
-EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0, "OV": 0, "EARLY": 0}
+EXTRAS_OFF = {
+    "XT": 0,
+    "QB": 1,
+    "ONES": 0,
+    "LSE": 0,
+    "HEXP": 0,
+    "DIAG": 0,
+    "OV": 0,
+    "EARLY": 0,
+    "LAZY": 0,
+}
 
 
 SHORT_KEYS = 1024  # f16 D128 at most this many keys: tiles from a counter (``extras``)
