@@ -578,6 +578,79 @@ def overlap_step(
 
 
 @kaio.gpu_func
+def consume_split(
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+    o: f32[:, :], s: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:], wg: u32,
+    lt: u32, qc: i32, row0: i32, n_tiles: i32, sk: i32, scale_log2: f32, st: i32, ph: u32,
+    k: i32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
+    DT: kaio.constexpr, ONES: kaio.constexpr, HEXP: kaio.constexpr, QB: kaio.constexpr,
+) -> tuple[i32, u32]:  # fmt: skip
+    """``SPLIT`` 1: a tile whose rows are all warpgroup 0's (a head's last query tile, no
+    mask) with its key tiles split among the warpgroups, key tile j to warpgroup j % WG (the
+    others free it as it lands, ``skip_tile``), each on the Q buffer's first 64 rows (``row0``
+    warpgroup 0's), each step waited for (PIPE 0's: no stage held across steps, so that
+    the warpgroups take the ring's stages side by side); then warpgroups 1 to WG - 1 in
+    turn leave their row maxima, sums and accumulators in one part of shared memory
+    (``turn[0]``: written) and warpgroup 0 adds them to its own (``merge_part``; ``turn[1]``:
+    read, so that the next may be written). ``k``: the block's split tiles before this one
+    (the barriers' phases: WG - 1 of each a split tile). Returns the ring's next stage and
+    parity."""
+    lane = lt % 32
+    DO = D + 8 * ONES
+    for j in range(n_tiles):
+        if j % WG == i32(wg):
+            s_tile(s, q_s, k_s, bars, st, ph, u32(0), lt, D, DT, qc)
+            softmax_tile(s, m, l, alpha, j, row0, sk, 0, scale_log2, lane, BN, 1 - ONES, 0, DT,
+                         HEXP)  # fmt: skip
+            rescale_rows(o, alpha, DO)
+            pack_p(p, s, BN, DT, HEXP)
+            pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
+        else:
+            skip_tile(bars, st, ph, lt)
+        st, ph = next_stage(st, ph, STAGES)
+    # (the parts after the ring, the barriers and the tile slots: ``shared_bytes``)
+    at = QB * 64 * WG * D * 2 + STAGES * BN * (2 * D + 64 * ONES) * 2 + 32 * STAGES + 80
+    part = kaio.shared_dynamic(f32, (4 + DO // 2, 128), at)
+    for w in kaio.static_range(WG - 1):  # warpgroup w + 1's part: the barriers' phase x
+        x = k * (WG - 1) + w
+        if wg == 0:
+            kaio.mbarrier_wait(turn, 0, u32(x) & 1)  # written
+            merge_part(part, o, m, l, lt, DO)
+            kaio.mbarrier_arrive(turn, 1)
+        elif wg == w + 1:
+            if x > 0:  # warpgroup 0 has read the part before
+                kaio.mbarrier_wait(turn, 1, u32(x - 1) & 1)
+            for h in kaio.static_range(2):
+                part[h, lt] = m[h]
+                part[2 + h, lt] = l[h]
+            for n in kaio.static_range(DO // 8):
+                for e in kaio.static_range(4):
+                    part[4 + 4 * n + e, lt] = o[n, e]
+            kaio.mbarrier_arrive(turn, 0)
+    return st, ph
+
+
+@kaio.gpu_func
+def merge_part(part: f32[:, :], o: f32[:, :], m: f32[:], l: f32[:], lt: u32,
+               DO: kaio.constexpr):  # fmt: skip
+    """Warpgroup 0's rows (thread ``lt``) joined with the part of the same rows that another
+    warpgroup left in ``part`` (``consume_split``): each row's max the larger, its sums and
+    accumulators rescaled to it and added."""
+    for h in kaio.static_range(2):
+        mw = part[h, lt]
+        top = kaio.max(m[h], mw)
+        base = kaio.select(top == NEG_INF, 0.0, top)
+        a = kaio.exp2(m[h] - base)
+        b = kaio.exp2(mw - base)
+        m[h] = top
+        l[h] = l[h] * a + part[2 + h, lt] * b
+        for n in kaio.static_range(DO // 8):
+            for e in kaio.static_range(2):
+                i = 4 * n + 2 * h + e
+                o[n, 2 * h + e] = o[n, 2 * h + e] * a + part[4 + i, lt] * b
+
+
+@kaio.gpu_func
 def consume(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     out: DT[:], lse: f32[:], wg: u32, lt: u32, o_at: i32, o_stride: i32, l_at: i32, q0: i32,
@@ -609,7 +682,7 @@ def consume_tile(
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
     LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
     HEXP: kaio.constexpr = 0, DIAG: kaio.constexpr = 0, OV: kaio.constexpr = 0,
-    EARLY: kaio.constexpr = 0, LAZY: kaio.constexpr = 0,
+    EARLY: kaio.constexpr = 0, LAZY: kaio.constexpr = 0, SPLIT: kaio.constexpr = 0,
 ) -> tuple[i32, u32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` from ``lo`` and below
@@ -629,7 +702,9 @@ def consume_tile(
     ``DIAG`` 1 (PIPE 1 to 4): the steps over the key tiles that no row of the block masks
     run in a loop of their own, without the mask's test (``overlap_step``). ``OV`` 1: the
     rows of O stored as 16-byte vectors (``store_quads``). ``EARLY`` 1: ``overlap_step``'s,
-    ``LAZY`` 1: ``softmax_tile``'s."""
+    ``LAZY`` 1: ``softmax_tile``'s. ``SPLIT``: the block's consumer warpgroups (0: off),
+    which share the key tiles of a tile whose rows are all warpgroup 0's, no mask
+    (``consume_split``; ``g`` then counts the block's split tiles, not ping-pong steps)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -644,6 +719,9 @@ def consume_tile(
     b, landed, read = q_buffer(done, QB)
     qc = b * (D // 64)  # the Q buffer's first 64-column block
     kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)  # this tile's Q landed
+    split = False
+    if SPLIT:
+        split = causal == 0 and q0 + 64 >= sq
     n_mine = n_tiles  # the key tiles this warpgroup's rows see; with SKIP those past them
     # (causal: past the diagonal; rows all past sq: all but one) are freed as they land
     # (``skip_tile``); ping-pong takes turns at every step
@@ -652,7 +730,17 @@ def consume_tile(
             n_mine = kaio.max(1, kaio.min(n_tiles, (q0 + 64 * i32(wg) + 64 + BN - 1) // BN))
         if q0 + 64 * i32(wg) >= sq:
             n_mine = 1
-    if PIPE == 0:
+    if split:
+        row0 = q0 + 16 * i32(lt // 32) + i32(lane // 4)  # warpgroup 0's, in every warpgroup
+        st, ph = consume_split(q_s, k_s, v_s, bars, turn, o, s, p, m, l, alpha, wg, lt, qc, row0,
+                               n_tiles, sk, scale_log2, st, ph, g, D, BN, SPLIT, STAGES, DT,
+                               ONES, HEXP, QB)  # fmt: skip
+        g += 1
+        if lt == 0:
+            kaio.mbarrier_arrive(turn, read)
+        if wg > 0:  # (warpgroup 0 stores the rows)
+            lo = sq
+    elif PIPE == 0:
         for j in range(n_tiles):
             if SKIP == 0 or j < n_mine:
                 s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
@@ -720,7 +808,8 @@ def consume_tile(
                     pv_tile(o, p, v_s, bars, ps, pph, lt, BN, DT)
                 skip_tile(bars, st, ph, lt)
             st, ph = next_stage(st, ph, STAGES)
-        g += n_tiles - 1
+        if PIPE == 2 or PIPE == 4:
+            g += n_tiles - 1
         if lt == 0:  # every S = Q K^T of the tile is done: Q's buffer is free
             kaio.mbarrier_arrive(turn, read)
         if SKIP == 0 or n_mine == n_tiles:  # the last P V
@@ -977,21 +1066,24 @@ def planned_tile(
 
 @kaio.gpu_func
 def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
-                  STAGES: kaio.constexpr, SLOT: kaio.constexpr = 0):  # fmt: skip
+                  STAGES: kaio.constexpr, SLOT: kaio.constexpr = 0,
+                  SPLIT: kaio.constexpr = 0):  # fmt: skip
     """The block's barriers (``attention_fwd_wgmma``'s ``bars`` and ``turn``) initialized by
     its first thread, then the block synchronized: each stage's K and V "full" barriers
     (one arrival: the producer's, with the copies' bytes) and "free" ones (an arrival from
     each consumer warpgroup), the ping-pong turns (an arrival from each warp of the other
     warpgroup), Q landed (one), a partial key tile's V landed (one, ``zero_tail``), Q read
     (each consumer warpgroup), and the same two of the second Q buffer (``q_buffer``);
-    ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp)."""
+    ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp);
+    ``SPLIT`` 1: turn[0] and turn[1] (no ping-pong) a split tile's part written (an arrival
+    from each thread of a warpgroup) and read (warpgroup 0's, ``consume_split``)."""
     if t == 0:
         for s in kaio.static_range(STAGES):
             for r in kaio.static_range(2):
                 kaio.mbarrier_init(bars, (r, s), 1)
                 kaio.mbarrier_init(bars, (2 + r, s), WG)
-        kaio.mbarrier_init(turn, 0, 4)
-        kaio.mbarrier_init(turn, 1, 4)
+        kaio.mbarrier_init(turn, 0, 128 if SPLIT else 4)
+        kaio.mbarrier_init(turn, 1, 128 if SPLIT else 4)
         kaio.mbarrier_init(turn, 2, 1)
         kaio.mbarrier_init(turn, 3, 1)
         kaio.mbarrier_init(turn, 4, WG)
@@ -1036,6 +1128,7 @@ def attention_fwd_wgmma(
     OV: kaio.constexpr,
     EARLY: kaio.constexpr,
     LAZY: kaio.constexpr,
+    SPLIT: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
@@ -1047,7 +1140,8 @@ def attention_fwd_wgmma(
     sums on the tensor cores (module docstring; ``extras``); ``DIAG`` 1: the unmasked key
     tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors, ``EARLY`` 1: P
     packed as the exponentials come, ``LAZY`` 1: a row max kept while the scores exceed it
-    by little (``consume_tile``).
+    by little, ``SPLIT`` 1: a head's last tile, when warpgroup 0's rows are all its rows, with
+    its key tiles shared by the warpgroups (``consume_tile``).
     ``sched``: two i32 counters, 0 at the launch, that ``PERSIST`` 4 takes its tiles from
     and leaves 0 (``produce_dynamic``); with ``PERSIST`` 5 the plan of every block's tiles
     (``balanced_plan``)."""
@@ -1088,7 +1182,7 @@ def attention_fwd_wgmma(
     if PERSIST == 5:  # a plan's tiles (``balanced_plan``): as many for every block
         rounds = sched[0]
         step = rounds
-    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4)
+    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4, SPLIT)
     if ONES:  # each V stage's column block of ones (the copies never write it)
         one = kaio.local(DT, 8)
         for e in kaio.static_range(8):
@@ -1127,6 +1221,7 @@ def attention_fwd_wgmma(
                     q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                     q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
                     STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY, LAZY,
+                    SPLIT * WG,
                 )  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
@@ -1145,14 +1240,14 @@ def attention_fwd_wgmma(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
                         STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
-                        LAZY,
+                        LAZY, SPLIT * WG,
                     )  # fmt: skip
                 else:
                     st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
                         q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
                         STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
-                        LAZY,
+                        LAZY, SPLIT * WG,
                     )  # fmt: skip
     elif PERSIST == 4:  # the producer warpgroup: its first warp takes the tiles
         producer_start(REGS)
@@ -1183,10 +1278,13 @@ def attention_fwd_wgmma(
                     tails += 1
 
 
-def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int = 0) -> int:
+def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int = 0,
+                 split: int = 0) -> int:  # fmt: skip
     """The dynamic shared memory of ``attention_fwd_wgmma``: ``qb`` Q buffers, the K/V ring
-    (``ones``: a column block of ones beside each V stage), its barriers."""
-    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 80
+    (``ones``: a column block of ones beside each V stage), its barriers (``split``: and the
+    part of a split tile, ``consume_split``)."""
+    parts = split * (4 + (d + 8 * ones) // 2) * 128 * 4
+    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 80 + parts
 
 
 def config(d: int, causal: bool = False) -> dict:
@@ -1225,6 +1323,7 @@ EXTRAS_OFF = {
     "OV": 0,
     "EARLY": 0,
     "LAZY": 0,
+    "SPLIT": 0,
 }
 
 
@@ -1336,6 +1435,13 @@ def check_stream(cfg: dict, d: int) -> None:
             "row sums must come from the tensor cores (ONES 1) and LSE (which sums the f32 "
             "probabilities' rounding) must be 0: use ONES 1, LSE 0, or HEXP 0"
         )
+    split_ok = not xt and not cfg.get("LSE", 0) and cfg["PIPE"] in (1, 3) and cfg["WG"] >= 2
+    if cfg.get("SPLIT", 0) and not split_ok:
+        raise ValueError(
+            "attention_fwd_wgmma: SPLIT 1 shares a tile's key tiles among two or more consumer "
+            "warpgroups (WG >= 2) of a tile at a time (XT 0) in PIPE 1's or 3's order, its "
+            "sums without LSE's rounding: use SPLIT 0 otherwise"
+        )
     if xt and cfg.get("PERSIST") == 5:
         raise ValueError(
             "attention_fwd_wgmma: one stream of a block's tiles (XT 1) takes its tiles in "
@@ -1351,7 +1457,8 @@ def check_stream(cfg: dict, d: int) -> None:
             f"attention_fwd_wgmma: QB {qb} Q buffers: the kernel has barriers for 1 or 2 "
             f"(``q_buffer``): use QB 1 or 2"
         )
-    need = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], qb, cfg.get("ONES", 0))
+    need = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], qb, cfg.get("ONES", 0),
+                        cfg.get("SPLIT", 0))  # fmt: skip
     if need > SHARED_LIMIT:
         raise ValueError(
             f"attention_fwd_wgmma: {qb} Q buffers and {cfg['STAGES']} stages of {cfg['BN']} "
@@ -1488,7 +1595,8 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     tv = kaio.tensor_map_2d(va.arg(rows_kv, d), (cfg["BN"], 64), SW)
     out_flat = _arrays.output_arg(qa, out, (bh * sq * d,))
     lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
-    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], cfg.get("QB", 1), cfg["ONES"])
+    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], cfg.get("QB", 1), cfg["ONES"],
+                        cfg.get("SPLIT", 0))  # fmt: skip
     n_qt = -(-sq // bm)
     if cfg["PERSIST"]:
         work = bh * (-(-n_qt // 2) if cfg["PERSIST"] == 3 else n_qt)  # pairs of tiles, or tiles
