@@ -730,7 +730,7 @@ def consume_tile(
             n_mine = kaio.max(1, kaio.min(n_tiles, (q0 + 64 * i32(wg) + 64 + BN - 1) // BN))
         if q0 + 64 * i32(wg) >= sq:
             n_mine = 1
-    if split:
+    if SPLIT and split:  # (SPLIT 0: no shared part declared, ``consume_split``)
         row0 = q0 + 16 * i32(lt // 32) + i32(lane // 4)  # warpgroup 0's, in every warpgroup
         st, ph = consume_split(q_s, k_s, v_s, bars, turn, o, s, p, m, l, alpha, wg, lt, qc, row0,
                                n_tiles, sk, scale_log2, st, ph, g, D, BN, SPLIT, STAGES, DT,

@@ -169,6 +169,20 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_row_max_kept_while_it_grows_little_in_simulator(dtype):
+    """``LAZY``: a row max kept while the scores pass it by at most 2^LAZY_GROWTH. A scale of
+    1 spreads the scores (std 8) so that some rows' maxima grow past that in later key
+    tiles and others' do not: both paths, on D64's route with the mask (f16: the sums on the
+    tensor cores) and without it (bf16: the sums by FADD)."""
+    causal = dtype == np.float16
+    over = {**THREE, **D64_COUNTER, "ONES": int(causal), "PIPE": 1 if causal else 3}
+    cfg = small(64, **{**over, "PERSIST": 4, "SECTION": 2, "EARLY": 1, "LAZY": 1})
+    out, lse, ref, ref_lse = run_sim(1, 2, 1, 200, 330, 64, dtype, causal, cfg, 1.0, 2)
+    assert rel(out, ref) < (1e-3 if dtype == np.float16 else 1e-2)
+    np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-3)
+
+
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, d, dtype, causal, over, ctas",
     [
@@ -235,6 +249,10 @@ D64_COUNTER = {"QB": 2, "ONES": 1, "STAGES": 3, "OV": 1}  # (the route's, but PE
         (64, 4, 256, 300, True, {**D64_COUNTER, "PIPE": 1, "DIAG": 1, "EARLY": 1}, 3, 2),
         # one block takes every head's tiles (one head a section, as launch picks)
         (64, 4, 128, 128, False, {"PIPE": 3, "OV": 1}, 1, 0),
+        # D64's route without the mask (three warpgroups, FlashAttention-3's order): each
+        # head's last tile of 50 rows with its five key tiles shared by the warpgroups
+        # (SPLIT; two blocks, each with two such tiles: the parts' barriers over phases)
+        (64, 4, 242, 300, False, {**THREE, **D64_COUNTER, "PIPE": 3, "EARLY": 1, "SPLIT": 1}, 2, 2),
         # f16 D128's options at 1024 keys or fewer (extras: two Q buffers), a partial last
         # key tile
         (128, 2, 256, 200, False, hopper.extras(128, False, kaio.f16, 200), 2, 0),
