@@ -238,7 +238,8 @@ def softmax_tile(
     MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``.
     ``WAIT`` 1: the pending wgmma group (P V of the key tile before) waited for between the
     row maxima and the exponentials (``overlap_step``'s ``EARLY``). ``LAZY`` 1: a row max
-    kept while the scores exceed it by little (``row_max``'s)."""
+    kept while the scores exceed it by little (``row_max``'s); 2 (with ``WAIT``): and the
+    exponentials taken on the kept max without waiting for the new one (``grown``)."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
     masked = False  # (MASK 0: a tile that the caller knows none of the warp's rows masks)
@@ -253,7 +254,15 @@ def softmax_tile(
             for n in kaio.static_range(BN // 8):
                 for e in kaio.static_range(2):
                     s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
-    if WAIT:
+    if WAIT and LAZY == 2:  # the exponentials on the kept max, the new one beside them
+        kept = kaio.local(f32, 2)
+        kaio.wgmma_wait(0)
+        for h in kaio.static_range(2):
+            kept[h] = kaio.select(m[h] == NEG_INF, 0.0, m[h])
+            base, alpha[h] = row_max(s, m, h, scale_log2, BN // 8, LAZY)
+        for h in kaio.static_range(2):
+            exponentials(s, l, h, kept[h], 1.0, scale_log2, BN // 8, SUMS, HEXP, DT)
+    elif WAIT:
         bases = kaio.local(f32, 2)
         if k0 >= 0:  # (always: a block of its own, above which ptxas does not hoist the wait)
             for h in kaio.static_range(2):
@@ -270,6 +279,31 @@ def softmax_tile(
                 base = kaio.select(m[h] == NEG_INF, 0.0, m[h])  # (softmax_step's)
                 l[h] = l[h] * kaio.exp2(l[2 + h] - base) + rounding(s, h, BN, DT)
                 l[2 + h] = base
+
+
+@kaio.gpu_func
+def grown(p: u32[:, :], l: f32[:], alpha: f32[:], BN: kaio.constexpr, DT: kaio.constexpr,
+          SUMS: kaio.constexpr):  # fmt: skip
+    """``LAZY`` 2: where a row's max grew past the kept one by more than LAZY_GROWTH (its
+    factor ``alpha`` not 1), its probabilities, packed in P, and with ``SUMS`` its sum
+    rescaled to the new max (a diagnostic: right while they stayed finite in DT, a growth
+    under 16 for f16)."""
+    if kaio.vote_any(alpha[0] != 1.0 or alpha[1] != 1.0):
+        for kk in kaio.static_range(BN // 16):
+            for r in kaio.static_range(4):
+                if DT == kaio.bf16:
+                    pair = kaio.bitcast(p[kk, r], kaio.bf16x2)
+                    a = f32(kaio.low(pair)) * alpha[r % 2]
+                    b = f32(kaio.high(pair)) * alpha[r % 2]
+                    p[kk, r] = kaio.bitcast(kaio.bf16x2(a, b), u32)
+                else:
+                    pair = kaio.bitcast(p[kk, r], kaio.f16x2)
+                    a = f32(kaio.low(pair)) * alpha[r % 2]
+                    b = f32(kaio.high(pair)) * alpha[r % 2]
+                    p[kk, r] = kaio.bitcast(kaio.f16x2(a, b), u32)
+        if SUMS:
+            for h in kaio.static_range(2):
+                l[h] = l[h] * alpha[h]
 
 
 @kaio.gpu_func
@@ -568,6 +602,8 @@ def overlap_step(
                      DT, HEXP, MASK, EARLY, LAZY)  # fmt: skip
         if EARLY:  # (P V waited for: no wait between the exponentials and their packing)
             pack_p(p, s, BN, DT, HEXP)
+            if LAZY == 2:
+                grown(p, l, alpha, BN, DT, 1 - ONES)
     kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done (EARLY: already, but ptxas must see it on every path)
     if lt == 0:
         kaio.mbarrier_arrive(bars, (3, ps))
