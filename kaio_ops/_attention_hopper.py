@@ -94,6 +94,10 @@ from kaio_ops._attention_tc import (
 from kaio_ops._matmul_hopper import next_stage
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
+# LAZY 2 (``grown``): a factor under these (a row max grown past 2^15 in f16, 2^120 in bf16)
+# and P, packed from probabilities taken on the kept max, may hold infinities
+HARD_FACTOR_F16 = 2.0**-15
+HARD_FACTOR_BF16 = 2.0**-120
 SHARED_LIMIT = 227 * 1024
 PRODUCER_REGS = 24  # registers a thread of the producer warpgroup keeps (setmaxnreg)
 
@@ -163,15 +167,26 @@ def issue_pv(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], st: i32, BN: kaio.
 @kaio.gpu_func
 def s_tile(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], bars: u64[:, :], st: i32,
            ph: u32, wg: u32, lt: u32, D: kaio.constexpr, DT: kaio.constexpr,
-           qc: i32 = 0):  # fmt: skip
+           qc: i32 = 0, WARPS: kaio.constexpr = 0):  # fmt: skip
     """S = Q K^T of the key tile in stage ``st`` once it has landed (phase parity ``ph``),
     waited for; then the stage's K is free (``qc``: the Q buffer's first 64-column block,
-    ``issue_s``)."""
+    ``issue_s``; ``WARPS``: ``free_k``'s)."""
     kaio.mbarrier_wait(bars, (0, st), ph)
     kaio.wgmma_fence()
     issue_s(s, q_s, k_s, st, wg, qc, D, DT)
     kaio.wgmma_wait(0)
-    if lt == 0:
+    free_k(bars, st, lt, WARPS)
+
+
+@kaio.gpu_func
+def free_k(bars: u64[:, :], st: i32, lt: u32, WARPS: kaio.constexpr):
+    """Stage ``st``'s K freed by the warpgroup (thread ``lt``): an arrival from its first
+    thread, or with ``WARPS`` from each warp's first (``LAZY`` 2, where a warp may read K
+    again after the others are done: ``grown``)."""
+    if WARPS:
+        if lt % 32 == 0:
+            kaio.mbarrier_arrive(bars, (2, st))
+    elif lt == 0:
         kaio.mbarrier_arrive(bars, (2, st))
 
 
@@ -190,13 +205,12 @@ def pv_tile(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], bars: u64[:, :], st
 
 
 @kaio.gpu_func
-def skip_tile(bars: u64[:, :], st: i32, ph: u32, lt: u32):
+def skip_tile(bars: u64[:, :], st: i32, ph: u32, lt: u32, WARPS: kaio.constexpr = 0):
     """A key tile (stage ``st``, parity ``ph``) that none of the warpgroup's rows sees: its K
     and V freed once landed (then the free barriers' phase is this use's: the producer saw
-    the last one complete)."""
+    the last one complete; ``WARPS``: ``free_k``'s)."""
     kaio.mbarrier_wait(bars, (0, st), ph)
-    if lt == 0:
-        kaio.mbarrier_arrive(bars, (2, st))
+    free_k(bars, st, lt, WARPS)
     kaio.mbarrier_wait(bars, (1, st), ph)
     if lt == 0:
         kaio.mbarrier_arrive(bars, (3, st))
@@ -220,29 +234,15 @@ def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr,
 
 
 @kaio.gpu_func
-def softmax_tile(
-    s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
-    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
-    LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16, HEXP: kaio.constexpr = 0,
-    MASK: kaio.constexpr = 1, WAIT: kaio.constexpr = 0, LAZY: kaio.constexpr = 0,
-):  # fmt: skip
-    """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
-    tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
-    of the earlier accumulators go to alpha (``SUMS``: ``_attention_tc.softmax_step``'s).
-    The mask compares each score's column in the tile, a constant, with the row's bound
-    (one comparison a score). ``LSE`` 1 (with ``SUMS`` 0, the sums on the tensor cores of
-    the probabilities as rounded to DT): l[h] keeps what that rounding took from the sums of
-    the masked tiles (``rounding``), as a multiple of 2^-l[2 + h] (the max it was last
-    rescaled to: nothing to do on the other tiles), for ``ones_sums`` to add back. ``HEXP``
-    1 (with ``SUMS`` 0): the probabilities as DT pairs from one ``ex2.approx`` each (half the
-    MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``.
-    ``WAIT`` 1: the pending wgmma group (P V of the key tile before) waited for between the
-    row maxima and the exponentials (``overlap_step``'s ``EARLY``). ``LAZY`` 1: a row max
-    kept while the scores exceed it by little (``row_max``'s); 2 (with ``WAIT``): and the
-    exponentials taken on the kept max without waiting for the new one (``grown``)."""
+def mask_tile(s: f32[:, :], j: i32, row0: i32, sk: i32, causal: i32, lane: u32,
+              BN: kaio.constexpr, MASK: kaio.constexpr = 1) -> bool_:  # fmt: skip
+    """Key tile j's scores s set to -inf at the keys at or past sk, and past the row when
+    causal, where the tile needs it (``MASK`` 0: a tile that the caller knows none of the
+    warp's rows masks); whether it did. The mask compares each score's column in the tile,
+    a constant, with the row's bound (one comparison a score)."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
-    masked = False  # (MASK 0: a tile that the caller knows none of the warp's rows masks)
+    masked = False
     if MASK:
         masked = k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1)
     if masked:
@@ -254,11 +254,37 @@ def softmax_tile(
             for n in kaio.static_range(BN // 8):
                 for e in kaio.static_range(2):
                     s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
+    return masked
+
+
+@kaio.gpu_func
+def softmax_tile(
+    s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
+    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
+    LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16, HEXP: kaio.constexpr = 0,
+    MASK: kaio.constexpr = 1, WAIT: kaio.constexpr = 0, LAZY: kaio.constexpr = 0,
+):  # fmt: skip
+    """Mask key tile j's scores (``mask_tile``), then one online-softmax step of both row
+    halves (row0 + 8h); the factors of the earlier accumulators go to alpha (``SUMS``:
+    ``_attention_tc.softmax_step``'s). ``LSE`` 1 (with ``SUMS`` 0, the sums on the tensor cores of
+    the probabilities as rounded to DT): l[h] keeps what that rounding took from the sums of
+    the masked tiles (``rounding``), as a multiple of 2^-l[2 + h] (the max it was last
+    rescaled to: nothing to do on the other tiles), for ``ones_sums`` to add back. ``HEXP``
+    1 (with ``SUMS`` 0): the probabilities as DT pairs from one ``ex2.approx`` each (half the
+    MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``.
+    ``WAIT`` 1: the pending wgmma group (P V of the key tile before) waited for between the
+    row maxima and the exponentials (``overlap_step``'s ``EARLY``). ``LAZY`` 1: a row max
+    kept while the scores exceed it by little (``row_max``'s); 2 (with ``WAIT``): and the
+    exponentials taken on the kept max without waiting for the new one (``grown``)."""
+    k0 = j * BN
+    masked = mask_tile(s, j, row0, sk, causal, lane, BN, MASK)
     if WAIT and LAZY == 2:  # the exponentials on the kept max, the new one beside them
         kept = kaio.local(f32, 2)
         kaio.wgmma_wait(0)
         for h in kaio.static_range(2):
             kept[h] = kaio.select(m[h] == NEG_INF, 0.0, m[h])
+            if SUMS:  # (l[2 + h]: LSE's, which the FADD sums leave free: ``grown``)
+                l[2 + h] = l[h]
             base, alpha[h] = row_max(s, m, h, scale_log2, BN // 8, LAZY)
         for h in kaio.static_range(2):
             exponentials(s, l, h, kept[h], 1.0, scale_log2, BN // 8, SUMS, HEXP, DT)
@@ -282,13 +308,33 @@ def softmax_tile(
 
 
 @kaio.gpu_func
-def grown(p: u32[:, :], l: f32[:], alpha: f32[:], BN: kaio.constexpr, DT: kaio.constexpr,
-          SUMS: kaio.constexpr):  # fmt: skip
-    """``LAZY`` 2: where a row's max grew past the kept one by more than LAZY_GROWTH (its
-    factor ``alpha`` not 1), its probabilities, packed in P, and with ``SUMS`` its sum
-    rescaled to the new max (a diagnostic: right while they stayed finite in DT, a growth
-    under 16 for f16)."""
-    if kaio.vote_any(alpha[0] != 1.0 or alpha[1] != 1.0):
+def grown(
+    s: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:], q_s: DT[:, :, :],
+    k_s: DT[:, :, :, :], st: i32, wg: u32, lt: u32, qc: i32, j: i32, row0: i32, sk: i32,
+    causal: i32, scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
+    SUMS: kaio.constexpr, MASK: kaio.constexpr,
+):  # fmt: skip
+    """``LAZY`` 2, after the exponentials on the kept max (``softmax_tile``) and P packed:
+    where a row's max grew past the kept one by more than LAZY_GROWTH (its factor ``alpha``
+    not 1, rare after the first key tiles), its probabilities in P, and with ``SUMS`` its
+    sum, rescaled to the new max m; where one grew so far that P may hold infinities (past
+    2^15 in f16, 2^120 in bf16: the factor under HARD_FACTOR), the warp's scores of the tile
+    computed again from shared memory (``scores_again``: stage ``st``'s K, which the warp
+    frees only after this) and the step taken again on the new max (the sums from before
+    it, kept in l[2 + h])."""
+    hard = HARD_FACTOR_F16
+    if DT == kaio.bf16:
+        hard = HARD_FACTOR_BF16
+    if kaio.vote_any(alpha[0] < hard or alpha[1] < hard):
+        scores_again(s, q_s, k_s, st, wg, lt, qc, D, BN, DT)
+        mask_tile(s, j, row0, sk, causal, lt % 32, BN, MASK)
+        for h in kaio.static_range(2):
+            if SUMS:
+                l[h] = l[2 + h]
+            base = kaio.select(m[h] == NEG_INF, 0.0, m[h])
+            exponentials(s, l, h, base, alpha[h], scale_log2, BN // 8, SUMS, 0, DT)
+        pack_p(p, s, BN, DT)
+    elif kaio.vote_any(alpha[0] != 1.0 or alpha[1] != 1.0):
         for kk in kaio.static_range(BN // 16):
             for r in kaio.static_range(4):
                 if DT == kaio.bf16:
@@ -304,6 +350,32 @@ def grown(p: u32[:, :], l: f32[:], alpha: f32[:], BN: kaio.constexpr, DT: kaio.c
         if SUMS:
             for h in kaio.static_range(2):
                 l[h] = l[h] * alpha[h]
+
+
+@kaio.gpu_func
+def scores_again(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32,
+                 lt: u32, qc: i32, D: kaio.constexpr, BN: kaio.constexpr,
+                 DT: kaio.constexpr):  # fmt: skip
+    """This lane's scores of the key tile in stage ``st`` (the S accumulators' places: rows
+    16 w + lane / 4 + 8h of warpgroup ``wg``'s 64 in the Q buffer from 64-column block
+    ``qc``, keys 8n + 2 (lane % 4) + e) as dot products of the swizzled shared rows of Q and
+    K (128-byte swizzle: 16-byte chunk c of row r at chunk c ^ (r % 8)), in f32: ``grown``'s
+    rare path, slow."""
+    lane = lt % 32
+    for n in kaio.static_range(BN // 8):
+        for e in kaio.static_range(4):
+            s[n, e] = 0.0
+    for d in range(D):
+        c = d % 64
+        for h in kaio.static_range(2):
+            r = i32(64 * wg + 16 * (lt // 32) + lane // 4) + 8 * h
+            q = f32(q_s[qc + d // 64, r, ((c // 8) ^ (r % 8)) * 8 + c % 8])
+            for n in kaio.static_range(BN // 8):
+                for e in kaio.static_range(2):
+                    key = i32(8 * n + 2 * (lane % 4) + e)
+                    k = f32(k_s[st, d // 64, key, ((c // 8) ^ (key % 8)) * 8 + c % 8])
+                    s[n, 2 * h + e] += q * k
+    kaio.fence_proxy_async()  # (the reads before the copies that refill Q and K)
 
 
 @kaio.gpu_func
@@ -595,15 +667,17 @@ def overlap_step(
     if (PIPE == 2 or PIPE == 4) and lt % 32 == 0:  # the other warpgroup's turn
         kaio.mbarrier_arrive(turn, 1 - wg)
     kaio.wgmma_wait(1)  # S_j done
-    if lt == 0:
-        kaio.mbarrier_arrive(bars, (2, st))
+    if LAZY != 2 or EARLY == 0:
+        free_k(bars, st, lt, LAZY == 2)
     if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE,
                      DT, HEXP, MASK, EARLY, LAZY)  # fmt: skip
         if EARLY:  # (P V waited for: no wait between the exponentials and their packing)
             pack_p(p, s, BN, DT, HEXP)
             if LAZY == 2:
-                grown(p, l, alpha, BN, DT, 1 - ONES)
+                grown(s, p, m, l, alpha, q_s, k_s, st, wg, lt, qc, j, row0, sk, causal,
+                      scale_log2, D, BN, DT, 1 - ONES, MASK)  # fmt: skip
+                free_k(bars, st, lt, 1)  # (each warp, once it is done with K)
     kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done (EARLY: already, but ptxas must see it on every path)
     if lt == 0:
         kaio.mbarrier_arrive(bars, (3, ps))
@@ -620,6 +694,7 @@ def consume_split(
     lt: u32, qc: i32, row0: i32, n_tiles: i32, sk: i32, scale_log2: f32, st: i32, ph: u32,
     k: i32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
     DT: kaio.constexpr, ONES: kaio.constexpr, HEXP: kaio.constexpr, QB: kaio.constexpr,
+    WARPS: kaio.constexpr = 0,
 ) -> tuple[i32, u32]:  # fmt: skip
     """``SPLIT`` 1: a tile whose rows are all warpgroup 0's (a head's last query tile, no
     mask) with its key tiles split among the warpgroups, key tile j to warpgroup j % WG (the
@@ -629,20 +704,20 @@ def consume_split(
     turn leave their row maxima, sums and accumulators in one part of shared memory
     (``turn[0]``: written) and warpgroup 0 adds them to its own (``merge_part``; ``turn[1]``:
     read, so that the next may be written). ``k``: the block's split tiles before this one
-    (the barriers' phases: WG - 1 of each a split tile). Returns the ring's next stage and
-    parity."""
+    (the barriers' phases: WG - 1 of each a split tile; ``WARPS``: ``free_k``'s). Returns
+    the ring's next stage and parity."""
     lane = lt % 32
     DO = D + 8 * ONES
     for j in range(n_tiles):
         if j % WG == i32(wg):
-            s_tile(s, q_s, k_s, bars, st, ph, u32(0), lt, D, DT, qc)
+            s_tile(s, q_s, k_s, bars, st, ph, u32(0), lt, D, DT, qc, WARPS)
             softmax_tile(s, m, l, alpha, j, row0, sk, 0, scale_log2, lane, BN, 1 - ONES, 0, DT,
                          HEXP)  # fmt: skip
             rescale_rows(o, alpha, DO)
             pack_p(p, s, BN, DT, HEXP)
             pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
         else:
-            skip_tile(bars, st, ph, lt)
+            skip_tile(bars, st, ph, lt, WARPS)
         st, ph = next_stage(st, ph, STAGES)
     # (the parts after the ring, the barriers and the tile slots: ``shared_bytes``)
     at = QB * 64 * WG * D * 2 + STAGES * BN * (2 * D + 64 * ONES) * 2 + 32 * STAGES + 80
@@ -770,7 +845,7 @@ def consume_tile(
         row0 = q0 + 16 * i32(lt // 32) + i32(lane // 4)  # warpgroup 0's, in every warpgroup
         st, ph = consume_split(q_s, k_s, v_s, bars, turn, o, s, p, m, l, alpha, wg, lt, qc, row0,
                                n_tiles, sk, scale_log2, st, ph, g, D, BN, SPLIT, STAGES, DT,
-                               ONES, HEXP, QB)  # fmt: skip
+                               ONES, HEXP, QB, LAZY == 2)  # fmt: skip
         g += 1
         if lt == 0:
             kaio.mbarrier_arrive(turn, read)
@@ -779,14 +854,14 @@ def consume_tile(
     elif PIPE == 0:
         for j in range(n_tiles):
             if SKIP == 0 or j < n_mine:
-                s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
+                s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc, LAZY == 2)
                 softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
                              1 - ONES, LSE, DT, HEXP)  # fmt: skip
                 rescale_rows(o, alpha, DO)
                 pack_p(p, s, BN, DT, HEXP)
                 pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
             else:
-                skip_tile(bars, st, ph, lt)
+                skip_tile(bars, st, ph, lt, LAZY == 2)
             st, ph = next_stage(st, ph, STAGES)
         if lt == 0:
             kaio.mbarrier_arrive(turn, read)
@@ -795,7 +870,7 @@ def consume_tile(
         # softmax of tile j runs while P V is on the tensor cores. PIPE 3, 4 (FlashAttention-3's
         # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
-        s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
+        s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc, LAZY == 2)
         softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT,
                      HEXP)  # fmt: skip
         pack_p(p, s, BN, DT, HEXP)
@@ -842,7 +917,7 @@ def consume_tile(
                     if PIPE >= 3:
                         rescale_rows(o, alpha, DO)
                     pv_tile(o, p, v_s, bars, ps, pph, lt, BN, DT)
-                skip_tile(bars, st, ph, lt)
+                skip_tile(bars, st, ph, lt, LAZY == 2)
             st, ph = next_stage(st, ph, STAGES)
         if PIPE == 2 or PIPE == 4:
             g += n_tiles - 1
@@ -1103,7 +1178,7 @@ def planned_tile(
 @kaio.gpu_func
 def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
                   STAGES: kaio.constexpr, SLOT: kaio.constexpr = 0,
-                  SPLIT: kaio.constexpr = 0):  # fmt: skip
+                  SPLIT: kaio.constexpr = 0, WARPS: kaio.constexpr = 0):  # fmt: skip
     """The block's barriers (``attention_fwd_wgmma``'s ``bars`` and ``turn``) initialized by
     its first thread, then the block synchronized: each stage's K and V "full" barriers
     (one arrival: the producer's, with the copies' bytes) and "free" ones (an arrival from
@@ -1112,12 +1187,13 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
     (each consumer warpgroup), and the same two of the second Q buffer (``q_buffer``);
     ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp);
     ``SPLIT`` 1: turn[0] and turn[1] (no ping-pong) a split tile's part written (an arrival
-    from each thread of a warpgroup) and read (warpgroup 0's, ``consume_split``)."""
+    from each thread of a warpgroup) and read (warpgroup 0's, ``consume_split``); ``WARPS``
+    1: K freed by each consumer warp (``free_k``)."""
     if t == 0:
         for s in kaio.static_range(STAGES):
             for r in kaio.static_range(2):
                 kaio.mbarrier_init(bars, (r, s), 1)
-                kaio.mbarrier_init(bars, (2 + r, s), WG)
+                kaio.mbarrier_init(bars, (2 + r, s), WG * (4 if WARPS and r == 0 else 1))
         kaio.mbarrier_init(turn, 0, 128 if SPLIT else 4)
         kaio.mbarrier_init(turn, 1, 128 if SPLIT else 4)
         kaio.mbarrier_init(turn, 2, 1)
@@ -1218,7 +1294,7 @@ def attention_fwd_wgmma(
     if PERSIST == 5:  # a plan's tiles (``balanced_plan``): as many for every block
         rounds = sched[0]
         step = rounds
-    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4, SPLIT)
+    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4, SPLIT, LAZY == 2)
     if ONES:  # each V stage's column block of ones (the copies never write it)
         one = kaio.local(DT, 8)
         for e in kaio.static_range(8):
@@ -1470,6 +1546,13 @@ def check_stream(cfg: dict, d: int) -> None:
             "attention_fwd_wgmma: HEXP 1 computes the probabilities as 16-bit pairs, so the "
             "row sums must come from the tensor cores (ONES 1) and LSE (which sums the f32 "
             "probabilities' rounding) must be 0: use ONES 1, LSE 0, or HEXP 0"
+        )
+    lazy_ok = cfg.get("EARLY", 0) and not xt and not cfg.get("HEXP", 0)
+    if cfg.get("LAZY", 0) == 2 and not lazy_ok:
+        raise ValueError(
+            "attention_fwd_wgmma: LAZY 2 takes the exponentials on the kept row max as P V "
+            "is waited for (EARLY 1), a tile at a time (XT 0), in f32 (HEXP 0): use LAZY 0 "
+            "or 1 otherwise"
         )
     split_ok = not xt and not cfg.get("LSE", 0) and cfg["PIPE"] in (1, 3) and cfg["WG"] >= 2
     if cfg.get("SPLIT", 0) and not split_ok:

@@ -169,16 +169,26 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
-def test_row_max_kept_while_it_grows_little_in_simulator(dtype):
-    """``LAZY``: a row max kept while the scores pass it by at most 2^LAZY_GROWTH. A scale of
-    1 spreads the scores (std 8) so that some rows' maxima grow past that in later key
-    tiles and others' do not: both paths, on D64's route with the mask (f16: the sums on the
-    tensor cores) and without it (bf16: the sums by FADD)."""
+@pytest.mark.parametrize(
+    "dtype, lazy, scale",
+    [
+        (np.float16, 1, 1.0),
+        (np.float16, 2, 1.0),  # (P rescaled, and the scores computed again: growths past 2^15)
+        (ml_dtypes.bfloat16, 2, 1.0),  # (P rescaled)
+        (ml_dtypes.bfloat16, 2, 20.0),  # (the scores computed again: growths past 2^120)
+    ],
+)
+def test_row_max_kept_while_it_grows_little_in_simulator(dtype, lazy, scale):
+    """``LAZY`` 1: a row max kept while the scores pass it by at most 2^LAZY_GROWTH; 2: and
+    the exponentials taken on the kept max, P rescaled where a max grew past it (``grown``).
+    A scale of 1 spreads the scores (std 8) so that some rows' maxima grow past that in
+    later key tiles and others' do not; 20, so far that f32 would overflow. On D64's route
+    with the mask (f16: the sums on the tensor cores) and without it (bf16: the sums by
+    FADD), the head's last tile split among the warpgroups (SPLIT) there."""
     causal = dtype == np.float16
     over = {**THREE, **D64_COUNTER, "ONES": int(causal), "PIPE": 1 if causal else 3}
-    cfg = small(64, **{**over, "PERSIST": 4, "SECTION": 2, "EARLY": 1, "LAZY": 1})
-    out, lse, ref, ref_lse = run_sim(1, 2, 1, 200, 330, 64, dtype, causal, cfg, 1.0, 2)
+    cfg = small(64, **{**over, "PERSIST": 4, "SECTION": 2, "EARLY": 1, "LAZY": lazy, "SPLIT": 1})
+    out, lse, ref, ref_lse = run_sim(1, 2, 1, 200, 330, 64, dtype, causal, cfg, scale, 2)
     assert rel(out, ref) < (1e-3 if dtype == np.float16 else 1e-2)
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-3)
 
