@@ -1494,6 +1494,12 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     waited for after the row maxima, P packed among the exponentials: ``overlap_step``;
     against main at B16 H16 S1024 f16 +1.4%, with the mask +1.2%, bf16 +0.8% and +1.1%; at
     B8 S2048 f16 +0.7% and +2.1%, bf16 +1.3% and +1.9%: fwd64, 2026-11-27, round D).
+    D64 f16, every route: ``LAZY`` 2 (FlashAttention-4's lazy rescale, the exponentials
+    taken on the kept row max beside the new max's chain; against main at B16 H16 S1024
+    +4.1%, with the mask +2.2%; B8 S2048 +3.5% and +1.2%; bf16, its sums by FADD, 1-11%
+    slower: not routed), and without the mask ``SPLIT`` 1 (a head's last tile of at most 64
+    rows with its key tiles shared by the three warpgroups: +1.2% on top at S1024; bf16
+    -1%: not routed).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
     S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster on
@@ -1506,6 +1512,7 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     blocks took 8 or 7 pairs where the plan evens them out (H100, kernel time: B4 H16 S4096
     f16 +1.0% to +2.0%, bf16 +2.2% to +2.6%; B1 S16384 f16 +2.6%, bf16 +7%; B4 H32/8 S4096
     +1.3% to +2.6%; B16 S1024 -1% to +1%; docs/performance.md, fwdc)."""
+    f16 = dt in (None, kaio.f16)
     every = {"OV": 1} if d in (128, 256) else {"EARLY": 1}  # (either type)
     if d == 128 and causal:
         every["DIAG"] = 1
@@ -1513,7 +1520,10 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
             every["PERSIST"] = 5
     if d == 64 and causal and sk > SHORT_KEYS:  # (launch's, not the kernel's)
         every["SECTION"] = D64_SECTION
-    f16 = dt in (None, kaio.f16)
+    if d == 64 and f16:  # (LAZY 2: fwd64, 2026-11-27, rounds B and C)
+        every["LAZY"] = 2
+        if not causal:
+            every["SPLIT"] = 1
     if d == 64 and many and 0 < sk <= (D64_COUNTER_KEYS if causal else SHORT_KEYS):  # (counter)
         diag = {"DIAG": 1} if causal else {}
         return {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION, "ONES": int(f16),

@@ -376,8 +376,9 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     256 (either type), the unmasked key tiles apart at D 128 with the mask, and
     there (either type) the tiles of a balanced plan where the launch has many; at D 64 with
     the mask past SHORT_KEYS keys (either type) D64_SECTION heads a section; at D 64 on
-    every route (either type) P packed among the exponentials (EARLY); nothing more for
-    bf16 or D 256."""
+    every route (either type) P packed among the exponentials (EARLY), for f16 there the
+    exponentials on the kept row max (LAZY 2) and without the mask a head's last tile split
+    among the warpgroups (SPLIT); nothing more for bf16 or D 256."""
     f16, bf16 = kaio.f16, kaio.bf16
     ov, diag = {"OV": 1}, {"OV": 1, "DIAG": 1}  # D 128 and 256; D128 with the mask
     plan = {**diag, "PERSIST": 5}
@@ -392,21 +393,23 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1, **diag}
     sections = {"SECTION": hopper.D64_SECTION}  # D64 with the mask past SHORT_KEYS keys
     early = {"EARLY": 1}  # D64, every route
+    lazy = {**early, "LAZY": 2}  # f16 D64, every route (and SPLIT without the mask)
+    split = {**lazy, "SPLIT": 1}
     assert hopper.extras(64, False, f16, 2048) == hopper.extras(64, False, f16, 4096)
-    assert hopper.extras(64, False, f16, 4096) == {"ONES": 1, **early}
-    assert hopper.extras(64, True, f16, 4096) == {"ONES": 1, **sections, **early}
+    assert hopper.extras(64, False, f16, 4096) == {"ONES": 1, **split}
+    assert hopper.extras(64, True, f16, 4096) == {"ONES": 1, **sections, **lazy}
     plain = {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, **sections, **ov, **early}
-    counter = {**plain, "DIAG": 1}  # (with the mask)
-    assert hopper.extras(64, False, f16, 1024) == plain
+    counter = {**plain, "DIAG": 1, "LAZY": 2}  # (with the mask)
+    assert hopper.extras(64, False, f16, 1024) == {**plain, **split}
     assert hopper.extras(64, False, bf16, 1024) == {**plain, "ONES": 0}
     assert hopper.extras(64, True, f16, 1024) == hopper.extras(64, True, f16, 2048) == counter
-    assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1, **early}
+    assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1, **lazy}
     assert hopper.extras(64, True, f16, 256) == counter  # (a partial last key tile's V
     # is the producer's until zeroed, whatever the tiles: ``zero_tail``)
     assert hopper.extras(128, True, bf16, 1024) == plan
     assert hopper.extras(128, True, bf16, 1024, many=False) == diag
     assert hopper.extras(256, True, f16, 1024) == hopper.extras(128, False, bf16, 1024) == ov
-    assert hopper.extras(64, True, bf16, 1024) == {**counter, "ONES": 0}
+    assert hopper.extras(64, True, bf16, 1024) == {**plain, "DIAG": 1, "ONES": 0}
     assert hopper.extras(64, True, bf16, 1024, many=False) == early
     assert hopper.extras(64, False, bf16, 2048) == hopper.extras(64, False, bf16, 4096) == early
     assert hopper.extras(64, True, bf16, 4096) == {**sections, **early}
