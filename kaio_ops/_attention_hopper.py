@@ -278,7 +278,7 @@ def softmax_tile(
     exponentials taken on the kept max without waiting for the new one (``grown``)."""
     k0 = j * BN
     masked = mask_tile(s, j, row0, sk, causal, lane, BN, MASK)
-    if WAIT and LAZY == 2:  # the exponentials on the kept max, the new one beside them
+    if WAIT and LAZY >= 2:  # the exponentials on the kept max, the new one beside them
         kept = kaio.local(f32, 2)
         kaio.wgmma_wait(0)
         for h in kaio.static_range(2):
@@ -668,16 +668,17 @@ def overlap_step(
         kaio.mbarrier_arrive(turn, 1 - wg)
     kaio.wgmma_wait(1)  # S_j done
     if LAZY != 2 or EARLY == 0:
-        free_k(bars, st, lt, LAZY == 2)
+        free_k(bars, st, lt, LAZY >= 2)
     if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE,
                      DT, HEXP, MASK, EARLY, LAZY)  # fmt: skip
         if EARLY:  # (P V waited for: no wait between the exponentials and their packing)
             pack_p(p, s, BN, DT, HEXP)
-            if LAZY == 2:
+            if LAZY >= 2:
                 grown(s, p, m, l, alpha, q_s, k_s, st, wg, lt, qc, j, row0, sk, causal,
                       scale_log2, D, BN, DT, 1 - ONES, MASK)  # fmt: skip
-                free_k(bars, st, lt, 1)  # (each warp, once it is done with K)
+                if LAZY == 2:  # (3: a diagnostic, K freed before: wrong on the rare path)
+                    free_k(bars, st, lt, 1)  # (each warp, once it is done with K)
     kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done (EARLY: already, but ptxas must see it on every path)
     if lt == 0:
         kaio.mbarrier_arrive(bars, (3, ps))
@@ -845,7 +846,7 @@ def consume_tile(
         row0 = q0 + 16 * i32(lt // 32) + i32(lane // 4)  # warpgroup 0's, in every warpgroup
         st, ph = consume_split(q_s, k_s, v_s, bars, turn, o, s, p, m, l, alpha, wg, lt, qc, row0,
                                n_tiles, sk, scale_log2, st, ph, g, D, BN, SPLIT, STAGES, DT,
-                               ONES, HEXP, QB, LAZY == 2)  # fmt: skip
+                               ONES, HEXP, QB, LAZY >= 2)  # fmt: skip
         g += 1
         if lt == 0:
             kaio.mbarrier_arrive(turn, read)
@@ -854,14 +855,14 @@ def consume_tile(
     elif PIPE == 0:
         for j in range(n_tiles):
             if SKIP == 0 or j < n_mine:
-                s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc, LAZY == 2)
+                s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc, LAZY >= 2)
                 softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
                              1 - ONES, LSE, DT, HEXP)  # fmt: skip
                 rescale_rows(o, alpha, DO)
                 pack_p(p, s, BN, DT, HEXP)
                 pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
             else:
-                skip_tile(bars, st, ph, lt, LAZY == 2)
+                skip_tile(bars, st, ph, lt, LAZY >= 2)
             st, ph = next_stage(st, ph, STAGES)
         if lt == 0:
             kaio.mbarrier_arrive(turn, read)
@@ -870,7 +871,7 @@ def consume_tile(
         # softmax of tile j runs while P V is on the tensor cores. PIPE 3, 4 (FlashAttention-3's
         # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
-        s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc, LAZY == 2)
+        s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc, LAZY >= 2)
         softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT,
                      HEXP)  # fmt: skip
         pack_p(p, s, BN, DT, HEXP)
@@ -917,7 +918,7 @@ def consume_tile(
                     if PIPE >= 3:
                         rescale_rows(o, alpha, DO)
                     pv_tile(o, p, v_s, bars, ps, pph, lt, BN, DT)
-                skip_tile(bars, st, ph, lt, LAZY == 2)
+                skip_tile(bars, st, ph, lt, LAZY >= 2)
             st, ph = next_stage(st, ph, STAGES)
         if PIPE == 2 or PIPE == 4:
             g += n_tiles - 1
@@ -1294,7 +1295,7 @@ def attention_fwd_wgmma(
     if PERSIST == 5:  # a plan's tiles (``balanced_plan``): as many for every block
         rounds = sched[0]
         step = rounds
-    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4, SPLIT, LAZY == 2)
+    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4, SPLIT, LAZY >= 2)
     if ONES:  # each V stage's column block of ones (the copies never write it)
         one = kaio.local(DT, 8)
         for e in kaio.static_range(8):
@@ -1558,7 +1559,7 @@ def check_stream(cfg: dict, d: int) -> None:
             "probabilities' rounding) must be 0: use ONES 1, LSE 0, or HEXP 0"
         )
     lazy_ok = cfg.get("EARLY", 0) and not xt and not cfg.get("HEXP", 0)
-    if cfg.get("LAZY", 0) == 2 and not lazy_ok:
+    if cfg.get("LAZY", 0) >= 2 and not lazy_ok:
         raise ValueError(
             "attention_fwd_wgmma: LAZY 2 takes the exponentials on the kept row max as P V "
             "is waited for (EARLY 1), a tile at a time (XT 0), in f32 (HEXP 0): use LAZY 0 "
