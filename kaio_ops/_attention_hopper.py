@@ -1537,6 +1537,21 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
             **({"PERSIST": 4} if short and ROUTE_COUNTER else {})}  # fmt: skip
 
 
+def takes_lazy(cfg: dict) -> bool:
+    """Whether ``cfg``'s schedule takes ``LAZY`` 2: P V waited for before the exponentials
+    (EARLY), a tile at a time (XT 0), the exponentials in f32 (HEXP 0)."""
+    return bool(cfg.get("EARLY", 0)) and not cfg.get("XT", 0) and not cfg.get("HEXP", 0)
+
+
+def takes_split(cfg: dict) -> bool:
+    """Whether ``cfg``'s schedule takes ``SPLIT`` 1: two or more consumer warpgroups, a tile
+    at a time (XT 0), no ping-pong (whose barriers SPLIT takes), the sums without LSE's
+    rounding."""
+    return (
+        not cfg.get("XT", 0) and not cfg.get("LSE", 0) and cfg["PIPE"] in (1, 3) and cfg["WG"] >= 2
+    )
+
+
 def check_stream(cfg: dict, d: int) -> None:
     """A ValueError where ``cfg``'s ``XT`` and ``QB`` do not go together with its schedule
     and the shared memory."""
@@ -1558,15 +1573,13 @@ def check_stream(cfg: dict, d: int) -> None:
             "row sums must come from the tensor cores (ONES 1) and LSE (which sums the f32 "
             "probabilities' rounding) must be 0: use ONES 1, LSE 0, or HEXP 0"
         )
-    lazy_ok = cfg.get("EARLY", 0) and not xt and not cfg.get("HEXP", 0)
-    if cfg.get("LAZY", 0) >= 2 and not lazy_ok:
+    if cfg.get("LAZY", 0) >= 2 and not takes_lazy(cfg):
         raise ValueError(
             "attention_fwd_wgmma: LAZY 2 takes the exponentials on the kept row max as P V "
             "is waited for (EARLY 1), a tile at a time (XT 0), in f32 (HEXP 0): use LAZY 0 "
             "or 1 otherwise"
         )
-    split_ok = not xt and not cfg.get("LSE", 0) and cfg["PIPE"] in (1, 3) and cfg["WG"] >= 2
-    if cfg.get("SPLIT", 0) and not split_ok:
+    if cfg.get("SPLIT", 0) and not takes_split(cfg):
         raise ValueError(
             "attention_fwd_wgmma: SPLIT 1 shares a tile's key tiles among two or more consumer "
             "warpgroups (WG >= 2) of a tile at a time (XT 0) in PIPE 1's or 3's order, its "
@@ -1693,7 +1706,12 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     bh, heads, group, sq, sk, d, _ = dims
     many = bh * -(-sq // 128) >= MANY_TILES * _arrays.multiprocessors(qa)
     routed = extras(d, causal, qa.dtype, sk, many)
+    given = cfg or {}
     cfg = {**EXTRAS_OFF, **routed, **cfg} if cfg else {**EXTRAS_OFF, **config(d, causal), **routed}
+    if "LAZY" not in given and cfg["LAZY"] >= 2 and not takes_lazy(cfg):  # (routed: left out
+        cfg["LAZY"] = 0  # where the given schedule cannot take it)
+    if "SPLIT" not in given and cfg["SPLIT"] and not takes_split(cfg):
+        cfg["SPLIT"] = 0
     check_stream(cfg, d)
     # sections of heads (tile_of): one head's tiles after another's (PERSIST 2: every head's
     # heaviest tiles first; PERSIST 3 takes pairs of a head's tiles, head after head)
