@@ -1539,8 +1539,8 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
 
 def takes_lazy(cfg: dict) -> bool:
     """Whether ``cfg``'s schedule takes ``LAZY`` 2: P V waited for before the exponentials
-    (EARLY), a tile at a time (XT 0), the exponentials in f32 (HEXP 0)."""
-    return bool(cfg.get("EARLY", 0)) and not cfg.get("XT", 0) and not cfg.get("HEXP", 0)
+    (EARLY), a tile at a time (XT 0)."""
+    return bool(cfg.get("EARLY", 0)) and not cfg.get("XT", 0)
 
 
 def takes_split(cfg: dict) -> bool:
@@ -1576,8 +1576,7 @@ def check_stream(cfg: dict, d: int) -> None:
     if cfg.get("LAZY", 0) >= 2 and not takes_lazy(cfg):
         raise ValueError(
             "attention_fwd_wgmma: LAZY 2 takes the exponentials on the kept row max as P V "
-            "is waited for (EARLY 1), a tile at a time (XT 0), in f32 (HEXP 0): use LAZY 0 "
-            "or 1 otherwise"
+            "is waited for (EARLY 1), a tile at a time (XT 0): use LAZY 0 or 1 otherwise"
         )
     if cfg.get("SPLIT", 0) and not takes_split(cfg):
         raise ValueError(
