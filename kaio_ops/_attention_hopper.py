@@ -167,26 +167,15 @@ def issue_pv(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], st: i32, BN: kaio.
 @kaio.gpu_func
 def s_tile(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], bars: u64[:, :], st: i32,
            ph: u32, wg: u32, lt: u32, D: kaio.constexpr, DT: kaio.constexpr,
-           qc: i32 = 0, WARPS: kaio.constexpr = 0):  # fmt: skip
+           qc: i32 = 0):  # fmt: skip
     """S = Q K^T of the key tile in stage ``st`` once it has landed (phase parity ``ph``),
     waited for; then the stage's K is free (``qc``: the Q buffer's first 64-column block,
-    ``issue_s``; ``WARPS``: ``free_k``'s)."""
+    ``issue_s``)."""
     kaio.mbarrier_wait(bars, (0, st), ph)
     kaio.wgmma_fence()
     issue_s(s, q_s, k_s, st, wg, qc, D, DT)
     kaio.wgmma_wait(0)
-    free_k(bars, st, lt, WARPS)
-
-
-@kaio.gpu_func
-def free_k(bars: u64[:, :], st: i32, lt: u32, WARPS: kaio.constexpr):
-    """Stage ``st``'s K freed by the warpgroup (thread ``lt``): an arrival from its first
-    thread, or with ``WARPS`` from each warp's first (``LAZY`` 2, where a warp may read K
-    again after the others are done: ``grown``)."""
-    if WARPS:
-        if lt % 32 == 0:
-            kaio.mbarrier_arrive(bars, (2, st))
-    elif lt == 0:
+    if lt == 0:
         kaio.mbarrier_arrive(bars, (2, st))
 
 
@@ -205,12 +194,13 @@ def pv_tile(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], bars: u64[:, :], st
 
 
 @kaio.gpu_func
-def skip_tile(bars: u64[:, :], st: i32, ph: u32, lt: u32, WARPS: kaio.constexpr = 0):
+def skip_tile(bars: u64[:, :], st: i32, ph: u32, lt: u32):
     """A key tile (stage ``st``, parity ``ph``) that none of the warpgroup's rows sees: its K
     and V freed once landed (then the free barriers' phase is this use's: the producer saw
-    the last one complete; ``WARPS``: ``free_k``'s)."""
+    the last one complete)."""
     kaio.mbarrier_wait(bars, (0, st), ph)
-    free_k(bars, st, lt, WARPS)
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (2, st))
     kaio.mbarrier_wait(bars, (1, st), ph)
     if lt == 0:
         kaio.mbarrier_arrive(bars, (3, st))
@@ -278,7 +268,7 @@ def softmax_tile(
     exponentials taken on the kept max without waiting for the new one (``grown``)."""
     k0 = j * BN
     masked = mask_tile(s, j, row0, sk, causal, lane, BN, MASK)
-    if WAIT and LAZY >= 2:  # the exponentials on the kept max, the new one beside them
+    if WAIT and LAZY == 2:  # the exponentials on the kept max, the new one beside them
         kept = kaio.local(f32, 2)
         kaio.wgmma_wait(0)
         for h in kaio.static_range(2):
@@ -309,8 +299,8 @@ def softmax_tile(
 
 @kaio.gpu_func
 def grown(
-    s: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:], q_s: DT[:, :, :],
-    k_s: DT[:, :, :, :], st: i32, wg: u32, lt: u32, qc: i32, j: i32, row0: i32, sk: i32,
+    s: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:], qg: DT[:], kg: DT[:],
+    lt: u32, j: i32, row0: i32, o_at: i32, o_stride: i32, sq: i32, kv_at: i32, sk: i32,
     causal: i32, scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
     SUMS: kaio.constexpr, MASK: kaio.constexpr,
 ):  # fmt: skip
@@ -319,14 +309,14 @@ def grown(
     not 1, rare after the first key tiles), its probabilities in P, and with ``SUMS`` its
     sum, rescaled to the new max m; where one grew so far that P may hold infinities (past
     2^15 in f16, 2^120 in bf16: the factor under HARD_FACTOR), the warp's scores of the tile
-    computed again from shared memory (``scores_again``: stage ``st``'s K, which the warp
-    frees only after this) and the step taken again on the new max (the sums from before
-    it, kept in l[2 + h])."""
+    computed again from q and k in global memory (``scores_again``: shared memory's may be
+    refilled by then) and the step taken again on the new max (the sums from before it, kept
+    in l[2 + h])."""
     hard = HARD_FACTOR_F16
     if DT == kaio.bf16:
         hard = HARD_FACTOR_BF16
     if kaio.vote_any(alpha[0] < hard or alpha[1] < hard):
-        scores_again(s, q_s, k_s, st, wg, lt, qc, D, BN, DT)
+        scores_again(s, qg, kg, lt, j, row0, o_at, o_stride, sq, kv_at, sk, D, BN, DT)
         mask_tile(s, j, row0, sk, causal, lt % 32, BN, MASK)
         for h in kaio.static_range(2):
             if SUMS:
@@ -353,29 +343,32 @@ def grown(
 
 
 @kaio.gpu_func
-def scores_again(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32,
-                 lt: u32, qc: i32, D: kaio.constexpr, BN: kaio.constexpr,
-                 DT: kaio.constexpr):  # fmt: skip
-    """This lane's scores of the key tile in stage ``st`` (the S accumulators' places: rows
-    16 w + lane / 4 + 8h of warpgroup ``wg``'s 64 in the Q buffer from 64-column block
-    ``qc``, keys 8n + 2 (lane % 4) + e) as dot products of the swizzled shared rows of Q and
-    K (128-byte swizzle: 16-byte chunk c of row r at chunk c ^ (r % 8)), in f32: ``grown``'s
-    rare path, slow."""
+def scores_again(
+    s: f32[:, :], qg: DT[:], kg: DT[:], lt: u32, j: i32, row0: i32, o_at: i32, o_stride: i32,
+    sq: i32, kv_at: i32, sk: i32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """This lane's scores of key tile j (the S accumulators' places: rows row0 + 8h, keys
+    j BN + 8n + 2 (lane % 4) + e) as dot products in f32 of q's rows (``qg``, laid out as
+    the output: row r at o_at + r o_stride) and k's (``kg``: key x at (kv_at + x) D); 0 for
+    a row past the head's or a key past sk (masked, or a row not stored): ``grown``'s rare
+    path, slow."""
     lane = lt % 32
     for n in kaio.static_range(BN // 8):
         for e in kaio.static_range(4):
             s[n, e] = 0.0
     for d in range(D):
-        c = d % 64
         for h in kaio.static_range(2):
-            r = i32(64 * wg + 16 * (lt // 32) + lane // 4) + 8 * h
-            q = f32(q_s[qc + d // 64, r, ((c // 8) ^ (r % 8)) * 8 + c % 8])
+            row = row0 + 8 * h
+            q = 0.0
+            if row >= 0 and row < sq:
+                q = f32(qg[o_at + row * o_stride + d])
             for n in kaio.static_range(BN // 8):
                 for e in kaio.static_range(2):
-                    key = i32(8 * n + 2 * (lane % 4) + e)
-                    k = f32(k_s[st, d // 64, key, ((c // 8) ^ (key % 8)) * 8 + c % 8])
+                    key = j * BN + i32(8 * n + 2 * (lane % 4) + e)
+                    k = 0.0
+                    if key < sk:
+                        k = f32(kg[(kv_at + key) * D + d])
                     s[n, 2 * h + e] += q * k
-    kaio.fence_proxy_async()  # (the reads before the copies that refill Q and K)
 
 
 @kaio.gpu_func
@@ -635,7 +628,8 @@ def overlap_step(
     s: f32[:, :], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     wg: u32, lt: u32, qc: i32, gj: i32, row0: i32, sk: i32, causal: i32, scale_log2: f32,
-    st: i32, ph: u32, ps: i32, pph: u32, j: i32, D: kaio.constexpr, BN: kaio.constexpr,
+    st: i32, ph: u32, ps: i32, pph: u32, j: i32, qg: DT[:], kg: DT[:], o_at: i32,
+    o_stride: i32, sq: i32, kv_at: i32, D: kaio.constexpr, BN: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr, LSE: kaio.constexpr,
     HEXP: kaio.constexpr, MASK: kaio.constexpr = 1, EARLY: kaio.constexpr = 0,
     LAZY: kaio.constexpr = 0,
@@ -667,18 +661,16 @@ def overlap_step(
     if (PIPE == 2 or PIPE == 4) and lt % 32 == 0:  # the other warpgroup's turn
         kaio.mbarrier_arrive(turn, 1 - wg)
     kaio.wgmma_wait(1)  # S_j done
-    if LAZY != 2 or EARLY == 0:
-        free_k(bars, st, lt, LAZY >= 2)
+    if lt == 0:
+        kaio.mbarrier_arrive(bars, (2, st))
     if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE,
                      DT, HEXP, MASK, EARLY, LAZY)  # fmt: skip
         if EARLY:  # (P V waited for: no wait between the exponentials and their packing)
             pack_p(p, s, BN, DT, HEXP)
-            if LAZY >= 2:
-                grown(s, p, m, l, alpha, q_s, k_s, st, wg, lt, qc, j, row0, sk, causal,
-                      scale_log2, D, BN, DT, 1 - ONES, MASK)  # fmt: skip
-                if LAZY == 2:  # (3: a diagnostic, K freed before: wrong on the rare path)
-                    free_k(bars, st, lt, 1)  # (each warp, once it is done with K)
+            if LAZY == 2:
+                grown(s, p, m, l, alpha, qg, kg, lt, j, row0, o_at, o_stride, sq, kv_at, sk,
+                      causal, scale_log2, D, BN, DT, 1 - ONES, MASK)  # fmt: skip
     kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done (EARLY: already, but ptxas must see it on every path)
     if lt == 0:
         kaio.mbarrier_arrive(bars, (3, ps))
@@ -695,7 +687,7 @@ def consume_split(
     lt: u32, qc: i32, row0: i32, n_tiles: i32, sk: i32, scale_log2: f32, st: i32, ph: u32,
     k: i32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
     DT: kaio.constexpr, ONES: kaio.constexpr, HEXP: kaio.constexpr, QB: kaio.constexpr,
-    WARPS: kaio.constexpr = 0,
+
 ) -> tuple[i32, u32]:  # fmt: skip
     """``SPLIT`` 1: a tile whose rows are all warpgroup 0's (a head's last query tile, no
     mask) with its key tiles split among the warpgroups, key tile j to warpgroup j % WG (the
@@ -705,20 +697,20 @@ def consume_split(
     turn leave their row maxima, sums and accumulators in one part of shared memory
     (``turn[0]``: written) and warpgroup 0 adds them to its own (``merge_part``; ``turn[1]``:
     read, so that the next may be written). ``k``: the block's split tiles before this one
-    (the barriers' phases: WG - 1 of each a split tile; ``WARPS``: ``free_k``'s). Returns
-    the ring's next stage and parity."""
+    (the barriers' phases: WG - 1 of each a split tile). Returns the ring's next stage and
+    parity."""
     lane = lt % 32
     DO = D + 8 * ONES
     for j in range(n_tiles):
         if j % WG == i32(wg):
-            s_tile(s, q_s, k_s, bars, st, ph, u32(0), lt, D, DT, qc, WARPS)
+            s_tile(s, q_s, k_s, bars, st, ph, u32(0), lt, D, DT, qc)
             softmax_tile(s, m, l, alpha, j, row0, sk, 0, scale_log2, lane, BN, 1 - ONES, 0, DT,
                          HEXP)  # fmt: skip
             rescale_rows(o, alpha, DO)
             pack_p(p, s, BN, DT, HEXP)
             pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
         else:
-            skip_tile(bars, st, ph, lt, WARPS)
+            skip_tile(bars, st, ph, lt)
         st, ph = next_stage(st, ph, STAGES)
     # (the parts after the ring, the barriers and the tile slots: ``shared_bytes``)
     at = QB * 64 * WG * D * 2 + STAGES * BN * (2 * D + 64 * ONES) * 2 + 32 * STAGES + 80
@@ -773,11 +765,12 @@ def consume(
     """``consume_tile`` with its carried state in ``pos`` (the ring's stage and parity, the
     ping-pong steps, the tiles done), for callers that keep it in an array (the varlen
     forward, ``_attention_hopper_varlen``; without the skips, ``SKIP`` 0, as measured
-    there)."""
+    there; no LAZY 2, whose rare path reads q and k in global memory: ``out`` in their
+    place)."""
     st, ph, g, done = consume_tile(
         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, o_at, o_stride, l_at, q0, n_tiles, q0, sq,
-        sk, causal, scale_log2, pos[0], u32(pos[1]), pos[2], pos[3], D, BN, STAGES, PIPE, DT, ONES,
-        LSE,
+        sk, causal, scale_log2, pos[0], u32(pos[1]), pos[2], pos[3], out, out, 0, D, BN, STAGES,
+        PIPE, DT, ONES, LSE,
     )  # fmt: skip
     pos[0] = st
     pos[1] = i32(ph)
@@ -790,11 +783,12 @@ def consume_tile(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     out: DT[:], lse: f32[:], wg: u32, lt: u32, o_at: i32, o_stride: i32, l_at: i32, q0: i32,
     n_tiles: i32, lo: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, st: i32, ph: u32,
-    g: i32, done: i32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
-    PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
-    LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
-    HEXP: kaio.constexpr = 0, DIAG: kaio.constexpr = 0, OV: kaio.constexpr = 0,
-    EARLY: kaio.constexpr = 0, LAZY: kaio.constexpr = 0, SPLIT: kaio.constexpr = 0,
+    g: i32, done: i32, qg: DT[:], kg: DT[:], kv_at: i32, D: kaio.constexpr,
+    BN: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
+    ONES: kaio.constexpr = 0, LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1,
+    SKIP: kaio.constexpr = 0, HEXP: kaio.constexpr = 0, DIAG: kaio.constexpr = 0,
+    OV: kaio.constexpr = 0, EARLY: kaio.constexpr = 0, LAZY: kaio.constexpr = 0,
+    SPLIT: kaio.constexpr = 0,
 ) -> tuple[i32, u32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` from ``lo`` and below
@@ -846,7 +840,7 @@ def consume_tile(
         row0 = q0 + 16 * i32(lt // 32) + i32(lane // 4)  # warpgroup 0's, in every warpgroup
         st, ph = consume_split(q_s, k_s, v_s, bars, turn, o, s, p, m, l, alpha, wg, lt, qc, row0,
                                n_tiles, sk, scale_log2, st, ph, g, D, BN, SPLIT, STAGES, DT,
-                               ONES, HEXP, QB, LAZY >= 2)  # fmt: skip
+                               ONES, HEXP, QB)  # fmt: skip
         g += 1
         if lt == 0:
             kaio.mbarrier_arrive(turn, read)
@@ -855,14 +849,14 @@ def consume_tile(
     elif PIPE == 0:
         for j in range(n_tiles):
             if SKIP == 0 or j < n_mine:
-                s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc, LAZY >= 2)
+                s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
                 softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
                              1 - ONES, LSE, DT, HEXP)  # fmt: skip
                 rescale_rows(o, alpha, DO)
                 pack_p(p, s, BN, DT, HEXP)
                 pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
             else:
-                skip_tile(bars, st, ph, lt, LAZY >= 2)
+                skip_tile(bars, st, ph, lt)
             st, ph = next_stage(st, ph, STAGES)
         if lt == 0:
             kaio.mbarrier_arrive(turn, read)
@@ -871,7 +865,7 @@ def consume_tile(
         # softmax of tile j runs while P V is on the tensor cores. PIPE 3, 4 (FlashAttention-3's
         # order) rescale O by tile j - 1's factors while S_j runs, PIPE 1, 2 once P V is done;
         # PIPE 2, 4: the warpgroups take turns to issue their products (ping-pong)
-        s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc, LAZY >= 2)
+        s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
         softmax_tile(s, m, l, alpha, 0, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT,
                      HEXP)  # fmt: skip
         pack_p(p, s, BN, DT, HEXP)
@@ -892,7 +886,8 @@ def consume_tile(
             jstart = j0
             for j in range(1, j0):
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
-                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
+                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, qg, kg, o_at,
+                             o_stride, sq, kv_at, D,
                              BN, PIPE, DT, ONES, LSE, HEXP, 0, EARLY, LAZY)  # fmt: skip
                 ps = st
                 pph = ph
@@ -903,13 +898,15 @@ def consume_tile(
                 plain = j < j0
             if plain:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
-                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
+                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, qg, kg, o_at,
+                             o_stride, sq, kv_at, D,
                              BN, PIPE, DT, ONES, LSE, HEXP, 0, EARLY, LAZY)  # fmt: skip
                 ps = st
                 pph = ph
             elif SKIP == 0 or j < n_mine:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
-                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
+                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, qg, kg, o_at,
+                             o_stride, sq, kv_at, D,
                              BN, PIPE, DT, ONES, LSE, HEXP, 1, EARLY, LAZY)  # fmt: skip
                 ps = st
                 pph = ph
@@ -918,7 +915,7 @@ def consume_tile(
                     if PIPE >= 3:
                         rescale_rows(o, alpha, DO)
                     pv_tile(o, p, v_s, bars, ps, pph, lt, BN, DT)
-                skip_tile(bars, st, ph, lt, LAZY >= 2)
+                skip_tile(bars, st, ph, lt)
             st, ph = next_stage(st, ph, STAGES)
         if PIPE == 2 or PIPE == 4:
             g += n_tiles - 1
@@ -1179,7 +1176,7 @@ def planned_tile(
 @kaio.gpu_func
 def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
                   STAGES: kaio.constexpr, SLOT: kaio.constexpr = 0,
-                  SPLIT: kaio.constexpr = 0, WARPS: kaio.constexpr = 0):  # fmt: skip
+                  SPLIT: kaio.constexpr = 0):  # fmt: skip
     """The block's barriers (``attention_fwd_wgmma``'s ``bars`` and ``turn``) initialized by
     its first thread, then the block synchronized: each stage's K and V "full" barriers
     (one arrival: the producer's, with the copies' bytes) and "free" ones (an arrival from
@@ -1188,13 +1185,12 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
     (each consumer warpgroup), and the same two of the second Q buffer (``q_buffer``);
     ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp);
     ``SPLIT`` 1: turn[0] and turn[1] (no ping-pong) a split tile's part written (an arrival
-    from each thread of a warpgroup) and read (warpgroup 0's, ``consume_split``); ``WARPS``
-    1: K freed by each consumer warp (``free_k``)."""
+    from each thread of a warpgroup) and read (warpgroup 0's, ``consume_split``)."""
     if t == 0:
         for s in kaio.static_range(STAGES):
             for r in kaio.static_range(2):
                 kaio.mbarrier_init(bars, (r, s), 1)
-                kaio.mbarrier_init(bars, (2 + r, s), WG * (4 if WARPS and r == 0 else 1))
+                kaio.mbarrier_init(bars, (2 + r, s), WG)
         kaio.mbarrier_init(turn, 0, 128 if SPLIT else 4)
         kaio.mbarrier_init(turn, 1, 128 if SPLIT else 4)
         kaio.mbarrier_init(turn, 2, 1)
@@ -1215,6 +1211,8 @@ def attention_fwd_wgmma(
     tv: kaio.tensormap,
     out: DT[:],
     lse: f32[:],
+    qg: DT[:],
+    kg: DT[:],
     sq: i32,
     sk: i32,
     heads: i32,
@@ -1248,7 +1246,8 @@ def attention_fwd_wgmma(
     B * H of them, in sections of ``hs``): block (x, y)'s tile y * grid x + x, or with
     ``PERSIST`` tiles x, x + grid x, ... (module docstring). ``tq``: q as [B * H * sq, D]
     in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
-    ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
+    ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``qg``, ``kg``: q and k flat
+    (``LAZY`` 2's rare path, ``scores_again``); ``scale_log2``: the scale times
     log2(e). ``XT``, ``QB``, ``ONES``: the one-stream schedule, its Q buffers and the row
     sums on the tensor cores (module docstring; ``extras``); ``DIAG`` 1: the unmasked key
     tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors, ``EARLY`` 1: P
@@ -1295,7 +1294,7 @@ def attention_fwd_wgmma(
     if PERSIST == 5:  # a plan's tiles (``balanced_plan``): as many for every block
         rounds = sched[0]
         step = rounds
-    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4, SPLIT, LAZY >= 2)
+    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4, SPLIT)
     if ONES:  # each V stage's column block of ones (the copies never write it)
         one = kaio.local(DT, 8)
         for e in kaio.static_range(8):
@@ -1332,7 +1331,8 @@ def attention_fwd_wgmma(
                                                BM, BN)  # fmt: skip
                 st, ph, g, done = consume_tile(
                     q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
-                    q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
+                    q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, qg, kg,
+                    kvh * sk, D, BN,
                     STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY, LAZY,
                     SPLIT * WG,
                 )  # fmt: skip
@@ -1351,14 +1351,16 @@ def attention_fwd_wgmma(
                 if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
                     st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
-                        q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
+                        q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, qg, kg,
+                    kvh * sk, D, BN,
                         STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
                         LAZY, SPLIT * WG,
                     )  # fmt: skip
                 else:
                     st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
-                        q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
+                        q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, qg, kg,
+                    kvh * sk, D, BN,
                         STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
                         LAZY, SPLIT * WG,
                     )  # fmt: skip
@@ -1573,7 +1575,7 @@ def check_stream(cfg: dict, d: int) -> None:
             "row sums must come from the tensor cores (ONES 1) and LSE (which sums the f32 "
             "probabilities' rounding) must be 0: use ONES 1, LSE 0, or HEXP 0"
         )
-    if cfg.get("LAZY", 0) >= 2 and not takes_lazy(cfg):
+    if cfg.get("LAZY", 0) == 2 and not takes_lazy(cfg):
         raise ValueError(
             "attention_fwd_wgmma: LAZY 2 takes the exponentials on the kept row max as P V "
             "is waited for (EARLY 1), a tile at a time (XT 0): use LAZY 0 or 1 otherwise"
@@ -1755,7 +1757,8 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
         key = (bh, n_qt, sq, min(hs, bh), grid[0], sk, causal, bm, cfg["BN"], PLAN_BOUNDARY)
         sched = planned_tiles(qa, key, lambda: balanced_plan(*key))
     (kernel or attention_fwd_wgmma)[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
-        tq, tk, tv, out_flat, lse_flat, sq, sk, heads, group, math.log2(math.e) * scale,
+        tq, tk, tv, out_flat, lse_flat, qa.arg(rows_q * d), ka.arg(rows_kv * d), sq, sk, heads,
+        group, math.log2(math.e) * scale,
         int(causal), bh, min(hs, bh), sched, D=d, DT=qa.dtype, **cfg,
     )  # fmt: skip
     return out, lse
