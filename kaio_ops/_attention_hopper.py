@@ -59,6 +59,13 @@ on the masked tiles, where a causal row with few keys sees all of them (its logs
 as exact as with the FADD sums; ``softmax_tile``). ``HEXP`` 1 with ONES takes the
 exponentials two at a time, as 16-bit pairs (``ex2.approx.f16x2``: one MUFU.EX2 for two
 probabilities, which are then P's A fragments as they stand).
+``LAZY`` 1 keeps a row's max while the scores pass it by at most 2^LAZY_GROWTH
+(FlashAttention-4's lazy rescale: probabilities up to 2^8, O rescaled only where a max grew
+further); 2, with EARLY, also takes the step's exponentials on the kept max, beside the new
+max's chain rather than after it, and rescales P afterwards where a max did grow (``grown``;
+rarely, the scores computed again from q and k in global memory). ``SPLIT`` 1 gives a head's
+last tile, when its rows are all warpgroup 0's (no mask), the key tiles of every warpgroup
+(``consume_split``: their parts merged through shared memory).
 
 Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, BM, 64]``,
 K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
