@@ -703,9 +703,9 @@ def consume_split(
     the warpgroups take the ring's stages side by side); then warpgroups 1 to WG - 1 in
     turn leave their row maxima, sums and accumulators in one part of shared memory
     (``turn[0]``: written) and warpgroup 0 adds them to its own (``merge_part``; ``turn[1]``:
-    read, so that the next may be written). ``k``: the block's split tiles before this one
-    (the barriers' phases: WG - 1 of each a split tile). Returns the ring's next stage and
-    parity."""
+    read, and ``turn[8]`` for warpgroup 2's: so that the next may be written).
+    ``k``: the block's split tiles before this one (the barriers' phases). Returns the ring's
+    next stage and parity."""
     lane = lt % 32
     DO = D + 8 * ONES
     for j in range(n_tiles):
@@ -720,17 +720,20 @@ def consume_split(
             skip_tile(bars, st, ph, lt)
         st, ph = next_stage(st, ph, STAGES)
     # (the parts after the ring, the barriers and the tile slots: ``shared_bytes``)
-    at = QB * 64 * WG * D * 2 + STAGES * BN * (2 * D + 64 * ONES) * 2 + 32 * STAGES + 80
+    at = QB * 64 * WG * D * 2 + STAGES * BN * (2 * D + 64 * ONES) * 2 + 32 * STAGES + 96
     part = kaio.shared_dynamic(f32, (4 + DO // 2, 128), at)
-    for w in kaio.static_range(WG - 1):  # warpgroup w + 1's part: the barriers' phase x
-        x = k * (WG - 1) + w
+    for w in kaio.static_range(WG - 1):  # warpgroup w + 1's part
         if wg == 0:
-            kaio.mbarrier_wait(turn, 0, u32(x) & 1)  # written
+            kaio.mbarrier_wait(turn, 0, u32(k * (WG - 1) + w) & 1)  # written
             merge_part(part, o, m, l, lt, DO)
-            kaio.mbarrier_arrive(turn, 1)
-        elif wg == w + 1:
-            if x > 0:  # warpgroup 0 has read the part before
-                kaio.mbarrier_wait(turn, 1, u32(x - 1) & 1)
+            kaio.mbarrier_arrive(turn, 1 + 7 * ((w + 1) // 2))  # (1, 8: warpgroup 1's, 2's)
+        elif wg == w + 1:  # once warpgroup 0 has read the part before (warpgroup w's of this
+            # tile, or the last one's of the block's split tile before): each writer's reads
+            # on a barrier of its own, at most one phase from the one waited for
+            if w > 0:
+                kaio.mbarrier_wait(turn, 1 + 7 * (w // 2), u32(k) & 1)
+            elif k > 0:
+                kaio.mbarrier_wait(turn, 1 + 7 * ((WG - 1) // 2), u32(k - 1) & 1)
             for h in kaio.static_range(2):
                 part[h, lt] = m[h]
                 part[2 + h, lt] = l[h]
@@ -1192,7 +1195,8 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
     (each consumer warpgroup), and the same two of the second Q buffer (``q_buffer``);
     ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp);
     ``SPLIT`` 1: turn[0] and turn[1] (no ping-pong) a split tile's part written (an arrival
-    from each thread of a warpgroup) and read (warpgroup 0's, ``consume_split``)."""
+    from each thread of a warpgroup) and read (warpgroup 0's, ``consume_split``), turn[8]
+    warpgroup 2's read."""
     if t == 0:
         for s in kaio.static_range(STAGES):
             for r in kaio.static_range(2):
@@ -1200,6 +1204,8 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
                 kaio.mbarrier_init(bars, (2 + r, s), WG)
         kaio.mbarrier_init(turn, 0, 128 if SPLIT else 4)
         kaio.mbarrier_init(turn, 1, 128 if SPLIT else 4)
+        if SPLIT and WG > 2:
+            kaio.mbarrier_init(turn, 8, 128)
         kaio.mbarrier_init(turn, 2, 1)
         kaio.mbarrier_init(turn, 3, 1)
         kaio.mbarrier_init(turn, 4, WG)
@@ -1276,12 +1282,13 @@ def attention_fwd_wgmma(
     # turn[0], turn[1]: warpgroup 0's, 1's turn on the tensor cores (PIPE 2, 4), turn[2]: Q
     # landed, turn[3]: a partial key tile's V landed (the producer's, ``zero_tail``), turn[4]:
     # Q read by every consumer warpgroup; turn[5], turn[6]: the second Q buffer's landed and
-    # read (QB 2)
+    # read (QB 2); turn[7]: the tile slot read (PERSIST 4); SPLIT: turn[0] a part written,
+    # turn[1] and turn[8] warpgroup 1's and 2's read (``consume_split``)
     bars = kaio.shared_dynamic(u64, (4, STAGES), Q_BYTES + STAGES * (KV_BYTES + V_BYTES))
-    turn = kaio.shared_dynamic(u64, (8,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES)
+    turn = kaio.shared_dynamic(u64, (10,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES)
     # PERSIST 4: the work tile of each Q buffer (``produce_dynamic``)
     tile_s = kaio.shared_dynamic(
-        i32, (4,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES + 64
+        i32, (4,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES + 80
     )
     t, wg, lt = thread_roles(WG)
     n_qt = (sq + BM - 1) // BM
@@ -1406,7 +1413,7 @@ def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int =
     (``ones``: a column block of ones beside each V stage), its barriers (``split``: and the
     part of a split tile, ``consume_split``)."""
     parts = split * (4 + (d + 8 * ones) // 2) * 128 * 4
-    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 80 + parts
+    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 96 + parts
 
 
 def config(d: int, causal: bool = False) -> dict:
@@ -1509,7 +1516,8 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     +4.1%, with the mask +2.2%; B8 S2048 +3.5% and +1.2%; bf16, its sums by FADD, 1-11%
     slower: not routed), and without the mask ``SPLIT`` 1 (a head's last tile of at most 64
     rows with its key tiles shared by the three warpgroups: +1.2% on top at S1024; bf16
-    -1%: not routed).
+    -1%: not routed); on the counter without the mask ``DIAG`` 1 too (every full key tile
+    without the mask's test: +1.4% at B16 H16 S1024, fwd64 round E).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
     S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster on
@@ -1535,7 +1543,7 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
         if not causal:
             every["SPLIT"] = 1
     if d == 64 and many and 0 < sk <= (D64_COUNTER_KEYS if causal else SHORT_KEYS):  # (counter)
-        diag = {"DIAG": 1} if causal else {}
+        diag = {"DIAG": 1} if causal or f16 else {}
         return {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION, "ONES": int(f16),
                 "OV": 1, **diag, **every}  # fmt: skip
     if d > 128 or not f16:

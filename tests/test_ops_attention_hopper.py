@@ -259,10 +259,11 @@ D64_COUNTER = {"QB": 2, "ONES": 1, "STAGES": 3, "OV": 1}  # (the route's, but PE
         (64, 4, 256, 300, True, {**D64_COUNTER, "PIPE": 1, "DIAG": 1, "EARLY": 1}, 3, 2),
         # one block takes every head's tiles (one head a section, as launch picks)
         (64, 4, 128, 128, False, {"PIPE": 3, "OV": 1}, 1, 0),
-        # D64's route without the mask (three warpgroups, FlashAttention-3's order): each
-        # head's last tile of 50 rows with its five key tiles shared by the warpgroups
-        # (SPLIT; two blocks, each with two such tiles: the parts' barriers over phases)
-        (64, 4, 242, 300, False, {**THREE, **D64_COUNTER, "PIPE": 3, "EARLY": 1, "SPLIT": 1}, 2, 2),
+        # D64's route without the mask (three warpgroups, FlashAttention-3's order, the
+        # full key tiles apart): each head's last tile of 50 rows with its five key tiles
+        # shared by the warpgroups (SPLIT; two blocks, each with two such tiles: the parts'
+        # barriers over phases)
+        (64, 4, 242, 300, False, {**THREE, **D64_COUNTER, "PIPE": 3, "SPLIT": 1, "DIAG": 1}, 2, 2),
         # f16 D128's options at 1024 keys or fewer (extras: two Q buffers), a partial last
         # key tile
         (128, 2, 256, 200, False, hopper.extras(128, False, kaio.f16, 200), 2, 0),
@@ -400,7 +401,7 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     assert hopper.extras(64, True, f16, 4096) == {"ONES": 1, **sections, **lazy}
     plain = {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, **sections, **ov, **early}
     counter = {**plain, "DIAG": 1, "LAZY": 2}  # (with the mask)
-    assert hopper.extras(64, False, f16, 1024) == {**plain, **split}
+    assert hopper.extras(64, False, f16, 1024) == {**plain, **split, "DIAG": 1}
     assert hopper.extras(64, False, bf16, 1024) == {**plain, "ONES": 0}
     assert hopper.extras(64, True, f16, 1024) == hopper.extras(64, True, f16, 2048) == counter
     assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1, **lazy}
