@@ -694,7 +694,6 @@ def consume_split(
     lt: u32, qc: i32, row0: i32, n_tiles: i32, sk: i32, scale_log2: f32, st: i32, ph: u32,
     k: i32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
     DT: kaio.constexpr, ONES: kaio.constexpr, HEXP: kaio.constexpr, QB: kaio.constexpr,
-
 ) -> tuple[i32, u32]:  # fmt: skip
     """``SPLIT`` 1: a tile whose rows are all warpgroup 0's (a head's last query tile, no
     mask) with its key tiles split among the warpgroups, key tile j to warpgroup j % WG (the
