@@ -254,7 +254,7 @@ def check(out_path):
 
 
 D64_COUNTER = {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": 2, "ONES": 1, "OV": 1}
-TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or None)
+TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or None[, q's scale])
     (128, False, 300, {}, None),  # the routed kernels, a partial last key tile, GQA
     (128, True, 300, {}, None),
     (64, False, 300, {}, None),
@@ -301,6 +301,10 @@ TINY = [  # (d, causal, sk, config over the routed one, persistent blocks or Non
     # vectors and the unmasked key tiles apart; without it O as vectors
     (64, True, 300, {**D64_COUNTER, "PIPE": 1, "DIAG": 1}, 3),
     (64, False, 300, {**D64_COUNTER, "PIPE": 3}, 3),
+    # 27, 28: the same with q times 8: rows' maxima that grow far in later key tiles (LAZY
+    # 2's rare paths: P rescaled, and the scores computed again from shared memory)
+    (64, True, 300, {**D64_COUNTER, "PIPE": 1, "DIAG": 1}, 3, 8.0),
+    (64, False, 300, {**D64_COUNTER, "PIPE": 3}, 3, 8.0),
 ]
 
 
@@ -313,8 +317,9 @@ def tiny(cases=None) -> None:
     from kaio_ops import attention
 
     for i in range(len(TINY)) if cases is None else cases:
-        d, causal, sk, over, ctas = TINY[i]
+        d, causal, sk, over, ctas, *scaled = TINY[i]
         q, k, v = tensors(1, 4, 2, 200 if ctas is None else 256, sk, d, "float16")
+        q = q * (scaled[0] if scaled else 1.0)
         (qa, ka, va), dims, scale = attention._check_flash("tiny", q, k, v, None)
         cfg = {**hop.config(d, causal), **({"STAGES": 2} if over else {}), **over}
         out, _ = hop.launch(qa, ka, va, dims, causal, scale, cfg, ctas=ctas)
@@ -590,6 +595,7 @@ def grid(
     jobs: int = 0,
     warm_only: bool = False,
     checks: tuple = CHECKS,
+    q_scales: tuple = (1.0,),
 ) -> None:
     """Each variant of ``specs`` (``parse_specs``) checked against float64 on two small
     cases (grouped-query heads with several tiles a persistent block, and a partial last key
@@ -597,7 +603,9 @@ def grid(
     ``B,H,HKV,S[,SK];...`` (SK: keys, when not S): ``rounds`` rounds, each of every
     contender in turn (so that a drift of the clocks reaches all of them), the median of
     each. ``warm_only``: compile (``jobs`` processes at a time) and stop, so that a GPU round
-    can run other steps beside the compiles; ``checks``: the small cases (``CHECKS``'s)."""
+    can run other steps beside the compiles; ``checks``: the small cases (``CHECKS``'s), each
+    with q times each of ``q_scales`` (past 1: scores spread so wide that rows' maxima grow
+    far in later key tiles, the rare paths of ``LAZY``)."""
     import torch
 
     vs = parse_specs(specs)
@@ -615,11 +623,12 @@ def grid(
         hop = base_module(base) if base else module_of(over)[0]
         many, hop.MANY_TILES = hop.MANY_TILES, 0  # the checks take the routes of the timing
         try:
-            for b, h, hkv, sq, sk in checks:
+            for (b, h, hkv, sq, sk), qs in ((c, qs) for c in checks for qs in q_scales):
                 for causal in causals:
-                    key = (dtype, d, b, h, hkv, sq, sk, causal)
+                    key = (dtype, d, b, h, hkv, sq, sk, causal, qs)
                     if key not in refs:
                         q, k, v = tensors(b, h, hkv, sq, sk, d, dtype, seed=sq + d)
+                        q = q * qs
                         refs[key] = (q, k, v, *reference(q, k, v, causal))
                     q, k, v, ref, ref_lse = refs[key]
                     out, lse = run(q, k, v, causal)
@@ -699,6 +708,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5, help="grid: interleaved rounds of timing")
     p.add_argument("--warm-only", action="store_true", help="grid: compile, then stop")
     p.add_argument("--checks", help="grid: the CHECKS cases to run, i,j,... (default all)")
+    p.add_argument("--q-scales", default="1", help="grid: each check with q times these, x,y,...")
     p.add_argument("--ptxas", help="build the cubins with this ptxas, not the driver's JIT")
     args = p.parse_args()
     if args.ptxas:  # before kaio compiles anything; cached under their own keys
@@ -708,8 +718,9 @@ def main() -> None:
     elif args.step == "grid":
         causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal_grid]
         checks = [CHECKS[int(i)] for i in args.checks.split(",")] if args.checks else CHECKS
+        q_scales = tuple(float(x) for x in args.q_scales.split(","))
         grid(args.specs, args.shapes, causals, args.out, args.rounds, args.jobs, args.warm_only,
-             checks)  # fmt: skip
+             checks, q_scales)  # fmt: skip
     elif args.step == "check":
         check(args.out)
     elif args.step == "tiny":

@@ -59,6 +59,13 @@ on the masked tiles, where a causal row with few keys sees all of them (its logs
 as exact as with the FADD sums; ``softmax_tile``). ``HEXP`` 1 with ONES takes the
 exponentials two at a time, as 16-bit pairs (``ex2.approx.f16x2``: one MUFU.EX2 for two
 probabilities, which are then P's A fragments as they stand).
+``LAZY`` 1 keeps a row's max while the scores pass it by at most 2^LAZY_GROWTH
+(FlashAttention-4's lazy rescale: probabilities up to 2^8, O rescaled only where a max grew
+further); 2, with EARLY, also takes the step's exponentials on the kept max, beside the new
+max's chain rather than after it, and rescales P afterwards where a max did grow (``grown``;
+rarely, the scores computed again from q and k in global memory). ``SPLIT`` 1 gives a head's
+last tile, when its rows are all warpgroup 0's (no mask), the key tiles of every warpgroup
+(``consume_split``: their parts merged through shared memory).
 
 Shared tiles (128-byte swizzle, 64-column blocks, docs/hopper.md): Q ``[D / 64, BM, 64]``,
 K and V stages ``[STAGES, D / 64, BN, 64]``. The tensor maps see Q as ``[B * H * Sq, D]`` and
@@ -94,6 +101,10 @@ from kaio_ops._attention_tc import (
 from kaio_ops._matmul_hopper import next_stage
 
 SW = 128  # swizzle bytes: one 128-byte row per 64 elements
+# LAZY 2 (``grown``): a factor under these (a row max grown past 2^15 in f16, 2^120 in bf16)
+# and P, packed from probabilities taken on the kept max, may hold infinities
+HARD_FACTOR_F16 = 2.0**-15
+HARD_FACTOR_BF16 = 2.0**-120
 SHARED_LIMIT = 227 * 1024
 PRODUCER_REGS = 24  # registers a thread of the producer warpgroup keeps (setmaxnreg)
 
@@ -220,27 +231,15 @@ def pack_p(p: u32[:, :], s: f32[:, :], BN: kaio.constexpr, DT: kaio.constexpr,
 
 
 @kaio.gpu_func
-def softmax_tile(
-    s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
-    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
-    LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16, HEXP: kaio.constexpr = 0,
-    MASK: kaio.constexpr = 1, WAIT: kaio.constexpr = 0,
-):  # fmt: skip
-    """Mask key tile j's scores (keys at or past sk, and past the row when causal) where the
-    tile needs it, then one online-softmax step of both row halves (row0 + 8h); the factors
-    of the earlier accumulators go to alpha (``SUMS``: ``_attention_tc.softmax_step``'s).
-    The mask compares each score's column in the tile, a constant, with the row's bound
-    (one comparison a score). ``LSE`` 1 (with ``SUMS`` 0, the sums on the tensor cores of
-    the probabilities as rounded to DT): l[h] keeps what that rounding took from the sums of
-    the masked tiles (``rounding``), as a multiple of 2^-l[2 + h] (the max it was last
-    rescaled to: nothing to do on the other tiles), for ``ones_sums`` to add back. ``HEXP``
-    1 (with ``SUMS`` 0): the probabilities as DT pairs from one ``ex2.approx`` each (half the
-    MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``.
-    ``WAIT`` 1: the pending wgmma group (P V of the key tile before) waited for between the
-    row maxima and the exponentials (``overlap_step``'s ``EARLY``)."""
+def mask_tile(s: f32[:, :], j: i32, row0: i32, sk: i32, causal: i32, lane: u32,
+              BN: kaio.constexpr, MASK: kaio.constexpr = 1) -> bool_:  # fmt: skip
+    """Key tile j's scores s set to -inf at the keys at or past sk, and past the row when
+    causal, where the tile needs it (``MASK`` 0: a tile that the caller knows none of the
+    warp's rows masks); whether it did. The mask compares each score's column in the tile,
+    a constant, with the row's bound (one comparison a score)."""
     k0 = j * BN
     # (the warp's first row as i32: a varlen row shifted by sk - sq may be negative)
-    masked = False  # (MASK 0: a tile that the caller knows none of the warp's rows masks)
+    masked = False
     if MASK:
         masked = k0 + BN > sk or (causal != 0 and k0 + BN > row0 - i32(lane // 4) + 1)
     if masked:
@@ -252,23 +251,131 @@ def softmax_tile(
             for n in kaio.static_range(BN // 8):
                 for e in kaio.static_range(2):
                     s[n, 2 * h + e] = kaio.select(n * 8 + e < bound, s[n, 2 * h + e], NEG_INF)
-    if WAIT:
+    return masked
+
+
+@kaio.gpu_func
+def softmax_tile(
+    s: f32[:, :], m: f32[:], l: f32[:], alpha: f32[:], j: i32, row0: i32, sk: i32,
+    causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
+    LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16, HEXP: kaio.constexpr = 0,
+    MASK: kaio.constexpr = 1, WAIT: kaio.constexpr = 0, LAZY: kaio.constexpr = 0,
+):  # fmt: skip
+    """Mask key tile j's scores (``mask_tile``), then one online-softmax step of both row
+    halves (row0 + 8h); the factors of the earlier accumulators go to alpha (``SUMS``:
+    ``_attention_tc.softmax_step``'s). ``LSE`` 1 (with ``SUMS`` 0, the sums on the tensor cores of
+    the probabilities as rounded to DT): l[h] keeps what that rounding took from the sums of
+    the masked tiles (``rounding``), as a multiple of 2^-l[2 + h] (the max it was last
+    rescaled to: nothing to do on the other tiles), for ``ones_sums`` to add back. ``HEXP``
+    1 (with ``SUMS`` 0): the probabilities as DT pairs from one ``ex2.approx`` each (half the
+    MUFU.EX2s; ``softmax_step``'s ``PAIRS``), their bits in s[n, 2h] for ``pack_p``.
+    ``WAIT`` 1: the pending wgmma group (P V of the key tile before) waited for between the
+    row maxima and the exponentials (``overlap_step``'s ``EARLY``). ``LAZY`` 1: a row max
+    kept while the scores exceed it by little (``row_max``'s); 2 (with ``WAIT``): and the
+    exponentials taken on the kept max without waiting for the new one (``grown``)."""
+    k0 = j * BN
+    masked = mask_tile(s, j, row0, sk, causal, lane, BN, MASK)
+    if WAIT and LAZY == 2:  # the exponentials on the kept max, the new one beside them
+        kept = kaio.local(f32, 2)
+        kaio.wgmma_wait(0)
+        for h in kaio.static_range(2):
+            kept[h] = kaio.select(m[h] == NEG_INF, 0.0, m[h])
+            if SUMS:  # (l[2 + h]: LSE's, which the FADD sums leave free: ``grown``)
+                l[2 + h] = l[h]
+            base, alpha[h] = row_max(s, m, h, scale_log2, BN // 8, LAZY)
+        for h in kaio.static_range(2):
+            exponentials(s, l, h, kept[h], 1.0, scale_log2, BN // 8, SUMS, HEXP, DT)
+    elif WAIT:
         bases = kaio.local(f32, 2)
         if k0 >= 0:  # (always: a block of its own, above which ptxas does not hoist the wait)
             for h in kaio.static_range(2):
-                bases[h], alpha[h] = row_max(s, m, h, scale_log2, BN // 8)
+                bases[h], alpha[h] = row_max(s, m, h, scale_log2, BN // 8, LAZY)
         kaio.wgmma_wait(0)
         for h in kaio.static_range(2):
             exponentials(s, l, h, bases[h], alpha[h], scale_log2, BN // 8, SUMS, HEXP, DT)
     else:
         for h in kaio.static_range(2):
-            alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT)
+            alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT, LAZY)
     if LSE == 1 and SUMS == 0:
         if masked:  # a row with few keys sees them all here: its sum to the last bit
             for h in kaio.static_range(2):
                 base = kaio.select(m[h] == NEG_INF, 0.0, m[h])  # (softmax_step's)
                 l[h] = l[h] * kaio.exp2(l[2 + h] - base) + rounding(s, h, BN, DT)
                 l[2 + h] = base
+
+
+@kaio.gpu_func
+def grown(
+    s: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:], qg: DT[:], kg: DT[:],
+    lt: u32, j: i32, row0: i32, o_at: i32, o_stride: i32, sq: i32, kv_at: i32, sk: i32,
+    causal: i32, scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
+    SUMS: kaio.constexpr, MASK: kaio.constexpr,
+):  # fmt: skip
+    """``LAZY`` 2, after the exponentials on the kept max (``softmax_tile``) and P packed:
+    where a row's max grew past the kept one by more than LAZY_GROWTH (its factor ``alpha``
+    not 1, rare after the first key tiles), its probabilities in P, and with ``SUMS`` its
+    sum, rescaled to the new max m; where one grew so far that P may hold infinities (past
+    2^15 in f16, 2^120 in bf16: the factor under HARD_FACTOR), the warp's scores of the tile
+    computed again from q and k in global memory (``scores_again``: shared memory's may be
+    refilled by then) and the step taken again on the new max (the sums from before it, kept
+    in l[2 + h])."""
+    hard = HARD_FACTOR_F16
+    if DT == kaio.bf16:
+        hard = HARD_FACTOR_BF16
+    if kaio.vote_any(alpha[0] < hard or alpha[1] < hard):
+        scores_again(s, qg, kg, lt, j, row0, o_at, o_stride, sq, kv_at, sk, D, BN, DT)
+        mask_tile(s, j, row0, sk, causal, lt % 32, BN, MASK)
+        for h in kaio.static_range(2):
+            if SUMS:
+                l[h] = l[2 + h]
+            base = kaio.select(m[h] == NEG_INF, 0.0, m[h])
+            exponentials(s, l, h, base, alpha[h], scale_log2, BN // 8, SUMS, 0, DT)
+        pack_p(p, s, BN, DT)
+    elif kaio.vote_any(alpha[0] != 1.0 or alpha[1] != 1.0):
+        for kk in kaio.static_range(BN // 16):
+            for r in kaio.static_range(4):
+                if DT == kaio.bf16:
+                    pair = kaio.bitcast(p[kk, r], kaio.bf16x2)
+                    a = f32(kaio.low(pair)) * alpha[r % 2]
+                    b = f32(kaio.high(pair)) * alpha[r % 2]
+                    p[kk, r] = kaio.bitcast(kaio.bf16x2(a, b), u32)
+                else:
+                    pair = kaio.bitcast(p[kk, r], kaio.f16x2)
+                    a = f32(kaio.low(pair)) * alpha[r % 2]
+                    b = f32(kaio.high(pair)) * alpha[r % 2]
+                    p[kk, r] = kaio.bitcast(kaio.f16x2(a, b), u32)
+        if SUMS:
+            for h in kaio.static_range(2):
+                l[h] = l[h] * alpha[h]
+
+
+@kaio.gpu_func
+def scores_again(
+    s: f32[:, :], qg: DT[:], kg: DT[:], lt: u32, j: i32, row0: i32, o_at: i32, o_stride: i32,
+    sq: i32, kv_at: i32, sk: i32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """This lane's scores of key tile j (the S accumulators' places: rows row0 + 8h, keys
+    j BN + 8n + 2 (lane % 4) + e) as dot products in f32 of q's rows (``qg``, laid out as
+    the output: row r at o_at + r o_stride) and k's (``kg``: key x at (kv_at + x) D); 0 for
+    a row past the head's or a key past sk (masked, or a row not stored): ``grown``'s rare
+    path, slow."""
+    lane = lt % 32
+    for n in kaio.static_range(BN // 8):
+        for e in kaio.static_range(4):
+            s[n, e] = 0.0
+    for d in range(D):
+        for h in kaio.static_range(2):
+            row = row0 + 8 * h
+            q = 0.0
+            if row >= 0 and row < sq:
+                q = f32(qg[o_at + row * o_stride + d])
+            for n in kaio.static_range(BN // 8):
+                for e in kaio.static_range(2):
+                    key = j * BN + i32(8 * n + 2 * (lane % 4) + e)
+                    k = 0.0
+                    if key < sk:
+                        k = f32(kg[(kv_at + key) * D + d])
+                    s[n, 2 * h + e] += q * k
 
 
 @kaio.gpu_func
@@ -528,9 +635,11 @@ def overlap_step(
     s: f32[:, :], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     wg: u32, lt: u32, qc: i32, gj: i32, row0: i32, sk: i32, causal: i32, scale_log2: f32,
-    st: i32, ph: u32, ps: i32, pph: u32, j: i32, D: kaio.constexpr, BN: kaio.constexpr,
+    st: i32, ph: u32, ps: i32, pph: u32, j: i32, qg: DT[:], kg: DT[:], o_at: i32,
+    o_stride: i32, sq: i32, kv_at: i32, D: kaio.constexpr, BN: kaio.constexpr,
     PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr, LSE: kaio.constexpr,
     HEXP: kaio.constexpr, MASK: kaio.constexpr = 1, EARLY: kaio.constexpr = 0,
+    LAZY: kaio.constexpr = 0,
 ):  # fmt: skip
     """One overlapped step of ``consume_tile`` (PIPE 1 to 4): S = Q K_j^T (stage ``st``,
     parity ``ph``) issued with the pending P_{j-1} V_{j-1} (stage ``ps``, parity ``pph``),
@@ -539,7 +648,7 @@ def overlap_step(
     that no row of the warpgroup masks, ``softmax_tile``'s). ``EARLY`` 1: P V waited for
     after the row maxima (under it), before the exponentials, so that P's registers are
     free and each pair is packed as its exponentials come (the F2FPs among the MUFU.EX2s,
-    not after them)."""
+    not after them). ``LAZY``: ``softmax_tile``'s."""
     lane = lt % 32
     DO = D + 8 * ONES
     kaio.mbarrier_wait(bars, (0, st), ph)
@@ -563,9 +672,12 @@ def overlap_step(
         kaio.mbarrier_arrive(bars, (2, st))
     if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
         softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE,
-                     DT, HEXP, MASK, EARLY)  # fmt: skip
+                     DT, HEXP, MASK, EARLY, LAZY)  # fmt: skip
         if EARLY:  # (P V waited for: no wait between the exponentials and their packing)
             pack_p(p, s, BN, DT, HEXP)
+            if LAZY == 2:
+                grown(s, p, m, l, alpha, qg, kg, lt, j, row0, o_at, o_stride, sq, kv_at, sk,
+                      causal, scale_log2, D, BN, DT, 1 - ONES, MASK)  # fmt: skip
     kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done (EARLY: already, but ptxas must see it on every path)
     if lt == 0:
         kaio.mbarrier_arrive(bars, (3, ps))
@@ -573,6 +685,82 @@ def overlap_step(
         rescale_rows(o, alpha, DO)
     if EARLY == 0:
         pack_p(p, s, BN, DT, HEXP)
+
+
+@kaio.gpu_func
+def consume_split(
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
+    o: f32[:, :], s: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:], wg: u32,
+    lt: u32, qc: i32, row0: i32, n_tiles: i32, sk: i32, scale_log2: f32, st: i32, ph: u32,
+    k: i32, D: kaio.constexpr, BN: kaio.constexpr, WG: kaio.constexpr, STAGES: kaio.constexpr,
+    DT: kaio.constexpr, ONES: kaio.constexpr, HEXP: kaio.constexpr, QB: kaio.constexpr,
+) -> tuple[i32, u32]:  # fmt: skip
+    """``SPLIT`` 1: a tile whose rows are all warpgroup 0's (a head's last query tile, no
+    mask) with its key tiles split among the warpgroups, key tile j to warpgroup j % WG (the
+    others free it as it lands, ``skip_tile``), each on the Q buffer's first 64 rows (``row0``
+    warpgroup 0's), each step waited for (PIPE 0's: no stage held across steps, so that
+    the warpgroups take the ring's stages side by side); then warpgroups 1 to WG - 1 in
+    turn leave their row maxima, sums and accumulators in one part of shared memory
+    (``turn[0]``: written) and warpgroup 0 adds them to its own (``merge_part``; ``turn[1]``:
+    read, and ``turn[8]`` for warpgroup 2's: so that the next may be written).
+    ``k``: the block's split tiles before this one (the barriers' phases). Returns the ring's
+    next stage and parity."""
+    lane = lt % 32
+    DO = D + 8 * ONES
+    for j in range(n_tiles):
+        if j % WG == i32(wg):
+            s_tile(s, q_s, k_s, bars, st, ph, u32(0), lt, D, DT, qc)
+            softmax_tile(s, m, l, alpha, j, row0, sk, 0, scale_log2, lane, BN, 1 - ONES, 0, DT,
+                         HEXP)  # fmt: skip
+            rescale_rows(o, alpha, DO)
+            pack_p(p, s, BN, DT, HEXP)
+            pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
+        else:
+            skip_tile(bars, st, ph, lt)
+        st, ph = next_stage(st, ph, STAGES)
+    # (the parts after the ring, the barriers and the tile slots: ``shared_bytes``)
+    at = QB * 64 * WG * D * 2 + STAGES * BN * (2 * D + 64 * ONES) * 2 + 32 * STAGES + 96
+    part = kaio.shared_dynamic(f32, (4 + DO // 2, 128), at)
+    for w in kaio.static_range(WG - 1):  # warpgroup w + 1's part
+        if wg == 0:
+            kaio.mbarrier_wait(turn, 0, u32(k * (WG - 1) + w) & 1)  # written
+            merge_part(part, o, m, l, lt, DO)
+            kaio.mbarrier_arrive(turn, 1 + 7 * ((w + 1) // 2))  # (1, 8: warpgroup 1's, 2's)
+        elif wg == w + 1:  # once warpgroup 0 has read the part before (warpgroup w's of this
+            # tile, or the last one's of the block's split tile before): each writer's reads
+            # on a barrier of its own, at most one phase from the one waited for
+            if w > 0:
+                kaio.mbarrier_wait(turn, 1 + 7 * (w // 2), u32(k) & 1)
+            elif k > 0:
+                kaio.mbarrier_wait(turn, 1 + 7 * ((WG - 1) // 2), u32(k - 1) & 1)
+            for h in kaio.static_range(2):
+                part[h, lt] = m[h]
+                part[2 + h, lt] = l[h]
+            for n in kaio.static_range(DO // 8):
+                for e in kaio.static_range(4):
+                    part[4 + 4 * n + e, lt] = o[n, e]
+            kaio.mbarrier_arrive(turn, 0)
+    return st, ph
+
+
+@kaio.gpu_func
+def merge_part(part: f32[:, :], o: f32[:, :], m: f32[:], l: f32[:], lt: u32,
+               DO: kaio.constexpr):  # fmt: skip
+    """Warpgroup 0's rows (thread ``lt``) joined with the part of the same rows that another
+    warpgroup left in ``part`` (``consume_split``): each row's max the larger, its sums and
+    accumulators rescaled to it and added."""
+    for h in kaio.static_range(2):
+        mw = part[h, lt]
+        top = kaio.max(m[h], mw)
+        base = kaio.select(top == NEG_INF, 0.0, top)
+        a = kaio.exp2(m[h] - base)
+        b = kaio.exp2(mw - base)
+        m[h] = top
+        l[h] = l[h] * a + part[2 + h, lt] * b
+        for n in kaio.static_range(DO // 8):
+            for e in kaio.static_range(2):
+                i = 4 * n + 2 * h + e
+                o[n, 2 * h + e] = o[n, 2 * h + e] * a + part[4 + i, lt] * b
 
 
 @kaio.gpu_func
@@ -586,11 +774,12 @@ def consume(
     """``consume_tile`` with its carried state in ``pos`` (the ring's stage and parity, the
     ping-pong steps, the tiles done), for callers that keep it in an array (the varlen
     forward, ``_attention_hopper_varlen``; without the skips, ``SKIP`` 0, as measured
-    there)."""
+    there; no LAZY 2, whose rare path reads q and k in global memory: ``out`` in their
+    place)."""
     st, ph, g, done = consume_tile(
         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, o_at, o_stride, l_at, q0, n_tiles, q0, sq,
-        sk, causal, scale_log2, pos[0], u32(pos[1]), pos[2], pos[3], D, BN, STAGES, PIPE, DT, ONES,
-        LSE,
+        sk, causal, scale_log2, pos[0], u32(pos[1]), pos[2], pos[3], out, out, 0, D, BN, STAGES,
+        PIPE, DT, ONES, LSE,
     )  # fmt: skip
     pos[0] = st
     pos[1] = i32(ph)
@@ -603,11 +792,12 @@ def consume_tile(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     out: DT[:], lse: f32[:], wg: u32, lt: u32, o_at: i32, o_stride: i32, l_at: i32, q0: i32,
     n_tiles: i32, lo: i32, sq: i32, sk: i32, causal: i32, scale_log2: f32, st: i32, ph: u32,
-    g: i32, done: i32, D: kaio.constexpr, BN: kaio.constexpr, STAGES: kaio.constexpr,
-    PIPE: kaio.constexpr, DT: kaio.constexpr, ONES: kaio.constexpr = 0,
-    LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1, SKIP: kaio.constexpr = 0,
-    HEXP: kaio.constexpr = 0, DIAG: kaio.constexpr = 0, OV: kaio.constexpr = 0,
-    EARLY: kaio.constexpr = 0,
+    g: i32, done: i32, qg: DT[:], kg: DT[:], kv_at: i32, D: kaio.constexpr,
+    BN: kaio.constexpr, STAGES: kaio.constexpr, PIPE: kaio.constexpr, DT: kaio.constexpr,
+    ONES: kaio.constexpr = 0, LSE: kaio.constexpr = 0, QB: kaio.constexpr = 1,
+    SKIP: kaio.constexpr = 0, HEXP: kaio.constexpr = 0, DIAG: kaio.constexpr = 0,
+    OV: kaio.constexpr = 0, EARLY: kaio.constexpr = 0, LAZY: kaio.constexpr = 0,
+    SPLIT: kaio.constexpr = 0,
 ) -> tuple[i32, u32, i32, i32]:  # fmt: skip
     """Consumer warpgroup ``wg``'s 64 query rows of one tile (thread ``lt`` of it) over the
     key tiles (module docstring), then its rows of ``out`` and ``lse`` from ``lo`` and below
@@ -626,7 +816,10 @@ def consume_tile(
     tiles of more rows than keys: the branch cost up to 4% at D 128, where it never skips).
     ``DIAG`` 1 (PIPE 1 to 4): the steps over the key tiles that no row of the block masks
     run in a loop of their own, without the mask's test (``overlap_step``). ``OV`` 1: the
-    rows of O stored as 16-byte vectors (``store_quads``). ``EARLY`` 1: ``overlap_step``'s."""
+    rows of O stored as 16-byte vectors (``store_quads``). ``EARLY`` 1: ``overlap_step``'s,
+    ``LAZY`` 1: ``softmax_tile``'s. ``SPLIT``: the block's consumer warpgroups (0: off),
+    which share the key tiles of a tile whose rows are all warpgroup 0's, no mask
+    (``consume_split``; ``g`` then counts the block's split tiles, not ping-pong steps)."""
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
@@ -641,6 +834,9 @@ def consume_tile(
     b, landed, read = q_buffer(done, QB)
     qc = b * (D // 64)  # the Q buffer's first 64-column block
     kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)  # this tile's Q landed
+    split = False
+    if SPLIT:
+        split = causal == 0 and q0 + 64 >= sq
     n_mine = n_tiles  # the key tiles this warpgroup's rows see; with SKIP those past them
     # (causal: past the diagonal; rows all past sq: all but one) are freed as they land
     # (``skip_tile``); ping-pong takes turns at every step
@@ -649,7 +845,17 @@ def consume_tile(
             n_mine = kaio.max(1, kaio.min(n_tiles, (q0 + 64 * i32(wg) + 64 + BN - 1) // BN))
         if q0 + 64 * i32(wg) >= sq:
             n_mine = 1
-    if PIPE == 0:
+    if SPLIT and split:  # (SPLIT 0: no shared part declared, ``consume_split``)
+        row0 = q0 + 16 * i32(lt // 32) + i32(lane // 4)  # warpgroup 0's, in every warpgroup
+        st, ph = consume_split(q_s, k_s, v_s, bars, turn, o, s, p, m, l, alpha, wg, lt, qc, row0,
+                               n_tiles, sk, scale_log2, st, ph, g, D, BN, SPLIT, STAGES, DT,
+                               ONES, HEXP, QB)  # fmt: skip
+        g += 1
+        if lt == 0:
+            kaio.mbarrier_arrive(turn, read)
+        if wg > 0:  # (warpgroup 0 stores the rows)
+            lo = sq
+    elif PIPE == 0:
         for j in range(n_tiles):
             if SKIP == 0 or j < n_mine:
                 s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
@@ -689,8 +895,9 @@ def consume_tile(
             jstart = j0
             for j in range(1, j0):
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
-                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EARLY)  # fmt: skip
+                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, qg, kg, o_at,
+                             o_stride, sq, kv_at, D,
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EARLY, LAZY)  # fmt: skip
                 ps = st
                 pph = ph
                 st, ph = next_stage(st, ph, STAGES)
@@ -700,14 +907,16 @@ def consume_tile(
                 plain = j < j0
             if plain:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
-                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EARLY)  # fmt: skip
+                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, qg, kg, o_at,
+                             o_stride, sq, kv_at, D,
+                             BN, PIPE, DT, ONES, LSE, HEXP, 0, EARLY, LAZY)  # fmt: skip
                 ps = st
                 pph = ph
             elif SKIP == 0 or j < n_mine:
                 overlap_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, turn, wg, lt, qc,
-                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, D,
-                             BN, PIPE, DT, ONES, LSE, HEXP, 1, EARLY)  # fmt: skip
+                             g + j, row0, sk, causal, scale_log2, st, ph, ps, pph, j, qg, kg, o_at,
+                             o_stride, sq, kv_at, D,
+                             BN, PIPE, DT, ONES, LSE, HEXP, 1, EARLY, LAZY)  # fmt: skip
                 ps = st
                 pph = ph
             else:  # a key tile past this warpgroup's rows
@@ -717,7 +926,8 @@ def consume_tile(
                     pv_tile(o, p, v_s, bars, ps, pph, lt, BN, DT)
                 skip_tile(bars, st, ph, lt)
             st, ph = next_stage(st, ph, STAGES)
-        g += n_tiles - 1
+        if PIPE == 2 or PIPE == 4:
+            g += n_tiles - 1
         if lt == 0:  # every S = Q K^T of the tile is done: Q's buffer is free
             kaio.mbarrier_arrive(turn, read)
         if SKIP == 0 or n_mine == n_tiles:  # the last P V
@@ -974,21 +1184,27 @@ def planned_tile(
 
 @kaio.gpu_func
 def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
-                  STAGES: kaio.constexpr, SLOT: kaio.constexpr = 0):  # fmt: skip
+                  STAGES: kaio.constexpr, SLOT: kaio.constexpr = 0,
+                  SPLIT: kaio.constexpr = 0):  # fmt: skip
     """The block's barriers (``attention_fwd_wgmma``'s ``bars`` and ``turn``) initialized by
     its first thread, then the block synchronized: each stage's K and V "full" barriers
     (one arrival: the producer's, with the copies' bytes) and "free" ones (an arrival from
     each consumer warpgroup), the ping-pong turns (an arrival from each warp of the other
     warpgroup), Q landed (one), a partial key tile's V landed (one, ``zero_tail``), Q read
     (each consumer warpgroup), and the same two of the second Q buffer (``q_buffer``);
-    ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp)."""
+    ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp);
+    ``SPLIT`` 1: turn[0] and turn[1] (no ping-pong) a split tile's part written (an arrival
+    from each thread of a warpgroup) and read (warpgroup 0's, ``consume_split``), turn[8]
+    warpgroup 2's read."""
     if t == 0:
         for s in kaio.static_range(STAGES):
             for r in kaio.static_range(2):
                 kaio.mbarrier_init(bars, (r, s), 1)
                 kaio.mbarrier_init(bars, (2 + r, s), WG)
-        kaio.mbarrier_init(turn, 0, 4)
-        kaio.mbarrier_init(turn, 1, 4)
+        kaio.mbarrier_init(turn, 0, 128 if SPLIT else 4)
+        kaio.mbarrier_init(turn, 1, 128 if SPLIT else 4)
+        if SPLIT and WG > 2:
+            kaio.mbarrier_init(turn, 8, 128)
         kaio.mbarrier_init(turn, 2, 1)
         kaio.mbarrier_init(turn, 3, 1)
         kaio.mbarrier_init(turn, 4, WG)
@@ -1007,6 +1223,8 @@ def attention_fwd_wgmma(
     tv: kaio.tensormap,
     out: DT[:],
     lse: f32[:],
+    qg: DT[:],
+    kg: DT[:],
     sq: i32,
     sk: i32,
     heads: i32,
@@ -1032,17 +1250,22 @@ def attention_fwd_wgmma(
     DIAG: kaio.constexpr,
     OV: kaio.constexpr,
     EARLY: kaio.constexpr,
+    LAZY: kaio.constexpr,
+    SPLIT: kaio.constexpr,
 ):
     """out[bh, row] = softmax(q[bh, row] k[kv]^T * scale) v[kv] and lse[bh, row] for the
     work tiles of ``64 * WG`` query rows of one (batch, head) ``bh`` (``tile_of``; ``bhs``:
     B * H of them, in sections of ``hs``): block (x, y)'s tile y * grid x + x, or with
     ``PERSIST`` tiles x, x + grid x, ... (module docstring). ``tq``: q as [B * H * sq, D]
     in boxes of (64 * WG, 64); ``tk``, ``tv``: k, v as [B * Hkv * sk, D] in boxes of (BN, 64);
-    ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``scale_log2``: the scale times
+    ``out`` [B * H * sq * D] and ``lse`` [B * H * sq] flat; ``qg``, ``kg``: q and k flat
+    (``LAZY`` 2's rare path, ``scores_again``); ``scale_log2``: the scale times
     log2(e). ``XT``, ``QB``, ``ONES``: the one-stream schedule, its Q buffers and the row
     sums on the tensor cores (module docstring; ``extras``); ``DIAG`` 1: the unmasked key
     tiles in a loop of their own, ``OV`` 1: O stored as 16-byte vectors, ``EARLY`` 1: P
-    packed as the exponentials come (``consume_tile``).
+    packed as the exponentials come, ``LAZY`` 1: a row max kept while the scores exceed it
+    by little, ``SPLIT`` 1: a head's last tile, when warpgroup 0's rows are all its rows, with
+    its key tiles shared by the warpgroups (``consume_tile``).
     ``sched``: two i32 counters, 0 at the launch, that ``PERSIST`` 4 takes its tiles from
     and leaves 0 (``produce_dynamic``); with ``PERSIST`` 5 the plan of every block's tiles
     (``balanced_plan``)."""
@@ -1058,12 +1281,13 @@ def attention_fwd_wgmma(
     # turn[0], turn[1]: warpgroup 0's, 1's turn on the tensor cores (PIPE 2, 4), turn[2]: Q
     # landed, turn[3]: a partial key tile's V landed (the producer's, ``zero_tail``), turn[4]:
     # Q read by every consumer warpgroup; turn[5], turn[6]: the second Q buffer's landed and
-    # read (QB 2)
+    # read (QB 2); turn[7]: the tile slot read (PERSIST 4); SPLIT: turn[0] a part written,
+    # turn[1] and turn[8] warpgroup 1's and 2's read (``consume_split``)
     bars = kaio.shared_dynamic(u64, (4, STAGES), Q_BYTES + STAGES * (KV_BYTES + V_BYTES))
-    turn = kaio.shared_dynamic(u64, (8,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES)
+    turn = kaio.shared_dynamic(u64, (10,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES)
     # PERSIST 4: the work tile of each Q buffer (``produce_dynamic``)
     tile_s = kaio.shared_dynamic(
-        i32, (4,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES + 64
+        i32, (4,), Q_BYTES + STAGES * (KV_BYTES + V_BYTES) + 32 * STAGES + 80
     )
     t, wg, lt = thread_roles(WG)
     n_qt = (sq + BM - 1) // BM
@@ -1083,7 +1307,7 @@ def attention_fwd_wgmma(
     if PERSIST == 5:  # a plan's tiles (``balanced_plan``): as many for every block
         rounds = sched[0]
         step = rounds
-    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4)
+    init_barriers(bars, turn, t, WG, STAGES, PERSIST == 4, SPLIT)
     if ONES:  # each V stage's column block of ones (the copies never write it)
         one = kaio.local(DT, 8)
         for e in kaio.static_range(8):
@@ -1120,8 +1344,10 @@ def attention_fwd_wgmma(
                                                BM, BN)  # fmt: skip
                 st, ph, g, done = consume_tile(
                     q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
-                    q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
-                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
+                    q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, qg, kg,
+                    kvh * sk, D, BN,
+                    STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY, LAZY,
+                    SPLIT * WG,
                 )  # fmt: skip
     elif wg < WG:  # the consumers
         if REGS:
@@ -1138,14 +1364,18 @@ def attention_fwd_wgmma(
                 if (PIPE == 2 or PIPE == 4) and wg == 0:  # ping-pong: a loop in each branch
                     st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
-                        q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
+                        q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, qg, kg,
+                    kvh * sk, D, BN,
                         STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
+                        LAZY, SPLIT * WG,
                     )  # fmt: skip
                 else:
                     st, ph, g, done = consume_tile(
                         q_s, k_s, v_s, bars, turn, out, lse, wg, lt, bh * sq * D, D, bh * sq,
-                        q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, D, BN,
+                        q0, n_tiles, 0, sq, sk, causal, scale_log2, st, ph, g, done, qg, kg,
+                    kvh * sk, D, BN,
                         STAGES, PIPE, DT, ONES, LSE, QB, 64 * WG > BN, HEXP, DIAG, OV, EARLY,
+                        LAZY, SPLIT * WG,
                     )  # fmt: skip
     elif PERSIST == 4:  # the producer warpgroup: its first warp takes the tiles
         producer_start(REGS)
@@ -1176,10 +1406,13 @@ def attention_fwd_wgmma(
                     tails += 1
 
 
-def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int = 0) -> int:
+def shared_bytes(d: int, bn: int, wg: int, stages: int, qb: int = 1, ones: int = 0,
+                 split: int = 0) -> int:  # fmt: skip
     """The dynamic shared memory of ``attention_fwd_wgmma``: ``qb`` Q buffers, the K/V ring
-    (``ones``: a column block of ones beside each V stage), its barriers."""
-    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 80
+    (``ones``: a column block of ones beside each V stage), its barriers (``split``: and the
+    part of a split tile, ``consume_split``)."""
+    parts = split * (4 + (d + 8 * ones) // 2) * 128 * 4
+    return qb * 64 * wg * d * 2 + stages * bn * (2 * d + 64 * ones) * 2 + 32 * stages + 96 + parts
 
 
 def config(d: int, causal: bool = False) -> dict:
@@ -1208,7 +1441,18 @@ def config(d: int, causal: bool = False) -> dict:
 
 
 # a tile at a time, one Q buffer, sums by FADD (LSE: the rounding added back, with ONES)
-EXTRAS_OFF = {"XT": 0, "QB": 1, "ONES": 0, "LSE": 0, "HEXP": 0, "DIAG": 0, "OV": 0, "EARLY": 0}
+EXTRAS_OFF = {
+    "XT": 0,
+    "QB": 1,
+    "ONES": 0,
+    "LSE": 0,
+    "HEXP": 0,
+    "DIAG": 0,
+    "OV": 0,
+    "EARLY": 0,
+    "LAZY": 0,
+    "SPLIT": 0,
+}
 
 
 SHORT_KEYS = 1024  # f16 D128 at most this many keys: tiles from a counter (``extras``)
@@ -1266,6 +1510,13 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     waited for after the row maxima, P packed among the exponentials: ``overlap_step``;
     against main at B16 H16 S1024 f16 +1.4%, with the mask +1.2%, bf16 +0.8% and +1.1%; at
     B8 S2048 f16 +0.7% and +2.1%, bf16 +1.3% and +1.9%: fwd64, 2026-11-27, round D).
+    D64 f16, every route: ``LAZY`` 2 (FlashAttention-4's lazy rescale, the exponentials
+    taken on the kept row max beside the new max's chain; against main at B16 H16 S1024
+    +4.1%, with the mask +2.2%; B8 S2048 +3.5% and +1.2%; bf16, its sums by FADD, 1-11%
+    slower: not routed), and without the mask ``SPLIT`` 1 (a head's last tile of at most 64
+    rows with its key tiles shared by the three warpgroups: +1.2% on top at S1024; bf16
+    -1%: not routed); on the counter without the mask ``DIAG`` 1 too (every full key tile
+    without the mask's test: +1.4% at B16 H16 S1024, fwd64 round E).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
     S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster on
@@ -1278,6 +1529,7 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     blocks took 8 or 7 pairs where the plan evens them out (H100, kernel time: B4 H16 S4096
     f16 +1.0% to +2.0%, bf16 +2.2% to +2.6%; B1 S16384 f16 +2.6%, bf16 +7%; B4 H32/8 S4096
     +1.3% to +2.6%; B16 S1024 -1% to +1%; docs/performance.md, fwdc)."""
+    f16 = dt in (None, kaio.f16)
     every = {"OV": 1} if d in (128, 256) else {"EARLY": 1}  # (either type)
     if d == 128 and causal:
         every["DIAG"] = 1
@@ -1285,9 +1537,12 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
             every["PERSIST"] = 5
     if d == 64 and causal and sk > SHORT_KEYS:  # (launch's, not the kernel's)
         every["SECTION"] = D64_SECTION
-    f16 = dt in (None, kaio.f16)
+    if d == 64 and f16:  # (LAZY 2: fwd64, 2026-11-27, rounds B and C)
+        every["LAZY"] = 2
+        if not causal:
+            every["SPLIT"] = 1
     if d == 64 and many and 0 < sk <= (D64_COUNTER_KEYS if causal else SHORT_KEYS):  # (counter)
-        diag = {"DIAG": 1} if causal else {}
+        diag = {"DIAG": 1} if causal or f16 else {}
         return {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION, "ONES": int(f16),
                 "OV": 1, **diag, **every}  # fmt: skip
     if d > 128 or not f16:
@@ -1296,6 +1551,21 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     short = more and 0 < sk <= SHORT_KEYS
     return {**every, "ONES": 1, **({"QB": 2} if more and (causal or short) else {}),
             **({"PERSIST": 4} if short and ROUTE_COUNTER else {})}  # fmt: skip
+
+
+def takes_lazy(cfg: dict) -> bool:
+    """Whether ``cfg``'s schedule takes ``LAZY`` 2: P V waited for before the exponentials
+    (EARLY), a tile at a time (XT 0)."""
+    return bool(cfg.get("EARLY", 0)) and not cfg.get("XT", 0)
+
+
+def takes_split(cfg: dict) -> bool:
+    """Whether ``cfg``'s schedule takes ``SPLIT`` 1: two or more consumer warpgroups, a tile
+    at a time (XT 0), no ping-pong (whose barriers SPLIT takes), the sums without LSE's
+    rounding."""
+    return (
+        not cfg.get("XT", 0) and not cfg.get("LSE", 0) and cfg["PIPE"] in (1, 3) and cfg["WG"] >= 2
+    )
 
 
 def check_stream(cfg: dict, d: int) -> None:
@@ -1319,6 +1589,17 @@ def check_stream(cfg: dict, d: int) -> None:
             "row sums must come from the tensor cores (ONES 1) and LSE (which sums the f32 "
             "probabilities' rounding) must be 0: use ONES 1, LSE 0, or HEXP 0"
         )
+    if cfg.get("LAZY", 0) == 2 and not takes_lazy(cfg):
+        raise ValueError(
+            "attention_fwd_wgmma: LAZY 2 takes the exponentials on the kept row max as P V "
+            "is waited for (EARLY 1), a tile at a time (XT 0): use LAZY 0 or 1 otherwise"
+        )
+    if cfg.get("SPLIT", 0) and not takes_split(cfg):
+        raise ValueError(
+            "attention_fwd_wgmma: SPLIT 1 shares a tile's key tiles among two or more consumer "
+            "warpgroups (WG >= 2) of a tile at a time (XT 0) in PIPE 1's or 3's order, its "
+            "sums without LSE's rounding: use SPLIT 0 otherwise"
+        )
     if xt and cfg.get("PERSIST") == 5:
         raise ValueError(
             "attention_fwd_wgmma: one stream of a block's tiles (XT 1) takes its tiles in "
@@ -1334,7 +1615,8 @@ def check_stream(cfg: dict, d: int) -> None:
             f"attention_fwd_wgmma: QB {qb} Q buffers: the kernel has barriers for 1 or 2 "
             f"(``q_buffer``): use QB 1 or 2"
         )
-    need = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], qb, cfg.get("ONES", 0))
+    need = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], qb, cfg.get("ONES", 0),
+                        cfg.get("SPLIT", 0))  # fmt: skip
     if need > SHARED_LIMIT:
         raise ValueError(
             f"attention_fwd_wgmma: {qb} Q buffers and {cfg['STAGES']} stages of {cfg['BN']} "
@@ -1439,7 +1721,12 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     bh, heads, group, sq, sk, d, _ = dims
     many = bh * -(-sq // 128) >= MANY_TILES * _arrays.multiprocessors(qa)
     routed = extras(d, causal, qa.dtype, sk, many)
+    given = cfg or {}
     cfg = {**EXTRAS_OFF, **routed, **cfg} if cfg else {**EXTRAS_OFF, **config(d, causal), **routed}
+    if "LAZY" not in given and cfg["LAZY"] >= 2 and not takes_lazy(cfg):  # (routed: left out
+        cfg["LAZY"] = 0  # where the given schedule cannot take it)
+    if "SPLIT" not in given and cfg["SPLIT"] and not takes_split(cfg):
+        cfg["SPLIT"] = 0
     check_stream(cfg, d)
     # sections of heads (tile_of): one head's tiles after another's (PERSIST 2: every head's
     # heaviest tiles first; PERSIST 3 takes pairs of a head's tiles, head after head)
@@ -1471,7 +1758,8 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
     tv = kaio.tensor_map_2d(va.arg(rows_kv, d), (cfg["BN"], 64), SW)
     out_flat = _arrays.output_arg(qa, out, (bh * sq * d,))
     lse_flat = _arrays.output_arg(qa, lse, (bh * sq,), f32)
-    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], cfg.get("QB", 1), cfg["ONES"])
+    smem = shared_bytes(d, cfg["BN"], cfg["WG"], cfg["STAGES"], cfg.get("QB", 1), cfg["ONES"],
+                        cfg.get("SPLIT", 0))  # fmt: skip
     n_qt = -(-sq // bm)
     if cfg["PERSIST"]:
         work = bh * (-(-n_qt // 2) if cfg["PERSIST"] == 3 else n_qt)  # pairs of tiles, or tiles
@@ -1483,7 +1771,8 @@ def launch(qa, ka, va, dims: tuple, causal: bool, scale: float, cfg: dict | None
         key = (bh, n_qt, sq, min(hs, bh), grid[0], sk, causal, bm, cfg["BN"], PLAN_BOUNDARY)
         sched = planned_tiles(qa, key, lambda: balanced_plan(*key))
     (kernel or attention_fwd_wgmma)[grid, 128 * cfg["WG"] + 128, _arrays.stream_of(qa), smem](
-        tq, tk, tv, out_flat, lse_flat, sq, sk, heads, group, math.log2(math.e) * scale,
+        tq, tk, tv, out_flat, lse_flat, qa.arg(rows_q * d), ka.arg(rows_kv * d), sq, sk, heads,
+        group, math.log2(math.e) * scale,
         int(causal), bh, min(hs, bh), sched, D=d, DT=qa.dtype, **cfg,
     )  # fmt: skip
     return out, lse

@@ -49,6 +49,7 @@ from kaio_ops._common import lanes_sum, warp_sum
 
 NEG_INF = float("-inf")
 POS_INF = float("inf")
+LAZY_GROWTH = 8.0  # ``row_max``'s LAZY: the growth of a row max (base 2) left unrescaled
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 A_COLS = 128  # the backward reads A fragments at most this many columns at a time
@@ -277,6 +278,7 @@ def softmax_step(
     SUMS: kaio.constexpr = 1,
     PAIRS: kaio.constexpr = 0,
     DT: kaio.constexpr = kaio.f16,
+    LAZY: kaio.constexpr = 0,
 ) -> f32:  # fmt: skip
     """One online-softmax step of this lane's row half h (row g + 8h of the warp's 16) over
     the scores s of NB n-tiles (masked ones -inf): the running max m[h] (base 2, scaled) and
@@ -286,20 +288,24 @@ def softmax_step(
     probabilities elsewhere, e.g. on the tensor cores). ``PAIRS`` 1 (with SUMS 0): the
     exponentials of each pair of columns in one ``ex2.approx`` of a DT pair (f16x2: one
     MUFU.EX2 for two probabilities, max rel. error 2^-9.9 and the exponent rounded to f16),
-    whose bits go to s[n, 2h] (s[n, 2h + 1] is left as it was). ``row_max`` then
-    ``exponentials``."""
-    base, alpha = row_max(s, m, h, scale_log2, NB)
+    whose bits go to s[n, 2h] (s[n, 2h + 1] is left as it was). ``row_max`` (``LAZY``:
+    its) then ``exponentials``."""
+    base, alpha = row_max(s, m, h, scale_log2, NB, LAZY)
     exponentials(s, l, h, base, alpha, scale_log2, NB, SUMS, PAIRS, DT)
     return alpha
 
 
 @kaio.gpu_func
 def row_max(
-    s: f32[:, :], m: f32[:], h: kaio.constexpr, scale_log2: f32, NB: kaio.constexpr
+    s: f32[:, :], m: f32[:], h: kaio.constexpr, scale_log2: f32, NB: kaio.constexpr,
+    LAZY: kaio.constexpr = 0,
 ) -> tuple[f32, f32]:  # fmt: skip
     """``softmax_step``'s first half: row half h's running max m[h] updated with the scores
     s; returns ``(base, alpha)``: the max the exponentials subtract (0 for a row with no
-    score yet) and the factor of the earlier accumulators."""
+    score yet) and the factor of the earlier accumulators. ``LAZY`` 1 (FlashAttention-4's
+    conditional rescale): the max kept where the scores exceed it by at most LAZY_GROWTH
+    (probabilities up to 2^LAZY_GROWTH, exact once the output is divided by the row's sum):
+    alpha stays 1, and the accumulators need no rescale in most key tiles."""
     top = NEG_INF
     for n in kaio.static_range(NB):
         for e in kaio.static_range(2):
@@ -307,6 +313,8 @@ def row_max(
     top = kaio.max(top, kaio.shfl_xor(top, 1))
     top = kaio.max(top, kaio.shfl_xor(top, 2))
     m_new = kaio.max(m[h], top * scale_log2)
+    if LAZY:  # (m[h] -inf: any finite score is past it)
+        m_new = kaio.select(m_new > m[h] + LAZY_GROWTH, m_new, m[h])
     base = kaio.select(m_new == NEG_INF, 0.0, m_new)
     alpha = kaio.exp2(m[h] - base)
     m[h] = m_new

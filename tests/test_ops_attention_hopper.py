@@ -170,6 +170,30 @@ def test_persistent_blocks_in_simulator(b, h, hkv, sq, sk, d, dtype, causal, ove
 
 
 @pytest.mark.parametrize(
+    "dtype, lazy, scale",
+    [
+        (np.float16, 1, 1.0),
+        (np.float16, 2, 1.0),  # (P rescaled, and the scores computed again: growths past 2^15)
+        (ml_dtypes.bfloat16, 2, 1.0),  # (P rescaled)
+        (ml_dtypes.bfloat16, 2, 20.0),  # (the scores computed again: growths past 2^120)
+    ],
+)
+def test_row_max_kept_while_it_grows_little_in_simulator(dtype, lazy, scale):
+    """``LAZY`` 1: a row max kept while the scores pass it by at most 2^LAZY_GROWTH; 2: and
+    the exponentials taken on the kept max, P rescaled where a max grew past it (``grown``).
+    A scale of 1 spreads the scores (std 8) so that some rows' maxima grow past that in
+    later key tiles and others' do not; 20, so far that f32 would overflow. On D64's route
+    with the mask (f16: the sums on the tensor cores) and without it (bf16: the sums by
+    FADD), the head's last tile split among the warpgroups (SPLIT) there."""
+    causal = dtype == np.float16
+    over = {**THREE, **D64_COUNTER, "ONES": int(causal), "PIPE": 1 if causal else 3}
+    cfg = small(64, **{**over, "PERSIST": 4, "SECTION": 2, "EARLY": 1, "LAZY": lazy, "SPLIT": 1})
+    out, lse, ref, ref_lse = run_sim(1, 2, 1, 200, 330, 64, dtype, causal, cfg, scale, 2)
+    assert rel(out, ref) < (1e-3 if dtype == np.float16 else 1e-2)
+    np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize(
     "b, h, hkv, sq, sk, d, dtype, causal, over, ctas",
     [
         # pairs of query tiles, causal, the overlapped order
@@ -235,6 +259,11 @@ D64_COUNTER = {"QB": 2, "ONES": 1, "STAGES": 3, "OV": 1}  # (the route's, but PE
         (64, 4, 256, 300, True, {**D64_COUNTER, "PIPE": 1, "DIAG": 1, "EARLY": 1}, 3, 2),
         # one block takes every head's tiles (one head a section, as launch picks)
         (64, 4, 128, 128, False, {"PIPE": 3, "OV": 1}, 1, 0),
+        # D64's route without the mask (three warpgroups, FlashAttention-3's order, the
+        # full key tiles apart): each head's last tile of 50 rows with its five key tiles
+        # shared by the warpgroups (SPLIT; two blocks, each with two such tiles: the parts'
+        # barriers over phases)
+        (64, 4, 242, 300, False, {**THREE, **D64_COUNTER, "PIPE": 3, "SPLIT": 1, "DIAG": 1}, 2, 2),
         # f16 D128's options at 1024 keys or fewer (extras: two Q buffers), a partial last
         # key tile
         (128, 2, 256, 200, False, hopper.extras(128, False, kaio.f16, 200), 2, 0),
@@ -348,8 +377,9 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     256 (either type), the unmasked key tiles apart at D 128 with the mask, and
     there (either type) the tiles of a balanced plan where the launch has many; at D 64 with
     the mask past SHORT_KEYS keys (either type) D64_SECTION heads a section; at D 64 on
-    every route (either type) P packed among the exponentials (EARLY); nothing more for
-    bf16 or D 256."""
+    every route (either type) P packed among the exponentials (EARLY), for f16 there the
+    exponentials on the kept row max (LAZY 2) and without the mask a head's last tile split
+    among the warpgroups (SPLIT); nothing more for bf16 or D 256."""
     f16, bf16 = kaio.f16, kaio.bf16
     ov, diag = {"OV": 1}, {"OV": 1, "DIAG": 1}  # D 128 and 256; D128 with the mask
     plan = {**diag, "PERSIST": 5}
@@ -364,21 +394,23 @@ def test_routes_by_type_mask_and_keys(monkeypatch):
     assert hopper.extras(128, True, f16, 1024, many=False) == {"ONES": 1, **diag}
     sections = {"SECTION": hopper.D64_SECTION}  # D64 with the mask past SHORT_KEYS keys
     early = {"EARLY": 1}  # D64, every route
+    lazy = {**early, "LAZY": 2}  # f16 D64, every route (and SPLIT without the mask)
+    split = {**lazy, "SPLIT": 1}
     assert hopper.extras(64, False, f16, 2048) == hopper.extras(64, False, f16, 4096)
-    assert hopper.extras(64, False, f16, 4096) == {"ONES": 1, **early}
-    assert hopper.extras(64, True, f16, 4096) == {"ONES": 1, **sections, **early}
+    assert hopper.extras(64, False, f16, 4096) == {"ONES": 1, **split}
+    assert hopper.extras(64, True, f16, 4096) == {"ONES": 1, **sections, **lazy}
     plain = {"ONES": 1, "PERSIST": 4, "QB": 2, "STAGES": 3, **sections, **ov, **early}
-    counter = {**plain, "DIAG": 1}  # (with the mask)
-    assert hopper.extras(64, False, f16, 1024) == plain
+    counter = {**plain, "DIAG": 1, "LAZY": 2}  # (with the mask)
+    assert hopper.extras(64, False, f16, 1024) == {**plain, **split, "DIAG": 1}
     assert hopper.extras(64, False, bf16, 1024) == {**plain, "ONES": 0}
     assert hopper.extras(64, True, f16, 1024) == hopper.extras(64, True, f16, 2048) == counter
-    assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1, **early}
+    assert hopper.extras(64, True, f16, 1024, many=False) == {"ONES": 1, **lazy}
     assert hopper.extras(64, True, f16, 256) == counter  # (a partial last key tile's V
     # is the producer's until zeroed, whatever the tiles: ``zero_tail``)
     assert hopper.extras(128, True, bf16, 1024) == plan
     assert hopper.extras(128, True, bf16, 1024, many=False) == diag
     assert hopper.extras(256, True, f16, 1024) == hopper.extras(128, False, bf16, 1024) == ov
-    assert hopper.extras(64, True, bf16, 1024) == {**counter, "ONES": 0}
+    assert hopper.extras(64, True, bf16, 1024) == {**plain, "DIAG": 1, "ONES": 0}
     assert hopper.extras(64, True, bf16, 1024, many=False) == early
     assert hopper.extras(64, False, bf16, 2048) == hopper.extras(64, False, bf16, 4096) == early
     assert hopper.extras(64, True, bf16, 4096) == {**sections, **early}
