@@ -84,6 +84,19 @@ def make_cache(rng, batch, kv_heads, d, capacity, dtype, page_size=None):
     return (*(rng.standard_normal(shape).astype(dtype) for _ in range(2)), table.astype(np.int32))
 
 
+def poison_past_lengths(caches, lens, table=None, page_size=None):
+    """Each cache's positions at or past each sequence's length set to NaN (a kernel that
+    reads one shows it), in either layout."""
+    for cache in caches:
+        for i, n in enumerate(lens):
+            capacity = cache.shape[2] if table is None else table.shape[1] * page_size
+            for pos in range(n, capacity):
+                if table is None:
+                    cache[i, :, pos] = np.nan
+                else:
+                    cache[table[i, pos // page_size], pos % page_size] = np.nan
+
+
 # --------------------------------------------------------------------------- simulator
 
 
@@ -323,13 +336,7 @@ def test_keys_in_m_and_the_barriers_in_simulator(
     b, hkv, capacity = len(lens), 2, 320
     q = rng.standard_normal((b, 8, sq, d)).astype(dtype)
     k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, dtype, page_size)
-    for cache in (k_cache, v_cache):
-        for i, n in enumerate(lens):
-            for pos in range(n, capacity):
-                if page_size is None:
-                    cache[i, :, pos] = np.nan
-                else:
-                    cache[table[i, pos // page_size], pos % page_size] = np.nan
+    poison_past_lengths((k_cache, v_cache), lens, table, page_size)
     with kaio.simulate():
         out, lse = kaio_ops.flash_attention_decode_with_stats(
             q, k_cache, v_cache, np.array(lens, np.int32), table
@@ -404,10 +411,7 @@ def test_sorted_pages_in_simulator(monkeypatch, own, sq, stages, page_size):
     b, hkv, d, capacity = len(lens), 1, 64, 4096
     q = rng.standard_normal((b, 4, sq, d)).astype(np.float16)
     k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, np.float16, page_size)
-    for cache in (k_cache, v_cache):
-        for i, n in enumerate(lens):
-            for pos in range(n, capacity):
-                cache[table[i, pos // page_size], pos % page_size] = np.nan
+    poison_past_lengths((k_cache, v_cache), lens, table, page_size)
     with kaio.simulate():
         out, lse = kaio_ops.flash_attention_decode_with_stats(
             q, k_cache, v_cache, np.array(lens, np.int32), table
@@ -452,10 +456,7 @@ def test_whole_page_blocks_in_simulator(
     capacity = -(-max(lens) // page_size) * page_size
     q = rng.standard_normal((b, h, sq, d)).astype(dtype)
     k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, dtype, page_size)
-    for cache in (k_cache, v_cache):
-        for i, n in enumerate(lens):
-            for pos in range(n, capacity):
-                cache[table[i, pos // page_size], pos % page_size] = np.nan
+    poison_past_lengths((k_cache, v_cache), lens, table, page_size)
     seq_lens = np.array(lens, np.int32)
     with kaio.simulate():
         out, lse = kaio_ops.flash_attention_decode_with_stats(q, k_cache, v_cache, seq_lens, table)
@@ -749,10 +750,7 @@ def test_folded_walk_in_simulator(monkeypatch, heads, sq, dtype, stages, pair, l
     b, hkv, d, capacity, page_size = len(lens), 2, 64, 512, 16
     q = rng.standard_normal((b, heads, sq, d)).astype(dtype)
     k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, dtype, page_size)
-    for cache in (k_cache, v_cache):
-        for i, n in enumerate(lens):
-            for pos in range(n, capacity):
-                cache[table[i, pos // page_size], pos % page_size] = np.nan
+    poison_past_lengths((k_cache, v_cache), lens, table, page_size)
     with kaio.simulate():
         out, lse = kaio_ops.flash_attention_decode_with_stats(
             q, k_cache, v_cache, np.array(lens, np.int32), table
