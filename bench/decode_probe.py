@@ -175,6 +175,23 @@ def show(label, job):
     PENDING.append((label, *job))
 
 
+def sdpa_again(label, sets):
+    """SDPA's time once more, last in the session (against drift between first and last)."""
+    show(
+        f"{label} SDPA again",
+        kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets),
+    )
+
+
+def both_passes(label, jobs, sets, inputs=None, n=24):
+    """Each (name, fn) of ``jobs`` timed in order, then again in reverse order (over
+    ``inputs``, ``sets`` by default), then SDPA again over ``sets``."""
+    for order in (jobs, jobs[::-1]):
+        for name, fn in order:
+            show(f"{label} {name}", kernel_times(fn, sets if inputs is None else inputs, n))
+    sdpa_again(label, sets)
+
+
 def flush():
     """Time the pending jobs in one profiler session: {kernel: median us} per job, printed."""
     global MARK
@@ -1725,8 +1742,7 @@ def g3_like(budget: float, kernels: dict):
                 cfg = {"kernel": kern}
                 show(f"{label} contiguous {name}", kernel_times(run_kaio_contig(lens, **cfg), sets))
                 show(f"{label} paged {name}", kernel_times(run_kaio(lens, **cfg), sets))
-        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
-        show(f"{label} SDPA again", again)
+        sdpa_again(label, sets)
 
 
 def warm_g4():
@@ -1797,8 +1813,7 @@ def round_g2(budget: float):
                 cfg = {} if kern is None else {"kernel": kern}
                 show(f"{label} contiguous {name}", kernel_times(run_kaio_contig(lens, **cfg), sets))
                 show(f"{label} paged {name}", kernel_times(run_kaio(lens, **cfg), sets))
-        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
-        show(f"{label} SDPA again", again)
+        sdpa_again(label, sets)
         floor_jobs(b, length, label, sets, ((False, 2, 0), (True, 4, 0)))
 
 
@@ -1963,8 +1978,7 @@ def round_k(budget: float, variants=None, cases=K_CASES):
                     fn = with_flags(run_kaio(lens, contiguous=contiguous, **cfg), off)
                     layout = "contiguous" if contiguous else "paged"
                     show(f"{label} {layout} {name}", kernel_times(fn, sets))
-        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
-        show(f"{label} SDPA again", again)
+        sdpa_again(label, sets)
 
 
 def warm_k():
@@ -2009,8 +2023,7 @@ def round_kf(budget: float):
                 job = kernel_times(run_kaio(lens, contiguous=not paged), sets)
                 show(f"{label} {layout} shipped", job)
                 floor_jobs(b, length, label, sets, ((paged, stages[paged], 0),))
-        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
-        show(f"{label} SDPA again", again)
+        sdpa_again(label, sets)
 
 
 def warm_kf():
@@ -2251,8 +2264,7 @@ def round_m(budget: float):
                     )
                     continue
                 show(f"{label} {name}", kernel_times(fn, sets))
-        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
-        show(f"{label} SDPA again", again)
+        sdpa_again(label, sets)
 
 
 def warm_m():
@@ -2294,11 +2306,7 @@ def variants_round(cases, variants: dict, budget: float):
             for name, cfg in variants.items()
             for c in (False, True)
         ]
-        for order in (jobs, jobs[::-1]):
-            for name, fn in order:
-                show(f"{label} {name}", kernel_times(fn, sets))
-        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
-        show(f"{label} SDPA again", again)
+        both_passes(label, jobs, sets)
 
 
 def round_o(budget: float):
@@ -2457,11 +2465,7 @@ def round_y(budget: float):
             ("floor whole pages in order st2", whole_page_floor(b, length, kc, vc, order)),
         ]  # fmt: skip
         floor_jobs(b, length, label, sets, ((False, 2, 0),))
-        for jobs_ in (jobs, jobs[::-1]):
-            for name, fn in jobs_:
-                show(f"{label} {name}", kernel_times(fn, one))
-        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
-        show(f"{label} SDPA again", again)
+        both_passes(label, jobs, sets, inputs=one)
 
 
 def warm_y():
@@ -2501,11 +2505,7 @@ def round_z(budget: float):
                 ("ragged paged shipped", run_kaio(rl)),
                 ("ragged SORT 256", run_kaio(rl, sort=256)),
             ]
-        for order in (jobs, jobs[::-1]):
-            for name, fn in order:
-                show(f"{label} {name}", kernel_times(fn, sets))
-        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
-        show(f"{label} SDPA again", again)
+        both_passes(label, jobs, sets)
 
 
 def warm_z():
@@ -2541,11 +2541,7 @@ def round_z2(budget: float):
             rl = rl.to(torch.int32)
             print(f"{label} ragged rel err {check(sets, rl):.1e}", flush=True)
             jobs += [("ragged shipped", run_kaio(rl)), ("ragged SORT off", run_kaio(rl, sort=0))]
-        for order in (jobs, jobs[::-1]):
-            for name, fn in order:
-                show(f"{label} {name}", kernel_times(fn, sets))
-        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
-        show(f"{label} SDPA again", again)
+        both_passes(label, jobs, sets)
 
 
 def warm_z2():
@@ -2572,11 +2568,7 @@ def round_z3(budget: float):
         n = decode.sorts(True, 1, sets[0][5].shape[1], 16)
         print(f"{label} routed SORT {n}", flush=True)
         jobs = [("paged shipped", run_kaio(lens)), ("paged SORT off", run_kaio(lens, sort=0))]
-        for order in (jobs, jobs[::-1]):
-            for name, fn in order:
-                show(f"{label} {name}", kernel_times(fn, sets))
-        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
-        show(f"{label} SDPA again", again)
+        both_passes(label, jobs, sets)
 
 
 def sdpa_grids(sets, label):
@@ -2634,11 +2626,7 @@ def round_w64(budget: float):
             for name, cfg in W64_VARIANTS.items():
                 print(f"{label} {name} rel err {check(sets, lens, **cfg):.1e}", flush=True)
                 jobs.append((name, run_kaio(lens, **cfg)))
-        for order in (jobs, jobs[::-1]):
-            for name, fn in order:
-                show(f"{label} {name}", kernel_times(fn, sets, 12 if length > 8192 else 24))
-        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
-        show(f"{label} SDPA again", again)
+        both_passes(label, jobs, sets, n=12 if length > 8192 else 24)
 
 
 def one_split(stages: int, own: int = 0, sort: int = 0, paged: bool = True) -> dict:
@@ -2703,11 +2691,7 @@ def round_pf(budget: float):
             ("floor quads sorted st4",
              walk_floor(b, length, kc, vc, folded_tables(table, 4), HKV, 4)),
         ]  # fmt: skip
-        for order_ in (jobs, jobs[::-1]):
-            for name, fn in order_:
-                show(f"{label} {name}", kernel_times(fn, one, 12 if length > 8192 else 24))
-        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
-        show(f"{label} SDPA again", again)
+        both_passes(label, jobs, sets, inputs=one, n=12 if length > 8192 else 24)
 
 
 def warm_pf():
@@ -2747,11 +2731,7 @@ def round_fold(budget: float):
                 (f"paged {name}", run_kaio(lens, **cfg)),
                 (f"ragged {name}", run_kaio(rl, **cfg)),
             ]
-        for order in (jobs, jobs[::-1]):
-            for name, fn in order:
-                show(f"{label} {name}", kernel_times(fn, sets))
-        again = kernel_times(lambda q, k, v, *_: sdpa(q, k, v, enable_gqa=True), sets)
-        show(f"{label} SDPA again", again)
+        both_passes(label, jobs, sets)
 
 
 def warm_fold():

@@ -701,16 +701,22 @@ def mid_plans(m, n, k, sms=132):
     ]
 
 
-def unshared(m, n, k, sms=132):
-    """[the plan ``config`` picked before ``shared_plan`` (``_fp8_hopper.NS_M`` 0)] where it
-    differs from the routed one, else []."""
-    keep = H.NS_M
-    H.NS_M = 0
+def config_without(limit, m, n, k, sms=132):
+    """[the plan ``config`` picks with the module's row limit ``limit`` set to 0 (the rule it
+    bounds switched off)] where it differs from the routed one, else []."""
+    keep = getattr(H, limit)
+    setattr(H, limit, 0)
     try:
         old = H.config(m, n, k, sms)
     finally:
-        H.NS_M = keep
+        setattr(H, limit, keep)
     return [old] if old != H.config(m, n, k, sms) else []
+
+
+def unshared(m, n, k, sms=132):
+    """[the plan ``config`` picked before ``shared_plan`` (``_fp8_hopper.NS_M`` 0)] where it
+    differs from the routed one, else []."""
+    return config_without("NS_M", m, n, k, sms)
 
 
 def ns_stages(bn, most=16):
@@ -867,13 +873,7 @@ def cold_plans(m, n, k, sms=132):
 def unwide(m, n, k, sms=132):
     """[the plan ``config`` picks without ``wide_alternating_plan``] where it differs from
     the routed one, else []."""
-    keep = H.WIDE_ALTERNATE_M
-    H.WIDE_ALTERNATE_M = 0
-    try:
-        old = H.config(m, n, k, sms)
-    finally:
-        H.WIDE_ALTERNATE_M = keep
-    return [old] if old != H.config(m, n, k, sms) else []
+    return config_without("WIDE_ALTERNATE_M", m, n, k, sms)
 
 
 def cold2_plans(m, n, k, sms=132):
