@@ -524,10 +524,11 @@ def buffer_step(
 def decode_columns(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
     M: u32, N: u32, block: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
-    PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], part: u32,
-    parts: u32, slot: u32, SPLIT: kaio.constexpr, PMODE: kaio.constexpr, L2F: kaio.constexpr,
-    SWAP: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
-    WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, XC: kaio.constexpr,
+    PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], lo: u32,
+    hi: u32, part: u32, parts: u32, slot: u32, SPLIT: kaio.constexpr, PMODE: kaio.constexpr,
+    L2F: kaio.constexpr, SWAP: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr,
+    CS: kaio.constexpr, WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
+    XC: kaio.constexpr,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -536,20 +537,20 @@ def decode_columns(
     loads are in flight while the current one is multiplied; ``partial`` [WARPS, 16, 32]
     (shared) adds the warps' tiles in a fixed order, one m16 tile at a time. ``PREFETCH``
     > 0: each warp asks L2 for its groups that many rounds of two groups past the two in
-    its registers (``prefetch_group``). ``SPLIT`` > 1 (M <= 16) and ``parts`` > 1 (SPLIT,
-    or 1 for a block that takes its columns whole): this block takes part ``part`` of
-    ``parts`` equal runs of K's groups and leaves its sums in ``ws[part, slot]``; the last of
-    the blocks of those columns to finish (``counters[slot]``, back to 0 after) adds the
-    parts in order into ``out``. ``CS`` > 1: the block's warps take CS column
-    blocks from ``CS block``, warp w column block ``CS block + w % CS`` and the groups
-    ``w // CS``, ``w // CS + WARPS // CS``, ...: the warps of one such run load the same x
-    at about the same time (L1 hits, not L2 traffic). ``ASYNC`` (with XLEAD): the words and
-    scales go through rings of WBUF slots in shared memory (``ring``, ``sring``) by
-    ``cp.async``, WBUF - 1 groups in flight a warp without their registers. ``XS``: x goes
-    through a ring of WBUF slots in shared memory by ``cp.async`` too, one per K slice (the
-    CS warps of one run of groups), each group's x copied once for the slice's CS column
-    blocks (x's L2 traffic divided by CS), the slice's warps meeting at an mbarrier a turn
-    (``x_turn``)."""
+    its registers (``prefetch_group``). The block takes K's scale groups ``lo`` to ``hi``
+    (all of them, or a part of a K split); with ``SPLIT`` > 1 (M <= 16) and ``parts`` > 1
+    (1 for a block that takes its columns whole) it is part ``part`` of ``parts`` and leaves
+    its sums in ``ws[part, slot]``; the last of the blocks of those columns to finish
+    (``counters[slot]``, back to 0 after) adds the parts in order into ``out``. ``CS`` > 1:
+    the block's warps take CS column blocks from ``CS block``, warp w column block
+    ``CS block + w % CS`` and the groups ``w // CS``, ``w // CS + WARPS // CS``, ... from
+    ``lo``: the warps of one such run load the same x at about the same time (L1 hits, not
+    L2 traffic). ``ASYNC`` (with XLEAD): the words and scales go through rings of WBUF
+    slots in shared memory (``ring``, ``sring``) by ``cp.async``, WBUF - 1 groups in flight
+    a warp without their registers. ``XS``: x goes through a ring of WBUF slots in shared
+    memory by ``cp.async`` too, one per K slice (the CS warps of one run of groups), each
+    group's x copied once for the slice's CS column blocks (x's L2 traffic divided by CS),
+    the slice's warps meeting at an mbarrier a turn (``x_turn``)."""
     KW = WARPS // CS  # the warps that split K
     # The rings (``ring_bytes`` of dynamic shared memory at launch): ASYNC's words
     # (``ring_word``), then each thread's scales [WBUF, threads, 4], then XS's x
@@ -571,11 +572,8 @@ def decode_columns(
     # Columns past N read column 0 instead: their products are never stored.
     cb = block * CS + warp % CS
     col = kaio.select(cb * COLS + 4 * g < N, cb * COLS + 4 * g, 0)
-    groups = u32(scales.shape[0])
-    first = warp // CS
-    if SPLIT > 1:
-        first = part * groups // parts + warp // CS
-        groups = (part + 1) * groups // parts
+    first = lo + warp // CS
+    groups = hi
     acc = kaio.local(f32, ((ROWS + 1) // 2, 4, 4))
     for m in kaio.static_range((ROWS + 1) // 2):
         for i in kaio.static_range(4):
@@ -663,23 +661,23 @@ def decode_columns(
             elif 16 * m + r < M and c < N:
                 out[16 * m + r, c] = DT(total)
     if SPLIT > 1 and parts > 1:
-        add_parts(out, ws, counters, partial, slot, block, M, N, tid, WARPS, SPLIT, CS, DT)
+        add_parts(out, ws, counters, partial, slot, block, M, N, tid, WARPS, parts, CS, DT)
 
 
 @kaio.gpu_func
 def add_parts(
     out: DT[:, :], ws: f32[:, :, :], counters: i32[:], partial: f32[:, :, :], slot: u32,
-    block: u32, M: u32, N: u32, tid: u32, WARPS: kaio.constexpr, SPLIT: kaio.constexpr,
+    block: u32, M: u32, N: u32, tid: u32, WARPS: kaio.constexpr, parts: u32,
     CS: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """A K split's end: the last of the SPLIT blocks of the ``CS`` column blocks from
+    """A K split's end: the last of the ``parts`` blocks of the ``CS`` column blocks from
     ``CS block`` to arrive (``counters[slot]``, back to 0 after) adds their sums in
     ``ws[:, slot]`` in part order into ``out`` (fence, then count: the parts of every block
     counted are visible to the one that counts last)."""
     kaio.threadfence()
     kaio.sync_threads()
     if tid == 0:
-        last = kaio.atomic_add(counters, slot, i32(1)) == SPLIT - 1
+        last = kaio.atomic_add(counters, slot, i32(1)) == i32(parts) - 1
         if last:
             counters[slot] = i32(0)  # ready for the next call (or graph replay)
         partial[0, 0, 0] = kaio.select(last, 1.0, 0.0)
@@ -692,7 +690,7 @@ def add_parts(
             c = (block * CS + o // (16 * COLS)) * COLS + o % COLS
             if r < M and c < N:
                 total = ws[0, slot, o]
-                for s in kaio.static_range(1, SPLIT):
+                for s in range(1, parts):
                     total += ws[s, slot, o]
                 out[r, c] = DT(total)
 
@@ -719,22 +717,72 @@ def int4_decode(
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], whole: u32,
     SPLIT: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
     WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, XC: kaio.constexpr,
+    SK: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block per ``CS`` column blocks; with SPLIT > 1
     the blocks from ``whole`` on take SPLIT parts of K each (block ``whole + j``: part
-    ``j % SPLIT`` of the column blocks ``whole + j // SPLIT``; ``whole`` 0: all of them)."""
+    ``j % SPLIT`` of the column blocks ``whole + j // SPLIT``; ``whole`` 0: all of them);
+    with ``SK`` (CS 1, no rings) the grid's blocks take equal shares of the weights
+    (``stream_k``)."""
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     b = kaio.block_idx_x()
-    block, part, parts = b, u32(0), u32(1)
-    if SPLIT > 1 and b >= whole:
-        block = whole + (b - whole) // SPLIT
-        part = (b - whole) % SPLIT
-        parts = u32(SPLIT)
-    decode_columns(
-        x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-        part, parts, block - whole, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, XC,
-    )  # fmt: skip
+    if SK > 0:
+        stream_k(
+            x, w, scales, out, partial, M, N, b, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
+            PMODE, L2F, SWAP, XLEAD, WBUF, WC, XC,
+        )  # fmt: skip
+    else:
+        groups = u32(scales.shape[0])
+        block, part, parts = b, u32(0), u32(1)
+        if SPLIT > 1 and b >= whole:
+            block = whole + (b - whole) // SPLIT
+            part = (b - whole) % SPLIT
+            parts = u32(SPLIT)
+        decode_columns(
+            x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
+            counters, part * groups // parts, (part + 1) * groups // parts, part, parts,
+            block - whole, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, XC,
+        )  # fmt: skip
+
+
+@kaio.gpu_func
+def stream_k(
+    x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
+    M: u32, N: u32, b: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
+    PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:],
+    PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr, XLEAD: kaio.constexpr,
+    WBUF: kaio.constexpr, WC: kaio.constexpr, XC: kaio.constexpr,
+):  # fmt: skip
+    """``SK``: the (32-column block, run of WARPS scale groups) units in column-block order,
+    block ``b`` of the grid taking an equal share of them (the same weight bytes every
+    block): each column block it meets is one ``decode_columns`` over the groups its share
+    holds there, taken whole or left in ``ws[j, column block]`` for the column block's
+    ``parts`` blocks' fixup (j = ``b`` less the first of them; ``stream_block``)."""
+    groups = u32(scales.shape[0])
+    runs = (groups + WARPS - 1) // WARPS  # units a column block
+    units = (N + COLS - 1) // COLS * runs
+    blocks = kaio.grid_dim_x()  # at most units (matmul): every block holds a unit
+    lo = b * units // blocks
+    hi = (b + 1) * units // blocks
+    for cb in range(lo // runs, (hi + runs - 1) // runs):
+        start = kaio.max(lo, cb * runs) - cb * runs
+        end = kaio.min(hi, cb * runs + runs) - cb * runs
+        first = stream_block(cb * runs, units, blocks)
+        parts = stream_block(cb * runs + runs - 1, units, blocks) - first + 1
+        kaio.sync_threads()  # the previous column block's partial sums are all read
+        decode_columns(
+            x, w, scales, out, partial, M, N, cb, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
+            start * WARPS, kaio.min(end * WARPS, groups), b - first, parts, cb, 2, PMODE, L2F,
+            SWAP, XLEAD, WBUF, 1, WC, 0, 0, XC,
+        )  # fmt: skip
+
+
+@kaio.gpu_func
+def stream_block(unit: u32, units: u32, blocks: u32) -> u32:
+    """``SK``: the block whose share (``unit`` ``b units // blocks`` up to that of ``b + 1``)
+    holds ``unit``: the last ``b`` with ``b units < (unit + 1) blocks``."""
+    return ((unit + 1) * blocks - 1) // units
 
 
 @kaio.gpu_kernel
@@ -757,18 +805,20 @@ def int4_decode_qkv(
     if block < bq:
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 0,
+            0, u32(sq.shape[0]), 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 0,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 0,
+            counters, 0, u32(sk.shape[0]), 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
+            ASYNC, XS, 0,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 0,
+            counters, 0, u32(sv.shape[0]), 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
+            ASYNC, XS, 0,
         )  # fmt: skip
 
 
@@ -979,20 +1029,39 @@ def matmul(
         tune = {**planned, **(tune or {})}
     tuned = _tuned(m, tune)
     split, tail = tuned.pop("SPLIT", SPLIT), tuned.pop("TAIL", 0)
+    per_sm = tuned.pop("SK", 0) if m <= 16 else 0  # a part's sums in ws are one m16 tile
     units = -(-tiles // tuned["CS"])
     whole = tail_whole(units, sms, tail) if tail > 1 else 0
     if tail > 1:
         split = tail if whole < units else 1
     if m > 16:
-        split = 1  # a part's sums in ws are one m16 tile
+        split = 1
     blocks = whole + (units - whole) * split if split > 1 else units
+    arrays = _split_arrays(x, units - whole, split, tuned["CS"])
+    if per_sm:
+        blocks, arrays, split = _stream_k(x, tiles, words.shape[0] // ROWS_PER_GROUP, warps,
+                                          per_sm * sms, tuned)  # fmt: skip
     out = _arrays.output(x, (m, n), dtype)
     int4_decode[_config(x, blocks, warps, tuned)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
-        WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, whole=whole,
-        **_split_arrays(x, units - whole, split, tuned["CS"]), SPLIT=split,
+        WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, whole=whole, **arrays, SPLIT=split,
+        SK=int(per_sm > 0),
     )  # fmt: skip
     return out
+
+
+def _stream_k(
+    x: _arrays.Operand, tiles: int, groups: int, warps: int, grid: int, tuned: dict
+) -> tuple[int, dict, int]:
+    """``SK``'s launch: (blocks, ``ws`` and ``counters``, the kernel's SPLIT) for ``grid``
+    blocks over ``tiles`` column blocks of ``groups`` scale groups in units of ``warps``
+    groups (at most one block a unit). A column block's shares span at most ``ceil(blocks /
+    tiles) + 1`` blocks, its rows of ``ws``."""
+    if tuned["CS"] > 1 or tuned["ASYNC"] or tuned["XS"]:
+        raise ValueError("SK takes blocks of one column block without the shared rings")
+    blocks = min(grid, tiles * -(-groups // warps))
+    parts = -(-blocks // tiles) + 1
+    return blocks, _split_arrays(x, tiles, parts), 2
 
 
 def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
@@ -1061,6 +1130,7 @@ def specializations() -> list:
                 consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
                 if kernel is int4_decode:
                     consts["SPLIT"] = split
+                    consts["SK"] = 0
                 if consts not in seen:
                     seen.append(consts)
                     specs.append((kernel, consts))
