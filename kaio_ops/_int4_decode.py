@@ -717,20 +717,21 @@ def int4_decode(
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], whole: u32,
     SPLIT: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
     WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, XC: kaio.constexpr,
-    SK: kaio.constexpr,
+    SK: kaio.constexpr, PDL: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block per ``CS`` column blocks; with SPLIT > 1
     the blocks from ``whole`` on take SPLIT parts of K each (block ``whole + j``: part
     ``j % SPLIT`` of the column blocks ``whole + j // SPLIT``; ``whole`` 0: all of them);
     with ``SK`` (CS 1, no rings) the grid's blocks take equal shares of the weights
-    (``stream_k``)."""
+    (``stream_k``). ``PDL`` (sm_90): launched with programmatic dependent launch
+    (``await_previous``)."""
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     b = kaio.block_idx_x()
     if SK > 0:
         stream_k(
             x, w, scales, out, partial, M, N, b, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            PMODE, L2F, SWAP, XLEAD, WBUF, WC, XC,
+            PMODE, L2F, SWAP, XLEAD, WBUF, WC, XC, PDL,
         )  # fmt: skip
     else:
         groups = u32(scales.shape[0])
@@ -739,10 +740,12 @@ def int4_decode(
             block = whole + (b - whole) // SPLIT
             part = (b - whole) % SPLIT
             parts = u32(SPLIT)
+        lo = part * groups // parts
+        await_previous(w, block, lo, (part + 1) * groups // parts, N, WARPS, CS, WBUF, PDL)
         decode_columns(
             x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, part * groups // parts, (part + 1) * groups // parts, part, parts,
-            block - whole, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, XC,
+            counters, lo, (part + 1) * groups // parts, part, parts, block - whole, SPLIT,
+            PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, XC,
         )  # fmt: skip
 
 
@@ -752,7 +755,7 @@ def stream_k(
     M: u32, N: u32, b: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
     PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:],
     PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr, XLEAD: kaio.constexpr,
-    WBUF: kaio.constexpr, WC: kaio.constexpr, XC: kaio.constexpr,
+    WBUF: kaio.constexpr, WC: kaio.constexpr, XC: kaio.constexpr, PDL: kaio.constexpr,
 ):  # fmt: skip
     """``SK``: the (32-column block, run of WARPS scale groups) units in column-block order,
     block ``b`` of the grid taking an equal share of them (the same weight bytes every
@@ -765,6 +768,9 @@ def stream_k(
     blocks = kaio.grid_dim_x()  # at most units (matmul): every block holds a unit
     lo = b * units // blocks
     hi = (b + 1) * units // blocks
+    cb0 = lo // runs  # the first column block this block meets, and its groups there
+    end0 = kaio.min((kaio.min(hi, cb0 * runs + runs) - cb0 * runs) * WARPS, groups)
+    await_previous(w, cb0, (lo - cb0 * runs) * WARPS, end0, N, WARPS, 1, WBUF, PDL)
     for cb in range(lo // runs, (hi + runs - 1) // runs):
         start = kaio.max(lo, cb * runs) - cb * runs
         end = kaio.min(hi, cb * runs + runs) - cb * runs
@@ -776,6 +782,28 @@ def stream_k(
             start * WARPS, kaio.min(end * WARPS, groups), b - first, parts, cb, 2, PMODE, L2F,
             SWAP, XLEAD, WBUF, 1, WC, 0, 0, XC,
         )  # fmt: skip
+
+
+@kaio.gpu_func
+def await_previous(
+    w: u32[:, :], block: u32, lo: u32, hi: u32, N: u32, WARPS: kaio.constexpr,
+    CS: kaio.constexpr, WBUF: kaio.constexpr, PDL: kaio.constexpr,
+):  # fmt: skip
+    """``PDL``: wait for the kernel before this one (``grid_dependency_wait``) before any
+    global memory is touched; 2: first let the kernel after this one be placed
+    (``launch_dependents``: its blocks take the slots this grid's leave); 3: and first ask
+    L2 for the words of this warp's first WBUF groups (of ``lo`` to ``hi``, column block
+    ``CS block + warp % CS``): a prefetch reads nothing the earlier kernel may still write."""
+    if PDL >= 2:
+        kaio.launch_dependents()
+    if PDL == 3:
+        warp = kaio.thread_idx_x() // 32
+        for b in kaio.static_range(WBUF):
+            group = lo + warp // CS + b * (WARPS // CS)
+            if group < hi:
+                prefetch_group(w, group, block * CS + warp % CS, kaio.thread_idx_x() % 32, N, 0)
+    if PDL > 0:
+        kaio.grid_dependency_wait()
 
 
 @kaio.gpu_func
@@ -1030,6 +1058,7 @@ def matmul(
     tuned = _tuned(m, tune)
     split, tail = tuned.pop("SPLIT", SPLIT), tuned.pop("TAIL", 0)
     per_sm = tuned.pop("SK", 0) if m <= 16 else 0  # a part's sums in ws are one m16 tile
+    pdl = tuned.pop("PDL", 0) if _mbarrier_waits(x) else 0  # (griddepcontrol: sm_90)
     units = -(-tiles // tuned["CS"])
     whole = tail_whole(units, sms, tail) if tail > 1 else 0
     if tail > 1:
@@ -1045,7 +1074,7 @@ def matmul(
     int4_decode[_config(x, blocks, warps, tuned)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
         WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, whole=whole, **arrays, SPLIT=split,
-        SK=int(per_sm > 0),
+        SK=int(per_sm > 0), PDL=pdl,
     )  # fmt: skip
     return out
 
@@ -1130,7 +1159,7 @@ def specializations() -> list:
                 consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
                 if kernel is int4_decode:
                     consts["SPLIT"] = split
-                    consts["SK"] = 0
+                    consts["SK"] = consts["PDL"] = 0
                 if consts not in seen:
                     seen.append(consts)
                     specs.append((kernel, consts))

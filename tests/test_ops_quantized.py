@@ -245,13 +245,14 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
 # tiles an SM: blocks of 4 over two column blocks, the last one partial, TAIL 2; equal shares
 # of (column block, run of WARPS groups) units a block (SK: blocks an SM): swapped with shares
 # over 2-3 column blocks and a partial last one, unswapped with a last run of one group and a
-# column block past N, more blocks than units (the grid cut to the units)
+# column block past N, more blocks than units (the grid cut to the units); programmatic
+# dependent launch (PDL 3: the first groups' L2 prefetches before the wait)
 TAIL_PLANS = [
-    (16, 32 * 7, 128 * 5, 4, 3, {"SK": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
+    (16, 32 * 7, 128 * 5, 4, 3, {"SK": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3, "PDL": 3}),
     (9, 100, 128 * 9, 4, 2, {"SK": 3}),
     (12, 64, 128 * 4, 8, 4, {"SK": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
     (16, 32 * 7, 128 * 5, 4, 3, {"TAIL": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
-    (12, 220, 128 * 9, 4, 3, {"TAIL": 2, "CS": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
+    (12, 220, 128 * 9, 4, 3, {"TAIL": 2, "CS": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3, "PDL": 3}),
     (9, 32 * 5, 128 * 7, 8, 4, {"TAIL": 3}),
     (8, 32 * 7, 128 * 6, 4, 3, {**_int4_decode.RINGS_8, "TAIL": 2}),
     (16, 32 * 10, 128 * 6, 4, 4, {**_int4_decode.SHARED_X_16, "TAIL": 2}),
