@@ -120,6 +120,7 @@ def _warm(consts: dict) -> str:
     tail = consts.pop("TAIL")
     consts["SPLIT"] = 2 if consts["SK"] else tail or consts["SPLIT"]
     consts["SK"] = min(consts["SK"], 1)
+    consts["PDL"] = min(consts["PDL"], 3)  # (4: PDL 3, the launch's shared memory padded)
     try:
         _int4_decode.int4_decode.resources(**{**consts, "DT": kaio.f16})
         return ""

@@ -1071,12 +1071,26 @@ def matmul(
         blocks, arrays, split = _stream_k(x, tiles, words.shape[0] // ROWS_PER_GROUP, warps,
                                           per_sm * sms, tuned)  # fmt: skip
     out = _arrays.output(x, (m, n), dtype)
-    int4_decode[_config(x, blocks, warps, tuned)](
+    config = _config(x, blocks, warps, tuned)
+    if pdl == 4:  # PDL 3 with the blocks an SM held to this grid's share
+        config = (*config[:3], max(config[3], exclusive_shared(-(-blocks // sms), warps)))
+    int4_decode[config](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
         WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, whole=whole, **arrays, SPLIT=split,
-        SK=int(per_sm > 0), PDL=pdl,
+        SK=int(per_sm > 0), PDL=min(pdl, 3),
     )  # fmt: skip
     return out
+
+
+SM_SHARED = 228 * 1024  # shared memory a multiprocessor (H100, H200), 1 KB a block reserved
+
+
+def exclusive_shared(blocks: int, warps: int) -> int:
+    """The dynamic shared memory that lets at most ``blocks`` blocks of ``warps`` warps
+    (``partial``'s static shared memory each) share a multiprocessor: with programmatic
+    dependent launch the next kernel's blocks are placed while this one's run, and would
+    otherwise crowd onto the multiprocessors this grid's blocks leave first."""
+    return SM_SHARED // (blocks + 1) - 1024 - warps * 16 * COLS * 4 + 16
 
 
 def _stream_k(
