@@ -258,12 +258,16 @@ def load_x(
 def lead_x(
     xq: u32[:, :, :], x: f16[:, :], base: u32, s: kaio.constexpr, WARPS: kaio.constexpr,
     last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr, XLEAD: kaio.constexpr,
-    XC: kaio.constexpr,
+    XC: kaio.constexpr, period: u32, WRAP: kaio.constexpr,
 ):  # fmt: skip
     """The x fragments of step ``s`` (load ``s % 4`` of the group ``s // 4`` rounds of
     ``WARPS`` past ``base``, at most group ``last``: a step past the warp's groups reads one
-    it has) into slot ``s % (XLEAD + 1)`` of the ring xq."""
+    it has) into slot ``s % (XLEAD + 1)`` of the ring xq. ``WRAP`` (``SK``): ``base`` and
+    ``last`` count the groups of successive column blocks, ``period`` each: x's group is the
+    count modulo ``period``."""
     group = kaio.min(base + (s // LOADS) * WARPS, last)
+    if WRAP > 0:
+        group = group % period
     load_x(xq, s % (XLEAD + 1), x, group, s % LOADS, g, t, M, ROWS, XC)
 
 
@@ -272,7 +276,7 @@ def step_x(
     xr: u32[:, :, :, :], BUF: kaio.constexpr, u: kaio.constexpr, xq: u32[:, :, :],
     x: f16[:, :], base: u32, WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32,
     ROWS: kaio.constexpr, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
-    xread: u32, XC: kaio.constexpr,
+    xread: u32, XC: kaio.constexpr, period: u32, WRAP: kaio.constexpr,
 ):  # fmt: skip
     """With ``XLEAD`` > 0: ask for the x fragments of the step ``XLEAD`` loads later
     (``lead_x``), then take this step's (load ``u`` of buffer BUF) from the ring into
@@ -284,7 +288,7 @@ def step_x(
             kaio.load_vector(xr[BUF, u, r], xring, (at,))
     if XLEAD > 0:
         s = LOADS * BUF + u
-        lead_x(xq, x, base, s + XLEAD, WARPS, last, g, t, M, ROWS, XLEAD, XC)
+        lead_x(xq, x, base, s + XLEAD, WARPS, last, g, t, M, ROWS, XLEAD, XC, period, WRAP)
         for r in kaio.static_range(ROWS):
             for e in kaio.static_range(4):
                 xr[BUF, u, r, e] = xq[s % (XLEAD + 1), r, e]
@@ -319,7 +323,7 @@ def multiply_group(
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     DEQ: kaio.constexpr, SWAP: kaio.constexpr, xq: u32[:, :, :], base: u32,
     WARPS: kaio.constexpr, last: u32, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
-    xread: u32, XC: kaio.constexpr,
+    xread: u32, XC: kaio.constexpr, period: u32, WRAP: kaio.constexpr,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
@@ -333,11 +337,14 @@ def multiply_group(
     if SWAP == 1:
         multiply_swapped(
             acc, words, xr, sc, BUF, DEQ, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS,
-            xring, xread, XC,
+            xring, xread, XC, period, WRAP,
         )  # fmt: skip
         return
     for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread, XC)
+        step_x(
+            xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread, XC,
+            period, WRAP,
+        )  # fmt: skip
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for m in kaio.static_range((ROWS + 1) // 2):
             if ROWS > 2:
@@ -381,6 +388,7 @@ def multiply_swapped(
     BUF: kaio.constexpr, DEQ: kaio.constexpr, xq: u32[:, :, :], x: f16[:, :], base: u32,
     WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], xread: u32, XC: kaio.constexpr,
+    period: u32, WRAP: kaio.constexpr,
 ):  # fmt: skip
     """``multiply_group`` at M <= 16 (``ROWS`` 1 or 2) with the roles swapped: the weights
     are the A operand (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8
@@ -392,7 +400,10 @@ def multiply_swapped(
     bx = kaio.local(u32, (2, 2, 2))
     b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
-        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread, XC)
+        step_x(
+            xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread, XC,
+            period, WRAP,
+        )  # fmt: skip
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for i in kaio.static_range(4):
             for h in kaio.static_range(2):
@@ -516,7 +527,7 @@ def buffer_step(
         kaio.cp_async_commit()
     multiply_group(
         acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
-        last, XLEAD, XS, xring, xread, XC,
+        last, XLEAD, XS, xring, xread, XC, 0, 0,
     )  # fmt: skip
 
 
@@ -569,9 +580,8 @@ def decode_columns(
     lane = tid % 32
     g = lane // 4
     t = lane % 4
-    # Columns past N read column 0 instead: their products are never stored.
     cb = block * CS + warp % CS
-    col = kaio.select(cb * COLS + 4 * g < N, cb * COLS + 4 * g, 0)
+    col = column(cb, g, N)
     first = lo + warp // CS
     groups = hi
     acc = kaio.local(f32, ((ROWS + 1) // 2, 4, 4))
@@ -607,7 +617,7 @@ def decode_columns(
         if ASYNC > 0 or XS > 0:
             kaio.cp_async_commit()
     for s in kaio.static_range(XLEAD):
-        lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD, XC)
+        lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD, XC, 0, 0)
     for d in kaio.static_range(WBUF, WBUF * PREFETCH + WBUF):
         if first + d * KW < groups:
             prefetch_group(w, first + d * KW, cb, lane, N, PMODE)
@@ -630,6 +640,25 @@ def decode_columns(
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
                     WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XC,
                 )  # fmt: skip
+    sum_warps(
+        acc, partial, out, ws, M, N, block, part, parts, slot, warp, tid, g, t, ROWS, SWAP,
+        WARPS, CS, SPLIT, DT,
+    )  # fmt: skip
+    if SPLIT > 1 and parts > 1:
+        add_parts(out, ws, counters, partial, slot, block, M, N, tid, WARPS, parts, CS, DT)
+
+
+@kaio.gpu_func
+def sum_warps(
+    acc: f32[:, :, :], partial: f32[:, :, :], out: DT[:, :], ws: f32[:, :, :], M: u32, N: u32,
+    block: u32, part: u32, parts: u32, slot: u32, warp: u32, tid: u32, g: u32, t: u32,
+    ROWS: kaio.constexpr, SWAP: kaio.constexpr, WARPS: kaio.constexpr, CS: kaio.constexpr,
+    SPLIT: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """The warps' sums ``acc`` of the ``CS`` column blocks from ``CS block`` added in a fixed
+    order through ``partial`` (shared), one m16 tile at a time, into ``out`` (rounded to DT),
+    or with ``SPLIT`` > 1 and ``parts`` > 1 into ``ws[part, slot]`` (the K split's fixup,
+    ``add_parts``, adds them). Every warp's ``partial`` reads of an earlier call are done."""
     for m in kaio.static_range((ROWS + 1) // 2):
         if m > 0:
             kaio.sync_threads()  # the previous tile's partial sums are all read
@@ -653,15 +682,13 @@ def decode_columns(
                 r = r % 16
             c = (block * CS + cs) * COLS + o % COLS
             total = partial[cs, r, o % COLS]
-            for s in kaio.static_range(1, KW):
+            for s in kaio.static_range(1, WARPS // CS):
                 total += partial[s * CS + cs, r, o % COLS]
             if SPLIT > 1 and parts > 1:
                 if r < M:
                     ws[part, slot, o] = total
             elif 16 * m + r < M and c < N:
                 out[16 * m + r, c] = DT(total)
-    if SPLIT > 1 and parts > 1:
-        add_parts(out, ws, counters, partial, slot, block, M, N, tid, WARPS, parts, CS, DT)
 
 
 @kaio.gpu_func
@@ -730,8 +757,8 @@ def int4_decode(
     b = kaio.block_idx_x()
     if SK > 0:
         stream_k(
-            x, w, scales, out, partial, M, N, b, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            PMODE, L2F, SWAP, XLEAD, WBUF, WC, XC, PDL,
+            x, w, scales, out, partial, M, N, b, WARPS, ROWS, DT, DEQ, ws, counters, L2F, SWAP,
+            XLEAD, WBUF, WC, XC, PDL,
         )  # fmt: skip
     else:
         groups = u32(scales.shape[0])
@@ -753,35 +780,105 @@ def int4_decode(
 def stream_k(
     x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
     M: u32, N: u32, b: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
-    PREFETCH: kaio.constexpr, DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:],
-    PMODE: kaio.constexpr, L2F: kaio.constexpr, SWAP: kaio.constexpr, XLEAD: kaio.constexpr,
-    WBUF: kaio.constexpr, WC: kaio.constexpr, XC: kaio.constexpr, PDL: kaio.constexpr,
+    DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], L2F: kaio.constexpr,
+    SWAP: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, WC: kaio.constexpr,
+    XC: kaio.constexpr, PDL: kaio.constexpr,
 ):  # fmt: skip
-    """``SK``: the (32-column block, run of WARPS scale groups) units in column-block order,
-    block ``b`` of the grid taking an equal share of them (the same weight bytes every
-    block): each column block it meets is one ``decode_columns`` over the groups its share
-    holds there, taken whole or left in ``ws[j, column block]`` for the column block's
-    ``parts`` blocks' fixup (j = ``b`` less the first of them; ``stream_block``)."""
-    groups = u32(scales.shape[0])
-    runs = (groups + WARPS - 1) // WARPS  # units a column block
-    units = (N + COLS - 1) // COLS * runs
-    blocks = kaio.grid_dim_x()  # at most units (matmul): every block holds a unit
-    lo = b * units // blocks
-    hi = (b + 1) * units // blocks
-    cb0 = lo // runs  # the first column block this block meets, and its groups there
-    end0 = kaio.min((kaio.min(hi, cb0 * runs + runs) - cb0 * runs) * WARPS, groups)
-    await_previous(w, cb0, (lo - cb0 * runs) * WARPS, end0, N, WARPS, 1, WBUF, PDL)
-    for cb in range(lo // runs, (hi + runs - 1) // runs):
-        start = kaio.max(lo, cb * runs) - cb * runs
-        end = kaio.min(hi, cb * runs + runs) - cb * runs
-        first = stream_block(cb * runs, units, blocks)
-        parts = stream_block(cb * runs + runs - 1, units, blocks) - first + 1
-        kaio.sync_threads()  # the previous column block's partial sums are all read
-        decode_columns(
-            x, w, scales, out, partial, M, N, cb, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
-            start * WARPS, kaio.min(end * WARPS, groups), b - first, parts, cb, 2, PMODE, L2F,
-            SWAP, XLEAD, WBUF, 1, WC, 0, 0, XC,
-        )  # fmt: skip
+    """``SK`` (``ROWS`` <= 2, K's groups a multiple of WARPS): the (32-column block, scale
+    group) items in column-block order, block ``b`` of the grid taking an equal share of
+    them in runs of WARPS (the same weight bytes every block), each warp every WARPS-th
+    item through the register buffers without a break between column blocks: the words'
+    and x's loads of the next column block are in flight while the warps add their sums
+    of the last one (``sum_warps``), into ``out`` where the share holds the whole column
+    block, else into ``ws[j, column block]`` (j: ``b`` less the column block's first
+    block, ``stream_block``), added in order by the last of its blocks at the end
+    (``add_parts``)."""
+    period = u32(scales.shape[0])  # the groups of a column block
+    runs = (N + COLS - 1) // COLS * (period // WARPS)
+    blocks = kaio.grid_dim_x()  # at most runs (matmul): every block holds one
+    lo = b * runs // blocks * WARPS  # this block's items
+    hi = (b + 1) * runs // blocks * WARPS
+    tid = kaio.thread_idx_x()
+    warp = tid // 32
+    g = tid % 32 // 4
+    t = tid % 4
+    cb0 = lo // period
+    await_previous(w, cb0, lo - cb0 * period, kaio.min(hi - cb0 * period, period), N, WARPS, 1,
+                   WBUF, PDL)  # fmt: skip
+    acc = kaio.local(f32, (1, 4, 4))
+    words = kaio.local(u32, (WBUF, LOADS, 4))
+    xr = kaio.local(u32, (WBUF, LOADS, 2, 4))
+    xq = kaio.local(u32, (XLEAD + 1, 2, 4))
+    sc = kaio.local(u32, (WBUF, 2))
+    xring = kaio.shared_dynamic(f16, (8,), 0)  # (no x ring)
+    zero_sums(acc)
+    first = lo + warp
+    last = hi - 1
+    for d in kaio.static_range(WBUF - 1):
+        item = first + d * WARPS
+        if item < hi:
+            load_group(
+                words, xr, sc, d, w, x, scales, item % period, column(item // period, g, N), g,
+                t, M, ROWS, L2F, XLEAD, WC, 0, XC,
+            )  # fmt: skip
+    for s in kaio.static_range(XLEAD):
+        lead_x(xq, x, first, s, WARPS, last, g, t, M, ROWS, XLEAD, XC, period, 1)
+    for base in range(first, hi, WBUF * WARPS):
+        for B in kaio.static_range(WBUF):
+            item = base + B * WARPS
+            if B == 0 or item < hi:
+                ahead = base + (B + WBUF - 1) * WARPS
+                if ahead < hi:
+                    load_group(
+                        words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead % period,
+                        column(ahead // period, g, N), g, t, M, ROWS, L2F, XLEAD, WC, 0, XC,
+                    )  # fmt: skip
+                multiply_group(
+                    acc, words, xr, sc, B, x, item % period, g, t, M, ROWS, DEQ, SWAP, xq, base,
+                    WARPS, last, XLEAD, 0, xring, u32(0), XC, period, 1,
+                )  # fmt: skip
+                step = item - warp  # the block's first item of this run
+                if (step + WARPS) % period == 0 or step + WARPS >= hi:  # a column block's last
+                    cb = step // period
+                    first_block, parts = stream_parts(cb, period // WARPS, runs, blocks)
+                    kaio.sync_threads()  # the last column block's partial sums are all read
+                    sum_warps(
+                        acc, partial, out, ws, M, N, cb, b - first_block, parts, cb, warp, tid,
+                        g, t, ROWS, SWAP, WARPS, 1, 2, DT,
+                    )  # fmt: skip
+                    zero_sums(acc)
+    # the share's ends may hold parts of column blocks: their fixups, once every part is in
+    first_block, parts = stream_parts(cb0, period // WARPS, runs, blocks)
+    if parts > 1:
+        add_parts(out, ws, counters, partial, cb0, cb0, M, N, tid, WARPS, parts, 1, DT)
+    cb1 = (hi - 1) // period
+    if cb0 < cb1:
+        first_block, parts = stream_parts(cb1, period // WARPS, runs, blocks)
+        if parts > 1:
+            add_parts(out, ws, counters, partial, cb1, cb1, M, N, tid, WARPS, parts, 1, DT)
+
+
+@kaio.gpu_func
+def zero_sums(acc: f32[:, :, :]):
+    """acc[0] = 0 (one m16 tile's sums)."""
+    for i in kaio.static_range(4):
+        for e in kaio.static_range(4):
+            acc[0, i, e] = 0.0
+
+
+@kaio.gpu_func
+def column(cb: u32, g: u32, N: u32) -> u32:
+    """Lane group ``g``'s first column of column block ``cb`` (column 0 past N: those
+    products are never stored)."""
+    return kaio.select(cb * COLS + 4 * g < N, cb * COLS + 4 * g, 0)
+
+
+@kaio.gpu_func
+def stream_parts(cb: u32, per: u32, runs: u32, blocks: u32) -> tuple[u32, u32]:
+    """``SK``: (the first block, the blocks) whose shares hold runs of column block ``cb``
+    (``per`` runs a column block)."""
+    first = stream_block(cb * per, runs, blocks)
+    return first, stream_block(cb * per + per - 1, runs, blocks) - first + 1
 
 
 @kaio.gpu_func
@@ -808,7 +905,7 @@ def await_previous(
 
 @kaio.gpu_func
 def stream_block(unit: u32, units: u32, blocks: u32) -> u32:
-    """``SK``: the block whose share (``unit`` ``b units // blocks`` up to that of ``b + 1``)
+    """``SK``: the block whose share (from ``b units // blocks`` up to that of ``b + 1``)
     holds ``unit``: the last ``b`` with ``b units < (unit + 1) blocks``."""
     return ((unit + 1) * blocks - 1) // units
 
@@ -1100,9 +1197,9 @@ def _stream_k(
     blocks over ``tiles`` column blocks of ``groups`` scale groups in units of ``warps``
     groups (at most one block a unit). A column block's shares span at most ``ceil(blocks /
     tiles) + 1`` blocks, its rows of ``ws``."""
-    if tuned["CS"] > 1 or tuned["ASYNC"] or tuned["XS"]:
-        raise ValueError("SK takes blocks of one column block without the shared rings")
-    blocks = min(grid, tiles * -(-groups // warps))
+    if tuned["CS"] > 1 or tuned["ASYNC"] or tuned["XS"] or groups % warps:
+        raise ValueError("SK: blocks of one column block, no shared rings, K in runs of WARPS")
+    blocks = min(grid, tiles * groups // warps)
     parts = -(-blocks // tiles) + 1
     return blocks, _split_arrays(x, tiles, parts), 2
 
