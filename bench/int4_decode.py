@@ -10,10 +10,10 @@ floor (``bench/floors.read_words``: every word read once, nothing else) once per
 ``--once`` runs each kernel once eagerly and times nothing (for a profiler).
 
 Usage: ``python bench/int4_decode.py [--shapes 8192x8192,...] [--ms 1,16] [--warps 4,8]
-[--variants W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/XC/SP/T/SK/PDL,...] [--out DIR] [--budget S]
+[--variants W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/XC/SP/T/PDL,...] [--out DIR] [--budget S]
 [--prewarm N] [--once]``: W warps a block, then ``KNOBS`` in order (``_int4_decode.TUNED``'s
-PREFETCH, DEQ, MINB, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, XC, then SPLIT, TAIL,
-SK and PDL). Writes
+PREFETCH, DEQ, MINB, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, XC, then SPLIT, TAIL
+and PDL). Writes
 ``DIR/int4_decode.jsonl`` and prints a table: µs, x cuBLAS, and % of the floor (floor time
 / time). ``--plan-tunes DEQ=1;WC=1/PREFETCH=1`` adds, per point, ``plan``'s warps and knobs
 with those knobs overridden; ``--baseline 0`` runs the copied module at its own ``plan``.
@@ -42,9 +42,9 @@ from kaio_ops import _int4_decode  # noqa: E402
 SHAPES = "8192x8192,10240x8192,57344x8192,8192x28672,4096x4096,6144x4096,28672x4096,4096x14336"
 T0 = time.time()
 # --variants' fields past W: the constexprs, then matmul's SPLIT, TAIL (a TAIL is a SPLIT of
-# the last partial round's blocks), SK (blocks an SM taking equal shares of the weights) and
-# PDL (programmatic dependent launch: 1 wait, 2 and launch the next, 3 and an L2 prefetch)
-KNOBS = {**_int4_decode.TUNED, "SPLIT": _int4_decode.SPLIT, "TAIL": 0, "SK": 0, "PDL": 0}
+# the last partial round's blocks) and PDL (programmatic dependent launch: 1 wait, 2 and launch
+# the next kernel first, 3 and an L2 prefetch, 4 and the blocks an SM held to the grid's share)
+KNOBS = {**_int4_decode.TUNED, "SPLIT": _int4_decode.SPLIT, "TAIL": 0, "PDL": 0}
 
 
 def main() -> None:
@@ -56,7 +56,7 @@ def main() -> None:
     p.add_argument(
         "--variants",
         default="",
-        help="W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/XC/SP/T/SK/PDL,...: warps and KNOBS' values",
+        help="W/P/D/B/M/L/S/X/WB/CS/WC/A/XS/XC/SP/T/PDL,...: warps and KNOBS' values",
     )
     p.add_argument("--budget", type=float, default=40.0)
     p.add_argument("--once", action="store_true", help="run each kernel eagerly, no timing")
@@ -118,8 +118,7 @@ def _warm(consts: dict) -> str:
     """Compile one ``int4_decode`` specialization into the disk cache (a worker process)."""
     consts = {**KNOBS, **consts}
     tail = consts.pop("TAIL")
-    consts["SPLIT"] = 2 if consts["SK"] else tail or consts["SPLIT"]
-    consts["SK"] = min(consts["SK"], 1)
+    consts["SPLIT"] = tail or consts["SPLIT"]
     consts["PDL"] = min(consts["PDL"], 3)  # (4: PDL 3, the launch's shared memory padded)
     try:
         _int4_decode.int4_decode.resources(**{**consts, "DT": kaio.f16})

@@ -258,16 +258,12 @@ def load_x(
 def lead_x(
     xq: u32[:, :, :], x: f16[:, :], base: u32, s: kaio.constexpr, WARPS: kaio.constexpr,
     last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr, XLEAD: kaio.constexpr,
-    XC: kaio.constexpr, period: u32, WRAP: kaio.constexpr,
+    XC: kaio.constexpr,
 ):  # fmt: skip
     """The x fragments of step ``s`` (load ``s % 4`` of the group ``s // 4`` rounds of
     ``WARPS`` past ``base``, at most group ``last``: a step past the warp's groups reads one
-    it has) into slot ``s % (XLEAD + 1)`` of the ring xq. ``WRAP`` (``SK``): ``base`` and
-    ``last`` count the groups of successive column blocks, ``period`` each: x's group is the
-    count modulo ``period``."""
+    it has) into slot ``s % (XLEAD + 1)`` of the ring xq."""
     group = kaio.min(base + (s // LOADS) * WARPS, last)
-    if WRAP > 0:
-        group = group % period
     load_x(xq, s % (XLEAD + 1), x, group, s % LOADS, g, t, M, ROWS, XC)
 
 
@@ -276,7 +272,7 @@ def step_x(
     xr: u32[:, :, :, :], BUF: kaio.constexpr, u: kaio.constexpr, xq: u32[:, :, :],
     x: f16[:, :], base: u32, WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32,
     ROWS: kaio.constexpr, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
-    xread: u32, XC: kaio.constexpr, period: u32, WRAP: kaio.constexpr,
+    xread: u32, XC: kaio.constexpr,
 ):  # fmt: skip
     """With ``XLEAD`` > 0: ask for the x fragments of the step ``XLEAD`` loads later
     (``lead_x``), then take this step's (load ``u`` of buffer BUF) from the ring into
@@ -288,7 +284,7 @@ def step_x(
             kaio.load_vector(xr[BUF, u, r], xring, (at,))
     if XLEAD > 0:
         s = LOADS * BUF + u
-        lead_x(xq, x, base, s + XLEAD, WARPS, last, g, t, M, ROWS, XLEAD, XC, period, WRAP)
+        lead_x(xq, x, base, s + XLEAD, WARPS, last, g, t, M, ROWS, XLEAD, XC)
         for r in kaio.static_range(ROWS):
             for e in kaio.static_range(4):
                 xr[BUF, u, r, e] = xq[s % (XLEAD + 1), r, e]
@@ -323,7 +319,7 @@ def multiply_group(
     BUF: kaio.constexpr, x: f16[:, :], group: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     DEQ: kaio.constexpr, SWAP: kaio.constexpr, xq: u32[:, :, :], base: u32,
     WARPS: kaio.constexpr, last: u32, XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:],
-    xread: u32, XC: kaio.constexpr, period: u32, WRAP: kaio.constexpr,
+    xread: u32, XC: kaio.constexpr,
 ):  # fmt: skip
     """acc[m] += the products of buffer BUF (scale group ``group``) for each m16 tile m of
     the ``ROWS`` 8-row slabs: 2 k-steps of 16 for each of the 4 loads, for each of the lane's
@@ -337,14 +333,11 @@ def multiply_group(
     if SWAP == 1:
         multiply_swapped(
             acc, words, xr, sc, BUF, DEQ, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS,
-            xring, xread, XC, period, WRAP,
+            xring, xread, XC,
         )  # fmt: skip
         return
     for u in kaio.static_range(LOADS):
-        step_x(
-            xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread, XC,
-            period, WRAP,
-        )  # fmt: skip
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread, XC)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for m in kaio.static_range((ROWS + 1) // 2):
             if ROWS > 2:
@@ -388,7 +381,6 @@ def multiply_swapped(
     BUF: kaio.constexpr, DEQ: kaio.constexpr, xq: u32[:, :, :], x: f16[:, :], base: u32,
     WARPS: kaio.constexpr, last: u32, g: u32, t: u32, M: u32, ROWS: kaio.constexpr,
     XLEAD: kaio.constexpr, XS: kaio.constexpr, xring: f16[:], xread: u32, XC: kaio.constexpr,
-    period: u32, WRAP: kaio.constexpr,
 ):  # fmt: skip
     """``multiply_group`` at M <= 16 (``ROWS`` 1 or 2) with the roles swapped: the weights
     are the A operand (m16: the lane's columns ``4 g + 2 p`` and ``+ 1`` as rows g and g + 8
@@ -400,10 +392,7 @@ def multiply_swapped(
     bx = kaio.local(u32, (2, 2, 2))
     b = kaio.local(u32, (4, 2, 2))
     for u in kaio.static_range(LOADS):
-        step_x(
-            xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread, XC,
-            period, WRAP,
-        )  # fmt: skip
+        step_x(xr, BUF, u, xq, x, base, WARPS, last, g, t, M, ROWS, XLEAD, XS, xring, xread, XC)
         dequantize_load(b, words, sc, BUF, u, DEQ)
         for i in kaio.static_range(4):
             for h in kaio.static_range(2):
@@ -527,7 +516,7 @@ def buffer_step(
         kaio.cp_async_commit()
     multiply_group(
         acc, words, xr, sc, B, x, base + B * WARPS, g, t, M, ROWS, DEQ, SWAP, xq, base, WARPS,
-        last, XLEAD, XS, xring, xread, XC, 0, 0,
+        last, XLEAD, XS, xring, xread, XC,
     )  # fmt: skip
 
 
@@ -617,7 +606,7 @@ def decode_columns(
         if ASYNC > 0 or XS > 0:
             kaio.cp_async_commit()
     for s in kaio.static_range(XLEAD):
-        lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD, XC, 0, 0)
+        lead_x(xq, x, first, s, KW, last, g, t, M, ROWS, XLEAD, XC)
     for d in kaio.static_range(WBUF, WBUF * PREFETCH + WBUF):
         if first + d * KW < groups:
             prefetch_group(w, first + d * KW, cb, lane, N, PMODE)
@@ -645,7 +634,7 @@ def decode_columns(
         WARPS, CS, SPLIT, DT,
     )  # fmt: skip
     if SPLIT > 1 and parts > 1:
-        add_parts(out, ws, counters, partial, slot, block, M, N, tid, WARPS, parts, CS, DT)
+        add_parts(out, ws, counters, partial, slot, block, M, N, tid, WARPS, SPLIT, CS, DT)
 
 
 @kaio.gpu_func
@@ -694,17 +683,17 @@ def sum_warps(
 @kaio.gpu_func
 def add_parts(
     out: DT[:, :], ws: f32[:, :, :], counters: i32[:], partial: f32[:, :, :], slot: u32,
-    block: u32, M: u32, N: u32, tid: u32, WARPS: kaio.constexpr, parts: u32,
+    block: u32, M: u32, N: u32, tid: u32, WARPS: kaio.constexpr, SPLIT: kaio.constexpr,
     CS: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """A K split's end: the last of the ``parts`` blocks of the ``CS`` column blocks from
+    """A K split's end: the last of the SPLIT blocks of the ``CS`` column blocks from
     ``CS block`` to arrive (``counters[slot]``, back to 0 after) adds their sums in
     ``ws[:, slot]`` in part order into ``out`` (fence, then count: the parts of every block
     counted are visible to the one that counts last)."""
     kaio.threadfence()
     kaio.sync_threads()
     if tid == 0:
-        last = kaio.atomic_add(counters, slot, i32(1)) == i32(parts) - 1
+        last = kaio.atomic_add(counters, slot, i32(1)) == SPLIT - 1
         if last:
             counters[slot] = i32(0)  # ready for the next call (or graph replay)
         partial[0, 0, 0] = kaio.select(last, 1.0, 0.0)
@@ -717,7 +706,7 @@ def add_parts(
             c = (block * CS + o // (16 * COLS)) * COLS + o % COLS
             if r < M and c < N:
                 total = ws[0, slot, o]
-                for s in range(1, parts):
+                for s in kaio.static_range(1, SPLIT):
                     total += ws[s, slot, o]
                 out[r, c] = DT(total)
 
@@ -744,126 +733,29 @@ def int4_decode(
     SWAP: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], whole: u32,
     SPLIT: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, CS: kaio.constexpr,
     WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr, XC: kaio.constexpr,
-    SK: kaio.constexpr, PDL: kaio.constexpr,
+    PDL: kaio.constexpr,
 ):  # fmt: skip
     """``out = x @ W`` (``decode_columns``), a block per ``CS`` column blocks; with SPLIT > 1
     the blocks from ``whole`` on take SPLIT parts of K each (block ``whole + j``: part
-    ``j % SPLIT`` of the column blocks ``whole + j // SPLIT``; ``whole`` 0: all of them);
-    with ``SK`` (CS 1, no rings) the grid's blocks take equal shares of the weights
-    (``stream_k``). ``PDL`` (sm_90): launched with programmatic dependent launch
-    (``await_previous``)."""
+    ``j % SPLIT`` of the column blocks ``whole + j // SPLIT``; ``whole`` 0: all of them).
+    ``PDL`` (sm_90): launched with programmatic dependent launch (``await_previous``)."""
     decode_bounds(WARPS, ROWS, MINB)
     partial = kaio.shared(f32, (WARPS, 16, COLS))
     b = kaio.block_idx_x()
-    if SK > 0:
-        stream_k(
-            x, w, scales, out, partial, M, N, b, WARPS, ROWS, DT, DEQ, ws, counters, L2F, SWAP,
-            XLEAD, WBUF, WC, XC, PDL,
-        )  # fmt: skip
-    else:
-        groups = u32(scales.shape[0])
-        block, part, parts = b, u32(0), u32(1)
-        if SPLIT > 1 and b >= whole:
-            block = whole + (b - whole) // SPLIT
-            part = (b - whole) % SPLIT
-            parts = u32(SPLIT)
-        lo = part * groups // parts
-        await_previous(w, block, lo, (part + 1) * groups // parts, N, WARPS, CS, WBUF, PDL)
-        decode_columns(
-            x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
-            counters, lo, (part + 1) * groups // parts, part, parts, block - whole, SPLIT,
-            PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC, XS, XC,
-        )  # fmt: skip
-
-
-@kaio.gpu_func
-def stream_k(
-    x: f16[:, :], w: u32[:, :], scales: f16[:, :], out: DT[:, :], partial: f32[:, :, :],
-    M: u32, N: u32, b: u32, WARPS: kaio.constexpr, ROWS: kaio.constexpr, DT: kaio.constexpr,
-    DEQ: kaio.constexpr, ws: f32[:, :, :], counters: i32[:], L2F: kaio.constexpr,
-    SWAP: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr, WC: kaio.constexpr,
-    XC: kaio.constexpr, PDL: kaio.constexpr,
-):  # fmt: skip
-    """``SK`` (``ROWS`` <= 2, K's groups a multiple of WARPS): the (32-column block, scale
-    group) items in column-block order, block ``b`` of the grid taking an equal share of
-    them in runs of WARPS (the same weight bytes every block), each warp every WARPS-th
-    item through the register buffers without a break between column blocks: the words'
-    and x's loads of the next column block are in flight while the warps add their sums
-    of the last one (``sum_warps``), into ``out`` where the share holds the whole column
-    block, else into ``ws[j, column block]`` (j: ``b`` less the column block's first
-    block, ``stream_block``), added in order by the last of its blocks at the end
-    (``add_parts``)."""
-    period = u32(scales.shape[0])  # the groups of a column block
-    runs = (N + COLS - 1) // COLS * (period // WARPS)
-    blocks = kaio.grid_dim_x()  # at most runs (matmul): every block holds one
-    lo = b * runs // blocks * WARPS  # this block's items
-    hi = (b + 1) * runs // blocks * WARPS
-    tid = kaio.thread_idx_x()
-    warp = tid // 32
-    g = tid % 32 // 4
-    t = tid % 4
-    cb0 = lo // period
-    await_previous(w, cb0, lo - cb0 * period, kaio.min(hi - cb0 * period, period), N, WARPS, 1,
-                   WBUF, PDL)  # fmt: skip
-    acc = kaio.local(f32, (1, 4, 4))
-    words = kaio.local(u32, (WBUF, LOADS, 4))
-    xr = kaio.local(u32, (WBUF, LOADS, 2, 4))
-    xq = kaio.local(u32, (XLEAD + 1, 2, 4))
-    sc = kaio.local(u32, (WBUF, 2))
-    xring = kaio.shared_dynamic(f16, (8,), 0)  # (no x ring)
-    zero_sums(acc)
-    first = lo + warp
-    last = hi - 1
-    for d in kaio.static_range(WBUF - 1):
-        item = first + d * WARPS
-        if item < hi:
-            load_group(
-                words, xr, sc, d, w, x, scales, item % period, column(item // period, g, N), g,
-                t, M, ROWS, L2F, XLEAD, WC, 0, XC,
-            )  # fmt: skip
-    for s in kaio.static_range(XLEAD):
-        lead_x(xq, x, first, s, WARPS, last, g, t, M, ROWS, XLEAD, XC, period, 1)
-    for base in range(first, hi, WBUF * WARPS):
-        for B in kaio.static_range(WBUF):
-            item = base + B * WARPS
-            if B == 0 or item < hi:
-                ahead = base + (B + WBUF - 1) * WARPS
-                if ahead < hi:
-                    load_group(
-                        words, xr, sc, (B + WBUF - 1) % WBUF, w, x, scales, ahead % period,
-                        column(ahead // period, g, N), g, t, M, ROWS, L2F, XLEAD, WC, 0, XC,
-                    )  # fmt: skip
-                multiply_group(
-                    acc, words, xr, sc, B, x, item % period, g, t, M, ROWS, DEQ, SWAP, xq, base,
-                    WARPS, last, XLEAD, 0, xring, u32(0), XC, period, 1,
-                )  # fmt: skip
-                step = item - warp  # the block's first item of this run
-                if (step + WARPS) % period == 0 or step + WARPS >= hi:  # a column block's last
-                    cb = step // period
-                    first_block, parts = stream_parts(cb, period // WARPS, runs, blocks)
-                    kaio.sync_threads()  # the last column block's partial sums are all read
-                    sum_warps(
-                        acc, partial, out, ws, M, N, cb, b - first_block, parts, cb, warp, tid,
-                        g, t, ROWS, SWAP, WARPS, 1, 2, DT,
-                    )  # fmt: skip
-                    zero_sums(acc)
-    # the share's ends may hold parts of column blocks: their fixups, once every part is in
-    first_block, parts = stream_parts(cb0, period // WARPS, runs, blocks)
-    if parts > 1:
-        add_parts(out, ws, counters, partial, cb0, cb0, M, N, tid, WARPS, parts, 1, DT)
-    cb1 = (hi - 1) // period
-    if cb0 < cb1:
-        first_block, parts = stream_parts(cb1, period // WARPS, runs, blocks)
-        if parts > 1:
-            add_parts(out, ws, counters, partial, cb1, cb1, M, N, tid, WARPS, parts, 1, DT)
-
-
-@kaio.gpu_func
-def zero_sums(acc: f32[:, :, :]):
-    """acc[0] = 0 (one m16 tile's sums)."""
-    for i in kaio.static_range(4):
-        for e in kaio.static_range(4):
-            acc[0, i, e] = 0.0
+    groups = u32(scales.shape[0])
+    block, part, parts = b, u32(0), u32(1)
+    if SPLIT > 1 and b >= whole:
+        block = whole + (b - whole) // SPLIT
+        part = (b - whole) % SPLIT
+        parts = u32(SPLIT)
+    lo = part * groups // parts
+    hi = (part + 1) * groups // parts
+    await_previous(w, block, lo, hi, N, WARPS, CS, WBUF, PDL)
+    decode_columns(
+        x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
+        lo, hi, part, parts, block - whole, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC,
+        XS, XC,
+    )  # fmt: skip
 
 
 @kaio.gpu_func
@@ -871,14 +763,6 @@ def column(cb: u32, g: u32, N: u32) -> u32:
     """Lane group ``g``'s first column of column block ``cb`` (column 0 past N: those
     products are never stored)."""
     return kaio.select(cb * COLS + 4 * g < N, cb * COLS + 4 * g, 0)
-
-
-@kaio.gpu_func
-def stream_parts(cb: u32, per: u32, runs: u32, blocks: u32) -> tuple[u32, u32]:
-    """``SK``: (the first block, the blocks) whose shares hold runs of column block ``cb``
-    (``per`` runs a column block)."""
-    first = stream_block(cb * per, runs, blocks)
-    return first, stream_block(cb * per + per - 1, runs, blocks) - first + 1
 
 
 @kaio.gpu_func
@@ -901,13 +785,6 @@ def await_previous(
                 prefetch_group(w, group, block * CS + warp % CS, kaio.thread_idx_x() % 32, N, 0)
     if PDL > 0:
         kaio.grid_dependency_wait()
-
-
-@kaio.gpu_func
-def stream_block(unit: u32, units: u32, blocks: u32) -> u32:
-    """``SK``: the block whose share (from ``b units // blocks`` up to that of ``b + 1``)
-    holds ``unit``: the last ``b`` with ``b units < (unit + 1) blocks``."""
-    return ((unit + 1) * blocks - 1) // units
 
 
 @kaio.gpu_kernel
@@ -1154,19 +1031,15 @@ def matmul(
         tune = {**planned, **(tune or {})}
     tuned = _tuned(m, tune)
     split, tail = tuned.pop("SPLIT", SPLIT), tuned.pop("TAIL", 0)
-    per_sm = tuned.pop("SK", 0) if m <= 16 else 0  # a part's sums in ws are one m16 tile
     pdl = tuned.pop("PDL", 0) if _mbarrier_waits(x) else 0  # (griddepcontrol: sm_90)
     units = -(-tiles // tuned["CS"])
     whole = tail_whole(units, sms, tail) if tail > 1 else 0
     if tail > 1:
         split = tail if whole < units else 1
     if m > 16:
-        split = 1
+        split = 1  # a part's sums in ws are one m16 tile
     blocks = whole + (units - whole) * split if split > 1 else units
     arrays = _split_arrays(x, units - whole, split, tuned["CS"])
-    if per_sm:
-        blocks, arrays, split = _stream_k(x, tiles, words.shape[0] // ROWS_PER_GROUP, warps,
-                                          per_sm * sms, tuned)  # fmt: skip
     out = _arrays.output(x, (m, n), dtype)
     config = _config(x, blocks, warps, tuned)
     if pdl == 4:  # PDL 3 with the blocks an SM held to this grid's share
@@ -1174,7 +1047,7 @@ def matmul(
     int4_decode[config](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
         WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, whole=whole, **arrays, SPLIT=split,
-        SK=int(per_sm > 0), PDL=min(pdl, 3),
+        PDL=min(pdl, 3),
     )  # fmt: skip
     return out
 
@@ -1188,20 +1061,6 @@ def exclusive_shared(blocks: int, warps: int) -> int:
     dependent launch the next kernel's blocks are placed while this one's run, and would
     otherwise crowd onto the multiprocessors this grid's blocks leave first."""
     return SM_SHARED // (blocks + 1) - 1024 - warps * 16 * COLS * 4 + 16
-
-
-def _stream_k(
-    x: _arrays.Operand, tiles: int, groups: int, warps: int, grid: int, tuned: dict
-) -> tuple[int, dict, int]:
-    """``SK``'s launch: (blocks, ``ws`` and ``counters``, the kernel's SPLIT) for ``grid``
-    blocks over ``tiles`` column blocks of ``groups`` scale groups in units of ``warps``
-    groups (at most one block a unit). A column block's shares span at most ``ceil(blocks /
-    tiles) + 1`` blocks, its rows of ``ws``."""
-    if tuned["CS"] > 1 or tuned["ASYNC"] or tuned["XS"] or groups % warps:
-        raise ValueError("SK: blocks of one column block, no shared rings, K in runs of WARPS")
-    blocks = min(grid, tiles * groups // warps)
-    parts = -(-blocks // tiles) + 1
-    return blocks, _split_arrays(x, tiles, parts), 2
 
 
 def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
@@ -1270,7 +1129,7 @@ def specializations() -> list:
                 consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
                 if kernel is int4_decode:
                     consts["SPLIT"] = split
-                    consts["SK"] = consts["PDL"] = 0
+                    consts["PDL"] = 0
                 if consts not in seen:
                     seen.append(consts)
                     specs.append((kernel, consts))

@@ -242,18 +242,9 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
 # SMs: halves of single column blocks with fewer groups than warps in a part, of blocks of two
 # column blocks (CS 2, the last one partial, one past N), thirds of main's unswapped blocks,
 # with the words' rings (ASYNC) and with x's shared rings too (XS); plan's (WARPS 0) at 4.5
-# tiles an SM: blocks of 4 over two column blocks, the last one partial, TAIL 2; equal shares
-# of the (column block, group) items a block in runs of WARPS (SK: blocks an SM): swapped with
-# x 3 loads ahead over 2-3 column blocks a share, the last one partial, two register buffers
-# or three; unswapped with x loaded with the words and a column block past N; shares of whole
-# column blocks and more; more blocks than runs (the grid cut to the runs); programmatic
+# tiles an SM: blocks of 4 over two column blocks, the last one partial, TAIL 2; programmatic
 # dependent launch (PDL 3: the first groups' L2 prefetches before the wait)
 TAIL_PLANS = [
-    (16, 32 * 7, 128 * 8, 4, 3, {"SK": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3, "PDL": 3}),
-    (13, 32 * 5, 128 * 12, 4, 2, {"SK": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 1, "WBUF": 3}),
-    (9, 100, 128 * 8, 4, 2, {"SK": 3}),
-    (16, 32 * 9, 128 * 8, 8, 1, {"SK": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
-    (12, 64, 128 * 4, 4, 4, {"SK": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
     (16, 32 * 7, 128 * 5, 4, 3, {"TAIL": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
     (12, 220, 128 * 9, 4, 3, {"TAIL": 2, "CS": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3, "PDL": 3}),
     (9, 32 * 5, 128 * 7, 8, 4, {"TAIL": 3}),
