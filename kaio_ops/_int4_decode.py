@@ -932,8 +932,10 @@ def _split_arrays(x: _arrays.Operand, units: int, split: int, cs: int = 1) -> di
 
 
 SWAPPED = {"SWAP": 2, "DEQ": 6}  # M = 9-16: the swapped mma, a byte's nibbles a pair
-# M = 9-16: x's loads by the read-only path (.nc), the words' not allocated in L1
-LOADS_16 = {"XC": 3, "WC": 6}
+# M = 9-16 up to ten tiles an SM: x's loads by the read-only path (.nc), the words' not
+# allocated in L1; programmatic dependent launch with the first groups' L2 prefetches before
+# the wait (PDL 3; the plans with a K split take the wait alone, PDL 1)
+LOADS_16 = {"XC": 3, "WC": 6, "PDL": 3}
 SWAPPED_16 = {**SWAPPED, **LOADS_16}
 # M = 9-16 past ten tiles an SM: blocks of two column blocks whose warps of one K slice share
 # x through its shared ring (copied .ca), the words through theirs
@@ -969,7 +971,11 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     (without ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth
     pass"). Up to ten tiles an SM at M = 9-16 x's loads take the read-only path and the
     words' are not allocated in L1 (``LOADS_16``: XC 3, WC 6; "W4A16 decode, M 9-16, ninth
-    pass"; ``qkv`` keeps the default loads)."""
+    pass"), and the kernel is launched with programmatic dependent launch: ``PDL`` 3 (its
+    blocks placed while the kernel before ends, the first groups' words asked of L2
+    before the wait), 1 with the TAIL split (the wait alone: the next kernel's blocks
+    placed early would crowd the multiprocessors the split halves leave) ("W4A16 decode,
+    M 9-16, tenth pass"; ``qkv`` keeps the default loads and launch)."""
     if m > 16:
         return WARPS, {}
     if m <= 8:
@@ -990,7 +996,7 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
         return 4, dict(LOADS_16)
     if tiles <= 4 * sms:
         return 4, {**SWAPPED_16, "XLEAD": 3}
-    return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2, "TAIL": 2}
+    return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2, "TAIL": 2, "PDL": 1}
 
 
 def warps_for(m: int, tiles: int, sms: int) -> int:
@@ -1104,8 +1110,9 @@ PLANS = tuple(
 
 def specializations() -> list:
     """(kernel, constexprs) of every specialization ``matmul`` (f32 out: matmul_int4) and
-    ``qkv`` (f16 out: qkv_project_int4, no CS) launch: each ``plan`` at M = 1 and 16 and
-    blocks of 4 and 8 warps with ``TUNED``'s knobs, one m16 tile; 8 warps past it."""
+    ``qkv`` (f16 out: qkv_project_int4, no CS) launch: each ``plan`` at M = 1 and 16 (with
+    its ``PDL`` on sm_90, without before it) and blocks of 4 and 8 warps with ``TUNED``'s
+    knobs, one m16 tile; 8 warps past it."""
     configs = [(m, w, dict(t)) for m, w, t in PLANS]
     configs += [(m, w, {}) for m in (1, 16) for w in (4, 8)]
     configs += [(8 * rows, WARPS, {}) for rows in ALL_ROWS if rows > 2]
@@ -1125,12 +1132,13 @@ def specializations() -> list:
             else:
                 tuned.pop("CS")
                 tuned.pop("XC")
+            pdl = tuned.pop("PDL", 0)
             for split in splits:
                 consts = {"WARPS": warps, "ROWS": _rows(m), "DT": dt, **tuned}
                 if kernel is int4_decode:
                     consts["SPLIT"] = split
-                    consts["PDL"] = 0
-                if consts not in seen:
-                    seen.append(consts)
-                    specs.append((kernel, consts))
+                for launch in ({"PDL": pdl}, {"PDL": 0}) if kernel is int4_decode else ({},):
+                    if {**consts, **launch} not in seen:
+                        seen.append({**consts, **launch})
+                        specs.append((kernel, seen[-1]))
     return specs

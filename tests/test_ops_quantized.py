@@ -304,11 +304,12 @@ def test_int4_decode_warps_route():
     up to four, then swapped blocks of 4 taking two column blocks each (the last partial
     round split over K: TAIL 2), past ten those blocks sharing x through shared rings
     with the words' rings (without XS, as qkv plans: blocks of 8, x 3 loads ahead), x by the
-    read-only path and the words not allocated in L1 but past ten (the H100 measurements of
+    read-only path and the words not allocated in L1 but past ten, with programmatic
+    dependent launch (PDL 3, the wait alone with the TAIL split) (the H100 measurements of
     docs/performance.md); the default past 16 rows; and each plan is a listed
     specialization (ptxas checks those)."""
     plan = _int4_decode.plan
-    loads = {"XC": 3, "WC": 6}
+    loads = {"XC": 3, "WC": 6, "PDL": 3}
     swapped, lead = {"SWAP": 2, "DEQ": 6, **loads}, {"SWAP": 2, "DEQ": 6, "XLEAD": 3, **loads}
     ns = (4096, 4224, 4256, 8448, 8480, 10240, 28672, 42240, 42272, 57344)
     rings = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
@@ -318,7 +319,7 @@ def test_int4_decode_warps_route():
     assert [plan(8, n // 32, 132)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 8, 4]
     ns = (4096, 6144, 8448, 10240, 12672, 12704, 16896, 16928, 28672)
     got = [plan(16, n // 32, 132) for n in ns]
-    pairs = {**lead, "CS": 2, "TAIL": 2}
+    pairs = {**lead, "CS": 2, "TAIL": 2, "PDL": 1}
     want = [(8, swapped), (8, lead), (8, lead), (4, loads), (4, loads), (4, lead), (4, lead)]
     assert got == want + [(4, pairs)] * 2
     shared = {"SWAP": 2, "DEQ": 6, "CS": 2, "XS": 2, "ASYNC": 1}
@@ -965,7 +966,8 @@ def test_every_specialization_assembles():
     heavy = (qkv_kernel, _int4_decode.int4_decode, _int4_decode.int4_decode_qkv)
     fused = [i for i in kept if specs[i][0] in heavy]
     jobs = [(i, ARCHS) for i in kept if i not in fused]
-    jobs += [(i, (ARCHS[n % 2],)) for n, i in enumerate(fused)]
+    for n, i in enumerate(fused):  # (PDL, programmatic dependent launch: sm_90 only)
+        jobs.append((i, ("sm_90",) if specs[i][1].get("PDL") else (ARCHS[n % 2],)))
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         list(pool.map(_assemble, jobs))
 
