@@ -662,22 +662,38 @@ def sum_warps(
                 for e in kaio.static_range(4):
                     partial[warp, g + 8 * (e // 2), 4 * (2 * t + e % 2) + i] = acc[m, i, e]
         kaio.sync_threads()
-        for k in kaio.static_range(CS * 16 * COLS // (WARPS * 32)):
+        for k in kaio.static_range(-(-CS * 16 * COLS // (WARPS * 32))):
             o = tid + k * WARPS * 32
-            r = o // COLS
-            cs = u32(0)
-            if CS > 1:
-                cs = r // 16
-                r = r % 16
-            c = (block * CS + cs) * COLS + o % COLS
-            total = partial[cs, r, o % COLS]
-            for s in kaio.static_range(1, WARPS // CS):
-                total += partial[s * CS + cs, r, o % COLS]
-            if SPLIT > 1 and parts > 1:
-                if r < M:
-                    ws[part, slot, o] = total
-            elif 16 * m + r < M and c < N:
-                out[16 * m + r, c] = DT(total)
+            if (k + 1) * WARPS * 32 <= CS * 16 * COLS:  # every thread has an element
+                sum_element(partial, out, ws, o, M, N, block, m, part, parts, slot, WARPS, CS,
+                            SPLIT, DT)  # fmt: skip
+            elif o < CS * 16 * COLS:  # (a number of warps that does not divide them)
+                sum_element(partial, out, ws, o, M, N, block, m, part, parts, slot, WARPS, CS,
+                            SPLIT, DT)  # fmt: skip
+
+
+@kaio.gpu_func
+def sum_element(
+    partial: f32[:, :, :], out: DT[:, :], ws: f32[:, :, :], o: u32, M: u32, N: u32, block: u32,
+    m: kaio.constexpr, part: u32, parts: u32, slot: u32, WARPS: kaio.constexpr,
+    CS: kaio.constexpr, SPLIT: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``sum_warps``' element ``o`` (of CS x 16 x 32) of m16 tile ``m``: the warps' partial
+    sums added in warp order, into ``out`` or ``ws[part, slot]``."""
+    r = o // COLS
+    cs = u32(0)
+    if CS > 1:
+        cs = r // 16
+        r = r % 16
+    c = (block * CS + cs) * COLS + o % COLS
+    total = partial[cs, r, o % COLS]
+    for s in kaio.static_range(1, WARPS // CS):
+        total += partial[s * CS + cs, r, o % COLS]
+    if SPLIT > 1 and parts > 1:
+        if r < M:
+            ws[part, slot, o] = total
+    elif 16 * m + r < M and c < N:
+        out[16 * m + r, c] = DT(total)
 
 
 @kaio.gpu_func

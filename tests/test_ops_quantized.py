@@ -198,8 +198,9 @@ def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
 # the words' cache operators (WC 1 .cg, 2 .cs), the words and scales through shared rings by
 # cp.async (ASYNC: more slots than groups a warp, a partial last round, a K split), x through
 # shared rings a K slice (XS: slices of 2 and 4 warps, copies .cg and .ca, a partial last
-# column block, with the words' rings, unswapped, 16 warps, three slots); each twice: the
-# arrival counters are back to zero.
+# column block, with the words' rings, unswapped, 16 warps, three slots), blocks of 5 and 3
+# warps (their threads do not divide a tile's 512 sums), programmatic dependent launch
+# (PDL 3); each twice: the arrival counters are back to zero.
 TUNED_PLANS = [
     (1, 36, 128 * 9, 4, {"PREFETCH": 1, "DEQ": 1, "SWAP": 0}),
     (16, 40, 128 * 7, 4, {"PREFETCH": 2, "PMODE": 2, "SPLIT": 3, "SWAP": 1}),
@@ -215,6 +216,8 @@ TUNED_PLANS = [
     (16, 72, 128 * 7, 8, {"XS": 1, "CS": 2, "SWAP": 2, "DEQ": 6}),
     (9, 72, 128 * 19, 16, {"XS": 1, "CS": 2, "ASYNC": 1, "SWAP": 2, "DEQ": 6}),
     (13, 100, 128 * 13, 4, {"XS": 2, "CS": 4, "WBUF": 3, "DEQ": 6}),
+    (16, 100, 128 * 11, 5, {"SWAP": 2, "DEQ": 6, "XLEAD": 3}),
+    (9, 64, 128 * 7, 3, {"SWAP": 2, "DEQ": 6, "XLEAD": 3, "PDL": 3}),
 ]
 
 
