@@ -67,6 +67,13 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   At M = 9-16 x by the read-only path (``ld.global.nc``, XC 3) and the words not allocated
   in L1 (``ld.global.L1::no_allocate``, WC 6) took 3-8% off (``LOADS_16``); ``.cg`` for the
   words (WC 1) did not.
+- ``PDL`` (not a knob of ``TUNED``: ``matmul``'s, sm_90): programmatic dependent launch. The
+  kernel is placed and set up while the kernel before it ends and waits for it
+  (``grid_dependency_wait``) before any global load or store (``await_previous``); 2 first
+  lets the kernel after it be placed (``launch_dependents``), 3 also asks L2 for each
+  warp's first groups of words before the wait (a prefetch reads nothing the kernel before
+  may still write), 4 is 3 with the blocks an SM held to the grid's share by padded shared
+  memory (``exclusive_shared``). Routed at M = 9-16: 3, 1 on the plans with a K split.
 
 ``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
