@@ -42,8 +42,8 @@ from kaio_ops import _int4_decode  # noqa: E402
 SHAPES = "8192x8192,10240x8192,57344x8192,8192x28672,4096x4096,6144x4096,28672x4096,4096x14336"
 T0 = time.time()
 # --variants' fields past W: the constexprs, then matmul's SPLIT, TAIL (a TAIL is a SPLIT of
-# the last partial round's blocks) and PDL (programmatic dependent launch: 1 wait, 2 and launch
-# the next kernel first, 3 and an L2 prefetch, 4 and the blocks an SM held to the grid's share)
+# the last partial round's blocks) and PDL (programmatic dependent launch: 1 the wait alone, 3
+# launch_dependents and the first groups' L2 prefetches before it)
 KNOBS = {**_int4_decode.TUNED, "SPLIT": _int4_decode.SPLIT, "TAIL": 0, "PDL": 0}
 
 
@@ -119,7 +119,6 @@ def _warm(consts: dict) -> str:
     consts = {**KNOBS, **consts}
     tail = consts.pop("TAIL")
     consts["SPLIT"] = tail or consts["SPLIT"]
-    consts["PDL"] = min(consts["PDL"], 3)  # (4: PDL 3, the launch's shared memory padded)
     try:
         _int4_decode.int4_decode.resources(**{**consts, "DT": kaio.f16})
         return ""

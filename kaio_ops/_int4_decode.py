@@ -69,11 +69,14 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   words (WC 1) did not.
 - ``PDL`` (not a knob of ``TUNED``: ``matmul``'s, sm_90): programmatic dependent launch. The
   kernel is placed and set up while the kernel before it ends and waits for it
-  (``grid_dependency_wait``) before any global load or store (``await_previous``); 2 first
-  lets the kernel after it be placed (``launch_dependents``), 3 also asks L2 for each
-  warp's first groups of words before the wait (a prefetch reads nothing the kernel before
-  may still write), 4 is 3 with the blocks an SM held to the grid's share by padded shared
-  memory (``exclusive_shared``). Routed at M = 9-16: 3, 1 on the plans with a K split.
+  (``grid_dependency_wait``) before any global load or store (``await_previous``: PDL 1);
+  PDL 3 first lets the kernel after it be placed (``launch_dependents``) and asks L2 for
+  each warp's first groups of words (a prefetch reads nothing the kernel before may still
+  write). Routed at M = 9-16: 3, 1 on the plans with a K split (the next kernel's blocks,
+  placed early, crowd the multiprocessors its split halves leave first); launch_dependents
+  without the prefetches (2) and PDL 3 with the blocks an SM held to the grid's share by
+  padded shared memory (4) were measured no better and deleted (docs/performance.md,
+  "W4A16 decode, M 9-16, tenth pass").
 
 ``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
@@ -794,13 +797,12 @@ def await_previous(
     CS: kaio.constexpr, WBUF: kaio.constexpr, PDL: kaio.constexpr,
 ):  # fmt: skip
     """``PDL``: wait for the kernel before this one (``grid_dependency_wait``) before any
-    global memory is touched; 2: first let the kernel after this one be placed
-    (``launch_dependents``: its blocks take the slots this grid's leave); 3: and first ask
-    L2 for the words of this warp's first WBUF groups (of ``lo`` to ``hi``, column block
-    ``CS block + warp % CS``): a prefetch reads nothing the earlier kernel may still write."""
-    if PDL >= 2:
-        kaio.launch_dependents()
+    global memory is touched; 3: first let the kernel after this one be placed
+    (``launch_dependents``: its blocks take the slots this grid's leave) and ask L2 for the
+    words of this warp's first WBUF groups (of ``lo`` to ``hi``, column block ``CS block +
+    warp % CS``): a prefetch reads nothing the earlier kernel may still write."""
     if PDL == 3:
+        kaio.launch_dependents()
         warp = kaio.thread_idx_x() // 32
         for b in kaio.static_range(WBUF):
             group = lo + warp // CS + b * (WARPS // CS)
@@ -1070,26 +1072,12 @@ def matmul(
     blocks = whole + (units - whole) * split if split > 1 else units
     arrays = _split_arrays(x, units - whole, split, tuned["CS"])
     out = _arrays.output(x, (m, n), dtype)
-    config = _config(x, blocks, warps, tuned)
-    if pdl == 4:  # PDL 3 with the blocks an SM held to this grid's share
-        config = (*config[:3], max(config[3], exclusive_shared(-(-blocks // sms), warps)))
-    int4_decode[config](
+    int4_decode[_config(x, blocks, warps, tuned)](
         x.arg(), _words(words), scales.arg(), _arrays.output_arg(x, out, (m, n), dtype), m, n,
         WARPS=warps, ROWS=_rows(m), DT=dtype, **tuned, whole=whole, **arrays, SPLIT=split,
-        PDL=min(pdl, 3),
+        PDL=pdl,
     )  # fmt: skip
     return out
-
-
-SM_SHARED = 228 * 1024  # shared memory a multiprocessor (H100, H200), 1 KB a block reserved
-
-
-def exclusive_shared(blocks: int, warps: int) -> int:
-    """The dynamic shared memory that lets at most ``blocks`` blocks of ``warps`` warps
-    (``partial``'s static shared memory each) share a multiprocessor: with programmatic
-    dependent launch the next kernel's blocks are placed while this one's run, and would
-    otherwise crowd onto the multiprocessors this grid's blocks leave first."""
-    return SM_SHARED // (blocks + 1) - 1024 - warps * 16 * COLS * 4 + 16
 
 
 def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
