@@ -139,7 +139,7 @@ def plan_tunes(text: str) -> list[dict]:
 
 
 def specializations(
-    variants: list, ms: list, tunes: list = (), tiles: list = (1, 133, 265, 397, 529, 1321)
+    variants: list, ms: list, tunes: list = (), tiles: list = (1, 133, 265, 397, 529, 661, 1321)
 ) -> list[dict]:
     """The constexprs of every ``int4_decode`` specialization a run times (``variants``'
     (warps, *tuned), blocks of 4 and 8 warps and ``plan`` at each M and count of 32-column

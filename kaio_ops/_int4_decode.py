@@ -988,9 +988,11 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no swap)
     while they fit the SMs at once, three an SM (151 registers; N = 10240), then blocks of 4
     swapped with x 3 loads ahead (124 registers, four an SM) up to four tiles an SM (N =
-    14336), past that each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1)
-    with the last partial round of one block an SM split over K in halves (``TAIL`` 2:
-    ``tail_whole``; "W4A16 decode, M 9-16, eighth pass"; ``qkv`` takes no split); past ten
+    14336), blocks of 3 (five an SM, 15 warps) up to five (N = 20480; ``qkv`` keeps blocks
+    of 4; "W4A16 decode, M 9-16, tenth pass"), past that each block two column blocks (``CS``
+    2, N = 28672; ``qkv`` takes CS 1) with the last partial round of one block an SM split
+    over K in halves (``TAIL`` 2: ``tail_whole``; "W4A16 decode, M 9-16, eighth pass";
+    ``qkv`` takes no split); past ten
     tiles an SM (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K
     slice's x copied once into a shared ring for both, the words through the rings too
     (without ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth
@@ -1021,6 +1023,8 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
         return 4, dict(LOADS_16)
     if tiles <= 4 * sms:
         return 4, {**SWAPPED_16, "XLEAD": 3}
+    if tiles <= 5 * sms:
+        return 3, {**SWAPPED_16, "XLEAD": 3}
     return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2, "TAIL": 2, "PDL": 1}
 
 
@@ -1092,6 +1096,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     sms = _arrays.multiprocessors(x)
     warps, planned = plan(m, blocks, sms, shared_x=False)
     planned = {k: v for k, v in planned.items() if k not in LOADS_16}  # unmeasured here
+    warps = max(warps, 4)  # (and blocks of 3 warps)
     if planned.get("ASYNC"):  # the rings measured no faster here (70B widths, H100): main's
         warps, planned = 4, ({"DEQ": 6, "XLEAD": 3} if blocks > 10 * sms else {})
     tuned = _tuned(m, planned)
@@ -1112,7 +1117,7 @@ PLANS = tuple(
         {
             (m, w, tuple(sorted(t.items())))
             for m in (1, 16)
-            for tiles in (1, 133, 265, 397, 529, 1321)
+            for tiles in (1, 133, 265, 397, 529, 661, 1321)
             for w, t in [plan(m, tiles, 132)]
         }
     )

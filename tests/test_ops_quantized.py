@@ -245,8 +245,9 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
 # SMs: halves of single column blocks with fewer groups than warps in a part, of blocks of two
 # column blocks (CS 2, the last one partial, one past N), thirds of main's unswapped blocks,
 # with the words' rings (ASYNC) and with x's shared rings too (XS); plan's (WARPS 0) at 4.5
-# tiles an SM: blocks of 4 over two column blocks, the last one partial, TAIL 2; programmatic
-# dependent launch (PDL 3: the first groups' L2 prefetches before the wait)
+# tiles an SM: blocks of 3 warps; at 6.5: blocks of 4 over two column blocks, the last one
+# partial, TAIL 2; programmatic dependent launch (PDL 3: the first groups' L2 prefetches
+# before the wait)
 TAIL_PLANS = [
     (16, 32 * 7, 128 * 5, 4, 3, {"TAIL": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
     (12, 220, 128 * 9, 4, 3, {"TAIL": 2, "CS": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3, "PDL": 3}),
@@ -254,6 +255,7 @@ TAIL_PLANS = [
     (8, 32 * 7, 128 * 6, 4, 3, {**_int4_decode.RINGS_8, "TAIL": 2}),
     (16, 32 * 10, 128 * 6, 4, 4, {**_int4_decode.SHARED_X_16, "TAIL": 2}),
     (12, 284, 128 * 7, 0, 2, {}),
+    (12, 404, 128 * 7, 0, 2, {}),
 ]
 
 
@@ -304,7 +306,8 @@ def test_int4_decode_warps_route():
     four tiles a SM, of 4 past it, of 4 taking two column blocks past ten; at M = 9-16 the
     swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an SM, else
     3 loads ahead) up to two tiles a SM, main's blocks of 4 up to three, swapped blocks of 4
-    up to four, then swapped blocks of 4 taking two column blocks each (the last partial
+    up to four, swapped blocks of 3 up to five, then swapped blocks of 4 taking two column
+    blocks each (the last partial
     round split over K: TAIL 2), past ten those blocks sharing x through shared rings
     with the words' rings (without XS, as qkv plans: blocks of 8, x 3 loads ahead), x by the
     read-only path and the words not allocated in L1 but past ten, with programmatic
@@ -320,11 +323,11 @@ def test_int4_decode_warps_route():
         (8, rings)
     ] * 2 + [(4, {**rings, "CS": 1})] * 2 + [(4, {**rings, "CS": 2})] * 2
     assert [plan(8, n // 32, 132)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 8, 4]
-    ns = (4096, 6144, 8448, 10240, 12672, 12704, 16896, 16928, 28672)
+    ns = (4096, 6144, 8448, 10240, 12672, 12704, 16896, 16928, 21120, 21152, 28672)
     got = [plan(16, n // 32, 132) for n in ns]
     pairs = {**lead, "CS": 2, "TAIL": 2, "PDL": 1}
     want = [(8, swapped), (8, lead), (8, lead), (4, loads), (4, loads), (4, lead), (4, lead)]
-    assert got == want + [(4, pairs)] * 2
+    assert got == want + [(3, lead)] * 2 + [(4, pairs)] * 2
     shared = {"SWAP": 2, "DEQ": 6, "CS": 2, "XS": 2, "ASYNC": 1}
     assert plan(16, 57344 // 32, 132) == (4, shared)
     assert plan(16, 42272 // 32, 132, shared_x=False) == (8, lead)
