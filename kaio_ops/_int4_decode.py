@@ -726,11 +726,11 @@ def add_parts(
     kaio.sync_threads()
     if partial[0, 0, 0] == 1.0:
         kaio.threadfence()
-        for k in kaio.static_range(CS * 16 * COLS // (WARPS * 32)):
+        for k in kaio.static_range(-(-CS * 16 * COLS // (WARPS * 32))):
             o = tid + k * WARPS * 32
             r = (o // COLS) % 16
             c = (block * CS + o // (16 * COLS)) * COLS + o % COLS
-            if r < M and c < N:
+            if o < CS * 16 * COLS and r < M and c < N:
                 total = ws[0, slot, o]
                 for s in kaio.static_range(1, SPLIT):
                     total += ws[s, slot, o]

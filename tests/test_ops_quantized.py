@@ -199,8 +199,8 @@ def test_int4_decode_warps_in_simulator(m, n, k, warps, poisoned):
 # cp.async (ASYNC: more slots than groups a warp, a partial last round, a K split), x through
 # shared rings a K slice (XS: slices of 2 and 4 warps, copies .cg and .ca, a partial last
 # column block, with the words' rings, unswapped, 16 warps, three slots), blocks of 5 and 3
-# warps (their threads do not divide a tile's 512 sums), programmatic dependent launch
-# (PDL 3); each twice: the arrival counters are back to zero.
+# warps (their threads do not divide a tile's 512 sums; with a K split), programmatic
+# dependent launch (PDL 3, 1); each twice: the arrival counters are back to zero.
 TUNED_PLANS = [
     (1, 36, 128 * 9, 4, {"PREFETCH": 1, "DEQ": 1, "SWAP": 0}),
     (16, 40, 128 * 7, 4, {"PREFETCH": 2, "PMODE": 2, "SPLIT": 3, "SWAP": 1}),
@@ -218,6 +218,7 @@ TUNED_PLANS = [
     (13, 100, 128 * 13, 4, {"XS": 2, "CS": 4, "WBUF": 3, "DEQ": 6}),
     (16, 100, 128 * 11, 5, {"SWAP": 2, "DEQ": 6, "XLEAD": 3}),
     (9, 64, 128 * 7, 3, {"SWAP": 2, "DEQ": 6, "XLEAD": 3, "PDL": 3}),
+    (16, 72, 128 * 6, 3, {"SWAP": 2, "DEQ": 6, "XLEAD": 3, "SPLIT": 2, "PDL": 1}),
 ]
 
 
