@@ -1384,7 +1384,7 @@ def test_gpu_int4_decode_warps(m):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 8, 16])
-@pytest.mark.parametrize("n", [4096, 6144, 10240, 14336, 28672, 45056])
+@pytest.mark.parametrize("n", [4096, 6144, 10240, 14336, 20480, 28672, 45056])
 def test_gpu_int4_decode_plans(m, n):
     """matmul_int4 at M <= 16 as routed (``_int4_decode.plan``: its warps, swap, x lead,
     dequantization and column blocks a block by the tiles an SM, each N here another
