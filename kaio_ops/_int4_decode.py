@@ -982,7 +982,9 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     words through shared rings by cp.async, x 3 loads ahead: 72-76 registers), in blocks of
     8 up to four tiles an SM (N = 10240), of 4 past it (N = 28672), of 4 taking two column
     blocks each past ten (``CS`` 2, N > 42240; ``qkv`` keeps main's blocks of 4 there)
-    ("W4A16 decode, M <= 16, fifth pass"). At M = 9-16 the swapped mma and DEQ 6 (x's
+    ("W4A16 decode, M <= 16, fifth pass"); up to ten tiles an SM launched with programmatic
+    dependent launch, ``PDL`` 3 without the rings, 1 with them ("W4A16 decode, M 9-16, tenth
+    pass", measured at M = 1). At M = 9-16 the swapped mma and DEQ 6 (x's
     halves as they are loaded: no prmt for x, two n8 tiles of x a k-step), blocks of 8, x
     with the words while every tile has an SM (149 registers), x 3 loads ahead (124
     registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no swap)
@@ -1007,12 +1009,14 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
         return WARPS, {}
     if m <= 8:
         if tiles <= sms:
-            return 16, {}
+            return 16, {"PDL": 3}
         if tiles <= 2 * sms:
-            return 8, {}
+            return 8, {"PDL": 3}
         if tiles <= 4 * sms:
-            return 8, dict(RINGS_8)
-        return 4, {**RINGS_8, "CS": 2 if tiles > 10 * sms else 1}
+            return 8, {**RINGS_8, "PDL": 1}
+        if tiles <= 10 * sms:
+            return 4, {**RINGS_8, "CS": 1, "PDL": 1}
+        return 4, {**RINGS_8, "CS": 2}
     if tiles <= sms:
         return 8, dict(SWAPPED_16)
     if tiles > 10 * sms and shared_x:

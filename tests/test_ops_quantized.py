@@ -303,8 +303,9 @@ def test_int4_decode_ring_plans_in_simulator(m, n, k, monkeypatch, poisoned):
 
 def test_int4_decode_warps_route():
     """plan: at M <= 8 blocks of 16 warps while each tile has an SM, 8 while the tiles fit
-    two a SM, then the shared rings with DEQ 6 and x 3 loads ahead in blocks of 8 up to
-    four tiles a SM, of 4 past it, of 4 taking two column blocks past ten; at M = 9-16 the
+    two a SM (PDL 3), then the shared rings with DEQ 6 and x 3 loads ahead in blocks of 8 up
+    to four tiles a SM, of 4 past it (PDL 1), of 4 taking two column blocks past ten; at
+    M = 9-16 the
     swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an SM, else
     3 loads ahead) up to two tiles a SM, main's blocks of 4 up to three, swapped blocks of 4
     up to four, swapped blocks of 3 up to five, then swapped blocks of 4 taking two column
@@ -320,9 +321,10 @@ def test_int4_decode_warps_route():
     swapped, lead = {"SWAP": 2, "DEQ": 6, **loads}, {"SWAP": 2, "DEQ": 6, "XLEAD": 3, **loads}
     ns = (4096, 4224, 4256, 8448, 8480, 10240, 28672, 42240, 42272, 57344)
     rings = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
-    assert [plan(1, n // 32, 132) for n in ns] == [(16, {})] * 2 + [(8, {})] * 2 + [
-        (8, rings)
-    ] * 2 + [(4, {**rings, "CS": 1})] * 2 + [(4, {**rings, "CS": 2})] * 2
+    early, late = {"PDL": 3}, {"PDL": 1}
+    assert [plan(1, n // 32, 132) for n in ns] == [(16, early)] * 2 + [(8, early)] * 2 + [
+        (8, {**rings, **late})
+    ] * 2 + [(4, {**rings, "CS": 1, **late})] * 2 + [(4, {**rings, "CS": 2})] * 2
     assert [plan(8, n // 32, 132)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 8, 4]
     ns = (4096, 6144, 8448, 10240, 12672, 12704, 16896, 16928, 21120, 21152, 28672)
     got = [plan(16, n // 32, 132) for n in ns]
