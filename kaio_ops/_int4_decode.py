@@ -1060,8 +1060,8 @@ def matmul(
     """``x @ W`` in ``dtype`` (f32, f16 or bf16) [M, N] (see ``fits``): one launch, a block
     of ``warps`` warps per ``CS`` 32-column blocks (0: ``plan``'s warps and knobs); ``tune``
     overrides constexprs of ``TUNED`` (for benchmarks), ``SPLIT`` (every block's K split
-    over that many) and ``TAIL`` (the last partial round's blocks' K split over that many:
-    ``tail_whole``)."""
+    over that many), ``TAIL`` (the last partial round's blocks' K split over that many:
+    ``tail_whole``) and ``PDL`` (programmatic dependent launch, on sm_90 only)."""
     m, n = x.shape[0], words.shape[1]
     tiles = -(-n // COLS)
     sms = _arrays.multiprocessors(x)
