@@ -343,12 +343,36 @@ def _solo_refs() -> int | None:
     return alone if probe([(held, 0)]) == alone + 1 else None
 
 
+def _storage_alone(torch) -> tuple | None:
+    """(the storage accessor, the count) that tells a tensor's memory is its own: the use
+    count of its storage (``torch._C._storage_Use_Count`` of ``untyped_storage()``'s
+    address) while a reference to that storage object is held, when no other tensor shares
+    it. A view made in inference mode and a ``detach()`` share the storage without showing
+    in the tensor's own use count. None where this torch cannot tell (a probe tensor's
+    ``detach()`` does not show in the count): outputs are then never handed out again."""
+    uses = getattr(torch._C, "_storage_Use_Count", None)
+    if uses is None:
+        return None
+    try:
+        probe = torch.empty(1)
+        storage = probe.untyped_storage()
+        alone = uses(storage._cdata)
+        shared = probe.detach()
+        told = uses(storage._cdata) == alone + 1
+        del shared
+        return (uses, alone) if told and uses(storage._cdata) == alone else None
+    except Exception:  # noqa: BLE001 (a torch whose storages work otherwise)
+        return None
+
+
 def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[str] | None:
     """The lines that make output ``o{j}`` (a new one: the expression ``fresh``, an
     ``EMPTY_LIKE`` of an input or ``A{j}()``) and its address ``q{j}``, handing out again
     the tensor the plan's last call returned when the caller has
     dropped it: nothing else refers to it (its Python references, its TensorImpl's: no view,
-    no DLPack capsule, no autograd record holds it), and it is still what that call made
+    no DLPack capsule, no autograd record holds it; its storage's: no ``detach()`` nor a
+    view made in inference mode shares its memory, ``_storage_alone``, the storage object
+    kept with it), and it is still what that call made
     (address, shape, contiguity, dtype, no gradient, inference mode as now). As torch's
     caching allocator would hand the same memory to the next allocation on the stream (the
     plan's), later work on the stream runs after the last call's. Never while the stream is
@@ -386,10 +410,12 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[
     except Exception:  # noqa: BLE001 (no way to tell a capture: never hand out again)
         return None
     refs = _solo_refs()
+    alone = _storage_alone(torch)
     if not (
         0 < size <= RECYCLE_BYTES
         and capturing
         and refs
+        and alone
         and hasattr(torch.Tensor, "_use_count")
         and _watch_streams(torch)
         and not _distributed(torch)
@@ -397,6 +423,7 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[
         return None
     env.setdefault("CAPTURING", capturing)  # _never_captured on the legacy default stream
     env["REFS"], env["SOLO"] = sys.getrefcount, refs
+    env["USES"], env["ALONE"] = alone
     env["INFERENCE"], env["WEAK"] = torch.is_inference_mode_enabled, weakref.getweakrefcount
     env["RECYCLING"] = RECYCLING
     env[f"KEPT{j}"], env[f"S{j}"], env[f"D{j}"] = [], torch.Size(shape), _arrays.torch_dtype(dtype)
@@ -410,21 +437,22 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[
         env[f"OUT{j}"], env[f"MODE{j}"] = check, torch.is_inference_mode_enabled()
         unchanged = f"(inf is MODE{j} and OUT{j}({o})) or ({unchanged})"
     same = (  # (nothing else refers to it: REFS told below)
-        f"{o}._use_count() == 1 and {o}.data_ptr() == q{j} "
+        f"{o}._use_count() == 1 and USES(c{j}) == ALONE and {o}.data_ptr() == q{j} "
         f"and ({unchanged}) and not WEAK({o}) and RECYCLING[0]"
     )
+    kept = f"{o}, q{j}, s{j}, c{j}"  # the output, its address, its storage and that's address
     # the last output still referenced (a chain, h = add(h, r), passes it back in): kept
     # for a later call (``held{j}``, kept again after this one), the one before it tried
     return [
         "try:",
-        f"    {o}, q{j} = KEPT{j}.pop()",
+        f"    {kept} = KEPT{j}.pop()",
         "except IndexError:",
         f"    {o} = None",
         f"held{j} = None",
         f"if {o} is not None and REFS({o}) != SOLO:",
-        f"    held{j} = ({o}, q{j})",
+        f"    held{j} = ({kept})",
         "    try:",
-        f"        {o}, q{j} = KEPT{j}.pop()",
+        f"        {kept} = KEPT{j}.pop()",
         "    except IndexError:",
         f"        {o} = None",
         "    else:",
@@ -433,6 +461,8 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[
         f"if {o} is None or capturing or not ({same}):",
         f"    {o} = {fresh}",
         f"    q{j} = {o}.data_ptr()",
+        f"    s{j} = {o}.untyped_storage()",
+        f"    c{j} = s{j}._cdata",
     ]
 
 
@@ -560,7 +590,7 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
                 for line in (
                     f"        if held{j} is not None:",
                     f"            KEPT{j}.append(held{j})",
-                    f"        KEPT{j}.append((o{j}, q{j}))",
+                    f"        KEPT{j}.append((o{j}, q{j}, s{j}, c{j}))",
                 )
             ],  # fmt: skip
         ]

@@ -839,8 +839,9 @@ def test_outputs_unlike_their_inputs_handed_out_again_on_a_gpu(monkeypatch):
 @pytest.mark.gpu
 def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
     """On a GPU: an add whose output was dropped hands the same tensor out again, with the
-    new result; outputs the caller keeps are all distinct and right; a graph captured
-    meanwhile keeps its own output."""
+    new result, but not while a detached tensor or an inference-mode view uses its memory;
+    outputs the caller keeps are all distinct and right; a graph captured meanwhile keeps
+    its own output."""
     torch = _torch_cuda()
     monkeypatch.setattr(_plan, "RECYCLE_BYTES", 1 << 20)  # the default
     monkeypatch.setattr(_plan, "RECYCLING", [True])  # whatever ran before in this process
@@ -861,6 +862,17 @@ def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
         assert _error(torch, out, x.double() + y.double()) < 1e-3
         out.kaio_test_mark = i + 1
         del out
+    # dropped while a detached tensor, or a view made in inference mode, still uses its
+    # memory: never handed out again
+    for inference, keep in ((False, lambda t: t.detach()), (True, lambda t: t.view(4096))):
+        with torch.inference_mode(inference):
+            x = randn(1, 4096)
+            for _ in range(3):  # the plan's fast path, in that mode
+                kaio_ops.add(randn(1, 4096), y)
+            kept = keep(kaio_ops.add(x, y))
+            later = [kaio_ops.add(randn(1, 4096), y) for _ in range(3)]
+            assert all(o.data_ptr() != kept.data_ptr() for o in later)
+            assert _error(torch, kept.view(1, 4096), x.double() + y.double()) < 1e-3
     xs = [randn(1, 4096) for _ in range(3)]
     kept = [kaio_ops.add(x, y) for x in xs]
     assert len({id(o) for o in kept}) == 3
@@ -1494,11 +1506,12 @@ def test_a_subscript_hands_out_the_direct_launch_once_a_launcher_is_bound(fake):
 def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch, told):
     """A small output made like an input comes back from the next call of its plan when
     the caller has dropped it, and never while anything still refers to it (the caller, a
-    view, a DLPack capsule, a weak reference), after it was changed (resized, made to need a
-    gradient, viewed as another dtype or shape through ``.data``), in the other inference
-    mode, or while the stream is being captured (nor one made during a capture); in a chain
-    (each output passed to the next call), the one before the last comes back. The same
-    whether "unchanged" is told by its accessors or, from the recorded call's output
+    view, in inference mode too, a detached tensor, a DLPack capsule, a weak reference),
+    after it was changed (resized, made to need a gradient, viewed as another dtype or
+    shape through ``.data``), in the other inference mode, or while the stream is being
+    captured (nor one made during a capture); in a chain (each output passed to the next
+    call), the one before the last comes back. The same whether "unchanged" is told by its
+    accessors or, from the recorded call's output
     (``told``), by one ``tensor_check``."""
     import weakref
 
@@ -1538,7 +1551,8 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch, told):
     assert len({id(held), *(id(o) for o in both)}) == 3
     assert all(call() is not o for o in (held, *both))
     del held, both
-    for keep in (lambda out: out[0], to_dlpack, weakref.ref):  # a view, a capsule, a weakref
+    # a view, a detached tensor (its memory, not its TensorImpl), a capsule, a weakref
+    for keep in (lambda out: out[0], lambda out: out.detach(), to_dlpack, weakref.ref):
         last, kept = dropped(keep)
         assert not again(call(), last)
         del kept
@@ -1563,6 +1577,9 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch, told):
             del fresh
             last, _ = dropped()
             assert again(call(), last)  # handed out again in that mode too
+            last, kept = dropped(lambda out: out.view(128))  # a view untracked in this mode
+            assert not again(call(), last)
+            del kept
         assert not call().is_inference()
     # a chain (h = op(h)) passes the last output back in, still referenced then: the one
     # before it, dropped by then, comes back
