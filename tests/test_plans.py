@@ -1625,6 +1625,68 @@ def test_an_output_unlike_every_input_is_handed_out_again(monkeypatch):
     assert replay(x.data_ptr(), x).shape == (1, 32) and len(made) == 2
 
 
+def test_the_fast_path_tells_kept_outputs_with_its_inputs(monkeypatch):
+    """A fast path of a plan that hands its outputs out again (two, as rms_norm_residual)
+    tells the outputs kept for a call in the same ``tensor_check`` as its inputs; an output
+    still held, changed or sharing its memory is not handed out again (each output on its
+    own); inputs of another signature or inference mode miss. In the other mode, a fast
+    path tells the outputs on their own and makes new ones."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    x = torch.randn(2, 64, dtype=torch.float16)
+    made = [torch.empty(2, 64, dtype=torch.float16) for _ in range(2)]
+    allocations = [(m, "torch", 0, None, (2, 64), f16, 0) for m in made]
+    replay = _plan._replay(None, 1, allocations, "(o0, o1)")
+    env = {"RAW": None, "recordings": [0], "SIMULATING": [0]}
+    fast = _plan._fast(replay, ["x"], [0], (x,), env)
+    assert "CHECKS(x, o0, o1)" in fast.source and "CHECK(x)" in fast.source
+    marks = itertools.count()
+
+    def call(keep=lambda o0, o1: None):
+        """The marks of a call's outputs (marked, then dropped but for what ``keep`` keeps),
+        what ``keep`` returned."""
+        outputs = fast(x)
+        for out in outputs:
+            out.kaio_test_mark = next(marks)
+        return [o.kaio_test_mark for o in outputs], keep(*outputs)
+
+    def again(last: list) -> list:
+        """Which outputs of the next call are the last call's, handed out again."""
+        outputs = fast(x)
+        return [getattr(o, "kaio_test_mark", None) == m for o, m in zip(outputs, last, strict=True)]
+
+    def grad(o0, o1):  # changed, then dropped
+        o0.requires_grad_()
+
+    def resize(o0, o1):
+        o1.resize_(4, 64)
+
+    told_alone = []  # the calls of each output's own check
+    for j in range(2):
+        check = fast.__globals__[f"OUT{j}"]
+        fast.__globals__[f"OUT{j}"] = lambda o, check=check: told_alone.append(1) or check(o)
+    call()
+    last, _ = call()
+    assert again(last) == [True, True] and not told_alone  # told with the input
+    for keep, want in (
+        (lambda o0, o1: o1, [True, False]),  # held by the caller
+        (grad, [False, True]),
+        (resize, [True, False]),
+        (lambda o0, o1: o0.detach(), [False, True]),  # its memory shared
+    ):
+        last, kept = call(keep)
+        assert again(last) == want
+        del kept
+    assert fast(torch.randn(4, 64, dtype=torch.float16)) is _plan.MISS
+    last, _ = call()
+    with torch.inference_mode():  # the other mode: the outputs told on their own, made anew
+        xi = torch.randn(2, 64, dtype=torch.float16)
+        inference = _plan._fast(replay, ["x"], [0], (xi,), env)
+        assert "CHECKS" not in inference.source and fast(xi) is _plan.MISS
+        assert all(not hasattr(o, "kaio_test_mark") and o.is_inference() for o in inference(xi))
+
+
 def test_a_plan_on_the_default_stream_does_not_ask_about_captures(monkeypatch):
     """A replay asks torch whether its stream is being captured (0.5 µs) only when its plan
     launches on another stream than the legacy default one, which CUDA never captures; on
