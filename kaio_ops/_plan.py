@@ -344,23 +344,35 @@ def _solo_refs() -> int | None:
 
 
 def _storage_alone(torch) -> tuple | None:
-    """(the storage accessor, the count) that tells a tensor's memory is its own: the use
-    count of its storage (``torch._C._storage_Use_Count`` of ``untyped_storage()``'s
-    address) while a reference to that storage object is held, when no other tensor shares
-    it. A view made in inference mode and a ``detach()`` share the storage without showing
-    in the tensor's own use count. None where this torch cannot tell (a probe tensor's
-    ``detach()`` does not show in the count): outputs are then never handed out again."""
+    """(the storage accessor, a use count, a reference count) that tell a kept output's
+    memory is its own: the use count of its storage (``torch._C._storage_Use_Count`` of
+    ``untyped_storage()``'s address) while the plan holds that storage object, when no other
+    tensor shares the storage (a view made in inference mode and a ``detach()`` share it
+    without showing in the tensor's own use count), and ``sys.getrefcount`` of the storage
+    object as a replay pops it off its list of kept outputs, when nothing else holds it
+    (torch may keep a reference of its own). None where this torch cannot tell (a probe
+    tensor's ``detach()``, or another holder of its storage object, does not show):
+    outputs are then never handed out again."""
     uses = getattr(torch._C, "_storage_Use_Count", None)
     if uses is None:
         return None
+    env = {"REFS": sys.getrefcount}
+    probe = (  # a replay's own steps: the kept output taken, told, kept again
+        "def probe(kept):\n    o, q, s, c = kept.pop()\n    refs = REFS(s)\n"
+        "    kept.append((o, q, s, c))\n    return refs\n"
+    )
+    exec(probe, env)
     try:
-        probe = torch.empty(1)
-        storage = probe.untyped_storage()
-        alone = uses(storage._cdata)
-        shared = probe.detach()
-        told = uses(storage._cdata) == alone + 1
-        del shared
-        return (uses, alone) if told and uses(storage._cdata) == alone else None
+        tensor = torch.empty(1)
+        storage = tensor.untyped_storage()
+        kept, at = [(tensor, 0, storage, storage._cdata)], storage._cdata
+        del tensor, storage
+        alone, refs = uses(at), env["probe"](kept)
+        held, shared = kept[0][2], kept[0][0].detach()
+        told = env["probe"](kept) == refs + 1 and uses(at) == alone + 1
+        del held, shared
+        told = told and env["probe"](kept) == refs and uses(at) == alone
+        return (uses, alone, refs) if told else None
     except Exception:  # noqa: BLE001 (a torch whose storages work otherwise)
         return None
 
@@ -373,7 +385,7 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> tuple
     dropped it: nothing else refers to it (its Python references, its TensorImpl's: no view,
     no DLPack capsule, no autograd record holds it; its storage's: no ``detach()`` nor a
     view made in inference mode shares its memory, ``_storage_alone``, the storage object
-    kept with it), and it is still what that call made
+    kept with it, which nothing else holds either), and it is still what that call made
     (address, shape, contiguity, dtype, no gradient, inference mode as now). As torch's
     caching allocator would hand the same memory to the next allocation on the stream (the
     plan's), later work on the stream runs after the last call's. Never while the stream is
@@ -426,7 +438,7 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> tuple
         return None
     env.setdefault("CAPTURING", capturing)  # _never_captured on the legacy default stream
     env["REFS"], env["SOLO"] = sys.getrefcount, refs
-    env["USES"], env["ALONE"] = alone
+    env["USES"], env["ALONE"], env["SOLE"] = alone
     env["INFERENCE"], env["WEAK"] = torch.is_inference_mode_enabled, weakref.getweakrefcount
     env["RECYCLING"] = RECYCLING
     env[f"KEPT{j}"], env[f"S{j}"], env[f"D{j}"] = [], torch.Size(shape), _arrays.torch_dtype(dtype)
@@ -441,8 +453,8 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> tuple
         env[f"SIG{j}"], env["TOLD"] = _signature(made), False
         unchanged = f"TOLD or (inf is MODE{j} and OUT{j}({o})) or ({unchanged})"
     same = (  # (nothing else refers to it: REFS told below)
-        f"{o}._use_count() == 1 and USES(c{j}) == ALONE and {o}.data_ptr() == q{j} "
-        f"and ({unchanged}) and not WEAK({o}) and RECYCLING[0]"
+        f"{o}._use_count() == 1 and USES(c{j}) == ALONE and REFS(s{j}) == SOLE "
+        f"and {o}.data_ptr() == q{j} and ({unchanged}) and not WEAK({o}) and RECYCLING[0]"
     )
     kept = f"{o}, q{j}, s{j}, c{j}"  # the output, its address, its storage and that's address
     # the last output still referenced (a chain, h = add(h, r), passes it back in): kept

@@ -1506,7 +1506,8 @@ def test_a_subscript_hands_out_the_direct_launch_once_a_launcher_is_bound(fake):
 def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch, told):
     """A small output made like an input comes back from the next call of its plan when
     the caller has dropped it, and never while anything still refers to it (the caller, a
-    view, in inference mode too, a detached tensor, a DLPack capsule, a weak reference),
+    view, in inference mode too, a detached tensor, its storage, a DLPack capsule, a weak
+    reference),
     after it was changed (resized, made to need a gradient, viewed as another dtype or
     shape through ``.data``), in the other inference mode, or while the stream is being
     captured (nor one made during a capture); in a chain (each output passed to the next
@@ -1551,8 +1552,10 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch, told):
     assert len({id(held), *(id(o) for o in both)}) == 3
     assert all(call() is not o for o in (held, *both))
     del held, both
-    # a view, a detached tensor (its memory, not its TensorImpl), a capsule, a weakref
-    for keep in (lambda out: out[0], lambda out: out.detach(), to_dlpack, weakref.ref):
+    # a view, a detached tensor, its storage (its memory, not its TensorImpl), a capsule,
+    # a weakref
+    keeps = (lambda out: out[0], lambda out: out.detach(), lambda out: out.untyped_storage())
+    for keep in (*keeps, to_dlpack, weakref.ref):
         last, kept = dropped(keep)
         assert not again(call(), last)
         del kept
