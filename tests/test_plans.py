@@ -839,9 +839,9 @@ def test_outputs_unlike_their_inputs_handed_out_again_on_a_gpu(monkeypatch):
 @pytest.mark.gpu
 def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
     """On a GPU: an add whose output was dropped hands the same tensor out again, with the
-    new result, but not while a detached tensor or an inference-mode view uses its memory;
-    outputs the caller keeps are all distinct and right; a graph captured meanwhile keeps
-    its own output."""
+    new result, but not while a detached tensor, an inference-mode view or its storage
+    uses its memory; outputs the caller keeps are all distinct and right; a graph captured
+    meanwhile keeps its own output."""
     torch = _torch_cuda()
     monkeypatch.setattr(_plan, "RECYCLE_BYTES", 1 << 20)  # the default
     monkeypatch.setattr(_plan, "RECYCLING", [True])  # whatever ran before in this process
@@ -862,17 +862,30 @@ def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
         assert _error(torch, out, x.double() + y.double()) < 1e-3
         out.kaio_test_mark = i + 1
         del out
-    # dropped while a detached tensor, or a view made in inference mode, still uses its
-    # memory: never handed out again
-    for inference, keep in ((False, lambda t: t.detach()), (True, lambda t: t.view(4096))):
+    # dropped while a detached tensor, a view made in inference mode or its storage still
+    # uses its memory: never handed out again
+
+    def detached(t):  # what is kept of t, and how it is read as a tensor
+        kept = t.detach()
+        return lambda: kept
+
+    def viewed(t):
+        kept = t.view(4096)
+        return lambda: kept
+
+    def storage(t):
+        kept, dtype = t.untyped_storage(), t.dtype
+        return lambda: torch.empty(0, dtype=dtype, device="cuda").set_(kept)
+
+    for inference, keep in ((False, detached), (True, viewed), (False, storage)):
         with torch.inference_mode(inference):
             x = randn(1, 4096)
             for _ in range(3):  # the plan's fast path, in that mode
                 kaio_ops.add(randn(1, 4096), y)
             kept = keep(kaio_ops.add(x, y))
             later = [kaio_ops.add(randn(1, 4096), y) for _ in range(3)]
-            assert all(o.data_ptr() != kept.data_ptr() for o in later)
-            assert _error(torch, kept.view(1, 4096), x.double() + y.double()) < 1e-3
+            assert all(o.data_ptr() != kept().data_ptr() for o in later)
+            assert _error(torch, kept().view(1, 4096), x.double() + y.double()) < 1e-3
     xs = [randn(1, 4096) for _ in range(3)]
     kept = [kaio_ops.add(x, y) for x in xs]
     assert len({id(o) for o in kept}) == 3
