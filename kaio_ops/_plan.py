@@ -31,8 +31,9 @@ a planned call goes kaio_ops -> plan -> launch, once, top to bottom.
 An op called again and again with one signature takes a shorter way: once two calls in a
 row hit one plan, the next call first tries that plan's fast function (``_fast``), which
 tells the call's signature by one C call over all its tensors (``tensor_check``, torch's
-own ``TensorGuards``) and a few comparisons (alignment, the other arguments, the stream),
-and replays; a call it does not serve (MISS) turns it off and takes the key.
+own ``TensorGuards``; the outputs kept to be handed out again told in the same call) and a
+few comparisons (alignment, the other arguments, the stream), and replays; a call it does
+not serve (MISS) turns it off and takes the key.
 
 What the key holds is exactly what the ops' choices may depend on: shapes and dtypes (grids,
 tiles, K splits), alignment (16-byte vector paths), device (SM count, arch), stream, the
