@@ -2,7 +2,7 @@
 interleaved rounds behind a GPU spinner (``bench/launch_overhead.py``'s method and shapes),
 beside torch eager doing the same work: an A/B of a change to the op-call path.
 
-    python bench/host_ab.py BASE_TREE NEW_TREE --ops rms_norm matmul_fp8 [--batches 10]
+    python bench/host_ab.py BASE_TREE NEW_TREE --ops rms_norm matmul_fp8 [--batches 10] [--cpu-time]
 
 Each tree is a folder holding ``kaio`` and ``kaio_ops`` (``bench/ab_trees.py``'s ``Tree``:
 both imported side by side, ``sys.modules`` switched to a tree while its calls are set up).
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import torch
 
@@ -106,12 +107,19 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=10)
     p.add_argument("--spin-ms", type=float, default=4.0)
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time the batches by the thread's CPU time (a busy host's waits for a core left out)",
+    )
     args = p.parse_args()
     trees = [Tree(t) for t in args.trees]
     trees[1].use()  # the bench's own kaio (spinner, synchronize): the new tree's
     from bench import launch_overhead as L
 
     L.BATCHES, L.SPIN_MS = args.batches, args.spin_ms
+    if args.cpu_time:
+        L.CLOCK = time.thread_time
     bench = L.Bench(L.OP_BATCH, L.OP_SPIN_MS * L.SPIN_MS)
     trees[1].done()
     rows, failed = [], {}
@@ -133,7 +141,9 @@ def main() -> None:
                 bench.row(f"torch {spelled} [{label}]", torch_call)
                 rows.append((label, spelled))
         tree.done()
-    print(f"{torch.cuda.get_device_name()}: host µs a call, median of {args.batches} batches")
+    clock = "the thread's CPU time" if args.cpu_time else "wall time"
+    print(f"{torch.cuda.get_device_name()}: host µs a call ({clock}), median of {args.batches} "
+          "batches")  # fmt: skip
     times = bench.run()
     report = []
     print(f"\n{'op':<64} {'base':>7} {'new':>7} {'new/base':>8} {'torch':>7} {'torch/new':>9}")

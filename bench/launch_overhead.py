@@ -29,7 +29,8 @@ process:
 Method. Each figure is the median, over BATCHES batches of BATCH launches, of the host time of
 one batch divided by BATCH, with no synchronization inside a batch (the GPU is drained between
 batches, untimed). The rows are measured in interleaved rounds (one batch of each row per
-round), so that a slow spell of the shared host falls on every row alike. Each kaio row has its
+round, every other round in the reverse order), so that a slow spell of the shared host falls
+on every row alike. Each kaio row has its
 own kernel object, so it measures one argument signature, as a kernel launched with one kind of
 argument sees it. Two columns:
 
@@ -112,6 +113,9 @@ OP_BATCH = 200  # kaio_ops calls a batch
 OP_SPIN_MS = 2.0  # GPU spin a batch of op calls, times SPIN_MS: 200 calls take longer
 SPIN_MS = 8.0
 OPS: list = []  # the kaio_ops measured (--ops; empty: all)
+# the clock of a batch: wall time; bench/host_ab.py --cpu-time: the thread's CPU time, which
+# leaves out the time the thread waits for a core on a busy host
+CLOCK = time.perf_counter
 
 
 @kaio.gpu_kernel(block_size=256)
@@ -191,10 +195,10 @@ class Bench:
         """Host microseconds per launch over one batch."""
         if behind_spinner:
             self.spinner.start()
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         for _ in range(self.batch_size):
             launch_one()
-        elapsed = time.perf_counter() - t0
+        elapsed = CLOCK() - t0
         if behind_spinner and not self.spinner.running():
             self.late += 1
         kaio.synchronize()
@@ -202,8 +206,8 @@ class Bench:
 
     def run(self) -> dict:
         samples = {name: ([], []) for name in self.rows}
-        for _ in range(BATCHES):
-            for name, launch_one in self.rows.items():
+        for i in range(BATCHES):  # every other round in the reverse order: no row always first
+            for name, launch_one in list(self.rows.items())[:: 1 - 2 * (i % 2)]:
                 samples[name][0].append(self.batch(launch_one, True))
                 samples[name][1].append(self.batch(launch_one, False))
         results = {}

@@ -688,6 +688,25 @@ def overlap_step(
 
 
 @kaio.gpu_func
+def plain_step(
+    s: f32[:, :], o: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:],
+    q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], st: i32,
+    ph: u32, wg: u32, lt: u32, lane: u32, qc: i32, j: i32, row0: i32, sk: i32, causal: i32,
+    scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
+    ONES: kaio.constexpr, LSE: kaio.constexpr, HEXP: kaio.constexpr,
+):  # fmt: skip
+    """One step over key tile j with nothing overlapped (PIPE 0's, ``consume_split``'s):
+    S = Q K_j^T from the stage ``st`` (parity ``ph``) on warpgroup ``wg``'s rows of the Q
+    buffer, the softmax, O rescaled, P packed and O += P V_j, each waited for."""
+    s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
+    softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE, DT,
+                 HEXP)  # fmt: skip
+    rescale_rows(o, alpha, D + 8 * ONES)
+    pack_p(p, s, BN, DT, HEXP)
+    pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
+
+
+@kaio.gpu_func
 def consume_split(
     q_s: DT[:, :, :], k_s: DT[:, :, :, :], v_s: DT[:, :, :, :], bars: u64[:, :], turn: u64[:],
     o: f32[:, :], s: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:], wg: u32,
@@ -709,12 +728,8 @@ def consume_split(
     DO = D + 8 * ONES
     for j in range(n_tiles):
         if j % WG == i32(wg):
-            s_tile(s, q_s, k_s, bars, st, ph, u32(0), lt, D, DT, qc)
-            softmax_tile(s, m, l, alpha, j, row0, sk, 0, scale_log2, lane, BN, 1 - ONES, 0, DT,
-                         HEXP)  # fmt: skip
-            rescale_rows(o, alpha, DO)
-            pack_p(p, s, BN, DT, HEXP)
-            pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
+            plain_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, st, ph, u32(0), lt, lane, qc,
+                       j, row0, sk, 0, scale_log2, D, BN, DT, ONES, 0, HEXP)  # fmt: skip
         else:
             skip_tile(bars, st, ph, lt)
         st, ph = next_stage(st, ph, STAGES)
@@ -858,12 +873,9 @@ def consume_tile(
     elif PIPE == 0:
         for j in range(n_tiles):
             if SKIP == 0 or j < n_mine:
-                s_tile(s, q_s, k_s, bars, st, ph, wg, lt, D, DT, qc)
-                softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                             1 - ONES, LSE, DT, HEXP)  # fmt: skip
-                rescale_rows(o, alpha, DO)
-                pack_p(p, s, BN, DT, HEXP)
-                pv_tile(o, p, v_s, bars, st, ph, lt, BN, DT)
+                plain_step(s, o, p, m, l, alpha, q_s, k_s, v_s, bars, st, ph, wg, lt, lane, qc,
+                           j, row0, sk, causal, scale_log2, D, BN, DT, ONES, LSE,
+                           HEXP)  # fmt: skip
             else:
                 skip_tile(bars, st, ph, lt)
             st, ph = next_stage(st, ph, STAGES)

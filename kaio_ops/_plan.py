@@ -31,8 +31,9 @@ a planned call goes kaio_ops -> plan -> launch, once, top to bottom.
 An op called again and again with one signature takes a shorter way: once two calls in a
 row hit one plan, the next call first tries that plan's fast function (``_fast``), which
 tells the call's signature by one C call over all its tensors (``tensor_check``, torch's
-own ``TensorGuards``) and a few comparisons (alignment, the other arguments, the stream),
-and replays; a call it does not serve (MISS) turns it off and takes the key.
+own ``TensorGuards``; the outputs kept to be handed out again told in the same call) and a
+few comparisons (alignment, the other arguments, the stream), and replays; a call it does
+not serve (MISS) turns it off and takes the key.
 
 What the key holds is exactly what the ops' choices may depend on: shapes and dtypes (grids,
 tiles, K splits), alignment (16-byte vector paths), device (SM count, arch), stream, the
@@ -343,12 +344,49 @@ def _solo_refs() -> int | None:
     return alone if probe([(held, 0)]) == alone + 1 else None
 
 
-def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[str] | None:
-    """The lines that make output ``o{j}`` (a new one: the expression ``fresh``, an
-    ``EMPTY_LIKE`` of an input or ``A{j}()``) and its address ``q{j}``, handing out again
+def _storage_alone(torch) -> tuple | None:
+    """(the storage accessor, a use count, a reference count) that tell a kept output's
+    memory is its own: the use count of its storage (``torch._C._storage_Use_Count`` of
+    ``untyped_storage()``'s address) while the plan holds that storage object, when no other
+    tensor shares the storage (a view made in inference mode and a ``detach()`` share it
+    without showing in the tensor's own use count), and ``sys.getrefcount`` of the storage
+    object as a replay pops it off its list of kept outputs, when nothing else holds it
+    (torch may keep a reference of its own). None where this torch cannot tell (a probe
+    tensor's ``detach()``, or another holder of its storage object, does not show):
+    outputs are then never handed out again."""
+    uses = getattr(torch._C, "_storage_Use_Count", None)
+    if uses is None:
+        return None
+    env = {"REFS": sys.getrefcount}
+    probe = (  # a replay's own steps: the kept output taken, told, kept again
+        "def probe(kept):\n    o, q, s, c = kept.pop()\n    refs = REFS(s)\n"
+        "    kept.append((o, q, s, c))\n    return refs\n"
+    )
+    exec(probe, env)
+    try:
+        tensor = torch.empty(1)
+        storage = tensor.untyped_storage()
+        kept, at = [(tensor, 0, storage, storage._cdata)], storage._cdata
+        del tensor, storage
+        alone, refs = uses(at), env["probe"](kept)
+        held, shared = kept[0][2], kept[0][0].detach()
+        told = env["probe"](kept) == refs + 1 and uses(at) == alone + 1
+        del held, shared
+        told = told and env["probe"](kept) == refs and uses(at) == alone
+        return (uses, alone, refs) if told else None
+    except Exception:  # noqa: BLE001 (a torch whose storages work otherwise)
+        return None
+
+
+def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> tuple | None:
+    """(take, make): the lines that take the output kept for ``o{j}`` (or None) and those
+    that make output ``o{j}`` (a new one: the expression ``fresh``, an ``EMPTY_LIKE`` of an
+    input or ``A{j}()``) and its address ``q{j}``, handing out again
     the tensor the plan's last call returned when the caller has
     dropped it: nothing else refers to it (its Python references, its TensorImpl's: no view,
-    no DLPack capsule, no autograd record holds it), and it is still what that call made
+    no DLPack capsule, no autograd record holds it; its storage's: no ``detach()`` nor a
+    view made in inference mode shares its memory, ``_storage_alone``, the storage object
+    kept with it, which nothing else holds either), and it is still what that call made
     (address, shape, contiguity, dtype, no gradient, inference mode as now). As torch's
     caching allocator would hand the same memory to the next allocation on the stream (the
     plan's), later work on the stream runs after the last call's. Never while the stream is
@@ -376,7 +414,9 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[
     tells "still what that call made" in one C call, where the thread is in the inference
     mode it was made in (``inf``, read once a call; the check also reads the dispatch state,
     so a tensor made in the other mode, or under autocast, fails it); the accessors one by
-    one otherwise."""
+    one otherwise. ``SIG{j}`` then holds its signature (``tensor_check``'s ``outputs``),
+    for a fast path that tells it in the same C call as the inputs' (``TOLD``, a local there;
+    False in the replay)."""
     import torch
 
     size = math.prod(shape) * dtype.itemsize
@@ -386,10 +426,12 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[
     except Exception:  # noqa: BLE001 (no way to tell a capture: never hand out again)
         return None
     refs = _solo_refs()
+    alone = _storage_alone(torch)
     if not (
         0 < size <= RECYCLE_BYTES
         and capturing
         and refs
+        and alone
         and hasattr(torch.Tensor, "_use_count")
         and _watch_streams(torch)
         and not _distributed(torch)
@@ -397,6 +439,7 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[
         return None
     env.setdefault("CAPTURING", capturing)  # _never_captured on the legacy default stream
     env["REFS"], env["SOLO"] = sys.getrefcount, refs
+    env["USES"], env["ALONE"], env["SOLE"] = alone
     env["INFERENCE"], env["WEAK"] = torch.is_inference_mode_enabled, weakref.getweakrefcount
     env["RECYCLING"] = RECYCLING
     env[f"KEPT{j}"], env[f"S{j}"], env[f"D{j}"] = [], torch.Size(shape), _arrays.torch_dtype(dtype)
@@ -408,32 +451,45 @@ def _recycled(env: dict, j: int, fresh: str, shape: tuple, dtype, made) -> list[
     check = tensor_check([made]) if isinstance(made, torch.Tensor) else None
     if check is not None:
         env[f"OUT{j}"], env[f"MODE{j}"] = check, torch.is_inference_mode_enabled()
-        unchanged = f"(inf is MODE{j} and OUT{j}({o})) or ({unchanged})"
+        env[f"SIG{j}"], env["TOLD"] = _signature(made), False
+        unchanged = f"TOLD or (inf is MODE{j} and OUT{j}({o})) or ({unchanged})"
     same = (  # (nothing else refers to it: REFS told below)
-        f"{o}._use_count() == 1 and {o}.data_ptr() == q{j} "
-        f"and ({unchanged}) and not WEAK({o}) and RECYCLING[0]"
+        f"{o}._use_count() == 1 and USES(c{j}) == ALONE and REFS(s{j}) == SOLE "
+        f"and {o}.data_ptr() == q{j} and ({unchanged}) and not WEAK({o}) and RECYCLING[0]"
     )
+    kept = f"{o}, q{j}, s{j}, c{j}"  # the output, its address, its storage and that's address
     # the last output still referenced (a chain, h = add(h, r), passes it back in): kept
     # for a later call (``held{j}``, kept again after this one), the one before it tried
-    return [
+    take = [
         "try:",
-        f"    {o}, q{j} = KEPT{j}.pop()",
+        f"    {kept} = KEPT{j}.pop()",
         "except IndexError:",
         f"    {o} = None",
         f"held{j} = None",
         f"if {o} is not None and REFS({o}) != SOLO:",
-        f"    held{j} = ({o}, q{j})",
+        f"    held{j} = ({kept})",
         "    try:",
-        f"        {o}, q{j} = KEPT{j}.pop()",
+        f"        {kept} = KEPT{j}.pop()",
         "    except IndexError:",
         f"        {o} = None",
         "    else:",
         f"        if REFS({o}) != SOLO:  # referred to as well: the caller's now",
         f"            {o} = None",
+    ]
+    make = [
         f"if {o} is None or capturing or not ({same}):",
         f"    {o} = {fresh}",
         f"    q{j} = {o}.data_ptr()",
+        f"    s{j} = {o}.untyped_storage()",
+        f"    c{j} = s{j}._cdata",
     ]
+    return take, make
+
+
+def _signature(t) -> tuple:
+    """(a tensor of ``t``'s type, dtype, device and dispatch keys holding no memory, ``t``'s
+    shape, its strides): what ``tensor_check`` tells of ``t``, without keeping ``t``."""
+    return t.new_empty(0), tuple(t.shape), t.stride()
 
 
 def _watch_streams(torch) -> bool:
@@ -513,6 +569,7 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     scratch, tensors = [], []  # (j, bytes) from the allocator; (j, line) as tensors
     made_like = []  # (j, the input position) of outputs made with torch.empty_like
     recycled = []  # the outputs among those that a later call may hand out again
+    takes = []  # the lines that take the outputs kept for them
     for j, (made, kind, device, like, shape, dtype, *twin) in enumerate(allocations):
         if kind == "torch":
             import torch
@@ -542,7 +599,9 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
         if kind == "torch" and j in kept:
             again = _recycled(env, j, fresh, shape, dtype, made)
         if again is not None:
-            make, address = again, f"q{j}"
+            take, make = again
+            takes += take
+            address = f"q{j}"
             recycled.append(j)
         tensors.append((j, make + ([f"p{inputs + j} = {address}"] if plan else [])))
     owned = _owned_workspaces(env, scratch, raw)
@@ -552,6 +611,7 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     if recycled:  # whether the stream is capturing, once; what this call made kept after it
         lines.append(f"    capturing = {_capture_test(env)}")
         lines.append("    inf = INFERENCE()")
+        lines += ["    " + line for line in takes]
         launches = launches + [
             "    if not capturing:",
             *[
@@ -560,10 +620,11 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
                 for line in (
                     f"        if held{j} is not None:",
                     f"            KEPT{j}.append(held{j})",
-                    f"        KEPT{j}.append((o{j}, q{j}))",
+                    f"        KEPT{j}.append((o{j}, q{j}, s{j}, c{j}))",
                 )
             ],  # fmt: skip
         ]
+    taken = len(lines) - 1  # the body's lines up to the kept outputs taken
     held = None  # the workspaces kept between calls (_held_workspaces)
     if owned is not None:  # the plan's own, for good: constants packed in its buffers
         raw_js = {j for j, _, _ in scratch}
@@ -606,12 +667,26 @@ def _replay(plan: CallPlan | None, inputs: int, allocations: list, returned: str
     replay = compile_function(lines, env, "replay", "<kaio op plan>")
     replay.plan = plan
     replay.body = lines[1:]  # the lines after the header, which _fast puts after its checks
+    replay.taken = taken
+    replay.outputs = _told_outputs(env, recycled)
     replay.owned = owned or []  # the addresses of the workspaces the plan owns
     if held is not None:  # the kept workspaces go back to the allocator with the plan
         weakref.finalize(replay, _give_back, env["HELD"], env["FREE"]).atexit = False
     if owned is not None:  # and the owned ones
         weakref.finalize(replay, _give_back, [owned], raw[2]).atexit = False
     return replay
+
+
+def _told_outputs(env: dict, recycled: list) -> tuple | None:
+    """(the inference mode, [(``o{j}``, ``SIG{j}``)]) of the outputs handed out again, when
+    each has a signature (``_recycled``), all made in one mode: what a fast path tells with
+    its inputs. None otherwise."""
+    if not recycled or any(f"SIG{j}" not in env for j in recycled):
+        return None
+    modes = {env[f"MODE{j}"] for j in recycled}
+    if len(modes) != 1:
+        return None
+    return modes.pop(), [(f"o{j}", env[f"SIG{j}"]) for j in recycled]
 
 
 def _never_captured() -> bool:
@@ -694,10 +769,11 @@ def _held_workspaces(env: dict, scratch: list, inputs: int, recycled: list) -> l
     ]
 
 
-def tensor_check(tensors: list) -> Callable | None:
-    """``check(*tensors)``: True when each tensor has the Python type, dispatch keys, dtype,
-    device, shape, strides and ``requires_grad`` that the tensor in its place in ``tensors``
-    has (torch's ``TensorGuards``, the check torch.compile's guards make: one C call for
+def tensor_check(tensors: list, outputs: list = ()) -> Callable | None:
+    """``check(*tensors, *outputs)``: True when each tensor has the Python type, dispatch
+    keys, dtype, device, shape, strides and ``requires_grad`` that the tensor in its place
+    in ``tensors`` has, then each of ``outputs`` (signatures, ``_signature``) the one in its
+    place there (torch's ``TensorGuards``, the check torch.compile's guards make: one C call for
     every tensor, a fraction of reading those accessors one by one); False for anything else
     in a place, a non-tensor included. The dispatch keys are read under the thread's
     dispatch state (inference mode, autocast), so a check made in one state refuses every
@@ -707,8 +783,10 @@ def tensor_check(tensors: list) -> Callable | None:
 
         return TensorGuards(
             *tensors,
-            dynamic_dims_sizes=[list(t.shape) for t in tensors],
-            dynamic_dims_strides=[list(t.stride()) for t in tensors],
+            *(like for like, _, _ in outputs),
+            dynamic_dims_sizes=[list(t.shape) for t in tensors] + [list(s) for _, s, _ in outputs],
+            dynamic_dims_strides=[list(t.stride()) for t in tensors]
+            + [list(s) for _, _, s in outputs],
         ).check
     except Exception:  # noqa: BLE001 (an older or newer torch: the plans' key path only)
         return None
@@ -747,13 +825,25 @@ def _fast(
     if device >= 0:  # the stream the key holds: the first array's device's current one
         fenv["ON"], fenv["STREAM"] = device, env["RAW"](device)
         conditions.append("RAW(ON) == STREAM")
+    told = _told_check(replay, tensors)
     lines = [f"def fast({', '.join(names)}):"]
-    lines += [
-        f"    if recordings[0] or SIMULATING[0] or not CHECK({checked}):",
-        "        return MISS",
-    ]
+    inputs = "" if told else f" or not CHECK({checked})"  # (told: after the outputs' taking)
+    lines += [f"    if recordings[0] or SIMULATING[0]{inputs}:", "        return MISS"]
     if conditions:
         lines += [f"    if not ({' and '.join(conditions)}):", "        return MISS"]
+    body = replay.body
+    if told:  # the outputs kept for this call taken first, then told with the inputs
+        fenv["MODE"], fenv["CHECKS"], outputs = told
+        body, taken = body[replay.taken :], body[: replay.taken]
+        present = " and ".join(f"{o} is not None" for o in outputs)
+        lines += taken + [
+            f"    if {present} and inf is MODE and CHECKS({checked}, {', '.join(outputs)}):",
+            "        TOLD = True",
+            f"    elif CHECK({checked}):",
+            "        TOLD = False",
+            "    else:",
+            "        return MISS",
+        ]
     addresses = []
     for j, i in enumerate(positions):
         value = "0" if args[i] is None else f"{names[i]}.data_ptr()"
@@ -768,7 +858,23 @@ def _fast(
     source = "\n".join(replay.body)
     lines += [f"    a{j} = {names[i]}" for j, i in enumerate(positions)
               if re.search(rf"\ba{j}\b", source)]  # fmt: skip
-    return compile_function(lines + replay.body, fenv, "fast", "<kaio op plan, fast path>")
+    return compile_function(lines + body, fenv, "fast", "<kaio op plan, fast path>")
+
+
+def _told_check(replay: Callable, tensors: list) -> tuple | None:
+    """(the mode, ``tensor_check`` of ``tensors`` then the outputs ``replay`` hands out
+    again, their names) when the thread is in the inference mode those outputs were made
+    in: a fast path tells the outputs kept for a call in the same C call as its inputs (one
+    call less a call, each output's ``OUT{j}`` taken only where that fails). None
+    otherwise."""
+    import torch
+
+    outputs = getattr(replay, "outputs", None)
+    if outputs is None or outputs[0] is not torch.is_inference_mode_enabled():
+        return None
+    mode, signatures = outputs
+    check = tensor_check(tensors, [signature for _, signature in signatures])
+    return None if check is None else (mode, check, [o for o, _ in signatures])
 
 
 def planned(*array_names: str, when: Callable[[], bool] | None = None) -> Callable:

@@ -839,7 +839,8 @@ def test_outputs_unlike_their_inputs_handed_out_again_on_a_gpu(monkeypatch):
 @pytest.mark.gpu
 def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
     """On a GPU: an add whose output was dropped hands the same tensor out again, with the
-    new result; outputs the caller keeps are all distinct and right; a graph captured
+    new result, but not while a detached tensor, an inference-mode view or its storage
+    uses its memory; outputs the caller keeps are all distinct and right; a graph captured
     meanwhile keeps its own output."""
     torch = _torch_cuda()
     monkeypatch.setattr(_plan, "RECYCLE_BYTES", 1 << 20)  # the default
@@ -861,6 +862,30 @@ def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
         assert _error(torch, out, x.double() + y.double()) < 1e-3
         out.kaio_test_mark = i + 1
         del out
+    # dropped while a detached tensor, a view made in inference mode or its storage still
+    # uses its memory: never handed out again
+
+    def detached(t):  # what is kept of t, and how it is read as a tensor
+        kept = t.detach()
+        return lambda: kept
+
+    def viewed(t):
+        kept = t.view(4096)
+        return lambda: kept
+
+    def storage(t):
+        kept, dtype = t.untyped_storage(), t.dtype
+        return lambda: torch.empty(0, dtype=dtype, device="cuda").set_(kept)
+
+    for inference, keep in ((False, detached), (True, viewed), (False, storage)):
+        with torch.inference_mode(inference):
+            x = randn(1, 4096)
+            for _ in range(3):  # the plan's fast path, in that mode
+                kaio_ops.add(randn(1, 4096), y)
+            kept = keep(kaio_ops.add(x, y))
+            later = [kaio_ops.add(randn(1, 4096), y) for _ in range(3)]
+            assert all(o.data_ptr() != kept().data_ptr() for o in later)
+            assert _error(torch, kept().view(1, 4096), x.double() + y.double()) < 1e-3
     xs = [randn(1, 4096) for _ in range(3)]
     kept = [kaio_ops.add(x, y) for x in xs]
     assert len({id(o) for o in kept}) == 3
@@ -1494,11 +1519,13 @@ def test_a_subscript_hands_out_the_direct_launch_once_a_launcher_is_bound(fake):
 def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch, told):
     """A small output made like an input comes back from the next call of its plan when
     the caller has dropped it, and never while anything still refers to it (the caller, a
-    view, a DLPack capsule, a weak reference), after it was changed (resized, made to need a
-    gradient, viewed as another dtype or shape through ``.data``), in the other inference
-    mode, or while the stream is being captured (nor one made during a capture); in a chain
-    (each output passed to the next call), the one before the last comes back. The same
-    whether "unchanged" is told by its accessors or, from the recorded call's output
+    view, in inference mode too, a detached tensor, its storage, a DLPack capsule, a weak
+    reference),
+    after it was changed (resized, made to need a gradient, viewed as another dtype or
+    shape through ``.data``), in the other inference mode, or while the stream is being
+    captured (nor one made during a capture); in a chain (each output passed to the next
+    call), the one before the last comes back. The same whether "unchanged" is told by its
+    accessors or, from the recorded call's output
     (``told``), by one ``tensor_check``."""
     import weakref
 
@@ -1538,7 +1565,10 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch, told):
     assert len({id(held), *(id(o) for o in both)}) == 3
     assert all(call() is not o for o in (held, *both))
     del held, both
-    for keep in (lambda out: out[0], to_dlpack, weakref.ref):  # a view, a capsule, a weakref
+    # a view, a detached tensor, its storage (its memory, not its TensorImpl), a capsule,
+    # a weakref
+    keeps = (lambda out: out[0], lambda out: out.detach(), lambda out: out.untyped_storage())
+    for keep in (*keeps, to_dlpack, weakref.ref):
         last, kept = dropped(keep)
         assert not again(call(), last)
         del kept
@@ -1563,6 +1593,9 @@ def test_an_output_the_caller_dropped_is_handed_out_again(monkeypatch, told):
             del fresh
             last, _ = dropped()
             assert again(call(), last)  # handed out again in that mode too
+            last, kept = dropped(lambda out: out.view(128))  # a view untracked in this mode
+            assert not again(call(), last)
+            del kept
         assert not call().is_inference()
     # a chain (h = op(h)) passes the last output back in, still referenced then: the one
     # before it, dropped by then, comes back
@@ -1606,6 +1639,68 @@ def test_an_output_unlike_every_input_is_handed_out_again(monkeypatch):
     out.resize_(2, 32)
     del out
     assert replay(x.data_ptr(), x).shape == (1, 32) and len(made) == 2
+
+
+def test_the_fast_path_tells_kept_outputs_with_its_inputs(monkeypatch):
+    """A fast path of a plan that hands its outputs out again (two, as rms_norm_residual)
+    tells the outputs kept for a call in the same ``tensor_check`` as its inputs; an output
+    still held, changed or sharing its memory is not handed out again (each output on its
+    own); inputs of another signature or inference mode miss. In the other mode, a fast
+    path tells the outputs on their own and makes new ones."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False, raising=False)
+    monkeypatch.setattr(_plan, "RECYCLING", [True])
+    x = torch.randn(2, 64, dtype=torch.float16)
+    made = [torch.empty(2, 64, dtype=torch.float16) for _ in range(2)]
+    allocations = [(m, "torch", 0, None, (2, 64), f16, 0) for m in made]
+    replay = _plan._replay(None, 1, allocations, "(o0, o1)")
+    env = {"RAW": None, "recordings": [0], "SIMULATING": [0]}
+    fast = _plan._fast(replay, ["x"], [0], (x,), env)
+    assert "CHECKS(x, o0, o1)" in fast.source and "CHECK(x)" in fast.source
+    marks = itertools.count()
+
+    def call(keep=lambda o0, o1: None):
+        """The marks of a call's outputs (marked, then dropped but for what ``keep`` keeps),
+        what ``keep`` returned."""
+        outputs = fast(x)
+        for out in outputs:
+            out.kaio_test_mark = next(marks)
+        return [o.kaio_test_mark for o in outputs], keep(*outputs)
+
+    def again(last: list) -> list:
+        """Which outputs of the next call are the last call's, handed out again."""
+        outputs = fast(x)
+        return [getattr(o, "kaio_test_mark", None) == m for o, m in zip(outputs, last, strict=True)]
+
+    def grad(o0, o1):  # changed, then dropped
+        o0.requires_grad_()
+
+    def resize(o0, o1):
+        o1.resize_(4, 64)
+
+    told_alone = []  # the calls of each output's own check
+    for j in range(2):
+        check = fast.__globals__[f"OUT{j}"]
+        fast.__globals__[f"OUT{j}"] = lambda o, check=check: told_alone.append(1) or check(o)
+    call()
+    last, _ = call()
+    assert again(last) == [True, True] and not told_alone  # told with the input
+    for keep, want in (
+        (lambda o0, o1: o1, [True, False]),  # held by the caller
+        (grad, [False, True]),
+        (resize, [True, False]),
+        (lambda o0, o1: o0.detach(), [False, True]),  # its memory shared
+    ):
+        last, kept = call(keep)
+        assert again(last) == want
+        del kept
+    assert fast(torch.randn(4, 64, dtype=torch.float16)) is _plan.MISS
+    last, _ = call()
+    with torch.inference_mode():  # the other mode: the outputs told on their own, made anew
+        xi = torch.randn(2, 64, dtype=torch.float16)
+        inference = _plan._fast(replay, ["x"], [0], (xi,), env)
+        assert "CHECKS" not in inference.source and fast(xi) is _plan.MISS
+        assert all(not hasattr(o, "kaio_test_mark") and o.is_inference() for o in inference(xi))
 
 
 def test_a_plan_on_the_default_stream_does_not_ask_about_captures(monkeypatch):
