@@ -11,9 +11,11 @@ for that point only; ``--prewarm N``: compile every build first in N processes
 (``--warm-tests``: the int4 GPU tests' too; ``--prewarm-only``: then stop); ``--raw``: the
 words go to wgmma undecoded (no dequantization: the pipeline's own limit, results not
 checked); ``--kmm``: also
-``kaio_ops.matmul`` on the f16 weight; ``--repeat R``: R passes over the kernels of a point,
+``kaio_ops.matmul`` on the f16 weight; ``--repeat R``: R passes over the kernels of a point (in reversed order on odd passes),
 each timed once a pass, the median kept. ``prof --points P --configs C``: one call of each
-inside an NVTX range "prof" (for ``ncu --nvtx --nvtx-include prof/``). ``table FILE``: the
+inside an NVTX range "prof" (for ``ncu --nvtx --nvtx-include prof/``). ``names --points P
+--configs C``: each kernel's name, grid, block, registers and shared memory as
+torch.profiler sees one call (``--out F``: the trace goes to F.json). ``table FILE``: the
 records of ``--out`` as a Markdown table and the geometric mean by M.
 """
 
@@ -117,6 +119,36 @@ def prewarm(args, pts: list) -> None:
         print("prewarm:", e, flush=True)
 
 
+def pass_order(keys: list, p: int) -> list:
+    """The kernels' order in timed pass ``p``: cuBLAS first, the others in turn, reversed on
+    odd passes (the first int4 kernel timed after cuBLAS in a pass runs slower at the
+    widest products, whichever it is: alternating spreads that over all of them)."""
+    rest = [k for k in keys if k != "cublas"]
+    return keys[:1] + (rest if p % 2 == 0 else rest[::-1]) if keys[:1] == ["cublas"] else keys
+
+
+def kernel_names(fns: dict, trace: str) -> None:
+    """Each of ``fns``' kernels as the profiler saw one call of it (after one untimed call):
+    name, grid, block, registers, shared memory and duration, from a chrome trace written
+    to ``trace``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for key, fn in fns.items():
+        fn(0)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn(0)
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(trace)
+        events = json.load(open(trace))["traceEvents"]  # noqa: SIM115
+        for e in events:
+            if e.get("cat") == "kernel":
+                a = e.get("args", {})
+                shape = [a.get(f) for f in ("grid", "block", "registers per thread",
+                                            "shared memory")]  # fmt: skip
+                print(f"{key}: {e['name'][:110]} {shape} {e.get('dur')} us", flush=True)
+
+
 def paired(rec: dict, key: str) -> float:
     """``key``'s speed against cuBLAS at one record: with ``--repeat``, the median over the
     passes of cuBLAS's time over ``key``'s in the same pass (neighbours in time share the
@@ -161,7 +193,7 @@ def main() -> None:
         table(sys.argv[2])
         return
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=("time", "prof"))
+    p.add_argument("mode", choices=("time", "prof", "names"))
     p.add_argument("--points", required=True)
     p.add_argument("--configs", default="")
     p.add_argument("--raw", action="store_true")
@@ -188,7 +220,7 @@ def main() -> None:
     sink = open(args.out, "a") if args.out else None  # noqa: SIM115
     f16 = torch.float16
     for n, k, ms in points(args.points):
-        sets = 1 if args.mode == "prof" else max(2, min(24, -(-L2_BYTES // int4_bytes(n, k))))
+        sets = 1 if args.mode != "time" else max(2, min(24, -(-L2_BYTES // int4_bytes(n, k))))
         weights = [int4_inputs(1, n, k)[1:] for _ in range(sets)]
         for m in ms:
             a = torch.randn(m, k, device="cuda", dtype=f16)
@@ -210,6 +242,10 @@ def main() -> None:
                 fns[",".join(map(str, c))] = lambda i, c=c: _int4_hopper.launch_swap(
                     *ops[i], kaio.f16, c
                 )
+            if args.mode == "names":
+                print(f"{n}x{k} M={m}", flush=True)
+                kernel_names(fns, (args.out or "trace") + ".json")
+                continue
             if args.mode == "prof":
                 for fn in fns.values():
                     fn(0)
@@ -238,9 +274,9 @@ def main() -> None:
                     rec["us"][key] = f"{type(e).__name__}: {str(e)[:300]}"
                     del fns[key]
             runs: dict = {key: [] for key in fns}
-            for _ in range(args.repeat):  # interleaved: every kernel once a pass
-                for key, fn in fns.items():
-                    runs[key].append(graph_time(fn, sets))
+            for p in range(args.repeat):  # interleaved: every kernel once a pass
+                for key in pass_order(list(fns), p):
+                    runs[key].append(graph_time(fns[key], sets))
             for key, ts in runs.items():
                 rec["us"][key] = sorted(ts)[len(ts) // 2]
                 if args.repeat > 1:
