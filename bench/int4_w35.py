@@ -10,12 +10,12 @@ split, CL, MC, WSTAGES, BUFS, EARLY, GROUP, KW), ``M=`` before one for that M on
 for that point only; ``--prewarm N``: compile every build first in N processes
 (``--warm-tests``: the int4 GPU tests' too; ``--prewarm-only``: then stop); ``--raw``: the
 words go to wgmma undecoded (no dequantization: the pipeline's own limit, results not
-checked); ``--kmm``: also
-``kaio_ops.matmul`` on the f16 weight; ``--repeat R``: R passes over the kernels of a point (in reversed order on odd passes),
-each timed once a pass, the median kept. ``prof --points P --configs C``: one call of each
-inside an NVTX range "prof" (for ``ncu --nvtx --nvtx-include prof/``). ``names --points P
---configs C``: each kernel's name, grid, block, registers and shared memory as
-torch.profiler sees one call (``--out F``: the trace goes to F.json). ``table FILE``: the
+checked); ``--kmm``: also ``kaio_ops.matmul`` on the f16 weight; ``--repeat R``: R passes
+over the kernels of a point, each timed once a pass (``pass_order``), the median kept.
+``prof --points P --configs C``: one call of each inside an NVTX range "prof" (for ``ncu
+--nvtx --nvtx-include prof/``). ``names --points P --configs C``: each kernel's name, grid,
+block, registers and shared memory as torch.profiler sees one call (``--out F``: the trace
+goes to F.json). ``table FILE``: the
 records of ``--out`` as a Markdown table and the geometric mean by M.
 """
 
