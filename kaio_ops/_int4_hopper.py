@@ -537,6 +537,10 @@ PDL = 1
 # the fragments made from them precede the arrival).
 FENCE = 1
 
+# int4_swap's TRIM: fewer instructions a slice in the consumers (``swap_slice``: the wgmmas
+# past a slice's first accumulate by a constant); 0: as before.
+TRIM = 1
+
 
 def run(a, b, s, out_type):
     """``a @ W`` rounded to ``out_type`` for operands that this module ``takes``:
@@ -640,7 +644,7 @@ def swap_slice(
     lt: u32,
     more: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
     WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr, KW: kaio.constexpr,
-    LATE: kaio.constexpr = 0, FENCE: kaio.constexpr = 1,
+    LATE: kaio.constexpr = 0, FENCE: kaio.constexpr = 1, TRIM: kaio.constexpr = 1,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: its words (``load_words``; with
     ``EARLY`` read during the slice before) made into the A fragments of its 4 steps (buffer
@@ -674,7 +678,10 @@ def swap_slice(
     kaio.wgmma_fence()
     for kk in kaio.static_range(BK // 16):
         db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
-        kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
+        if kk == 0 or not TRIM:  # (TRIM: past the first step a constant, no predicate)
+            kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
+        else:
+            kaio.wgmma_f16(acc, af[BUF, kk], db, True)
     kaio.wgmma_commit()
     if LATE:
         free_words(bars, at[4], lt, FENCE)
@@ -775,7 +782,7 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    FENCE: kaio.constexpr,
+    FENCE: kaio.constexpr, TRIM: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -931,7 +938,7 @@ def int4_swap(
                     more = not (last and kt + b == ck - 1)
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
                                more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE, FENCE)  # fmt: skip
+                               LATE, FENCE, TRIM)  # fmt: skip
             rest = ck % BUFS
             if rest:
                 kaio.wgmma_wait(0)
@@ -941,7 +948,7 @@ def int4_swap(
                         more = not (last and kt == ck - 1)
                         swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
                                    more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE, FENCE)  # fmt: skip
+                               LATE, FENCE, TRIM)  # fmt: skip
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and ck > 1:
@@ -1396,7 +1403,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
               "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
-              "FENCE": FENCE}  # fmt: skip
+              "FENCE": FENCE, "TRIM": TRIM}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1503,6 +1510,6 @@ def swap_specializations() -> list:
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 2,
                   "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
-                  "FENCE": int(i != len(plain))}  # fmt: skip
+                  "FENCE": int(i != len(plain)), "TRIM": i % 2}  # fmt: skip
         out.append((int4_swap, consts))
     return out
