@@ -531,16 +531,6 @@ PSUM = 1
 # (476.5 against 438.9 µs, a point that ran at 411-476 µs either way over the rounds).
 PDL = 1
 
-# int4_swap's FENCE: a proxy fence (``fence.proxy.async``: MEMBAR.ALL.CTA and
-# FENCE.VIEW.ASYNC.S in SASS) before a consumer warp frees a words' stage (``free_words``);
-# 0 frees it without one (its lanes' reads of the stage have returned their values by then:
-# the fragments made from them precede the arrival).
-FENCE = 1
-
-# int4_swap's TRIM: fewer instructions a slice in the consumers (``swap_slice``: the wgmmas
-# past a slice's first accumulate by a constant); 0: as before.
-TRIM = 1
-
 
 def run(a, b, s, out_type):
     """``a @ W`` rounded to ``out_type`` for operands that this module ``takes``:
@@ -644,7 +634,7 @@ def swap_slice(
     lt: u32,
     more: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
     WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr, KW: kaio.constexpr,
-    LATE: kaio.constexpr = 0, FENCE: kaio.constexpr = 1, TRIM: kaio.constexpr = 1,
+    LATE: kaio.constexpr = 0,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: its words (``load_words``; with
     ``EARLY`` read during the slice before) made into the A fragments of its 4 steps (buffer
@@ -672,19 +662,16 @@ def swap_slice(
                 wr[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2)
             )
     if not LATE:
-        free_words(bars, at[4], lt, FENCE)
+        free_words(bars, at[4], lt)
     s = at[0]
     kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
     kaio.wgmma_fence()
     for kk in kaio.static_range(BK // 16):
         db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
-        if kk == 0 or not TRIM:  # (TRIM: past the first step a constant, no predicate)
-            kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
-        else:
-            kaio.wgmma_f16(acc, af[BUF, kk], db, True)
+        kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
     kaio.wgmma_commit()
     if LATE:
-        free_words(bars, at[4], lt, FENCE)
+        free_words(bars, at[4], lt)
     if EARLY and more:
         load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
     kaio.wgmma_wait(BUFS - 1)
@@ -697,12 +684,11 @@ def swap_slice(
 
 
 @kaio.gpu_func
-def free_words(bars: u64[:, :], w: i32, lt: u32, FENCE: kaio.constexpr = 1):
+def free_words(bars: u64[:, :], w: i32, lt: u32):
     """A consumer warp's arrival on the words' stage ``w``'s "free" barrier once its lanes
-    have read the words (every warp of every consumer warpgroup arrives), with ``FENCE``
-    after a proxy fence: the reads ordered before the stage's next TMA copy."""
-    if FENCE:
-        kaio.fence_proxy_async()
+    have read the words (every warp of every consumer warpgroup arrives), after a proxy
+    fence: the reads ordered before the stage's next TMA copy."""
+    kaio.fence_proxy_async()
     kaio.sync_warp()
     if lt % 32 == 0:
         kaio.mbarrier_arrive(bars, (4, w))
@@ -782,7 +768,6 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    FENCE: kaio.constexpr, TRIM: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -938,7 +923,7 @@ def int4_swap(
                     more = not (last and kt + b == ck - 1)
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
                                more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE, FENCE, TRIM)  # fmt: skip
+                               LATE)  # fmt: skip
             rest = ck % BUFS
             if rest:
                 kaio.wgmma_wait(0)
@@ -948,7 +933,7 @@ def int4_swap(
                         more = not (last and kt == ck - 1)
                         swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
                                    more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE, FENCE, TRIM)  # fmt: skip
+                               LATE)  # fmt: skip
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and ck > 1:
@@ -1402,8 +1387,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
-              "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
-              "FENCE": FENCE, "TRIM": TRIM}  # fmt: skip
+              "PSUM": int(PSUM and cl and split == 2 and not mc and not kw)}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1509,7 +1493,6 @@ def swap_specializations() -> list:
                   "LATE": int(i == len(cases) - 1),
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 2,
-                  "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
-                  "FENCE": int(i != len(plain)), "TRIM": i % 2}  # fmt: skip
+                  "PSUM": int(cl == 1 and split == 2 and not mc and not kw)}  # fmt: skip
         out.append((int4_swap, consts))
     return out
