@@ -64,17 +64,23 @@ def raw_dequant() -> None:
 
 
 def offs(args) -> list:
-    """The module switches of ``_int4_hopper`` that ``--off`` names (``PDL``, ``PSUM``)."""
-    return [name for name in args.off.split(",") if name]
+    """(name, value) of the module switches of ``_int4_hopper`` that ``--off`` names
+    (``PDL``, ``PSUM``: 0; ``NAME=V``: V)."""
+    out = []
+    for item in filter(None, args.off.split(",")):
+        name, _, value = item.partition("=")
+        out.append((name, int(value or 0)))
+    return out
 
 
-def launch_off(ops: list, config: tuple, name: str):
-    """``launch_swap`` of ``config`` with ``_int4_hopper``'s switch ``name`` 0."""
-    setattr(_int4_hopper, name, 0)
+def launch_off(ops: list, config: tuple, name: str, value: int = 0):
+    """``launch_swap`` of ``config`` with ``_int4_hopper``'s switch ``name`` at ``value``."""
+    before = getattr(_int4_hopper, name)
+    setattr(_int4_hopper, name, value)
     try:
         return _int4_hopper.launch_swap(*ops, kaio.f16, config)
     finally:
-        setattr(_int4_hopper, name, 1)
+        setattr(_int4_hopper, name, before)
 
 
 def points(text: str) -> list:
@@ -114,7 +120,7 @@ def prewarm(args, pts: list) -> None:
     if args.warm_tests:  # tests/test_ops_quantized.py::test_gpu_int4_wgmma's routed builds
         for m, n, k, out in TEST_POINTS:
             todo.append((m, n, k, _int4_hopper.swap_plan(m, n, k, sms), out))
-    variants = ({}, *({name: 0} for name in offs(args)))
+    variants = ({}, *({name: value} for name, value in offs(args)))
     for e in compile_swaps(todo, args.prewarm, variants):
         print("prewarm:", e, flush=True)
 
@@ -199,7 +205,7 @@ def main() -> None:
     p.add_argument("--raw", action="store_true")
     p.add_argument("--no-route", action="store_true")
     p.add_argument("--kmm", action="store_true", help="also kaio_ops.matmul on the f16 weight")
-    p.add_argument("--off", default="", help="also the route with these switches 0: PDL,PSUM")
+    p.add_argument("--off", default="", help="the route, switches 0 (or =V): PDL,ABL=2")
     p.add_argument("--out", default="")
     p.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
     p.add_argument("--warm-tests", action="store_true", help="--prewarm: the GPU tests' too")
@@ -231,10 +237,10 @@ def main() -> None:
             if not args.no_route:
                 fns["route"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
             sms = torch.cuda.get_device_properties(0).multi_processor_count
-            for name in offs(args):  # the routed plan, a switch off (no call plan: read anew)
+            for name, value in offs(args):  # the routed plan, a switch set (read anew)
                 plan = _int4_hopper.swap_plan(m, n, k, sms)
-                fns[f"route {name}0"] = lambda i, name=name, plan=plan: launch_off(
-                    ops[i], plan, name
+                fns[f"route {name}{value}"] = lambda i, name=name, value=value, plan=plan: (
+                    launch_off(ops[i], plan, name, value)
                 )
             if args.kmm:
                 fns["kaio f16"] = lambda i: kaio_ops.matmul(a, weights[i][2], out_dtype=f16)

@@ -531,6 +531,10 @@ PSUM = 1
 # (476.5 against 438.9 µs, a point that ran at 411-476 µs either way over the rounds).
 PDL = 1
 
+# int4_swap's ABL: 0, or a part of the dequantization left out (``ablated_pair``; timing
+# only, wrong results: where the consumers' time goes).
+ABL = 0
+
 
 def run(a, b, s, out_type):
     """``a @ W`` rounded to ``out_type`` for operands that this module ``takes``:
@@ -596,6 +600,27 @@ def nibble_pair(word: u32, sel: u32, scale: f16x2) -> u32:
 
 
 @kaio.gpu_func
+def ablated_pair(word: u32, sel: u32, scale: f16x2, ABL: kaio.constexpr) -> u32:
+    """``nibble_pair`` (ABL 0) or, timing only (wrong results), a part of it: 1 without the
+    multiplication by the scale, 2 only ``prmt`` and ``lop3``, 3 without the ``prmt`` (the
+    word's byte 0), 4 the word itself."""
+    if ABL == 0:
+        return nibble_pair(word, sel, scale)
+    if ABL == 4:
+        return word
+    byte = word
+    if ABL != 3:
+        byte = kaio.prmt(word, word, sel)
+    biased = kaio.bitcast(kaio.lop3(byte, u32(SWAP_MASK), u32(SWAP_MAGIC), LOP_AND_XOR), f16x2)
+    if ABL == 2:
+        return kaio.bitcast(biased, u32)
+    q = biased - kaio.bitcast(u32(SWAP_MAGIC), f16x2)
+    if ABL == 1:
+        return kaio.bitcast(q, u32)
+    return kaio.bitcast(q * scale, u32)
+
+
+@kaio.gpu_func
 def load_words(
     sw: u32[:, :, :], sc: u32[:, :], bars: u64[:, :], wr: u32[:, :], wpos: i32[:],
     at: i32[:], nl: u32, WSTAGES: kaio.constexpr, KW: kaio.constexpr = 1,
@@ -634,7 +659,7 @@ def swap_slice(
     lt: u32,
     more: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
     WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr, KW: kaio.constexpr,
-    LATE: kaio.constexpr = 0,
+    LATE: kaio.constexpr = 0, ABL: kaio.constexpr = 0,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: its words (``load_words``; with
     ``EARLY`` read during the slice before) made into the A fragments of its 4 steps (buffer
@@ -658,8 +683,8 @@ def swap_slice(
     scale[1] = kaio.prmt(pair, pair, HIGH_TWICE)
     for kk in kaio.static_range(BK // 16):
         for r in kaio.static_range(4):  # (row g, k 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)
-            af[BUF, kk, r] = nibble_pair(
-                wr[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2)
+            af[BUF, kk, r] = ablated_pair(
+                wr[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2), ABL
             )
     if not LATE:
         free_words(bars, at[4], lt)
@@ -768,6 +793,7 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
+    ABL: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -923,7 +949,7 @@ def int4_swap(
                     more = not (last and kt + b == ck - 1)
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
                                more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE)  # fmt: skip
+                               LATE, ABL)  # fmt: skip
             rest = ck % BUFS
             if rest:
                 kaio.wgmma_wait(0)
@@ -933,7 +959,7 @@ def int4_swap(
                         more = not (last and kt == ck - 1)
                         swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
                                    more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE)  # fmt: skip
+                               LATE, ABL)  # fmt: skip
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and ck > 1:
@@ -1387,7 +1413,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
-              "PSUM": int(PSUM and cl and split == 2 and not mc and not kw)}  # fmt: skip
+              "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
+              "ABL": ABL}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1493,6 +1520,6 @@ def swap_specializations() -> list:
                   "LATE": int(i == len(cases) - 1),
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 2,
-                  "PSUM": int(cl == 1 and split == 2 and not mc and not kw)}  # fmt: skip
+                  "PSUM": int(cl == 1 and split == 2 and not mc and not kw), "ABL": 0}  # fmt: skip
         out.append((int4_swap, consts))
     return out
