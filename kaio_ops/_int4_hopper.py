@@ -535,11 +535,6 @@ PDL = 1
 # only, wrong results: where the consumers' time goes).
 ABL = 0
 
-# int4_swap's INTER: each k16 step's wgmma issued as soon as its fragments are made (a
-# ``wgmma_fence`` each), the activations' wait first; 0: a slice's fragments made, then its
-# 4 wgmmas.
-INTER = 0
-
 
 def run(a, b, s, out_type):
     """``a @ W`` rounded to ``out_type`` for operands that this module ``takes``:
@@ -664,7 +659,7 @@ def swap_slice(
     lt: u32,
     more: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
     WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr, KW: kaio.constexpr,
-    LATE: kaio.constexpr = 0, ABL: kaio.constexpr = 0, INTER: kaio.constexpr = 0,
+    LATE: kaio.constexpr = 0, ABL: kaio.constexpr = 0,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: its words (``load_words``; with
     ``EARLY`` read during the slice before) made into the A fragments of its 4 steps (buffer
@@ -686,28 +681,21 @@ def swap_slice(
     scale = kaio.local(u32, 2)
     scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
     scale[1] = kaio.prmt(pair, pair, HIGH_TWICE)
-    s = at[0]
-    if INTER:  # each step's wgmma issued once its fragments are made
-        kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
     for kk in kaio.static_range(BK // 16):
         for r in kaio.static_range(4):  # (row g, k 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)
             af[BUF, kk, r] = ablated_pair(
                 wr[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2), ABL
             )
-        if INTER:
-            kaio.wgmma_fence()
-            db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
-            kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
-    if not INTER:
-        if not LATE:
-            free_words(bars, at[4], lt)
-        kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
-        kaio.wgmma_fence()
-        for kk in kaio.static_range(BK // 16):
-            db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
-            kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
+    if not LATE:
+        free_words(bars, at[4], lt)
+    s = at[0]
+    kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
+    kaio.wgmma_fence()
+    for kk in kaio.static_range(BK // 16):
+        db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
+        kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
     kaio.wgmma_commit()
-    if LATE or INTER:
+    if LATE:
         free_words(bars, at[4], lt)
     if EARLY and more:
         load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
@@ -805,7 +793,7 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    ABL: kaio.constexpr, INTER: kaio.constexpr,
+    ABL: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -961,7 +949,7 @@ def int4_swap(
                     more = not (last and kt + b == ck - 1)
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
                                more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE, ABL, INTER)  # fmt: skip
+                               LATE, ABL)  # fmt: skip
             rest = ck % BUFS
             if rest:
                 kaio.wgmma_wait(0)
@@ -971,7 +959,7 @@ def int4_swap(
                         more = not (last and kt == ck - 1)
                         swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
                                    more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE, ABL, INTER)  # fmt: skip
+                               LATE, ABL)  # fmt: skip
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and ck > 1:
@@ -1426,7 +1414,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
               "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
-              "ABL": ABL, "INTER": INTER}  # fmt: skip
+              "ABL": ABL}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1532,7 +1520,6 @@ def swap_specializations() -> list:
                   "LATE": int(i == len(cases) - 1),
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 2,
-                  "PSUM": int(cl == 1 and split == 2 and not mc and not kw), "ABL": 0,
-                  "INTER": i % 2}  # fmt: skip
+                  "PSUM": int(cl == 1 and split == 2 and not mc and not kw), "ABL": 0}  # fmt: skip
         out.append((int4_swap, consts))
     return out
