@@ -532,13 +532,13 @@ PSUM = 1
 PDL = 1
 
 # int4_swap's HEAD (SK): a stream-K tile's head part summed after the block's work items
-# (1: on two warpgroups' tiles; 2: on every one, where three warpgroups' spill) or in the
-# loop (0).
+# (``sum_parts`` out of the main loop: ``wait_eq``'s spin inside it, which each lane leaves
+# on its own load, made ptxas keep the rings' state in vector registers, 16 R2UR a turn of
+# two slices), on two warpgroups' tiles (three warpgroups' spill with it); 0: in the loop.
+# int4w rounds D and E of 2026-11-27 (H100, against HEAD0 in the same passes): 10240x8192
+# M=512 123.9 against 124.7 µs (faster in 4 of 4 passes), M=384 107.5 against 110.7 (3 of
+# 4).
 HEAD = 1
-
-# int4_swap's WIDE: the weights made f16 through f32 (``wide_pair``: no f16 arithmetic) rather
-# than by ``nibble_pair``'s f16 subtraction and multiplication (0).
-WIDE = 0
 
 
 def run(a, b, s, out_type):
@@ -604,27 +604,6 @@ def nibble_pair(word: u32, sel: u32, scale: f16x2) -> u32:
     return kaio.bitcast((biased - kaio.bitcast(u32(SWAP_MAGIC), f16x2)) * scale, u32)
 
 
-WIDE_MAGIC = 0x47000000  # 2^15 as f32: its mantissa's bits 8-15 (ulp 2^-8) hold a byte
-WIDE_LOW = WIDE_MAGIC | 0x800  # with the mask 0xF00: 2^15 + (low nibble ^ 8)
-WIDE_HIGH = WIDE_MAGIC | 0x8000  # with the mask 0xF000: 2^15 + 16 (high nibble ^ 8)
-
-
-@kaio.gpu_func
-def wide_pair(word: u32, sel: u32, scale: f32, sixteenth: f32, bias: f32[:]) -> u32:
-    """``nibble_pair``'s f16 pair ``scale * q`` through f32 (``WIDE``): the byte in bits
-    8-15, each nibble biased by 8 in the mantissa of 2^15 (the high one 16 times its value),
-    one ``fma`` each makes ``scale * q`` exactly (its product exact, the sum ``q scale``,
-    15 significant bits, exact; ``bias`` the scale times -(2^15 + 8) and -(2^11 + 8),
-    exact), and one ``cvt.rn.f16x2.f32`` rounds both once: the same values as
-    ``nibble_pair`` (a zero weight of a negative scale +0, not -0)."""
-    byte = kaio.prmt(word, word, sel)
-    lo = kaio.bitcast(kaio.lop3(byte, u32(0xF00), u32(WIDE_LOW), LOP_AND_XOR), f32)
-    hi = kaio.bitcast(kaio.lop3(byte, u32(0xF000), u32(WIDE_HIGH), LOP_AND_XOR), f32)
-    return kaio.bitcast(
-        kaio.f16x2(kaio.fma(lo, scale, bias[0]), kaio.fma(hi, sixteenth, bias[1])), u32
-    )
-
-
 @kaio.gpu_func
 def load_words(
     sw: u32[:, :, :], sc: u32[:, :], bars: u64[:, :], wr: u32[:, :], wpos: i32[:],
@@ -664,7 +643,7 @@ def swap_slice(
     lt: u32,
     more: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
     WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr, KW: kaio.constexpr,
-    LATE: kaio.constexpr = 0, WIDE: kaio.constexpr = 0,
+    LATE: kaio.constexpr = 0,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: its words (``load_words``; with
     ``EARLY`` read during the slice before) made into the A fragments of its 4 steps (buffer
@@ -686,23 +665,11 @@ def swap_slice(
     scale = kaio.local(u32, 2)
     scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
     scale[1] = kaio.prmt(pair, pair, HIGH_TWICE)
-    wide = kaio.local(f32, (2, 4))  # WIDE: a column's scale, scale / 16, its two biases
-    if WIDE:
-        for h in kaio.static_range(2):
-            wide[h, 0] = f32(kaio.low(kaio.bitcast(scale[h], f16x2)))
-            wide[h, 1] = wide[h, 0] * 0.0625
-            wide[h, 2] = wide[h, 0] * -32776.0  # -(2^15 + 8) (8 x 4097: exact in f32)
-            wide[h, 3] = wide[h, 0] * -2056.0  # -(2^11 + 8) (8 x 257)
     for kk in kaio.static_range(BK // 16):
         for r in kaio.static_range(4):  # (row g, k 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)
-            word = wr[2 * kk + r // 2, r % 2]
-            if WIDE:
-                bias = kaio.local(f32, 2)
-                bias[0] = wide[r % 2, 2]
-                bias[1] = wide[r % 2, 3]
-                af[BUF, kk, r] = wide_pair(word, sel, wide[r % 2, 0], wide[r % 2, 1], bias)
-            else:
-                af[BUF, kk, r] = nibble_pair(word, sel, kaio.bitcast(scale[r % 2], f16x2))
+            af[BUF, kk, r] = nibble_pair(
+                wr[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2)
+            )
     if not LATE:
         free_words(bars, at[4], lt)
     s = at[0]
@@ -810,7 +777,7 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    HEAD: kaio.constexpr, WIDE: kaio.constexpr,
+    HEAD: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -849,10 +816,11 @@ def int4_swap(
     ``dp_tiles`` tiles whole, a block each in turn, then the K steps of the others in equal
     runs, one a block: ``swap_schedule``), the parts of a tile split between blocks summed
     by the tile's head (``publish_part``, ``sum_parts``: ``ws`` the other parts,
-    ``counters`` zeroed, 4 WG a stream-K tile); no K split along z, no cluster, no ``KW``.
-    ``PDL``: launched with programmatic dependent launch, the block placed and its barriers
-    set up while the kernel before it ends; every thread waits for that kernel
-    (``kaio.grid_dependency_wait``) before any global memory is touched."""
+    ``counters`` zeroed, 4 WG a stream-K tile); no K split along z, no cluster, no ``KW``;
+    with ``HEAD`` the head's part, always the block's last work item, summed after the loop
+    over the work items. ``PDL``: launched with programmatic dependent launch, the block
+    placed and its barriers set up while the kernel before it ends; every thread waits for
+    that kernel (``kaio.grid_dependency_wait``) before any global memory is touched."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
@@ -967,7 +935,7 @@ def int4_swap(
                     more = not (last and kt + b == ck - 1)
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
                                more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE, WIDE)  # fmt: skip
+                               LATE)  # fmt: skip
             rest = ck % BUFS
             if rest:
                 kaio.wgmma_wait(0)
@@ -977,7 +945,7 @@ def int4_swap(
                         more = not (last and kt == ck - 1)
                         swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
                                    more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE, WIDE)  # fmt: skip
+                               LATE)  # fmt: skip
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and ck > 1:
@@ -1460,7 +1428,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
               "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
-              "HEAD": int(HEAD and wg == 2), "WIDE": WIDE}  # fmt: skip
+              "HEAD": int(HEAD and wg == 2)}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1567,6 +1535,6 @@ def swap_specializations() -> list:
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 2,
                   "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
-                  "HEAD": i % 2, "WIDE": i % 2}  # fmt: skip
+                  "HEAD": i % 2}  # fmt: skip
         out.append((int4_swap, consts))
     return out
