@@ -15,8 +15,8 @@ over the kernels of a point, each timed once a pass (``pass_order``), the median
 ``prof --points P --configs C``: one call of each inside an NVTX range "prof" (for ``ncu
 --nvtx --nvtx-include prof/``). ``names --points P --configs C``: each kernel's name, grid,
 block, registers and shared memory as torch.profiler sees one call (``--out F``: the trace
-goes to F.json). ``table FILE``: the
-records of ``--out`` as a Markdown table and the geometric mean by M.
+goes to F.json). ``table FILE``: the records of ``--out`` as a Markdown table and the
+geometric mean by M.
 """
 
 # ruff: noqa: B023  (the timed lambdas run before the loop moves on)
@@ -205,7 +205,7 @@ def main() -> None:
     p.add_argument("--raw", action="store_true")
     p.add_argument("--no-route", action="store_true")
     p.add_argument("--kmm", action="store_true", help="also kaio_ops.matmul on the f16 weight")
-    p.add_argument("--off", default="", help="the route, switches 0 (or =V): PDL,ABL=2")
+    p.add_argument("--off", default="", help="the route, switches 0 (or =V): PDL,HEAD=0")
     p.add_argument("--out", default="")
     p.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
     p.add_argument("--warm-tests", action="store_true", help="--prewarm: the GPU tests' too")
