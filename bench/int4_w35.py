@@ -10,11 +10,13 @@ split, CL, MC, WSTAGES, BUFS, EARLY, GROUP, KW), ``M=`` before one for that M on
 for that point only; ``--prewarm N``: compile every build first in N processes
 (``--warm-tests``: the int4 GPU tests' too; ``--prewarm-only``: then stop); ``--raw``: the
 words go to wgmma undecoded (no dequantization: the pipeline's own limit, results not
-checked); ``--kmm``: also
-``kaio_ops.matmul`` on the f16 weight; ``--repeat R``: R passes over the kernels of a point,
-each timed once a pass, the median kept. ``prof --points P --configs C``: one call of each
-inside an NVTX range "prof" (for ``ncu --nvtx --nvtx-include prof/``). ``table FILE``: the
-records of ``--out`` as a Markdown table and the geometric mean by M.
+checked); ``--kmm``: also ``kaio_ops.matmul`` on the f16 weight; ``--repeat R``: R passes
+over the kernels of a point, each timed once a pass (``pass_order``), the median kept.
+``prof --points P --configs C``: one call of each inside an NVTX range "prof" (for ``ncu
+--nvtx --nvtx-include prof/``). ``names --points P --configs C``: each kernel's name, grid,
+block, registers and shared memory as torch.profiler sees one call (``--out F``: the trace
+goes to F.json). ``table FILE``: the records of ``--out`` as a Markdown table and the
+geometric mean by M.
 """
 
 # ruff: noqa: B023  (the timed lambdas run before the loop moves on)
@@ -62,17 +64,23 @@ def raw_dequant() -> None:
 
 
 def offs(args) -> list:
-    """The module switches of ``_int4_hopper`` that ``--off`` names (``PDL``, ``PSUM``)."""
-    return [name for name in args.off.split(",") if name]
+    """(name, value) of the module switches of ``_int4_hopper`` that ``--off`` names
+    (``PDL``, ``PSUM``: 0; ``NAME=V``: V)."""
+    out = []
+    for item in filter(None, args.off.split(",")):
+        name, _, value = item.partition("=")
+        out.append((name, int(value or 0)))
+    return out
 
 
-def launch_off(ops: list, config: tuple, name: str):
-    """``launch_swap`` of ``config`` with ``_int4_hopper``'s switch ``name`` 0."""
-    setattr(_int4_hopper, name, 0)
+def launch_off(ops: list, config: tuple, name: str, value: int = 0):
+    """``launch_swap`` of ``config`` with ``_int4_hopper``'s switch ``name`` at ``value``."""
+    before = getattr(_int4_hopper, name)
+    setattr(_int4_hopper, name, value)
     try:
         return _int4_hopper.launch_swap(*ops, kaio.f16, config)
     finally:
-        setattr(_int4_hopper, name, 1)
+        setattr(_int4_hopper, name, before)
 
 
 def points(text: str) -> list:
@@ -112,9 +120,39 @@ def prewarm(args, pts: list) -> None:
     if args.warm_tests:  # tests/test_ops_quantized.py::test_gpu_int4_wgmma's routed builds
         for m, n, k, out in TEST_POINTS:
             todo.append((m, n, k, _int4_hopper.swap_plan(m, n, k, sms), out))
-    variants = ({}, *({name: 0} for name in offs(args)))
+    variants = ({}, *({name: value} for name, value in offs(args)))
     for e in compile_swaps(todo, args.prewarm, variants):
         print("prewarm:", e, flush=True)
+
+
+def pass_order(keys: list, p: int) -> list:
+    """The kernels' order in timed pass ``p``: cuBLAS first, the others in turn, reversed on
+    odd passes (the first int4 kernel timed after cuBLAS in a pass runs slower at the
+    widest products, whichever it is: alternating spreads that over all of them)."""
+    rest = [k for k in keys if k != "cublas"]
+    return keys[:1] + (rest if p % 2 == 0 else rest[::-1]) if keys[:1] == ["cublas"] else keys
+
+
+def kernel_names(fns: dict, trace: str) -> None:
+    """Each of ``fns``' kernels as the profiler saw one call of it (after one untimed call):
+    name, grid, block, registers, shared memory and duration, from a chrome trace written
+    to ``trace``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for key, fn in fns.items():
+        fn(0)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn(0)
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(trace)
+        events = json.load(open(trace))["traceEvents"]  # noqa: SIM115
+        for e in events:
+            if e.get("cat") == "kernel":
+                a = e.get("args", {})
+                shape = [a.get(f) for f in ("grid", "block", "registers per thread",
+                                            "shared memory")]  # fmt: skip
+                print(f"{key}: {e['name'][:110]} {shape} {e.get('dur')} us", flush=True)
 
 
 def paired(rec: dict, key: str) -> float:
@@ -161,13 +199,13 @@ def main() -> None:
         table(sys.argv[2])
         return
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=("time", "prof"))
+    p.add_argument("mode", choices=("time", "prof", "names"))
     p.add_argument("--points", required=True)
     p.add_argument("--configs", default="")
     p.add_argument("--raw", action="store_true")
     p.add_argument("--no-route", action="store_true")
     p.add_argument("--kmm", action="store_true", help="also kaio_ops.matmul on the f16 weight")
-    p.add_argument("--off", default="", help="also the route with these switches 0: PDL,PSUM")
+    p.add_argument("--off", default="", help="the route, switches 0 (or =V): PDL,HEAD=0")
     p.add_argument("--out", default="")
     p.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
     p.add_argument("--warm-tests", action="store_true", help="--prewarm: the GPU tests' too")
@@ -188,7 +226,7 @@ def main() -> None:
     sink = open(args.out, "a") if args.out else None  # noqa: SIM115
     f16 = torch.float16
     for n, k, ms in points(args.points):
-        sets = 1 if args.mode == "prof" else max(2, min(24, -(-L2_BYTES // int4_bytes(n, k))))
+        sets = 1 if args.mode != "time" else max(2, min(24, -(-L2_BYTES // int4_bytes(n, k))))
         weights = [int4_inputs(1, n, k)[1:] for _ in range(sets)]
         for m in ms:
             a = torch.randn(m, k, device="cuda", dtype=f16)
@@ -199,10 +237,10 @@ def main() -> None:
             if not args.no_route:
                 fns["route"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
             sms = torch.cuda.get_device_properties(0).multi_processor_count
-            for name in offs(args):  # the routed plan, a switch off (no call plan: read anew)
+            for name, value in offs(args):  # the routed plan, a switch set (read anew)
                 plan = _int4_hopper.swap_plan(m, n, k, sms)
-                fns[f"route {name}0"] = lambda i, name=name, plan=plan: launch_off(
-                    ops[i], plan, name
+                fns[f"route {name}{value}"] = lambda i, name=name, value=value, plan=plan: (
+                    launch_off(ops[i], plan, name, value)
                 )
             if args.kmm:
                 fns["kaio f16"] = lambda i: kaio_ops.matmul(a, weights[i][2], out_dtype=f16)
@@ -210,6 +248,10 @@ def main() -> None:
                 fns[",".join(map(str, c))] = lambda i, c=c: _int4_hopper.launch_swap(
                     *ops[i], kaio.f16, c
                 )
+            if args.mode == "names":
+                print(f"{n}x{k} M={m}", flush=True)
+                kernel_names(fns, (args.out or "trace") + ".json")
+                continue
             if args.mode == "prof":
                 for fn in fns.values():
                     fn(0)
@@ -238,9 +280,9 @@ def main() -> None:
                     rec["us"][key] = f"{type(e).__name__}: {str(e)[:300]}"
                     del fns[key]
             runs: dict = {key: [] for key in fns}
-            for _ in range(args.repeat):  # interleaved: every kernel once a pass
-                for key, fn in fns.items():
-                    runs[key].append(graph_time(fn, sets))
+            for p in range(args.repeat):  # interleaved: every kernel once a pass
+                for key in pass_order(list(fns), p):
+                    runs[key].append(graph_time(fns[key], sets))
             for key, ts in runs.items():
                 rec["us"][key] = sorted(ts)[len(ts) // 2]
                 if args.repeat > 1:

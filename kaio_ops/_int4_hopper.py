@@ -531,6 +531,15 @@ PSUM = 1
 # (476.5 against 438.9 µs, a point that ran at 411-476 µs either way over the rounds).
 PDL = 1
 
+# int4_swap's HEAD (SK): a stream-K tile's head part summed after the block's work items
+# (``sum_parts`` out of the main loop: ``wait_eq``'s spin inside it, which each lane leaves
+# on its own load, made ptxas keep the rings' state in vector registers, 16 R2UR a turn of
+# two slices), on two warpgroups' tiles (three warpgroups' spill with it); 0: in the loop.
+# int4w rounds D and E of 2026-11-27 (H100, against HEAD0 in the same passes): 10240x8192
+# M=512 123.9 against 124.7 µs (faster in 4 of 4 passes), M=384 107.5 against 110.7 (3 of
+# 4).
+HEAD = 1
+
 
 def run(a, b, s, out_type):
     """``a @ W`` rounded to ``out_type`` for operands that this module ``takes``:
@@ -768,6 +777,7 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
+    HEAD: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -805,11 +815,12 @@ def int4_swap(
     with ``CL``). ``SK``: the stream-K schedule of ``_gemm_streamk`` (the first
     ``dp_tiles`` tiles whole, a block each in turn, then the K steps of the others in equal
     runs, one a block: ``swap_schedule``), the parts of a tile split between blocks summed
-    by the tile's head (``swap_fixup``: ``ws`` the other parts, ``counters`` zeroed, 4 WG a
-    stream-K tile); no K split along z, no cluster, no ``KW``. ``PDL``: launched with
-    programmatic dependent launch, the block placed and its barriers set up while the kernel
-    before it ends; every thread waits for that kernel (``kaio.grid_dependency_wait``) before
-    any global memory is touched."""
+    by the tile's head (``publish_part``, ``sum_parts``: ``ws`` the other parts,
+    ``counters`` zeroed, 4 WG a stream-K tile); no K split along z, no cluster, no ``KW``;
+    with ``HEAD`` the head's part, always the block's last work item, summed after the loop
+    over the work items. ``PDL``: launched with programmatic dependent launch, the block
+    placed and its barriers set up while the kernel before it ends; every thread waits for
+    that kernel (``kaio.grid_dependency_wait``) before any global memory is touched."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
@@ -908,6 +919,7 @@ def int4_swap(
             wpos[0] = i32(wg)
         sel = (lane % 4) * 0x1111
         wr = kaio.local(u32, (WORD_ROWS + 1, 2))  # a slice's words and scales (load_words)
+        head = i32(-1)  # SK, HEAD: the stream-K tile whose head part is the block's last item
         if EARLY and segments > 0:  # the first slice's words; then each slice reads the next's
             load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KSTEP)
         for i in range(segments):
@@ -943,13 +955,27 @@ def int4_swap(
                 reduce_warpgroups(acc, red, bars, wg, lt, i, BM, WG)
             n = (tile_col(origin) * (1 + MC) + mine) * BNW + nl
             done = stores
-            if SK and (kb > 0 or ke < k_tiles):  # a part of the tile: the last part sums them
-                done = swap_fixup(ws, counters, acc, stage, bars, sched, tile, kb, k_tiles, t,
-                                  BM, WG)  # fmt: skip
+            if SK and (kb > 0 or ke < k_tiles):  # a part of the tile: the head sums them
+                done = False
+                if kb > 0:
+                    publish_part(ws, counters, acc, sched, tile, k_tiles, t, BM, WG)
+                elif HEAD:
+                    head = tile
+                else:
+                    sum_parts(ws, counters, acc, stage, bars, sched, tile, k_tiles, t, BM, WG)
+                    done = True
             if not CL and done:  # (with CL the one tile is summed below: cluster_sum)
                 top = tile_top(tile_row(origin), M, BM, CLAMP)
                 store_swapped(acc, c, ws, top, n, lane, M, N, BM, SPLIT, OUT,
                               tile_row(origin) * BM, CLAMP)  # fmt: skip
+        if SK and HEAD and head >= 0:  # the block's last item a tile's head: its sum here,
+            # out of the loop (wait_eq's spin, which the lanes may leave apart, inside the
+            # loop makes ptxas keep the rings' state in vector registers: R2UR a wgmma)
+            sum_parts(ws, counters, acc, stage, bars, sched, head, k_tiles, t, BM, WG)
+            origin = swap_origin(u32(head), grid_m, grid_n, GROUP)
+            top = tile_top(tile_row(origin), M, BM, CLAMP)
+            store_swapped(acc, c, ws, top, tile_col(origin) * BNW + nl, lane, M, N, BM, SPLIT,
+                          OUT, tile_row(origin) * BM, CLAMP)  # fmt: skip
         if CL:  # the one tile's partial sums, over the ring once every wgmma is done
             kaio.mbarrier_arrive(bars, (2, 0))
             kaio.mbarrier_wait(bars, (2, 0), u32(0))
@@ -1124,58 +1150,72 @@ def work_item(sched: i32[:], i: i32, k_tiles: i32, SK: kaio.constexpr):
 
 
 @kaio.gpu_func
-def swap_fixup(
-    ws: f32[:, :], counters: i32[:], acc: f32[:, :, :], stage: f32[:, :, :], bars: u64[:, :],
-    sched: i32[:], tile: i32, kb: i32, k_tiles: i32, t: u32, BM: kaio.constexpr,
-    WG: kaio.constexpr,
-) -> bool_:  # fmt: skip
-    """``int4_swap`` with ``SK``: one warp's part of a stream-K tile (consumer thread
-    ``t``'s sums ``acc``) of which its block holds the K steps from ``kb``; returns whether
-    it holds the tile's sum then (and stores it): the tile's head (``kb`` 0: the end of its
-    block's run, the highest block of the tile's, the runs being in reverse block order,
-    ``swap_schedule``) waits for the other parts (done at the start of lower blocks' runs:
-    ``wait_eq``'s rule, no deadlock) and adds them to its own, which never leaves the
-    registers, in order (the same bits run to run). The other parts go through ``ws``
-    [stream-K tiles x slots x BM / 8, 512 WG] (part z of a tile, its run's place among the
-    tile's runs, at rows ``(tile x slots + z) BM / 8 + j``, thread t's ``acc[j]`` at columns
-    ``4 t`` .. ``4 t + 3``), each warp's arrival on the tile's counter of its 16 columns in
-    ``counters`` (zeroed again by the head). The head reads a part into ``stage`` [BM / 8,
-    128 WG, 4] by ``cp_async`` (over the rings, idle once both consumer warpgroups are
-    done: the block's last item), its loads all in flight at once."""
+def fixup_place(ws: f32[:, :], sched: i32[:], tile: i32, k_tiles: i32, t: u32,
+                BM: kaio.constexpr, WG: kaio.constexpr):  # fmt: skip
+    """Where stream-K tile ``tile``'s parts meet (``publish_part``, ``sum_parts``): (the
+    block whose run holds its first K step, its parts, its first row of ``ws``, consumer
+    thread ``t``'s warp's counter in ``counters``)."""
     tile_sk = tile - sched[3]
     lo = owner(tile_sk * k_tiles, sched[1], sched[6])
     parts = owner(tile_sk * k_tiles + k_tiles - 1, sched[1], sched[6]) - lo + 1
-    run = sched[1] - 1 - sched[0]
     width = i32(ws.shape[0]) // (BM // 8 * sched[7])  # the slots of a tile
-    row = u32(tile_sk * width * (BM // 8))  # the tile's first row of ws
-    slot = tile_sk * (4 * WG) + i32(t // 32)
+    row = u32(tile_sk * width * (BM // 8))
+    return lo, parts, row, tile_sk * (4 * WG) + i32(t // 32)
+
+
+@kaio.gpu_func
+def publish_part(
+    ws: f32[:, :], counters: i32[:], acc: f32[:, :, :], sched: i32[:], tile: i32,
+    k_tiles: i32, t: u32, BM: kaio.constexpr, WG: kaio.constexpr,
+):  # fmt: skip
+    """``int4_swap`` with ``SK``: one warp's part of a stream-K tile after its head
+    (consumer thread ``t``'s sums ``acc``) to ``ws`` [stream-K tiles x slots x BM / 8, 512
+    WG] (part z of a tile, its run's place among the tile's runs, at rows ``(tile x slots +
+    z) BM / 8 + j``, thread t's ``acc[j]`` at columns ``4 t`` .. ``4 t + 3``), then the
+    warp's arrival on the tile's counter of its 16 columns in ``counters``. The tile's head
+    (``sum_parts``: K steps from 0, the end of its block's run, the highest block of the
+    tile's, the runs being in reverse block order, ``swap_schedule``) adds them."""
+    lo, _, row, slot = fixup_place(ws, sched, tile, k_tiles, t, BM, WG)
+    run = sched[1] - 1 - sched[0]
     quad = kaio.local(f32, 4)  # acc[j, :, :]: a row of ws, 16 bytes a thread side by side
-    if kb > 0:  # a part after the head: to ws, then the warp's arrival
-        mine = u32(run - lo) * (BM // 8) + row
+    mine = u32(run - lo) * (BM // 8) + row
+    for j in kaio.static_range(BM // 8):
+        for v in kaio.static_range(4):
+            quad[v] = acc[j, v % 2, v // 2]
+        kaio.store_vector(ws, (mine + j, 4 * t), quad)
+    kaio.threadfence()
+    kaio.sync_warp()
+    if t % 32 == 0:
+        kaio.atomic_add(counters, slot, 1)
+
+
+@kaio.gpu_func
+def sum_parts(
+    ws: f32[:, :], counters: i32[:], acc: f32[:, :, :], stage: f32[:, :, :], bars: u64[:, :],
+    sched: i32[:], tile: i32, k_tiles: i32, t: u32, BM: kaio.constexpr, WG: kaio.constexpr,
+):  # fmt: skip
+    """``int4_swap`` with ``SK``: the head of stream-K tile ``tile`` (its block's last work
+    item) waits for the tile's other parts (``publish_part``, done at the start of lower
+    blocks' runs: ``wait_eq``'s rule, no deadlock) and adds them to its own ``acc``, which
+    never leaves the registers, in order (the same bits run to run), zeroing the counter
+    again. A part is read into ``stage`` [BM / 8, 128 WG, 4] by ``cp_async`` (over the
+    rings, idle once both consumer warpgroups are done), its loads all in flight at once."""
+    _, parts, row, slot = fixup_place(ws, sched, tile, k_tiles, t, BM, WG)
+    quad = kaio.local(f32, 4)
+    kaio.wait_eq(counters, slot, parts - 1)
+    kaio.sync_warp()
+    if t % 32 == 0:
+        counters[slot] = 0  # zero again for the next launch on the stream
+    kaio.mbarrier_arrive(bars, (2, 0))  # both warpgroups' wgmmas done: the rings idle
+    kaio.mbarrier_wait(bars, (2, 0), u32(0))
+    for z in range(1, parts):
         for j in kaio.static_range(BM // 8):
+            kaio.cp_async(stage, (j, t, 0), ws, (u32(z) * (BM // 8) + row + j, 4 * t), 16)
+        kaio.cp_async_wait_all()
+        for j in kaio.static_range(BM // 8):
+            kaio.load_vector(quad, stage, (j, t, 0))
             for v in kaio.static_range(4):
-                quad[v] = acc[j, v % 2, v // 2]
-            kaio.store_vector(ws, (mine + j, 4 * t), quad)
-        kaio.threadfence()
-        kaio.sync_warp()
-        if t % 32 == 0:
-            kaio.atomic_add(counters, slot, 1)
-    else:  # the head: the other parts, in order
-        kaio.wait_eq(counters, slot, parts - 1)
-        kaio.sync_warp()
-        if t % 32 == 0:
-            counters[slot] = 0  # zero again for the next launch on the stream
-        kaio.mbarrier_arrive(bars, (2, 0))  # both warpgroups' wgmmas done: the rings idle
-        kaio.mbarrier_wait(bars, (2, 0), u32(0))
-        for z in range(1, parts):
-            for j in kaio.static_range(BM // 8):
-                kaio.cp_async(stage, (j, t, 0), ws, (u32(z) * (BM // 8) + row + j, 4 * t), 16)
-            kaio.cp_async_wait_all()
-            for j in kaio.static_range(BM // 8):
-                kaio.load_vector(quad, stage, (j, t, 0))
-                for v in kaio.static_range(4):
-                    acc[j, v % 2, v // 2] += quad[v]
-    return kb == 0
+                acc[j, v % 2, v // 2] += quad[v]
 
 
 @kaio.gpu_func
@@ -1387,7 +1427,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "CL": cl, "REGS": swap_registers(wg), "OUT": out_type, "MC": mc,
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
-              "PSUM": int(PSUM and cl and split == 2 and not mc and not kw)}  # fmt: skip
+              "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
+              "HEAD": int(HEAD and wg == 2)}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1404,7 +1445,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     of tiles; a K split along z, or with ``CL`` a cluster of ``split`` pairs, one pair of
     tiles a cluster); with ``KW`` the ``WG`` warpgroups share ``BM x 64`` tiles, taking their
     K slices in turn; with ``LATE`` a slice's words' stage is freed after its wgmmas are
-    issued; with ``SK`` the stream-K schedule (``swap_fixup``), SPREAD
+    issued; with ``SK`` the stream-K schedule (``sum_parts``), SPREAD
     (default 1) whole waves of tiles shared besides the last partial one (``_gemm_streamk.
     share``), the parts of split tiles in a workspace of ``share``'s slots a stream-K
     tile."""
@@ -1431,7 +1472,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
         blocks, dp_tiles, slots, fits = share(tiles, k, sms, spread)
         if not fits:  # (the kernel's step arithmetic is 32-bit)
             raise ValueError(f"int4_swap: SK: {m} x {n} x {k} has too many K steps")
-        if dp_tiles < tiles:  # (swap_fixup: a slot a tile's part)
+        if dp_tiles < tiles:  # (publish_part: a slot a tile's part)
             ws = _arrays.output(a, ((tiles - dp_tiles) * slots * bm // 8, 512 * wg), f32)
             counters = _counters(a, (tiles - dp_tiles) * 4 * wg)
     maps = (
@@ -1493,6 +1534,7 @@ def swap_specializations() -> list:
                   "LATE": int(i == len(cases) - 1),
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 2,
-                  "PSUM": int(cl == 1 and split == 2 and not mc and not kw)}  # fmt: skip
+                  "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
+                  "HEAD": i % 2}  # fmt: skip
         out.append((int4_swap, consts))
     return out
