@@ -578,7 +578,43 @@ def launch_shapes(prof) -> list:
     return out
 
 
+def percall_spans(cases, deadline=math.inf, calls: int = 20) -> None:
+    """Where a call's time goes, timed as bench/fp8.py times it (``Harness.time``: each call
+    between its own pair of events, queued behind a GPU spin) under the profiler: the
+    median event time of ``torch._scaled_mm`` and of the routed ``matmul_fp8`` at ``cases``
+    (m, n, k), the median span of their kernels in the profiler's device timestamps, and
+    the difference (the launch and whatever else the events hold), until ``deadline``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for m, n, k in cases:
+        if time.time() > deadline:
+            print(f"spans: deadline, skipped M={m} {n}x{k}", flush=True)
+            continue
+        sets = input_sets(m, n, k)
+        row = []
+        for name, fn in (("cublas", scaled_mm), ("kaio", with_plan(None))):
+            HARNESS.time(fn, sets, reps=2)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                ms = HARNESS.time(fn, sets, reps=calls, warmup=1)
+            spans = [
+                (e.time_range.end - e.time_range.start)
+                for e in prof.events()
+                if e.device_type == torch.autograd.DeviceType.CUDA
+                and e.time_range.end > 0
+                and "sleep" not in e.name
+            ]
+            per_call = sum(spans) / (calls + 2)  # (the harness's warm-up calls profiled too)
+            event = statistics.median(ms) * 1e3
+            rest = event - per_call
+            row.append(f"{name} event {event:6.2f} kernels {per_call:6.2f} rest {rest:5.2f}")
+        print(f"spans M={m} {n}x{k}: " + " | ".join(row), flush=True)
+        del sets
+        torch.cuda.empty_cache()
+
+
 GAP_CASES = [(128, 4096, 4096), (8, 4096, 4096)]
+SPAN_CASES = [(8, 4096, 4096), (32, 4096, 4096), (8, 8192, 8192), (8, 28672, 4096),
+              (8, 4096, 14336)]  # fmt: skip
 
 
 def with_pdl(pdl: int):
@@ -1435,6 +1471,8 @@ def main() -> None:
             kernel_gaps(GAP_CASES)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
+    if "spans" in cases:  # per call: kernel time and the rest, both
+        percall_spans(SPAN_CASES, t0 + args.budget)
     if "once" in cases:  # one call of each (under ncu)
         call_once([(m, n, k) for m in ms for mo in models for n, k in SHAPES[mo]])
     if "names" in cases:  # which kernels cuBLAS runs where kaio loses most
