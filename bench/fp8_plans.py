@@ -596,17 +596,16 @@ def percall_spans(cases, deadline=math.inf, calls: int = 20) -> None:
             HARNESS.time(fn, sets, reps=2)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 ms = HARNESS.time(fn, sets, reps=calls, warmup=1)
-            spans = [
-                (e.time_range.end - e.time_range.start)
-                for e in prof.events()
-                if e.device_type == torch.autograd.DeviceType.CUDA
-                and e.time_range.end > 0
-                and "sleep" not in e.name
-            ]
-            per_call = sum(spans) / (calls + 2)  # (the harness's warm-up calls profiled too)
+            spans: dict = {}  # kernel name -> its spans (the GPU spins left out)
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > 0:
+                    spans.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+            ours = {nm: t for nm, t in spans.items() if len(t) >= calls}  # (a kernel a call)
+            kernel = sum(statistics.median(t) for t in ours.values())
             event = statistics.median(ms) * 1e3
-            rest = event - per_call
-            row.append(f"{name} event {event:6.2f} kernels {per_call:6.2f} rest {rest:5.2f}")
+            names = ",".join(f"{nm[:40]}x{len(t)}" for nm, t in ours.items())
+            row.append(f"{name} event {event:6.2f} kernels {kernel:6.2f} rest "
+                       f"{event - kernel:5.2f} ({names})")  # fmt: skip
         print(f"spans M={m} {n}x{k}: " + " | ".join(row), flush=True)
         del sets
         torch.cuda.empty_cache()
@@ -978,6 +977,22 @@ def cold4_plans(m, n, k, sms=132):
     return [(2, full[1], s, 2, 1, 1, 1, 1, 0, 1, H.GROUP_ROWS, 2) for s in (12, 16)]
 
 
+def wait_plans(m, n, k, sms=132):
+    """The alternatives "waits" times beside the routed plan (``--timing percall``): where
+    the routed plan keeps two slice sums in turn (``PROMOTE`` 2: a slice's stage freed
+    only once the next slice's wgmmas are issued, after its data came), the same plan with
+    one sum waited for (1: each stage freed as soon as its wgmmas are done); where the
+    swapped tiles outnumber the multiprocessors but not the slots (10240 columns, the
+    unswapped tile routed), the swapped tile of one warpgroup with the last wave split 4
+    ways along K, summed in the kernel."""
+    full = full_plan(H.config(m, n, k, sms))
+    out = [(*full[:3], 1, *full[4:])] if full[3] == 2 else []
+    if m <= H.SWAP_M and not full[9]:
+        bn = max(8, -(-m // 8) * 8)
+        out.append((1, bn, 12, 2, 1, 1, 4, 1, 1, 1, H.GROUP_ROWS, 0))
+    return out
+
+
 def tile_plans(m, n, k, sms=132):
     """The alternatives "tiles" times beside the routed plan past 256 rows (``--timing
     percall``): every two-warpgroup tile of ``RATES`` from 128 columns with ``plan``'s ring
@@ -1013,7 +1028,7 @@ def tile_plans(m, n, k, sms=132):
 
 
 COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans,
-         "tiles": tile_plans}  # fmt: skip
+         "tiles": tile_plans, "waits": wait_plans}  # fmt: skip
 
 
 def main_plan(plan, m) -> tuple:
@@ -1316,7 +1331,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 plans = [p for p in cold2_plans(m, n, k) if p not in NAMED]
                 pick = H.config(m, n, k, 132)
                 jobs += [(p, False, rows) for p in [pick, *plans]]
-    for name in [c for c in cases if c in ("cold3", "cold4", "tiles")]:
+    for name in [c for c in cases if c in ("cold3", "cold4", "tiles", "waits")]:
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
@@ -1446,7 +1461,7 @@ def main() -> None:
     for name in [c for c in cases if c in COLDS]:  # (--timing percall)
         bw = copy_bandwidth()
         print(f"copy bandwidth {bw / 1e12:.3f} TB/s (read + written)", flush=True)
-        over_shapes(ms, COLDS[name], bw=bw, some=name in ("cold3", "cold4", "tiles"))
+        over_shapes(ms, COLDS[name], bw=bw, some=name in ("cold3", "cold4", "tiles", "waits"))
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
         for m, n, k in PDL_CASES:
             if time.time() - t0 > args.budget:
