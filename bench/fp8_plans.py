@@ -978,19 +978,15 @@ def cold4_plans(m, n, k, sms=132):
 
 
 def wait_plans(m, n, k, sms=132):
-    """The alternatives "waits" times beside the routed plan (``--timing percall``): where
-    the routed plan keeps two slice sums in turn (``PROMOTE`` 2: a slice's stage freed
-    only once the next slice's wgmmas are issued, after its data came), the same plan with
-    one sum waited for (1: each stage freed as soon as its wgmmas are done); where the
-    swapped tiles outnumber the multiprocessors but not the slots (10240 columns, the
-    unswapped tile routed), the swapped tile of one warpgroup with the last wave split 4
-    ways along K, summed in the kernel."""
+    """The alternative "waits" times beside the routed plan (``--timing percall``): where
+    the routed plan is a narrow tile with one slice sum waited for (``PROMOTE`` 1: one
+    warpgroup up to 128 columns, or two sharing a 64-row tile, ``NS``), the same plan with
+    two sums in turn (2: each slice's stage freed only once the next slice's wgmmas are
+    issued), the routing before fp8 round C of 2026-11-27."""
     full = full_plan(H.config(m, n, k, sms))
-    out = [(*full[:3], 1, *full[4:])] if full[3] == 2 else []
-    if m <= H.SWAP_M and not full[9]:
-        bn = max(8, -(-m // 8) * 8)
-        out.append((1, bn, 12, 2, 1, 1, 4, 1, 1, 1, H.GROUP_ROWS, 0))
-    return out
+    wg, bn, promote, ns = full[0], full[1], full[3], (*full, 0)[11]
+    narrow = (wg == 1 and bn <= 128) or (ns == 2 and bn <= H.ALTERNATE_BN) or ns == 1
+    return [(*full[:3], 2, *full[4:])] if promote == 1 and narrow else []
 
 
 def tile_plans(m, n, k, sms=132):

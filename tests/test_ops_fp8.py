@@ -429,7 +429,7 @@ def test_config_plans_fit(sms):
     """Every plan ``config`` picks over the M sweep (1..8192) at the Llama-3 shapes fits: its
     ring in shared memory (beside the epilogue's buffers where C goes through shared
     memory: two consumer warpgroups, 128 to 224 columns), a promotion mode its registers
-    hold (two warpgroups on every other K slice of a tile at most ``ALTERNATE_BN`` wide), a
+    hold (two warpgroups on every other K slice: one slice sum waited for each), a
     K split only with one block a tile and two slices a part; on an H100's 132
     multiprocessors 4096^3 and 8192^3 take tiles of 192 columns or more (faster than 128 x
     128 tiles there: the H100 rounds' sweep, docs/performance.md), and 256 x 4096 x K two
@@ -444,8 +444,8 @@ def test_config_plans_fit(sms):
             occ, _, swap, _, ns = (*rest, 1, 0, 0, 0, 0)[:5]
             room = H.shared_bytes(wg, bn, stages, vec, 64, ns) + 1024
             assert occ * room <= H.SHARED_LIMIT + 1024
-            if ns == 2:  # (every other K slice: three sums in 168 registers, else two)
-                assert promote == (2 if bn <= H.ALTERNATE_BN else 1)
+            if ns == 2:  # (every other K slice: one sum waited for)
+                assert promote == 1
             else:
                 assert promote == H.promotion(1 if ns else wg, bn // (1 + (ns == 1)))
             shared_c = wg == 2 and 128 <= bn <= 224 and not ns  # C through shared memory
