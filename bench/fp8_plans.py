@@ -989,6 +989,33 @@ def wait_plans(m, n, k, sms=132):
     return [(*full[:3], 2, *full[4:])] if promote == 1 and narrow else []
 
 
+def depth_plans(m, n, k, sms=132):
+    """The alternatives "depths" times beside the routed plan (``--timing percall``): where
+    it is swapped (up to ``SWAP_M`` rows), its ring two stages shallower and the deepest
+    that fits its blocks a multiprocessor (with one slice sum waited for, each stage is
+    freed as soon as its wgmmas are done: the depth the ring really has)."""
+    full = full_plan(H.config(m, n, k, sms))
+    if not full[9]:
+        return []
+    wg, bn, st, occ, ns = full[0], full[1], full[2], full[7], (*full, 0)[11]
+    limit = (H.SHARED_LIMIT + 1024) // occ - 1024
+    fits = [s for s in range(2, 33) if H.shared_bytes(wg, bn, s, 1, 64, ns) <= limit]
+    return [(*full[:2], d, *full[3:]) for d in sorted({st - 2, fits[-1]} - {st})]
+
+
+def mid_tile_plans(m, n, k, sms=132):
+    """The alternatives "mids" times beside the routed plan (``--timing percall``) where it
+    is a two-warpgroup tile of 128 rows or more with C through shared memory (``VEC`` 3):
+    the same tile storing C from registers with the stage that frees (``VEC`` 1), and 128 x
+    96 and 128 x 112 tiles (one slice sum waited for, ``VEC`` 1; cuBLAS's tile at 256 x
+    6144 x 4096 is 128 x 96)."""
+    full = full_plan(H.config(m, n, k, sms))
+    if full[0] != 2 or full[4] != 3 or (*full, 0)[11]:
+        return []
+    out = [(*full[:2], H.stages_for(2, full[1]), full[3], 1, *full[5:])]
+    return out + [(2, bn, H.stages_for(2, bn), 1, 1) for bn in (96, 112) if bn != full[1]]
+
+
 def tile_plans(m, n, k, sms=132):
     """The alternatives "tiles" times beside the routed plan past 256 rows (``--timing
     percall``): every two-warpgroup tile of ``RATES`` from 128 columns with ``plan``'s ring
@@ -1024,7 +1051,8 @@ def tile_plans(m, n, k, sms=132):
 
 
 COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans,
-         "tiles": tile_plans, "waits": wait_plans}  # fmt: skip
+         "tiles": tile_plans, "waits": wait_plans, "depths": depth_plans,
+         "mids": mid_tile_plans}  # fmt: skip
 
 
 def main_plan(plan, m) -> tuple:
@@ -1327,7 +1355,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 plans = [p for p in cold2_plans(m, n, k) if p not in NAMED]
                 pick = H.config(m, n, k, 132)
                 jobs += [(p, False, rows) for p in [pick, *plans]]
-    for name in [c for c in cases if c in ("cold3", "cold4", "tiles", "waits")]:
+    for name in [c for c in cases if c in ("cold3", "cold4", "tiles", "waits", "depths", "mids")]:
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
@@ -1457,7 +1485,8 @@ def main() -> None:
     for name in [c for c in cases if c in COLDS]:  # (--timing percall)
         bw = copy_bandwidth()
         print(f"copy bandwidth {bw / 1e12:.3f} TB/s (read + written)", flush=True)
-        over_shapes(ms, COLDS[name], bw=bw, some=name in ("cold3", "cold4", "tiles", "waits"))
+        some = name in ("cold3", "cold4", "tiles", "waits", "depths", "mids")
+        over_shapes(ms, COLDS[name], bw=bw, some=some)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
         for m, n, k in PDL_CASES:
             if time.time() - t0 > args.budget:
