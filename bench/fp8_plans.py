@@ -243,6 +243,9 @@ def with_plan(plan, out_dtype=None):
         elif plan in PROMOTIONS:  # (unplanned too; the maps encoded anew, not kept)
             H.config = lambda *args: keep[0](*args)
             T._L2_PROMOTION_256B, T.MAPS_KEPT = PROMOTIONS[plan], 0
+        elif plan == AR64:  # (unplanned too; 64 A rows copied, as before fp8 round E)
+            H.config = lambda *args: keep[0](*args)
+            H.a_rows = lambda m, wg, cl: 64 * wg
         elif plan == MAIN:  # (unplanned too)
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             before = main_plan(keep[0](a.shape[0], b.shape[1], a.shape[1], sms), a.shape[0])
@@ -254,6 +257,7 @@ def with_plan(plan, out_dtype=None):
             return run(a, b, sa, sb)
         finally:
             H.config, D.MAX_M, D.SM90_MAX_M, H.PDL = keep
+            H.a_rows = A_ROWS
             T._L2_PROMOTION_256B, T.MAPS_KEPT = maps
 
     return forced
@@ -264,9 +268,11 @@ GEMV = "gemv"  # the plan name of _fp8_decode's kernel (with_plan)
 MAIN = "main"  # the plan name of main's routing before this branch (with_plan, main_plan)
 BEFORE = "before"  # the plan name of the routing before this branch (with_plan)
 NO_PDL = "nopdl"  # the plan name of the routed plan without programmatic dependent launch
+AR64 = "ar64"  # the plan name of the routed plan with 64 A rows copied whatever M (with_plan)
+A_ROWS = H.a_rows
 PROMOTIONS = {"l2none": 0, "l2p128": 2}  # plan names: the routed plan with its tensor maps'
 # L2 promotion (kaio.tensormap's: 256 bytes, 3) at none (0) and 128 bytes (2)
-NAMED = (GEMV, BEFORE, MAIN, NO_PDL, *PROMOTIONS)
+NAMED = (GEMV, BEFORE, MAIN, NO_PDL, AR64, *PROMOTIONS)
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
@@ -1016,6 +1022,20 @@ def mid_tile_plans(m, n, k, sms=132):
     return out + [(2, bn, H.stages_for(2, bn), 1, 1) for bn in (96, 112) if bn != full[1]]
 
 
+def arow_plans(m, n, k, sms=132):
+    """The alternatives "arows" times beside the routed plan (``--timing percall``) where it
+    is an unswapped tile of two warpgroups sharing 64 rows (``NS``) at fewer rows than that
+    (10240 columns up to ``SWAP_M`` rows): the same with 64 A rows copied whatever M
+    (``AR64``, the launch before), and with the deepest ring that fits the A rows copied
+    (``a_rows``: 8 to 32), at most 24 stages."""
+    full = full_plan(H.config(m, n, k, sms))
+    ns, ar = (*full, 0)[11], H.a_rows(m, 1, 1)
+    if full[9] or not ns or ar >= 64:
+        return []
+    fits = [s for s in range(2, 25) if H.shared_bytes(2, full[1], s, 1, ar, ns) <= H.SHARED_LIMIT]
+    return [AR64] + ([(*full[:2], fits[-1], *full[3:])] if fits[-1] > full[2] else [])
+
+
 def tile_plans(m, n, k, sms=132):
     """The alternatives "tiles" times beside the routed plan past 256 rows (``--timing
     percall``): every two-warpgroup tile of ``RATES`` from 128 columns with ``plan``'s ring
@@ -1052,7 +1072,7 @@ def tile_plans(m, n, k, sms=132):
 
 COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans,
          "tiles": tile_plans, "waits": wait_plans, "depths": depth_plans,
-         "mids": mid_tile_plans}  # fmt: skip
+         "mids": mid_tile_plans, "arows": arow_plans}  # fmt: skip
 
 
 def main_plan(plan, m) -> tuple:
@@ -1355,11 +1375,12 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 plans = [p for p in cold2_plans(m, n, k) if p not in NAMED]
                 pick = H.config(m, n, k, 132)
                 jobs += [(p, False, rows) for p in [pick, *plans]]
-    for name in [c for c in cases if c in ("cold3", "cold4", "tiles", "waits", "depths", "mids")]:
+    for name in [c for c in cases if c in COLDS and c not in ("cold", "cold2")]:
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
-                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *COLDS[name](m, n, k)]]
+                plans = [H.config(m, n, k, 132), *COLDS[name](m, n, k)]
+                jobs += [(p, False, rows) for p in plans if p not in NAMED]
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -1482,10 +1503,12 @@ def main() -> None:
         over_shapes(ms, alternate_plans, some=True)
     if "vsmain" in cases:  # the routed plans against main's routing
         over_shapes(ms, lambda m, n, k: [MAIN])
-    for name in [c for c in cases if c in COLDS]:  # (--timing percall)
-        bw = copy_bandwidth()
+    colds = [c for c in cases if c in COLDS]  # (--timing percall)
+    bw = copy_bandwidth() if colds else None
+    if colds:
         print(f"copy bandwidth {bw / 1e12:.3f} TB/s (read + written)", flush=True)
-        some = name in ("cold3", "cold4", "tiles", "waits", "depths", "mids")
+    for name in colds:
+        some = name not in ("cold", "cold2")
         over_shapes(ms, COLDS[name], bw=bw, some=some)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
         for m, n, k in PDL_CASES:

@@ -829,7 +829,7 @@ def matmul_fp8_wgmma(
     CW = BN // (1 + (NS == 1))  # noqa: N806  constexprs; NS: two warpgroups share 64 rows)
     # a decode tile's A stages hold only the AR rows copied (a_stage_rows), the ring padded
     # so that the last stage's 64-row wgmma operand stays inside it
-    SR = ROWS + (AR - ROWS) * ((WG == 1) * (CL == 1) * (AR < 64))  # noqa: N806
+    SR = ROWS + (AR - ROWS) * ((ROWS == 64) * (CL == 1) * (AR < 64))  # noqa: N806
     A_BYTES = (STAGES * SR + ROWS - SR) * BK * 2  # noqa: N806
     sa_s = kaio.shared_dynamic(f16, (STAGES + ROWS // SR - 1, SR, BK), 0)
     sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), A_BYTES)
@@ -940,10 +940,11 @@ def sum_parts(
 
 
 def a_stage_rows(wg: int, cl: int, ar: int) -> int:
-    """The rows of an A stage of the ring: a decode tile's (one warpgroup, no cluster) only
-    the ``ar`` rows its copies bring (``a_rows``), else the tile's ``64 * wg``. The wgmma
-    still reads 64 rows from a stage: the rows past ``ar`` are the next stages' (or the
-    ring's padding), whose results are never stored."""
+    """The rows of an A stage of the ring: a decode tile's (64 rows: one warpgroup, or two
+    sharing them, ``NS``, passed as ``wg`` 1; no cluster) only the ``ar`` rows its copies
+    bring (``a_rows``), else the tile's ``64 * wg``. The wgmma still reads 64 rows from a
+    stage: the rows past ``ar`` are the next stages' (or the ring's padding), whose results
+    are never stored."""
     return ar if wg == 1 and cl == 1 and ar < 64 else 64 * wg
 
 
@@ -1196,8 +1197,9 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
 
 
 def a_rows(m: int, wg: int, cl: int) -> int:
-    """The A rows a copy brings (``AR``): a decode tile's (one warpgroup, no cluster) rows
-    rounded up to a power of two from 8 when M is smaller than its 64, else the tile's."""
+    """The A rows a copy brings (``AR``): a decode tile's (64 rows: one warpgroup, or two
+    sharing them, passed as ``wg`` 1; no cluster) rows rounded up to a power of two from 8
+    when M is smaller than its 64, else the tile's."""
     if wg == 1 and cl == 1 and m < 64:
         return max(8, 1 << (m - 1).bit_length())
     return 64 * wg
@@ -1260,7 +1262,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         a_units, bt_units, m, n = bt_units, a_units, n, m
         fuse, vec = 1, 1  # (sum_parts and the shared epilogue store tiles of C, not C^T)
     rows = 64 if ns else 64 * wg  # (NS: the warpgroups share the rows, each half the columns)
-    ar = 64 if ns else a_rows(m, wg, cl)
+    ar = a_rows(m, 1 if ns else wg, cl)
     ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(

@@ -264,6 +264,8 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((2, 128, 3, 1, 3, 1, 1, 1, 0, 0, 8, 1), 70, 272, 256, "row", "f16"),  # halves (NS)
         ((2, 64, 3, 2, 1, 1, 1, 1, 0, 0, 8, 2), 100, 208, 640, "row", "f16"),  # odd K slices
         ((2, 128, 3, 1, 1, 1, 1, 1, 0, 0, 8, 2), 70, 272, 384, "col", "bf16"),  # one sum each
+        ((2, 48, 5, 1, 1, 1, 1, 1, 0, 0, 8, 2), 5, 208, 640, "both", "f16"),  # 8 A rows copied
+        ((2, 64, 3, 1, 1, 1, 1, 1, 0, 0, 8, 1), 20, 144, 384, "row", "bf16"),  # 32, halves
         ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
         ((2, 128, 3, 4, 1), 260, 144, 384, "col", "bf16"),  # warpgroups issuing in turn
         ((1, 64, 3, 2, 1, 1, 3), 20, 192, 640, "both", "f16"),  # last tile split 3 ways
