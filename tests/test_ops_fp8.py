@@ -687,7 +687,8 @@ def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch
      ((2, 8, 8, 2, 1, 1, 1, 2, 0, 1, 8, 2), 5), ((2, 32, 12, 2, 1, 1, 1, 1, 0, 1, 8, 2), 32),
      ((1, 32, 32, 2, 1), 1), ((1, 16, 26, 2, 1, 1, 1, 2), 16), ((1, 32, 17, 2, 1, 1, 2, 2), 13),
      ((1, 64, 7, 2, 1, 1, 1, 2), 64), ((1, 48, 27, 2, 1), 5), ((1, 32, 17, 2, 1, 1, 2, 2, 1), 16),
-     ((1, 64, 7, 2, 1, 1, 3, 2, 1), 40)],
+     ((1, 64, 7, 2, 1, 1, 3, 2, 1), 40), ((2, 80, 16, 1, 1, 1, 1, 1, 0, 0, 8, 2), 7),
+     ((2, 32, 16, 1, 1, 1, 1, 1, 0, 1, 8, 2), 32), ((1, 16, 8, 1, 1, 1, 1, 2, 0, 1, 8, 0), 9)],
 )  # fmt: skip
 def test_decode_plans_gpu_vs_scaled_mm(plan, m, monkeypatch):
     """Decode tiles (one warpgroup, A stages of only the rows copied) with deep rings, two
