@@ -1036,28 +1036,6 @@ def arow_plans(m, n, k, sms=132):
     return [AR64] + ([(*full[:2], fits[-1], *full[3:])] if fits[-1] > full[2] else [])
 
 
-def route_plans(m, n, k, sms=132):
-    """The alternatives "routes" times beside the routed plan (``--timing percall``): the
-    plan of the routing before fp8 round E of 2026-11-27 where it differs (no 128 x 96 tile
-    in ``RATES``; 224 columns with C through shared memory, ``VEC`` 3), and where the
-    routed tile is two warpgroups' of at most 96 columns (not ``NS``), the same with the
-    other promotion (one slice sum waited for, or two in turn)."""
-    full = H.config(m, n, k, sms)
-    rates = dict(H.RATES)
-    del H.RATES[2, 96, 1]
-    try:
-        old = H.config(m, n, k, sms)
-    finally:
-        H.RATES.clear()
-        H.RATES.update(rates)
-    if old[:2] == (2, 224):
-        old = (2, 224, H.stages_for(2, 224, vec=3), old[3], 3, *old[5:])
-    out = [old] if old != full else []
-    if full[0] == 2 and full[1] <= 96 and not (*full_plan(full), 0)[11]:
-        out.append((*full[:3], 3 - full[3], *full[4:]))
-    return out
-
-
 def tile_plans(m, n, k, sms=132):
     """The alternatives "tiles" times beside the routed plan past 256 rows (``--timing
     percall``): every two-warpgroup tile of ``RATES`` from 128 columns with ``plan``'s ring
@@ -1094,7 +1072,7 @@ def tile_plans(m, n, k, sms=132):
 
 COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans,
          "tiles": tile_plans, "waits": wait_plans, "depths": depth_plans,
-         "mids": mid_tile_plans, "arows": arow_plans, "routes": route_plans}  # fmt: skip
+         "mids": mid_tile_plans, "arows": arow_plans}  # fmt: skip
 
 
 def main_plan(plan, m) -> tuple:

@@ -999,13 +999,11 @@ def promotion(wg: int, bn: int) -> int:
 
 def plan(wg: int, bn: int, cl: int = 1, split: int = 1) -> tuple:
     """The full plan (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT) of a tile shape: two consumer
-    warpgroups and 128 to 208 columns store C through shared memory by bulk copies drained
+    warpgroups and 128 to 224 columns store C through shared memory by bulk copies drained
     during the next tile (``VEC`` 3, a stage fewer: 2 to 6% faster than ``VEC`` 1 at 4096 and
     8192 rows on an H100 and an H200; at 256 columns, 3 stages, and 64, slower:
-    docs/performance.md), the others 4 adjacent columns a store (at 224 columns the buffers
-    would leave 3 stages, where ``VEC`` 1 keeps 5: 3-5% faster at 256 and 512 rows of 28672 x
-    4096 and 57344 x 8192 on an H100, fp8 round D of 2026-11-27)."""
-    vec = 3 if wg == 2 and 128 <= bn <= 208 else 1
+    docs/performance.md), the others 4 adjacent columns a store."""
+    vec = 3 if wg == 2 and 128 <= bn <= 224 else 1
     return wg, bn, stages_for(wg, bn, vec=vec), promotion(wg, bn), vec, cl, split
 
 
@@ -1017,7 +1015,6 @@ def plan(wg: int, bn: int, cl: int = 1, split: int = 1) -> tuple:
 # to 0.95 of the same tile alone), so none is routed.
 RATES = {
     (2, 128, 1): 0.90,
-    (2, 96, 1): 0.72,  # (128 tiles at 256 x 6144 x 4096: 18.0 µs, 128 x 128's 96 19.2; fp8 D)
     (2, 200, 1): 0.958,  # (fills 8192 columns and 20 waves: fp8 rounds A, B, 2026-11-27)
     (2, 160, 1): 0.934,
     (2, 192, 1): 0.96,
