@@ -52,7 +52,7 @@ wgmmas) starts a fresh wgmma sum ``part`` that is then added to the f32 ``acc`` 
 - 1 ("single"): one ``part``, waited for after each slice; the other warpgroups' wgmmas keep
   the tensor cores busy meanwhile. Each stage is freed as soon as its wgmmas are done,
   where 2 frees it only once the next slice's data came and its wgmmas were issued: the
-  routed mode of the narrow tiles up to 256 rows (one warpgroup, two on a shared 64-row
+  routed mode of the narrow tiles up to 128 rows (one warpgroup, two on a shared 64-row
   tile, the swapped decode tiles), whose wgmmas are short and whose time is the weights'
   stream (``promotion``).
 - 4 ("turns", two consumer warpgroups): as 1, but the warpgroups issue each slice's wgmmas in
