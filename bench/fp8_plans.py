@@ -36,7 +36,10 @@ routed plans against main's routing (``main_plan``). Writes ``DIR/fp8_plans.json
 per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds have
 passed. ``cold`` (``cold2``, ``cold3``, ``cold4``): ``cold_plans`` (``cold2_plans``,
 ``cold3_plans``, ``cold4_plans``) beside the routed plan; ``tiles``: ``tile_plans`` (every
-wide tile, split or not) beside it past 256 rows.
+wide tile, split or not) beside it past 256 rows; ``waits``, ``depths``, ``mids``,
+``arows``: ``wait_plans`` (the narrow tiles with two slice sums in turn), ``depth_plans``,
+``mid_tile_plans``, ``arow_plans`` beside it; ``spans``: a call's kernel time and the rest
+(``percall_spans``) at ``SPAN_CASES``.
 ``--timing``: ``percall`` (the default) times each call as bench/fp8.py does, the issue's
 figure (``percall_times``: its own pair of events, as many input sets as bench/fp8.py
 rotates); ``batched`` (every figure before 2026-11-27's cold pass) times batches of calls
