@@ -36,7 +36,10 @@ routed plans against main's routing (``main_plan``). Writes ``DIR/fp8_plans.json
 per case) and prints a table. The sweep stops starting cases once ``--budget`` seconds have
 passed. ``cold`` (``cold2``, ``cold3``, ``cold4``): ``cold_plans`` (``cold2_plans``,
 ``cold3_plans``, ``cold4_plans``) beside the routed plan; ``tiles``: ``tile_plans`` (every
-wide tile, split or not) beside it past 256 rows.
+wide tile, split or not) beside it past 256 rows; ``waits``, ``depths``, ``mids``,
+``arows``: ``wait_plans`` (the narrow tiles with two slice sums in turn), ``depth_plans``,
+``mid_tile_plans``, ``arow_plans`` beside it; ``spans``: a call's kernel time and the rest
+(``percall_spans``) at ``SPAN_CASES``.
 ``--timing``: ``percall`` (the default) times each call as bench/fp8.py does, the issue's
 figure (``percall_times``: its own pair of events, as many input sets as bench/fp8.py
 rotates); ``batched`` (every figure before 2026-11-27's cold pass) times batches of calls
@@ -243,6 +246,9 @@ def with_plan(plan, out_dtype=None):
         elif plan in PROMOTIONS:  # (unplanned too; the maps encoded anew, not kept)
             H.config = lambda *args: keep[0](*args)
             T._L2_PROMOTION_256B, T.MAPS_KEPT = PROMOTIONS[plan], 0
+        elif plan == AR64:  # (unplanned too; 64 A rows copied, as before fp8 round E)
+            H.config = lambda *args: keep[0](*args)
+            H.a_rows = lambda m, wg, cl: 64 * wg
         elif plan == MAIN:  # (unplanned too)
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             before = main_plan(keep[0](a.shape[0], b.shape[1], a.shape[1], sms), a.shape[0])
@@ -254,6 +260,7 @@ def with_plan(plan, out_dtype=None):
             return run(a, b, sa, sb)
         finally:
             H.config, D.MAX_M, D.SM90_MAX_M, H.PDL = keep
+            H.a_rows = A_ROWS
             T._L2_PROMOTION_256B, T.MAPS_KEPT = maps
 
     return forced
@@ -264,9 +271,11 @@ GEMV = "gemv"  # the plan name of _fp8_decode's kernel (with_plan)
 MAIN = "main"  # the plan name of main's routing before this branch (with_plan, main_plan)
 BEFORE = "before"  # the plan name of the routing before this branch (with_plan)
 NO_PDL = "nopdl"  # the plan name of the routed plan without programmatic dependent launch
+AR64 = "ar64"  # the plan name of the routed plan with 64 A rows copied whatever M (with_plan)
+A_ROWS = H.a_rows
 PROMOTIONS = {"l2none": 0, "l2p128": 2}  # plan names: the routed plan with its tensor maps'
 # L2 promotion (kaio.tensormap's: 256 bytes, 3) at none (0) and 128 bytes (2)
-NAMED = (GEMV, BEFORE, MAIN, NO_PDL, *PROMOTIONS)
+NAMED = (GEMV, BEFORE, MAIN, NO_PDL, AR64, *PROMOTIONS)
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
@@ -578,7 +587,42 @@ def launch_shapes(prof) -> list:
     return out
 
 
+def percall_spans(cases, deadline=math.inf, calls: int = 20) -> None:
+    """Where a call's time goes, timed as bench/fp8.py times it (``Harness.time``: each call
+    between its own pair of events, queued behind a GPU spin) under the profiler: the
+    median event time of ``torch._scaled_mm`` and of the routed ``matmul_fp8`` at ``cases``
+    (m, n, k), the median span of their kernels in the profiler's device timestamps, and
+    the difference (the launch and whatever else the events hold), until ``deadline``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for m, n, k in cases:
+        if time.time() > deadline:
+            print(f"spans: deadline, skipped M={m} {n}x{k}", flush=True)
+            continue
+        sets = input_sets(m, n, k)
+        row = []
+        for name, fn in (("cublas", scaled_mm), ("kaio", with_plan(None))):
+            HARNESS.time(fn, sets, reps=2)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                ms = HARNESS.time(fn, sets, reps=calls, warmup=1)
+            spans: dict = {}  # kernel name -> its spans (the GPU spins left out)
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > 0:
+                    spans.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+            ours = {nm: t for nm, t in spans.items() if len(t) >= calls}  # (a kernel a call)
+            kernel = sum(statistics.median(t) for t in ours.values())
+            event = statistics.median(ms) * 1e3
+            names = ",".join(f"{nm[:40]}x{len(t)}" for nm, t in ours.items())
+            row.append(f"{name} event {event:6.2f} kernels {kernel:6.2f} rest "
+                       f"{event - kernel:5.2f} ({names})")  # fmt: skip
+        print(f"spans M={m} {n}x{k}: " + " | ".join(row), flush=True)
+        del sets
+        torch.cuda.empty_cache()
+
+
 GAP_CASES = [(128, 4096, 4096), (8, 4096, 4096)]
+SPAN_CASES = [(8, 4096, 4096), (32, 4096, 4096), (8, 8192, 8192), (8, 28672, 4096),
+              (8, 4096, 14336)]  # fmt: skip
 
 
 def with_pdl(pdl: int):
@@ -942,6 +986,59 @@ def cold4_plans(m, n, k, sms=132):
     return [(2, full[1], s, 2, 1, 1, 1, 1, 0, 1, H.GROUP_ROWS, 2) for s in (12, 16)]
 
 
+def wait_plans(m, n, k, sms=132):
+    """The alternative "waits" times beside the routed plan (``--timing percall``): where
+    the routed plan is a narrow tile with one slice sum waited for (``PROMOTE`` 1: one
+    warpgroup up to 128 columns, or two sharing a 64-row tile, ``NS``), the same plan with
+    two sums in turn (2: each slice's stage freed only once the next slice's wgmmas are
+    issued), the routing before fp8 round C of 2026-11-27."""
+    full = full_plan(H.config(m, n, k, sms))
+    wg, bn, promote, ns = full[0], full[1], full[3], (*full, 0)[11]
+    narrow = (wg == 1 and bn <= 128) or (ns == 2 and bn <= H.ALTERNATE_BN) or ns == 1
+    return [(*full[:3], 2, *full[4:])] if promote == 1 and narrow else []
+
+
+def depth_plans(m, n, k, sms=132):
+    """The alternatives "depths" times beside the routed plan (``--timing percall``): where
+    it is swapped (up to ``SWAP_M`` rows), its ring two stages shallower and the deepest
+    that fits its blocks a multiprocessor (with one slice sum waited for, each stage is
+    freed as soon as its wgmmas are done: the depth the ring really has)."""
+    full = full_plan(H.config(m, n, k, sms))
+    if not full[9]:
+        return []
+    wg, bn, st, occ, ns = full[0], full[1], full[2], full[7], (*full, 0)[11]
+    limit = (H.SHARED_LIMIT + 1024) // occ - 1024
+    fits = [s for s in range(2, 33) if H.shared_bytes(wg, bn, s, 1, 64, ns) <= limit]
+    return [(*full[:2], d, *full[3:]) for d in sorted({st - 2, fits[-1]} - {st})]
+
+
+def mid_tile_plans(m, n, k, sms=132):
+    """The alternatives "mids" times beside the routed plan (``--timing percall``) where it
+    is a two-warpgroup tile of 128 rows or more with C through shared memory (``VEC`` 3):
+    the same tile storing C from registers with the stage that frees (``VEC`` 1), and 128 x
+    96 and 128 x 112 tiles (one slice sum waited for, ``VEC`` 1; cuBLAS's tile at 256 x
+    6144 x 4096 is 128 x 96)."""
+    full = full_plan(H.config(m, n, k, sms))
+    if full[0] != 2 or full[4] != 3 or (*full, 0)[11]:
+        return []
+    out = [(*full[:2], H.stages_for(2, full[1]), full[3], 1, *full[5:])]
+    return out + [(2, bn, H.stages_for(2, bn), 1, 1) for bn in (96, 112) if bn != full[1]]
+
+
+def arow_plans(m, n, k, sms=132):
+    """The alternatives "arows" times beside the routed plan (``--timing percall``) where it
+    is an unswapped tile of two warpgroups sharing 64 rows (``NS``) at fewer rows than that
+    (10240 columns up to ``SWAP_M`` rows): the same with 64 A rows copied whatever M
+    (``AR64``, the launch before), and with the deepest ring that fits the A rows copied
+    (``a_rows``: 8 to 32), at most 24 stages."""
+    full = full_plan(H.config(m, n, k, sms))
+    ns, ar = (*full, 0)[11], H.a_rows(m, 1, 1)
+    if full[9] or not ns or ar >= 64:
+        return []
+    fits = [s for s in range(2, 25) if H.shared_bytes(2, full[1], s, 1, ar, ns) <= H.SHARED_LIMIT]
+    return [AR64] + ([(*full[:2], fits[-1], *full[3:])] if fits[-1] > full[2] else [])
+
+
 def tile_plans(m, n, k, sms=132):
     """The alternatives "tiles" times beside the routed plan past 256 rows (``--timing
     percall``): every two-warpgroup tile of ``RATES`` from 128 columns with ``plan``'s ring
@@ -977,7 +1074,8 @@ def tile_plans(m, n, k, sms=132):
 
 
 COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans,
-         "tiles": tile_plans}  # fmt: skip
+         "tiles": tile_plans, "waits": wait_plans, "depths": depth_plans,
+         "mids": mid_tile_plans, "arows": arow_plans}  # fmt: skip
 
 
 def main_plan(plan, m) -> tuple:
@@ -1280,11 +1378,12 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 plans = [p for p in cold2_plans(m, n, k) if p not in NAMED]
                 pick = H.config(m, n, k, 132)
                 jobs += [(p, False, rows) for p in [pick, *plans]]
-    for name in [c for c in cases if c in ("cold3", "cold4", "tiles")]:
+    for name in [c for c in cases if c in COLDS and c not in ("cold", "cold2")]:
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
-                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *COLDS[name](m, n, k)]]
+                plans = [H.config(m, n, k, 132), *COLDS[name](m, n, k)]
+                jobs += [(p, False, rows) for p in plans if p not in NAMED]
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -1407,10 +1506,13 @@ def main() -> None:
         over_shapes(ms, alternate_plans, some=True)
     if "vsmain" in cases:  # the routed plans against main's routing
         over_shapes(ms, lambda m, n, k: [MAIN])
-    for name in [c for c in cases if c in COLDS]:  # (--timing percall)
-        bw = copy_bandwidth()
+    colds = [c for c in cases if c in COLDS]  # (--timing percall)
+    bw = copy_bandwidth() if colds else None
+    if colds:
         print(f"copy bandwidth {bw / 1e12:.3f} TB/s (read + written)", flush=True)
-        over_shapes(ms, COLDS[name], bw=bw, some=name in ("cold3", "cold4", "tiles"))
+    for name in colds:
+        some = name not in ("cold", "cold2")
+        over_shapes(ms, COLDS[name], bw=bw, some=some)
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
         for m, n, k in PDL_CASES:
             if time.time() - t0 > args.budget:
@@ -1435,6 +1537,8 @@ def main() -> None:
             kernel_gaps(GAP_CASES)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
+    if "spans" in cases:  # per call: kernel time and the rest, both
+        percall_spans(SPAN_CASES, t0 + args.budget + 6)
     if "once" in cases:  # one call of each (under ncu)
         call_once([(m, n, k) for m in ms for mo in models for n, k in SHAPES[mo]])
     if "names" in cases:  # which kernels cuBLAS runs where kaio loses most

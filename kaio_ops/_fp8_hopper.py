@@ -50,7 +50,11 @@ wgmmas) starts a fresh wgmma sum ``part`` that is then added to the f32 ``acc`` 
   each slice is multiplied as two 128-wide halves into one ``part`` of half the width, each
   waited for (``wgmma_wait(0)``) and added before the next.
 - 1 ("single"): one ``part``, waited for after each slice; the other warpgroups' wgmmas keep
-  the tensor cores busy meanwhile.
+  the tensor cores busy meanwhile. Each stage is freed as soon as its wgmmas are done,
+  where 2 frees it only once the next slice's data came and its wgmmas were issued: the
+  routed mode of the narrow tiles up to 128 rows (one warpgroup, two on a shared 64-row
+  tile, the swapped decode tiles), whose wgmmas are short and whose time is the weights'
+  stream (``promotion``).
 - 4 ("turns", two consumer warpgroups): as 1, but the warpgroups issue each slice's wgmmas in
   turn (warpgroup 1 after 0, 0 after 1's slice before; two mbarriers, an arrival a warp), so
   that one warpgroup's group runs while the other waits for and adds its own: they do not
@@ -825,7 +829,7 @@ def matmul_fp8_wgmma(
     CW = BN // (1 + (NS == 1))  # noqa: N806  constexprs; NS: two warpgroups share 64 rows)
     # a decode tile's A stages hold only the AR rows copied (a_stage_rows), the ring padded
     # so that the last stage's 64-row wgmma operand stays inside it
-    SR = ROWS + (AR - ROWS) * ((WG == 1) * (CL == 1) * (AR < 64))  # noqa: N806
+    SR = ROWS + (AR - ROWS) * ((ROWS == 64) * (CL == 1) * (AR < 64))  # noqa: N806
     A_BYTES = (STAGES * SR + ROWS - SR) * BK * 2  # noqa: N806
     sa_s = kaio.shared_dynamic(f16, (STAGES + ROWS // SR - 1, SR, BK), 0)
     sb_s = kaio.shared_dynamic(f16, (STAGES, BN, BK), A_BYTES)
@@ -936,10 +940,11 @@ def sum_parts(
 
 
 def a_stage_rows(wg: int, cl: int, ar: int) -> int:
-    """The rows of an A stage of the ring: a decode tile's (one warpgroup, no cluster) only
-    the ``ar`` rows its copies bring (``a_rows``), else the tile's ``64 * wg``. The wgmma
-    still reads 64 rows from a stage: the rows past ``ar`` are the next stages' (or the
-    ring's padding), whose results are never stored."""
+    """The rows of an A stage of the ring: a decode tile's (64 rows: one warpgroup, or two
+    sharing them, ``NS``, passed as ``wg`` 1; no cluster) only the ``ar`` rows its copies
+    bring (``a_rows``), else the tile's ``64 * wg``. The wgmma still reads 64 rows from a
+    stage: the rows past ``ar`` are the next stages' (or the ring's padding), whose results
+    are never stored."""
     return ar if wg == 1 and cl == 1 and ar < 64 else 64 * wg
 
 
@@ -975,13 +980,16 @@ def stages_for(wg: int, bn: int, most: int = 12, vec: int = 1, ar: int = 64,
 
 def promotion(wg: int, bn: int) -> int:
     """The ``PROMOTE`` mode of a ``64 * wg x bn`` tile (module docstring). One warpgroup:
-    two slice sums in turn up to 128 columns, 128-column halves past that. Two or three:
+    one slice sum waited for up to 128 columns (each stage freed as soon as its wgmmas are
+    done: on an H100, one call at a time, 1-3% faster than two sums in turn for the swapped
+    decode tiles and ``shared_plan``'s halves, fp8 rounds B and C of 2026-11-27,
+    docs/performance.md), 128-column halves past that. Two or three:
     two sums in turn where the three accumulators fit in 160 registers, else one sum waited
     for (acc and one sum fit the 240 registers that ``setmaxnreg`` gives two consumer
     warpgroups up to 224 columns: the whole-program JIT spills none of them), halves past
     224."""
     if wg == 1:
-        return 3 if bn > 128 else 2
+        return 3 if bn > 128 else 1
     if bn > 224:
         return 3
     if wg == 2 and 3 * bn // 2 <= 160:
@@ -1072,7 +1080,7 @@ def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
     """The swapped decode plan (``SWAP``, C^T = B^T A^T, as cuBLAS's 64 x 8 tiles): tiles of
     64 weight rows by a's ``m`` rows rounded up to 8. Where the tiles fill at most half the
     multiprocessors once (4096 columns), two consumer warpgroups
-    (``swap_alternating_plan``); else one, two slice sums in turn, up to ``SWAP_OCC``
+    (``swap_alternating_plan``); else one, one slice sum waited for, up to ``SWAP_OCC``
     blocks a multiprocessor, ``swap_stages`` ring stages (at most what fits ``1 /
     SWAP_OCC`` of one). None where the ``n / 64`` tiles would leave some multiprocessors
     with one block and others with two (more tiles than multiprocessors but fewer than the
@@ -1100,26 +1108,27 @@ def swap_alternating_plan(bn: int) -> tuple:
     cold3, cold4; docs/performance.md), against one warpgroup, two blocks a multiprocessor,
     8 stages (9 to 12 and a tile's K over a cluster of two at K = 14336), 1 to 32 rows, two
     rounds: 4096 x 4096 0.88x-0.97x of cuBLAS against 0.87x-0.94x, 4096 x 14336 0.95x-1.07x
-    against 0.93x-1.04x. At 6144 and 8192 columns (96 and 128 tiles) within 2% either way."""
-    return 2, bn, 16, 2, 1, 1, 1, 1, 0, 1, GROUP_ROWS, 2
+    against 0.93x-1.04x. At 6144 and 8192 columns (96 and 128 tiles) within 2% either way.
+    One slice sum waited for a warpgroup (``promotion``)."""
+    return 2, bn, 16, 1, 1, 1, 1, 1, 0, 1, GROUP_ROWS, 2
 
 
 NS_M = 128  # a's rows up to which narrow tiles run as shared_plan's (two warpgroups, 64 rows)
-ALTERNATE_BN = 96  # the widest 64-row tile whose warpgroups multiply every other K slice (NS 2):
-# its acc and two slice sums fit the 168 registers of a thread without setmaxnreg
+ALTERNATE_BN = 96  # the widest 64-row decode tile whose warpgroups multiply every other K
+# slice (NS 2) up to 64 rows (alternating_plan; one warpgroup's tile past it)
 
 
 def alternating_plan(bn: int, most: int = 12) -> tuple:
     """The plan of a 64 x ``bn`` tile multiplied by two consumer warpgroups, each every
-    other K slice (``NS`` 2), the deepest ring (at most ``most`` stages) that fits; two
-    slice sums in turn up to ``ALTERNATE_BN`` columns, one waited for past that (three
-    sums would not fit 168 registers). Measured on an H100 (bench/fp8_plans.py --cases alt,
+    other K slice (``NS`` 2), the deepest ring (at most ``most`` stages) that fits, one
+    slice sum waited for (each stage freed as soon as its wgmmas are done: 1-3% faster on
+    an H100 than two sums in turn at 64 and 128 rows, fp8 rounds B and C of 2026-11-27,
+    docs/performance.md). Measured on an H100 (bench/fp8_plans.py --cases alt,
     docs/performance.md) at 64 rows against one warpgroup's tile: 1-9% faster at all six
     shapes where the tile is at most 96 wide (4096 x 4096 1.14x against 1.05x of cuBLAS),
     1-2% at 10240 x 8192 from 1 to 32 rows."""
     fits = [s for s in range(2, most + 1) if shared_bytes(2, bn, s, 1, 64, 2) <= SHARED_LIMIT]
-    promote = 2 if bn <= ALTERNATE_BN else 1
-    return 2, bn, fits[-1], promote, 1, 1, 1, 1, 0, 0, GROUP_ROWS, 2
+    return 2, bn, fits[-1], 1, 1, 1, 1, 1, 0, 0, GROUP_ROWS, 2
 
 
 WIDE_ALTERNATE_M = 256  # a's rows up to which wide_alternating_plan's tiles may run
@@ -1142,24 +1151,25 @@ def shared_plan(m: int, n: int, sms: int) -> tuple:
     """The plan of 64-row tiles whose two consumer warpgroups share the rows (``NS``;
     cuBLAS's kernel at 128 rows runs 64 x 64 tiles on 384 threads), the narrowest multiple
     of 32 columns whose tiles fit one wave, the deepest ring that fits (at most 16 stages),
-    two slice sums in turn a warpgroup: each warpgroup multiplies every other K slice of the
-    whole tile (``NS`` 2) where it is 64 columns wide, else half the columns (1). Measured
-    on an H100 (bench/fp8_plans.py --cases ns, alt; docs/performance.md): at 128 rows half
-    the columns each ran 2-3% faster than 64 x 64 tiles of one warpgroup or 128 x 64 of two
-    at N = 4096, 6144 and 8192; every other K slice 6-7% faster again at N = 4096 (K =
-    4096 and 14336), the same at 6144 (96 columns)."""
+    one slice sum waited for a warpgroup (``promotion``): each warpgroup multiplies every
+    other K slice of the whole tile (``NS`` 2) where it is 64 columns wide, else half the
+    columns (1). Measured on an H100 (bench/fp8_plans.py --cases ns, alt;
+    docs/performance.md): at 128 rows half the columns each ran 2-3% faster than 64 x 64
+    tiles of one warpgroup or 128 x 64 of two at N = 4096, 6144 and 8192; every other K
+    slice 6-7% faster again at N = 4096 (K = 4096 and 14336), the same at 6144 (96
+    columns)."""
     bn = next(b for b in range(32, 257, 32) if -(-m // 64) * -(-n // b) <= sms or b == 256)
     if bn <= 64:
         return alternating_plan(bn, 16)
     fits = [s for s in range(2, 17) if shared_bytes(2, bn, s, 1, 64, 1) <= SHARED_LIMIT]
-    return 2, bn, fits[-1], 2, 1, 1, 1, 1, 0, 0, GROUP_ROWS, 1
+    return 2, bn, fits[-1], promotion(1, bn // 2), 1, 1, 1, 1, 0, 0, GROUP_ROWS, 1
 
 
 def config(m: int, n: int, k: int, sms: int) -> tuple:
     """(WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT[, OCC, FUSE, SWAP]) for an ``m x n`` output
     on ``sms`` multiprocessors. Up to ``SWAP_M`` rows the swapped tiles (``swap_config``)
     where they fit the multiprocessors. Up to 64 rows the weights' bytes are the cost:
-    64-row tiles of 16 to 128 columns (two slice sums in turn; up to ``ALTERNATE_BN``
+    64-row tiles of 16 to 128 columns (one slice sum waited for; up to ``ALTERNATE_BN``
     columns two warpgroups on every other K slice: ``alternating_plan``), the width that fills the
     waves of tiles best (each tile costs about 64 columns more than its width: 32 columns
     for N = 4096, 48 for 6144, 112 for 28672). Past that, the tile of ``RATES`` whose
@@ -1187,8 +1197,9 @@ def config(m: int, n: int, k: int, sms: int) -> tuple:
 
 
 def a_rows(m: int, wg: int, cl: int) -> int:
-    """The A rows a copy brings (``AR``): a decode tile's (one warpgroup, no cluster) rows
-    rounded up to a power of two from 8 when M is smaller than its 64, else the tile's."""
+    """The A rows a copy brings (``AR``): a decode tile's (64 rows: one warpgroup, or two
+    sharing them, passed as ``wg`` 1; no cluster) rows rounded up to a power of two from 8
+    when M is smaller than its 64, else the tile's."""
     if wg == 1 and cl == 1 and m < 64:
         return max(8, 1 << (m - 1).bit_length())
     return 64 * wg
@@ -1251,7 +1262,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         a_units, bt_units, m, n = bt_units, a_units, n, m
         fuse, vec = 1, 1  # (sum_parts and the shared epilogue store tiles of C, not C^T)
     rows = 64 if ns else 64 * wg  # (NS: the warpgroups share the rows, each half the columns)
-    ar = 64 if ns else a_rows(m, wg, cl)
+    ar = a_rows(m, 1 if ns else wg, cl)
     ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
     tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
     constexprs = dict(

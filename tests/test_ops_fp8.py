@@ -264,6 +264,8 @@ def test_matmul_hopper_kernel_sim(monkeypatch):
         ((2, 128, 3, 1, 3, 1, 1, 1, 0, 0, 8, 1), 70, 272, 256, "row", "f16"),  # halves (NS)
         ((2, 64, 3, 2, 1, 1, 1, 1, 0, 0, 8, 2), 100, 208, 640, "row", "f16"),  # odd K slices
         ((2, 128, 3, 1, 1, 1, 1, 1, 0, 0, 8, 2), 70, 272, 384, "col", "bf16"),  # one sum each
+        ((2, 48, 5, 1, 1, 1, 1, 1, 0, 0, 8, 2), 5, 208, 640, "both", "f16"),  # 8 A rows copied
+        ((2, 64, 3, 1, 1, 1, 1, 1, 0, 0, 8, 1), 20, 144, 384, "row", "bf16"),  # 32, halves
         ((3, 96, 2, 2, 1), 200, 208, 256, "row", "f16"),  # three consumer warpgroups
         ((2, 128, 3, 4, 1), 260, 144, 384, "col", "bf16"),  # warpgroups issuing in turn
         ((1, 64, 3, 2, 1, 1, 3), 20, 192, 640, "both", "f16"),  # last tile split 3 ways
@@ -374,6 +376,8 @@ def _force_plan(monkeypatch, plan, sms=2) -> list:
         ((1, 32, 3, 2, 1, 1, 3, 1, 1, 1), 30, 144, 640, "both", "bf16", "e4m3"),  # 3 parts
         ((2, 16, 3, 1, 1, 1, 2, 1, 0, 1), 9, 128, 512, "row", "f16", "e4m3"),  # split, 2 WG
         ((2, 8, 4, 2, 1, 1, 1, 2, 0, 1, 8, 2), 5, 144, 640, "both", "bf16", "e4m3"),  # NS 2
+        ((2, 16, 4, 1, 1, 1, 1, 1, 0, 1, 8, 2), 12, 144, 640, "row", "f16", "e5m2"),  # 1 sum
+        ((1, 8, 4, 1, 1, 1, 1, 2, 0, 1), 7, 208, 640, "both", "bf16", "e4m3"),  # 1 sum, OCC 2
         ((1, 16, 4, 2, 1, 2, 1, 1, 0, 1), 11, 400, 640, "both", "bf16", "e4m3"),  # CL 2
     ],
 )
@@ -429,7 +433,7 @@ def test_config_plans_fit(sms):
     """Every plan ``config`` picks over the M sweep (1..8192) at the Llama-3 shapes fits: its
     ring in shared memory (beside the epilogue's buffers where C goes through shared
     memory: two consumer warpgroups, 128 to 224 columns), a promotion mode its registers
-    hold (two warpgroups on every other K slice of a tile at most ``ALTERNATE_BN`` wide), a
+    hold (two warpgroups on every other K slice: one slice sum waited for each), a
     K split only with one block a tile and two slices a part; on an H100's 132
     multiprocessors 4096^3 and 8192^3 take tiles of 192 columns or more (faster than 128 x
     128 tiles there: the H100 rounds' sweep, docs/performance.md), and 256 x 4096 x K two
@@ -444,8 +448,8 @@ def test_config_plans_fit(sms):
             occ, _, swap, _, ns = (*rest, 1, 0, 0, 0, 0)[:5]
             room = H.shared_bytes(wg, bn, stages, vec, 64, ns) + 1024
             assert occ * room <= H.SHARED_LIMIT + 1024
-            if ns == 2:  # (every other K slice: three sums in 168 registers, else two)
-                assert promote == (2 if bn <= H.ALTERNATE_BN else 1)
+            if ns == 2:  # (every other K slice: one sum waited for)
+                assert promote == 1
             else:
                 assert promote == H.promotion(1 if ns else wg, bn // (1 + (ns == 1)))
             shared_c = wg == 2 and 128 <= bn <= 224 and not ns  # C through shared memory
@@ -683,7 +687,8 @@ def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch
      ((2, 8, 8, 2, 1, 1, 1, 2, 0, 1, 8, 2), 5), ((2, 32, 12, 2, 1, 1, 1, 1, 0, 1, 8, 2), 32),
      ((1, 32, 32, 2, 1), 1), ((1, 16, 26, 2, 1, 1, 1, 2), 16), ((1, 32, 17, 2, 1, 1, 2, 2), 13),
      ((1, 64, 7, 2, 1, 1, 1, 2), 64), ((1, 48, 27, 2, 1), 5), ((1, 32, 17, 2, 1, 1, 2, 2, 1), 16),
-     ((1, 64, 7, 2, 1, 1, 3, 2, 1), 40)],
+     ((1, 64, 7, 2, 1, 1, 3, 2, 1), 40), ((2, 80, 16, 1, 1, 1, 1, 1, 0, 0, 8, 2), 7),
+     ((2, 32, 16, 1, 1, 1, 1, 1, 0, 1, 8, 2), 32), ((1, 16, 8, 1, 1, 1, 1, 2, 0, 1, 8, 0), 9)],
 )  # fmt: skip
 def test_decode_plans_gpu_vs_scaled_mm(plan, m, monkeypatch):
     """Decode tiles (one warpgroup, A stages of only the rows copied) with deep rings, two
