@@ -53,10 +53,16 @@ def run_sim(b, h, hkv, sq, sk, dtype, causal, cfg=None):
         # the pair without the mask: rotated walks (key block x from its (head, tile) item x,
         # query block x from key tile 2x), K's two stages reused
         (1, 2, 1, 256, 256, False, 0),
+        # DS: dQ from the dS^T tiles the dK/dV kernel copies out (poisoned workspace: a tile
+        # read but not written fails), grouped-query and causal (the zero tiles past the
+        # diagonal of a 128-query tile's first half); a partial 128-query tile, Sq < Sk
+        (1, 2, 1, 256, 256, True, "ds"),
+        (1, 1, 1, 192, 256, False, "ds"),
     ],
 )
 def test_backward_d256_in_simulator(b, h, hkv, sq, sk, causal, dq):
-    grads = run_sim(b, h, hkv, sq, sk, np.float16, causal, {"dkdv": {"DQ": dq}})
+    cfg = {"DQ": 0, "DS": 1} if dq == "ds" else {"DQ": dq}
+    grads = run_sim(b, h, hkv, sq, sk, np.float16, causal, {"dkdv": cfg})
     check_grads(*grads, np.float16)
 
 
