@@ -546,17 +546,17 @@ def attention_bwd_dkdv_d256q(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
-    cu_q: i32[:], cu_k: i32[:], tp: i32, ws: DT[:], nqt: i32, D: kaio.constexpr,
+    cu_q: i32[:], cu_k: i32[:], tp: i32, ws: DT[:], nqt: i32, y0: i32, D: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr,
     ROT: kaio.constexpr, DS: kaio.constexpr,
 ):  # fmt: skip
-    """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z):
-    ``dkdv_block``."""
+    """dk, dv of the 64 keys of key block x and K/V head y0 + y (``COLS`` 1: of sequence
+    z): ``dkdv_block``, the workspace (``DS`` 1) from K/V head y0's first query head on."""
     t, wg, lt = thread_roles(2)
     dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, seq_q, seq_k, heads, group,
                scale_log2, scale, causal, cu_q, cu_k, tp, t, wg, lt, i32(kaio.block_idx_x()),
-               i32(kaio.block_idx_y()), i32(kaio.grid_dim_x()), ws, nqt, D, REGS, DT, COLS,
-               HALVES, ROT, DS)  # fmt: skip
+               y0 + i32(kaio.block_idx_y()), i32(kaio.grid_dim_x()), ws, nqt, y0 * group, D,
+               REGS, DT, COLS, HALVES, ROT, DS)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -565,8 +565,9 @@ def dkdv_block(
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     cu_q: i32[:], cu_k: i32[:], tp: i32, t: u32, wg: u32, lt: u32, x: i32, y: i32, nx: i32,
-    ws: DT[:], nqt: i32, D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr,
-    COLS: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr, DS: kaio.constexpr,
+    ws: DT[:], nqt: i32, ws_head0: i32, D: kaio.constexpr, REGS: kaio.constexpr,
+    DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr,
+    DS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x (of nx) and K/V head y (``COLS`` 1: of sequence
     z) (thread t, warpgroup wg, its thread lt: ``thread_roles``), as
@@ -581,7 +582,8 @@ def dkdv_block(
     (head, tile) items begins at item x W / nx and wraps around, so that the blocks of a
     head read different tiles at any time. ``DS`` 1 (dense, ``HALVES`` 1): each tile's dS^T
     halves also copied to the workspace ``ws`` by the producer warpgroup's second warp
-    (``store_ds_tiles``; ``nqt`` 64-query tiles a head there), for ``attention_bwd_dq_ds``."""
+    (``store_ds_tiles``; its heads from query head ``ws_head0`` on, ``nqt`` 64-query tiles
+    a head), for ``attention_bwd_dq_ds``."""
     BM = 128
     C = D // 64
     ONCE = 64 * D * 2
@@ -640,8 +642,8 @@ def dkdv_block(
                             first_head * sq, 0, sq, 0, group, first, n_tiles, stats, tl, td, 0,
                             0, s0, D, BM, DT, HALVES)  # fmt: skip
         elif DS and lt == 32:
-            store_ds_tiles(ws, pt_s, bars, (first_head * nqt * nx + x) * 64, nqt * nx * 64, nx,
-                           group, first, n_tiles, s0, DT)  # fmt: skip
+            store_ds_tiles(ws, pt_s, bars, ((first_head - ws_head0) * nqt * nx + x) * 64,
+                           nqt * nx * 64, nx, group, first, n_tiles, s0, DT)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -878,7 +880,7 @@ def attention_bwd_d256(
     if b < n_dkdv:
         dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, seq_q, seq_k, heads, group,
                    scale_log2, scale, causal, none, none, 0, t, wg, lt, b % nkb, b // nkb, nkb,
-                   dk, 0, D, REGS, DT, 0, HALVES, ROT, 0)  # fmt: skip
+                   dk, 0, 0, D, REGS, DT, 0, HALVES, ROT, 0)  # fmt: skip
     else:
         b -= n_dkdv
         dq_block(tq2, tdo2, tk, tv, tl2, td2, dq, seq_q, seq_k, heads, group, scale_log2, scale,
@@ -1035,11 +1037,12 @@ def consume_ds(
 @kaio.gpu_kernel(fastmath=True)
 def attention_bwd_dq_ds(
     tk: kaio.tensormap, tds: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
-    group: i32, scale: f32, causal: i32, nqt: i32, D: kaio.constexpr, REGS: kaio.constexpr,
-    STAGES: kaio.constexpr, DT: kaio.constexpr,
+    group: i32, scale: f32, causal: i32, nqt: i32, bh0: i32, D: kaio.constexpr,
+    REGS: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """dq of the 128 query rows of block x (counted from the last: the heaviest causal tiles
-    first) of (batch, head) block y = scale dS K, dS^T read from the workspace that the
+    first) of (batch, head) bh0 + y = scale dS K, dS^T read from the workspace (its heads
+    from bh0 on) that the
     dK/dV kernel wrote (``DS`` 1: ``tds``, its rows as [heads, ``nqt`` 64-query tiles, key
     blocks, 64] in boxes of 64 x 64, unswizzled: the tiles are already swizzled) and K
     (``tk``, boxes of 64 rows) through a ring of ``STAGES`` stages: a plain product, no
@@ -1054,7 +1057,7 @@ def attention_bwd_dq_ds(
     turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
     t, wg, lt = thread_roles(2)
     x = i32(kaio.block_idx_x())
-    bh = i32(kaio.block_idx_y())
+    bh = bh0 + i32(kaio.block_idx_y())
     nx = i32(kaio.grid_dim_x())
     q0 = (nx - 1 - x) * 128
     kvh, n_tiles = kv_head_and_tiles(bh, q0, heads, group, seq_k, causal, 128, 64)
@@ -1072,8 +1075,9 @@ def attention_bwd_dq_ds(
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
-            produce_ds(k_s, ds_s, bars, tk, tds, kvh * seq_k, (bh * nqt + q0 // 64) * nkb * 64,
-                       nkb * 64, n_tiles, D, STAGES, DT)  # fmt: skip
+            produce_ds(k_s, ds_s, bars, tk, tds, kvh * seq_k,
+                       ((bh - bh0) * nqt + q0 // 64) * nkb * 64, nkb * 64, n_tiles, D, STAGES,
+                       DT)  # fmt: skip
 
 
 def ds_shared_bytes(d: int, stages: int) -> int:
@@ -1131,11 +1135,17 @@ ROT = 1
 Q128_ONLY = ("Q128", "HALVES", "ROT", "DS")
 
 # dQ from the dS^T tiles that the Q128 kernel copies to a workspace (1: ``DS``,
-# ``attention_bwd_dq_ds``) or recomputed by the dQ kernel (0).
-DS = 0
+# ``attention_bwd_dq_ds``: one product a tile instead of three) or recomputed by the dQ kernel
+# (0). Measured on an H100, f16 B1 H16 S16384, GPU round A of 2026-11-27, each timed in a
+# block after SDPA's: 537 TFLOP/s against 462 causal, 519 against 441 without the mask.
+DS = 1
 
 # attention_bwd_dq_ds's ring stages.
 DS_STAGES = 4
+
+# The most bytes of dS^T the workspace holds (DS 1): the backward runs in chunks of K/V heads
+# whose tiles fit (at least one head).
+DS_BYTES = 1 << 40
 
 
 def dkdv_kernel(c: dict, d: int, dt) -> tuple:
@@ -1160,20 +1170,22 @@ def q128_shared_bytes(d: int) -> int:
 
 
 def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, dv,
-             extra: tuple, args: tuple, offsets: dict, dt, ws=None,
-             nqt: int = 0) -> None:  # fmt: skip
+             extra: tuple, args: tuple, offsets: dict, dt, ws=None, nqt: int = 0,
+             y0: int = 0) -> None:  # fmt: skip
     """Launch the dK/dV kernel of ``config(d)["dkdv"]`` ``c`` (``Q128`` 1:
     ``attention_bwd_dkdv_d256q``, else ``attention_bwd_dkdv_d256`` with ``extra``: its
     dq_acc and semaphores) on ``grid`` and ``stream``: ``maps(rows)`` the tensor maps of k, v
     (boxes of 64 rows) and q, do (boxes of ``rows``), ``stats(rows)`` those of lse and delta
     (the stats' rows in boxes of ``rows``), the lse and delta, dk and dv, the kernel's scalar
     ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``; ``ws``, ``nqt``: the
-    workspace of ``DS`` 1 and its 64-query tiles a head."""
+    workspace of ``DS`` 1 and its 64-query tiles a head; ``y0``: grid row y is K/V head y0 +
+    y."""
     if c.get("Q128"):
         smem = q128_shared_bytes(d)
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets,
-            ws=dk if ws is None else ws, nqt=nqt, D=d, REGS=c["REGS"], DT=dt, COLS=c["COLS"],
+            ws=dk if ws is None else ws, nqt=nqt, y0=y0, D=d, REGS=c["REGS"], DT=dt,
+            COLS=c["COLS"],
             HALVES=c["HALVES"], ROT=c["ROT"], DS=int(ws is not None),
         )  # fmt: skip
         return
@@ -1284,9 +1296,8 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     # DS: keys past sk would reach dQ (the dK/dV kernel does not mask them)
     ds = c1.get("DS") and c1.get("Q128") and c1.get("HALVES") and sk % 64 == 0
     nqt, nkb = 2 * -(-sq // 128), -(-sk // 64)
-    ws = _arrays.output(da, (bh * nqt * nkb * 64 * 64,)) if ds else None
 
-    def dkdv_kernel():
+    def dkdv_kernel(n_kv=bh // group, y0=0, ws=None):
         def maps(rows):
             return (
                 tmap(ka, rows_kv, 64),
@@ -1299,11 +1310,23 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         def stats(box):
             return pair.stats_maps(la, delta, rows_q, box)
 
-        run_dkdv(c1, d, (-(-sk // 64), bh // group), stream, maps, stats, la.arg(rows_q), delta,
-                 *out, (dq_acc, sem), args, {"cu_q": none, "cu_k": none, "tp": 0},
-                 qa.dtype, None if ws is None else _arrays.output_arg(da, ws, (ws_size(ws),)),
-                 nqt)  # fmt: skip
+        run_dkdv(c1, d, (nkb, n_kv), stream, maps, stats, la.arg(rows_q), delta, *out,
+                 (dq_acc, sem), args, {"cu_q": none, "cu_k": none, "tp": 0}, qa.dtype,
+                 None if ws is None else _arrays.output_arg(da, ws, (ws_size(ws),)), nqt,
+                 y0)  # fmt: skip
 
+    if ds:  # in chunks of K/V heads whose dS^T fit DS_BYTES
+        kv_heads = bh // group
+        chunk = max(1, min(kv_heads, DS_BYTES // (group * nqt * nkb * 64 * 64 * 2)))
+        ws = _arrays.output(da, (chunk * group * nqt * nkb * 64 * 64,))
+        for y0 in range(0, kv_heads, chunk):
+            n = min(chunk, kv_heads - y0)
+            if only != "dq":
+                dkdv_kernel(n, y0, ws)
+            if only != "dkdv":
+                dq_from_ds(ka, da, ws, dq, dims, args, nqt, nkb, c2["REGS"], stream, y0 * group,
+                           n * group)  # fmt: skip
+        return dq, dk, dv
     side = (SIDE if side is None else side) and only is None and not c1["DQ"]
     if c2["UNION"] and not side and c1["Q128"] and c2["KV"]:  # (only: that part's blocks)
         nkb, nqb = -(-sk // 64), -(-sq // 128)
@@ -1327,9 +1350,6 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         )
     if only == "dkdv" or c1["DQ"]:
         return dq, dk, dv
-    if ds:
-        dq_from_ds(ka, da, ws, dq, dims, args, nqt, nkb, c2["REGS"], stream)
-        return dq, dk, dv
     kernel, consts, threads, smem, bq, bn = dq_kernel(c2, d, 0)
     stats = pair.stats_maps(la, delta, rows_q, bq)
     with pair.side_stream(qa, side) as dq_stream:  # (there the dQ kernel first)
@@ -1349,20 +1369,21 @@ def ws_size(ws) -> int:
 
 
 def dq_from_ds(ka, da, ws, dq, dims: tuple, args: tuple, nqt: int, nkb: int, regs: int,
-               stream) -> None:  # fmt: skip
-    """``attention_bwd_dq_ds`` on ``stream``: dq = scale dS K from the workspace ``ws`` that
-    the dK/dV kernel filled (``DS`` 1; ``nqt`` 64-query tiles and ``nkb`` key blocks a head),
-    ``ka``, ``da`` the checked k and do, ``args`` the kernels' scalars."""
+               stream, bh0: int, n_bh: int) -> None:  # fmt: skip
+    """``attention_bwd_dq_ds`` on ``stream``: dq of the ``n_bh`` (batch, head)s from
+    ``bh0`` = scale dS K from the workspace ``ws`` that the dK/dV kernel filled (``DS`` 1;
+    theirs, ``nqt`` 64-query tiles and ``nkb`` key blocks a head), ``ka``, ``da`` the
+    checked k and do, ``args`` the kernels' scalars."""
     from kaio_ops import _arrays
     from kaio_ops import _attention_hopper_bwd as pair
 
     bh, _, _, sq, sk, d, _ = dims
-    rows = bh * nqt * nkb * 64
-    tds = kaio.tensor_map_2d(_arrays.view(ws, da.kind, (rows, 64)), (64, 64), 0)
+    tds = kaio.tensor_map_2d(_arrays.view(ws, da.kind, (ws_size(ws) // 64, 64)), (64, 64), 0)
     _, _, heads, group, _, scale, causal = args
-    attention_bwd_dq_ds[(nqt // 2, bh), 384, stream, ds_shared_bytes(d, DS_STAGES)](
+    attention_bwd_dq_ds[(nqt // 2, n_bh), 384, stream, ds_shared_bytes(d, DS_STAGES)](
         pair.row_map(ka, bh // group * sk, 64, d), tds, _arrays.output_arg(da, dq, (bh * sq * d,)),
-        sq, sk, heads, group, scale, causal, nqt, D=d, REGS=regs, STAGES=DS_STAGES, DT=da.dtype,
+        sq, sk, heads, group, scale, causal, nqt, bh0, D=d, REGS=regs, STAGES=DS_STAGES,
+        DT=da.dtype,
     )  # fmt: skip
 
 
@@ -1379,6 +1400,9 @@ def specializations():
         yield dkdv_kernel(cfg["dkdv"], D256, dt)
         if FUSED:
             yield dq_convert_tiles, {"D": D256, "DT": dt}
+        elif DS:
+            yield attention_bwd_dq_ds, {"D": D256, "REGS": cfg["dq"]["REGS"], "STAGES": DS_STAGES,
+                                        "DT": dt}  # fmt: skip
         else:
             kernel, consts, *_ = dq_kernel(cfg["dq"], D256, 0)
             yield kernel, {"DT": dt, **consts}

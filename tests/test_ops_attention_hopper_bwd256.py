@@ -58,10 +58,14 @@ def run_sim(b, h, hkv, sq, sk, dtype, causal, cfg=None):
         # diagonal of a 128-query tile's first half); a partial 128-query tile, Sq < Sk
         (1, 2, 1, 256, 256, True, "ds"),
         (1, 1, 1, 192, 256, False, "ds"),
+        # in chunks of one K/V head (DS_BYTES: each chunk's tiles from the workspace's start)
+        (2, 2, 1, 128, 128, True, "ds chunks"),
     ],
 )
-def test_backward_d256_in_simulator(b, h, hkv, sq, sk, causal, dq):
-    cfg = {"DQ": 0, "DS": 1} if dq == "ds" else {"DQ": dq}
+def test_backward_d256_in_simulator(b, h, hkv, sq, sk, causal, dq, monkeypatch):
+    cfg = {"DQ": 0, "DS": 1} if str(dq).startswith("ds") else {"DQ": dq, "DS": 0}
+    if dq == "ds chunks":  # a K/V head's dS^T: its 2 query heads' 2 x 2 tiles of 64 x 64
+        monkeypatch.setattr(bwd256, "DS_BYTES", 2 * 2 * 2 * 64 * 64 * 2)
     grads = run_sim(b, h, hkv, sq, sk, np.float16, causal, {"dkdv": cfg})
     check_grads(*grads, np.float16)
 
