@@ -132,14 +132,21 @@ def _hopper_gpu() -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("b, h, hkv, sq, sk", [(2, 4, 4, 1024, 1024), (1, 4, 2, 1024, 2048)])
+@pytest.mark.parametrize(
+    "b, h, hkv, sq, sk, chunk",
+    # the grouped-query case with DS's workspace one K/V head's dS^T: two chunks
+    [(2, 4, 4, 1024, 1024, None), (1, 4, 2, 1024, 2048, 2 * 16 * 32 * 64 * 64 * 2)],
+)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_gpu_flash_attention_bwd_d256(b, h, hkv, sq, sk, causal, dtype):
+def test_gpu_flash_attention_bwd_d256(b, h, hkv, sq, sk, chunk, causal, dtype, monkeypatch):
     """``flash_attention_bwd`` at D 256 on sm_90 (these kernels) against float64 autograd:
     within the tolerance of P and dS rounded to the input type, or of twice torch SDPA
     flash's distance where that runs; the same bits on a second run."""
     import torch
+
+    if chunk:
+        monkeypatch.setattr(bwd256, "DS_BYTES", chunk)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tests.test_ops_attention import _rel_t, _sdpa64
