@@ -4,8 +4,9 @@
 dim (FlashAttention-3's hdim-256 layout: 64-row key and query tiles, the dK and dV
 accumulators of 64 x 256 split across the warpgroups), and a dQ kernel,
 ``attention_bwd_dq_d256`` (``KV`` 1; 0: the pair's ``attention_bwd_dq_wgmma`` of
-``kaio_ops._attention_hopper_bwd`` at D 256). No atomics: the same bits every run.
-``FUSED`` 1 (off: slower, measured) makes the dK/dV kernel compute dQ too (``DQ`` 1), added
+``kaio_ops._attention_hopper_bwd`` at D 256), or, with ``DS`` 1 (the default), a plain
+product ``attention_bwd_dq_ds``: dQ = scale dS K from the dS^T tiles that the dK/dV kernel
+copies to a workspace (below). No atomics: the same bits every run. ``FUSED`` 1 (off: slower, measured) makes the dK/dV kernel compute dQ too (``DQ`` 1), added
 in a fixed order by ``_attention_hopper_bwd_fused``'s ordered writer: deterministic as
 well.
 
@@ -66,6 +67,17 @@ multiprocessors that the last dK/dV blocks leave idle. Without the mask (``ROT``
 default) each block's walk begins at its own place (key block x at item x W / blocks of its
 W (head, query tile) items, query block x at key tile x n / blocks) and wraps around, so that
 a head's blocks read different tiles at any time.
+
+With ``DS`` 1 (dense, ``attention_bwd_dkdv_d256q``) the dQ kernel's recomputation of S and
+dP goes: the dK/dV kernel's producer warpgroup's second warp copies each tile's two dS^T
+buffers (64 keys x 64 queries, f16 or bf16, swizzled as the wgmmas read them) whole to a
+workspace as soon as they are stored (``store_ds_tiles``, one bulk copy each; the buffers
+are freed once the copies have read them), and ``attention_bwd_dq_ds`` adds dS K over a
+query block's key tiles from a ring of K tiles and dS^T tile pairs: one product a tile
+instead of three, for B H Sq Sk 2 bytes of workspace written and read once (its dS^T tiles
+as [heads, 64-query tiles, key blocks, 64 x 64]). Where those exceed ``DS_BYTES`` the
+backward runs in chunks of K/V heads, the workspace reused (``launch``). dS is rounded to
+the input type for its product, as the dQ kernel rounds it.
 
 With ``COLS`` 1 the dK/dV kernel is the varlen backward's at D 256
 (``_attention_hopper_varlen_bwd``): a block (key block, K/V head, sequence) of packed
