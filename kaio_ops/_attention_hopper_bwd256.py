@@ -6,9 +6,9 @@ accumulators of 64 x 256 split across the warpgroups), and a dQ kernel,
 ``attention_bwd_dq_d256`` (``KV`` 1; 0: the pair's ``attention_bwd_dq_wgmma`` of
 ``kaio_ops._attention_hopper_bwd`` at D 256), or, with ``DS`` 1 (the default), a plain
 product ``attention_bwd_dq_ds``: dQ = scale dS K from the dS^T tiles that the dK/dV kernel
-copies to a workspace (below). No atomics: the same bits every run. ``FUSED`` 1 (off: slower, measured) makes the dK/dV kernel compute dQ too (``DQ`` 1), added
-in a fixed order by ``_attention_hopper_bwd_fused``'s ordered writer: deterministic as
-well.
+copies to a workspace (below). No atomics: the same bits every run. ``FUSED`` 1 (off:
+slower, measured) makes the dK/dV kernel compute dQ too (``DQ`` 1), added in a fixed order
+by ``_attention_hopper_bwd_fused``'s ordered writer: deterministic as well.
 
 ``attention_bwd_dkdv_d256``: a block owns 64 keys (key block x) of one K/V head (K and V
 loaded once by TMA) and walks the query tiles of 64 rows of its group's heads (causal: those
