@@ -1156,7 +1156,7 @@ DS = 1
 DS_STAGES = 4
 
 # The most bytes of dS^T the workspace holds (DS 1): the backward runs in chunks of K/V heads
-# whose tiles fit (at least one head).
+# whose tiles fit, and without DS where one head's do not.
 DS_BYTES = 1 << 40
 
 
@@ -1305,9 +1305,11 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     none = _arrays.output(da, (1,), i32)  # (the varlen offsets: unused)
     if c1["DQ"]:
         zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
+    nqt, nkb = 2 * -(-sq // 128), -(-sk // 64)
+    head_bytes = group * nqt * nkb * 64 * 64 * 2  # a K/V head's dS^T tiles (DS)
     # DS: keys past sk would reach dQ (the dK/dV kernel does not mask them)
     ds = c1.get("DS") and c1.get("Q128") and c1.get("HALVES") and sk % 64 == 0
-    nqt, nkb = 2 * -(-sq // 128), -(-sk // 64)
+    ds = ds and head_bytes <= DS_BYTES
 
     def dkdv_kernel(n_kv=bh // group, y0=0, ws=None):
         def maps(rows):
@@ -1329,7 +1331,7 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
 
     if ds:  # in chunks of K/V heads whose dS^T fit DS_BYTES
         kv_heads = bh // group
-        chunk = max(1, min(kv_heads, DS_BYTES // (group * nqt * nkb * 64 * 64 * 2)))
+        chunk = min(kv_heads, DS_BYTES // head_bytes)
         ws = _arrays.output(da, (chunk * group * nqt * nkb * 64 * 64,))
         for y0 in range(0, kv_heads, chunk):
             n = min(chunk, kv_heads - y0)

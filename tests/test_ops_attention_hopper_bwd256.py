@@ -70,6 +70,17 @@ def test_backward_d256_in_simulator(b, h, hkv, sq, sk, causal, dq, monkeypatch):
     check_grads(*grads, np.float16)
 
 
+def test_ds_keeps_to_its_workspace_bound(monkeypatch):
+    """DS's workspace holds at most ``DS_BYTES``: where one K/V head's dS^T tiles do not
+    fit, the backward takes the dQ kernel instead (right gradients, no dS product)."""
+    taken = []
+    monkeypatch.setattr(bwd256, "dq_from_ds", lambda *a: taken.append(a))
+    monkeypatch.setattr(bwd256, "DS_BYTES", 2 * 2 * 64 * 64 * 2 - 1)  # a head's tiles: 2 x 2
+    grads = run_sim(1, 1, 1, 128, 128, np.float16, False, {"dkdv": {"DQ": 0, "DS": 1}})
+    check_grads(*grads, np.float16)
+    assert not taken
+
+
 def test_dispatch_takes_d256_on_sm_90_only(monkeypatch):
     """``flash_attention_bwd``'s D 256 branch (``hopper_takes(..., bwd256)``): an sm_90 GPU,
     D 256, whole 64-row tiles, S >= 1024; an sm_80 GPU keeps the mma.sync kernels, and the
