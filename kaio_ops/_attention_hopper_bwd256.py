@@ -1148,16 +1148,23 @@ Q128_ONLY = ("Q128", "HALVES", "ROT", "DS")
 
 # dQ from the dS^T tiles that the Q128 kernel copies to a workspace (1: ``DS``,
 # ``attention_bwd_dq_ds``: one product a tile instead of three) or recomputed by the dQ kernel
-# (0). Measured on an H100, f16 B1 H16 S16384, GPU round A of 2026-11-27, each timed in a
-# block after SDPA's: 537 TFLOP/s against 462 causal, 519 against 441 without the mask.
+# (0). Measured on an H100, H16 D256, GPU rounds A-D of 2026-11-27, each timed in a block
+# after SDPA's (TFLOP/s, DS against the dQ kernel): f16 B1 S16384 542 / 423 causal, 531 / 436
+# not; bf16 545 / 435, 533 / 446; B4 S4096 and B16 S1024 faster too (f16: 466 / 368, 515 /
+# 405, 294 / 254, 378 / 347); grouped-query (Hkv 2 and 4, S16384, in turn) 17-24% faster.
+# The kernels alone (f16 S16384 causal): the dK/dV kernel with its copies 535 against 541,
+# dQ in 38% of the dQ kernel's time.
 DS = 1
 
 # attention_bwd_dq_ds's ring stages.
 DS_STAGES = 4
 
 # The most bytes of dS^T the workspace holds (DS 1): the backward runs in chunks of K/V heads
-# whose tiles fit, and without DS where one head's do not.
-DS_BYTES = 1 << 40
+# whose tiles fit, and without DS where one head's do not. 8 GiB: f16 B1 H16 S16384 in one
+# chunk. Chunks cost time (measured on an H100, f16 B1 H16 S16384, GPU round D of 2026-11-27,
+# timed in turn: TFLOP/s causal / not, unbounded 573 / 585, 8 GiB 561 / 572, 4 GiB (two
+# chunks) 558 / 536, 2 GiB (four) 523 / 520).
+DS_BYTES = 8 << 30
 
 
 def dkdv_kernel(c: dict, d: int, dt) -> tuple:
