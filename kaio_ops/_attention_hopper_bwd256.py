@@ -667,7 +667,7 @@ def store_ds_tiles(
     ``pt_s[3]``: 64 keys x 64 queries, as ``store_ds`` swizzled them) copied whole to the
     workspace ``ws`` as they are stored (``bars[1, 5]``, ``bars[1, 7]``), the buffers freed
     (``bars[1, 4]``) once the copies have read them. The workspace is [heads, 64-query tiles,
-    key blocks, 64 x 64] (``ws_rows``): this block's tile of half h of 128-query tile t of
+    key blocks, 64 x 64] (rows of 64): this block's tile of half h of 128-query tile t of
     head j at row ``row0 + j head_rows + (2t + h) nkb 64``; the walk as ``produce_qdo``'s."""
     ph = u32(0)
     t, j = walk_start(s0, first, n_tiles, 0, 1)
@@ -1053,10 +1053,9 @@ def attention_bwd_dq_ds(
     REGS: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """dq of the 128 query rows of block x (counted from the last: the heaviest causal tiles
-    first) of (batch, head) bh0 + y = scale dS K, dS^T read from the workspace (its heads
-    from bh0 on) that the
-    dK/dV kernel wrote (``DS`` 1: ``tds``, its rows as [heads, ``nqt`` 64-query tiles, key
-    blocks, 64] in boxes of 64 x 64, unswizzled: the tiles are already swizzled) and K
+    first) of (batch, head) bh0 + y = scale dS K: dS^T from the workspace that the dK/dV
+    kernel wrote (``DS`` 1; ``tds``: its rows as [heads from bh0 on, ``nqt`` 64-query tiles,
+    key blocks, 64] in boxes of 64 x 64, unswizzled: the tiles are already swizzled) and K
     (``tk``, boxes of 64 rows) through a ring of ``STAGES`` stages: a plain product, no
     recomputation of S and dP (the dQ kernel's three products become one)."""
     C = D // 64
@@ -1204,8 +1203,7 @@ def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, 
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets,
             ws=dk if ws is None else ws, nqt=nqt, y0=y0, D=d, REGS=c["REGS"], DT=dt,
-            COLS=c["COLS"],
-            HALVES=c["HALVES"], ROT=c["ROT"], DS=int(ws is not None),
+            COLS=c["COLS"], HALVES=c["HALVES"], ROT=c["ROT"], DS=int(ws is not None),
         )  # fmt: skip
         return
     smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
