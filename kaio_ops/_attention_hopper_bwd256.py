@@ -1155,7 +1155,7 @@ Q128_ONLY = ("Q128", "HALVES", "ROT", "DS")
 # dQ in 38% of the dQ kernel's time.
 DS = 1
 
-# attention_bwd_dq_ds's ring stages.
+# attention_bwd_dq_ds's ring stages: as many as fit (48 KB each: K's tile, two dS^T tiles).
 DS_STAGES = 4
 
 # The most bytes of dS^T the workspace holds (DS 1): the backward runs in chunks of K/V heads
