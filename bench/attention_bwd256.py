@@ -289,7 +289,8 @@ def varlen_rows(cases: str, masks: str, impls: str, check: bool, reps: int = 3,
 
 # kernel_cfg's options NAMEn: (the kernels, the constexpr) that they set to n
 KNOBS = {"halves": (("dkdv",), "HALVES"), "sfirst": (("dq",), "SFIRST"),
-         "rot": (("dq", "dkdv"), "ROT"), "union": (("dq",), "UNION")}  # fmt: skip
+         "rot": (("dq", "dkdv"), "ROT"), "union": (("dq",), "UNION"),
+         "ds": (("dkdv",), "DS")}  # fmt: skip
 
 
 def kernel_cfg(item: str) -> tuple[str, dict, bool]:
@@ -297,7 +298,8 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
     the ``launch`` overrides of its options (``kv``: the dQ kernel
     ``attention_bwd_dq_d256``, ``pair``: the pair's; ``q128``: the dK/dV kernel
     ``attention_bwd_dkdv_d256q``, ``bm64``: ``attention_bwd_dkdv_d256``; ``halvesN``,
-    ``sfirstN``, ``rotN``, ``unionN``: ``KNOBS``' constexpr N (without N: 1);
+    ``sfirstN``, ``rotN``, ``unionN``, ``dsN`` (dkdv: with its dS^T copies; dq: dQ from the
+    workspace): ``KNOBS``' constexpr N (without N: 1);
     ``BN:STAGES:PIPE``: the pair's dQ kernel with those) and whether ``side``."""
     part, *opts = item.split(":")
     cfg: dict = {"dq": {}, "dkdv": {}}

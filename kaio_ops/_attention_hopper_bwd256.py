@@ -4,10 +4,11 @@
 dim (FlashAttention-3's hdim-256 layout: 64-row key and query tiles, the dK and dV
 accumulators of 64 x 256 split across the warpgroups), and a dQ kernel,
 ``attention_bwd_dq_d256`` (``KV`` 1; 0: the pair's ``attention_bwd_dq_wgmma`` of
-``kaio_ops._attention_hopper_bwd`` at D 256). No atomics: the same bits every run.
-``FUSED`` 1 (off: slower, measured) makes the dK/dV kernel compute dQ too (``DQ`` 1), added
-in a fixed order by ``_attention_hopper_bwd_fused``'s ordered writer: deterministic as
-well.
+``kaio_ops._attention_hopper_bwd`` at D 256), or, with ``DS`` 1 (the default), a plain
+product ``attention_bwd_dq_ds``: dQ = scale dS K from the dS^T tiles that the dK/dV kernel
+copies to a workspace (below). No atomics: the same bits every run. ``FUSED`` 1 (off:
+slower, measured) makes the dK/dV kernel compute dQ too (``DQ`` 1), added in a fixed order
+by ``_attention_hopper_bwd_fused``'s ordered writer: deterministic as well.
 
 ``attention_bwd_dkdv_d256``: a block owns 64 keys (key block x) of one K/V head (K and V
 loaded once by TMA) and walks the query tiles of 64 rows of its group's heads (causal: those
@@ -67,6 +68,17 @@ default) each block's walk begins at its own place (key block x at item x W / bl
 W (head, query tile) items, query block x at key tile x n / blocks) and wraps around, so that
 a head's blocks read different tiles at any time.
 
+With ``DS`` 1 (dense, ``attention_bwd_dkdv_d256q``) the dQ kernel's recomputation of S and
+dP goes: the dK/dV kernel's producer warpgroup's second warp copies each tile's two dS^T
+buffers (64 keys x 64 queries, f16 or bf16, swizzled as the wgmmas read them) whole to a
+workspace as soon as they are stored (``store_ds_tiles``, one bulk copy each; the buffers
+are freed once the copies have read them), and ``attention_bwd_dq_ds`` adds dS K over a
+query block's key tiles from a ring of K tiles and dS^T tile pairs: one product a tile
+instead of three, for B H Sq Sk 2 bytes of workspace written and read once (its dS^T tiles
+as [heads, 64-query tiles, key blocks, 64 x 64]). Where those exceed ``DS_BYTES`` the
+backward runs in chunks of K/V heads, the workspace reused (``launch``). dS is rounded to
+the input type for its product, as the dQ kernel rounds it.
+
 With ``COLS`` 1 the dK/dV kernel is the varlen backward's at D 256
 (``_attention_hopper_varlen_bwd``): a block (key block, K/V head, sequence) of packed
 [tokens, heads * D] arrays, as the pair's ``attention_bwd_dkdv_wgmma`` with ``COLS`` 1.
@@ -78,7 +90,7 @@ from __future__ import annotations
 import functools
 
 import kaio
-from kaio import bool_, f32, i32, u32, u64
+from kaio import bool_, f32, i32, i64, u32, u64
 from kaio_ops._attention_hopper import (
     PRODUCER_REGS,
     SHARED_LIMIT,
@@ -546,16 +558,17 @@ def attention_bwd_dkdv_d256q(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
-    cu_q: i32[:], cu_k: i32[:], tp: i32, D: kaio.constexpr, REGS: kaio.constexpr,
-    DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr,
+    cu_q: i32[:], cu_k: i32[:], tp: i32, ws: DT[:], nqt: i32, y0: i32, D: kaio.constexpr,
+    REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr,
+    ROT: kaio.constexpr, DS: kaio.constexpr,
 ):  # fmt: skip
-    """dk, dv of the 64 keys of key block x and K/V head y (``COLS`` 1: of sequence z):
-    ``dkdv_block``."""
+    """dk, dv of the 64 keys of key block x and K/V head y0 + y (``COLS`` 1: of sequence
+    z): ``dkdv_block``, the workspace (``DS`` 1) from K/V head y0's first query head on."""
     t, wg, lt = thread_roles(2)
     dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, seq_q, seq_k, heads, group,
                scale_log2, scale, causal, cu_q, cu_k, tp, t, wg, lt, i32(kaio.block_idx_x()),
-               i32(kaio.block_idx_y()), i32(kaio.grid_dim_x()), D, REGS, DT, COLS, HALVES,
-               ROT)  # fmt: skip
+               y0 + i32(kaio.block_idx_y()), i32(kaio.grid_dim_x()), ws, nqt, y0 * group, D,
+               REGS, DT, COLS, HALVES, ROT, DS)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -564,8 +577,9 @@ def dkdv_block(
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     cu_q: i32[:], cu_k: i32[:], tp: i32, t: u32, wg: u32, lt: u32, x: i32, y: i32, nx: i32,
-    D: kaio.constexpr, REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr,
-    HALVES: kaio.constexpr, ROT: kaio.constexpr,
+    ws: DT[:], nqt: i32, ws_head0: i32, D: kaio.constexpr, REGS: kaio.constexpr,
+    DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr,
+    DS: kaio.constexpr,
 ):  # fmt: skip
     """dk, dv of the 64 keys of key block x (of nx) and K/V head y (``COLS`` 1: of sequence
     z) (thread t, warpgroup wg, its thread lt: ``thread_roles``), as
@@ -578,7 +592,10 @@ def dkdv_block(
     ``HALVES`` 1: each half's dV and dK products as soon as its P^T and dS^T are there
     (``back_halves``). ``ROT`` 1 (dense, without the mask): key block x's walk over its W
     (head, tile) items begins at item x W / nx and wraps around, so that the blocks of a
-    head read different tiles at any time."""
+    head read different tiles at any time. ``DS`` 1 (dense, ``HALVES`` 1): each tile's dS^T
+    halves also copied to the workspace ``ws`` by the producer warpgroup's second warp
+    (``store_ds_tiles``; its heads from query head ``ws_head0`` on, ``nqt`` 64-query tiles
+    a head), for ``attention_bwd_dq_ds``."""
     BM = 128
     C = D // 64
     ONCE = 64 * D * 2
@@ -605,7 +622,7 @@ def dkdv_block(
     s0 = rotation(x, nx, group * (n_tiles - first), causal, ROT * (1 - COLS))
     if t == 0:  # (0 and 1, 0 .. 3): dO's halves, Q's; (1, 4 ..): the buffers'
         init_barriers(bars, turn, 2, 4, 0, 1)
-        kaio.mbarrier_init(bars, (1, 4), 8)  # the buffers free
+        kaio.mbarrier_init(bars, (1, 4), 8 + DS)  # the buffers free (DS: and copied out)
         kaio.mbarrier_init(bars, (1, 5), 4 if HALVES else 8)  # P^T, dS^T there (HALVES: half 0)
         kaio.mbarrier_init(bars, (1, 6), 4)  # the first warpgroup's front products done
         kaio.mbarrier_init(bars, (1, 7), 4)  # HALVES: half 1's P^T, dS^T there
@@ -636,6 +653,35 @@ def dkdv_block(
                 produce_qdo(k_s, v_s, q_s, do_s, bars, turn, tk, tv, tq, tdo, kvh * sk + k0, 0,
                             first_head * sq, 0, sq, 0, group, first, n_tiles, stats, tl, td, 0,
                             0, s0, D, BM, DT, HALVES)  # fmt: skip
+        elif DS and lt == 32:
+            store_ds_tiles(ws, pt_s, bars, ((first_head - ws_head0) * nqt * nx + x) * 64,
+                           nqt * nx * 64, nx, group, first, n_tiles, s0, DT)  # fmt: skip
+
+
+@kaio.gpu_func
+def store_ds_tiles(
+    ws: DT[:], pt_s: DT[:, :, :], bars: u64[:, :], row0: i32, head_rows: i32, nkb: i32,
+    heads_n: i32, first: i32, n_tiles: i32, s0: i32, DT: kaio.constexpr,
+):  # fmt: skip
+    """``dkdv_block``'s DS 1 (one thread): each tile's dS^T halves (``pt_s[2]``,
+    ``pt_s[3]``: 64 keys x 64 queries, as ``store_ds`` swizzled them) copied whole to the
+    workspace ``ws`` as they are stored (``bars[1, 5]``, ``bars[1, 7]``), the buffers freed
+    (``bars[1, 4]``) once the copies have read them. The workspace is [heads, 64-query tiles,
+    key blocks, 64 x 64] (rows of 64): this block's tile of half h of 128-query tile t of
+    head j at row ``row0 + j head_rows + (2t + h) nkb 64``; the walk as ``produce_qdo``'s."""
+    ph = u32(0)
+    t, j = walk_start(s0, first, n_tiles, 0, 1)
+    for _i in range(heads_n * kaio.max(n_tiles - first, 0)):
+        for h in kaio.static_range(2):
+            kaio.mbarrier_wait(bars, (1, 5 + 2 * h), ph)  # half h's dS^T stored
+            row = row0 + j * head_rows + (2 * t + h) * nkb * 64
+            kaio.bulk_store(ws, i64(row) * 64, pt_s, (2 + h, 0, 0), u32(64 * 64 * 2))
+        kaio.bulk_commit()
+        kaio.bulk_wait_read(0)
+        kaio.mbarrier_arrive(bars, (1, 4))
+        ph ^= 1
+        t, j = next_tile_wrapped(t, j, first, n_tiles, 1, 0, heads_n)
+    kaio.bulk_wait(0)
 
 
 @kaio.gpu_func
@@ -846,7 +892,7 @@ def attention_bwd_d256(
     if b < n_dkdv:
         dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, seq_q, seq_k, heads, group,
                    scale_log2, scale, causal, none, none, 0, t, wg, lt, b % nkb, b // nkb, nkb,
-                   D, REGS, DT, 0, HALVES, ROT)  # fmt: skip
+                   dk, 0, 0, D, REGS, DT, 0, HALVES, ROT, 0)  # fmt: skip
     else:
         b -= n_dkdv
         dq_block(tq2, tdo2, tk, tv, tl2, td2, dq, seq_q, seq_k, heads, group, scale_log2, scale,
@@ -931,6 +977,126 @@ def dq_block(
                        SFIRST)  # fmt: skip
 
 
+@kaio.gpu_func
+def produce_ds(
+    k_s: DT[:, :, :, :], ds_s: DT[:, :, :, :], bars: u64[:, :], tk: kaio.tensormap,
+    tds: kaio.tensormap, kv_row: i32, ds_row: i32, half_rows: i32, n_tiles: i32,
+    D: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """``attention_bwd_dq_ds``'s copies (one thread): for each key tile j, its 64 rows of K
+    (from ``kv_row + 64 j``) and the two dS^T tiles of the block's query halves (rows
+    ``ds_row + h half_rows + 64 j`` of the workspace) into ring stage j % STAGES, once the
+    consumers freed it."""
+    st = i32(0)
+    ph = u32(0)
+    for j in range(n_tiles):
+        if j >= STAGES:
+            kaio.mbarrier_wait(bars, (1, st), ph ^ 1)
+        kaio.mbarrier_arrive_expect_tx(bars, (0, st), u32(64 * D * 2 + 2 * 64 * 64 * 2))
+        for h in kaio.static_range(2):
+            kaio.tma_load_2d(ds_s, (st, h, 0, 0), tds, ds_row + h * half_rows + j * 64, 0,
+                             bars, (0, st))  # fmt: skip
+        for c in kaio.static_range(D // 64):
+            kaio.tma_load_2d(k_s, (st, c, 0, 0), tk, kv_row + j * 64, c * 64, bars, (0, st))
+        st, ph = next_stage(st, ph, STAGES)
+
+
+@kaio.gpu_func
+def issue_ds_k(dqa: f32[:, :], ds_s: DT[:, :, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32,
+               DT: kaio.constexpr):  # fmt: skip
+    """Issue dqa += dS K and commit: dS^T the 64 keys x 64 queries of ``ds_s[st, wg]``
+    (M-major, 128-byte swizzled), K the 64 keys of ``k_s[st]`` (N-major), all of dqa's
+    columns."""
+    for kk in kaio.static_range(4):
+        da = kaio.smem_descriptor(ds_s, (st, i32(wg), kk * 16, 0), SW, 64 * SW, 1024)
+        dk = kaio.smem_descriptor(k_s, (st, 0, kk * 16, 0), SW, 64 * SW, 1024)
+        if DT == kaio.bf16:
+            kaio.wgmma_bf16(dqa, da, dk, True, True, True)
+        else:
+            kaio.wgmma_f16(dqa, da, dk, True, True, True)
+    kaio.wgmma_commit()
+
+
+@kaio.gpu_func
+def consume_ds(
+    k_s: DT[:, :, :, :], ds_s: DT[:, :, :, :], bars: u64[:, :], dq: DT[:], wg: u32, lt: u32,
+    n_tiles: i32, row0: i32, sq: i32, out_at: i32, scale: f32, D: kaio.constexpr,
+    STAGES: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``wg`` of ``attention_bwd_dq_ds`` (thread ``lt``): dQ of its 64
+    query rows += dS K over the key tiles, one tile's product left in flight while the next
+    one's is issued, each stage freed once its product is done; then dQ scaled stored (this
+    thread's rows ``row0``, ``row0 + 8``)."""
+    lane = lt % 32
+    dqa = kaio.local(f32, (D // 8, 4))
+    zero_acc(dqa, D)
+    st = i32(0)
+    ph = u32(0)
+    last = i32(0)
+    for j in range(n_tiles):
+        kaio.mbarrier_wait(bars, (0, st), ph)
+        kaio.wgmma_fence()
+        issue_ds_k(dqa, ds_s, k_s, st, wg, DT)
+        kaio.wgmma_wait(1)
+        if j > 0:
+            release(bars, last, lt)  # the last tile's product done: its stage free
+        last = st
+        st, ph = next_stage(st, ph, STAGES)
+    kaio.wgmma_wait(0)
+    store_tile(dq, dqa, out_at, row0, sq, scale, lane, D, DT)
+
+
+@kaio.gpu_kernel(fastmath=True)
+def attention_bwd_dq_ds(
+    tk: kaio.tensormap, tds: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
+    group: i32, scale: f32, causal: i32, nqt: i32, bh0: i32, D: kaio.constexpr,
+    REGS: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
+):  # fmt: skip
+    """dq of the 128 query rows of block x (counted from the last: the heaviest causal tiles
+    first) of (batch, head) bh0 + y = scale dS K: dS^T from the workspace that the dK/dV
+    kernel wrote (``DS`` 1; ``tds``: its rows as [heads from bh0 on, ``nqt`` 64-query tiles,
+    key blocks, 64] in boxes of 64 x 64, unswizzled: the tiles are already swizzled) and K
+    (``tk``, boxes of 64 rows) through a ring of ``STAGES`` stages: a plain product, no
+    recomputation of S and dP (the dQ kernel's three products become one)."""
+    C = D // 64
+    KT = 64 * D * 2  # K's tile
+    DST = 2 * 64 * 64 * 2  # the two dS^T tiles
+    k_s = kaio.shared_dynamic(DT, (STAGES, C, 64, 64), 0)
+    ds_s = kaio.shared_dynamic(DT, (STAGES, 2, 64, 64), STAGES * KT)
+    BARS = STAGES * (KT + DST)
+    bars = kaio.shared_dynamic(u64, (2, STAGES), BARS)
+    turn = kaio.shared_dynamic(u64, (2,), BARS + 16 * STAGES)
+    t, wg, lt = thread_roles(2)
+    x = i32(kaio.block_idx_x())
+    bh = bh0 + i32(kaio.block_idx_y())
+    nx = i32(kaio.grid_dim_x())
+    q0 = (nx - 1 - x) * 128
+    kvh, n_tiles = kv_head_and_tiles(bh, q0, heads, group, seq_k, causal, 128, 64)
+    nkb = (seq_k + 63) // 64
+    if t == 0:
+        init_barriers(bars, turn, 2, STAGES, 0, 1)
+    kaio.sync_threads()
+    if wg < 2:
+        if REGS:
+            kaio.setmaxnreg_inc(REGS)
+        row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lt % 32 // 4)
+        consume_ds(k_s, ds_s, bars, dq, wg, lt, n_tiles, row0, seq_q, bh * seq_q * D, scale, D,
+                   STAGES, DT)  # fmt: skip
+    else:
+        if REGS:
+            kaio.setmaxnreg_dec(PRODUCER_REGS)
+        if lt == 0:
+            produce_ds(k_s, ds_s, bars, tk, tds, kvh * seq_k,
+                       ((bh - bh0) * nqt + q0 // 64) * nkb * 64, nkb * 64, n_tiles, D, STAGES,
+                       DT)  # fmt: skip
+
+
+def ds_shared_bytes(d: int, stages: int) -> int:
+    """``attention_bwd_dq_ds``'s dynamic shared memory: a ring of K tiles and dS^T tile
+    pairs, the barriers."""
+    return stages * (64 * d * 2 + 2 * 64 * 64 * 2) + 16 * stages + 16
+
+
 def shared_bytes(d: int, bm: int, stages: int, dq: int = 0) -> int:
     """The dK/dV kernel's dynamic shared memory: K and V (64 rows), the ring's Q and dO
     (``bm`` rows a stage), four 64 x 64 P^T / dS^T buffers, the (unused) stats, dq_s (``dq``:
@@ -952,7 +1118,7 @@ def config(d: int = D256, dq: int | None = None) -> dict:
     stages = max(n for n in (1, 2, 3) if shared_bytes(d, bm, n, dq) <= SHARED_LIMIT)
     regs = consumer_registers(2)
     dkdv = {"BM": bm, "STAGES": stages, "REGS": regs, "DQ": dq, "EARLY": 1, "COLS": 0,
-            "Q128": Q128 if not dq else 0, "HALVES": HALVES, "ROT": ROT}  # fmt: skip
+            "Q128": Q128 if not dq else 0, "HALVES": HALVES, "ROT": ROT, "DS": DS}  # fmt: skip
     dq_cfg = {"BN": 64, "WG": 2, "STAGES": 1, "PIPE": 0, "AREG": 0, "REGS": regs, "KV": KV,
               "SFIRST": SFIRST, "ROT": ROT, "UNION": UNION}  # fmt: skip
     return {"dkdv": dkdv, "dq": dq_cfg}
@@ -977,7 +1143,27 @@ HALVES = 1
 ROT = 1
 
 # The constexprs of config()["dkdv"] that only the Q128 kernel takes.
-Q128_ONLY = ("Q128", "HALVES", "ROT")
+Q128_ONLY = ("Q128", "HALVES", "ROT", "DS")
+
+# dQ from the dS^T tiles that the Q128 kernel copies to a workspace (1: ``DS``,
+# ``attention_bwd_dq_ds``: one product a tile instead of three) or recomputed by the dQ kernel
+# (0). Measured on an H100, H16 D256, GPU rounds A-D of 2026-11-27, each timed in a block
+# after SDPA's (TFLOP/s, DS against the dQ kernel): f16 B1 S16384 542 / 423 causal, 531 / 436
+# not; bf16 545 / 435, 533 / 446; B4 S4096 and B16 S1024 faster too (f16: 466 / 368, 515 /
+# 405, 294 / 254, 378 / 347); grouped-query (Hkv 2 and 4, S16384, in turn) 17-24% faster.
+# The kernels alone (f16 S16384 causal): the dK/dV kernel with its copies 535 against 541,
+# dQ in 38% of the dQ kernel's time.
+DS = 1
+
+# attention_bwd_dq_ds's ring stages: as many as fit (48 KB each: K's tile, two dS^T tiles).
+DS_STAGES = 4
+
+# The most bytes of dS^T the workspace holds (DS 1): the backward runs in chunks of K/V heads
+# whose tiles fit, and without DS where one head's do not. 8 GiB: f16 B1 H16 S16384 in one
+# chunk. Chunks cost time (measured on an H100, f16 B1 H16 S16384, GPU round D of 2026-11-27,
+# timed in turn: TFLOP/s causal / not, unbounded 573 / 585, 8 GiB 561 / 572, 4 GiB (two
+# chunks) 558 / 536, 2 GiB (four) 523 / 520).
+DS_BYTES = 8 << 30
 
 
 def dkdv_kernel(c: dict, d: int, dt) -> tuple:
@@ -986,7 +1172,7 @@ def dkdv_kernel(c: dict, d: int, dt) -> tuple:
     if c.get("Q128"):
         return attention_bwd_dkdv_d256q, {
             "D": d, "REGS": c["REGS"], "DT": dt, "COLS": c["COLS"], "HALVES": c["HALVES"],
-            "ROT": c["ROT"],
+            "ROT": c["ROT"], "DS": 0 if c["COLS"] else c.get("DS", 0),
         }  # fmt: skip
     return attention_bwd_dkdv_d256, {
         "D": d,
@@ -1002,18 +1188,22 @@ def q128_shared_bytes(d: int) -> int:
 
 
 def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, dv,
-             extra: tuple, args: tuple, offsets: dict, dt) -> None:  # fmt: skip
+             extra: tuple, args: tuple, offsets: dict, dt, ws=None, nqt: int = 0,
+             y0: int = 0) -> None:  # fmt: skip
     """Launch the dK/dV kernel of ``config(d)["dkdv"]`` ``c`` (``Q128`` 1:
     ``attention_bwd_dkdv_d256q``, else ``attention_bwd_dkdv_d256`` with ``extra``: its
     dq_acc and semaphores) on ``grid`` and ``stream``: ``maps(rows)`` the tensor maps of k, v
     (boxes of 64 rows) and q, do (boxes of ``rows``), ``stats(rows)`` those of lse and delta
     (the stats' rows in boxes of ``rows``), the lse and delta, dk and dv, the kernel's scalar
-    ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``."""
+    ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``; ``ws``, ``nqt``: the
+    workspace of ``DS`` 1 and its 64-query tiles a head; ``y0``: grid row y is K/V head y0 +
+    y."""
     if c.get("Q128"):
         smem = q128_shared_bytes(d)
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
-            *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets, D=d, REGS=c["REGS"],
-            DT=dt, COLS=c["COLS"], HALVES=c["HALVES"], ROT=c["ROT"],
+            *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets,
+            ws=dk if ws is None else ws, nqt=nqt, y0=y0, D=d, REGS=c["REGS"], DT=dt,
+            COLS=c["COLS"], HALVES=c["HALVES"], ROT=c["ROT"], DS=int(ws is not None),
         )  # fmt: skip
         return
     smem = shared_bytes(d, c["BM"], c["STAGES"], c["DQ"])
@@ -1120,8 +1310,13 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     none = _arrays.output(da, (1,), i32)  # (the varlen offsets: unused)
     if c1["DQ"]:
         zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
+    nqt, nkb = 2 * -(-sq // 128), -(-sk // 64)
+    head_bytes = group * nqt * nkb * 64 * 64 * 2  # a K/V head's dS^T tiles (DS)
+    # DS: keys past sk would reach dQ (the dK/dV kernel does not mask them)
+    ds = c1.get("DS") and c1.get("Q128") and c1.get("HALVES") and sk % 64 == 0
+    ds = ds and head_bytes <= DS_BYTES
 
-    def dkdv_kernel():
+    def dkdv_kernel(n_kv=bh // group, y0=0, ws=None):
         def maps(rows):
             return (
                 tmap(ka, rows_kv, 64),
@@ -1134,10 +1329,23 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
         def stats(box):
             return pair.stats_maps(la, delta, rows_q, box)
 
-        run_dkdv(c1, d, (-(-sk // 64), bh // group), stream, maps, stats, la.arg(rows_q), delta,
-                 *out, (dq_acc, sem), args, {"cu_q": none, "cu_k": none, "tp": 0},
-                 qa.dtype)  # fmt: skip
+        run_dkdv(c1, d, (nkb, n_kv), stream, maps, stats, la.arg(rows_q), delta, *out,
+                 (dq_acc, sem), args, {"cu_q": none, "cu_k": none, "tp": 0}, qa.dtype,
+                 None if ws is None else _arrays.output_arg(da, ws, (ws_size(ws),)), nqt,
+                 y0)  # fmt: skip
 
+    if ds:  # in chunks of K/V heads whose dS^T fit DS_BYTES
+        kv_heads = bh // group
+        chunk = min(kv_heads, DS_BYTES // head_bytes)
+        ws = _arrays.output(da, (chunk * group * nqt * nkb * 64 * 64,))
+        for y0 in range(0, kv_heads, chunk):
+            n = min(chunk, kv_heads - y0)
+            if only != "dq":
+                dkdv_kernel(n, y0, ws)
+            if only != "dkdv":
+                dq_from_ds(ka, da, ws, dq, dims, args, nqt, nkb, c2["REGS"], stream, y0 * group,
+                           n * group)  # fmt: skip
+        return dq, dk, dv
     side = (SIDE if side is None else side) and only is None and not c1["DQ"]
     if c2["UNION"] and not side and c1["Q128"] and c2["KV"]:  # (only: that part's blocks)
         nkb, nqb = -(-sk // 64), -(-sq // 128)
@@ -1174,6 +1382,30 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     return dq, dk, dv
 
 
+def ws_size(ws) -> int:
+    """The elements of the workspace ``ws`` (a torch, CuPy, NumPy or kaio array)."""
+    return int(ws.numel()) if hasattr(ws, "numel") else int(ws.size)
+
+
+def dq_from_ds(ka, da, ws, dq, dims: tuple, args: tuple, nqt: int, nkb: int, regs: int,
+               stream, bh0: int, n_bh: int) -> None:  # fmt: skip
+    """``attention_bwd_dq_ds`` on ``stream``: dq of the ``n_bh`` (batch, head)s from
+    ``bh0`` = scale dS K from the workspace ``ws`` that the dK/dV kernel filled (``DS`` 1;
+    theirs, ``nqt`` 64-query tiles and ``nkb`` key blocks a head), ``ka``, ``da`` the
+    checked k and do, ``args`` the kernels' scalars."""
+    from kaio_ops import _arrays
+    from kaio_ops import _attention_hopper_bwd as pair
+
+    bh, _, _, sq, sk, d, _ = dims
+    tds = kaio.tensor_map_2d(_arrays.view(ws, da.kind, (ws_size(ws) // 64, 64)), (64, 64), 0)
+    _, _, heads, group, _, scale, causal = args
+    attention_bwd_dq_ds[(nqt // 2, n_bh), 384, stream, ds_shared_bytes(d, DS_STAGES)](
+        pair.row_map(ka, bh // group * sk, 64, d), tds, _arrays.output_arg(da, dq, (bh * sq * d,)),
+        sq, sk, heads, group, scale, causal, nqt, bh0, D=d, REGS=regs, STAGES=DS_STAGES,
+        DT=da.dtype,
+    )  # fmt: skip
+
+
 # Whether the dQ kernel runs on a second stream beside the dK/dV kernel (``launch``).
 SIDE = False
 
@@ -1187,6 +1419,9 @@ def specializations():
         yield dkdv_kernel(cfg["dkdv"], D256, dt)
         if FUSED:
             yield dq_convert_tiles, {"D": D256, "DT": dt}
+        elif DS:
+            yield attention_bwd_dq_ds, {"D": D256, "REGS": cfg["dq"]["REGS"], "STAGES": DS_STAGES,
+                                        "DT": dt}  # fmt: skip
         else:
             kernel, consts, *_ = dq_kernel(cfg["dq"], D256, 0)
             yield kernel, {"DT": dt, **consts}

@@ -392,7 +392,10 @@ def flash_attention_bwd(
     dQ additions come in a varying order. ``deterministic=True`` (or
     ``KAIO_ATTENTION_DETERMINISTIC=1``) never takes that one: the same bits every run. At
     D 256 on sm_90 (whole 64-row tiles, S >= 1024) ``kaio_ops._attention_hopper_bwd256``'s
-    wgmma kernels run (no atomics: the same bits every run)."""
+    wgmma kernels run (no atomics: the same bits every run); there the dK/dV kernel also
+    writes dS, rounded to the input type, to a workspace of at most
+    ``_attention_hopper_bwd256.DS_BYTES`` (K/V heads in turn where all of them do not fit)
+    from which one product makes dQ."""
     op = "flash_attention_bwd"
     inputs = _arrays.Inputs(op)
     da = inputs.array(do, "do", ndim=4, dtypes=(f16, bf16), form="[B, H, S, D]")

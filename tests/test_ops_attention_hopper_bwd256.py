@@ -53,11 +53,32 @@ def run_sim(b, h, hkv, sq, sk, dtype, causal, cfg=None):
         # the pair without the mask: rotated walks (key block x from its (head, tile) item x,
         # query block x from key tile 2x), K's two stages reused
         (1, 2, 1, 256, 256, False, 0),
+        # DS: dQ from the dS^T tiles the dK/dV kernel copies out (poisoned workspace: a tile
+        # read but not written fails), grouped-query and causal (the zero tiles past the
+        # diagonal of a 128-query tile's first half); a partial 128-query tile, Sq < Sk
+        (1, 2, 1, 256, 256, True, "ds"),
+        (1, 1, 1, 192, 256, False, "ds"),
+        # in chunks of one K/V head (DS_BYTES: each chunk's tiles from the workspace's start)
+        (2, 2, 1, 128, 128, True, "ds chunks"),
     ],
 )
-def test_backward_d256_in_simulator(b, h, hkv, sq, sk, causal, dq):
-    grads = run_sim(b, h, hkv, sq, sk, np.float16, causal, {"dkdv": {"DQ": dq}})
+def test_backward_d256_in_simulator(b, h, hkv, sq, sk, causal, dq, monkeypatch):
+    cfg = {"DQ": 0, "DS": 1} if str(dq).startswith("ds") else {"DQ": dq, "DS": 0}
+    if dq == "ds chunks":  # a K/V head's dS^T: its 2 query heads' 2 x 2 tiles of 64 x 64
+        monkeypatch.setattr(bwd256, "DS_BYTES", 2 * 2 * 2 * 64 * 64 * 2)
+    grads = run_sim(b, h, hkv, sq, sk, np.float16, causal, {"dkdv": cfg})
     check_grads(*grads, np.float16)
+
+
+def test_ds_keeps_to_its_workspace_bound(monkeypatch):
+    """DS's workspace holds at most ``DS_BYTES``: where one K/V head's dS^T tiles do not
+    fit, the backward takes the dQ kernel instead (right gradients, no dS product)."""
+    taken = []
+    monkeypatch.setattr(bwd256, "dq_from_ds", lambda *a: taken.append(a))
+    monkeypatch.setattr(bwd256, "DS_BYTES", 2 * 2 * 64 * 64 * 2 - 1)  # a head's tiles: 2 x 2
+    grads = run_sim(1, 1, 1, 128, 128, np.float16, False, {"dkdv": {"DQ": 0, "DS": 1}})
+    check_grads(*grads, np.float16)
+    assert not taken
 
 
 def test_dispatch_takes_d256_on_sm_90_only(monkeypatch):
@@ -122,14 +143,21 @@ def _hopper_gpu() -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("b, h, hkv, sq, sk", [(2, 4, 4, 1024, 1024), (1, 4, 2, 1024, 2048)])
+@pytest.mark.parametrize(
+    "b, h, hkv, sq, sk, chunk",
+    # the grouped-query case with DS's workspace one K/V head's dS^T: two chunks
+    [(2, 4, 4, 1024, 1024, None), (1, 4, 2, 1024, 2048, 2 * 16 * 32 * 64 * 64 * 2)],
+)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_gpu_flash_attention_bwd_d256(b, h, hkv, sq, sk, causal, dtype):
+def test_gpu_flash_attention_bwd_d256(b, h, hkv, sq, sk, chunk, causal, dtype, monkeypatch):
     """``flash_attention_bwd`` at D 256 on sm_90 (these kernels) against float64 autograd:
     within the tolerance of P and dS rounded to the input type, or of twice torch SDPA
     flash's distance where that runs; the same bits on a second run."""
     import torch
+
+    if chunk:
+        monkeypatch.setattr(bwd256, "DS_BYTES", chunk)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tests.test_ops_attention import _rel_t, _sdpa64
