@@ -545,7 +545,7 @@ def produce_dynamic(
     that finish first take the next, so that the last to start are the lightest), each
     tile's index written to ``tile_s`` (its Q buffer's slot) for the consumers before its Q
     copy, then its loads (``produce``) and, for a partial last key tile, ``zero_tail``; a
-    slot is written once every consumer warp has read the previous tile's (``turn[7]``).
+    slot is written once every consumer thread has read the previous tile's (``turn[7]``).
     Past the last tile: -1 in the slot and an arrival on the Q buffer's "landed" barrier
     (the consumers stop), then the block counts itself done on ``sched[1]``, and the last block
     done sets both counters back to 0 for the next launch."""
@@ -563,7 +563,7 @@ def produce_dynamic(
         b, landed, read = q_buffer(it, QB)
         if lane == 0 and it >= QB:  # the consumers are done with the buffer
             kaio.mbarrier_wait(turn, read, u32(it // QB - 1) & 1)
-        if lane == 0 and it >= 1:  # every consumer warp has read the previous tile's slot
+        if lane == 0 and it >= 1:  # every consumer thread has read the previous tile's slot
             kaio.mbarrier_wait(turn, 7, u32(it - 1) & 1)
         if w < 0:
             if lane == 0:
@@ -1192,7 +1192,7 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
     each consumer warpgroup), the ping-pong turns (an arrival from each warp of the other
     warpgroup), Q landed (one), a partial key tile's V landed (one, ``zero_tail``), Q read
     (each consumer warpgroup), and the same two of the second Q buffer (``q_buffer``);
-    ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp);
+    ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer thread);
     ``SPLIT`` 1: turn[0] and turn[1] (no ping-pong) a split tile's part written (an arrival
     from each thread of a warpgroup) and read (warpgroup 0's, ``consume_split``), turn[8]
     warpgroup 2's read."""
@@ -1211,7 +1211,7 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
         kaio.mbarrier_init(turn, 5, 1)  # the second Q buffer's (``QB`` 2) landed and read
         kaio.mbarrier_init(turn, 6, WG)
         if SLOT:
-            kaio.mbarrier_init(turn, 7, 4 * WG)
+            kaio.mbarrier_init(turn, 7, 128 * WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
 
@@ -1334,11 +1334,11 @@ def attention_fwd_wgmma(
         while w >= 0:
             b, landed, read = q_buffer(done, QB)
             kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)
-            got = i32(0)  # lane 0 of each warp reads the slot (-1: no more), tells the producer
-            if lt % 32 == 0:
-                got = tile_s[b]
-                kaio.mbarrier_arrive(turn, 7)
-            w = kaio.shfl_idx(got, 0)
+            # every thread reads the slot (-1: no more) and tells the producer: no branch on
+            # the lane, which ptxas took for divergence, computing every wgmma descriptor of
+            # the tile loop in regular registers (R2UR, ~40 more instructions a key tile)
+            w = tile_s[b]
+            kaio.mbarrier_arrive(turn, 7)
             if w >= 0:
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sq, sk, causal,
                                                BM, BN)  # fmt: skip
