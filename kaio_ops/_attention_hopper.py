@@ -1505,8 +1505,9 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     cores, as 8 more columns of O from a block of ones beside each V stage; D <= 248), for
     element type ``dt`` (a kaio type; None: f16). Measured on an H100 (docs/hopper.md, "Row
     sums on the tensor cores"): ONES at D 64 and 128 for f16 (up to 5% faster, within 2%
-    where it was behind); not for bf16, whose rounded probabilities moved the logsumexp of
-    causal rows with few keys by up to 1.5e-3 (the GPU test's bound is 1e-3); with ``LSE``
+    where it was behind); for bf16 only at D 64 without the mask (below): its rounded
+    probabilities moved the logsumexp of causal rows with few keys by up to 1.5e-3 (the GPU
+    test's bound is 1e-3); with ``LSE``
     (the masked tiles' rounding added back) 5.8e-4, but bf16 ONES + LSE ran no faster than
     the FADD sums (-3% to +2%, docs/performance.md "the consumer's state as a tuple"), and
     f16 LSE no faster than ONES alone, so neither is routed; XT measured 1-8% slower at
@@ -1540,11 +1541,16 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     B8 S2048 f16 +0.7% and +2.1%, bf16 +1.3% and +1.9%: fwd64, 2026-11-27, round D).
     D64 f16, every route: ``LAZY`` 2 (FlashAttention-4's lazy rescale, the exponentials
     taken on the kept row max beside the new max's chain; against main at B16 H16 S1024
-    +4.1%, with the mask +2.2%; B8 S2048 +3.5% and +1.2%; bf16, its sums by FADD, 1-11%
-    slower: not routed), and without the mask ``SPLIT`` 1 (a head's last tile of at most 64
-    rows with its key tiles shared by the three warpgroups: +1.2% on top at S1024; bf16
-    -1%: not routed); on the counter without the mask ``DIAG`` 1 too (every full key tile
-    without the mask's test: +1.4% at B16 H16 S1024, fwd64 round E).
+    +4.1%, with the mask +2.2%; B8 S2048 +3.5% and +1.2%; on the FADD sums 1-11% slower,
+    f16's too: -10% at B16 S1024, fwd64 2026-11-27 round B), and without the mask ``SPLIT``
+    1 (a head's last tile of at most 64 rows with its key tiles shared by the three
+    warpgroups: +1.2% on top at S1024); on the counter without the mask ``DIAG`` 1 too
+    (every full key tile without the mask's test: +1.4% at B16 H16 S1024, fwd64 round E).
+    bf16 at D64 without the mask: f16's route, ONES 1 with LAZY 2, SPLIT and on the counter
+    DIAG (fwd64 2026-11-27 round B: +9.3% at B16 H16 S1024, +2.3% at B8 S2048; the
+    logsumexp within the rounding of the probabilities to bf16, as f16's within f16's: no
+    row there sees only a masked tile's few keys but where sk is that short). With the mask
+    bf16 keeps the FADD sums (ONES + LSE + LAZY 2: 9% slower at S 1024).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
     S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster on
@@ -1558,6 +1564,7 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     f16 +1.0% to +2.0%, bf16 +2.2% to +2.6%; B1 S16384 f16 +2.6%, bf16 +7%; B4 H32/8 S4096
     +1.3% to +2.6%; B16 S1024 -1% to +1%; docs/performance.md, fwdc)."""
     f16 = dt in (None, kaio.f16)
+    ones = f16 or (d == 64 and not causal)  # (bf16 at D64 without the mask: fwd64, 2026-11-27)
     every = {"OV": 1} if d in (128, 256) else {"EARLY": 1}  # (either type)
     if d == 128 and causal:
         every["DIAG"] = 1
@@ -1565,15 +1572,14 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
             every["PERSIST"] = 5
     if d == 64 and causal and sk > SHORT_KEYS:  # (launch's, not the kernel's)
         every["SECTION"] = D64_SECTION
-    if d == 64 and f16:  # (LAZY 2: fwd64, 2026-11-27, rounds B and C)
+    if d == 64 and ones:  # (LAZY 2: fwd64, 2026-11-27, rounds B and C)
         every["LAZY"] = 2
         if not causal:
             every["SPLIT"] = 1
     if d == 64 and many and 0 < sk <= (D64_COUNTER_KEYS if causal else SHORT_KEYS):  # (counter)
-        diag = {"DIAG": 1} if causal or f16 else {}
-        return {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION, "ONES": int(f16),
-                "OV": 1, **diag, **every}  # fmt: skip
-    if d > 128 or not f16:
+        return {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION, "ONES": int(ones),
+                "OV": 1, "DIAG": 1, **every}  # fmt: skip
+    if d > 128 or not ones:
         return every
     more = d == 128 and many
     short = more and 0 < sk <= SHORT_KEYS
