@@ -260,7 +260,7 @@ def softmax_tile(
     causal: i32, scale_log2: f32, lane: u32, BN: kaio.constexpr, SUMS: kaio.constexpr = 1,
     LSE: kaio.constexpr = 0, DT: kaio.constexpr = kaio.f16, HEXP: kaio.constexpr = 0,
     MASK: kaio.constexpr = 1, WAIT: kaio.constexpr = 0, LAZY: kaio.constexpr = 0,
-) -> bool_:  # fmt: skip
+):  # fmt: skip
     """Mask key tile j's scores (``mask_tile``), then one online-softmax step of both row
     halves (row0 + 8h); the factors of the earlier accumulators go to alpha (``SUMS``:
     ``_attention_tc.softmax_step``'s). ``LSE`` 1 (with ``SUMS`` 0, the sums on the tensor cores of
@@ -272,10 +272,7 @@ def softmax_tile(
     ``WAIT`` 1: the pending wgmma group (P V of the key tile before) waited for between the
     row maxima and the exponentials (``overlap_step``'s ``EARLY``). ``LAZY`` 1: a row max
     kept while the scores exceed it by little (``row_max``'s); 2 (with ``WAIT``): and the
-    exponentials taken on the kept max without waiting for the new one (``grown``), and
-    with ``LSE`` a masked tile's rounding kept in l[4 + h] (on the kept max) for
-    ``add_rounding`` to add once ``grown`` has set it to the new max. Returns whether the
-    tile was masked."""
+    exponentials taken on the kept max without waiting for the new one (``grown``)."""
     k0 = j * BN
     masked = mask_tile(s, j, row0, sk, causal, lane, BN, MASK)
     if WAIT and LAZY == 2:  # the exponentials on the kept max, the new one beside them
@@ -288,9 +285,6 @@ def softmax_tile(
             base, alpha[h] = row_max(s, m, h, scale_log2, BN // 8, LAZY)
         for h in kaio.static_range(2):
             exponentials(s, l, h, kept[h], 1.0, scale_log2, BN // 8, SUMS, HEXP, DT)
-        if LSE == 1 and SUMS == 0 and masked:
-            for h in kaio.static_range(2):
-                l[4 + h] = rounding(s, h, BN, DT)
     elif WAIT:
         bases = kaio.local(f32, 2)
         if k0 >= 0:  # (always: a block of its own, above which ptxas does not hoist the wait)
@@ -302,22 +296,12 @@ def softmax_tile(
     else:
         for h in kaio.static_range(2):
             alpha[h] = softmax_step(s, m, l, h, scale_log2, BN // 8, SUMS, HEXP, DT, LAZY)
-    if LSE == 1 and SUMS == 0 and not (WAIT and LAZY == 2):
+    if LSE == 1 and SUMS == 0:
         if masked:  # a row with few keys sees them all here: its sum to the last bit
             for h in kaio.static_range(2):
-                l[4 + h] = rounding(s, h, BN, DT)
-            add_rounding(l, m)
-    return masked
-
-
-@kaio.gpu_func
-def add_rounding(l: f32[:], m: f32[:]):
-    """``LSE``: a masked tile's rounding l[4 + h] (on the row max m[h]) added to what the
-    earlier ones took, l[h] (on the max l[2 + h]), both now on m[h]."""
-    for h in kaio.static_range(2):
-        base = kaio.select(m[h] == NEG_INF, 0.0, m[h])  # (softmax_step's)
-        l[h] = l[h] * kaio.exp2(l[2 + h] - base) + l[4 + h]
-        l[2 + h] = base
+                base = kaio.select(m[h] == NEG_INF, 0.0, m[h])  # (softmax_step's)
+                l[h] = l[h] * kaio.exp2(l[2 + h] - base) + rounding(s, h, BN, DT)
+                l[2 + h] = base
 
 
 @kaio.gpu_func
@@ -325,7 +309,7 @@ def grown(
     s: f32[:, :], p: u32[:, :], m: f32[:], l: f32[:], alpha: f32[:], qg: DT[:], kg: DT[:],
     lt: u32, j: i32, row0: i32, o_at: i32, o_stride: i32, sq: i32, kv_at: i32, sk: i32,
     causal: i32, scale_log2: f32, D: kaio.constexpr, BN: kaio.constexpr, DT: kaio.constexpr,
-    SUMS: kaio.constexpr, MASK: kaio.constexpr, LSE: kaio.constexpr = 0,
+    SUMS: kaio.constexpr, MASK: kaio.constexpr,
 ):  # fmt: skip
     """``LAZY`` 2, after the exponentials on the kept max (``softmax_tile``) and P packed:
     where a row's max grew past the kept one by more than LAZY_GROWTH (its factor ``alpha``
@@ -334,8 +318,7 @@ def grown(
     2^15 in f16, 2^120 in bf16: the factor under HARD_FACTOR), the warp's scores of the tile
     computed again from q and k in global memory (``scores_again``: shared memory's may be
     refilled by then) and the step taken again on the new max (the sums from before it, kept
-    in l[2 + h]). ``LSE``: the tile's rounding l[4 + h] (``softmax_tile``) moved to the new
-    max with P: rescaled, plus what rounding the rescaled P took again, or taken again."""
+    in l[2 + h])."""
     hard = HARD_FACTOR_F16
     if DT == kaio.bf16:
         hard = HARD_FACTOR_BF16
@@ -347,13 +330,8 @@ def grown(
                 l[h] = l[2 + h]
             base = kaio.select(m[h] == NEG_INF, 0.0, m[h])
             exponentials(s, l, h, base, alpha[h], scale_log2, BN // 8, SUMS, 0, DT)
-            if LSE:
-                l[4 + h] = rounding(s, h, BN, DT)
         pack_p(p, s, BN, DT)
     elif kaio.vote_any(alpha[0] != 1.0 or alpha[1] != 1.0):
-        if LSE:
-            for h in kaio.static_range(2):
-                l[4 + h] = l[4 + h] * alpha[h]
         for kk in kaio.static_range(BN // 16):
             for r in kaio.static_range(4):
                 if DT == kaio.bf16:
@@ -361,15 +339,11 @@ def grown(
                     a = f32(kaio.low(pair)) * alpha[r % 2]
                     b = f32(kaio.high(pair)) * alpha[r % 2]
                     p[kk, r] = kaio.bitcast(kaio.bf16x2(a, b), u32)
-                    again = kaio.bitcast(p[kk, r], kaio.bf16x2)
                 else:
                     pair = kaio.bitcast(p[kk, r], kaio.f16x2)
                     a = f32(kaio.low(pair)) * alpha[r % 2]
                     b = f32(kaio.high(pair)) * alpha[r % 2]
                     p[kk, r] = kaio.bitcast(kaio.f16x2(a, b), u32)
-                    again = kaio.bitcast(p[kk, r], kaio.f16x2)
-                if LSE:  # (the rescaled probabilities rounded a second time)
-                    l[4 + r % 2] += a - f32(kaio.low(again)) + b - f32(kaio.high(again))
         if SUMS:
             for h in kaio.static_range(2):
                 l[h] = l[h] * alpha[h]
@@ -697,15 +671,13 @@ def overlap_step(
     if lt == 0:
         kaio.mbarrier_arrive(bars, (2, st))
     if sk > 0:  # always: a block of its own, which ptxas does not hoist the wait into
-        masked = softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN,
-                              1 - ONES, LSE, DT, HEXP, MASK, EARLY, LAZY)  # fmt: skip
+        softmax_tile(s, m, l, alpha, j, row0, sk, causal, scale_log2, lane, BN, 1 - ONES, LSE,
+                     DT, HEXP, MASK, EARLY, LAZY)  # fmt: skip
         if EARLY:  # (P V waited for: no wait between the exponentials and their packing)
             pack_p(p, s, BN, DT, HEXP)
             if LAZY == 2:
                 grown(s, p, m, l, alpha, qg, kg, lt, j, row0, o_at, o_stride, sq, kv_at, sk,
-                      causal, scale_log2, D, BN, DT, 1 - ONES, MASK, LSE)  # fmt: skip
-                if LSE and masked:
-                    add_rounding(l, m)
+                      causal, scale_log2, D, BN, DT, 1 - ONES, MASK)  # fmt: skip
     kaio.wgmma_wait(0)  # P_{j-1} V_{j-1} done (EARLY: already, but ptxas must see it on every path)
     if lt == 0:
         kaio.mbarrier_arrive(bars, (3, ps))
@@ -851,7 +823,7 @@ def consume_tile(
     lane = lt % 32
     row0 = q0 + 64 * i32(wg) + 16 * i32(lt // 32) + i32(lane // 4)
     m = kaio.local(f32, 2)
-    l = kaio.local(f32, 6)  # (2 to 5: LSE's, ``softmax_tile``)
+    l = kaio.local(f32, 4)  # (2, 3: LSE's, ``softmax_tile``)
     alpha = kaio.local(f32, 2)
     DO = D + 8 * ONES  # O's columns (ONES: and 8 of the row sums, ``ones_sums``)
     o = kaio.local(f32, (DO // 8, 4))
@@ -989,7 +961,7 @@ def consume_stream(
     C = D // 64
     lane = lt % 32
     m = kaio.local(f32, 2)
-    l = kaio.local(f32, 6)  # (2 to 5: LSE's, ``softmax_tile``)
+    l = kaio.local(f32, 4)  # (2, 3: LSE's, ``softmax_tile``)
     mo = kaio.local(f32, 2)  # the finished tile's row maxima and sums, for its store
     lo = kaio.local(f32, 4)
     alpha = kaio.local(f32, 2)
@@ -1589,8 +1561,10 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
 
 def takes_lazy(cfg: dict) -> bool:
     """Whether ``cfg``'s schedule takes ``LAZY`` 2: P V waited for before the exponentials
-    (EARLY), a tile at a time (XT 0)."""
-    return bool(cfg.get("EARLY", 0)) and not cfg.get("XT", 0)
+    (EARLY), a tile at a time (XT 0), no rounding added back (LSE 0: it would take the
+    rounding on the new max, not on the kept one nor after ``grown``'s rare paths; bf16
+    with the mask measured 9% slower than the FADD sums with it, fwd64 2026-11-27)."""
+    return bool(cfg.get("EARLY", 0)) and not cfg.get("XT", 0) and not cfg.get("LSE", 0)
 
 
 def takes_split(cfg: dict) -> bool:
@@ -1626,7 +1600,8 @@ def check_stream(cfg: dict, d: int) -> None:
     if cfg.get("LAZY", 0) == 2 and not takes_lazy(cfg):
         raise ValueError(
             "attention_fwd_wgmma: LAZY 2 takes the exponentials on the kept row max as P V "
-            "is waited for (EARLY 1), a tile at a time (XT 0): use LAZY 0 or 1 otherwise"
+            "is waited for (EARLY 1), a tile at a time (XT 0), without LSE: use LAZY 0 or 1 "
+            "otherwise"
         )
     if cfg.get("SPLIT", 0) and not takes_split(cfg):
         raise ValueError(
