@@ -1519,10 +1519,11 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     warpgroups: +1.2% on top at S1024); on the counter without the mask ``DIAG`` 1 too
     (every full key tile without the mask's test: +1.4% at B16 H16 S1024, fwd64 round E).
     bf16 at D64 without the mask: f16's route, ONES 1 with LAZY 2, SPLIT and on the counter
-    DIAG (fwd64 2026-11-27 round B: +9.3% at B16 H16 S1024, +2.3% at B8 S2048; the
-    logsumexp within the rounding of the probabilities to bf16, as f16's within f16's: no
-    row there sees only a masked tile's few keys but where sk is that short). With the mask
-    bf16 keeps the FADD sums (ONES + LSE + LAZY 2: 9% slower at S 1024).
+    DIAG (fwd64 2026-11-27, round C: +13% against main at B16 H16 S1024, +4% at B8 S2048;
+    the logsumexp off by up to 4.1e-4 on random inputs, 4.2e-3 with q times 8: the
+    probabilities rounded to bf16, up to 2^8 on the kept max; f16's 1.8e-4 and 5.5e-4).
+    With the mask bf16 keeps the FADD sums: there its rows of few keys were off by 1.5e-3,
+    past the GPU test's 1e-3, and LSE's fix of them ran 9% slower (round B).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
     S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster on
