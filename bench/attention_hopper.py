@@ -618,7 +618,8 @@ def grid(
     rows, refs, ok = [], {}, []
     for label, dtype, d, kind, over in vs:
         run = runner(kind, d, over)
-        worst = worst_lse = 0.0
+        worst = 0.0
+        lse_at = dict.fromkeys(q_scales, 0.0)  # the largest lse error at each q scale
         base = over.get("BASE", 0)
         hop = base_module(base) if base else module_of(over)[0]
         many, hop.MANY_TILES = hop.MANY_TILES, 0  # the checks take the routes of the timing
@@ -635,7 +636,7 @@ def grid(
                     err = (torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref)).item()
                     worst = max(worst, err if math.isfinite(err) else math.inf)
                     lse_err = (lse.double() - ref_lse).abs().max().item()
-                    worst_lse = max(worst_lse, lse_err if math.isfinite(lse_err) else math.inf)
+                    lse_at[qs] = max(lse_at[qs], lse_err if math.isfinite(lse_err) else math.inf)
         except Exception as e:  # noqa: BLE001  (one variant's failure, the others go on)
             print(f"FAILED {label}: {type(e).__name__}: {e}", flush=True)
             continue
@@ -643,7 +644,9 @@ def grid(
             hop.MANY_TILES = many
         tol = 2e-2 if dtype == "bfloat16" else 3e-3
         wrong = "" if worst < tol else "  WRONG"
-        print(f"check {label}: rel {worst:.1e}, lse {worst_lse:.1e}{wrong}", flush=True)
+        at = ", ".join(f"q x {qs:g}: {e:.1e}" for qs, e in lse_at.items())
+        print(f"check {label}: rel {worst:.1e}, lse {max(lse_at.values()):.1e} ({at}){wrong}",
+              flush=True)  # fmt: skip
         if worst < tol or over.get("NOCHECK"):  # (NOCHECK 1: a diagnostic, timed anyway)
             ok.append((label, dtype, d, kind, over))
 

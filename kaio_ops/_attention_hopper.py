@@ -545,7 +545,7 @@ def produce_dynamic(
     that finish first take the next, so that the last to start are the lightest), each
     tile's index written to ``tile_s`` (its Q buffer's slot) for the consumers before its Q
     copy, then its loads (``produce``) and, for a partial last key tile, ``zero_tail``; a
-    slot is written once every consumer warp has read the previous tile's (``turn[7]``).
+    slot is written once every consumer thread has read the previous tile's (``turn[7]``).
     Past the last tile: -1 in the slot and an arrival on the Q buffer's "landed" barrier
     (the consumers stop), then the block counts itself done on ``sched[1]``, and the last block
     done sets both counters back to 0 for the next launch."""
@@ -563,7 +563,7 @@ def produce_dynamic(
         b, landed, read = q_buffer(it, QB)
         if lane == 0 and it >= QB:  # the consumers are done with the buffer
             kaio.mbarrier_wait(turn, read, u32(it // QB - 1) & 1)
-        if lane == 0 and it >= 1:  # every consumer warp has read the previous tile's slot
+        if lane == 0 and it >= 1:  # every consumer thread has read the previous tile's slot
             kaio.mbarrier_wait(turn, 7, u32(it - 1) & 1)
         if w < 0:
             if lane == 0:
@@ -1204,7 +1204,7 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
     each consumer warpgroup), the ping-pong turns (an arrival from each warp of the other
     warpgroup), Q landed (one), a partial key tile's V landed (one, ``zero_tail``), Q read
     (each consumer warpgroup), and the same two of the second Q buffer (``q_buffer``);
-    ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer warp);
+    ``SLOT`` 1 (PERSIST 4): the tile slot read (an arrival from each consumer thread);
     ``SPLIT`` 1: turn[0] and turn[1] (no ping-pong) a split tile's part written (an arrival
     from each thread of a warpgroup) and read (warpgroup 0's, ``consume_split``), turn[8]
     warpgroup 2's read."""
@@ -1223,7 +1223,7 @@ def init_barriers(bars: u64[:, :], turn: u64[:], t: u32, WG: kaio.constexpr,
         kaio.mbarrier_init(turn, 5, 1)  # the second Q buffer's (``QB`` 2) landed and read
         kaio.mbarrier_init(turn, 6, WG)
         if SLOT:
-            kaio.mbarrier_init(turn, 7, 4 * WG)
+            kaio.mbarrier_init(turn, 7, 128 * WG)
         kaio.fence_proxy_async()
     kaio.sync_threads()
 
@@ -1346,11 +1346,11 @@ def attention_fwd_wgmma(
         while w >= 0:
             b, landed, read = q_buffer(done, QB)
             kaio.mbarrier_wait(turn, landed, u32(done // QB) & 1)
-            got = i32(0)  # lane 0 of each warp reads the slot (-1: no more), tells the producer
-            if lt % 32 == 0:
-                got = tile_s[b]
-                kaio.mbarrier_arrive(turn, 7)
-            w = kaio.shfl_idx(got, 0)
+            # every thread reads the slot (-1: no more) and tells the producer: no branch on
+            # the lane, which ptxas took for divergence, computing every wgmma descriptor of
+            # the tile loop in regular registers (R2UR, ~40 more instructions a key tile)
+            w = tile_s[b]
+            kaio.mbarrier_arrive(turn, 7)
             if w >= 0:
                 bh, q0, kvh, n_tiles = tile_of(w, n_qt, bhs, hs, heads, group, sq, sk, causal,
                                                BM, BN)  # fmt: skip
@@ -1489,8 +1489,9 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     cores, as 8 more columns of O from a block of ones beside each V stage; D <= 248), for
     element type ``dt`` (a kaio type; None: f16). Measured on an H100 (docs/hopper.md, "Row
     sums on the tensor cores"): ONES at D 64 and 128 for f16 (up to 5% faster, within 2%
-    where it was behind); not for bf16, whose rounded probabilities moved the logsumexp of
-    causal rows with few keys by up to 1.5e-3 (the GPU test's bound is 1e-3); with ``LSE``
+    where it was behind); for bf16 only at D 64 without the mask (below): its rounded
+    probabilities moved the logsumexp of causal rows with few keys by up to 1.5e-3 (the GPU
+    test's bound is 1e-3); with ``LSE``
     (the masked tiles' rounding added back) 5.8e-4, but bf16 ONES + LSE ran no faster than
     the FADD sums (-3% to +2%, docs/performance.md "the consumer's state as a tuple"), and
     f16 LSE no faster than ONES alone, so neither is routed; XT measured 1-8% slower at
@@ -1524,11 +1525,17 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     B8 S2048 f16 +0.7% and +2.1%, bf16 +1.3% and +1.9%: fwd64, 2026-11-27, round D).
     D64 f16, every route: ``LAZY`` 2 (FlashAttention-4's lazy rescale, the exponentials
     taken on the kept row max beside the new max's chain; against main at B16 H16 S1024
-    +4.1%, with the mask +2.2%; B8 S2048 +3.5% and +1.2%; bf16, its sums by FADD, 1-11%
-    slower: not routed), and without the mask ``SPLIT`` 1 (a head's last tile of at most 64
-    rows with its key tiles shared by the three warpgroups: +1.2% on top at S1024; bf16
-    -1%: not routed); on the counter without the mask ``DIAG`` 1 too (every full key tile
-    without the mask's test: +1.4% at B16 H16 S1024, fwd64 round E).
+    +4.1%, with the mask +2.2%; B8 S2048 +3.5% and +1.2%; on the FADD sums 1-11% slower,
+    f16's too: -10% at B16 S1024, fwd64 2026-11-27 round B), and without the mask ``SPLIT``
+    1 (a head's last tile of at most 64 rows with its key tiles shared by the three
+    warpgroups: +1.2% on top at S1024); on the counter without the mask ``DIAG`` 1 too
+    (every full key tile without the mask's test: +1.4% at B16 H16 S1024, fwd64 round E).
+    bf16 at D64 without the mask: f16's route, ONES 1 with LAZY 2, SPLIT and on the counter
+    DIAG (fwd64 2026-11-27, round C: +13% against main at B16 H16 S1024, +4% at B8 S2048;
+    the logsumexp off by up to 4.1e-4 on random inputs, 4.2e-3 with q times 8: the
+    probabilities rounded to bf16, up to 2^8 on the kept max; f16's 1.8e-4 and 5.5e-4).
+    With the mask bf16 keeps the FADD sums: there its rows of few keys were off by 1.5e-3,
+    past the GPU test's 1e-3, and LSE's fix of them ran 9% slower (round B).
     ``HEXP`` (the exponentials as f16 pairs) measured no faster (-2% to +2%). ``OV`` 1 (O
     stored as 16-byte vectors) at D 128 and 256, either type (fourth pass: D128 f16 +2% at
     S 4096, +4% with the mask, +10% and +13% at S 1024; D256 +5% to +20%; D64 no faster on
@@ -1542,6 +1549,7 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
     f16 +1.0% to +2.0%, bf16 +2.2% to +2.6%; B1 S16384 f16 +2.6%, bf16 +7%; B4 H32/8 S4096
     +1.3% to +2.6%; B16 S1024 -1% to +1%; docs/performance.md, fwdc)."""
     f16 = dt in (None, kaio.f16)
+    ones = f16 or (d == 64 and not causal)  # (bf16 at D64 without the mask: fwd64, 2026-11-27)
     every = {"OV": 1} if d in (128, 256) else {"EARLY": 1}  # (either type)
     if d == 128 and causal:
         every["DIAG"] = 1
@@ -1549,15 +1557,14 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
             every["PERSIST"] = 5
     if d == 64 and causal and sk > SHORT_KEYS:  # (launch's, not the kernel's)
         every["SECTION"] = D64_SECTION
-    if d == 64 and f16:  # (LAZY 2: fwd64, 2026-11-27, rounds B and C)
+    if d == 64 and ones:  # (LAZY 2: fwd64, 2026-11-27, rounds B and C)
         every["LAZY"] = 2
         if not causal:
             every["SPLIT"] = 1
     if d == 64 and many and 0 < sk <= (D64_COUNTER_KEYS if causal else SHORT_KEYS):  # (counter)
-        diag = {"DIAG": 1} if causal or f16 else {}
-        return {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION, "ONES": int(f16),
-                "OV": 1, **diag, **every}  # fmt: skip
-    if d > 128 or not f16:
+        return {"PERSIST": 4, "QB": 2, "STAGES": 3, "SECTION": D64_SECTION, "ONES": int(ones),
+                "OV": 1, "DIAG": 1, **every}  # fmt: skip
+    if d > 128 or not ones:
         return every
     more = d == 128 and many
     short = more and 0 < sk <= SHORT_KEYS
@@ -1567,8 +1574,10 @@ def extras(d: int, causal: bool = False, dt=None, sk: int = 0, many: bool = True
 
 def takes_lazy(cfg: dict) -> bool:
     """Whether ``cfg``'s schedule takes ``LAZY`` 2: P V waited for before the exponentials
-    (EARLY), a tile at a time (XT 0)."""
-    return bool(cfg.get("EARLY", 0)) and not cfg.get("XT", 0)
+    (EARLY), a tile at a time (XT 0), no rounding added back (LSE 0: it would take the
+    rounding on the new max, not on the kept one nor after ``grown``'s rare paths; bf16
+    with the mask measured 9% slower than the FADD sums with it, fwd64 2026-11-27)."""
+    return bool(cfg.get("EARLY", 0)) and not cfg.get("XT", 0) and not cfg.get("LSE", 0)
 
 
 def takes_split(cfg: dict) -> bool:
@@ -1604,7 +1613,8 @@ def check_stream(cfg: dict, d: int) -> None:
     if cfg.get("LAZY", 0) == 2 and not takes_lazy(cfg):
         raise ValueError(
             "attention_fwd_wgmma: LAZY 2 takes the exponentials on the kept row max as P V "
-            "is waited for (EARLY 1), a tile at a time (XT 0): use LAZY 0 or 1 otherwise"
+            "is waited for (EARLY 1), a tile at a time (XT 0), without LSE: use LAZY 0 or 1 "
+            "otherwise"
         )
     if cfg.get("SPLIT", 0) and not takes_split(cfg):
         raise ValueError(
