@@ -2747,6 +2747,76 @@ def warm_fold():
     return out
 
 
+PC_CASES = ((16, 32768), (64, 32768), (64, 4096))
+
+
+def with_partials(floor, chunks: int, rows: int):
+    """A job's call: ``floor`` (a walk of the pool in chunks) and then what the pool-chunk
+    kernel's partial results would cost: ``chunks`` partials of ``rows`` query rows (every
+    sequence a chunk meets: (m, l, O) a row, D + 2 f32) written, then read once by a merge
+    (torch's fill and sum: the bytes, not the arithmetic)."""
+    part = torch.empty(chunks, rows * (D + 2), device="cuda")
+
+    def f(*a):
+        floor(*a)
+        part.fill_(1.0)
+        return part.sum(0)
+
+    return f
+
+
+def round_pc(budget: float):
+    """(dec, twelfth pass, round A) The floor of blocks taking contiguous chunks of the page
+    pool (not of a sequence): a block walking a run of pool pages in pool order reads as
+    the pool in order does (head_stream per K/V head, or page_stream's whole pages, over
+    the identity table: block (b, h) reads pool pages b * P .. b * P + P - 1); over the
+    suite's shuffled pool each chunk meets every sequence, so each block leaves a partial
+    (m, l, O) per sequence it meets, merged after (``with_partials``: their bytes written
+    and read). Against the kernel's own walk (shuffled), the shipped kernels and SDPA;
+    B16 L32768's shipped 4 stages (OWN, one block a multiprocessor) against 2 and 3. Two
+    passes, the second reversed; SDPA first and last."""
+    for b, length, _, sets, lens, label in shapes(PC_CASES, budget):
+        q, k, v, kc, vc, table = sets[0]
+        one = [sets[0]]
+        order = torch.arange(table.numel(), device="cuda", dtype=torch.int32)
+        order = order.reshape(table.shape)
+        head_chunks = walk_floor(b, length, kc, vc, order, HKV, 3)
+        page_chunks = whole_page_floor(b, length, kc, vc, order)
+        page_blocks = max(1, 128 // b) * b
+        jobs = [
+            ("kaio paged shipped", run_kaio(lens)),
+            ("kaio contiguous shipped", run_kaio_contig(lens)),
+            ("floor per head shuffled st3", walk_floor(b, length, kc, vc, table, HKV, 3)),
+            ("floor per head pool chunks st3", head_chunks),
+            ("floor whole pages pool chunks st2", page_chunks),
+            ("floor per head pool chunks + partials",
+             with_partials(head_chunks, b * HKV, b * (H // HKV))),
+            ("floor whole pages pool chunks + partials",
+             with_partials(page_chunks, page_blocks, b * H)),
+        ]  # fmt: skip
+        if b == 16 and length == 32768:
+            for st in (2, 3):
+                print(f"{label} paged {st} stages rel err "
+                      f"{check(sets, lens, stages=st):.1e}", flush=True)  # fmt: skip
+                jobs.append((f"kaio paged {st} stages", run_kaio(lens, stages=st)))
+        both_passes(label, jobs, sets, inputs=one, n=12 if length > 8192 else 24)
+
+
+def warm_pc():
+    """What round pc launches: the shipped kernels of its shapes (B16 L32768 paged: 4
+    stages with OWN, also 2 and 3; B64 L32768: 3 stages; B64 L4096 paged: decode_folded),
+    the contiguous ones (2 and 3 stages), head_stream at 3 stages, page_stream at 2."""
+    out = [(probe_mark, {})]
+    out += [(decode.DECODE, one_split(st, own=1)) for st in (4, 2, 3)]
+    out += [(decode.DECODE, one_split(3)), (decode.DECODE, one_split(3, paged=False))]
+    out.append((decode.DECODE, one_split(2, paged=False)))
+    c = {"STAGES": 3, "FOLD": 2, "SORT": 512, "PAIR": 64, "DP": 128, "DT": f16}
+    out.append((decode.FOLDED, c))
+    flags = {"PAGED": True, "DP": 128, "LOCK": 0, "TOUCH": 0, "CO": 0}
+    out.append((head_stream, {**flags, "STAGES": 3}))
+    return out + [(page_stream, {"NT": 256, "STAGES": 2, "HKV": HKV})]
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -2779,6 +2849,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "w64": (round_w64, 40),
     "pf": (round_pf, 40),
     "fold": (round_fold, 40),
+    "pc": (round_pc, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2803,6 +2874,7 @@ WARMS = {
     "warm_w64": warm_w64,
     "warm_pf": warm_pf,
     "warm_fold": warm_fold,
+    "warm_pc": warm_pc,
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,
