@@ -115,6 +115,8 @@ ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
 ORIG_FOLD = getattr(decode, "FOLD_SEQS", 0)
 ORIG_PAIR = getattr(decode, "FOLD_PAIR", 0)
+ORIG_FOLD_SPEC = getattr(decode, "FOLD_SPEC", 0)
+ORIG_BANDWIDTH = getattr(decode, "CLUSTER_BANDWIDTH", False)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -136,7 +138,7 @@ def restore():
         setattr(decode, n, f)
     decode.CLUSTER_MERGE = ORIG_CLUSTER
     decode.CLUSTER_CHECK = True
-    decode.CLUSTER_BANDWIDTH = True
+    decode.CLUSTER_BANDWIDTH = ORIG_BANDWIDTH
     decode.CLUSTER_TILES = ORIG_TILES
     decode.PAGED_CLUSTER_TILES = ORIG_PAGED_TILES
     decode.PAGE_WINDOW = ORIG_WINDOW
@@ -150,6 +152,7 @@ def restore():
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
     decode.FOLD_SEQS = ORIG_FOLD
     decode.FOLD_PAIR = ORIG_PAIR
+    decode.FOLD_SPEC = ORIG_FOLD_SPEC
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -313,6 +316,7 @@ def force(
     sort=None,
     fold=None,
     pair=None,
+    fold_spec=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
@@ -323,6 +327,8 @@ def force(
         decode.FOLD_SEQS = fold  # never)
     if pair is not None:  # decode_folded pairs the longest with the shortest (batch <= pair)
         decode.FOLD_PAIR = pair
+    if fold_spec is not None:  # decode_folded's first tiles copied before its sort (SPEC)
+        decode.FOLD_SPEC = fold_spec
     if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
         decode.sorts = lambda paged, splits, *a, n=sort: n if paged and splits == 1 else 0
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
@@ -2743,11 +2749,11 @@ def warm_fold():
     for pair in (64, 0):
         for n in (512, 128, 256, 1024):
             c = {"STAGES": 3, "FOLD": 2, "SORT": n, "PAIR": pair, "DP": 128, "DT": f16}
-            out.append((decode.FOLDED, c))
+            out.append((decode.FOLDED, {**c, "SPEC": decode.FOLD_SPEC}))
     return out
 
 
-PC_CASES = ((16, 32768), (64, 32768), (64, 4096))
+PC_CASES = ((16, 32768), (64, 32768))
 
 
 def with_partials(floor, chunks: int, rows: int):
@@ -2804,17 +2810,68 @@ def round_pc(budget: float):
 
 def warm_pc():
     """What round pc launches: the shipped kernels of its shapes (B16 L32768 paged: 4
-    stages with OWN, also 2 and 3; B64 L32768: 3 stages; B64 L4096 paged: decode_folded),
-    the contiguous ones (2 and 3 stages), head_stream at 3 stages, page_stream at 2."""
+    stages with OWN, also 2 and 3; B64 L32768: 3 stages), the contiguous ones (2 and 3
+    stages), head_stream at 3 stages, page_stream at 2."""
     out = [(probe_mark, {})]
     out += [(decode.DECODE, one_split(st, own=1)) for st in (4, 2, 3)]
     out += [(decode.DECODE, one_split(3)), (decode.DECODE, one_split(3, paged=False))]
     out.append((decode.DECODE, one_split(2, paged=False)))
-    c = {"STAGES": 3, "FOLD": 2, "SORT": 512, "PAIR": 64, "DP": 128, "DT": f16}
-    out.append((decode.FOLDED, c))
     flags = {"PAGED": True, "DP": 128, "LOCK": 0, "TOUCH": 0, "CO": 0}
     out.append((head_stream, {**flags, "STAGES": 3}))
     return out + [(page_stream, {"NT": 256, "STAGES": 2, "HKV": HKV})]
+
+
+FS_CASES = ((64, 4096), (64, 2048), (64, 8192))
+
+
+def round_fs(budget: float):
+    """(dec, twelfth pass, round B) ``decode_folded``'s SPEC (each sequence's first tile
+    copied before the sort, the sort under those copies) against it off (main's folded
+    kernel) and against decode_fwd (fold off), uniform and ragged (L/4 .. L) lengths over
+    the suite's shuffled pool; the contiguous kernel; each checked against f32 SDPA
+    first; two passes, the second reversed; SDPA first and last."""
+    for b, length, _, sets, lens, label in shapes(FS_CASES, budget):
+        gen = torch.Generator(device="cuda").manual_seed(b)
+        rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+        rl = rl.to(torch.int32)
+        for spec in (1, 0):
+            for name, ls in (("", lens), ("ragged ", rl)):
+                err = check(sets, ls, fold_spec=spec)
+                print(f"{label} {name}fold SPEC {spec} rel err {err:.1e}", flush=True)
+        jobs = [
+            ("paged SPEC", run_kaio(lens, fold_spec=1)),
+            ("paged SPEC off", run_kaio(lens, fold_spec=0)),
+            ("paged fold off", run_kaio(lens, fold=0)),
+            ("ragged SPEC", run_kaio(rl, fold_spec=1)),
+            ("ragged SPEC off", run_kaio(rl, fold_spec=0)),
+            ("ragged fold off", run_kaio(rl, fold=0)),
+            ("contiguous shipped", run_kaio_contig(lens)),
+        ]
+        both_passes(label, jobs, sets)
+
+
+def warm_fs():
+    """What round fs launches: decode_folded (3 stages, PAIR 64, 256 to 1024 slots) with
+    SPEC and without, decode_fwd's B64 kernels (SORT 128, 256, 0), the contiguous one."""
+    out = [(probe_mark, {}), (decode.DECODE, one_split(3, paged=False))]
+    out += [(decode.DECODE, one_split(3, sort=n)) for n in (256, 128, 0)]
+    for spec in (1, 0):
+        for n in (512, 256, 1024):
+            c = {"STAGES": 3, "FOLD": 2, "SORT": n, "PAIR": 64, "DP": 128, "DT": f16}
+            out.append((decode.FOLDED, {**c, "SPEC": spec}))
+    return out
+
+
+def unique(kernels: list) -> list:
+    """``kernels`` (a warm list) without repeats."""
+    seen = set()
+    out = []
+    for kernel, c in kernels:
+        key = (kernel.pyfunc.__name__, tuple(sorted(c.items(), key=str)))
+        if key not in seen:
+            seen.add(key)
+            out.append((kernel, c))
+    return out
 
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)
@@ -2850,6 +2907,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "pf": (round_pf, 40),
     "fold": (round_fold, 40),
     "pc": (round_pc, 40),
+    "fs": (round_fs, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2875,6 +2933,8 @@ WARMS = {
     "warm_pf": warm_pf,
     "warm_fold": warm_fold,
     "warm_pc": warm_pc,
+    "warm_fs": warm_fs,
+    "warm_pcfs": lambda: unique(warm_pc() + warm_fs()),
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,

@@ -138,6 +138,8 @@ FOLD_STAGES = 3
 # decode_folded pairs the p-th longest with the p-th shortest sequence (PAIR) for batches up
 # to FOLD_PAIR (its ranks by length over all of them in shared memory; 0: off)
 FOLD_PAIR = 256
+# decode_folded's first tiles (each sequence's first keys) copied before its sort (SPEC)
+FOLD_SPEC = 1
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -682,7 +684,8 @@ def _decode_folded(qa, cache, lens, batch, heads, group, sq, d, scale, fold) -> 
     FOLDED[(1, blocks), dk.THREADS, _arrays.stream_of(qa), folded_shared(d, sort)](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, batch, heads, group,
         sq, cache.kv_heads, *cache.geometry(), math.log2(math.e) * float(scale),
-        DP=d, STAGES=FOLD_STAGES, FOLD=fold, SORT=sort, PAIR=pair, DT=qa.dtype,
+        DP=d, STAGES=FOLD_STAGES, FOLD=fold, SORT=sort, PAIR=pair, SPEC=FOLD_SPEC,
+        DT=qa.dtype,
     )  # fmt: skip
     return out, lse
 
@@ -795,7 +798,7 @@ def shipped():
                 for pair in (0, 64, 128, 256):
                     if pair <= FOLD_PAIR and 2 * pair <= sort:
                         flags = {"DP": dp, "STAGES": FOLD_STAGES, "FOLD": FOLD_SEQS, "SORT": sort}
-                        yield FOLDED, {**flags, "PAIR": pair, "DT": dtype}
+                        yield FOLDED, {**flags, "PAIR": pair, "SPEC": FOLD_SPEC, "DT": dtype}
         for paged in (False, True):
             for vec in (1, 8):
                 yield APPEND, {"PAGED": paged, "VEC": vec, "DT": dtype}
