@@ -2821,15 +2821,19 @@ def warm_pc():
     return out + [(page_stream, {"NT": 256, "STAGES": 2, "HKV": HKV})]
 
 
-FS_CASES = ((64, 4096), (64, 2048), (64, 8192))
+FS_CASES = ((64, 4096), (64, 8192), (64, 2048))
+FS_FLOORS = True
 
 
 def round_fs(budget: float):
-    """(dec, twelfth pass, round B) ``decode_folded``'s SPEC (each sequence's first tile
-    copied before the sort, the sort under those copies) against it off (main's folded
-    kernel) and against decode_fwd (fold off), uniform and ragged (L/4 .. L) lengths over
-    the suite's shuffled pool; the contiguous kernel; each checked against f32 SDPA
-    first; two passes, the second reversed; SDPA first and last."""
+    """(dec, twelfth pass, rounds A and B) ``decode_folded``'s SPEC (each sequence's first
+    tile copied before the sort, the sort under those copies) against it off (main's
+    folded kernel: the same PTX) and against decode_fwd (fold off), uniform and ragged
+    (L/4 .. L) lengths over the suite's shuffled pool; the contiguous kernel; each
+    checked against f32 SDPA first; two passes, the second reversed; SDPA first and
+    last. Round B also the floors of the two walks (head_stream over each sequence's
+    table sorted, and over the pairs' union sorted: ``folded_tables``), on the first
+    set's pool."""
     for b, length, _, sets, lens, label in shapes(FS_CASES, budget):
         gen = torch.Generator(device="cuda").manual_seed(b)
         rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
@@ -2847,6 +2851,14 @@ def round_fs(budget: float):
             ("ragged fold off", run_kaio(rl, fold=0)),
             ("contiguous shipped", run_kaio_contig(lens)),
         ]
+        if FS_FLOORS:  # (round B on: the walks' floors, on the first set's pool)
+            kc, vc, table = sets[0][3:]
+            jobs += [
+                ("floor per head sorted st3",
+                 walk_floor(b, length, kc, vc, folded_tables(table, 1), HKV, 3)),
+                ("floor pairs sorted st3",
+                 walk_floor(b, length, kc, vc, folded_tables(table, 2), HKV, 3)),
+            ]  # fmt: skip
         both_passes(label, jobs, sets)
 
 
@@ -2859,7 +2871,8 @@ def warm_fs():
         for n in (512, 256, 1024):
             c = {"STAGES": 3, "FOLD": 2, "SORT": n, "PAIR": 64, "DP": 128, "DT": f16}
             out.append((decode.FOLDED, {**c, "SPEC": spec}))
-    return out
+    flags = {"PAGED": True, "DP": 128, "LOCK": 0, "TOUCH": 0, "CO": 0}
+    return out + [(head_stream, {**flags, "STAGES": 3})]
 
 
 def unique(kernels: list) -> list:
