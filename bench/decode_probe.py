@@ -483,6 +483,78 @@ def head_stream(
     out[bkv * 128 + tid] = acc
 
 
+@kaio.gpu_kernel(block_size=128)
+def items_stream(
+    k: f16[:],
+    v: f16[:],
+    table: i32[:],
+    out: f32[:],
+    kv_heads: u32,
+    length: u32,
+    max_pages: u32,
+    pages: u32,
+    STAGES: kaio.constexpr,
+    ITEMS: kaio.constexpr,
+):
+    """Floor of a persistent per-head grid over a paged cache (dec, twelfth pass): block x
+    takes the (sequence, K/V head) items x and x + grid (ITEMS 2; 1: x alone) as one
+    stream of key tiles, the second item's first copies in flight under the first's last
+    tiles (its table window loaded at the start), kaio's copies (``load_stage`` through
+    the block-table window, STAGES in flight), no arithmetic."""
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    x = kaio.block_idx_x()
+    n = length // dk.BN  # an item's key tiles
+    total = n * ITEMS
+    kv_s = kaio.shared_dynamic(f16, (2 * STAGES * dk.BN, 128), 0)
+    pg = kaio.local(u32, (1, dk.BN // 8))
+    win = kaio.local(u32, 3)
+    nxt = kaio.local(u32, 3)  # the second item's window
+    dk.window_start(win, 0, x // kv_heads, table, max_pages, 4, lane)
+    if ITEMS > 1:
+        dk.window_start(nxt, 0, (x + kaio.grid_dim_x()) // kv_heads, table, max_pages, 4, lane)
+    acc = 0.0
+    for t in range(total + STAGES - 1):
+        if t < total:  # tile t's copies (t < STAGES - 1: before the loop's first wait)
+            item = t // n
+            key0 = (t - item * n) * dk.BN
+            bkv = x + item * kaio.grid_dim_x()
+            if ITEMS > 1:
+                if t == n:
+                    for e in kaio.static_range(3):
+                        win[e] = nxt[e]
+            dk.window_pages(pg, win, key0, bkv // kv_heads, table, max_pages, 4, tid, lane, 128)
+            dk.load_stage(
+                kv_s, t % STAGES * 2 * dk.BN, k, v, key0, length, bkv // kv_heads,
+                bkv % kv_heads, pg, 0, length, kv_heads, 4, pages, tid, 128, True, f16,
+            )  # fmt: skip
+        kaio.cp_async_commit()
+        if t >= STAGES - 1:  # tile t - STAGES + 1 has landed
+            kaio.cp_async_wait(STAGES - 1)
+            kaio.sync_threads()
+            u = t - (STAGES - 1)
+            acc += f32(kv_s[u % STAGES * 2 * dk.BN + tid % 64, tid // 64])
+            kaio.sync_threads()
+    kaio.cp_async_wait_all()
+    out[x * 128 + tid] = acc
+
+
+def items_floor(b, length, kc, vc, table, items, stages=3):
+    """items_stream over a paged pool with ``table`` [B, pages]: B * Hkv / items blocks."""
+    blocks = b * HKV // items
+    o = torch.empty(blocks * 128, device="cuda")
+    pages = kc.numel() // (16 * HKV * 128)
+    t = table.reshape(-1)
+
+    def floor(*_):
+        items_stream[blocks, 128, None, 2 * stages * 64 * 128 * 2](
+            kc.view(-1), vc.view(-1), t, o, HKV, length, table.shape[1], pages,
+            STAGES=stages, ITEMS=items,
+        )  # fmt: skip
+
+    return floor
+
+
 @kaio.gpu_kernel
 def page_stream(
     k: f16[:],
@@ -2832,8 +2904,9 @@ def round_fs(budget: float):
     (L/4 .. L) lengths over the suite's shuffled pool; the contiguous kernel; each
     checked against f32 SDPA first; two passes, the second reversed; SDPA first and
     last. Round B also the floors of the two walks (head_stream over each sequence's
-    table sorted, and over the pairs' union sorted: ``folded_tables``), on the first
-    set's pool."""
+    table sorted, and over the pairs' union sorted: ``folded_tables``) and of a
+    persistent per-head grid of two (sequence, head) items a block (``items_stream``,
+    against one item a block), on the first set's pool."""
     for b, length, _, sets, lens, label in shapes(FS_CASES, budget):
         gen = torch.Generator(device="cuda").manual_seed(b)
         rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
@@ -2858,6 +2931,10 @@ def round_fs(budget: float):
                  walk_floor(b, length, kc, vc, folded_tables(table, 1), HKV, 3)),
                 ("floor pairs sorted st3",
                  walk_floor(b, length, kc, vc, folded_tables(table, 2), HKV, 3)),
+                ("floor items 1 sorted st3",
+                 items_floor(b, length, kc, vc, folded_tables(table, 1), 1)),
+                ("floor items 2 sorted st3",
+                 items_floor(b, length, kc, vc, folded_tables(table, 1), 2)),
             ]  # fmt: skip
         both_passes(label, jobs, sets)
 
@@ -2872,6 +2949,7 @@ def warm_fs():
             c = {"STAGES": 3, "FOLD": 2, "SORT": n, "PAIR": 64, "DP": 128, "DT": f16}
             out.append((decode.FOLDED, {**c, "SPEC": spec}))
     flags = {"PAGED": True, "DP": 128, "LOCK": 0, "TOUCH": 0, "CO": 0}
+    out += [(items_stream, {"STAGES": 3, "ITEMS": n}) for n in (1, 2)]
     return out + [(head_stream, {**flags, "STAGES": 3})]
 
 
