@@ -3003,11 +3003,10 @@ def round_it(budget: float):
 
 def warm_it():
     """What round it launches: decode_fwd's one-split paged kernels with one item a block
-    and two (SORT 256, 0; bf16 too, two items, SORT 0: the GPU test's), decode_folded
-    (SPEC, 512 slots, PAIR 64), the contiguous one."""
+    and two (SORT 256, 0), decode_folded (SPEC, 512 slots, PAIR 64), the contiguous
+    one."""
     out = [(probe_mark, {}), (decode.DECODE, one_split(3, paged=False))]
     out += [(decode.DECODE, one_split(3, sort=n, items=it)) for n in (256, 0) for it in (2, 1)]
-    out.append((decode.DECODE, {**one_split(3, items=2), "DT": kaio.bf16}))  # (the GPU test's)
     c = {"STAGES": 3, "FOLD": 2, "SORT": 512, "PAIR": 64, "DP": 128, "DT": f16}
     return out + [(decode.FOLDED, {**c, "SPEC": decode.FOLD_SPEC})]
 
