@@ -116,7 +116,6 @@ ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
 ORIG_FOLD = getattr(decode, "FOLD_SEQS", 0)
 ORIG_PAIR = getattr(decode, "FOLD_PAIR", 0)
 ORIG_FOLD_SPEC = getattr(decode, "FOLD_SPEC", 0)
-ORIG_ITEM_PAIRS = getattr(decode, "ITEM_PAIRS", False)
 ORIG_BANDWIDTH = getattr(decode, "CLUSTER_BANDWIDTH", False)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
@@ -154,7 +153,6 @@ def restore():
     decode.FOLD_SEQS = ORIG_FOLD
     decode.FOLD_PAIR = ORIG_PAIR
     decode.FOLD_SPEC = ORIG_FOLD_SPEC
-    decode.ITEM_PAIRS = ORIG_ITEM_PAIRS
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -319,7 +317,6 @@ def force(
     fold=None,
     pair=None,
     fold_spec=None,
-    items=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
@@ -332,8 +329,6 @@ def force(
         decode.FOLD_PAIR = pair
     if fold_spec is not None:  # decode_folded's first tiles copied before its sort (SPEC)
         decode.FOLD_SPEC = fold_spec
-    if items is not None:  # decode_fwd's two items a block (ITEMS) where they fit, or never
-        decode.ITEM_PAIRS = items
     if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
         decode.sorts = lambda paged, splits, *a, n=sort: n if paged and splits == 1 else 0
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
@@ -1388,7 +1383,7 @@ WARM_LIST = warm_list
 def warm_one(i):
     kernel, c = WARM_LIST()[i]
     if kernel is decode.DECODE:  # (lists made before decode_fwd had SORT)
-        c = {"SORT": 0, "ITEMS": 1, **c}
+        c = {"SORT": 0, **c}
     try:
         kernel.resources(**c)  # compiled, loaded, its cubin in the disk cache
     except Exception as e:  # noqa: BLE001
@@ -2712,13 +2707,12 @@ def round_w64(budget: float):
         both_passes(label, jobs, sets, n=12 if length > 8192 else 24)
 
 
-def one_split(stages: int, own: int = 0, sort: int = 0, paged: bool = True, items=1) -> dict:
-    """decode_fwd's constexprs for a one-split grid at D 128, f16, 4 query rows a group
-    (``items`` (sequence, head) items a block)."""
+def one_split(stages: int, own: int = 0, sort: int = 0, paged: bool = True) -> dict:
+    """decode_fwd's constexprs for a one-split grid at D 128, f16, 4 query rows a group."""
     c = {"DP": 128, "MT": 1, "PAGED": paged, "DT": f16, "PW": int(paged), "CL": 1}
     c |= {"DIRECT": True, "FUSED": False, "SPEC": decode.speculates(paged), "SWAP": 1}
     c |= {"STAGES": stages, "OWN": own, "SYNC1": decode.stage_syncs(stages, own)}
-    return c | {"SORT": sort, "ITEMS": items}
+    return c | {"SORT": sort}
 
 
 def warm_w64():
@@ -2971,46 +2965,6 @@ def unique(kernels: list) -> list:
     return out
 
 
-IT_CASES = ((64, 4096), (64, 32768), (64, 1024))
-
-
-def round_it(budget: float):
-    """(dec, twelfth pass, round C) decode_fwd's ITEMS (two (sequence, K/V head) items a
-    block, one tile stream: one wave of 256 blocks at B64 instead of two of 512) against
-    one item a block (main's kernel: the same PTX) and the routed decode_folded (B64 from
-    2k to 8k keys), uniform and ragged (L/4 .. L) lengths over the suite's shuffled pool;
-    the contiguous kernel; each checked against f32 SDPA first; two passes, the second
-    reversed; SDPA first and last."""
-    for b, length, _, sets, lens, label in shapes(IT_CASES, budget):
-        gen = torch.Generator(device="cuda").manual_seed(b)
-        rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
-        rl = rl.to(torch.int32)
-        variants = {"items 2": {"fold": 0, "items": True}, "items 1": {"fold": 0, "items": False}}
-        if length < 32768:
-            for name, ls in (("", lens), ("ragged ", rl)):
-                err = check(sets, ls, fold=0, items=True)
-                print(f"{label} {name}items 2 rel err {err:.1e}", flush=True)
-        else:
-            print(f"{label} items 2 rel err {check(sets, lens, fold=0, items=True):.1e}")
-        jobs = [("paged shipped", run_kaio(lens))]
-        jobs += [(f"paged {n}", run_kaio(lens, **cfg)) for n, cfg in variants.items()]
-        if length < 32768:
-            jobs.append(("ragged shipped", run_kaio(rl)))
-            jobs += [(f"ragged {n}", run_kaio(rl, **cfg)) for n, cfg in variants.items()]
-        jobs.append(("contiguous shipped", run_kaio_contig(lens)))
-        both_passes(label, jobs, sets, n=12 if length > 8192 else 24)
-
-
-def warm_it():
-    """What round it launches: decode_fwd's one-split paged kernels with one item a block
-    and two (SORT 256, 0), decode_folded (SPEC, 512 slots, PAIR 64), the contiguous
-    one."""
-    out = [(probe_mark, {}), (decode.DECODE, one_split(3, paged=False))]
-    out += [(decode.DECODE, one_split(3, sort=n, items=it)) for n in (256, 0) for it in (2, 1)]
-    c = {"STAGES": 3, "FOLD": 2, "SORT": 512, "PAIR": 64, "DP": 128, "DT": f16}
-    return out + [(decode.FOLDED, {**c, "SPEC": decode.FOLD_SPEC})]
-
-
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -3045,7 +2999,6 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "fold": (round_fold, 40),
     "pc": (round_pc, 40),
     "fs": (round_fs, 40),
-    "it": (round_it, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -3072,7 +3025,6 @@ WARMS = {
     "warm_fold": warm_fold,
     "warm_pc": warm_pc,
     "warm_fs": warm_fs,
-    "warm_it": warm_it,
     "warm_pcfs": lambda: unique(warm_pc() + warm_fs()),
     "warm_p": warm_p,
     "warm_t": warm_t,

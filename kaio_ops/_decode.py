@@ -342,19 +342,6 @@ def sort_keys(key: u32[:], buf: u32[:], lane: u32, warp: u32, N: kaio.constexpr)
 
 
 @kaio.gpu_func
-def sort_slots(
-    entry: u32[:], sort_s: u32[:], lo: u32, hi: u32, warp: u32, lane: u32, SORT: kaio.constexpr
-):
-    """``decode_fwd``'s SORT: this thread's table entries (slots lo + warp * SORT / WARPS +
-    32 e + lane) sorted with the block's into sort_s, the slots from hi on past every page
-    (``PAD``)."""
-    for e in kaio.static_range(SORT // THREADS):
-        at = lo + warp * (SORT // WARPS) + 32 * e + lane
-        entry[e] = kaio.select(at < hi, entry[e], u32(PAD))
-    sort_keys(entry, sort_s, lane, warp, SORT)
-
-
-@kaio.gpu_func
 def copy_tile(
     kv_s: DT[:, :],
     row0: u32,
@@ -505,7 +492,6 @@ def decode_fwd(
     SYNC1: kaio.constexpr,
     OWN: kaio.constexpr,
     SORT: kaio.constexpr,
-    ITEMS: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -532,13 +518,7 @@ def decode_fwd(
     (one split with ``SPEC`` over a paged cache): the SORT table slots after those copied
     before the length are visited in pool order where every query row sees all their
     keys (``sort_keys``: the order of unmasked keys does not change the attention), so
-    that the blocks, sweeping the pool together, read neighbouring pages at once. ``ITEMS``
-    2 (one split with SPEC, SWAP, SYNC1, at most 4 query rows, one row chunk): the block
-    also takes the (sequence, K/V head) of block y + grid y, its key tiles continuing the
-    first's in the same ring (its first copies in flight under the first's last tiles,
-    its table window, length and sorted slots loaded at the start, its Q copied once the
-    first's is in registers); the first's rows are merged between (``store_key_partials``
-    into their own shared memory, 4 rows a warp)."""
+    that the blocks, sweeping the pool together, read neighbouring pages at once."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -596,23 +576,11 @@ def decode_fwd(
     kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
     # SORT: slots lo .. hi - 1 hold keys every query row sees: in pool order
     hi = kaio.min(u32(kaio.max(i32(kv_len) - i32(sq) + 1, 0)) >> shift, lo + SORT)
-    if ITEMS > 1:  # the second item (block y + grid y's; chunks 1): window, slots, length
-        b1 = (bkv + kaio.grid_dim_y()) // kv_heads
-        kvh1 = (bkv + kaio.grid_dim_y()) % kv_heads
-        win1 = kaio.local(u32, 3)
-        window_start(win1, 0, b1, block_table, max_pages, shift, lane)
-        entry1 = kaio.local(u32, SORT // THREADS if SORT else 1)
-        if SORT:
-            for e in kaio.static_range(SORT // THREADS):
-                at = lo + warp * (SORT // WARPS) + 32 * e + lane
-                entry1[e] = table_at(block_table, b1, at, max_pages)
-        kv_len1 = u32(kaio.min(kaio.max(seq_lens[b1], 0), i32(capacity)))
-        hi1 = kaio.min(u32(kaio.max(i32(kv_len1) - i32(sq) + 1, 0)) >> shift, lo + SORT)
-        # the first item's partial rows, 4 a warp (after the sorted pages)
-        items_at = (2 * STAGES * BN + ROWS) * DP * 2 + 2 * WARPS * 16 * 4 + 4 * SORT
-        red_c = kaio.shared_dynamic(f32, (WARPS * 4, DP), items_at)
     if SORT:
-        sort_slots(entry, sort_s, lo, hi, warp, lane, SORT)  # (read after the barrier below)
+        for e in kaio.static_range(SORT // THREADS):
+            at = lo + warp * (SORT // WARPS) + 32 * e + lane
+            entry[e] = kaio.select(at < hi, entry[e], u32(PAD))
+        sort_keys(entry, sort_s, lane, warp, SORT)  # (read after the barrier below)
     n_total = (kv_len + BN - 1) // BN
     # the block's tiles: t0 + i * step for i < count (SPEC: every splits-th from its own,
     # so that its first ones are known before the length; else a run of the length's)
@@ -623,14 +591,6 @@ def decode_fwd(
         per = (n_total + splits - 1) // splits
         t0 = kaio.min(split * per, n_total)
         count = kaio.min(t0 + per, n_total) - t0
-    if ITEMS > 1:  # the second item's tiles from first1 on (after the SPEC copies)
-        n0 = count
-        first1 = kaio.max(n0, u32(STAGES - 1))
-        count = first1 + (kv_len1 + BN - 1) // BN
-        cb = b  # the copies' item
-        ckvh = kvh
-        clen = kv_len
-        chi = hi
     if PAGED and not SPEC:
         if PW:
             window_start(win, t0 * BN, b, block_table, max_pages, shift, lane)
@@ -662,11 +622,6 @@ def decode_fwd(
     elif QREG:
         load_a(qf, q_s, mtile * 16, acol, lane, 0, DP, DT)
     start_rows(m, l, o, DP // 2 if SWAP else DP)  # (zeroes DP / 8 tiles: SWAP's o has DP / 16)
-    if ITEMS > 1:  # the second item's Q, once every warp has the first's
-        kaio.sync_threads()
-        q_row1 = (b1 * heads + kvh1 * group) * sq
-        load_tile(q_s, q, q_row1 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True, DT)
-        kaio.cp_async_commit()
     limit = kaio.local(i32, 2)  # keys < limit are visible to the row (causal)
     for h in kaio.static_range(2):
         row = row0 + mtile * 16 + g + 8 * h
@@ -678,44 +633,23 @@ def decode_fwd(
     pb = kaio.local(u32, (1, 2))  # SWAP: P^T's B fragment
     for i in range(count):
         t = t0 + i * step
-        if ITEMS > 1:  # the item's own tile
-            t = i - kaio.select(i >= first1, first1, u32(0))
         stage = i % STAGES * 2 * BN
         if SYNC1:
             kaio.cp_async_wait(STAGES - 2)  # tile t has landed
             kaio.sync_threads()  # (and every warp is past tile i - 1)
         if i + STAGES - 1 < count:  # into the stage tile i - 1 used
             key0 = (t + (STAGES - 1) * step) * BN
-            if ITEMS > 1:
-                c = i + STAGES - 1
-                if c == first1:  # the second item's first copy in the loop: its window on
-                    cb = b1
-                    ckvh = kvh1
-                    clen = kv_len1
-                    chi = hi1
-                    for e in kaio.static_range(3):
-                        win[e] = win1[e]
-                key0 = (c - kaio.select(c >= first1, first1, u32(0))) * BN
-                copy_tile(
-                    kv_s, c % STAGES * 2 * BN, k, v, key0, clen, cb, ckvh, pg, STAGES - 1, win,
-                    block_table, capacity, max_pages, kv_heads, shift, pages, tid, sort_s, lo,
-                    chi, DP, PAGED, PW, OWN, SORT, DT,
-                )  # fmt: skip
-            else:
-                copy_tile(
-                    kv_s, (i + STAGES - 1) % STAGES * 2 * BN, k, v, key0, kv_len, b, kvh, pg,
-                    STAGES - 1, win, block_table, capacity, max_pages, kv_heads, shift, pages,
-                    tid, sort_s, lo, hi, DP, PAGED, PW, OWN, SORT, DT,
-                )  # fmt: skip
+            copy_tile(
+                kv_s, (i + STAGES - 1) % STAGES * 2 * BN, k, v, key0, kv_len, b, kvh, pg,
+                STAGES - 1, win, block_table, capacity, max_pages, kv_heads, shift, pages, tid,
+                sort_s, lo, hi, DP, PAGED, PW, OWN, SORT, DT,
+            )  # fmt: skip
             if PAGED and not PW:  # the next tile's pages, used by the next iteration's copies
                 page_ids(
                     pg, STAGES - 1, (t + STAGES) * BN, kv_len, b, block_table, max_pages, shift,
                     tid, DP,
                 )  # fmt: skip
         kaio.cp_async_commit()
-        if ITEMS > 1 and SORT:
-            if i == first1 - 1:  # the first item's copies are issued: the second's slots
-                sort_slots(entry1, sort_s, lo, hi1, warp, lane, SORT)  # (read after a barrier)
         if OWN:
             kaio.cp_async_wait(STAGES - 1)  # this warp's keys of tile t have landed
             kaio.sync_warp()
@@ -748,21 +682,6 @@ def decode_fwd(
             acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
         if not (SYNC1 or OWN):
             kaio.sync_threads()  # this stage is free
-        if ITEMS > 1:
-            if i == first1 - 1:  # the first item's rows merged and written; the second's next
-                store_key_partials(red_c, red_ml, o, m, l, warp, lane, nrows - row0, DP, 4)
-                kaio.sync_threads()
-                items = kaio.min(ROWS, nrows - row0) * (DP // 4)
-                merge_warps(
-                    red_c, red_ml, out, lse, part, part_lse, red_c, lse, items, q_row0 + row0, 0,
-                    tid, DP, MT, DIRECT, CL, DT, 4,
-                )  # fmt: skip
-                start_rows(m, l, o, DP // 2)
-                load_b(qb, q_s, bcol, lane, DP, DT)
-                kv_len = kv_len1
-                q_row0 = q_row1
-                for h in kaio.static_range(2):
-                    limit[h] = i32(kv_len) - i32(sq) + i32((row0 + lane % 4 * 2 + h) % sq) + 1
 
     # the warps' partial results, relative to their own maxima, through shared memory (the
     # columns of row r XOR-ed with r % 4 * 8: a store's 8 rows x 4 column pairs fall on 16
@@ -771,7 +690,7 @@ def decode_fwd(
     kaio.sync_threads()
     # (only the chunk's real rows: a K/V group of 4 heads and one new token fills 4 of 16)
     if SWAP:
-        store_key_partials(red_o, red_ml, o, m, l, warp, lane, nrows - row0, DP, 16)
+        store_key_partials(red_o, red_ml, o, m, l, warp, lane, nrows - row0, DP)
     else:
         for h in kaio.static_range(2):
             r = warp * 16 + g + 8 * h
@@ -791,7 +710,7 @@ def decode_fwd(
     items = kaio.min(ROWS, nrows - row0) * (DP // 4)  # the chunk's real rows, 4 columns each
     merge_warps(
         red_o, red_ml, out, lse, part, part_lse, mine_o, mine_lse, items, q_row0 + row0,
-        split * total_rows, tid, DP, MT, DIRECT, CL, DT, 16,
+        split * total_rows, tid, DP, MT, DIRECT, CL, DT,
     )  # fmt: skip
     if CL > 1 and not DIRECT:
         kaio.cluster_sync()
@@ -1174,16 +1093,14 @@ def decode_folded(
     kaio.sync_threads()
     red_o = kaio.shared_dynamic(f32, (WARPS * 16, DP), 0)  # over kv_s
     red_ml = kaio.shared_dynamic(f32, (2, WARPS * 16), ml_at)
-    store_key_partials(red_o, red_ml, o, m, l, warp, lane, FOLD * nrows, DP, 16)
+    store_key_partials(red_o, red_ml, o, m, l, warp, lane, FOLD * nrows, DP)
     kaio.sync_threads()
     for f in kaio.static_range(FOLD):  # sequence f's rows: rows f * nrows on of the partials
         o_f = kaio.shared_dynamic(f32, (WARPS * 16, DP), f * 4 * DP * 4)
         ml_f = kaio.shared_dynamic(f32, (2, WARPS * 16), ml_at + f * 4 * 4)
         items = kaio.select(seqs[f] < batch, nrows * (DP // 4), 0)
         at0 = (seqs[f] * heads + kvh * group) * sq
-        merge_warps(
-            o_f, ml_f, out, lse, lse, lse, o_f, lse, items, at0, 0, tid, DP, 1, True, 1, DT, 16
-        )
+        merge_warps(o_f, ml_f, out, lse, lse, lse, o_f, lse, items, at0, 0, tid, DP, 1, True, 1, DT)
 
 
 @kaio.gpu_kernel
@@ -1433,18 +1350,17 @@ def key_values(
 @kaio.gpu_func
 def store_key_partials(
     red_o: f32[:, :], red_ml: f32[:, :], o: f32[:, :], m: f32[:], l: f32[:], warp: u32,
-    lane: u32, nreal: u32, DP: kaio.constexpr, RS: kaio.constexpr,
+    lane: u32, nreal: u32, DP: kaio.constexpr,
 ):  # fmt: skip
     """A ``SWAP`` warp's partial results (O^T in ``o``, relative to the maxima m) of its
-    real query rows (< nreal <= RS) into rows warp * RS + row of red_o (columns XOR-ed
-    with the row % 4 * 8, as the merge reads them) and red_ml (max, sum over the
-    lanes)."""
+    real query rows (< nreal) into rows warp * 16 + row of red_o (columns XOR-ed with the
+    row % 4 * 8, as the merge reads them) and red_ml (max, sum over the lanes)."""
     for e in kaio.static_range(2):
         total = l[e] + kaio.shfl_xor(l[e], 4)
         total += kaio.shfl_xor(total, 8)
         total += kaio.shfl_xor(total, 16)
         q = lane % 4 * 2 + e
-        r = warp * RS + q
+        r = warp * 16 + q
         if q < nreal:
             if lane < 4:
                 red_ml[0, r] = m[e]
@@ -1459,14 +1375,13 @@ def merge_warps(
     red_o: f32[:, :], red_ml: f32[:, :], out: DT[:], lse: f32[:], part: f32[:],
     part_lse: f32[:], mine_o: f32[:, :], mine_lse: f32[:], items: u32, at0: u32,
     part_row0: u32, tid: u32, DP: kaio.constexpr, MT: kaio.constexpr,
-    DIRECT: kaio.constexpr, CL: kaio.constexpr, DT: kaio.constexpr, RS: kaio.constexpr,
+    DIRECT: kaio.constexpr, CL: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
-    """The warps' partial results (red_o, red_ml: rows (k-part * MT + M-tile) * RS + row,
-    each relative to its own maximum; RS 16, or the real rows' count where under 16) of
-    the chunk's rows merged, a thread 4 adjacent columns of a row an item (``items`` of
-    them): the row's weights once, the partial rows in 16-byte loads; written as
-    ``decode_fwd``'s merge writes them (out / lse, mine_o / mine_lse for the cluster, or
-    part / part_lse at row part_row0 + row)."""
+    """The warps' partial results (red_o, red_ml: rows (k-part * MT + M-tile) * 16 + row,
+    each relative to its own maximum) of the chunk's rows merged, a thread 4 adjacent
+    columns of a row an item (``items`` of them): the row's weights once, the partial
+    rows in 16-byte loads; written as ``decode_fwd``'s merge writes them (out / lse,
+    mine_o / mine_lse for the cluster, or part / part_lse at row part_row0 + row)."""
     KSPLIT = WARPS // MT
     w = kaio.local(f32, KSPLIT)
     buf = kaio.local(f32, 4)
@@ -1477,17 +1392,17 @@ def merge_warps(
         c = it % (DP // 4) * 4
         top = NEG_INF
         for kp in kaio.static_range(KSPLIT):
-            top = kaio.max(top, red_ml[0, (kp * MT + rr // 16) * RS + rr % 16])
+            top = kaio.max(top, red_ml[0, (kp * MT + rr // 16) * 16 + rr % 16])
         base = kaio.select(top == NEG_INF, 0.0, top)
         den = 0.0
         for kp in kaio.static_range(KSPLIT):
-            r = (kp * MT + rr // 16) * RS + rr % 16
+            r = (kp * MT + rr // 16) * 16 + rr % 16
             w[kp] = kaio.exp2(red_ml[0, r] - base)
             den += red_ml[1, r] * w[kp]
         for e in kaio.static_range(4):
             acc[e] = 0.0
         for kp in kaio.static_range(KSPLIT):
-            r = (kp * MT + rr // 16) * RS + rr % 16
+            r = (kp * MT + rr // 16) * 16 + rr % 16
             kaio.load_vector(buf, red_o, (r, c ^ r % 4 * 8))
             for e in kaio.static_range(4):
                 acc[e] += buf[e] * w[kp]

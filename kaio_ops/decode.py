@@ -140,9 +140,6 @@ FOLD_STAGES = 3
 FOLD_PAIR = 256
 # decode_folded's first tiles (each sequence's first keys) copied before its sort (SPEC)
 FOLD_SPEC = 1
-# one split over a paged cache in more than two waves' blocks, up to four (B 34 to 66 at Hkv
-# 8 on 132 SMs): two (sequence, K/V head) items a block (decode_fwd's ITEMS), one tile stream
-ITEM_PAIRS = True
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -245,25 +242,6 @@ def folds(cache, batch: int, rows: int, d: int, sms: int) -> int:
     pages = FOLD_MIN_PAGES <= cache.max_pages <= FOLD_SORT // FOLD_SEQS
     fits = d == 128 and pages
     return FOLD_SEQS if fits and batch * cache.kv_heads > 2 * sms else 0
-
-
-def pairs_fit(direct: bool, paged: bool, swap: int, own: int, rows: int) -> bool:
-    """Whether ``decode_fwd`` takes two items a block (ITEMS 2) in a grid of one split
-    (``direct``) over a paged cache with the keys in M (``swap``), no OWN and at most 4
-    query rows a K/V group (one row chunk)."""
-    return bool(ITEM_PAIRS and direct and paged and swap and not own and rows <= 4)
-
-
-def items_for(blocks: int, sms: int, fit: bool) -> int:
-    """``decode_fwd``'s ITEMS: 2 where the pairs fit (``pairs_fit``) and the blocks, an even
-    count, are between two and four a multiprocessor (then one wave of pairs at two a
-    multiprocessor); else 1."""
-    return 2 if fit and blocks % 2 == 0 and 2 * sms < blocks <= 4 * sms else 1
-
-
-def items_shared(dp: int, items: int) -> int:
-    """``decode_fwd``'s shared memory for ITEMS: the first item's partial rows, 4 a warp."""
-    return dk.WARPS * 4 * dp * 4 if items > 1 else 0
 
 
 def folded_shared(dp: int, sort: int) -> int:
@@ -378,7 +356,6 @@ def plan_grid(
         consts = {"DP": dp, "MT": mt, "PAGED": paged, "STAGES": stages, "CL": cl, "DT": like.dtype}
         own = owns(mt, paged, False, cl, per)
         consts |= {"SWAP": swap, "SYNC1": stage_syncs(stages, own), "OWN": own, "SORT": 0}
-        consts["ITEMS"] = 1
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
@@ -647,9 +624,6 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     stream = _arrays.stream_of(qa)
     direct = splits == 1
     sort = sorts(cache.paged, splits, cache.max_pages, cache.page_size if cache.paged else 0)
-    sms = _arrays.multiprocessors(qa)
-    items = items_for(blocks, sms, pairs_fit(direct, cache.paged, swap, own, group * sq))
-    shared += 4 * sort + items_shared(d, items)
     out, lse, out_flat, lse_flat, part, part_lse = _outputs(qa, 1 if cl > 1 else splits)
     counters = None
     if not (direct or cl > 1):
@@ -658,14 +632,14 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     flat = [a.arg(a.size) for a in (qa, cache.k, cache.v)]
     if counters is None:  # a stand-in, never read
         counters = np.zeros(1, np.uint32) if qa.kind == "numpy" else qa.arg(1, dtype=u32)
-    DECODE[(splits, blocks // items), dk.THREADS, stream, shared](
+    DECODE[(splits, blocks), dk.THREADS, stream, shared + 4 * sort](
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, part, part_lse,
         counters, heads, group, sq, cache.kv_heads, *cache.geometry(), chunks, rows,
         math.log2(math.e) * float(scale),
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
         SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages, own),
-        OWN=own, SORT=sort, ITEMS=items,
+        OWN=own, SORT=sort,
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -789,20 +763,17 @@ def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
         flags["SPEC"] = speculates(paged, 1 if direct else 2)
         for stages in sorted({stages_for(dp, mt), deep_stages(dp, mt), one}):
             for sort in sort_sizes(paged, direct):
-                tile = {**flags, "STAGES": stages, "SORT": sort, "ITEMS": 1}
+                tile = {**flags, "STAGES": stages, "SORT": sort}
                 yield DECODE, {**tile, "SYNC1": stage_syncs(stages)}
                 if direct and stages == one and owns(mt, paged, True):
                     yield DECODE, {**tile, "SYNC1": 0, "OWN": 1}
-                if stages == stages_for(dp, mt) and pairs_fit(direct, paged, swap, 0, mt * 4):
-                    yield DECODE, {**tile, "SYNC1": stage_syncs(stages), "ITEMS": 2}
     # merged through a cluster (sm_90), a block a multiprocessor
     flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": speculates(paged, 2)}
     stages = deep_stages(dp, mt)
     for cl in CLUSTERS:
         for own in sorted({0, owns(mt, paged, False, cl)}):  # (OWN: splits of few tiles)
             sync1 = stage_syncs(stages, own)
-            tile = {"STAGES": stages, "CL": cl, "SYNC1": sync1, "OWN": own, "ITEMS": 1}
-            yield DECODE, {**flags, **tile}
+            yield DECODE, {**flags, "STAGES": stages, "CL": cl, "SYNC1": sync1, "OWN": own}
 
 
 def shipped():

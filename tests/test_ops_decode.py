@@ -427,44 +427,6 @@ def test_sorted_pages_in_simulator(monkeypatch, own, sq, stages, page_size):
 
 
 @pytest.mark.parametrize(
-    "sq, page_size, sort, lens",
-    [
-        (1, 16, 128, [0, 1, 150, 4096, 4000, 63, 2000, 257]),
-        (2, 32, 0, [300, 4096, 17, 0, 1, 2048, 64, 65]),
-    ],
-)
-def test_item_pairs_in_simulator(monkeypatch, sq, page_size, sort, lens):
-    # two (sequence, K/V head) items a block (ITEMS 2: block y and y + 4 of 8), one tile
-    # stream, the first item's rows merged between; SORT over pages of 16 or none over
-    # pages of 32, 4 query rows a group (4 heads at Sq 1, 2 at Sq 2), against float64 and
-    # the race checker: first items of length 0 (its copies made before the length
-    # unused), 1, under a tile, full; second ones as long, rows past each length NaN
-    monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
-    monkeypatch.setattr(decode, "splits_for", lambda *_: 1)
-    monkeypatch.setattr(decode, "one_split_stages", lambda *_: 3)
-    monkeypatch.setattr(decode, "owns", lambda *_: 0)
-    monkeypatch.setattr(decode, "items_for", lambda blocks, sms, fit: 2 if fit else 1)
-    monkeypatch.setattr(decode, "sorts", lambda paged, splits, *_: sort if paged else 0)
-    rng = np.random.default_rng(sq + sort)
-    b, hkv, d, capacity = len(lens), 1, 64, 4096
-    q = rng.standard_normal((b, 4 // sq, sq, d)).astype(np.float16)
-    k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, np.float16, page_size)
-    poison_past_lengths((k_cache, v_cache), lens, table, page_size)
-    with kaio.simulate():
-        out, lse = kaio_ops.flash_attention_decode_with_stats(
-            q, k_cache, v_cache, np.array(lens, np.int32), table
-        )
-    assert [(c["ITEMS"], c["SORT"], c["SYNC1"]) for c in spy.constexprs] == [(2, sort, 1)]
-    ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
-    out = out.astype(np.float64)
-    assert np.isfinite(out).all()
-    assert np.abs(out - ref).max() < 4e-3
-    seen = np.isfinite(ref_lse)
-    assert np.array_equal(seen, np.isfinite(lse))
-    assert np.abs(lse[seen] - ref_lse[seen]).max() < 1e-4
-
-
-@pytest.mark.parametrize(
     "lens, h, hkv, sq, d, dtype, page_size, splits, spec",
     [
         ((0, 1, 16, 33), 8, 8, 1, 64, BF16, 16, 1, 1),  # ratio 1; 0, 1, a page boundary
@@ -812,14 +774,13 @@ def assembled() -> list:
     vector and scalar paths), not all of them (the CI time budget). The largest
     (D = 256, four M-tiles) and the one compiled for 3 blocks per SM (168 registers) are in."""
 
-    def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16, swap=0, own=0, sort=0, items=1):
+    def fwd(dp, mt, paged, merge, deep=False, cl=1, dt=kaio.f16, swap=0, own=0, sort=0):
         flags = {"DIRECT": merge == "direct", "FUSED": merge == "fused", "CL": cl}
         stages = (decode.deep_stages if deep else decode.stages_for)(dp, mt)
         pw = int(decode.PAGE_WINDOW and paged)
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
         tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own, "SORT": sort}
-        tile["ITEMS"] = items
         return {**base, "SPEC": spec, **flags, **tile}
 
     return [
@@ -834,7 +795,6 @@ def assembled() -> list:
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1)),
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1, sort=256)),
         (decode.DECODE, fwd(128, 1, True, "direct", dt=kaio.bf16, swap=1, sort=128)),
-        (decode.DECODE, fwd(128, 1, True, "direct", swap=1, sort=256, items=2)),
         (
             decode.FOLDED,
             {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": 512, "PAIR": 64, "SPEC": 1, "DT": kaio.f16},
