@@ -2965,6 +2965,93 @@ def unique(kernels: list) -> list:
     return out
 
 
+@kaio.gpu_kernel(block_size=128)
+def idle_blocks(out: f32[:], SHARED: kaio.constexpr):
+    """A kernel that does nothing but start its blocks (each asks for SHARED bytes of
+    dynamic shared memory, one value written a block): the graph's launch and block
+    start-up alone."""
+    buf = kaio.shared_dynamic(f32, (SHARED // 4,), 0)
+    if kaio.thread_idx_x() == 0:
+        buf[0] = 1.0
+        out[kaio.block_idx_x()] = buf[0]
+
+
+def graph_of(fn):
+    """``fn()`` captured once in a CUDA graph (after a warm call on a side stream)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def event_median(graph, n=30):
+    """Median µs from event to event around each of n replays of ``graph`` (as
+    bench/decode.py's suite times a call)."""
+    for _ in range(3):
+        graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for a, z in zip(starts, ends, strict=True):
+        a.record()
+        graph.replay()
+        z.record()
+    torch.cuda.synchronize()
+    return 1e3 * statistics.median(a.elapsed_time(z) for a, z in zip(starts, ends, strict=True))
+
+
+IDLE_SHARED = (16, 105 << 10, 86 << 10)
+
+
+def gap_graphs(q, k, v, kc, vc, table, lens) -> dict:
+    """{name: CUDA graph}: kaio's routed decode step over the paged cache, SDPA's default on
+    the contiguous one, and ``idle_blocks`` grids (256 blocks with 0 or 105 KB of dynamic
+    shared memory, 512 with 86 KB: SDPA's grid and shared memory)."""
+    o = torch.empty(1024, device="cuda")
+    idle = {"idle 256 blocks, 0 KB": (256, 16), "idle 256 blocks, 105 KB": (256, 105 << 10)}
+    idle["idle 512 blocks, 86 KB"] = (512, 86 << 10)
+    graphs = {
+        "kaio paged (route)": graph_of(lambda: decode._decode("g", q, kc, vc, lens, table, None)),
+        "SDPA default": graph_of(lambda: sdpa(q, k, v, enable_gqa=True)),
+    }
+    for name, (blocks, nbytes) in idle.items():
+        launch = idle_blocks[blocks, 128, None, nbytes]
+        graphs[name] = graph_of(lambda f=launch, n=nbytes: f(o, SHARED=n))
+    return graphs
+
+
+def round_gg(budget: float):
+    """(dec, twelfth pass, round D) What a CUDA graph's replay adds to the kernel time (the
+    suite's events against the profiler's kernel time) at B64 L4096 paged: kaio's routed
+    decode step against SDPA's, and kernels that only start their blocks
+    (``gap_graphs``): each graph's event median, its kernel time, the event median again
+    in reverse order. (``budget`` unused: one shape.)"""
+    print(torch.cuda.get_device_name(), flush=True)
+    sets = make_sets(64, 4096, paged=True)
+    lens = torch.full((64,), 4096, device="cuda", dtype=torch.int32)
+    print(f"B64 L4096 paged rel err {check(sets, lens):.1e}", flush=True)
+    graphs = gap_graphs(*sets[0], lens)
+    for name, graph in graphs.items():
+        print(f"B64 L4096 {name} event to event {event_median(graph):.2f} us", flush=True)
+    for name, graph in graphs.items():
+        show(f"B64 L4096 {name} kernel", kernel_times(lambda *_, g=graph: g.replay(), sets))
+    flush()
+    for name, graph in list(graphs.items())[::-1]:
+        print(f"B64 L4096 {name} event to event {event_median(graph):.2f} us", flush=True)
+
+
+def warm_gg():
+    """What round gg launches: the routed B64 L4096 paged kernel (decode_folded, SPEC, 512
+    slots, PAIR 64) and ``idle_blocks``."""
+    c = {"STAGES": 3, "FOLD": 2, "SORT": 512, "PAIR": 64, "DP": 128, "DT": f16}
+    out = [(probe_mark, {}), (decode.FOLDED, {**c, "SPEC": decode.FOLD_SPEC})]
+    return out + [(idle_blocks, {"SHARED": n}) for n in IDLE_SHARED]
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -2999,6 +3086,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "fold": (round_fold, 40),
     "pc": (round_pc, 40),
     "fs": (round_fs, 40),
+    "gg": (round_gg, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -3025,6 +3113,7 @@ WARMS = {
     "warm_fold": warm_fold,
     "warm_pc": warm_pc,
     "warm_fs": warm_fs,
+    "warm_gg": warm_gg,
     "warm_pcfs": lambda: unique(warm_pc() + warm_fs()),
     "warm_p": warm_p,
     "warm_t": warm_t,
