@@ -98,6 +98,8 @@ ORIG = {
         "plan_grid",
         "owns",
         "sorts",
+        "DECODE",
+        "FOLDED",
     )
     if hasattr(decode, n)
 }
@@ -311,6 +313,7 @@ def force(
     split_spec=None,
     plan=None,
     kernel=None,
+    folded=None,
     own=None,
     own_tiles=None,
     sort=None,
@@ -368,6 +371,8 @@ def force(
         decode.one_split_stages = lambda *a, s=stages: s
     if unfused:
         decode._counters = lambda *a: None
+    if folded is not None:  # a probe variant of decode_folded (decode_variant)
+        decode.FOLDED = folded
     if kernel is not None:  # a probe variant of decode_fwd (decode_variant)
         decode.DECODE = kernel
     if plan is not None:  # (splits, STAGES, CL): plan_grid's answer, whatever the grid
@@ -1640,10 +1645,10 @@ def round_f(budget: float):
                 )
 
 
-def decode_variant(name: str, edits: dict):
-    """``decode_fwd`` of a copy of kaio_ops/_decode.py with ``edits`` made (old text: new,
-    each old text found once): a probe-only kernel, its own module (in the temporary
-    folder) and disk-cache key."""
+def decode_variant(name: str, edits: dict, kernel: str = "decode_fwd"):
+    """``kernel`` (``decode_fwd``) of a copy of kaio_ops/_decode.py with ``edits`` made
+    (old text: new, each old text found once): a probe-only kernel, its own module (in the
+    temporary folder) and disk-cache key."""
     import importlib.util
     import tempfile
 
@@ -1662,7 +1667,7 @@ def decode_variant(name: str, edits: dict):
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
         spec.loader.exec_module(module)
-    return sys.modules[mod_name].decode_fwd
+    return getattr(sys.modules[mod_name], kernel)
 
 
 _TILE_MATH = """        dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP, DT)  # S = Q K^T
@@ -3052,6 +3057,57 @@ def warm_gg():
     return out + [(idle_blocks, {"SHARED": n}) for n in IDLE_SHARED]
 
 
+_FB_LOOP = "        if i + STAGES - 1 < count:  # into the stage tile i - 1 used\n"
+_FB_NOTE = "        # this warp's 16 keys: one page, of sequence seq from position key0 on\n"
+FB_EDITS = {  # decode_folded with two barriers a tile: the copies before the wait (3 in flight)
+    "        kaio.cp_async_wait(STAGES - 2)  # tile i has landed\n"
+    "        kaio.sync_threads()  # (and every warp is past tile i - 1)\n" + _FB_LOOP: (
+        "        kaio.sync_threads()  # every warp is past tile i - 1\n" + _FB_LOOP
+    ),
+    "        kaio.cp_async_commit()\n" + _FB_NOTE: (
+        "        kaio.cp_async_commit()\n"
+        "        kaio.cp_async_wait(STAGES - 1)  # tile i has landed\n"
+        "        kaio.sync_threads()\n" + _FB_NOTE
+    ),
+}
+
+
+def round_fb(budget: float):
+    """(dec, twelfth pass, round E) decode_folded with two barriers a key tile (the next
+    copies issued before the wait for the current tile: three tiles in flight, as the copy
+    floors have, against two with one barrier: ``FB_EDITS``, a probe-only copy of the
+    kernel) against the routed kernel, uniform and ragged lengths; decode_fwd (fold off);
+    each checked against f32 SDPA first; two passes, the second reversed; SDPA first and
+    last."""
+    two = decode_variant("fold_two_barriers", FB_EDITS, "decode_folded")
+    for b, length, _, sets, lens, label in shapes(FS_CASES, budget):
+        gen = torch.Generator(device="cuda").manual_seed(b)
+        rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+        rl = rl.to(torch.int32)
+        for name, ls in (("", lens), ("ragged ", rl)):
+            err = check(sets, ls, folded=two)
+            print(f"{label} {name}fold two barriers rel err {err:.1e}", flush=True)
+        jobs = [
+            ("paged shipped", run_kaio(lens)),
+            ("paged two barriers", run_kaio(lens, folded=two)),
+            ("paged fold off", run_kaio(lens, fold=0)),
+            ("ragged shipped", run_kaio(rl)),
+            ("ragged two barriers", run_kaio(rl, folded=two)),
+        ]
+        both_passes(label, jobs, sets)
+
+
+def warm_fb():
+    """What round fb launches: decode_folded (SPEC, 3 stages, PAIR 64, 256 to 1024 slots)
+    with one barrier a tile and two, decode_fwd's B64 kernels (SORT 256, 128)."""
+    two = decode_variant("fold_two_barriers", FB_EDITS, "decode_folded")
+    out = [(probe_mark, {})] + [(decode.DECODE, one_split(3, sort=n)) for n in (256, 128)]
+    for n in (512, 256, 1024):
+        c = {"STAGES": 3, "FOLD": 2, "SORT": n, "PAIR": 64, "DP": 128, "DT": f16, "SPEC": 1}
+        out += [(decode.FOLDED, c), (two, c)]
+    return out
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -3087,6 +3143,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "pc": (round_pc, 40),
     "fs": (round_fs, 40),
     "gg": (round_gg, 40),
+    "fb": (round_fb, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -3114,6 +3171,7 @@ WARMS = {
     "warm_pc": warm_pc,
     "warm_fs": warm_fs,
     "warm_gg": warm_gg,
+    "warm_fb": warm_fb,
     "warm_pcfs": lambda: unique(warm_pc() + warm_fs()),
     "warm_p": warm_p,
     "warm_t": warm_t,
