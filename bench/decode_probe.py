@@ -100,6 +100,7 @@ ORIG = {
         "sorts",
         "DECODE",
         "FOLDED",
+        "stage_syncs",
     )
     if hasattr(decode, n)
 }
@@ -314,6 +315,7 @@ def force(
     plan=None,
     kernel=None,
     folded=None,
+    sync1=None,
     own=None,
     own_tiles=None,
     sort=None,
@@ -371,6 +373,8 @@ def force(
         decode.one_split_stages = lambda *a, s=stages: s
     if unfused:
         decode._counters = lambda *a: None
+    if sync1 is not None:  # decode_fwd's one barrier a tile (SYNC1) on or off
+        decode.stage_syncs = lambda *a, v=int(sync1): v
     if folded is not None:  # a probe variant of decode_folded (decode_variant)
         decode.FOLDED = folded
     if kernel is not None:  # a probe variant of decode_fwd (decode_variant)
@@ -3076,9 +3080,9 @@ def round_fb(budget: float):
     """(dec, twelfth pass, round E) decode_folded with two barriers a key tile (the next
     copies issued before the wait for the current tile: three tiles in flight, as the copy
     floors have, against two with one barrier: ``FB_EDITS``, a probe-only copy of the
-    kernel) against the routed kernel, uniform and ragged lengths; decode_fwd (fold off);
-    each checked against f32 SDPA first; two passes, the second reversed; SDPA first and
-    last."""
+    kernel) against the routed kernel, uniform and ragged lengths; decode_fwd (fold off)
+    with one barrier a tile (SYNC1, its default at 3 stages) and two; each checked
+    against f32 SDPA first; two passes, the second reversed; SDPA first and last."""
     two = decode_variant("fold_two_barriers", FB_EDITS, "decode_folded")
     for b, length, _, sets, lens, label in shapes(FS_CASES, budget):
         gen = torch.Generator(device="cuda").manual_seed(b)
@@ -3087,10 +3091,13 @@ def round_fb(budget: float):
         for name, ls in (("", lens), ("ragged ", rl)):
             err = check(sets, ls, folded=two)
             print(f"{label} {name}fold two barriers rel err {err:.1e}", flush=True)
+        err = check(sets, lens, fold=0, sync1=0)
+        print(f"{label} fold off, two barriers rel err {err:.1e}", flush=True)
         jobs = [
             ("paged shipped", run_kaio(lens)),
             ("paged two barriers", run_kaio(lens, folded=two)),
             ("paged fold off", run_kaio(lens, fold=0)),
+            ("paged fold off, two barriers", run_kaio(lens, fold=0, sync1=0)),
             ("ragged shipped", run_kaio(rl)),
             ("ragged two barriers", run_kaio(rl, folded=two)),
         ]
@@ -3102,6 +3109,7 @@ def warm_fb():
     with one barrier a tile and two, decode_fwd's B64 kernels (SORT 256, 128)."""
     two = decode_variant("fold_two_barriers", FB_EDITS, "decode_folded")
     out = [(probe_mark, {})] + [(decode.DECODE, one_split(3, sort=n)) for n in (256, 128)]
+    out += [(decode.DECODE, {**one_split(3, sort=n), "SYNC1": 0}) for n in (256, 128)]
     for n in (512, 256, 1024):
         c = {"STAGES": 3, "FOLD": 2, "SORT": n, "PAIR": 64, "DP": 128, "DT": f16, "SPEC": 1}
         out += [(decode.FOLDED, c), (two, c)]
