@@ -11,6 +11,10 @@ than the L2 cache.
     python3 bench/decode_probe.py warm_g4 10; then g4 29  # dec, copies of decode_fwd (also g..g3)
     python3 bench/decode_probe.py warm_k 8; then k 17  # dec, the tile loop's switches off and on
     python3 bench/decode_probe.py warm_kf 9; then kf 8  # dec, the shipped kernel over its floors
+    python3 bench/decode_probe.py warm_pc 14; then pc 28  # dec, pool-chunk floors at 32k keys
+    python3 bench/decode_probe.py warm_fs 9; then fs 13  # dec, decode_folded's SPEC on and off
+    python3 bench/decode_probe.py warm_fb 11; then fb 22  # dec, two barriers a tile
+    python3 bench/decode_probe.py warm_gg 7; then gg  # dec, a graph replay over the kernel time
     PROBE_BASE=1 PYTHONPATH=/main/checkout python3 bench/decode_probe.py f  # main's defaults
     python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
     python3 bench/decode_probe.py warm_t | warm_v [SECONDS]  # the kernels of t / v
