@@ -783,6 +783,10 @@ def assembled() -> list:
         tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own, "SORT": sort}
         return {**base, "SPEC": spec, **flags, **tile}
 
+    def folded(sort, pair, dt):
+        flags = {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": sort, "PAIR": pair}
+        return {**flags, "SPEC": decode.FOLD_SPEC, "DT": dt}
+
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
         (decode.DECODE, fwd(128, 1, True, "fused")),
@@ -795,22 +799,8 @@ def assembled() -> list:
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1)),
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1, sort=256)),
         (decode.DECODE, fwd(128, 1, True, "direct", dt=kaio.bf16, swap=1, sort=128)),
-        (
-            decode.FOLDED,
-            {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": 512, "PAIR": 64, "SPEC": 1, "DT": kaio.f16},
-        ),
-        (
-            decode.FOLDED,
-            {
-                "DP": 128,
-                "STAGES": 3,
-                "FOLD": 2,
-                "SORT": 1024,
-                "PAIR": 0,
-                "SPEC": 1,
-                "DT": kaio.bf16,
-            },
-        ),
+        (decode.FOLDED, folded(512, 64, kaio.f16)),
+        (decode.FOLDED, folded(1024, 0, kaio.bf16)),
         (decode.DECODE, fwd(128, 1, False, "direct", dt=kaio.bf16, swap=1)),
         (decode.DECODE, fwd(256, 4, False, "cluster", deep=True, cl=2, dt=kaio.bf16)),
         (decode.MERGE, {"DP": 256, "MT": 4, "DT": kaio.bf16}),
