@@ -141,10 +141,10 @@ FOLD_PAIR = 256
 # decode_folded's first tiles (each sequence's first 64 keys) copied once the pair and the
 # lengths are known, before its sort (SPEC), so that the sort runs under them. Measured on an
 # H100 (kernel time, H32 / Hkv 8, D 128, f16, the suite's shuffled pool; dec, twelfth pass,
-# rounds A and B) against it off (main's kernel): faster in 22 of 24 passes, B64 L4096 351.5
-# to 355.4 us against 352.0 to 355.9, ragged (L/4 .. L) 228.4 to 229.7 against 228.8 to
-# 230.4; L8192 700.5 to 707.4 against 700.8 to 707.7; L2048 178.4 to 179.6 against 178.8
-# to 180.0
+# rounds A, B and F) against it off (main's kernel): faster in 26 of 28 passes, B64 L4096
+# 351.5 to 355.4 us against 352.0 to 355.9, ragged (L/4 .. L) 227.9 to 229.7 against 228.8
+# to 230.4; L8192 700.5 to 707.4 against 700.8 to 707.7; L2048 178.4 to 179.6 against
+# 178.8 to 180.0
 FOLD_SPEC = 1
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
