@@ -11,6 +11,10 @@ than the L2 cache.
     python3 bench/decode_probe.py warm_g4 10; then g4 29  # dec, copies of decode_fwd (also g..g3)
     python3 bench/decode_probe.py warm_k 8; then k 17  # dec, the tile loop's switches off and on
     python3 bench/decode_probe.py warm_kf 9; then kf 8  # dec, the shipped kernel over its floors
+    python3 bench/decode_probe.py warm_pc 14; then pc 28  # dec, pool-chunk floors at 32k keys
+    python3 bench/decode_probe.py warm_fs 9; then fs 13  # dec, decode_folded's SPEC on and off
+    python3 bench/decode_probe.py warm_fb 11; then fb 22  # dec, two barriers a tile
+    python3 bench/decode_probe.py warm_gg 7; then gg  # dec, a graph replay over the kernel time
     PROBE_BASE=1 PYTHONPATH=/main/checkout python3 bench/decode_probe.py f  # main's defaults
     python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
     python3 bench/decode_probe.py warm_t | warm_v [SECONDS]  # the kernels of t / v
@@ -98,6 +102,9 @@ ORIG = {
         "plan_grid",
         "owns",
         "sorts",
+        "DECODE",
+        "FOLDED",
+        "stage_syncs",
     )
     if hasattr(decode, n)
 }
@@ -115,6 +122,8 @@ ORIG_MIN_BATCH = getattr(decode, "PAGE_MIN_BATCH", 0)
 ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
 ORIG_FOLD = getattr(decode, "FOLD_SEQS", 0)
 ORIG_PAIR = getattr(decode, "FOLD_PAIR", 0)
+ORIG_FOLD_SPEC = getattr(decode, "FOLD_SPEC", 0)
+ORIG_BANDWIDTH = getattr(decode, "CLUSTER_BANDWIDTH", False)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
 }
@@ -136,7 +145,7 @@ def restore():
         setattr(decode, n, f)
     decode.CLUSTER_MERGE = ORIG_CLUSTER
     decode.CLUSTER_CHECK = True
-    decode.CLUSTER_BANDWIDTH = True
+    decode.CLUSTER_BANDWIDTH = ORIG_BANDWIDTH
     decode.CLUSTER_TILES = ORIG_TILES
     decode.PAGED_CLUSTER_TILES = ORIG_PAGED_TILES
     decode.PAGE_WINDOW = ORIG_WINDOW
@@ -150,6 +159,7 @@ def restore():
     decode.PAGE_SPEC = ORIG_PAGE_SPEC
     decode.FOLD_SEQS = ORIG_FOLD
     decode.FOLD_PAIR = ORIG_PAIR
+    decode.FOLD_SPEC = ORIG_FOLD_SPEC
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -308,11 +318,14 @@ def force(
     split_spec=None,
     plan=None,
     kernel=None,
+    folded=None,
+    sync1=None,
     own=None,
     own_tiles=None,
     sort=None,
     fold=None,
     pair=None,
+    fold_spec=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
@@ -323,6 +336,8 @@ def force(
         decode.FOLD_SEQS = fold  # never)
     if pair is not None:  # decode_folded pairs the longest with the shortest (batch <= pair)
         decode.FOLD_PAIR = pair
+    if fold_spec is not None:  # decode_folded's first tiles copied before its sort (SPEC)
+        decode.FOLD_SPEC = fold_spec
     if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
         decode.sorts = lambda paged, splits, *a, n=sort: n if paged and splits == 1 else 0
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
@@ -362,6 +377,10 @@ def force(
         decode.one_split_stages = lambda *a, s=stages: s
     if unfused:
         decode._counters = lambda *a: None
+    if sync1 is not None:  # decode_fwd's one barrier a tile (SYNC1) on or off
+        decode.stage_syncs = lambda *a, v=int(sync1): v
+    if folded is not None:  # a probe variant of decode_folded (decode_variant)
+        decode.FOLDED = folded
     if kernel is not None:  # a probe variant of decode_fwd (decode_variant)
         decode.DECODE = kernel
     if plan is not None:  # (splits, STAGES, CL): plan_grid's answer, whatever the grid
@@ -475,6 +494,78 @@ def head_stream(
             kaio.cluster_wait()
     kaio.cp_async_wait_all()
     out[bkv * 128 + tid] = acc
+
+
+@kaio.gpu_kernel(block_size=128)
+def items_stream(
+    k: f16[:],
+    v: f16[:],
+    table: i32[:],
+    out: f32[:],
+    kv_heads: u32,
+    length: u32,
+    max_pages: u32,
+    pages: u32,
+    STAGES: kaio.constexpr,
+    ITEMS: kaio.constexpr,
+):
+    """Floor of a persistent per-head grid over a paged cache (dec, twelfth pass): block x
+    takes the (sequence, K/V head) items x and x + grid (ITEMS 2; 1: x alone) as one
+    stream of key tiles, the second item's first copies in flight under the first's last
+    tiles (its table window loaded at the start), kaio's copies (``load_stage`` through
+    the block-table window, STAGES in flight), no arithmetic."""
+    tid = kaio.thread_idx_x()
+    lane = kaio.lane_id()
+    x = kaio.block_idx_x()
+    n = length // dk.BN  # an item's key tiles
+    total = n * ITEMS
+    kv_s = kaio.shared_dynamic(f16, (2 * STAGES * dk.BN, 128), 0)
+    pg = kaio.local(u32, (1, dk.BN // 8))
+    win = kaio.local(u32, 3)
+    nxt = kaio.local(u32, 3)  # the second item's window
+    dk.window_start(win, 0, x // kv_heads, table, max_pages, 4, lane)
+    if ITEMS > 1:
+        dk.window_start(nxt, 0, (x + kaio.grid_dim_x()) // kv_heads, table, max_pages, 4, lane)
+    acc = 0.0
+    for t in range(total + STAGES - 1):
+        if t < total:  # tile t's copies (t < STAGES - 1: before the loop's first wait)
+            item = t // n
+            key0 = (t - item * n) * dk.BN
+            bkv = x + item * kaio.grid_dim_x()
+            if ITEMS > 1:
+                if t == n:
+                    for e in kaio.static_range(3):
+                        win[e] = nxt[e]
+            dk.window_pages(pg, win, key0, bkv // kv_heads, table, max_pages, 4, tid, lane, 128)
+            dk.load_stage(
+                kv_s, t % STAGES * 2 * dk.BN, k, v, key0, length, bkv // kv_heads,
+                bkv % kv_heads, pg, 0, length, kv_heads, 4, pages, tid, 128, True, f16,
+            )  # fmt: skip
+        kaio.cp_async_commit()
+        if t >= STAGES - 1:  # tile t - STAGES + 1 has landed
+            kaio.cp_async_wait(STAGES - 1)
+            kaio.sync_threads()
+            u = t - (STAGES - 1)
+            acc += f32(kv_s[u % STAGES * 2 * dk.BN + tid % 64, tid // 64])
+            kaio.sync_threads()
+    kaio.cp_async_wait_all()
+    out[x * 128 + tid] = acc
+
+
+def items_floor(b, length, kc, vc, table, items, stages=3):
+    """items_stream over a paged pool with ``table`` [B, pages]: B * Hkv / items blocks."""
+    blocks = b * HKV // items
+    o = torch.empty(blocks * 128, device="cuda")
+    pages = kc.numel() // (16 * HKV * 128)
+    t = table.reshape(-1)
+
+    def floor(*_):
+        items_stream[blocks, 128, None, 2 * stages * 64 * 128 * 2](
+            kc.view(-1), vc.view(-1), t, o, HKV, length, table.shape[1], pages,
+            STAGES=stages, ITEMS=items,
+        )  # fmt: skip
+
+    return floor
 
 
 @kaio.gpu_kernel
@@ -1562,10 +1653,10 @@ def round_f(budget: float):
                 )
 
 
-def decode_variant(name: str, edits: dict):
-    """``decode_fwd`` of a copy of kaio_ops/_decode.py with ``edits`` made (old text: new,
-    each old text found once): a probe-only kernel, its own module (in the temporary
-    folder) and disk-cache key."""
+def decode_variant(name: str, edits: dict, kernel: str = "decode_fwd"):
+    """``kernel`` (``decode_fwd``) of a copy of kaio_ops/_decode.py with ``edits`` made
+    (old text: new, each old text found once): a probe-only kernel, its own module (in the
+    temporary folder) and disk-cache key."""
     import importlib.util
     import tempfile
 
@@ -1584,7 +1675,7 @@ def decode_variant(name: str, edits: dict):
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
         spec.loader.exec_module(module)
-    return sys.modules[mod_name].decode_fwd
+    return getattr(sys.modules[mod_name], kernel)
 
 
 _TILE_MATH = """        dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP, DT)  # S = Q K^T
@@ -2743,7 +2834,289 @@ def warm_fold():
     for pair in (64, 0):
         for n in (512, 128, 256, 1024):
             c = {"STAGES": 3, "FOLD": 2, "SORT": n, "PAIR": pair, "DP": 128, "DT": f16}
-            out.append((decode.FOLDED, c))
+            out.append((decode.FOLDED, {**c, "SPEC": decode.FOLD_SPEC}))
+    return out
+
+
+PC_CASES = ((16, 32768), (64, 32768))
+
+
+def with_partials(floor, chunks: int, rows: int):
+    """A job's call: ``floor`` (a walk of the pool in chunks) and then what the pool-chunk
+    kernel's partial results would cost: ``chunks`` partials of ``rows`` query rows (every
+    sequence a chunk meets: (m, l, O) a row, D + 2 f32) written, then read once by a merge
+    (torch's fill and sum: the bytes, not the arithmetic)."""
+    part = torch.empty(chunks, rows * (D + 2), device="cuda")
+
+    def f(*a):
+        floor(*a)
+        part.fill_(1.0)
+        return part.sum(0)
+
+    return f
+
+
+def round_pc(budget: float):
+    """(dec, twelfth pass, round A) The floor of blocks taking contiguous chunks of the page
+    pool (not of a sequence): a block walking a run of pool pages in pool order reads as
+    the pool in order does (head_stream per K/V head, or page_stream's whole pages, over
+    the identity table: block (b, h) reads pool pages b * P .. b * P + P - 1); over the
+    suite's shuffled pool each chunk meets every sequence, so each block leaves a partial
+    (m, l, O) per sequence it meets, merged after (``with_partials``: their bytes written
+    and read). Against the kernel's own walk (shuffled), the shipped kernels and SDPA;
+    B16 L32768's shipped 4 stages (OWN, one block a multiprocessor) against 2 and 3. Two
+    passes, the second reversed; SDPA first and last."""
+    for b, length, _, sets, lens, label in shapes(PC_CASES, budget):
+        q, k, v, kc, vc, table = sets[0]
+        one = [sets[0]]
+        order = torch.arange(table.numel(), device="cuda", dtype=torch.int32)
+        order = order.reshape(table.shape)
+        head_chunks = walk_floor(b, length, kc, vc, order, HKV, 3)
+        page_chunks = whole_page_floor(b, length, kc, vc, order)
+        page_blocks = max(1, 128 // b) * b
+        jobs = [
+            ("kaio paged shipped", run_kaio(lens)),
+            ("kaio contiguous shipped", run_kaio_contig(lens)),
+            ("floor per head shuffled st3", walk_floor(b, length, kc, vc, table, HKV, 3)),
+            ("floor per head pool chunks st3", head_chunks),
+            ("floor whole pages pool chunks st2", page_chunks),
+            ("floor per head pool chunks + partials",
+             with_partials(head_chunks, b * HKV, b * (H // HKV))),
+            ("floor whole pages pool chunks + partials",
+             with_partials(page_chunks, page_blocks, b * H)),
+        ]  # fmt: skip
+        if b == 16 and length == 32768:
+            for st in (2, 3):
+                print(f"{label} paged {st} stages rel err "
+                      f"{check(sets, lens, stages=st):.1e}", flush=True)  # fmt: skip
+                jobs.append((f"kaio paged {st} stages", run_kaio(lens, stages=st)))
+        both_passes(label, jobs, sets, inputs=one, n=12 if length > 8192 else 24)
+
+
+def warm_pc():
+    """What round pc launches: the shipped kernels of its shapes (B16 L32768 paged: 4
+    stages with OWN, also 2 and 3; B64 L32768: 3 stages), the contiguous ones (2 and 3
+    stages), head_stream at 3 stages, page_stream at 2."""
+    out = [(probe_mark, {})]
+    out += [(decode.DECODE, one_split(st, own=1)) for st in (4, 2, 3)]
+    out += [(decode.DECODE, one_split(3)), (decode.DECODE, one_split(3, paged=False))]
+    out.append((decode.DECODE, one_split(2, paged=False)))
+    flags = {"PAGED": True, "DP": 128, "LOCK": 0, "TOUCH": 0, "CO": 0}
+    out.append((head_stream, {**flags, "STAGES": 3}))
+    return out + [(page_stream, {"NT": 256, "STAGES": 2, "HKV": HKV})]
+
+
+FS_CASES = ((64, 4096), (64, 8192), (64, 2048))
+FS_FLOORS = True
+
+
+def round_fs(budget: float):
+    """(dec, twelfth pass, rounds A and B) ``decode_folded``'s SPEC (each sequence's first
+    tile copied before the sort, the sort under those copies) against it off (main's
+    folded kernel: the same PTX) and against decode_fwd (fold off), uniform and ragged
+    (L/4 .. L) lengths over the suite's shuffled pool; the contiguous kernel; each
+    checked against f32 SDPA first; two passes, the second reversed; SDPA first and
+    last. Round B also the floors of the two walks (head_stream over each sequence's
+    table sorted, and over the pairs' union sorted: ``folded_tables``) and of a
+    persistent per-head grid of two (sequence, head) items a block (``items_stream``,
+    against one item a block), on the first set's pool."""
+    for b, length, _, sets, lens, label in shapes(FS_CASES, budget):
+        gen = torch.Generator(device="cuda").manual_seed(b)
+        rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+        rl = rl.to(torch.int32)
+        for spec in (1, 0):
+            for name, ls in (("", lens), ("ragged ", rl)):
+                err = check(sets, ls, fold_spec=spec)
+                print(f"{label} {name}fold SPEC {spec} rel err {err:.1e}", flush=True)
+        jobs = [
+            ("paged SPEC", run_kaio(lens, fold_spec=1)),
+            ("paged SPEC off", run_kaio(lens, fold_spec=0)),
+            ("paged fold off", run_kaio(lens, fold=0)),
+            ("ragged SPEC", run_kaio(rl, fold_spec=1)),
+            ("ragged SPEC off", run_kaio(rl, fold_spec=0)),
+            ("ragged fold off", run_kaio(rl, fold=0)),
+            ("contiguous shipped", run_kaio_contig(lens)),
+        ]
+        if FS_FLOORS:  # (round B on: the walks' floors, on the first set's pool)
+            kc, vc, table = sets[0][3:]
+            jobs += [
+                ("floor per head sorted st3",
+                 walk_floor(b, length, kc, vc, folded_tables(table, 1), HKV, 3)),
+                ("floor pairs sorted st3",
+                 walk_floor(b, length, kc, vc, folded_tables(table, 2), HKV, 3)),
+                ("floor items 1 sorted st3",
+                 items_floor(b, length, kc, vc, folded_tables(table, 1), 1)),
+                ("floor items 2 sorted st3",
+                 items_floor(b, length, kc, vc, folded_tables(table, 1), 2)),
+            ]  # fmt: skip
+        both_passes(label, jobs, sets)
+
+
+def warm_fs():
+    """What round fs launches: decode_folded (3 stages, PAIR 64, 256 to 1024 slots) with
+    SPEC and without, decode_fwd's B64 kernels (SORT 128, 256, 0), the contiguous one."""
+    out = [(probe_mark, {}), (decode.DECODE, one_split(3, paged=False))]
+    out += [(decode.DECODE, one_split(3, sort=n)) for n in (256, 128, 0)]
+    for spec in (1, 0):
+        for n in (512, 256, 1024):
+            c = {"STAGES": 3, "FOLD": 2, "SORT": n, "PAIR": 64, "DP": 128, "DT": f16}
+            out.append((decode.FOLDED, {**c, "SPEC": spec}))
+    flags = {"PAGED": True, "DP": 128, "LOCK": 0, "TOUCH": 0, "CO": 0}
+    out += [(items_stream, {"STAGES": 3, "ITEMS": n}) for n in (1, 2)]
+    return out + [(head_stream, {**flags, "STAGES": 3})]
+
+
+def unique(kernels: list) -> list:
+    """``kernels`` (a warm list) without repeats."""
+    seen = set()
+    out = []
+    for kernel, c in kernels:
+        key = (kernel.pyfunc.__name__, tuple(sorted(c.items(), key=str)))
+        if key not in seen:
+            seen.add(key)
+            out.append((kernel, c))
+    return out
+
+
+@kaio.gpu_kernel(block_size=128)
+def idle_blocks(out: f32[:], SHARED: kaio.constexpr):
+    """A kernel that does nothing but start its blocks (each asks for SHARED bytes of
+    dynamic shared memory, one value written a block): the graph's launch and block
+    start-up alone."""
+    buf = kaio.shared_dynamic(f32, (SHARED // 4,), 0)
+    if kaio.thread_idx_x() == 0:
+        buf[0] = 1.0
+        out[kaio.block_idx_x()] = buf[0]
+
+
+def graph_of(fn):
+    """``fn()`` captured once in a CUDA graph (after a warm call on a side stream)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def event_median(graph, n=30):
+    """Median µs from event to event around each of n replays of ``graph`` (as
+    bench/decode.py's suite times a call)."""
+    for _ in range(3):
+        graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for a, z in zip(starts, ends, strict=True):
+        a.record()
+        graph.replay()
+        z.record()
+    torch.cuda.synchronize()
+    return 1e3 * statistics.median(a.elapsed_time(z) for a, z in zip(starts, ends, strict=True))
+
+
+IDLE_SHARED = (16, 105 << 10, 86 << 10)
+
+
+def gap_graphs(q, k, v, kc, vc, table, lens) -> dict:
+    """{name: CUDA graph}: kaio's routed decode step over the paged cache, SDPA's default on
+    the contiguous one, and ``idle_blocks`` grids (256 blocks with 0 or 105 KB of dynamic
+    shared memory, 512 with 86 KB: SDPA's grid and shared memory)."""
+    o = torch.empty(1024, device="cuda")
+    idle = {"idle 256 blocks, 0 KB": (256, 16), "idle 256 blocks, 105 KB": (256, 105 << 10)}
+    idle["idle 512 blocks, 86 KB"] = (512, 86 << 10)
+    graphs = {
+        "kaio paged (route)": graph_of(lambda: decode._decode("g", q, kc, vc, lens, table, None)),
+        "SDPA default": graph_of(lambda: sdpa(q, k, v, enable_gqa=True)),
+    }
+    for name, (blocks, nbytes) in idle.items():
+        launch = idle_blocks[blocks, 128, None, nbytes]
+        graphs[name] = graph_of(lambda f=launch, n=nbytes: f(o, SHARED=n))
+    return graphs
+
+
+def round_gg(budget: float):
+    """(dec, twelfth pass, round D) What a CUDA graph's replay adds to the kernel time (the
+    suite's events against the profiler's kernel time) at B64 L4096 paged: kaio's routed
+    decode step against SDPA's, and kernels that only start their blocks
+    (``gap_graphs``): each graph's event median, its kernel time, the event median again
+    in reverse order. (``budget`` unused: one shape.)"""
+    print(torch.cuda.get_device_name(), flush=True)
+    sets = make_sets(64, 4096, paged=True)
+    lens = torch.full((64,), 4096, device="cuda", dtype=torch.int32)
+    print(f"B64 L4096 paged rel err {check(sets, lens):.1e}", flush=True)
+    graphs = gap_graphs(*sets[0], lens)
+    for name, graph in graphs.items():
+        print(f"B64 L4096 {name} event to event {event_median(graph):.2f} us", flush=True)
+    for name, graph in graphs.items():
+        show(f"B64 L4096 {name} kernel", kernel_times(lambda *_, g=graph: g.replay(), sets))
+    flush()
+    for name, graph in list(graphs.items())[::-1]:
+        print(f"B64 L4096 {name} event to event {event_median(graph):.2f} us", flush=True)
+
+
+def warm_gg():
+    """What round gg launches: the routed B64 L4096 paged kernel (decode_folded, SPEC, 512
+    slots, PAIR 64) and ``idle_blocks``."""
+    c = {"STAGES": 3, "FOLD": 2, "SORT": 512, "PAIR": 64, "DP": 128, "DT": f16}
+    out = [(probe_mark, {}), (decode.FOLDED, {**c, "SPEC": decode.FOLD_SPEC})]
+    return out + [(idle_blocks, {"SHARED": n}) for n in IDLE_SHARED]
+
+
+_FB_LOOP = "        if i + STAGES - 1 < count:  # into the stage tile i - 1 used\n"
+_FB_NOTE = "        # this warp's 16 keys: one page, of sequence seq from position key0 on\n"
+FB_EDITS = {  # decode_folded with two barriers a tile: the copies before the wait (3 in flight)
+    "        kaio.cp_async_wait(STAGES - 2)  # tile i has landed\n"
+    "        kaio.sync_threads()  # (and every warp is past tile i - 1)\n" + _FB_LOOP: (
+        "        kaio.sync_threads()  # every warp is past tile i - 1\n" + _FB_LOOP
+    ),
+    "        kaio.cp_async_commit()\n" + _FB_NOTE: (
+        "        kaio.cp_async_commit()\n"
+        "        kaio.cp_async_wait(STAGES - 1)  # tile i has landed\n"
+        "        kaio.sync_threads()\n" + _FB_NOTE
+    ),
+}
+
+
+def round_fb(budget: float):
+    """(dec, twelfth pass, round E) decode_folded with two barriers a key tile (the next
+    copies issued before the wait for the current tile: three tiles in flight, as the copy
+    floors have, against two with one barrier: ``FB_EDITS``, a probe-only copy of the
+    kernel) against the routed kernel, uniform and ragged lengths; decode_fwd (fold off)
+    with one barrier a tile (SYNC1, its default at 3 stages) and two; each checked
+    against f32 SDPA first; two passes, the second reversed; SDPA first and last."""
+    two = decode_variant("fold_two_barriers", FB_EDITS, "decode_folded")
+    for b, length, _, sets, lens, label in shapes(FS_CASES, budget):
+        gen = torch.Generator(device="cuda").manual_seed(b)
+        rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+        rl = rl.to(torch.int32)
+        for name, ls in (("", lens), ("ragged ", rl)):
+            err = check(sets, ls, folded=two)
+            print(f"{label} {name}fold two barriers rel err {err:.1e}", flush=True)
+        err = check(sets, lens, fold=0, sync1=0)
+        print(f"{label} fold off, two barriers rel err {err:.1e}", flush=True)
+        jobs = [
+            ("paged shipped", run_kaio(lens)),
+            ("paged two barriers", run_kaio(lens, folded=two)),
+            ("paged fold off", run_kaio(lens, fold=0)),
+            ("paged fold off, two barriers", run_kaio(lens, fold=0, sync1=0)),
+            ("ragged shipped", run_kaio(rl)),
+            ("ragged two barriers", run_kaio(rl, folded=two)),
+        ]
+        both_passes(label, jobs, sets)
+
+
+def warm_fb():
+    """What round fb launches: decode_folded (SPEC, 3 stages, PAIR 64, 256 to 1024 slots)
+    with one barrier a tile and two, decode_fwd's B64 kernels (SORT 256, 128)."""
+    two = decode_variant("fold_two_barriers", FB_EDITS, "decode_folded")
+    out = [(probe_mark, {})] + [(decode.DECODE, one_split(3, sort=n)) for n in (256, 128)]
+    out += [(decode.DECODE, {**one_split(3, sort=n), "SYNC1": 0}) for n in (256, 128)]
+    for n in (512, 256, 1024):
+        c = {"STAGES": 3, "FOLD": 2, "SORT": n, "PAIR": 64, "DP": 128, "DT": f16, "SPEC": 1}
+        out += [(decode.FOLDED, c), (two, c)]
     return out
 
 
@@ -2779,6 +3152,10 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "w64": (round_w64, 40),
     "pf": (round_pf, 40),
     "fold": (round_fold, 40),
+    "pc": (round_pc, 40),
+    "fs": (round_fs, 40),
+    "gg": (round_gg, 40),
+    "fb": (round_fb, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -2803,6 +3180,11 @@ WARMS = {
     "warm_w64": warm_w64,
     "warm_pf": warm_pf,
     "warm_fold": warm_fold,
+    "warm_pc": warm_pc,
+    "warm_fs": warm_fs,
+    "warm_gg": warm_gg,
+    "warm_fb": warm_fb,
+    "warm_pcfs": lambda: unique(warm_pc() + warm_fs()),
     "warm_p": warm_p,
     "warm_t": warm_t,
     "warm_v": warm_v,

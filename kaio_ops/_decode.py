@@ -872,6 +872,41 @@ def copy_folded(
         kaio.cp_async(kv_s, (row0 + BN + r, swizzled), v, index, 16, nbytes)
 
 
+@kaio.gpu_func
+def copy_firsts(
+    kv_s: DT[:, :],
+    k: DT[:],
+    v: DT[:],
+    block_table: i32[:],
+    seqs: u32[:],
+    lens: u32[:],
+    batch: u32,
+    kvh: u32,
+    capacity: u32,
+    max_pages: u32,
+    kv_heads: u32,
+    shift: u32,
+    pages: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+    FOLD: kaio.constexpr,
+    SPECT: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """``decode_folded``'s SPEC copies: tile j < SPECT (stage j, one cp.async group each)
+    the keys (j // FOLD) * BN .. + BN of sequence seqs[j % FOLD] (zeros past its length)."""
+    pg = kaio.local(u32, (1, BN // (THREADS // (DP // 8))))
+    for j in kaio.static_range(SPECT):
+        row = kaio.min(seqs[j % FOLD], batch - 1)
+        key0 = u32(j // FOLD * BN)
+        page_ids(pg, 0, key0, lens[j % FOLD], row, block_table, max_pages, shift, tid, DP)
+        load_stage(
+            kv_s, j * 2 * BN, k, v, key0, lens[j % FOLD], row, kvh, pg, 0, capacity, kv_heads,
+            shift, pages, tid, DP, True, DT,
+        )  # fmt: skip
+        kaio.cp_async_commit()
+
+
 @kaio.gpu_kernel
 def decode_folded(
     q: DT[:],
@@ -896,6 +931,7 @@ def decode_folded(
     FOLD: kaio.constexpr,
     SORT: kaio.constexpr,
     PAIR: kaio.constexpr,
+    SPEC: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """Attention of the 4 query rows of one K/V group (head ``block y % kv_heads``) of
@@ -911,8 +947,13 @@ def decode_folded(
     loop). PAIR (batch <= PAIR): block y // kv_heads = p takes the sequences of the p-th
     longest and p-th shortest length (ranks by length, ties by index, from all lengths in
     shared memory), so that ragged batches give every block about the same keys; else
-    sequences 2p and 2p + 1."""
+    sequences 2p and 2p + 1. SPEC: the first SPECT tiles (the most of the first STAGES - 1
+    that give each sequence as many) are each sequence's first keys in turn (tile j:
+    sequence j % FOLD's keys (j // FOLD) * BN on), copied once the lengths are known but
+    before the sort, so that the sort runs while they are in flight; the walk in pool
+    order takes the other table slots."""
     kaio.launch_bounds(THREADS, 3)
+    SPECT = (STAGES - 1) // FOLD * FOLD * SPEC  # tiles copied before the sort
     SB = 9  # a sort key's bits of table slot, under its sequence's
     tid = kaio.thread_idx_x()
     lane = kaio.lane_id()
@@ -950,26 +991,41 @@ def decode_folded(
                 tid, DP, FOLD, SORT, DT,
             )  # fmt: skip
     lens = kaio.local(u32, FOLD)
-    n_valid = u32(0)
+    n_valid = u32(0)  # the walk's table slots
     for f in kaio.static_range(FOLD):
         n = kaio.select(seqs[f] < batch, seq_lens[kaio.min(seqs[f], batch - 1)], 0)
         lens[f] = u32(kaio.min(kaio.max(n, 0), i32(capacity)))
         n_valid += lens[f] + (u32(1) << shift) - 1 >> shift
+    spec_slots = u32(0)  # SPEC: a sequence's table slots in its first tiles
+    if SPEC:
+        spec_slots = u32(SPECT // FOLD * BN) >> shift
+        n_valid = u32(0)
+        for f in kaio.static_range(FOLD):
+            need = lens[f] + (u32(1) << shift) - 1 >> shift
+            n_valid += need - kaio.min(need, spec_slots)
+        copy_firsts(
+            kv_s, k, v, block_table, seqs, lens, batch, kvh, capacity, max_pages, kv_heads,
+            shift, pages, tid, DP, FOLD, SPECT, DT,
+        )  # fmt: skip
     for e in kaio.static_range(R):
         slot = warp * 32 * R + 32 * e + lane
         seq = slot // max_pages
         need = fold_length(lens, seq, FOLD) + (u32(1) << shift) - 1 >> shift
         used = seq < FOLD and slot % max_pages < need
+        if SPEC:
+            used = used and slot % max_pages >= spec_slots
         key = kaio.min(entry[e], pages - 1) << FOLD_BITS | seq << SB | slot % max_pages
         entry[e] = kaio.select(used, key, u32(PAD))
     sort_keys(entry, sort_s, lane, warp, SORT)
     kaio.sync_threads()  # the sorted keys, for every thread's copies
-    count = ((n_valid << shift) + BN - 1) // BN  # the walk's key tiles
-    for j in kaio.static_range(STAGES - 1):  # tiles 0 .. STAGES - 2 in flight
+    count = ((n_valid << shift) + BN - 1) // BN  # the key tiles
+    if SPEC:
+        count += SPECT
+    for j in kaio.static_range(SPECT, STAGES - 1):  # tiles 0 .. STAGES - 2 in flight
         if j < count:
             copy_folded(
-                kv_s, j * 2 * BN, k, v, j * BN, sort_s, n_valid, lens, kvh, kv_heads, shift,
-                pages, tid, DP, FOLD, SORT, DT,
+                kv_s, j * 2 * BN, k, v, (j - SPECT) * BN, sort_s, n_valid, lens, kvh, kv_heads,
+                shift, pages, tid, DP, FOLD, SORT, DT,
             )  # fmt: skip
         kaio.cp_async_commit()
     kaio.cp_async_wait(STAGES - 1)  # Q has landed
@@ -999,19 +1055,35 @@ def decode_folded(
         kaio.cp_async_wait(STAGES - 2)  # tile i has landed
         kaio.sync_threads()  # (and every warp is past tile i - 1)
         if i + STAGES - 1 < count:  # into the stage tile i - 1 used
+            into = (i + STAGES - 1) % STAGES * 2 * BN
+            walked = i + STAGES - 1  # the walk's tile (SPEC: after the first SPECT)
+            if SPEC:
+                walked -= SPECT
             copy_folded(
-                kv_s, (i + STAGES - 1) % STAGES * 2 * BN, k, v, (i + STAGES - 1) * BN, sort_s,
-                n_valid, lens, kvh, kv_heads, shift, pages, tid, DP, FOLD, SORT, DT,
+                kv_s, into, k, v, walked * BN, sort_s, n_valid, lens, kvh, kv_heads, shift,
+                pages, tid, DP, FOLD, SORT, DT,
             )  # fmt: skip
         kaio.cp_async_commit()
-        # this warp's 16 keys: one page, of sequence seq from position slot << shift on
-        at = i * (BN >> shift) + warp
-        got = sort_s[kaio.min(at, u32(SORT - 1))]
-        for e in kaio.static_range(2):
-            ours = at < n_valid and (got & (u32(1) << FOLD_BITS) - 1) >> SB == mine[e]
-            lim[e] = kaio.select(ours, limit[e], i32(0))
+        # this warp's 16 keys: one page, of sequence seq from position key0 on
+        if SPEC:  # (the first tiles', then the walk's: at wraps there, its entry unused)
+            at = (i - SPECT) * (BN >> shift) + warp
+            got = sort_s[kaio.min(at, u32(SORT - 1))]
+            first = i < SPECT
+            seq = kaio.select(first, i % FOLD, (got & (u32(1) << FOLD_BITS) - 1) >> SB)
+            key0 = (got & (u32(1) << SB) - 1) << shift
+            key0 = kaio.select(first, i // FOLD * BN + warp * 16, key0)
+            for e in kaio.static_range(2):
+                ours = (first or at < n_valid) and seq == mine[e]
+                lim[e] = kaio.select(ours, limit[e], i32(0))
+        else:
+            at = i * (BN >> shift) + warp
+            got = sort_s[kaio.min(at, u32(SORT - 1))]
+            for e in kaio.static_range(2):
+                ours = at < n_valid and (got & (u32(1) << FOLD_BITS) - 1) >> SB == mine[e]
+                lim[e] = kaio.select(ours, limit[e], i32(0))
         krow = stage + warp * 16
-        key0 = (got & (u32(1) << SB) - 1) << shift
+        if not SPEC:
+            key0 = (got & (u32(1) << SB) - 1) << shift
         key_scores(s, kf, kv_s, krow, acol, qb, lane, DP, DT)  # S^T = K Q^T
         key_softmax(s, m, l, o, True, key0, lim, lane, scale_log2, DP)
         probs_as_b(pb, s, lane, DT)

@@ -728,24 +728,26 @@ def test_folded_walk_route():
 
 
 @pytest.mark.parametrize(
-    "heads, sq, dtype, stages, pair, lens",
+    "heads, sq, dtype, stages, pair, spec, lens",
     [
-        (8, 1, np.float16, 3, 0, [0, 300, 1, 15, 16, 65, 512]),
-        (4, 2, BF16, 4, 64, [512, 300, 65, 16, 15, 1, 0]),  # (ranked as loaded first)
-        (8, 1, np.float16, 3, 64, [0, 300, 1, 15, 16, 65, 512]),
+        (8, 1, np.float16, 3, 0, 1, [0, 300, 1, 15, 16, 65, 512]),
+        (4, 2, BF16, 4, 64, 1, [512, 300, 65, 16, 15, 1, 0]),  # (ranked as loaded first)
+        (8, 1, np.float16, 3, 64, 0, [0, 300, 1, 15, 16, 65, 512]),
     ],
 )
-def test_folded_walk_in_simulator(monkeypatch, heads, sq, dtype, stages, pair, lens):
+def test_folded_walk_in_simulator(monkeypatch, heads, sq, dtype, stages, pair, spec, lens):
     # two sequences a block (decode_folded), the union of their pages in pool order, 4
     # query rows a K/V group (group 4 at Sq 1, group 2 at Sq 2), 3 or 4 K/V stages, the
-    # longest with the shortest (PAIR: lengths in rank order or not) or not, against
-    # float64 and the race checker: an odd batch (a block with one sequence), lengths 0,
-    # 1, under a page, a page boundary, past the first tile, full, rows past each length
-    # NaN
+    # longest with the shortest (PAIR: lengths in rank order or not) or not, each
+    # sequence's first keys copied before the sort (SPEC: 2 tiles, at 4 stages then one
+    # of the walk) or not, against float64 and the race checker: an odd batch (a block
+    # with one sequence), lengths 0, 1, under a page, a page boundary, past the first
+    # tile, full, rows past each length NaN
     monkeypatch.setattr(decode, "FOLDED", spy := _Launches(decode.FOLDED))
     monkeypatch.setattr(decode, "folds", lambda *_: 2)
     monkeypatch.setattr(decode, "FOLD_STAGES", stages)
     monkeypatch.setattr(decode, "FOLD_PAIR", pair)
+    monkeypatch.setattr(decode, "FOLD_SPEC", spec)
     rng = np.random.default_rng(heads + sq)
     b, hkv, d, capacity, page_size = len(lens), 2, 64, 512, 16
     q = rng.standard_normal((b, heads, sq, d)).astype(dtype)
@@ -755,8 +757,8 @@ def test_folded_walk_in_simulator(monkeypatch, heads, sq, dtype, stages, pair, l
         out, lse = kaio_ops.flash_attention_decode_with_stats(
             q, k_cache, v_cache, np.array(lens, np.int32), table
         )
-    flags = [(c["FOLD"], c["SORT"], c["STAGES"], c["PAIR"]) for c in spy.constexprs]
-    assert flags == [(2, 128, stages, pair)]
+    flags = [(c["FOLD"], c["SORT"], c["STAGES"], c["PAIR"], c["SPEC"]) for c in spy.constexprs]
+    assert flags == [(2, 128, stages, pair, spec)]
     ref, ref_lse = reference(q, k_cache, v_cache, lens, table)
     out = out.astype(np.float64)
     assert np.isfinite(out).all()
@@ -781,6 +783,10 @@ def assembled() -> list:
         tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own, "SORT": sort}
         return {**base, "SPEC": spec, **flags, **tile}
 
+    def folded(sort, pair, dt):
+        flags = {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": sort, "PAIR": pair}
+        return {**flags, "SPEC": decode.FOLD_SPEC, "DT": dt}
+
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
         (decode.DECODE, fwd(128, 1, True, "fused")),
@@ -793,14 +799,8 @@ def assembled() -> list:
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1)),
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1, sort=256)),
         (decode.DECODE, fwd(128, 1, True, "direct", dt=kaio.bf16, swap=1, sort=128)),
-        (
-            decode.FOLDED,
-            {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": 512, "PAIR": 64, "DT": kaio.f16},
-        ),
-        (
-            decode.FOLDED,
-            {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": 1024, "PAIR": 0, "DT": kaio.bf16},
-        ),
+        (decode.FOLDED, folded(512, 64, kaio.f16)),
+        (decode.FOLDED, folded(1024, 0, kaio.bf16)),
         (decode.DECODE, fwd(128, 1, False, "direct", dt=kaio.bf16, swap=1)),
         (decode.DECODE, fwd(256, 4, False, "cluster", deep=True, cl=2, dt=kaio.bf16)),
         (decode.MERGE, {"DP": 256, "MT": 4, "DT": kaio.bf16}),
