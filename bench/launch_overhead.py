@@ -277,7 +277,7 @@ def raw_rows(bench: Bench, x, y, out) -> None:
 
     func_ref = pointer_argument(loaded.handle)
     bench.row(
-        "raw ctypes cuLaunchKernelEx, GIL kept, byref function (kaio's)",
+        "raw ctypes cuLaunchKernelEx, GIL kept, byref function (kaio's arguments)",
         lambda: launch_ex_gil(cfg, func_ref, par, None),
     )
     # the foreign-function call alone, as kaio's launches make it (GIL kept, four byref
@@ -288,6 +288,7 @@ def raw_rows(bench: Bench, x, y, out) -> None:
         "ctypes call of a C no-op (memcmp of 0 bytes), 4 arguments",
         lambda: nothing(cfg, func_ref, None, par),
     )
+    native_rows(bench, (launch_ex_gil, nothing), (cfg, func_ref, par), x, y, out)
     # the same launch on other streams than the legacy default one (which the driver
     # synchronizes with every blocking stream): a created stream, a non-blocking one, and the
     # per-thread default stream (CU_STREAM_PER_THREAD)
@@ -341,6 +342,67 @@ def raw_rows(bench: Bench, x, y, out) -> None:
 
         bench.row("raw cuda.bindings cuLaunchKernelEx, prebuilt config and params", bindings_ex)
     plan_row(bench, x, y, out)
+
+
+def native_rows(bench: Bench, ctypes_calls: tuple, arguments: tuple, x, y, out) -> None:
+    """The raw launch and the C no-op of ``raw_rows`` (``ctypes_calls``, the same
+    ``arguments``) called through ``kaio.runtime.native``'s builtin instead of ctypes; the
+    launch checked first on a poisoned output."""
+    from kaio.runtime import native
+
+    launch_ex, nothing = (
+        native.trampoline(ctypes.cast(f, ctypes.c_void_p).value) for f in ctypes_calls
+    )
+    if launch_ex is None:
+        print(f"  no native call: {native.status()}")
+        return
+    cfg, func_ref, par = arguments
+    check_poisoned(out, x, y, lambda: launch_ex(cfg, func_ref, par, None))
+    bench.row(
+        "raw native cuLaunchKernelEx (kaio.runtime.native), byref function",
+        lambda: launch_ex(cfg, func_ref, par, None),
+    )
+    bench.row(
+        "native call of a C no-op (memcmp of 0 bytes), 4 arguments",
+        lambda: nothing(cfg, func_ref, None, par),
+    )
+
+
+def check_poisoned(out, x, y, launch_one) -> None:
+    """Raise unless ``launch_one()`` writes ``x + y`` into ``out`` (NaN before), all
+    ``DeviceArray``s."""
+    out.copy_from_host(np.full(N, np.nan, np.float32))
+    launch_one()
+    kaio.synchronize()
+    if not np.array_equal(out.numpy(), x.numpy() + y.numpy()):
+        raise AssertionError("a launch computed a wrong result")
+
+
+def ctypes_rows(bench: Bench, x, y, out) -> None:
+    """kaio's launches with the driver called through ctypes
+    (``launcher.ctypes_launch_kernel``, as before ``kaio.runtime.native``): the A/B of the
+    native call in one process; each checked first on a poisoned output."""
+    from kaio.runtime import launcher
+
+    saved = launcher._raw_launch
+    launcher._raw_launch = launcher.ctypes_launch_kernel()
+    try:
+        subscripted, later = new_add(), new_add()
+        check_poisoned(out, x, y, lambda: subscripted[GRID, 256](x, y, out, N))
+        bench.row(
+            "kaio add[grid, 256](...), DeviceArray, ctypes call",
+            lambda: subscripted[GRID, 256](x, y, out, N),
+        )
+        later[GRID, 256](x, y, out, N)
+        direct = later[GRID, 256]
+        check_poisoned(out, x, y, lambda: direct(x, y, out, N))
+        bench.row(
+            "kaio launch taken after a first launch, DeviceArray, ctypes call",
+            lambda: direct(x, y, out, N),
+        )
+        plan_row(bench, x, y, out, ", ctypes call")
+    finally:
+        launcher._raw_launch = saved
 
 
 def step_rows(bench: Bench, x, y, out) -> None:
@@ -422,16 +484,17 @@ def _generated(header: str, body: list[str], env: dict):
     return env["step"]
 
 
-def plan_row(bench: Bench, x, y, out) -> None:
+def plan_row(bench: Bench, x, y, out, label: str = "") -> None:
     """kaio's call-plan replay of ``add``: the three addresses packed with the prepared
-    parameters, one ``cuLaunchKernelEx``."""
+    parameters, one ``cuLaunchKernelEx``; checked first on a poisoned output."""
     from kaio.runtime.plan import CallPlan, prepare
 
     kernel = new_add()
     prepared = prepare(kernel[GRID, 256], (x, y, out, N))
     run = CallPlan([(prepared, {0: (0, 0), 1: (1, 0), 2: (2, 0)})]).run
     pointers = (x.ptr, y.ptr, out.ptr)
-    bench.row("kaio call plan replay (CallPlan.run)", lambda: run(pointers))
+    check_poisoned(out, x, y, lambda: run(pointers))
+    bench.row(f"kaio call plan replay (CallPlan.run){label}", lambda: run(pointers))
 
 
 def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
@@ -442,6 +505,8 @@ def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
     later = new_add()
     later[GRID, 256](x, y, out, N)
     direct = later[GRID, 256]  # taken after a launch: the bound launcher's own function
+    if kind == "DeviceArray":
+        check_poisoned(out, x, y, lambda: direct(x, y, out, N))
     bench.row(f"kaio launch taken after a first launch, {kind}", lambda: direct(x, y, out, N))
     if kind == "DeviceArray":
         reuse_rows(bench, x, y, out)
@@ -485,6 +550,7 @@ def main_rows(bench: Bench, results: dict) -> None:
     x, y, out = kaio.to_device(hx), kaio.to_device(hy), kaio.empty((N,), f32)
     raw_rows(bench, x, y, out)
     kaio_rows(bench, x, y, out, "DeviceArray")
+    ctypes_rows(bench, x, y, out)
     results["GPU us/kernel, back to back"] = bench.gpu_us_per_kernel(
         lambda: add[GRID, 256](x, y, out, N)
     )
@@ -844,9 +910,13 @@ def main() -> None:
         return
     ptx = use_hand_ptx()
     dev = kaio.device()
+    from kaio.runtime import launcher, native
+
+    launcher.raw_launch_kernel()
     print(
-        f"{dev.name} ({dev.arch}), kernel PTX: {ptx}; median of {BATCHES} batches of {BATCH} "
-        f"launches; microseconds per launch"
+        f"{dev.name} ({dev.arch}), kernel PTX: {ptx}; launches call the driver through "
+        f"{native.status()}; median of {BATCHES} batches of {BATCH} launches; microseconds "
+        "per launch"
     )
     print(f"  {'':<52} {'host':>8} {'free':>8}")
     bench, results, errors = Bench(), {}, {}

@@ -81,6 +81,7 @@ import numpy as np
 
 from kaio.errors import CudaError, LaunchError
 from kaio.kernel import constexpr_value_key, same_constexpr
+from kaio.runtime import native
 from kaio.runtime.arginfo import ArgInfo, RawArray
 from kaio.runtime.arguments import describe, is_cupy, is_torch
 from kaio.runtime.device import Device, current, moved, visiting
@@ -437,24 +438,34 @@ _raw_launch = None
 
 
 def raw_launch_kernel():
-    """libcuda's ``cuLaunchKernelEx(config, function, kernelParams, extra)`` through a ctypes
-    prototype with no ``argtypes``: each argument must already be a ctypes pointer
-    (``c_void_p``, ``byref``) or None (NULL), so the call converts nothing. Four arguments
-    instead of ``cuLaunchKernel``'s eleven: the configuration is a struct filled once. A
-    ``PYFUNCTYPE`` prototype: the call keeps the GIL, as PyTorch's and CuPy's launches do,
-    since releasing and taking it back costs more than the driver takes to enqueue."""
+    """libcuda's ``cuLaunchKernelEx(config, function, kernelParams, extra)`` as the launches
+    call it: each argument a ctypes ``byref`` (made once) or None (NULL); the GIL kept, as
+    PyTorch's and CuPy's launches do, since releasing and taking it back costs more than
+    the driver takes to enqueue. Four arguments instead of ``cuLaunchKernel``'s eleven: the
+    configuration is a struct filled once. The call is a builtin made by
+    ``kaio.runtime.native`` where it can be (a call through ctypes costs more than the rest
+    of a launch's Python), else ``ctypes_launch_kernel()``."""
     global _raw_launch
     if _raw_launch is None:
-        lib = libcuda()
-        if not hasattr(lib, "cuLaunchKernelEx"):
-            raise CudaError(
-                "this NVIDIA driver has no cuLaunchKernelEx: kaio needs a driver for CUDA 12.0 "
-                "or newer",
-                "CUDA_ERROR_NOT_SUPPORTED",
-                801,
-            )
-        _raw_launch = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
+        ctypes_call = ctypes_launch_kernel()
+        address = ctypes.cast(ctypes_call, ctypes.c_void_p).value
+        _raw_launch = native.trampoline(address, "cuLaunchKernelEx") or ctypes_call
     return _raw_launch
+
+
+def ctypes_launch_kernel():
+    """libcuda's ``cuLaunchKernelEx`` through a ctypes prototype with no ``argtypes``: each
+    argument must already be a ctypes pointer (``c_void_p``, ``byref``) or None (NULL), so the
+    call converts nothing. A ``PYFUNCTYPE`` prototype: the call keeps the GIL."""
+    lib = libcuda()
+    if not hasattr(lib, "cuLaunchKernelEx"):
+        raise CudaError(
+            "this NVIDIA driver has no cuLaunchKernelEx: kaio needs a driver for CUDA 12.0 "
+            "or newer",
+            "CUDA_ERROR_NOT_SUPPORTED",
+            801,
+        )
+    return ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
 
 
 _raw_context_calls = None
