@@ -800,13 +800,34 @@ def test_launch_binds_each_launcher_once_per_configuration(monkeypatch):
     assert len(bound) == 3
 
 
-def test_pointer_argument_passes_its_address_through_ctypes():
+def native_call(name: str):
+    """libc's ``name`` called through ``kaio.runtime.native``'s builtin (the test skipped
+    where there is none)."""
+    from kaio.runtime import native
+
+    address = ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value
+    call = native.trampoline(address, name)
+    if call is None:
+        pytest.skip(f"no native call here: {native.status()}")
+    return call
+
+
+@pytest.mark.parametrize("through", ["ctypes", "native"])
+def test_pointer_argument_passes_its_address_through(through):
     """``pointer_argument(address)`` reaches a C function as ``address`` itself (a call with
-    no argtypes, like the launches'), and reads back with ``argument_values``; the
-    ``kernelParams`` argument of a parameter slot is the array of pointers into its buffer."""
+    no argtypes, like the launches', or kaio.runtime.native's builtin), and reads back with
+    ``argument_values``; the ``kernelParams`` argument of a parameter slot is the array of
+    pointers into its buffer."""
     from kaio.runtime.launcher import argument_values, parameter_slot, pointer_argument
 
-    memcmp = ctypes.PYFUNCTYPE(ctypes.c_int)(("memcmp", ctypes.CDLL(None)))
+    if through == "ctypes":
+        memcmp = ctypes.PYFUNCTYPE(ctypes.c_int)(("memcmp", ctypes.CDLL(None)))
+    else:
+        call = native_call("memcmp")
+
+        def memcmp(a, b, n):  # the builtin takes 4 arguments, pointers: n as one
+            return call(a, b, pointer_argument(n.value), None)
+
     a = ctypes.create_string_buffer(b"kaio launch 1234")
     b = ctypes.create_string_buffer(b"kaio launch 1234")
     c = ctypes.create_string_buffer(b"kaio launch 9999")
@@ -819,6 +840,27 @@ def test_pointer_argument_passes_its_address_through_ctypes():
     base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
     assert handle == 0x7F12_3456_7000 and pointers == [base, base + 8]
     assert parameter_slot(0, [])[1] is None
+
+
+def test_native_call_refuses_what_ctypes_would_not_pass_as_a_pointer(tmp_path, monkeypatch):
+    """The builtin passes None as NULL and refuses other arguments than ``byref``s and None,
+    and another count, with a TypeError; a process that finds its code in the disk cache
+    compiles nothing."""
+    from kaio.runtime import module, native
+    from kaio.runtime.launcher import pointer_argument
+
+    memcmp = native_call("memcmp")
+    a, b = ctypes.create_string_buffer(b"abc"), ctypes.create_string_buffer(b"abd")
+    assert memcmp(ctypes.byref(a), ctypes.byref(b), None, None) == 0  # n = NULL: 0 bytes
+    assert memcmp(ctypes.byref(a), ctypes.byref(b), pointer_argument(3), None) < 0
+    for wrong in ((a, b, None, None), (0, 1, None, None), (None,) * 3, (None,) * 5):
+        with pytest.raises(TypeError):
+            memcmp(*wrong)
+    monkeypatch.setattr(module, "_disk_cache", DiskCache(str(tmp_path)))
+    first = native._load()  # compiled, then cached
+    monkeypatch.setattr(native, "_compile", lambda ir: pytest.fail("compiled again"))
+    again = native._load()
+    assert ctypes.string_at(first, 16) == ctypes.string_at(again, 16) and first != again
 
 
 def test_launches_on_gpu_0_know_they_are_home_until_a_thread_moves(fake_driver, monkeypatch):

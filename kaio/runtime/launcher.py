@@ -20,13 +20,15 @@ last the slow path, which raises ``LaunchError`` for wrong arguments). Per launc
   buffer: a ``DeviceArray``'s pointer and shape (and strides) as the bytes its ``ArgInfo``
   packed when it was made, a tensor map's 128 encoded bytes, other values one by one (a scalar
   out of its type's range fails here, and the slow path explains it);
-- calls libcuda's ``cuLaunchKernelEx`` through ctypes with no ``argtypes`` (ctypes'
-  per-argument ``from_param`` conversions cost more than the rest of the launch) and four
-  arguments made once per binding: a ``CUlaunchConfig`` struct (grid, block, shared bytes,
-  stream), the function, the ``kernelParams`` array of pointers to each parameter inside the
-  buffer, and NULL ``extra``; the first three as ``byref`` objects (the function handle's
-  through ``pointer_argument``), which ctypes passes as they are, where a ``c_void_p`` or
-  an array argument makes a new argument object on each call. On an H200 host this call
+- calls libcuda's ``cuLaunchKernelEx`` (``raw_launch_kernel``: a builtin made by
+  ``kaio.runtime.native`` where it can be, else ctypes with no ``argtypes``, whose
+  per-argument ``from_param`` conversions would cost more than the rest of the launch) with
+  four arguments made once per binding: a ``CUlaunchConfig`` struct (grid, block, shared
+  bytes, stream), the function, the ``kernelParams`` array of pointers to each parameter
+  inside the buffer, and NULL ``extra``; the first three as ``byref`` objects (the function
+  handle's through ``pointer_argument``), which both calls pass as they are, where a
+  ``c_void_p`` or an array argument makes a new argument object on each ctypes call. On an
+  H200 host this call
   cost 0.1 to 0.4 µs less than ``cuLaunchKernel`` with its eleven arguments, and
   ``kernelParams`` no more than handing the whole buffer over as ``extra``
   (``CU_LAUNCH_PARAM_BUFFER_POINTER``; bench/launch_overhead.py, docs/performance.md).
