@@ -170,6 +170,26 @@ for _kind in ("f16", "bf16"):
     )
 
 
+_WGMMA_KINDS = {T.f16: "f16", T.bf16: "bf16"}
+
+
+def _wgmma_typed(ctx, args, node):
+    """``wgmma(dtype, ...)``: ``wgmma_f16(...)`` or ``wgmma_bf16(...)`` by ``dtype``."""
+    dtype = ctx.dtype_arg(args[0], node)
+    if dtype not in _WGMMA_KINDS:
+        ctx.error(f"kaio.wgmma(): dtype must be kaio.f16 or kaio.bf16, got {dtype}", node)
+    _wgmma(_WGMMA_KINDS[dtype])(ctx, args[1:], node)
+
+
+_define(
+    "wgmma",
+    "wgmma(dtype, acc, a, b_desc, accumulate[, trans_a, trans_b]): kaio.wgmma_f16 or "
+    "kaio.wgmma_bf16 by dtype (kaio.f16 or kaio.bf16, known at compile time: a generic "
+    "kernel's DT), with the same arguments; one spelling for a kernel generic over the two.",
+    _wgmma_typed,
+)
+
+
 _define(
     "wgmma_s8",
     "wgmma_s8(acc, a_desc, b_desc, accumulate): warpgroup-wide (128 threads) acc = A @ B (+ acc "

@@ -140,10 +140,7 @@ def s_step(s: f32[:, :], q_s: DT[:, :, :], k_s: DT[:, :, :, :], st: i32, wg: u32
     block is ``qc``) @ K^T (stage st)."""
     dq = kaio.smem_descriptor(q_s, (qc + kk // 4, 64 * wg, kk % 4 * 16), SW, 16, 1024)
     dk = kaio.smem_descriptor(k_s, (st, kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
-    if DT == kaio.bf16:
-        kaio.wgmma_bf16(s, dq, dk, kk > 0)
-    else:
-        kaio.wgmma_f16(s, dq, dk, kk > 0)
+    kaio.wgmma(DT, s, dq, dk, kk > 0)
 
 
 @kaio.gpu_func
@@ -164,10 +161,7 @@ def issue_pv(o: f32[:, :], p: u32[:, :], v_s: DT[:, :, :, :], st: i32, BN: kaio.
     commit them."""
     for kk in kaio.static_range(BN // 16):
         dv = kaio.smem_descriptor(v_s, (st, 0, kk * 16, 0), SW, BN * SW, 1024)
-        if DT == kaio.bf16:
-            kaio.wgmma_bf16(o, p[kk], dv, True, False, True)
-        else:
-            kaio.wgmma_f16(o, p[kk], dv, True, False, True)
+        kaio.wgmma(DT, o, p[kk], dv, True, False, True)
     kaio.wgmma_commit()
 
 

@@ -325,10 +325,7 @@ def issue_s_regs(
     commit: ``issue_s`` without A's shared-memory reads in every product."""
     for kk in kaio.static_range(D // 16):
         dx = kaio.smem_descriptor(x_s, (st, kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
-        if DT == kaio.bf16:
-            kaio.wgmma_bf16(s, af[kk], dx, kk > 0)
-        else:
-            kaio.wgmma_f16(s, af[kk], dx, kk > 0)
+        kaio.wgmma(DT, s, af[kk], dx, kk > 0)
     kaio.wgmma_commit()
 
 
@@ -552,10 +549,7 @@ def issue_pt(
     for kk in kaio.static_range(BM // 16):
         da = kaio.smem_descriptor(pt_s, (b, 64 * i32(wg), kk * 16), SW, 16, 1024)
         dx = kaio.smem_descriptor(x_s, (st, cb, kk * 16, 0), SW, BM * SW, 1024)
-        if DT == kaio.bf16:
-            kaio.wgmma_bf16(acc, da, dx, True, False, True)
-        else:
-            kaio.wgmma_f16(acc, da, dx, True, False, True)
+        kaio.wgmma(DT, acc, da, dx, True, False, True)
     kaio.wgmma_commit()
 
 
@@ -617,10 +611,7 @@ def issue_dq(
         da = kaio.smem_descriptor(ds_s, (b, r0 + kk * 16, 0), SW, 64 * WG * SW, 1024)
         dk = kaio.smem_descriptor(k_s, (kc + c0 // 64, r0 + kk * 16, c0 % 64), SW,
                                   64 * WG * SW, 1024)  # fmt: skip
-        if DT == kaio.bf16:
-            kaio.wgmma_bf16(dqa, da, dk, kk > 0, True, True)
-        else:
-            kaio.wgmma_f16(dqa, da, dk, kk > 0, True, True)
+        kaio.wgmma(DT, dqa, da, dk, kk > 0, True, True)
     kaio.wgmma_commit()
 
 

@@ -140,10 +140,7 @@ def issue_st(s: f32[:, :], a_s: DT[:, :, :], x_s: DT[:, :, :, :], st: i32, r0: i
     for kk in kaio.static_range(D // 16):
         da = kaio.smem_descriptor(a_s, (kk // 4, 0, kk % 4 * 16), SW, 16, 1024)
         dx = kaio.smem_descriptor(x_s, (st, kk // 4, r0, kk % 4 * 16), SW, 16, 1024)
-        if DT == kaio.bf16:
-            kaio.wgmma_bf16(s, da, dx, kk > 0)
-        else:
-            kaio.wgmma_f16(s, da, dx, kk > 0)
+        kaio.wgmma(DT, s, da, dx, kk > 0)
     kaio.wgmma_commit()
 
 
@@ -1010,10 +1007,7 @@ def issue_ds_k(dqa: f32[:, :], ds_s: DT[:, :, :, :], k_s: DT[:, :, :, :], st: i3
     for kk in kaio.static_range(4):
         da = kaio.smem_descriptor(ds_s, (st, i32(wg), kk * 16, 0), SW, 64 * SW, 1024)
         dk = kaio.smem_descriptor(k_s, (st, 0, kk * 16, 0), SW, 64 * SW, 1024)
-        if DT == kaio.bf16:
-            kaio.wgmma_bf16(dqa, da, dk, True, True, True)
-        else:
-            kaio.wgmma_f16(dqa, da, dk, True, True, True)
+        kaio.wgmma(DT, dqa, da, dk, True, True, True)
     kaio.wgmma_commit()
 
 

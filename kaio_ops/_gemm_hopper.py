@@ -66,10 +66,7 @@ def wgmma_step(
     TRANS_B: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """acc (+)= the k16 product of descriptors da and db, in DT."""
-    if DT == f16:
-        kaio.wgmma_f16(acc, da, db, accumulate, False, TRANS_B)
-    else:
-        kaio.wgmma_bf16(acc, da, db, accumulate, False, TRANS_B)
+    kaio.wgmma(DT, acc, da, db, accumulate, False, TRANS_B)
 
 
 @kaio.gpu_func

@@ -403,10 +403,7 @@ def mma_blocks(
     db = kaio.smem_descriptor(sb, (s, J, k, 0), SW, BK * SW, 1024)
     if BT:
         db = kaio.smem_descriptor(sb, (s, J, 0, k), SW, 16, 1024)
-    if IN == kaio.bf16:
-        kaio.wgmma_bf16(acc, da, db, accumulate, False, not BT)
-    else:
-        kaio.wgmma_f16(acc, da, db, accumulate, False, not BT)
+    kaio.wgmma(IN, acc, da, db, accumulate, False, not BT)
 
 
 @kaio.gpu_func
