@@ -3,6 +3,11 @@ interleaved rounds behind a GPU spinner (``bench/launch_overhead.py``'s method a
 beside torch eager doing the same work: an A/B of a change to the op-call path.
 
     python bench/host_ab.py BASE_TREE NEW_TREE --ops rms_norm matmul_fp8 [--batches 10] [--cpu-time]
+    python bench/host_ab.py BASE_TREE NEW_TREE --launch
+
+``--launch``: the bare launch of ``launch_overhead``'s 4-argument ``add`` instead, each tree
+compiling its own copy: the subscript spelled each call and the launch taken after a first
+launch, with ``DeviceArray``s and with torch tensors, each checked first on a poisoned output.
 
 Each tree is a folder holding ``kaio`` and ``kaio_ops`` (``bench/ab_trees.py``'s ``Tree``:
 both imported side by side, ``sys.modules`` switched to a tree while its calls are set up).
@@ -94,13 +99,83 @@ def _chain():
     return label, add_chain, (h[0], r), "h + r", lambda: last[0] + r
 
 
+ADD_SOURCE = """
+import kaio
+from kaio import f32, u32
+
+
+@kaio.gpu_kernel(block_size=256)
+def add(x: f32[:], y: f32[:], out: f32[:], n: u32):
+    i = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
+    if i < n:
+        out[i] = x[i] + y[i]
+"""
+
+
+def _tree_add(tree: Tree, folder: str, which: str):
+    """``add`` compiled by ``tree``'s kaio (a module of its own, importing that kaio)."""
+    import importlib.util
+    import os
+
+    path = os.path.join(folder, f"add_{which}.py")
+    with open(path, "w") as f:
+        f.write(ADD_SOURCE)
+    spec = importlib.util.spec_from_file_location(f"host_ab_add_{which}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.add
+
+
+def launch_rows(bench, L, trees: list) -> list[str]:
+    """The bare launch rows of each tree (``--launch``); returns the row names per tree's
+    suffix, base first."""
+    import tempfile
+
+    import numpy as np
+
+    n, grid = L.N, L.GRID
+    hx, hy = (np.random.default_rng(s).standard_normal(n).astype(np.float32) for s in (0, 1))
+    tx, ty = torch.from_numpy(hx).cuda(), torch.from_numpy(hy).cuda()
+    tout = torch.empty(n, device="cuda")
+    folder = tempfile.mkdtemp()
+    names = []
+    for which, tree in zip(("base", "new"), trees, strict=True):
+        tree.use()
+        kaio = tree.kaio
+        x, y, out = kaio.to_device(hx), kaio.to_device(hy), kaio.empty((n,), kaio.f32)
+        for kind, args in (("DeviceArray", (x, y, out, n)), ("torch", (tx, ty, tout, n))):
+            spelled, later = _tree_add(tree, folder, which), _tree_add(tree, folder, which)
+            later[grid, 256](*args)
+            direct = later[grid, 256]
+            for label, call in (
+                (f"add[grid, 256](...), {kind}", lambda k=spelled, a=args: k[grid, 256](*a)),
+                (f"launch taken after a first launch, {kind}", lambda d=direct, a=args: d(*a)),
+            ):
+                nan = np.full(n, np.nan, np.float32)
+                if kind == "torch":
+                    tout.copy_(torch.from_numpy(nan))
+                else:
+                    out.copy_from_host(nan)
+                call()
+                kaio.synchronize()
+                got = tout.cpu().numpy() if kind == "torch" else out.numpy()
+                if not np.array_equal(got, hx + hy):
+                    raise AssertionError(f"{which} {label}: a wrong result")
+                bench.row(f"{which} {label}", call)
+                if which == "base":
+                    names.append(label)
+        tree.done()
+    return names
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("trees", nargs=2, help="BASE_TREE NEW_TREE")
+    p.add_argument("--launch", action="store_true", help="the bare launch rows instead of ops")
     p.add_argument(
         "--ops",
         nargs="+",
-        required=True,
+        default=[],
         help="kaio_ops names (launch_overhead's), linear_turns (linear over two weights taking "
         "turns), add_chain (h = add(h, r))",
     )
@@ -122,6 +197,22 @@ def main() -> None:
         L.CLOCK = time.thread_time
     bench = L.Bench(L.OP_BATCH, L.OP_SPIN_MS * L.SPIN_MS)
     trees[1].done()
+    if args.launch:
+        bench.batch_size = L.BATCH
+        launched = launch_rows(bench, L, trees)
+        times = bench.run()
+        print(
+            f"\n{torch.cuda.get_device_name()}: host µs a launch, median of {args.batches} batches"
+        )
+        print(f"{'launch of add':<52} {'base':>7} {'new':>7} {'new/base':>8}")
+        for label in launched:
+            base, new = (times[f"{w} {label}"]["host_us"] for w in ("base", "new"))
+            print(f"{label:<52} {base:7.2f} {new:7.2f} {new / base:8.3f}")
+        print(f"batches that outlasted the spinner: {bench.late}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "rows": times}, f, indent=1)
+        return
     rows, failed = [], {}
     for which, tree in zip(("base", "new"), trees, strict=True):
         tree.use()
