@@ -781,32 +781,22 @@ def test_wgmma_register_a_misuse_is_a_compile_error():
 
 
 def test_wgmma_by_dtype_is_the_builtin_of_that_dtype():
-    """``kaio.wgmma(DT, ...)`` emits what ``wgmma_f16`` / ``wgmma_bf16`` emit for the same
-    arguments (descriptors and A in registers), and refuses a dtype that has neither."""
+    """``kaio.wgmma(DT, ...)`` (``TYPED``) emits what ``wgmma_f16`` / ``wgmma_bf16`` emit for
+    the same arguments (descriptors and A in registers), and refuses a dtype that has
+    neither."""
 
     @kaio.gpu_kernel(block_size=128)
-    def by_dtype(out: f32[:], DT: kaio.constexpr, REGS: kaio.constexpr):
+    def spelled(out: f32[:], DT: kaio.constexpr, REGS: kaio.constexpr, TYPED: kaio.constexpr):
         frag = kaio.local(u32, (4,))
         acc = kaio.local(f32, (8,))
         for i in kaio.static_range(4):
             frag[i] = u32(i)
         db = u64(out[0])
-        if REGS:
+        if TYPED and REGS:
             kaio.wgmma(DT, acc, frag, db, True, False, True)
-        else:
+        elif TYPED:
             kaio.wgmma(DT, acc, u64(out[1]), db, False)
-        kaio.wgmma_commit()
-        kaio.wgmma_wait(0)
-        out[kaio.thread_idx_x()] = acc[3]
-
-    @kaio.gpu_kernel(block_size=128)
-    def by_name(out: f32[:], DT: kaio.constexpr, REGS: kaio.constexpr):
-        frag = kaio.local(u32, (4,))
-        acc = kaio.local(f32, (8,))
-        for i in kaio.static_range(4):
-            frag[i] = u32(i)
-        db = u64(out[0])
-        if REGS and DT == kaio.bf16:
+        elif REGS and DT == kaio.bf16:
             kaio.wgmma_bf16(acc, frag, db, True, False, True)
         elif REGS:
             kaio.wgmma_f16(acc, frag, db, True, False, True)
@@ -819,16 +809,16 @@ def test_wgmma_by_dtype_is_the_builtin_of_that_dtype():
         out[kaio.thread_idx_x()] = acc[3]
 
     def body(ptx: str) -> list[str]:  # the instructions, without source lines and comments
-        lines = ptx[ptx.index("{") :].replace("by_dtype", "by_name").splitlines()
+        lines = ptx[ptx.index("{") :].splitlines()
         return [line for line in lines if not line.lstrip().startswith(("//", ".loc"))]
 
     for dt in (f16, kaio.bf16):
         for regs in (False, True):
-            typed = by_dtype.ptx(arch="sm_90", DT=dt, REGS=regs)
+            typed = spelled.ptx(arch="sm_90", DT=dt, REGS=regs, TYPED=True)
             assert f"m64n16k16.f32.{dt}.{dt}" in typed
-            assert body(typed) == body(by_name.ptx(arch="sm_90", DT=dt, REGS=regs))
+            assert body(typed) == body(spelled.ptx(arch="sm_90", DT=dt, REGS=regs, TYPED=False))
     with pytest.raises(kaio.CompileError, match=r"dtype must be kaio.f16 or kaio.bf16, got f32"):
-        by_dtype.ptx(arch="sm_90", DT=f32, REGS=False)
+        spelled.ptx(arch="sm_90", DT=f32, REGS=False, TYPED=True)
 
 
 def test_wgmma_accumulator_layout_is_the_documented_one():
