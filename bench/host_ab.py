@@ -127,8 +127,8 @@ def _tree_add(tree: Tree, folder: str, which: str):
 
 
 def launch_rows(bench, L, trees: list) -> list[str]:
-    """The bare launch rows of each tree (``--launch``); returns the row names per tree's
-    suffix, base first."""
+    """The bare launch rows of each tree (``--launch``), and the new tree's floor rows
+    (``launch_overhead.floor_rows``); returns the launch rows' names without the tree."""
     import tempfile
 
     import numpy as np
@@ -164,6 +164,8 @@ def launch_rows(bench, L, trees: list) -> list[str]:
                 bench.row(f"{which} {label}", call)
                 if which == "base":
                     names.append(label)
+        if which == "new":  # the floor: the same launch's driver call alone, made once
+            L.floor_rows(bench, x, y, out)
         tree.done()
     return names
 
@@ -208,6 +210,9 @@ def main() -> None:
         for label in launched:
             base, new = (times[f"{w} {label}"]["host_us"] for w in ("base", "new"))
             print(f"{label:<52} {base:7.2f} {new:7.2f} {new / base:8.3f}")
+        for name, row in times.items():
+            if not name.startswith(("base ", "new ")):
+                print(f"{name:<52} {row['host_us']:7.2f}")
         print(f"batches that outlasted the spinner: {bench.late}")
         if args.json:
             with open(args.json, "w") as f:

@@ -246,36 +246,20 @@ def prepared_add(x, y, out) -> tuple:
     return loaded, buf, params, config
 
 
-def raw_rows(bench: Bench, x, y, out) -> None:
-    """Launches of kaio's own CUfunction with no launcher at all."""
-    from cuda.bindings import driver as cu
-
+def floor_rows(bench: Bench, x, y, out, prepared: tuple | None = None) -> tuple:
+    """The floor of a launch from Python: kaio's own CUfunction (``prepared_add``) launched
+    with kaio's four arguments made once, through ctypes and through
+    ``kaio.runtime.native``'s builtin, and each call alone to a C function that does nothing;
+    returns (the ctypes call, the ``byref`` config, function and params)."""
     from kaio.runtime.driver import libcuda
-
-    loaded, buf, params, config = prepared_add(x, y, out)
-    lib = libcuda()
-    buf_size = ctypes.c_size_t(len(buf))
-    extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(buf_size), 0)
-    func = ctypes.c_void_p(loaded.handle)
-    launch_ex = ctypes.CFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
-    launch_ex_gil = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
-    launch = ctypes.CFUNCTYPE(ctypes.c_int)(("cuLaunchKernel", lib))
-    cfg, ext, par = ctypes.byref(config), ctypes.byref(extra), ctypes.byref(params)
-    bench.keep += [buf, buf_size, extra, params, config]
-    bench.row("raw ctypes cuLaunchKernelEx, extra buffer", lambda: launch_ex(cfg, func, None, ext))
-    bench.row("raw ctypes cuLaunchKernelEx, kernelParams", lambda: launch_ex(cfg, func, par, None))
-    bench.row(
-        "raw ctypes cuLaunchKernelEx, kernelParams, GIL kept",
-        lambda: launch_ex_gil(cfg, func, par, None),
-    )
-    bench.row(
-        "raw ctypes cuLaunchKernel, extra buffer",
-        lambda: launch(func, GRID, 1, 1, 256, 1, 1, 0, None, None, ext),
-    )
-    # every argument a ctypes object made once that ctypes passes as it is (kaio's launches)
     from kaio.runtime.launcher import pointer_argument
 
+    loaded, buf, params, config = prepared or prepared_add(x, y, out)
+    launch_ex_gil = ctypes.PYFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", libcuda()))
+    cfg, par = ctypes.byref(config), ctypes.byref(params)
+    # every argument a ctypes object made once that ctypes passes as it is (kaio's launches)
     func_ref = pointer_argument(loaded.handle)
+    bench.keep += [buf, params, config]
     bench.row(
         "raw ctypes cuLaunchKernelEx, GIL kept, byref function (kaio's arguments)",
         lambda: launch_ex_gil(cfg, func_ref, par, None),
@@ -289,6 +273,36 @@ def raw_rows(bench: Bench, x, y, out) -> None:
         lambda: nothing(cfg, func_ref, None, par),
     )
     native_rows(bench, (launch_ex_gil, nothing), (cfg, func_ref, par), x, y, out)
+    return launch_ex_gil, cfg, func_ref, par
+
+
+def raw_rows(bench: Bench, x, y, out) -> None:
+    """Launches of kaio's own CUfunction with no launcher at all."""
+    from cuda.bindings import driver as cu
+
+    from kaio.runtime.driver import libcuda
+
+    prepared = prepared_add(x, y, out)
+    loaded, buf, params, config = prepared
+    launch_ex_gil, cfg, func_ref, par = floor_rows(bench, x, y, out, prepared)
+    lib = libcuda()
+    buf_size = ctypes.c_size_t(len(buf))
+    extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(buf_size), 0)
+    func = ctypes.c_void_p(loaded.handle)
+    launch_ex = ctypes.CFUNCTYPE(ctypes.c_int)(("cuLaunchKernelEx", lib))
+    launch = ctypes.CFUNCTYPE(ctypes.c_int)(("cuLaunchKernel", lib))
+    ext = ctypes.byref(extra)
+    bench.keep += [buf_size, extra]
+    bench.row("raw ctypes cuLaunchKernelEx, extra buffer", lambda: launch_ex(cfg, func, None, ext))
+    bench.row("raw ctypes cuLaunchKernelEx, kernelParams", lambda: launch_ex(cfg, func, par, None))
+    bench.row(
+        "raw ctypes cuLaunchKernelEx, kernelParams, GIL kept",
+        lambda: launch_ex_gil(cfg, func, par, None),
+    )
+    bench.row(
+        "raw ctypes cuLaunchKernel, extra buffer",
+        lambda: launch(func, GRID, 1, 1, 256, 1, 1, 0, None, None, ext),
+    )
     # the same launch on other streams than the legacy default one (which the driver
     # synchronizes with every blocking stream): a created stream, a non-blocking one, and the
     # per-thread default stream (CU_STREAM_PER_THREAD)

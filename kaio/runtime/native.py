@@ -20,8 +20,9 @@ once per process; a process maps the cached bytes executable (``mmap``, ``mprote
 makes the builtin with ``PyCFunction_NewEx``.
 
 Where any of that is not possible (llvmlite missing and nothing cached, not CPython on x86-64
-Linux, a free-threaded build, ctypes objects laid out otherwise than probed), ``trampoline``
-returns None and the launches keep calling through ctypes.
+Linux, objects laid out otherwise than probed), ``trampoline`` returns None and the launches
+keep calling through ctypes. The builtin keeps no state and touches no reference count but
+its result's, so any thread may call it.
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import mmap
-import platform
+import os
 import struct
 import sys
-import sysconfig
 from collections.abc import Callable
 
 __all__ = ["trampoline", "status"]
@@ -181,13 +181,12 @@ _kept: list = []  # method definitions the builtins point to: alive as long as t
 
 
 def _supported() -> str | None:
-    """Why this interpreter cannot run the trampoline, or None."""
+    """Why this interpreter cannot run the trampoline, or None (the object layouts it relies
+    on are checked on live objects: ``_layout``)."""
     if sys.implementation.name != "cpython":
         return f"{sys.implementation.name} is not CPython"
-    if sysconfig.get_config_var("Py_GIL_DISABLED"):
-        return "a free-threaded CPython"
-    if sys.platform != "linux" or platform.machine() != "x86_64":
-        return f"{sys.platform} {platform.machine()} (only x86-64 Linux is done)"
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        return f"{sys.platform} {os.uname().machine} (only x86-64 Linux is done)"
     return None
 
 
@@ -198,7 +197,7 @@ def _load() -> int:
     from kaio.runtime.module import disk_cache
 
     ir = _ir(*_layout())
-    key = "trampoline-" + hashlib.sha256(f"{ir}|{platform.machine()}".encode()).hexdigest()
+    key = "trampoline-" + hashlib.sha256(f"{ir}|{os.uname().machine}".encode()).hexdigest()
     code, _ = cached(disk_cache(), key, lambda: _compile(ir))
     return _executable(code)
 
