@@ -79,15 +79,7 @@ import weakref
 from collections.abc import Callable
 
 from kaio import DeviceArray, sim
-from kaio.runtime import (
-    CallPlan,
-    RawArray,
-    compile_function,
-    current,
-    detours,
-    recording,
-    recordings,
-)
+from kaio.runtime import CallPlan, RawArray, compile_function, current, recording, recordings
 from kaio_ops import _arrays
 
 __all__ = ["MAX_PLANS", "MISS", "clear", "planned", "plans_of"]
@@ -812,7 +804,8 @@ def _fast(
     alignment, every other argument (by value and type), the stream, and that no recording
     or simulation is on; then runs the replay's own lines (its callers ask the op's
     ``when`` first). None where there is no ``tensor_check`` or the replay has no lines (or
-    the first array is None). ``env``: the wrapper's namespace (RAW, DETOURS)."""
+    the first array is None). ``env``: the wrapper's namespace (RAW, recordings,
+    SIMULATING)."""
     body = getattr(replay, "body", None)
     tensors = [args[i] for i in positions if args[i] is not None]
     first = args[positions[0]]
@@ -821,7 +814,7 @@ def _fast(
         return None
     fenv = dict(replay.__globals__)  # the replay's own state (kept outputs, buffers) shared
     fenv.update(CHECK=check, REPLAY=replay, MISS=MISS, RAW=env["RAW"])
-    fenv["DETOURS"] = env["DETOURS"]
+    fenv.update(recordings=env["recordings"], SIMULATING=env["SIMULATING"])
     checked = ", ".join(names[i] for i in positions if args[i] is not None)
     conditions = [f"{names[i]} is None" for i in positions if args[i] is None]
     for i, name in enumerate(names):
@@ -835,7 +828,7 @@ def _fast(
     told = _told_check(replay, tensors)
     lines = [f"def fast({', '.join(names)}):"]
     inputs = "" if told else f" or not CHECK({checked})"  # (told: after the outputs' taking)
-    lines += [f"    if DETOURS[0]{inputs}:", "        return MISS"]
+    lines += [f"    if recordings[0] or SIMULATING[0]{inputs}:", "        return MISS"]
     if conditions:
         lines += [f"    if not ({' and '.join(conditions)}):", "        return MISS"]
     body = replay.body
@@ -1119,7 +1112,6 @@ def _generate(fn: Callable, array_names: tuple, when: Callable | None = None) ->
     env["MISS"] = MISS
     env["recordings"] = recordings
     env["SIMULATING"] = sim.anywhere
-    env["DETOURS"] = detours
     source = "\n".join(lines) + "\n"
     exec(compile(source, f"<kaio planned {fn.__name__}>", "exec"), env)
     wrapper = env[fn.__name__]

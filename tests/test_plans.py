@@ -1654,7 +1654,7 @@ def test_the_fast_path_tells_kept_outputs_with_its_inputs(monkeypatch):
     made = [torch.empty(2, 64, dtype=torch.float16) for _ in range(2)]
     allocations = [(m, "torch", 0, None, (2, 64), f16, 0) for m in made]
     replay = _plan._replay(None, 1, allocations, "(o0, o1)")
-    env = {"RAW": None, "DETOURS": [0]}
+    env = {"RAW": None, "recordings": [0], "SIMULATING": [0]}
     fast = _plan._fast(replay, ["x"], [0], (x,), env)
     assert "CHECKS(x, o0, o1)" in fast.source and "CHECK(x)" in fast.source
     marks = itertools.count()

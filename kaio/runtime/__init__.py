@@ -7,9 +7,8 @@ cuda-bindings nor the PTX emitter.
 The public surface is the names of ``__all__``: those ``kaio`` re-exports (``Device``,
 ``DeviceArray``, ...) and, for libraries built on kaio (``kaio_ops`` uses only these), the
 argument descriptions (``describe``, ``ArgInfo``, ``RawArray``, ``torch_dtype``,
-``NUMPY_HINT``), the thread's runtime state (``current``; ``detours``, the open simulate
-blocks and recordings of all threads), call plans (``recording``, ``CallPlan``,
-``compile_function``, ``recordings``) and the disk cache's folder
+``NUMPY_HINT``), the thread's runtime state (``current``), call plans (``recording``,
+``CallPlan``, ``compile_function``, ``recordings``) and the disk cache's folder
 (``cache_dir``); docs/runtime.md describes them. The submodules are the implementation.
 """
 
@@ -39,7 +38,6 @@ LIBRARY = [
     "compile_function",
     "current",
     "describe",
-    "detours",
     "recording",
     "recordings",
     "torch_dtype",
@@ -66,7 +64,6 @@ _WHERE = {
     "torch_dtype": "kaio.runtime.arguments",
     "cache_dir": "kaio.runtime.cache",
     "current": "kaio.runtime.device",
-    "detours": "kaio.runtime.device",
     "recordings": "kaio.runtime.launch",
     "CallPlan": "kaio.runtime.plan",
     "compile_function": "kaio.runtime.plan",

@@ -25,8 +25,6 @@ __all__ = [
     "synchronize",
     "current",
     "moved",
-    "detours",
-    "detour",
     "visiting",
 ]
 
@@ -64,24 +62,6 @@ current = _Current()
 # False every thread's current device is 0: a launch on GPU 0 knows it is home without
 # reading the thread-local ``current.ordinal`` (generated launchers: ``home(0)``).
 moved = [False]
-# Open ``kaio.simulate()`` blocks and call-plan recordings (``kaio.runtime.plan.recording``) in
-# all threads. While there are none, a launch and a planned op call read this one global
-# instead of both counts (``kaio.sim.mode.anywhere``, ``kaio.runtime.launch.recordings``), and
-# take their fast paths.
-detours = [0]
-_DETOURS = threading.Lock()
-
-
-@contextmanager
-def detour():
-    """Count the block in ``detours`` while it is open."""
-    with _DETOURS:
-        detours[0] += 1
-    try:
-        yield
-    finally:
-        with _DETOURS:
-            detours[0] -= 1
 
 
 @functools.cache

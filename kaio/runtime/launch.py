@@ -21,10 +21,11 @@ from __future__ import annotations
 from kaio.errors import LaunchError
 from kaio.kernel import LaunchConfig, param_annotation_error
 from kaio.runtime.arguments import check_array, check_scalar
-from kaio.runtime.device import Device, current, detours, ensure_context, visiting
+from kaio.runtime.device import Device, current, ensure_context, visiting
 from kaio.runtime.launcher import build_launcher
 from kaio.runtime.module import Resources, load, select_arch
 from kaio.runtime.stream import stream_handle
+from kaio.sim.mode import anywhere as SIMULATING
 from kaio.tensormap import TensorMap
 from kaio.types import ArrayType, ScalarType, TensorMapType
 
@@ -56,9 +57,9 @@ class Launch:
         self.call = _call_of(self)
 
     def __call__(self, *args, **kwargs) -> None:
-        # simulate() blocks or recordings open in any thread (a global read; the thread's own
-        # count, a thread-local read, is looked at only then)
-        if kwargs or detours[0]:
+        # simulate() blocks open in any thread (a global read; the thread's own count, a
+        # thread-local read, is looked at only then)
+        if kwargs or SIMULATING[0] or recordings[0]:
             return self._call_with_keywords(args, kwargs)
         if not self._first(args):
             self._launch_others(args)
@@ -124,7 +125,7 @@ def _call_of(launch: Launch):
     ``launch`` (the ``Launch``), ``kernel`` and ``config``."""
 
     def call(*args, **kwargs) -> None:
-        if kwargs or detours[0]:
+        if kwargs or SIMULATING[0] or recordings[0]:
             return launch._call_with_keywords(args, kwargs)
         if not launch._first(args):
             launch._launch_others(args)

@@ -86,7 +86,7 @@ from kaio.kernel import constexpr_value_key, same_constexpr
 from kaio.runtime import native
 from kaio.runtime.arginfo import ArgInfo, RawArray
 from kaio.runtime.arguments import describe, is_cupy, is_torch
-from kaio.runtime.device import Device, current, detours, moved, visiting
+from kaio.runtime.device import Device, current, moved, visiting
 from kaio.runtime.driver import cuda_error, last_launched_slot, libcuda
 from kaio.runtime.memory import DeviceArray
 from kaio.tensormap import TensorMap
@@ -729,7 +729,10 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     def spelled_direct(indent: str, mismatch: str, done: str) -> list[str]:
         return spelled(indent, mismatch, done, body[len(unpack) :])
 
-    env["DETOURS"] = detours
+    from kaio.runtime.launch import recordings
+    from kaio.sim.mode import anywhere
+
+    env["SIMULATING"], env["recordings"] = anywhere, recordings
     lines = [
         "def bind(grid, block, shared, stream):",
         "    CONFIG = byref(config_struct(grid, block, shared, stream, PDL))",
@@ -743,7 +746,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "    def make_direct(fallback):",
         f"        def direct({direct_params}):",
         "            nonlocal admitted",
-        f"            if kwargs or more{last_missing} or DETOURS[0]:",
+        f"            if kwargs or more{last_missing} or SIMULATING[0] or recordings[0]:",
         f"                return fallback(*given(({named}), more), **kwargs)",
         *spelled_direct("            ", f"return fallback({named})", "return None"),
         "",

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 
 from kaio.errors import LaunchError
 from kaio.runtime import launcher
-from kaio.runtime.device import current, detour
+from kaio.runtime.device import current
 from kaio.runtime.driver import cuda_error, last_launched_slot
 from kaio.runtime.launcher import (
     bf16_bits,
@@ -167,8 +167,7 @@ def recording() -> Iterator[Recorder]:
     with _COUNT:
         recordings[0] += 1
     try:
-        with detour():
-            yield recorder
+        yield recorder
     finally:
         current.recorder = saved
         with _COUNT:

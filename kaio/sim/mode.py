@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from kaio.runtime.device import current, detour
+from kaio.runtime.device import current
 
 # Open simulate() blocks in all threads: code on a hot path (kaio_ops' call plans) reads this
 # module global first and the thread-local count only while some block is open
@@ -31,8 +31,7 @@ def simulate():
     with _COUNT:
         anywhere[0] += 1
     try:
-        with detour():
-            yield
+        yield
     finally:
         current.simulating -= 1
         with _COUNT:
