@@ -50,7 +50,11 @@ OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax")
 # load waited for the first one's data: two memory latencies a row (H200, f16 and bf16:
 # softmax 80% -> 92% of copy bandwidth, rms_norm 87% -> 95%). Layer norm and the residual
 # op issued their loads together either way and only gained registers (layer norm 91% -> 80%).
-LOADS_FIRST = ("softmax", "rms_norm")
+LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")
+# Ops whose output pass loads all of a segment's weights before the first store: a load
+# after a store cannot be moved above it (the arrays may alias), so loaded between the
+# stores, each chunk's weights waited for the store before.
+WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")
 
 
 @kaio.gpu_func
@@ -108,6 +112,8 @@ def write_chunk(
     xs: f32[:],
     at: kaio.constexpr,
     w: DT[:],
+    wraw: DT[:, :],
+    k: kaio.constexpr,
     b: DT[:],
     out: DT[:],
     i: u32,
@@ -122,7 +128,7 @@ def write_chunk(
     out = (x - shift) * scale * w + b (layer norm: shift the mean, scale 1/std), x * scale *
     w (rms norms), exp(x - shift) * scale (softmax: shift the row's max, scale 1/sum); when
     ``cached`` (softmax: xs holds exp(x - the segment's max), not read again)
-    xs * seg_scale."""
+    xs * seg_scale. For the ops in WEIGHTS_FIRST, wraw[k] holds the chunk's weights."""
     ov = kaio.local(f32, (VEC,))
     wv = kaio.local(f32, (VEC,))
     bv = kaio.local(f32, (VEC,))
@@ -138,7 +144,11 @@ def write_chunk(
         for j in kaio.static_range(VEC):
             ov[j] = (xs[at + j] - shift) * scale * wv[j] + bv[j]
     else:
-        load_f32(wv, 0, w, col, VEC, DT)
+        if OP in WEIGHTS_FIRST:
+            for j in kaio.static_range(VEC):
+                wv[j] = f32(wraw[k, j])
+        else:
+            load_f32(wv, 0, w, col, VEC, DT)
         for j in kaio.static_range(VEC):
             ov[j] = xs[at + j] * scale * wv[j]
     store_f32(out, i, ov, 0, VEC, DT)
@@ -225,6 +235,12 @@ def row_pass(
                         take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
         if PASS == 0 and OP == "softmax":
             top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
+        wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
+        if PASS == 1 and OP in WEIGHTS_FIRST:
+            for k in kaio.static_range(REGS // VEC):
+                c = first + k * nt
+                if c < chunks:
+                    fetch(VEC, wraw, k, w, c * VEC, DT)
         for k in kaio.static_range(REGS // VEC):
             c = first + k * nt
             if c < chunks:
@@ -233,8 +249,8 @@ def row_pass(
                 elif PASS == 0 or (PASS == 1 and OP == "layer_norm"):
                     total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
                 else:
-                    write_chunk(OP, VEC, xs, k * VEC, w, b, out, base + c * VEC, c * VEC, shift,
-                                scale, s == 0, seg_scale, DT)  # fmt: skip
+                    write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC, c * VEC,
+                                shift, scale, s == 0, seg_scale, DT)  # fmt: skip
     return total, top, seg_top
 
 

@@ -1,0 +1,194 @@
+"""A/B of the memory-bound kernels in one process (issue 9, the silu*gate user kernel):
+python bench/mem_ab.py [--only silu|rms].
+
+silu: API.md's one-element-a-thread kernel (precise, fastmath) against variants written by
+the user (the gate loaded before the math; four elements a thread with 16-byte loads) and
+Triton. rms: kaio_ops.rows as shipped against source variants (the module's text with one
+table changed, imported from a temporary file) and Triton.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import kaio  # noqa: E402
+from bench.fastmath import N, _tri_silu_gate  # noqa: E402
+from bench.harness import Harness  # noqa: E402
+from bench.memory_ops import TOL, _randn, torch_rms, tri_rows  # noqa: E402
+from examples.quickstart import fused_silu_gate  # noqa: E402
+from kaio import f32, u32  # noqa: E402
+from kaio_ops import rows  # noqa: E402
+
+
+def silu_gate_first(x: f32[:], gate: f32[:], out: f32[:], n: u32):
+    idx = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
+    if idx < n:
+        xi = x[idx]
+        g = gate[idx]
+        sig = 1.0 / (1.0 + kaio.exp(-xi))
+        out[idx] = xi * sig * g
+
+
+def silu_vec4(x: f32[:], gate: f32[:], out: f32[:], n: u32):
+    i = (kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()) * 4
+    if i < n:
+        xv = kaio.local(f32, 4)
+        gv = kaio.local(f32, 4)
+        kaio.load_vector(xv, x, i)
+        kaio.load_vector(gv, gate, i)
+        for j in kaio.static_range(4):
+            xv[j] = xv[j] * (1.0 / (1.0 + kaio.exp(-xv[j]))) * gv[j]
+        kaio.store_vector(out, i, xv)
+
+
+def silu_vec4_nc(x: f32[:], gate: f32[:], out: f32[:], n: u32):
+    i = (kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()) * 4
+    if i < n:
+        xv = kaio.local(f32, 4)
+        gv = kaio.local(f32, 4)
+        kaio.load_vector(xv, x, i, l2=256, cache="nc")
+        kaio.load_vector(gv, gate, i, l2=256, cache="nc")
+        for j in kaio.static_range(4):
+            xv[j] = xv[j] * (1.0 / (1.0 + kaio.exp(-xv[j]))) * gv[j]
+        kaio.store_vector(out, i, xv)
+
+
+def _kernel(fn, block, fastmath):
+    return kaio.gpu_kernel(block_size=block, fastmath=fastmath)(fn)
+
+
+def _launch(kernel, per_thread=1):
+    block = kernel.block_size
+
+    def run(x, g):
+        out = torch.empty_like(x)
+        kernel[(-(-N // (block * per_thread)),)](x, g, out, N)
+        return out
+
+    return run
+
+
+def _triton(x, g):
+    out = torch.empty_like(x)
+    _tri_silu_gate[(-(-N // 1024),)](x, g, out, N, BLOCK=1024)
+    return out
+
+
+def silu_cases(h: Harness) -> None:
+    fast = kaio.gpu_kernel(block_size=256, fastmath=True)(fused_silu_gate.pyfunc)
+    impls = {
+        "kaio": _launch(fused_silu_gate),
+        "kaio fastmath": _launch(fast),
+        "gate first": _launch(_kernel(silu_gate_first, 256, False)),
+        "gate first fastmath": _launch(_kernel(silu_gate_first, 256, True)),
+        "vec4": _launch(_kernel(silu_vec4, 256, False), 4),
+        "vec4 fastmath": _launch(_kernel(silu_vec4, 256, True), 4),
+        "vec4 nc L2::256 fastmath": _launch(_kernel(silu_vec4_nc, 256, True), 4),
+        "triton": _triton,
+    }
+    h.case(
+        "silu_gate user kernel",
+        f"f32 [{N}]",
+        lambda: (torch.randn(N, device="cuda"), torch.randn(N, device="cuda")),
+        impls,
+        reference=lambda x, g: torch.nn.functional.silu(x.double()) * g.double(),
+        tol=1e-6,
+        nbytes=3 * N * 4,
+        baseline="kaio",
+    )
+
+
+# rows.py variants: (name, {line as shipped in this tree: line in the variant})
+SHIPPED_LOADS = 'LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")'
+SHIPPED_WEIGHTS = 'WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")'
+VARIANTS = {
+    "main": {
+        SHIPPED_LOADS: 'LOADS_FIRST = ("softmax", "rms_norm")',
+        SHIPPED_WEIGHTS: "WEIGHTS_FIRST = ()",
+    },
+    "loads first": {SHIPPED_WEIGHTS: "WEIGHTS_FIRST = ()"},
+    "weights first": {SHIPPED_LOADS: 'LOADS_FIRST = ("softmax", "rms_norm")'},
+}
+
+
+def _variant(name: str, edits: dict, where: str):
+    src = inspect.getsource(rows)
+    for old, new in edits.items():
+        assert old in src, old
+        src = src.replace(old, new)
+    path = os.path.join(where, f"rows_{name.replace(' ', '_')}.py")
+    with open(path, "w") as fh:
+        fh.write(src)
+    spec = importlib.util.spec_from_file_location(f"rows_{name.replace(' ', '_')}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def rms_cases(h: Harness, where: str) -> None:
+    mods = {"kaio": rows} | {n: _variant(n, e, where) for n, e in VARIANTS.items()}
+    for name, dt, shape in (
+        ("f32", torch.float32, (16384, 4096)),
+        ("f16", torch.float16, (32768, 4096)),
+    ):
+        n = shape[0] * shape[1]
+        size = torch.tensor([], dtype=dt).element_size()
+
+        def inputs(shape=shape, dt=dt):
+            return _randn(shape, dt), _randn(shape, dt), _randn(shape[-1:], dt)
+
+        def residual(x, r, dt=dt):
+            return (x.float() + r.float()).to(dt)
+
+        res = {k: (lambda x, r, w, m=m: m.rms_norm_residual(x, r, w)) for k, m in mods.items()}
+        res["triton"] = lambda x, r, w: tri_rows("rms_norm_residual", x, r=r, w=w)
+        h.case(
+            "rms_norm_residual",
+            f"{name} {list(shape)}",
+            inputs,
+            res,
+            reference=lambda x, r, w: (
+                torch_rms(residual(x, r).double(), w.double()),
+                residual(x, r),
+            ),
+            nbytes=(4 * n + shape[1]) * size,
+            tol=TOL[dt],
+            baseline="main",
+        )
+        if dt is not torch.float32:
+            continue
+        plain = {k: (lambda x, r, w, m=m: m.rms_norm(x, w)) for k, m in mods.items()}
+        plain["triton"] = lambda x, r, w: tri_rows("rms_norm", x, w=w)
+        h.case(
+            "rms_norm",
+            f"{name} {list(shape)}",
+            inputs,
+            plain,
+            reference=lambda x, r, w: torch_rms(x.double(), w.double()),
+            nbytes=(2 * n + shape[1]) * size,
+            tol=TOL[dt],
+            baseline="main",
+        )
+
+
+def main() -> None:
+    h = Harness.from_args("memory-bound A/B: silu*gate user kernel, rows variants")
+    print(f"GPU: {h.meta['gpu']}; copy bandwidth {h.copy_bandwidth():.0f} GB/s", flush=True)
+    silu_cases(h)
+    with tempfile.TemporaryDirectory() as where:
+        rms_cases(h, where)
+    h.copy_bandwidth()
+    h.finish()
+    print(h.table())
+
+
+if __name__ == "__main__":
+    main()
