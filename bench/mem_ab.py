@@ -165,7 +165,6 @@ VARIANTS = {
         SHIPPED_LOADS: 'LOADS_FIRST = ("softmax", "rms_norm")',
         SHIPPED_WEIGHTS: "WEIGHTS_FIRST = ()",
     },
-    "loads first": {SHIPPED_WEIGHTS: "WEIGHTS_FIRST = ()"},
 }
 
 

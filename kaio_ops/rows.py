@@ -48,12 +48,16 @@ OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax")
 # Ops whose segment loads all go out before any chunk is converted. Converted between the
 # loads, a chunk's registers went to the next load's address in the driver's code, so that
 # load waited for the first one's data: two memory latencies a row (H200, f16 and bf16:
-# softmax 80% -> 92% of copy bandwidth, rms_norm 87% -> 95%). Layer norm and the residual
-# op issued their loads together either way and only gained registers (layer norm 91% -> 80%).
+# softmax 80% -> 92% of copy bandwidth, rms_norm 87% -> 95%). Layer norm issued its loads
+# together either way and only gained registers (layer norm 91% -> 80%). The residual op
+# stores each chunk's sum, and a load after a store cannot be moved above it (the arrays
+# may alias): one memory latency a chunk (H100, f32 [16384, 4096]: 374 -> 364 µs; 507 -> 397
+# with VEC = 1).
 LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")
-# Ops whose output pass loads all of a segment's weights before the first store: a load
-# after a store cannot be moved above it (the arrays may alias), so loaded between the
-# stores, each chunk's weights waited for the store before.
+# Ops whose output pass loads all of a segment's weights before its first store when
+# VEC > 1, for the same reason (H100: rms_norm_residual f32 364 -> 362 µs, rms_norm 185 ->
+# 184). With VEC = 1 the 32 weights and their addresses cost 56 registers a thread, and
+# rms_norm f32 went 195 -> 215 µs.
 WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")
 
 
@@ -128,7 +132,8 @@ def write_chunk(
     out = (x - shift) * scale * w + b (layer norm: shift the mean, scale 1/std), x * scale *
     w (rms norms), exp(x - shift) * scale (softmax: shift the row's max, scale 1/sum); when
     ``cached`` (softmax: xs holds exp(x - the segment's max), not read again)
-    xs * seg_scale. For the ops in WEIGHTS_FIRST, wraw[k] holds the chunk's weights."""
+    xs * seg_scale. For the ops in WEIGHTS_FIRST with VEC > 1, wraw[k] holds the chunk's
+    weights."""
     ov = kaio.local(f32, (VEC,))
     wv = kaio.local(f32, (VEC,))
     bv = kaio.local(f32, (VEC,))
@@ -144,7 +149,7 @@ def write_chunk(
         for j in kaio.static_range(VEC):
             ov[j] = (xs[at + j] - shift) * scale * wv[j] + bv[j]
     else:
-        if OP in WEIGHTS_FIRST:
+        if OP in WEIGHTS_FIRST and VEC > 1:
             for j in kaio.static_range(VEC):
                 wv[j] = f32(wraw[k, j])
         else:
@@ -236,7 +241,7 @@ def row_pass(
         if PASS == 0 and OP == "softmax":
             top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
         wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
-        if PASS == 1 and OP in WEIGHTS_FIRST:
+        if PASS == 1 and OP in WEIGHTS_FIRST and VEC > 1:
             for k in kaio.static_range(REGS // VEC):
                 c = first + k * nt
                 if c < chunks:
