@@ -189,11 +189,11 @@ def _variant(name: str, edits: dict, where: str):
 def rms_cases(h: Harness, where: str) -> None:
     mods = {"kaio": rows} | {n: _variant(n, e, where) for n, e in VARIANTS.items()}
     for name, dt, shape, offset in (
+        ("f32 offset", torch.float32, (16384, 4096), 1),
+        ("f16 offset", torch.float16, (32768, 4096), 1),
         ("f32", torch.float32, (16384, 4096), 0),
         ("f16", torch.float16, (32768, 4096), 0),
         ("bf16", torch.bfloat16, (32768, 4096), 0),
-        ("f32 offset", torch.float32, (16384, 4096), 1),
-        ("f16 offset", torch.float16, (32768, 4096), 1),
     ):
         n = shape[0] * shape[1]
         size = torch.tensor([], dtype=dt).element_size()
