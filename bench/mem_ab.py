@@ -1,10 +1,11 @@
-"""A/B of the memory-bound kernels in one process (issue 9, the silu*gate user kernel):
-python bench/mem_ab.py [--only silu|rms].
+"""A/B of the memory-bound kernels against main, in one process (issue 9 and the silu*gate
+user kernel): python bench/mem_ab.py [--only silu|rms] [--out results.json].
 
-silu: API.md's one-element-a-thread kernel (precise, fastmath) against variants written by
-the user (the gate loaded before the math; four elements a thread with 16-byte loads) and
-Triton. rms: kaio_ops.rows as shipped against source variants (the module's text with one
-table changed, imported from a temporary file) and Triton.
+silu: API.md's one-element-a-thread kernel compiled without and with the IR pass
+``loads_before_slow_paths``, with ``fastmath=True``, ``examples/quickstart.py``'s
+four-elements-a-thread kernel, and Triton. rms: ``kaio_ops.rows`` as it is against main's
+(the module's text with main's tables, imported from a temporary file) and Triton, on
+16-byte aligned rows and on rows one element past an allocation (the scalar path).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import kaio  # noqa: E402
 from bench.fastmath import N, _tri_silu_gate  # noqa: E402
 from bench.harness import Harness  # noqa: E402
 from bench.memory_ops import TOL, _randn, torch_rms, tri_rows  # noqa: E402
-from examples.quickstart import fused_silu_gate  # noqa: E402
+from examples.quickstart import fused_silu_gate, fused_silu_gate_x4  # noqa: E402
 from kaio import f32, u32  # noqa: E402
 from kaio_ops import rows  # noqa: E402
 
@@ -36,61 +37,6 @@ def silu_unhoisted(x: f32[:], gate: f32[:], out: f32[:], n: u32):
         xi = x[idx]
         sig = 1.0 / (1.0 + kaio.exp(-xi))
         out[idx] = xi * sig * gate[idx]
-
-
-def silu_l2_256(x: f32[:], gate: f32[:], out: f32[:], n: u32):
-    idx = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
-    if idx < n:
-        xv = kaio.local(f32, 1)
-        gv = kaio.local(f32, 1)
-        kaio.load_vector(xv, x, idx, l2=256)
-        kaio.load_vector(gv, gate, idx, l2=256)
-        sig = 1.0 / (1.0 + kaio.exp(-xv[0]))
-        out[idx] = xv[0] * sig * gv[0]
-
-
-def silu_nc_l2_256(x: f32[:], gate: f32[:], out: f32[:], n: u32):
-    idx = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
-    if idx < n:
-        xv = kaio.local(f32, 1)
-        gv = kaio.local(f32, 1)
-        kaio.load_vector(xv, x, idx, l2=256, cache="nc")
-        kaio.load_vector(gv, gate, idx, l2=256, cache="nc")
-        sig = 1.0 / (1.0 + kaio.exp(-xv[0]))
-        out[idx] = xv[0] * sig * gv[0]
-
-
-def silu_gate_first(x: f32[:], gate: f32[:], out: f32[:], n: u32):
-    idx = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
-    if idx < n:
-        xi = x[idx]
-        g = gate[idx]
-        sig = 1.0 / (1.0 + kaio.exp(-xi))
-        out[idx] = xi * sig * g
-
-
-def silu_vec4(x: f32[:], gate: f32[:], out: f32[:], n: u32):
-    i = (kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()) * 4
-    if i < n:
-        xv = kaio.local(f32, 4)
-        gv = kaio.local(f32, 4)
-        kaio.load_vector(xv, x, i)
-        kaio.load_vector(gv, gate, i)
-        for j in kaio.static_range(4):
-            xv[j] = xv[j] * (1.0 / (1.0 + kaio.exp(-xv[j]))) * gv[j]
-        kaio.store_vector(out, i, xv)
-
-
-def silu_vec4_nc(x: f32[:], gate: f32[:], out: f32[:], n: u32):
-    i = (kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()) * 4
-    if i < n:
-        xv = kaio.local(f32, 4)
-        gv = kaio.local(f32, 4)
-        kaio.load_vector(xv, x, i, l2=256, cache="nc")
-        kaio.load_vector(gv, gate, i, l2=256, cache="nc")
-        for j in kaio.static_range(4):
-            xv[j] = xv[j] * (1.0 / (1.0 + kaio.exp(-xv[j]))) * gv[j]
-        kaio.store_vector(out, i, xv)
 
 
 def _kernel(fn, block, fastmath):
@@ -137,12 +83,7 @@ def silu_cases(h: Harness) -> None:
         "kaio before": _launch(before),
         "kaio": _launch(fused_silu_gate),
         "kaio fastmath": _launch(fast),
-        "block 1024": _launch(_kernel(fused_silu_gate.pyfunc, 1024, False)),
-        "L2::256": _launch(_kernel(silu_l2_256, 256, False)),
-        "nc L2::256": _launch(_kernel(silu_nc_l2_256, 256, False)),
-        "gate first": _launch(_kernel(silu_gate_first, 256, False)),
-        "vec4": _launch(_kernel(silu_vec4, 256, False), 4),
-        "vec4 fastmath": _launch(_kernel(silu_vec4, 256, True), 4),
+        "kaio x4": _launch(fused_silu_gate_x4, 4),
         "triton": _triton,
     }
     h.case(
@@ -157,37 +98,32 @@ def silu_cases(h: Harness) -> None:
     )
 
 
-# rows.py variants: (name, {line as shipped in this tree: line in the variant})
-SHIPPED_LOADS = 'LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")'
-SHIPPED_WEIGHTS = 'WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")'
-SHIPPED_REGS = "REGS = 32  #"
-VARIANTS = {
-    "main": {
-        SHIPPED_LOADS: 'LOADS_FIRST = ("softmax", "rms_norm")',
-        SHIPPED_WEIGHTS: "WEIGHTS_FIRST = ()",
-    },
-    "regs 16": {SHIPPED_REGS: "REGS = 16  #"},
-    "regs 8": {SHIPPED_REGS: "REGS = 8  #"},
+# rows.py's tables as they are here: main's (e1bfc42) in the variant (the same PTX as main's)
+MAIN_TABLES = {
+    'LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")': (
+        'LOADS_FIRST = ("softmax", "rms_norm")'
+    ),
+    'WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")': "WEIGHTS_FIRST = ()",
 }
-ALIGNED = ("kaio", "main")  # the variants timed on 16-byte aligned rows; all on the others
 
 
-def _variant(name: str, edits: dict, where: str):
+def _rows_as_on_main(where: str):
+    """kaio_ops.rows with main's tables, imported from a file in ``where``."""
     src = inspect.getsource(rows)
-    for old, new in edits.items():
+    for old, new in MAIN_TABLES.items():
         assert old in src, old
         src = src.replace(old, new)
-    path = os.path.join(where, f"rows_{name.replace(' ', '_')}.py")
+    path = os.path.join(where, "rows_main.py")
     with open(path, "w") as fh:
         fh.write(src)
-    spec = importlib.util.spec_from_file_location(f"rows_{name.replace(' ', '_')}", path)
+    spec = importlib.util.spec_from_file_location("rows_main", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
 def rms_cases(h: Harness, where: str) -> None:
-    mods = {"kaio": rows} | {n: _variant(n, e, where) for n, e in VARIANTS.items()}
+    mods = {"kaio": rows, "main": _rows_as_on_main(where)}
     for name, dt, shape, offset in (
         ("f32 offset", torch.float32, (16384, 4096), 1),
         ("f16 offset", torch.float16, (32768, 4096), 1),
@@ -207,8 +143,7 @@ def rms_cases(h: Harness, where: str) -> None:
         def residual(x, r, dt=dt):
             return (x.float() + r.float()).to(dt)
 
-        timed = {k: m for k, m in mods.items() if offset or k in ALIGNED}
-        res = {k: (lambda x, r, w, m=m: m.rms_norm_residual(x, r, w)) for k, m in timed.items()}
+        res = {k: (lambda x, r, w, m=m: m.rms_norm_residual(x, r, w)) for k, m in mods.items()}
         res["triton"] = lambda x, r, w: tri_rows("rms_norm_residual", x, r=r, w=w)
         h.case(
             "rms_norm_residual",
@@ -225,7 +160,7 @@ def rms_cases(h: Harness, where: str) -> None:
         )
         if dt is torch.bfloat16:
             continue
-        plain = {k: (lambda x, r, w, m=m: m.rms_norm(x, w)) for k, m in timed.items()}
+        plain = {k: (lambda x, r, w, m=m: m.rms_norm(x, w)) for k, m in mods.items()}
         plain["triton"] = lambda x, r, w: tri_rows("rms_norm", x, w=w)
         h.case(
             "rms_norm",
