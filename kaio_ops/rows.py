@@ -11,13 +11,14 @@ passes alternate direction, so each starts with the segment the previous pass le
 registers and reads the others again. The passes:
 
 - pass 0 loads (rms_norm_residual adds the residual and stores the sum here; softmax and
-  rms_norm issue all of a segment's loads before converting any, see ``LOADS_FIRST``) and
-  accumulates:
+  the rms norms issue all of a segment's loads before converting any, see ``LOADS_FIRST``)
+  and accumulates:
   sum of squares (rms), sum (layer norm), running max and sum of exp(x - max) (softmax, which
   keeps exp(x - max of the segment) in the registers: one exp an element for rows that fit);
 - a block reduction (warp shuffles, then shared memory across warps) gives the row's
   statistics; layer norm runs one more pass for the sum of squared deviations from the mean;
-- the last pass writes the output.
+- the last pass writes the output (the rms norms with 16-byte chunks load the segment's
+  weights before the first store, see ``WEIGHTS_FIRST``).
 """
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
