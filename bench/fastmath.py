@@ -1,6 +1,8 @@
 """The user silu*gate kernel of shared/API.md section 1 (one f32 element a thread, 64M
-elements) with and without ``@kaio.gpu_kernel(fastmath=True)``, against the same kernel in
-Triton (whose ``tl.exp`` is approximate too): python bench/fastmath.py --out results.json.
+elements) with and without ``@kaio.gpu_kernel(fastmath=True)``, and written with four
+elements a thread (``examples/quickstart.py``'s ``fused_silu_gate_x4``: 16-byte loads and
+stores), against the same kernel in Triton (1024 elements a program, 8 a thread; its
+``tl.exp`` is approximate too): python bench/fastmath.py --out results.json.
 
 fastmath turns ``kaio.exp`` into ex2.approx.ftz and the division into div.full.ftz.f32 (the
 IEEE ``div.rn.f32`` otherwise): the difference the issue measured between nvcc with and
@@ -20,12 +22,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio  # noqa: E402
 from bench.harness import Harness  # noqa: E402
-from examples.quickstart import fused_silu_gate  # noqa: E402  (API.md's kernel)
+from examples.quickstart import fused_silu_gate, fused_silu_gate_x4  # noqa: E402
 
 N = 64 * 2**20
 BLOCK = 256
-assert fused_silu_gate.block_size == BLOCK
-PRECISE = fused_silu_gate
+assert fused_silu_gate.block_size == fused_silu_gate_x4.block_size == BLOCK
+PRECISE = fused_silu_gate  # API.md's kernel
 FAST = kaio.gpu_kernel(block_size=BLOCK, fastmath=True)(fused_silu_gate.pyfunc)  # same source
 
 
@@ -38,10 +40,10 @@ def _tri_silu_gate(x_ptr, g_ptr, o_ptr, n, BLOCK: tl.constexpr):
     tl.store(o_ptr + offs, x / (1.0 + tl.exp(-x)) * g, mask=mask)
 
 
-def _kaio(kernel):
+def _kaio(kernel, per_thread=1):
     def run(x, g):
         out = torch.empty_like(x)
-        kernel[(triton.cdiv(N, BLOCK),)](x, g, out, N)
+        kernel[(triton.cdiv(N, BLOCK * per_thread),)](x, g, out, N)
         return out
 
     return run
@@ -60,7 +62,12 @@ def main() -> None:
         "silu_gate user kernel",
         f"f32 [{N}]",
         lambda: (torch.randn(N, device="cuda"), torch.randn(N, device="cuda")),
-        {"kaio": _kaio(PRECISE), "kaio fastmath": _kaio(FAST), "triton": _triton},
+        {
+            "kaio": _kaio(PRECISE),
+            "kaio fastmath": _kaio(FAST),
+            "kaio x4": _kaio(fused_silu_gate_x4, 4),
+            "triton": _triton,
+        },
         reference=lambda x, g: torch.nn.functional.silu(x.double()) * g.double(),
         tol=1e-6,
         nbytes=3 * N * 4,

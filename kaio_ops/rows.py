@@ -11,13 +11,14 @@ passes alternate direction, so each starts with the segment the previous pass le
 registers and reads the others again. The passes:
 
 - pass 0 loads (rms_norm_residual adds the residual and stores the sum here; softmax and
-  rms_norm issue all of a segment's loads before converting any, see ``LOADS_FIRST``) and
-  accumulates:
+  the rms norms issue all of a segment's loads before converting any, see ``LOADS_FIRST``)
+  and accumulates:
   sum of squares (rms), sum (layer norm), running max and sum of exp(x - max) (softmax, which
   keeps exp(x - max of the segment) in the registers: one exp an element for rows that fit);
 - a block reduction (warp shuffles, then shared memory across warps) gives the row's
   statistics; layer norm runs one more pass for the sum of squared deviations from the mean;
-- the last pass writes the output.
+- the last pass writes the output (the rms norms with 16-byte chunks load the segment's
+  weights before the first store, see ``WEIGHTS_FIRST``).
 """
 
 # ruff: noqa: F821  (DT in annotations is a dtype constexpr parameter)
@@ -48,9 +49,17 @@ OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax")
 # Ops whose segment loads all go out before any chunk is converted. Converted between the
 # loads, a chunk's registers went to the next load's address in the driver's code, so that
 # load waited for the first one's data: two memory latencies a row (H200, f16 and bf16:
-# softmax 80% -> 92% of copy bandwidth, rms_norm 87% -> 95%). Layer norm and the residual
-# op issued their loads together either way and only gained registers (layer norm 91% -> 80%).
-LOADS_FIRST = ("softmax", "rms_norm")
+# softmax 80% -> 92% of copy bandwidth, rms_norm 87% -> 95%). Layer norm issued its loads
+# together either way and only gained registers (layer norm 91% -> 80%). The residual op
+# stores each chunk's sum, and a load after a store cannot be moved above it (the arrays
+# may alias): one memory latency a chunk (H100, f32 [16384, 4096]: 374 -> 364 µs; 507 -> 397
+# with VEC = 1).
+LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")
+# Ops whose output pass loads all of a segment's weights before its first store when
+# VEC > 1, for the same reason (H100: rms_norm_residual f32 364 -> 362 µs, rms_norm 185 ->
+# 184). With VEC = 1 the 32 weights and their addresses cost 56 registers a thread, and
+# rms_norm f32 went 195 -> 215 µs.
+WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")
 
 
 @kaio.gpu_func
@@ -108,6 +117,8 @@ def write_chunk(
     xs: f32[:],
     at: kaio.constexpr,
     w: DT[:],
+    wraw: DT[:, :],
+    k: kaio.constexpr,
     b: DT[:],
     out: DT[:],
     i: u32,
@@ -122,7 +133,8 @@ def write_chunk(
     out = (x - shift) * scale * w + b (layer norm: shift the mean, scale 1/std), x * scale *
     w (rms norms), exp(x - shift) * scale (softmax: shift the row's max, scale 1/sum); when
     ``cached`` (softmax: xs holds exp(x - the segment's max), not read again)
-    xs * seg_scale."""
+    xs * seg_scale. For the ops in WEIGHTS_FIRST with VEC > 1, wraw[k] holds the chunk's
+    weights."""
     ov = kaio.local(f32, (VEC,))
     wv = kaio.local(f32, (VEC,))
     bv = kaio.local(f32, (VEC,))
@@ -138,7 +150,11 @@ def write_chunk(
         for j in kaio.static_range(VEC):
             ov[j] = (xs[at + j] - shift) * scale * wv[j] + bv[j]
     else:
-        load_f32(wv, 0, w, col, VEC, DT)
+        if OP in WEIGHTS_FIRST and VEC > 1:
+            for j in kaio.static_range(VEC):
+                wv[j] = f32(wraw[k, j])
+        else:
+            load_f32(wv, 0, w, col, VEC, DT)
         for j in kaio.static_range(VEC):
             ov[j] = xs[at + j] * scale * wv[j]
     store_f32(out, i, ov, 0, VEC, DT)
@@ -225,6 +241,12 @@ def row_pass(
                         take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
         if PASS == 0 and OP == "softmax":
             top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
+        wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
+        if PASS == 1 and OP in WEIGHTS_FIRST and VEC > 1:
+            for k in kaio.static_range(REGS // VEC):
+                c = first + k * nt
+                if c < chunks:
+                    fetch(VEC, wraw, k, w, c * VEC, DT)
         for k in kaio.static_range(REGS // VEC):
             c = first + k * nt
             if c < chunks:
@@ -233,8 +255,8 @@ def row_pass(
                 elif PASS == 0 or (PASS == 1 and OP == "layer_norm"):
                     total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
                 else:
-                    write_chunk(OP, VEC, xs, k * VEC, w, b, out, base + c * VEC, c * VEC, shift,
-                                scale, s == 0, seg_scale, DT)  # fmt: skip
+                    write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC, c * VEC,
+                                shift, scale, s == 0, seg_scale, DT)  # fmt: skip
     return total, top, seg_top
 
 

@@ -307,3 +307,13 @@ def test_approx_math_bit_exact_on_gpu(fastmath):
         if bad[name]
     }
     assert not any(bad.values()), (bad, first)
+
+
+def test_quickstart_kernels_match_numpy(capsys):
+    """examples/quickstart.py (the kernels bench/fastmath.py times: API.md's, one element a
+    thread, and four elements a thread with 16-byte accesses and a scalar tail) against
+    NumPy in float64, on the simulator here, on the GPU where there is one."""
+    import runpy
+
+    runpy.run_path("examples/quickstart.py", run_name="__main__")
+    assert capsys.readouterr().out.endswith("OK\n")

@@ -154,10 +154,11 @@ def test_rope_sim(dtype):
             check(out, ref_rope(f64(x), f64(cos), f64(sin), interleaved), dtype)
 
 
-@pytest.mark.parametrize("n", [4500, 4501])
+@pytest.mark.parametrize("n", [4500, 4501, 4616])
 def test_rows_longer_than_a_block_sim(monkeypatch, n):
     """Rows past what the block's registers hold are walked in segments (64 threads here:
-    2048 elements a segment), also for softmax with a large offset and masked (-inf) entries."""
+    2048 elements a segment), also for softmax with a large offset and masked (-inf) entries;
+    4616: 16-byte chunks (VEC 4), the last segment partly filled."""
     monkeypatch.setattr(rows, "MAX_BLOCK", 64)
     rng = np.random.default_rng(4)
     x = rand(rng, (2, n), np.float32, scale=4) + np.float32(30)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import kaio
-from kaio import f32, i32
+from kaio import f32, i32, u32
 from kaio.frontend import compile_kernel
 from kaio.ir import passes
 from kaio.ir.nodes import Function, If, Instr, Loop, Var, walk
@@ -410,6 +410,78 @@ def test_staged_reads_keep_results(n):
     out = same_results(staged, 32, {"out": np.zeros(32, np.float32)}, {"n": n})["out"]
     col = 31 - np.arange(32)
     assert out.tolist() == (col * sum(1 + j % 2 for j in range(n))).tolist()
+
+
+# ---------------------------------------------------------------- loads before slow paths
+@kaio.gpu_kernel
+def silu_gate(x: f32[:], gate: f32[:], out: f32[:], n: u32):
+    """API.md's kernel: gate's load is written after the IEEE division."""
+    i = kaio.thread_idx_x()
+    if i < n:
+        xi = x[i]
+        sig = 1.0 / (1.0 + kaio.exp(-xi))
+        out[i] = xi * sig * gate[i]
+
+
+@kaio.gpu_kernel
+def loads_that_stay(x: f32[:], y: f32[:], out: f32[:]):
+    """Loads after a division or square root that must not cross it: behind a store, and
+    indexed by a value computed from the square root."""
+    i = kaio.thread_idx_x()
+    v = x[i]
+    q = 1.0 / (v + 2.0)
+    out[i] = q
+    a = y[i]  # behind the store
+    r = kaio.sqrt(a * a + 1.0)
+    j = u32(r) % 32
+    b = y[j]  # its index comes from the square root
+    out[i] = a + b + q + r
+
+
+@kaio.gpu_kernel(fastmath=True)
+def silu_gate_fast(x: f32[:], gate: f32[:], out: f32[:], n: u32):
+    i = kaio.thread_idx_x()
+    if i < n:
+        xi = x[i]
+        out[i] = xi / (1.0 + kaio.exp(-xi)) * gate[i]
+
+
+def order(fn: Function, ops: tuple) -> list[str]:
+    """The ops of ``ops`` in program order, loads named by their array."""
+    return [
+        f"load {s.args[0].name}" if s.op == "load" else s.op
+        for s in walk(fn.body)
+        if isinstance(s, Instr) and s.op in ops
+    ]
+
+
+def test_a_load_written_after_a_division_is_issued_before_it():
+    assert order(plain(silu_gate), ("load", "div")) == ["load x", "div", "load gate"]
+    assert order(optimized(silu_gate), ("load", "div")) == ["load x", "load gate", "div"]
+    ptx = silu_gate.ptx(arch="sm_90")
+    assert ptx.index("div.rn.f32") > ptx.rindex("ld.global.f32")
+
+
+def test_loads_stay_behind_stores_and_their_operands():
+    ops = ("load", "store", "div", "sqrt")
+    assert order(optimized(loads_that_stay), ops) == order(plain(loads_that_stay), ops)
+
+
+def test_fast_division_has_no_slow_path_to_cross():
+    ops = ("load", "div_ftz")
+    assert order(optimized(silu_gate_fast), ops) == order(plain(silu_gate_fast), ops)
+
+
+def test_loads_before_slow_paths_keep_results():
+    rng = np.random.default_rng(7)
+    x, y = (rng.standard_normal(32).astype(np.float32) for _ in range(2))
+    arrays = {"x": x, "y": y, "out": np.full(32, np.nan, np.float32)}
+    out = same_results(loads_that_stay, 32, arrays, {})["out"]
+    assert np.isfinite(out).all()
+    arrays = {"x": x, "gate": y, "out": np.full(32, np.nan, np.float32)}
+    out = same_results(silu_gate, 32, arrays, {"n": 32})["out"]
+    ref = x / (1.0 + np.exp(-x.astype(np.float64))) * y
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
 
 
 # ---------------------------------------------------------------- constant folding of integers

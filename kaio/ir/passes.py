@@ -1,5 +1,6 @@
 """IR passes: unrolling, constant folding and propagation, copy propagation, dead code
-elimination, strength reduction and loop-invariant code motion.
+elimination, strength reduction, loop-invariant code motion and loads issued before
+divisions and square roots.
 
 ``optimize`` runs them in order; each pass rewrites ``Function.body`` in place. Folding and
 hoisting are sound on this non-SSA IR because they only touch variables with exactly one
@@ -25,7 +26,8 @@ from kaio.types import bool_, u32
 def optimize(fn: Function) -> None:
     """Run every pass: unroll, then fold, propagate copies and clean up until nothing
     changes, then reduce divisions by powers of two to shifts and masks, move constant
-    terms of integer sums outward and hoist loop-invariant arithmetic out of loops."""
+    terms of integer sums outward, hoist loop-invariant arithmetic out of loops and issue
+    loads before the divisions and square roots in front of them."""
     unroll(fn)
     for _ in range(8):
         changed = fold(fn)
@@ -36,6 +38,7 @@ def optimize(fn: Function) -> None:
     strength_reduce(fn)
     constants_outward(fn)
     hoist_invariants(fn)
+    loads_before_slow_paths(fn)
 
 
 def strength_reduce(fn: Function) -> None:
@@ -658,3 +661,57 @@ def _reads(s: Instr, variables: set) -> bool:
 def _varies(v, variant: set) -> bool:
     """Whether operand ``v`` is a variable the loop assigns."""
     return isinstance(v, Var) and v in variant
+
+
+# Ops that ptxas expands into a fast path and a branch to a slow-path subroutine (IEEE f32
+# and f64 division and square root). ptxas schedules within its basic blocks, so a load
+# written after one of these waits for it: the load goes out only once the division's
+# operands have arrived, a second memory latency where one would do.
+SLOW_PATH_OPS = ("div", "sqrt")
+
+
+def loads_before_slow_paths(fn: Function) -> None:
+    """Move each scalar ``load`` of a global array up above the slow-path arithmetic
+    (``SLOW_PATH_OPS`` on floats) that stands between it and the point where its operands
+    are ready, in the same straight-line list of statements.
+
+    A load crosses only pure instructions that neither assign its operands nor read or
+    assign its result; it stops at any other statement (memory accesses, barriers,
+    branches, loops), so loads, stores and everything with an effect keep their order.
+    It moves to just above the first slow-path instruction in that stretch, and only
+    when there is one: elsewhere ptxas schedules the straight-line code itself."""
+    for s in walk(fn.body):
+        for block in child_blocks(s):
+            block[:] = _loads_first_in(block)
+    fn.body = _loads_first_in(fn.body)
+
+
+def _loads_first_in(stmts: list) -> list:
+    out: list = []
+    for s in stmts:
+        at = _slow_path_above(out, s) if _global_load(s) else None
+        if at is None:
+            out.append(s)
+        else:
+            out.insert(at, s)
+    return out
+
+
+def _global_load(s) -> bool:
+    return isinstance(s, Instr) and s.op == "load" and s.args[0].space == "global"
+
+
+def _slow_path_above(stmts: list, load: Instr) -> int | None:
+    """The index in ``stmts`` (the code before ``load``) of the earliest slow-path
+    instruction that ``load`` may move above, or None."""
+    operands = {a for a in load.args if isinstance(a, Var)}
+    at = None
+    for i in range(len(stmts) - 1, -1, -1):
+        s = stmts[i]
+        if not isinstance(s, Instr) or not OPS[s.op].pure or s.dst in operands:
+            break
+        if s.dst is load.dst or any(a is load.dst for a in s.args):
+            break
+        if s.op in SLOW_PATH_OPS and s.dst is not None and s.dst.type.is_float:
+            at = i
+    return at
