@@ -195,8 +195,9 @@ def _torch_inputs(m, n, k, dtype, seed=0):
 @pytest.mark.parametrize("op", sorted(OPS))
 @pytest.mark.parametrize(
     "m, n, k",
-    [(1024, 1024, 1024), (1, 4096, 4096), (16, 4096, 4096), (1000, 1030, 777), (5, 1000, 3000)],
-)
+    [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (1, 4096, 4096), (16, 4096, 4096),
+     (1000, 1030, 777), (5, 1000, 3000)],
+)  # fmt: skip
 def test_gpu_against_float64_and_deterministic(op, m, n, k):
     import torch
 
