@@ -2,8 +2,9 @@
 a Triton matmul and the mma.sync instruction ceiling, in one run.
 
 Cases: M = N = K in 256..8192 (f16 and bf16), and decode shapes M = 1, 16 with K = N = 4096.
-On sm_90 ``matmul_tc`` and its variants run the TMA + wgmma kernel
-(``kaio_ops._matmul_hopper``); "kaio mma.sync" is the ``mma.sync`` kernel on the same shapes.
+On sm_90 ``matmul_tc`` and its variants run ``kaio_ops.matmul``'s planner with f32 output
+(the Hopper kernels, the skinny ones at M = 1 and 16); "kaio mma.sync" is the ``mma.sync``
+kernel on the same shapes.
 Every implementation is checked against float64 first (relative error normalized by the
 reference's norm: 1e-3 for f16, 1e-2 for bf16). kaio's output is f32, cuBLAS's and Triton's
 f16/bf16 (they write half the bytes), so both also run with f32 output ("cuBLAS f32 out",

@@ -112,10 +112,10 @@ def widen_int8(src0: u8[:, :], src1: u8[:, :], src2: u8[:, :], w: f16[:, :], n0:
 
 def fits(x: _arrays.Operand, weights: list, cols: int) -> bool:
     """Whether ``x`` [M, K] times the quantized ``weights`` (each an ``Operand`` [rows, N]
-    whose first element starts a 16-byte chunk of the row) takes this path: the matmul ops
-    would run the Hopper kernel on the f16 weights side by side (an sm_90 GPU, enough tiles),
-    and the conversion's 16-byte accesses fit (each N a multiple of ``cols``, each weight
-    16-byte aligned)."""
+    whose first element starts a 16-byte chunk of the row) takes this path: the persistent
+    Hopper kernel takes the f16 weights side by side (``matmul.hopper_takes``: an sm_90 GPU,
+    enough tiles), and the conversion's 16-byte accesses fit (each N a multiple of ``cols``,
+    each weight 16-byte aligned)."""
     m, k = x.shape
     n = sum(w.shape[1] for w in weights)
     vec = all(w.shape[1] % cols == 0 and w.aligned(16) for w in weights)

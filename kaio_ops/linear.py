@@ -402,11 +402,18 @@ def _counters(like: _arrays.Operand, tiles: int):
 # 0.942-0.952x) and of 8192 x 28672 (0.992x against 0.946-0.955x), M = 257-512 of 4096 x
 # 4096 (0.994x against 0.958-0.972x); 128 x 192 at M = 129-256 of 10240 x 8192 (0.990x
 # against 0.957-0.965x); the persistent kernel's 128 x 256 tiles at M = 65-128 of 57344 x
-# 8192 (1.026x against the Hopper kernel's 128 x 128, 0.968x).
+# 8192 (1.026x against the Hopper kernel's 128 x 128, 0.968x). Issue 33's eighth pass (gemm,
+# H100, the matmul_tc ops on this planner with f32 output): the small squares on unsplit
+# 64-row tiles with wide stores, 256^3 on 64 x 32 (6.59 µs, 1.01x cuBLAS f32 out, against
+# 7.42 for the rules' 64 x 64 with pairs of columns), 512^3 on 64 x 64 (7.30 µs, 1.01x,
+# against 11.41 for the rules' K split in 2 and 8.35 for the mma.sync kernel); the same
+# plans writing f16, 0.99-1.01x cuBLAS.
 _P = _gemm_hopper.Plan
 _S = _gemm_streamk.Plan
 _D = Plan("16x64s8", 1)  # the deep skinny tile, unsplit (SKINNY_CONFIGS)
 MEASURED: dict[tuple, list] = {
+    (256, 256, "kn"): [(256, _P(1, 32, 12, 1, False, 0, 1))],
+    (512, 512, "kn"): [(512, _P(1, 64, 12, 1, False, 0, 1))],
     (1024, 1024, "kn"): [(1024, _P(2, 64, 8, 1, False, 0, 1))],
     (2048, 2048, "kn"): [(2048, _P(2, 256, 4, 1, False, 0, 1))],
     (4096, 4096, "kn"): [(32, _D), (128, _P(1, 64, 12, 1, False, 0, 1)),

@@ -1,14 +1,15 @@
 """The tensor-core matmul ops: ``matmul_tc``, ``matmul_tc_async`` (f16) and
 ``matmul_tc_bf16``, ``matmul_tc_bf16_async`` (bf16): ``C[M, N] = A[M, K] @ B[K, N]`` in f32.
 
-The kernels are in ``kaio_ops._matmul_kernels`` (DSL). This module checks the inputs, picks a
-tile configuration (a heuristic per shape and GPU, or the one ``kaio_ops.tune`` measured
-fastest for this GPU and shape bucket) and launches. Skinny products (M <= 16, decode) split
-K over extra blocks and sum the slices in a second, deterministic kernel. On an sm_90 GPU
-(H100, H200) the ops without an explicit plan run ``kaio_ops._matmul_hopper`` (TMA,
-mbarriers, wgmma) when K and N are multiples of 8, M > 16 and C has at least two 128 x 128
-tiles per multiprocessor (``KAIO_HOPPER_MATMUL=0`` opts out); other shapes and archs keep
-mma.sync.
+On an sm_90 GPU (H100, H200) the ops without an explicit plan are ``kaio_ops.matmul`` with f32
+output: its planner (``linear.route``) picks the kernel and plan of each shape (the Hopper
+kernels ``_gemm_hopper``, ``_gemm_streamk`` and ``_matmul_hopper``'s persistent one, and for a
+few rows the skinny mma.sync tiles), so the sync and async variants run alike there
+(``KAIO_HOPPER_MATMUL=0`` opts out of the Hopper kernels). Elsewhere, and with an explicit
+plan, the kernels are those of ``kaio_ops._matmul_kernels`` (DSL, mma.sync): this module
+checks the inputs, picks a tile configuration (a heuristic per shape and GPU, or the one
+``kaio_ops.tune`` measured fastest for this GPU and shape bucket) and launches. Skinny
+products (M <= 16, decode) split K over extra blocks and sum the slices in a fixed order.
 """
 
 from __future__ import annotations
@@ -140,24 +141,29 @@ def _check(op: str, a, b, dtype) -> tuple:
 
 
 def run(a, b, dtype, pipelined: bool, plan: Plan | None = None, op: str = "matmul"):
-    """``a @ b`` in f32 with ``plan`` (None: ``plan_for``); the body of the four ops."""
+    """``a @ b`` in f32 with ``plan`` (None: on sm_90 ``kaio_ops.linear``'s GEMM planner,
+    elsewhere ``plan_for``); the body of the four ops."""
     a, b = _check(op, a, b, dtype)
     m, k = a.shape
     n = b.shape[1]
-    if plan is None and hopper_takes(a, b, m, n, k):
-        return _matmul_hopper.launch(a, b, m, n, k, _arrays.multiprocessors(a), bf16=dtype == bf16)
+    if plan is None and _hopper(a):
+        return _gemm(op, a, b, (m, n, k), None)
     variant = f"{dtype.name}_{'async' if pipelined else 'sync'}"
     if plan is None and m <= SKINNY_M:
-        return _one_launch(op, a, b, (m, n, k), plan_for(a, m, n, k, variant))
+        return _gemm(op, a, b, (m, n, k), plan_for(a, m, n, k, variant))
     plan = plan or plan_for(a, m, n, k, variant)
     return launch(a, b.arg(k * n), (m, n, k), pipelined, plan, aligned=b.aligned(16))
 
 
-def _one_launch(op: str, a, b, mnk: tuple, plan: Plan):
-    """``a @ b`` in f32 for a few rows (decode, M <= ``SKINNY_M``) in one launch: the GEMM
-    of ``kaio_ops.linear`` (the same mma.sync tiles and K split as ``launch``), whose last
-    block of a tile sums the K slices itself (``linear.mma_fixup``) where ``launch`` would
-    launch ``sum_slices`` after it: half the host time of a call at these sizes."""
+def _gemm(op: str, a, b, mnk: tuple, plan: Plan | None):
+    """``a @ b`` in f32 by the GEMM of ``kaio_ops.matmul`` and ``kaio_ops.linear``
+    (``linear.gemm``): with ``plan`` None its own choice of kernel and plan per shape
+    (``linear.route``: on sm_90 the Hopper kernels, 0.97-1.05x cuBLAS with f32 output on an
+    H100 from 256^3 to 8192^3, and for a few rows the skinny kernels); with an mma.sync
+    ``plan`` (up to ``SKINNY_M`` rows elsewhere) that plan's tiles and K split in one launch,
+    the last block of a tile summing the K slices itself (``linear.mma_fixup``) where
+    ``launch`` would launch ``sum_slices`` after it: half the host time of a call at these
+    sizes."""
     from kaio_ops.linear import gemm  # linear imports this module
 
     m, n, _ = mnk
@@ -165,9 +171,10 @@ def _one_launch(op: str, a, b, mnk: tuple, plan: Plan):
 
 
 def hopper_takes(a, b, m: int, n: int, k: int) -> bool:
-    """Whether ``a @ b`` (``Operand``s; ``b`` None for a fresh, aligned array) runs
-    ``_matmul_hopper`` when no plan is given: an sm_90 GPU, M > 16, operands TMA can read and
-    enough tiles of C."""
+    """Whether ``a @ b`` (``Operand``s; ``b`` None for a fresh, aligned array) would run
+    ``_matmul_hopper``'s persistent kernel well (the quantized prefill path,
+    ``kaio_ops._prefill``): an sm_90 GPU, M > 16, operands TMA can read and enough tiles of
+    C."""
     return (
         m > SKINNY_M
         and _hopper(a)

@@ -1259,8 +1259,9 @@ def test_gpu_wgmma_with_a_in_registers_bit_exact(bf16):
 
 
 def test_hopper_matmul_only_for_enough_tiles():
-    """The wgmma kernel is chosen from two 128 x 128 tiles per multiprocessor (measured: it
-    lost to mma.sync at 2048^3 on 132 SMs and won at 4096^3)."""
+    """The quantized prefill path (``_prefill.fits``) takes the persistent kernel from two
+    128 x 128 tiles per multiprocessor (measured: it lost to mma.sync at 2048^3 on 132 SMs
+    and won at 4096^3)."""
     assert not _matmul_hopper.worthwhile(2048, 2048, 132)
     assert _matmul_hopper.worthwhile(4096, 4096, 132)
     assert _matmul_hopper.worthwhile(2048, 2048, 64)
@@ -1271,21 +1272,21 @@ def test_hopper_matmul_only_for_enough_tiles():
 @needs_hopper
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize(
-    # the last: 23 x 17 tiles of 128 x 256, several a block on the persistent grid, edges on
-    # both sides and a last group of 7 tile rows
-    "mnk",
-    [(130, 136, 200), (512, 1024, 768), (2048, 2048, 4096), (2900, 4104, 520)],
-)
-def test_gpu_matmul_dispatches_to_hopper_and_is_correct(dtype, mnk, monkeypatch):
-    """On sm_90 the ops run the wgmma kernel by default (here whatever the size: shapes
-    this small take mma.sync, see ``worthwhile``): relative error (Frobenius, against float64)
-    within 1e-3 for f16 and 1e-2 for bf16, and the same bits on a second run."""
+    # the last: several tiles a block on the persistent grid, edges on both sides
+    "mnk, persistent",
+    [((130, 136, 200), False), ((512, 1024, 768), False), ((2048, 2048, 4096), True),
+     ((2900, 4104, 520), True)],
+)  # fmt: skip
+def test_gpu_matmul_runs_the_gemm_planner_and_is_correct(dtype, mnk, persistent, monkeypatch):
+    """On sm_90 the ops are ``kaio_ops.matmul`` with f32 output (its planner's kernels: the
+    Hopper GEMM, or the ``persistent`` kernel from a wave of 128 x 128 tiles): the same bits,
+    relative error (Frobenius, against float64) within 1e-3 for f16 and 1e-2 for bf16, the
+    same bits on a second run."""
     import torch
 
     import kaio_ops
 
     monkeypatch.delenv("KAIO_HOPPER_MATMUL", raising=False)
-    monkeypatch.setattr(_matmul_hopper, "worthwhile", lambda m, n, sms: True)
     launches = []
     real_launch = _matmul_hopper.launch
     monkeypatch.setattr(
@@ -1297,7 +1298,8 @@ def test_gpu_matmul_dispatches_to_hopper_and_is_correct(dtype, mnk, monkeypatch)
     b = torch.randn(k, n, device="cuda", dtype=t)
     op = kaio_ops.matmul_tc if dtype == "float16" else kaio_ops.matmul_tc_bf16
     c = op(a, b)
-    assert launches == [mnk]
+    assert launches == ([mnk] if persistent else [])
+    assert torch.equal(kaio_ops.matmul(a, b, out_dtype=torch.float32), c)
     ref = a.double() @ b.double()
     rel = ((c.double() - ref).norm() / ref.norm()).item()
     assert rel <= (1e-3 if dtype == "float16" else 1e-2), rel

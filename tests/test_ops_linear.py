@@ -338,6 +338,8 @@ def test_hopper_tile_widths_and_pairs_in_simulator(m, n, k, act, dtype, chosen):
         (33, 72, 200, True, BF16, kaio.f32, hopper.Plan(1, 128, 3, 1, False, 0, 1)),
         (40, 264, 136, False, BF16, kaio.bf16, hopper.Plan(1, 256, 2, 1, False, 0, 1)),  # routed
         (65, 72, 200, False, np.float16, kaio.f16, hopper.Plan(1, 64, 3, 1, False, 0, 1)),
+        # 32 columns a tile, f32 out (routed at 256^3, matmul_tc's f32 included)
+        (70, 72, 136, False, np.float16, kaio.f32, hopper.Plan(1, 32, 3, 1, False, 0, 1)),
         # a width not a multiple of 64 (routed: 64 x 192 at M = 129-256 of 6144 x 4096)
         (40, 200, 136, False, BF16, kaio.bf16, hopper.Plan(1, 192, 2, 1, False, 0, 1)),
         # through shared memory, a bulk copy a row: a partial last column tile and rows

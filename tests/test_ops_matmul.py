@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import kaio
 import kaio_ops
 from kaio.ptx.ptxas import assemble, find_ptxas
+from kaio_ops._matmul_kernels import matmul_kernel
 from kaio_ops.matmul import CONFIGS, Plan, heuristic, run, specializations
 from tests.harness import covering
 from tests.launches import launched
@@ -114,6 +115,30 @@ def test_decode_rows_take_linears_gemm_in_simulator(op, m, n, k, monkeypatch):
 
 
 @pytest.mark.parametrize(
+    "op, m, n, k",
+    [("matmul_tc", 130, 136, 200), ("matmul_tc_bf16_async", 4, 64, 512)],
+)
+def test_sm90_runs_the_gemm_planner_in_simulator(op, m, n, k, monkeypatch):
+    """On sm_90 (stood in for: ``_hopper``, the Hopper kernels' operand check, 132 SMs) the
+    ops are ``kaio_ops.matmul`` with f32 output: the kernels its planner picks (the Hopper
+    GEMM at 130 rows, a skinny kernel at 4), the same bits, right against float64."""
+    linear_mod = importlib.import_module("kaio_ops.linear")
+    monkeypatch.setattr(importlib.import_module("kaio_ops.matmul"), "_hopper", lambda a: True)
+    monkeypatch.setattr(linear_mod, "hopper_takes", lambda *args: True)
+    monkeypatch.setattr(kaio_ops._arrays, "multiprocessors", lambda like: 132)
+    fn, dtype, _ = OPS[op]
+    a, b = _inputs(np.random.default_rng(m + k), m, n, k, dtype)
+    kernels = launched(monkeypatch)
+    with kaio.simulate():
+        c = fn(a, b)
+        ours = list(kernels)
+        planned = kaio_ops.matmul(a, b, out_dtype=np.float32)
+    assert ours == kernels[len(ours) :] and matmul_kernel not in ours
+    assert np.array_equal(c, planned)
+    assert _rel_error(c, a, b) < 1e-5
+
+
+@pytest.mark.parametrize(
     "args, message",
     [
         (((4, 8), np.float32, (8, 4), np.float16), "'a' must be a 2-D array \\[M, K\\] of f16"),
@@ -170,8 +195,9 @@ def _torch_inputs(m, n, k, dtype, seed=0):
 @pytest.mark.parametrize("op", sorted(OPS))
 @pytest.mark.parametrize(
     "m, n, k",
-    [(1024, 1024, 1024), (1, 4096, 4096), (16, 4096, 4096), (1000, 1030, 777), (5, 1000, 3000)],
-)
+    [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (1, 4096, 4096), (16, 4096, 4096),
+     (1000, 1030, 777), (5, 1000, 3000)],
+)  # fmt: skip
 def test_gpu_against_float64_and_deterministic(op, m, n, k):
     import torch
 
