@@ -380,7 +380,38 @@ def flash_bwd_dq(
     scale_log2: f32, scale: f32, causal: u32, vec: u32,
     DP: kaio.constexpr, C: kaio.constexpr,
 ):  # fmt: skip
-    """dQ of one 64-row query tile: over the key tiles (16C keys) it sees, recompute
+    """dQ of query tile ``dq_tile`` x (block x, heaviest causal tiles first)."""
+    dq_tile(q, k, v, do, lse, delta, dq, scale_log2, scale, causal, vec,
+            kaio.grid_dim_x() - 1 - kaio.block_idx_x(), DP, C)  # fmt: skip
+
+
+@kaio.gpu_kernel(block_size=NT)
+def flash_bwd(
+    q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
+    dq: f32[:, :], dk: f32[:, :], dv: f32[:, :],
+    scale_log2: f32, scale: f32, causal: u32, vec: u32,
+    DP: kaio.constexpr, C: kaio.constexpr,
+):  # fmt: skip
+    """The whole backward in one launch: blocks 0 .. n - 1 (n = the 64-row key tiles) each
+    the ``dkdv_tile`` of key tile x, the others the ``dq_tile`` of a query tile (heaviest
+    causal tiles first), so that both kinds share the GPU."""
+    nk = (u32(k.shape[0]) + ROWS - 1) // ROWS
+    x = kaio.block_idx_x()
+    if x < nk:
+        dkdv_tile(q, k, v, do, lse, delta, dk, dv, scale_log2, scale, causal, vec, x, DP, C)
+    else:
+        dq_tile(q, k, v, do, lse, delta, dq, scale_log2, scale, causal, vec,
+                kaio.grid_dim_x() - 1 - x, DP, C)  # fmt: skip
+
+
+@kaio.gpu_func
+def dq_tile(
+    q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
+    dq: f32[:, :],
+    scale_log2: f32, scale: f32, causal: u32, vec: u32, x: u32,
+    DP: kaio.constexpr, C: kaio.constexpr,
+):  # fmt: skip
+    """dQ of 64-row query tile x: over the key tiles (16C keys) it sees, recompute
     P = exp2(S * scale_log2 - lse2) and dP = dO V^T, then dS = P * (dP - delta) and
     dQ += dS K; finally dQ *= scale. No atomics: deterministic."""
     W = DP + 4
@@ -388,7 +419,7 @@ def flash_bwd_dq(
     Sq = u32(q.shape[0])
     Sk = u32(k.shape[0])
     tid, ty, tx = thread_grid()
-    q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * ROWS
+    q0 = x * ROWS
     q_s = kaio.shared_dynamic(f32, (ROWS, W), 0)
     do_s = kaio.shared_dynamic(f32, (ROWS, W), ROWS * W * 4)
     k_s = kaio.shared_dynamic(f32, (KT, W), 2 * ROWS * W * 4)
@@ -434,7 +465,19 @@ def flash_bwd_dkdv(
     scale_log2: f32, scale: f32, causal: u32, vec: u32,
     DP: kaio.constexpr, C: kaio.constexpr,
 ):  # fmt: skip
-    """dK and dV of one 64-row key tile: over the query tiles (16C queries) that see it,
+    """dK and dV of key tile ``dkdv_tile`` x (block x)."""
+    dkdv_tile(q, k, v, do, lse, delta, dk, dv, scale_log2, scale, causal, vec,
+              kaio.block_idx_x(), DP, C)  # fmt: skip
+
+
+@kaio.gpu_func
+def dkdv_tile(
+    q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
+    dk: f32[:, :], dv: f32[:, :],
+    scale_log2: f32, scale: f32, causal: u32, vec: u32, x: u32,
+    DP: kaio.constexpr, C: kaio.constexpr,
+):  # fmt: skip
+    """dK and dV of 64-row key tile x: over the query tiles (16C queries) that see it,
     recompute P^T = exp2(K Q^T * scale_log2 - lse2) and dP^T = V dO^T, then dV += P^T dO and
     dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dK *= scale."""
     W = DP + 4
@@ -442,7 +485,7 @@ def flash_bwd_dkdv(
     Sq = u32(q.shape[0])
     Sk = u32(k.shape[0])
     tid, ty, tx = thread_grid()
-    k0 = kaio.block_idx_x() * ROWS  # causal: the first key tiles see the most queries
+    k0 = x * ROWS  # causal: the first key tiles see the most queries
     k_s = kaio.shared_dynamic(f32, (ROWS, W), 0)
     v_s = kaio.shared_dynamic(f32, (ROWS, W), ROWS * W * 4)
     q_s = kaio.shared_dynamic(f32, (QT, W), 2 * ROWS * W * 4)

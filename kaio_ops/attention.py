@@ -154,6 +154,12 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
     tiles = -(-s // simt.ROWS)
     tc.row_dot[-(-s // 8), 256, stream, 0](oa.arg(s * d), da.arg(s * d), delta, s, d, DT=f32)
     flags = (scale_log2, scale, causal, vec)
+    if F32_ONE_LAUNCH:
+        smem = max(simt.dq_shared_bytes(dp, c), simt.dkdv_shared_bytes(dp, c))
+        simt.flash_bwd[2 * tiles, simt.NT, stream, smem](
+            q, k, v, do, lse, delta, dq, dk, dv, *flags, DP=dp, C=c
+        )
+        return dq, dk, dv
     simt.flash_bwd_dq[tiles, simt.NT, stream, simt.dq_shared_bytes(dp, c)](
         q, k, v, do, lse, delta, dq, *flags, DP=dp, C=c
     )
@@ -161,6 +167,10 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
         q, k, v, do, lse, delta, dk, dv, *flags, DP=dp, C=c
     )
     return dq, dk, dv
+
+
+# The f32 backward's dQ and dK/dV blocks in one launch (``simt.flash_bwd``), else two.
+F32_ONE_LAUNCH = 1
 
 
 @planned("do", "q", "k", "v", "o", "lse")
@@ -446,6 +456,7 @@ def shipped():
         yield simt.flash_fwd, {"DP": dp}
         yield simt.flash_bwd_dq, {"DP": dp, "C": simt.bwd_cols(dp)}
         yield simt.flash_bwd_dkdv, {"DP": dp, "C": simt.bwd_cols(dp)}
+        yield simt.flash_bwd, {"DP": dp, "C": simt.bwd_cols(dp)}
     yield simt.combine_splits, {}
     for dp in TC_DIMS:
         for vec in (False, True):  # attention_tc: any D
