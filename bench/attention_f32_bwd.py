@@ -12,6 +12,7 @@ short for ``F32_ONE_LAUNCH=0`` / ``=1``.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -96,9 +97,7 @@ def main() -> None:
         for d in map(int, a.dims.split(",")):
             for causal in (bool(int(c)) for c in a.causal.split(",")):
                 gen = torch.Generator(device="cuda").manual_seed(s + d)
-                q, k, v, do = (
-                    torch.randn(s, d, device="cuda", generator=gen) for _ in range(4)
-                )
+                q, k, v, do = (torch.randn(s, d, device="cuda", generator=gen) for _ in range(4))
                 o, lse = kaio_ops.attention_flash_with_stats(q, k, v, causal=causal)
                 ref = reference(q, k, v, do, causal)
                 fns = {"SDPA efficient": sdpa_backward(q, k, v, do, causal)}
@@ -113,7 +112,7 @@ def main() -> None:
                     errs[name] = error(first, ref)
                     if not same:
                         errs[name] = f"{errs[name]:.2e} NOT DETERMINISTIC"
-                    fns[name] = lambda run=run: run(do, q, k, v, o, lse, causal)
+                    fns[name] = functools.partial(run, do, q, k, v, o, lse, causal)
                 if a.rotate:
                     ms = time_rotated(fns, a.rounds)
                 else:
