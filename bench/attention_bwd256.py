@@ -5,7 +5,9 @@ with CUDA events. TFLOP/s at 2.5x the forward's 4 B H Sq Sk D (halved when causa
 Usage: ``python bench/attention_bwd256.py [--dtypes float16,bfloat16] [--seqs 1024,4096,16384]
 [--variants shipped,mma.sync,pair,fused] [--out FILE.json] [--check]``: H 16 at S 1024 (B
 16), 4096 (B 4), 16384 (B 1); ``--check`` compares each variant's gradients with SDPA's
-first (the largest difference over the largest of SDPA's). ``--tiny pair,fused``: each
+first (the largest difference over the largest of SDPA's), with its own on a second call and
+with the first variant's (``_bits``: the same bits), and gives the call's peak of transient
+memory (``_peak_gib``: its outputs and workspace). ``--tiny pair,fused``: each
 schedule once at small sizes against float64 (for compute-sanitizer; with ``--dtypes`` and
 ``--causal``; ``varlen``: the varlen backward). ``--varlen 4k,1k [--impls
 hopper,hopper:bm64,mma.sync,padded,sdpa,dispatched] [--check]``: the varlen backward at D 256
@@ -520,13 +522,23 @@ def table_rows(a, rows: list, save) -> None:
                 want = ref() if a.check else None
                 fns = {"sdpa": ref}
                 row = dict(gpu=gpu, dtype=dtype, d=d, b=b, h=h, s=s, causal=causal)
+                first_got = None
                 for name in a.variants.split(","):
                     fn = variant(name)
                     if want is not None:
+                        torch.cuda.synchronize()
+                        held = torch.cuda.memory_allocated()
+                        torch.cuda.reset_peak_memory_stats()
                         got = fn(do, q, k, v, o, lse, causal)
+                        torch.cuda.synchronize()  # the call's transient bytes (workspace)
+                        row[f"{name}_peak_gib"] = (torch.cuda.max_memory_allocated() - held) / 2**30
                         errs = [float((g.float() - w.float()).abs().max() / w.float().abs().max())
                                 for g, w in zip(got, want, strict=True)]  # fmt: skip
                         row[f"{name}_err"] = max(errs)
+                        again = fn(do, q, k, v, o, lse, causal)
+                        first_got = first_got or got  # the same bits as the first variant's
+                        row[f"{name}_bits"] = all(torch.equal(x, y) for x, y in zip(
+                            (*got, *got), (*again, *first_got), strict=True))  # fmt: skip
                     args = (do, q, k, v, o, lse, causal)
                     fns[name] = lambda fn=fn, args=args: fn(*args)
                 if ROTATE:  # SDPA and the variants in turn, the order rotated each round

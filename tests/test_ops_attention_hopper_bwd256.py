@@ -60,14 +60,24 @@ def run_sim(b, h, hkv, sq, sk, dtype, causal, cfg=None):
         (1, 1, 1, 192, 256, False, "ds"),
         # in chunks of one K/V head (DS_BYTES: each chunk's tiles from the workspace's start)
         (2, 2, 1, 128, 128, True, "ds chunks"),
+        # causal, the workspace bound at the triangle's 10 tiles (of the 12 a dense layout
+        # has): rows of 2 and then 3 key blocks (the last 128-query tile's whole row)
+        (1, 1, 1, 192, 192, True, "ds triangle"),
     ],
 )
 def test_backward_d256_in_simulator(b, h, hkv, sq, sk, causal, dq, monkeypatch):
     cfg = {"DQ": 0, "DS": 1} if str(dq).startswith("ds") else {"DQ": dq, "DS": 0}
     if dq == "ds chunks":  # a K/V head's dS^T: its 2 query heads' 2 x 2 tiles of 64 x 64
         monkeypatch.setattr(bwd256, "DS_BYTES", 2 * 2 * 2 * 64 * 64 * 2)
+    taken = []
+    if dq == "ds triangle":
+        assert bwd256.ds_head_tiles(2, 3, 1) == 10 and bwd256.ds_head_tiles(2, 3, 0) == 12
+        monkeypatch.setattr(bwd256, "DS_BYTES", 10 * 64 * 64 * 2)
+        dq_from_ds = bwd256.dq_from_ds
+        monkeypatch.setattr(bwd256, "dq_from_ds", lambda *a: taken.append(dq_from_ds(*a)))
     grads = run_sim(b, h, hkv, sq, sk, np.float16, causal, {"dkdv": cfg})
     check_grads(*grads, np.float16)
+    assert len(taken) == (dq == "ds triangle")
 
 
 def test_ds_keeps_to_its_workspace_bound(monkeypatch):
