@@ -1370,9 +1370,9 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
                  None if ws is None else _arrays.output_arg(da, ws, (ws_size(ws),)), layout,
                  y0)  # fmt: skip
 
-    if ds:  # in chunks of K/V heads whose dS^T fit DS_BYTES
+    if ds:  # in the fewest chunks of K/V heads whose dS^T fit DS_BYTES, as even as can be
         kv_heads = bh // group
-        chunk = min(kv_heads, DS_BYTES // head_bytes)
+        chunk = -(-kv_heads // -(-kv_heads // (DS_BYTES // head_bytes)))
         ws = _arrays.output(da, (chunk * group * layout[0] * 64 * 64,))
         for y0 in range(0, kv_heads, chunk):
             n = min(chunk, kv_heads - y0)
