@@ -5,8 +5,8 @@ TFLOP/s at 2.5x the forward's 4 S S D (halved when causal), as bench/attention.p
 
 Usage: ``python bench/attention_f32_bwd.py [--seqs 4096] [--dims 128] [--causal 0,1]
 [--variants shipped,two,one] [--rotate --rounds N]``. ``NAME=N[+NAME=N]``: the op with
-``kaio_ops.attention``'s module constants set (``F32_ONE_LAUNCH=0``); ``two`` / ``one`` are
-short for ``F32_ONE_LAUNCH=0`` / ``=1``.
+``kaio_ops.attention``'s module constants set (``F32_SCHEDULE=0``); ``two``, ``one``,
+``shares`` are short for ``F32_SCHEDULE=0``, ``=1``, ``=2``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.attention_bwd256 import time_rotated  # noqa: E402
 from bench.attention_hopper import time_calls  # noqa: E402
 
-SHORT = {"two": "F32_ONE_LAUNCH=0", "one": "F32_ONE_LAUNCH=1"}
+SHORT = {"two": "F32_SCHEDULE=0", "one": "F32_SCHEDULE=1", "shares": "F32_SCHEDULE=2"}
 
 
 def variant(name: str):

@@ -22,7 +22,7 @@ Scores are kept in the log2 domain: ``s2 = (q . k) * scale * log2(e)``, probabil
 from __future__ import annotations
 
 import kaio
-from kaio import f32, u32
+from kaio import f32, i32, u32
 from kaio_ops._common import lanes_max, lanes_sum, store_cols, thread_element
 
 NT = 256  # threads per block
@@ -373,6 +373,26 @@ def start_tiles(
     next_tiles(x_s, y_s, x, y, row0, vec, R, DP)
 
 
+@kaio.gpu_func
+def dq_tiles(x: u32, sk: u32, causal: u32, C: kaio.constexpr) -> u32:
+    """The 16C-key tiles that 64-row query tile x sees (causal: up to its last row).
+    (Plain arithmetic: the host plans with it too, ``bwd_items``.)"""
+    n = (sk + 16 * C - 1) // (16 * C)
+    if causal != 0:
+        n = min(n, (x * ROWS + ROWS + 16 * C - 1) // (16 * C))
+    return n
+
+
+@kaio.gpu_func
+def dkdv_first(x: u32, causal: u32, C: kaio.constexpr) -> u32:
+    """The first 16C-query tile that sees 64-row key tile x (causal: the queries before its
+    first key see none of it), 0 without the mask. (The host plans with it too.)"""
+    first = u32(0)
+    if causal != 0:
+        first = x * ROWS // (16 * C)
+    return first
+
+
 @kaio.gpu_kernel(block_size=NT)
 def flash_bwd_dq(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
@@ -380,9 +400,26 @@ def flash_bwd_dq(
     scale_log2: f32, scale: f32, causal: u32, vec: u32,
     DP: kaio.constexpr, C: kaio.constexpr,
 ):  # fmt: skip
-    """dQ of query tile ``dq_tile`` x (block x, heaviest causal tiles first)."""
-    dq_tile(q, k, v, do, lse, delta, dq, scale_log2, scale, causal, vec,
-            kaio.grid_dim_x() - 1 - kaio.block_idx_x(), DP, C)  # fmt: skip
+    """dQ of query tile x (block x counted from the last: the heaviest causal tiles first)
+    over all the key tiles it sees (``dq_tile``)."""
+    x = kaio.grid_dim_x() - 1 - kaio.block_idx_x()
+    dq_tile(q, k, v, do, lse, delta, dq, scale_log2, causal, vec, x, 0,
+            dq_tiles(x, u32(k.shape[0]), causal, C), x * ROWS, scale, DP, C)  # fmt: skip
+
+
+@kaio.gpu_kernel(block_size=NT)
+def flash_bwd_dkdv(
+    q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
+    dk: f32[:, :], dv: f32[:, :],
+    scale_log2: f32, scale: f32, causal: u32, vec: u32,
+    DP: kaio.constexpr, C: kaio.constexpr,
+):  # fmt: skip
+    """dK and dV of key tile x (block x: causal, the first key tiles see the most queries)
+    over all the query tiles that see it (``dkdv_tile``)."""
+    x = kaio.block_idx_x()
+    dkdv_tile(q, k, v, do, lse, delta, dk, dv, scale_log2, causal, vec, x,
+              dkdv_first(x, causal, C), (u32(q.shape[0]) + 16 * C - 1) // (16 * C), x * ROWS,
+              x * ROWS, scale, DP, C)  # fmt: skip
 
 
 @kaio.gpu_kernel(block_size=NT)
@@ -393,27 +430,87 @@ def flash_bwd(
     DP: kaio.constexpr, C: kaio.constexpr,
 ):  # fmt: skip
     """The whole backward in one launch: blocks 0 .. n - 1 (n = the 64-row key tiles) each
-    the ``dkdv_tile`` of key tile x, the others the ``dq_tile`` of a query tile (heaviest
-    causal tiles first), so that both kinds share the GPU."""
+    the dK and dV of key tile x, the others the dQ of a query tile (heaviest causal tiles
+    first), so that both kinds share the GPU."""
+    Sq = u32(q.shape[0])
     nk = (u32(k.shape[0]) + ROWS - 1) // ROWS
     x = kaio.block_idx_x()
     if x < nk:
-        dkdv_tile(q, k, v, do, lse, delta, dk, dv, scale_log2, scale, causal, vec, x, DP, C)
+        dkdv_tile(q, k, v, do, lse, delta, dk, dv, scale_log2, causal, vec, x,
+                  dkdv_first(x, causal, C), (Sq + 16 * C - 1) // (16 * C), x * ROWS, x * ROWS,
+                  scale, DP, C)  # fmt: skip
     else:
-        dq_tile(q, k, v, do, lse, delta, dq, scale_log2, scale, causal, vec,
-                kaio.grid_dim_x() - 1 - x, DP, C)  # fmt: skip
+        y = kaio.grid_dim_x() - 1 - x
+        dq_tile(q, k, v, do, lse, delta, dq, scale_log2, causal, vec, y, 0,
+                dq_tiles(y, u32(k.shape[0]), causal, C), y * ROWS, scale, DP, C)  # fmt: skip
+
+
+@kaio.gpu_kernel(block_size=NT)
+def flash_bwd_shares(
+    q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
+    items: i32[:, :], ws: f32[:, :],
+    scale_log2: f32, causal: u32, vec: u32, per_block: i32, dv_slots: i32,
+    DP: kaio.constexpr, C: kaio.constexpr,
+):  # fmt: skip
+    """Block x's share of the backward (``bwd_shares``: every block the same work): its
+    ``per_block`` items, rows x per_block .. of ``items``, each ``(kind, tile, t0, t1,
+    slot)`` (kind -1: none): kind 0 the dK and dV of 64-row key tile ``tile`` over the
+    16C-query tiles t0 .. t1 - 1, into the 64-row slots ``slot`` and ``slot + dv_slots`` of
+    the workspace ``ws``; kind 1 the dQ of query tile ``tile`` over key tiles t0 .. t1 - 1
+    into slot ``slot``. Unscaled: ``add_pieces`` sums each tile's pieces in order."""
+    for j in range(per_block):
+        at = i32(kaio.block_idx_x()) * per_block + j
+        kind = items[at, 0]
+        tile = u32(items[at, 1])
+        t0 = u32(items[at, 2])
+        t1 = u32(items[at, 3])
+        slot = u32(items[at, 4])
+        kaio.sync_threads()  # the last item's shared tiles are free
+        if kind == 0:
+            dkdv_tile(q, k, v, do, lse, delta, ws, ws, scale_log2, causal, vec, tile, t0, t1,
+                      slot * ROWS, (slot + u32(dv_slots)) * ROWS, 1.0, DP, C)  # fmt: skip
+        elif kind == 1:
+            dq_tile(q, k, v, do, lse, delta, ws, scale_log2, causal, vec, tile, t0, t1,
+                    slot * ROWS, 1.0, DP, C)  # fmt: skip
+
+
+@kaio.gpu_kernel(block_size=256)
+def add_pieces(
+    ws: f32[:, :], starts: i32[:], dq: f32[:, :], dk: f32[:, :], dv: f32[:, :],
+    dv_slots: i32, scale: f32,
+):  # fmt: skip
+    """dq (block row y 0), dk (1), dv (2) = the sum of their 64-row tile's pieces in
+    ``flash_bwd_items``' workspace, in order (deterministic), times scale (dv: 1). A query
+    tile's slots are ``starts[tile] .. starts[tile + 1] - 1``, a key tile's dK slots
+    ``starts[n + 1 + tile]`` .. (n tiles), its dV's ``dv_slots`` further. One thread per
+    element of the [S, D] outputs."""
+    S = u32(dq.shape[0])
+    inside, row, col = thread_element(S, u32(dq.shape[1]))
+    which = kaio.block_idx_y()
+    if inside:
+        at = row // ROWS + kaio.select(which == 0, 0, (S + ROWS - 1) // ROWS + 1)
+        shift = kaio.select(which == 2, dv_slots, 0)
+        total = 0.0
+        for slot in range(starts[at], starts[at + 1]):
+            total += ws[u32(slot + shift) * ROWS + row % ROWS, col]
+        if which == 0:
+            dq[row, col] = total * scale
+        elif which == 1:
+            dk[row, col] = total * scale
+        else:
+            dv[row, col] = total
 
 
 @kaio.gpu_func
 def dq_tile(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
-    dq: f32[:, :],
-    scale_log2: f32, scale: f32, causal: u32, vec: u32, x: u32,
-    DP: kaio.constexpr, C: kaio.constexpr,
+    out: f32[:, :], scale_log2: f32, causal: u32, vec: u32, x: u32, t0: u32, t1: u32,
+    row0: u32, factor: f32, DP: kaio.constexpr, C: kaio.constexpr,
 ):  # fmt: skip
-    """dQ of 64-row query tile x: over the key tiles (16C keys) it sees, recompute
+    """dQ of 64-row query tile x over key tiles (16C keys) t0 .. t1 - 1: recompute
     P = exp2(S * scale_log2 - lse2) and dP = dO V^T, then dS = P * (dP - delta) and
-    dQ += dS K; finally dQ *= scale. No atomics: deterministic."""
+    dQ += dS K; finally out[row0 + i] = factor dQ[i] for the tile's rows i below Sq. No
+    atomics: deterministic."""
     W = DP + 4
     KT = 16 * C
     Sq = u32(q.shape[0])
@@ -433,14 +530,11 @@ def dq_tile(
         l2, dl = row_stats(lse, delta, q0 + 4 * ty + r, Sq)
         lse2[r] = l2
         dlt[r] = dl
-    n_tiles = (Sk + KT - 1) // KT
-    if causal != 0:
-        n_tiles = kaio.min(n_tiles, (q0 + ROWS + KT - 1) // KT)
     acc = kaio.local(f32, (4, DP // 64, 4))
     zero_acc(acc, DP)
     s = kaio.local(f32, (4, C))
     dp = kaio.local(f32, (4, C))
-    for t in range(n_tiles):
+    for t in range(t0, t1):
         next_tiles(k_s, v_s, k, v, t * KT, vec, KT, DP)  # (ds_s is free too)
         dot_pair(s, dp, q_s, k_s, do_s, v_s, ty, tx, DP, C)
         for r in kaio.static_range(4):
@@ -453,39 +547,26 @@ def dq_tile(
         kaio.sync_threads()
         acc_tile(acc, ds_s, k_s, ty, tx, KT, DP)
     for r in kaio.static_range(4):
-        row = q0 + 4 * ty + r
-        if row < Sq:
-            store_rows(dq, 0, acc, r, row, scale, tx, vec, DP)
-
-
-@kaio.gpu_kernel(block_size=NT)
-def flash_bwd_dkdv(
-    q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
-    dk: f32[:, :], dv: f32[:, :],
-    scale_log2: f32, scale: f32, causal: u32, vec: u32,
-    DP: kaio.constexpr, C: kaio.constexpr,
-):  # fmt: skip
-    """dK and dV of key tile ``dkdv_tile`` x (block x)."""
-    dkdv_tile(q, k, v, do, lse, delta, dk, dv, scale_log2, scale, causal, vec,
-              kaio.block_idx_x(), DP, C)  # fmt: skip
+        if q0 + 4 * ty + r < Sq:
+            store_rows(out, row0, acc, r, 4 * ty + r, factor, tx, vec, DP)
 
 
 @kaio.gpu_func
 def dkdv_tile(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
-    dk: f32[:, :], dv: f32[:, :],
-    scale_log2: f32, scale: f32, causal: u32, vec: u32, x: u32,
-    DP: kaio.constexpr, C: kaio.constexpr,
+    dk: f32[:, :], dv: f32[:, :], scale_log2: f32, causal: u32, vec: u32, x: u32, t0: u32,
+    t1: u32, dk_row0: u32, dv_row0: u32, factor: f32, DP: kaio.constexpr, C: kaio.constexpr,
 ):  # fmt: skip
-    """dK and dV of 64-row key tile x: over the query tiles (16C queries) that see it,
+    """dK and dV of 64-row key tile x over query tiles (16C queries) t0 .. t1 - 1:
     recompute P^T = exp2(K Q^T * scale_log2 - lse2) and dP^T = V dO^T, then dV += P^T dO and
-    dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dK *= scale."""
+    dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dk[dk_row0 + i] = factor dK[i],
+    dv[dv_row0 + i] = dV[i] for the tile's rows i below Sk."""
     W = DP + 4
     QT = 16 * C
     Sq = u32(q.shape[0])
     Sk = u32(k.shape[0])
     tid, ty, tx = thread_grid()
-    k0 = x * ROWS  # causal: the first key tiles see the most queries
+    k0 = x * ROWS
     k_s = kaio.shared_dynamic(f32, (ROWS, W), 0)
     v_s = kaio.shared_dynamic(f32, (ROWS, W), ROWS * W * 4)
     q_s = kaio.shared_dynamic(f32, (QT, W), 2 * ROWS * W * 4)
@@ -496,10 +577,6 @@ def dkdv_tile(
     )
     start_tiles(k_s, v_s, q_s, do_s, k, v, k0, vec, ROWS, QT, W, DP)
 
-    first = u32(0)
-    if causal != 0:
-        first = k0 // QT  # queries before k0 see none of these keys
-    n_tiles = (Sq + QT - 1) // QT
     dk_acc = kaio.local(f32, (4, DP // 64, 4))
     dv_acc = kaio.local(f32, (4, DP // 64, 4))
     zero_acc(dk_acc, DP)
@@ -508,7 +585,7 @@ def dkdv_tile(
     dpt = kaio.local(f32, (4, C))
     lse2 = kaio.local(f32, C)
     dlt = kaio.local(f32, C)
-    for t in range(first, n_tiles):
+    for t in range(t0, t1):
         next_tiles(q_s, do_s, q, do, t * QT, vec, QT, DP)  # (pt_s, dst_s are free too)
         for c in kaio.static_range(C):
             l2, dl = row_stats(lse, delta, t * QT + tx + 16 * c, Sq)
@@ -526,7 +603,6 @@ def dkdv_tile(
         acc_tile(dv_acc, pt_s, do_s, ty, tx, QT, DP)
         acc_tile(dk_acc, dst_s, q_s, ty, tx, QT, DP)
     for r in kaio.static_range(4):
-        key = k0 + 4 * ty + r
-        if key < Sk:
-            store_rows(dk, 0, dk_acc, r, key, scale, tx, vec, DP)
-            store_rows(dv, 0, dv_acc, r, key, 1.0, tx, vec, DP)
+        if k0 + 4 * ty + r < Sk:
+            store_rows(dk, dk_row0, dk_acc, r, 4 * ty + r, factor, tx, vec, DP)
+            store_rows(dv, dv_row0, dv_acc, r, 4 * ty + r, 1.0, tx, vec, DP)

@@ -137,7 +137,7 @@ def attention_flash_with_stats(q, k, v, causal: bool = False):
 
 
 def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
-    """(dq, dk, dv) of f32 flash attention (FlashAttention-2 backward, two kernels)."""
+    """(dq, dk, dv) of f32 flash attention (FlashAttention-2's backward; ``F32_SCHEDULE``)."""
     inputs, (da, qa, ka, va, oa) = _check_f32(
         op, [(do, "do"), (q, "q"), (k, "k"), (v, "v"), (o, "o")]
     )
@@ -154,8 +154,23 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
     tiles = -(-s // simt.ROWS)
     tc.row_dot[-(-s // 8), 256, stream, 0](oa.arg(s * d), da.arg(s * d), delta, s, d, DT=f32)
     flags = (scale_log2, scale, causal, vec)
-    if F32_ONE_LAUNCH:
-        smem = max(simt.dq_shared_bytes(dp, c), simt.dkdv_shared_bytes(dp, c))
+    smem = max(simt.dq_shared_bytes(dp, c), simt.dkdv_shared_bytes(dp, c))
+    if F32_SCHEDULE == 2:
+        blocks = _arrays.multiprocessors(da)
+        key = ("f32 bwd", s, dp, bool(causal), blocks)
+        items, starts, per_block, dk_slots, slots = bwd_shares(s, dp, bool(causal), blocks)
+        items = hopper.planned_tiles(da, (*key, "items"), lambda: items)
+        starts = hopper.planned_tiles(da, (*key, "starts"), lambda: starts)
+        ws = _arrays.output(da, (slots * simt.ROWS, d), f32)
+        simt.flash_bwd_shares[len(items) // per_block, simt.NT, stream, smem](
+            q, k, v, do, lse, delta, items, ws, scale_log2, causal, vec, per_block, dk_slots,
+            DP=dp, C=c,
+        )  # fmt: skip
+        simt.add_pieces[(-(-s * d // 256), 3), 256, stream, 0](
+            ws, starts, dq, dk, dv, dk_slots, scale
+        )
+        return dq, dk, dv
+    if F32_SCHEDULE == 1:
         simt.flash_bwd[2 * tiles, simt.NT, stream, smem](
             q, k, v, do, lse, delta, dq, dk, dv, *flags, DP=dp, C=c
         )
@@ -169,8 +184,64 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
     return dq, dk, dv
 
 
-# The f32 backward's dQ and dK/dV blocks in one launch (``simt.flash_bwd``), else two.
-F32_ONE_LAUNCH = 1
+# The f32 backward's schedule: 0 a launch for dQ, then one for dK and dV; 1 both kinds of
+# blocks in one launch (``simt.flash_bwd``); 2 one block a multiprocessor, each the same
+# share of the work (``bwd_shares``, ``simt.flash_bwd_shares``), the pieces added after.
+F32_SCHEDULE = 2
+
+# The f32 backward's cost of a tile step (``bwd_shares``): dK and dV (4 products), dQ (3).
+F32_STEP_COST = (4, 3)
+
+
+def bwd_shares(s: int, dp: int, causal: bool, blocks: int) -> tuple:
+    """``simt.flash_bwd_shares``' plan for S = ``s``, padded head dim ``dp``: the steps of
+    the backward (each key tile's dK/dV over its query tiles, then each query tile's dQ over
+    its key tiles, ``F32_STEP_COST`` each) cut into ``blocks`` runs of equal cost, each run's
+    steps of one tile an item (kind, tile, t0, t1, slot). Returns (items int32 [blocks x
+    per_block, 5] (kind -1 pads), starts int32 [2 (tiles + 1)]: the slots of each query
+    tile's pieces, then of each key tile's dK pieces (its dV pieces ``dk_slots`` further),
+    per_block, dk_slots, the workspace's slots)."""
+    import numpy as np
+
+    c = simt.bwd_cols(dp)
+    inner = -(-s // (16 * c))
+    tiles = -(-s // simt.ROWS)
+    runs = [(0, x, simt.dkdv_first.__wrapped__(x, causal, c), inner) for x in range(tiles)]
+    runs += [(1, y, 0, simt.dq_tiles.__wrapped__(y, s, causal, c)) for y in range(tiles)]
+    total = sum((t1 - t0) * F32_STEP_COST[kind] for kind, _, t0, t1 in runs)
+    blocks = max(1, min(blocks, sum(t1 - t0 for _, _, t0, t1 in runs)))
+    share = [[] for _ in range(blocks)]
+    done = 0
+    for kind, tile, t0, t1 in runs:
+        for t in range(t0, t1):  # each step to the block whose share holds its middle
+            cost = F32_STEP_COST[kind]
+            b = min(blocks - 1, int((done + cost / 2) * blocks // total))
+            done += cost
+            if share[b] and share[b][-1][:2] == [kind, tile]:
+                share[b][-1][3] = t + 1
+            else:
+                share[b].append([kind, tile, t, t + 1, 0])
+    pieces = [[[] for _ in range(tiles)] for _ in range(2)]
+    for items in share:
+        for item in items:
+            pieces[item[0]][item[1]].append(item)
+    dk_slots = sum(len(p) for p in pieces[0])
+    starts = np.zeros(2 * (tiles + 1), np.int32)
+    slot = 2 * dk_slots  # the workspace: dK pieces, dV pieces, dQ pieces
+    for kind, at, first in ((1, 0, 2 * dk_slots), (0, tiles + 1, 0)):
+        slot = first
+        for tile in range(tiles):
+            starts[at + tile] = slot
+            for item in pieces[kind][tile]:
+                item[4] = slot
+                slot += 1
+        starts[at + tiles] = slot
+    per_block = max(len(items) for items in share)
+    table = np.full((blocks * per_block, 5), -1, np.int32)
+    for b, items in enumerate(share):
+        if items:  # (a share may be empty where a step costs more than a share)
+            table[b * per_block : b * per_block + len(items)] = items
+    return table, starts, per_block, dk_slots, 2 * dk_slots + sum(len(p) for p in pieces[1])
 
 
 @planned("do", "q", "k", "v", "o", "lse")
@@ -457,6 +528,8 @@ def shipped():
         yield simt.flash_bwd_dq, {"DP": dp, "C": simt.bwd_cols(dp)}
         yield simt.flash_bwd_dkdv, {"DP": dp, "C": simt.bwd_cols(dp)}
         yield simt.flash_bwd, {"DP": dp, "C": simt.bwd_cols(dp)}
+        yield simt.flash_bwd_shares, {"DP": dp, "C": simt.bwd_cols(dp)}
+    yield simt.add_pieces, {}
     yield simt.combine_splits, {}
     for dp in TC_DIMS:
         for vec in (False, True):  # attention_tc: any D

@@ -159,8 +159,19 @@ def test_attention_flash_bwd_against_finite_differences_in_simulator():
             assert rel(g, fd) < 1e-5, name
 
 
-@pytest.mark.parametrize("s, d, causal", [(70, 24, True), (5, 136, False)])  # DP 64, 256
-def test_attention_flash_bwd_in_simulator(s, d, causal):
+@pytest.mark.parametrize(
+    "s, d, causal, sms",
+    [
+        (70, 24, True, 132),  # DP 64
+        (5, 136, False, 132),  # DP 256
+        (70, 24, True, 5),  # shares of several items, tiles in pieces over blocks (bwd_shares)
+    ],
+)
+def test_attention_flash_bwd_in_simulator(s, d, causal, sms, monkeypatch):
+    monkeypatch.setattr(attention._arrays, "multiprocessors", lambda like: sms)
+    if sms == 5:  # (2 key tiles, 2 query tiles: more slots than tiles, each kind)
+        _, _, per_block, dk_slots, slots = attention.bwd_shares(s, 64, causal, sms)
+        assert per_block > 1 and dk_slots > 2 and slots - 2 * dk_slots > 2
     rng = np.random.default_rng(s + d)
     q, k, v, do = (randn(rng, (s, d)) for _ in range(4))
     bwd = kaio_ops.attention_flash_bwd_causal if causal else kaio_ops.attention_flash_bwd
