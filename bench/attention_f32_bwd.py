@@ -8,7 +8,7 @@ Usage: ``python bench/attention_f32_bwd.py [--seqs 4096] [--dims 128] [--causal 
 launches' kernels timed alone too (``dq kernel``, ``dkdv kernel``: what a step of each
 costs, for ``F32_STEP_COST``). ``NAME=N[+NAME=N]``: the op with
 ``kaio_ops.attention``'s module constants set (``F32_SCHEDULE=0``); ``two``, ``one``,
-``shares`` are short for ``F32_SCHEDULE=0``, ``=1``, ``=2``.
+``shares``, ``ds`` are short for ``F32_SCHEDULE=0`` .. ``=3``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.attention_bwd256 import time_rotated  # noqa: E402
 from bench.attention_hopper import time_calls  # noqa: E402
 
-SHORT = {"two": "F32_SCHEDULE=0", "one": "F32_SCHEDULE=1", "shares": "F32_SCHEDULE=2"}
+SHORT = {n: f"F32_SCHEDULE={i}" for i, n in enumerate(("two", "one", "shares", "ds"))}
 
 
 def variant(name: str):

@@ -417,9 +417,9 @@ def flash_bwd_dkdv(
     """dK and dV of key tile x (block x: causal, the first key tiles see the most queries)
     over all the query tiles that see it (``dkdv_tile``)."""
     x = kaio.block_idx_x()
-    dkdv_tile(q, k, v, do, lse, delta, dk, dv, scale_log2, causal, vec, x,
+    dkdv_tile(q, k, v, do, lse, delta, dk, dv, dk, scale_log2, causal, vec, x,
               dkdv_first(x, causal, C), (u32(q.shape[0]) + 16 * C - 1) // (16 * C), x * ROWS,
-              x * ROWS, scale, DP, C)  # fmt: skip
+              x * ROWS, scale, DP, C, 0)  # fmt: skip
 
 
 @kaio.gpu_kernel(block_size=NT)
@@ -436,9 +436,9 @@ def flash_bwd(
     nk = (u32(k.shape[0]) + ROWS - 1) // ROWS
     x = kaio.block_idx_x()
     if x < nk:
-        dkdv_tile(q, k, v, do, lse, delta, dk, dv, scale_log2, causal, vec, x,
+        dkdv_tile(q, k, v, do, lse, delta, dk, dv, dk, scale_log2, causal, vec, x,
                   dkdv_first(x, causal, C), (Sq + 16 * C - 1) // (16 * C), x * ROWS, x * ROWS,
-                  scale, DP, C)  # fmt: skip
+                  scale, DP, C, 0)  # fmt: skip
     else:
         y = kaio.grid_dim_x() - 1 - x
         dq_tile(q, k, v, do, lse, delta, dq, scale_log2, causal, vec, y, 0,
@@ -448,11 +448,12 @@ def flash_bwd(
 @kaio.gpu_kernel(block_size=NT)
 def flash_bwd_shares(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
-    items: i32[:, :], ws: f32[:, :],
+    items: i32[:, :], ws: f32[:, :], dsw: f32[:, :],
     scale_log2: f32, causal: u32, vec: u32, per_block: i32, dv_slots: i32,
-    DP: kaio.constexpr, C: kaio.constexpr,
+    DP: kaio.constexpr, C: kaio.constexpr, DS: kaio.constexpr,
 ):  # fmt: skip
-    """Block x's share of the backward (``bwd_shares``: every block the same work): its
+    """Block x's share of the backward (``bwd_shares``: every block the same work; ``DS``
+    1: of the dK/dV part, each dS tile also stored to ``dsw`` for ``flash_bwd_dq_ds``): its
     ``per_block`` items, rows x per_block .. of ``items``, each ``(kind, tile, t0, t1,
     slot)`` (kind -1: none): kind 0 the dK and dV of 64-row key tile ``tile`` over the
     16C-query tiles t0 .. t1 - 1, into the 64-row slots ``slot`` and ``slot + dv_slots`` of
@@ -467,8 +468,9 @@ def flash_bwd_shares(
         slot = u32(items[at, 4])
         kaio.sync_threads()  # the last item's shared tiles are free
         if kind == 0:
-            dkdv_tile(q, k, v, do, lse, delta, ws, ws, scale_log2, causal, vec, tile, t0, t1,
-                      slot * ROWS, (slot + u32(dv_slots)) * ROWS, 1.0, DP, C)  # fmt: skip
+            dkdv_tile(q, k, v, do, lse, delta, ws, ws, dsw, scale_log2, causal, vec, tile, t0,
+                      t1, slot * ROWS, (slot + u32(dv_slots)) * ROWS, 1.0, DP, C,
+                      DS)  # fmt: skip
         elif kind == 1:
             dq_tile(q, k, v, do, lse, delta, ws, scale_log2, causal, vec, tile, t0, t1,
                     slot * ROWS, 1.0, DP, C)  # fmt: skip
@@ -554,13 +556,15 @@ def dq_tile(
 @kaio.gpu_func
 def dkdv_tile(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
-    dk: f32[:, :], dv: f32[:, :], scale_log2: f32, causal: u32, vec: u32, x: u32, t0: u32,
-    t1: u32, dk_row0: u32, dv_row0: u32, factor: f32, DP: kaio.constexpr, C: kaio.constexpr,
+    dk: f32[:, :], dv: f32[:, :], dsw: f32[:, :], scale_log2: f32, causal: u32, vec: u32,
+    x: u32, t0: u32, t1: u32, dk_row0: u32, dv_row0: u32, factor: f32, DP: kaio.constexpr,
+    C: kaio.constexpr, DS: kaio.constexpr,
 ):  # fmt: skip
     """dK and dV of 64-row key tile x over query tiles (16C queries) t0 .. t1 - 1:
     recompute P^T = exp2(K Q^T * scale_log2 - lse2) and dP^T = V dO^T, then dV += P^T dO and
     dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dk[dk_row0 + i] = factor dK[i],
-    dv[dv_row0 + i] = dV[i] for the tile's rows i below Sk."""
+    dv[dv_row0 + i] = dV[i] for the tile's rows i below Sk. ``DS`` 1: each dS tile also
+    stored to ``dsw`` (``store_ds``)."""
     W = DP + 4
     QT = 16 * C
     Sq = u32(q.shape[0])
@@ -600,9 +604,72 @@ def dkdv_tile(
                 pt_s[4 * ty + r, tx + 16 * c] = p
                 dst_s[4 * ty + r, tx + 16 * c] = p * (dpt[r, c] - dlt[c])
         kaio.sync_threads()
+        if DS:
+            store_ds(dsw, dst_s, t * QT, x, (Sq + ROWS - 1) // ROWS, causal, QT)
         acc_tile(dv_acc, pt_s, do_s, ty, tx, QT, DP)
         acc_tile(dk_acc, dst_s, q_s, ty, tx, QT, DP)
     for r in kaio.static_range(4):
         if k0 + 4 * ty + r < Sk:
             store_rows(dk, dk_row0, dk_acc, r, 4 * ty + r, factor, tx, vec, DP)
             store_rows(dv, dv_row0, dv_acc, r, 4 * ty + r, 1.0, tx, vec, DP)
+
+
+@kaio.gpu_func
+def ds_block(y: u32, x: u32, tiles: u32, causal: u32) -> u32:
+    """The 64 x 64 block of dS (query tile y, key tile x) in ``flash_bwd_dq_ds``' workspace:
+    row-major over the ``tiles`` x ``tiles`` blocks, causal only those with x <= y (the
+    lower triangle). (Plain arithmetic: the host sizes the workspace with it.)"""
+    return y * (y + 1) // 2 + x if causal != 0 else y * tiles + x
+
+
+@kaio.gpu_func
+def store_ds(
+    dsw: f32[:, :], dst_s: f32[:, :], q0: u32, x: u32, tiles: u32, causal: u32,
+    QT: kaio.constexpr,
+):  # fmt: skip
+    """dS of queries q0 .. q0 + QT - 1 and 64-row key tile x, from ``dkdv_tile``'s dS^T
+    tile ``dst_s`` [keys, queries], to its place in dS's block (``ds_block``): rows of 64
+    keys, one key a thread in turn (stores 256 bytes a row together)."""
+    row0 = ds_block(q0 // ROWS, x, tiles, causal) * ROWS + q0 % ROWS
+    tid = kaio.thread_idx_x()
+    for i in kaio.static_range(ROWS * QT // NT):
+        e = tid + i * NT
+        dsw[row0 + e // ROWS, e % ROWS] = dst_s[e % ROWS, e // ROWS]
+
+
+def dq_ds_shared_bytes(dp: int) -> int:
+    """Dynamic shared memory of ``flash_bwd_dq_ds``: a K tile, a dS tile."""
+    return ROWS * (dp + 4) * 4 + ROWS * (ROWS + 4) * 4
+
+
+@kaio.gpu_kernel(block_size=NT)
+def flash_bwd_dq_ds(
+    k: f32[:, :], dsw: f32[:, :], items: i32[:, :], ws: f32[:, :], causal: u32, vec: u32,
+    per_block: i32, DP: kaio.constexpr,
+):  # fmt: skip
+    """Block x's share of dQ = dS K (``bwd_shares``, from the dS that ``flash_bwd_shares``
+    stored with ``DS`` 1): its ``per_block`` items, rows x per_block .. of ``items``, each
+    ``(1, tile, t0, t1, slot)`` (kind -1: none): the dQ of 64-row query tile ``tile`` over
+    64-row key tiles t0 .. t1 - 1 into the 64-row slot ``slot`` of ``ws``, unscaled (a
+    plain product: one a tile instead of three)."""
+    W = DP + 4
+    tiles = (u32(k.shape[0]) + ROWS - 1) // ROWS
+    tid, ty, tx = thread_grid()
+    k_s = kaio.shared_dynamic(f32, (ROWS, W), 0)
+    ds_s = kaio.shared_dynamic(f32, (ROWS, ROWS + 4), ROWS * W * 4)
+    zero_tile(k_s, ROWS, W)
+    acc = kaio.local(f32, (4, DP // 64, 4))
+    for j in range(per_block):
+        at = i32(kaio.block_idx_x()) * per_block + j
+        if items[at, 0] == 1:
+            y = u32(items[at, 1])
+            zero_acc(acc, DP)
+            for x in range(u32(items[at, 2]), u32(items[at, 3])):
+                kaio.sync_threads()  # done with the last tiles
+                load_rows(k_s, k, x * ROWS, vec, ROWS, DP)
+                load_rows(ds_s, dsw, ds_block(y, x, tiles, causal) * ROWS, 1, ROWS, ROWS)
+                kaio.cp_async_wait_all()
+                kaio.sync_threads()
+                acc_tile(acc, ds_s, k_s, ty, tx, ROWS, DP)
+            for r in kaio.static_range(4):
+                store_rows(ws, u32(items[at, 4]) * ROWS, acc, r, 4 * ty + r, 1.0, tx, vec, DP)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 from kaio.sim import active as simulating
 from kaio.types import bf16, f16, f32
@@ -155,21 +156,8 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
     tc.row_dot[-(-s // 8), 256, stream, 0](oa.arg(s * d), da.arg(s * d), delta, s, d, DT=f32)
     flags = (scale_log2, scale, causal, vec)
     smem = max(simt.dq_shared_bytes(dp, c), simt.dkdv_shared_bytes(dp, c))
-    if F32_SCHEDULE == 2:
-        blocks = _arrays.multiprocessors(da)
-        key = ("f32 bwd", s, dp, bool(causal), blocks)
-        items, starts, per_block, dk_slots, slots = bwd_shares(s, dp, bool(causal), blocks)
-        items = hopper.planned_tiles(da, (*key, "items"), lambda: items)
-        starts = hopper.planned_tiles(da, (*key, "starts"), lambda: starts)
-        ws = _arrays.output(da, (slots * simt.ROWS, d), f32)
-        simt.flash_bwd_shares[len(items) // per_block, simt.NT, stream, smem](
-            q, k, v, do, lse, delta, items, ws, scale_log2, causal, vec, per_block, dk_slots,
-            DP=dp, C=c,
-        )  # fmt: skip
-        simt.add_pieces[(-(-s * d // 256), 3), 256, stream, 0](
-            ws, starts, dq, dk, dv, dk_slots, scale
-        )
-        return dq, dk, dv
+    if F32_SCHEDULE >= 2:
+        return shares_backward((q, k, v, do), da, lse, delta, (dq, dk, dv), causal, vec, stream)
     if F32_SCHEDULE == 1:
         simt.flash_bwd[2 * tiles, simt.NT, stream, smem](
             q, k, v, do, lse, delta, dq, dk, dv, *flags, DP=dp, C=c
@@ -184,64 +172,144 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
     return dq, dk, dv
 
 
+def shares_backward(qkvdo: tuple, da, lse, delta, outs: tuple, causal: bool, vec: bool, stream):
+    """``F32_SCHEDULE`` 2 and 3 of ``flash_backward`` (its q, k, v, do, do's checked
+    operand ``da``, lse, delta, the outputs): one block a multiprocessor, each the same share
+    of the steps
+    (``bwd_shares``), then ``add_pieces``; with 3 (where dS fits ``F32_DS_BYTES``) the dQ
+    steps are a product of the dS that the dK/dV steps stored (``flash_bwd_dq_ds``)."""
+    s, d = da.shape
+    dp = simt.padded_dim(d)
+    c = simt.bwd_cols(dp)
+    scale = 1.0 / math.sqrt(d)
+    tiles = -(-s // simt.ROWS)
+    ds_rows = (simt.ds_block.__wrapped__(tiles - 1, tiles - 1, tiles, causal) + 1) * simt.ROWS
+    ds = F32_SCHEDULE == 3 and ds_rows * simt.ROWS * 4 <= F32_DS_BYTES
+    sms = _arrays.multiprocessors(da)
+    plan = bwd_shares(s, dp, bool(causal), sms, ds)
+    key = ("f32 bwd", s, dp, bool(causal), sms, ds)
+    starts = hopper.planned_tiles(da, (*key, "starts"), lambda: plan.starts)
+    tables = [hopper.planned_tiles(da, (*key, i), lambda t=t: t) for i, t in enumerate(plan.tables)]
+    ws = _arrays.output(da, (plan.slots * simt.ROWS, d), f32)
+    dsw = _arrays.output(da, (ds_rows if ds else 1, simt.ROWS), f32)
+    smem = max(simt.dq_shared_bytes(dp, c), simt.dkdv_shared_bytes(dp, c))
+    simt.flash_bwd_shares[len(tables[0]) // plan.per_block[0], simt.NT, stream, smem](
+        *qkvdo, lse, delta, tables[0], ws, dsw, math.log2(math.e) * scale, causal, vec,
+        plan.per_block[0], plan.dk_slots, DP=dp, C=c, DS=int(ds),
+    )  # fmt: skip
+    if ds:
+        simt.flash_bwd_dq_ds[len(tables[1]) // plan.per_block[1], simt.NT, stream,
+                             simt.dq_ds_shared_bytes(dp)](
+            qkvdo[1], dsw, tables[1], ws, causal, vec, plan.per_block[1], DP=dp
+        )  # fmt: skip
+    simt.add_pieces[(-(-s * d // 256), 3), 256, stream, 0](ws, starts, *outs, plan.dk_slots, scale)
+    return outs
+
+
 # The f32 backward's schedule: 0 a launch for dQ, then one for dK and dV; 1 both kinds of
 # blocks in one launch (``simt.flash_bwd``); 2 one block a multiprocessor, each the same
-# share of the work (``bwd_shares``, ``simt.flash_bwd_shares``), the pieces added after.
-F32_SCHEDULE = 2
+# share of the work (``bwd_shares``, ``simt.flash_bwd_shares``), the pieces added after;
+# 3 as 2, dQ from the dS that the dK/dV steps store (``simt.flash_bwd_dq_ds``).
+F32_SCHEDULE = 3
 
-# The f32 backward's cost of a tile step (``bwd_shares``): dK and dV (4 products), dQ (3).
-F32_STEP_COST = (4, 3)
+# The most bytes of dS that ``F32_SCHEDULE`` 3 stores (beyond: 2's dQ steps).
+F32_DS_BYTES = 1 << 30
+
+# The cost of a tile step (``bwd_shares``): dK and dV (4 products), dQ (3), dQ from dS (1).
+F32_STEP_COST = (4, 3, 1)
+
+# Blocks a multiprocessor of ``simt.flash_bwd_dq_ds`` (``bwd_shares``).
+DQ_DS_BLOCKS = 2
 
 
-def bwd_shares(s: int, dp: int, causal: bool, blocks: int) -> tuple:
-    """``simt.flash_bwd_shares``' plan for S = ``s``, padded head dim ``dp``: the steps of
-    the backward (each key tile's dK/dV over its query tiles, then each query tile's dQ over
-    its key tiles, ``F32_STEP_COST`` each) cut into ``blocks`` runs of equal cost, each run's
-    steps of one tile an item (kind, tile, t0, t1, slot). Returns (items int32 [blocks x
-    per_block, 5] (kind -1 pads), starts int32 [2 (tiles + 1)]: the slots of each query
-    tile's pieces, then of each key tile's dK pieces (its dV pieces ``dk_slots`` further),
-    per_block, dk_slots, the workspace's slots)."""
-    import numpy as np
+class Shares(NamedTuple):
+    """``bwd_shares``' plan: ``tables`` int32 [blocks x per_block, 5] of items (kind, tile,
+    t0, t1, slot; kind -1 pads) for ``flash_bwd_shares`` (and ``flash_bwd_dq_ds``),
+    ``per_block`` the items a block of each; ``starts`` int32 [2 (tiles + 1)]: the first
+    workspace slot of each query tile's dQ pieces, then of each key tile's dK pieces (its
+    dV pieces ``dk_slots`` further); ``slots`` in all."""
 
-    c = simt.bwd_cols(dp)
-    inner = -(-s // (16 * c))
-    tiles = -(-s // simt.ROWS)
-    runs = [(0, x, simt.dkdv_first.__wrapped__(x, causal, c), inner) for x in range(tiles)]
-    runs += [(1, y, 0, simt.dq_tiles.__wrapped__(y, s, causal, c)) for y in range(tiles)]
-    total = sum((t1 - t0) * F32_STEP_COST[kind] for kind, _, t0, t1 in runs)
-    blocks = max(1, min(blocks, sum(t1 - t0 for _, _, t0, t1 in runs)))
-    share = [[] for _ in range(blocks)]
+    tables: tuple
+    per_block: tuple
+    starts: object
+    dk_slots: int
+    slots: int
+
+
+def share_runs(runs: list, blocks: int) -> list:
+    """The items of each of ``blocks`` blocks (fewer where there are fewer steps) whose
+    shares of ``runs`` (kind, tile, t0, t1, cost of a step), their steps in order, cost the
+    same: each step to the block whose share holds its middle, a block's steps of one tile
+    one item [kind, tile, t0, t1, slot (0 for now)]."""
+    total = sum((t1 - t0) * cost for _, _, t0, t1, cost in runs)
+    share = [[] for _ in range(max(1, min(blocks, sum(t1 - t0 for _, _, t0, t1, _ in runs))))]
     done = 0
-    for kind, tile, t0, t1 in runs:
-        for t in range(t0, t1):  # each step to the block whose share holds its middle
-            cost = F32_STEP_COST[kind]
-            b = min(blocks - 1, int((done + cost / 2) * blocks // total))
+    for kind, tile, t0, t1, cost in runs:
+        for t in range(t0, t1):
+            b = min(len(share) - 1, int((done + cost / 2) * len(share) // total))
             done += cost
             if share[b] and share[b][-1][:2] == [kind, tile]:
                 share[b][-1][3] = t + 1
             else:
                 share[b].append([kind, tile, t, t + 1, 0])
+    return share
+
+
+def item_table(share: list) -> tuple:
+    """(int32 [blocks x per_block, 5], per_block): ``share_runs``' items, kind -1 pads."""
+    import numpy as np
+
+    per_block = max(len(items) for items in share)
+    table = np.full((len(share) * per_block, 5), -1, np.int32)
+    for b, items in enumerate(share):
+        if items:  # (a share may be empty where a step costs more than a share)
+            table[b * per_block : b * per_block + len(items)] = items
+    return table, per_block
+
+
+def bwd_shares(s: int, dp: int, causal: bool, blocks: int, ds: bool = False) -> Shares:
+    """The f32 backward's plan (``Shares``) for S = ``s``, padded head dim ``dp`` on
+    ``blocks`` multiprocessors: each key tile's dK/dV steps over its query tiles, then each
+    query tile's dQ steps over its key tiles (``F32_STEP_COST``), in equal shares
+    (``share_runs``); ``ds``: the dQ steps (from dS, a 64-key tile each) a second plan, of
+    ``DQ_DS_BLOCKS`` blocks a multiprocessor."""
+    import numpy as np
+
+    c = simt.bwd_cols(dp)
+    inner = -(-s // (16 * c))
+    tiles = -(-s // simt.ROWS)
+    dkdv = [(0, x, simt.dkdv_first.__wrapped__(x, causal, c), inner, F32_STEP_COST[0])
+            for x in range(tiles)]  # fmt: skip
+    if ds:
+        dq = [(1, y, 0, min(tiles, y + 1) if causal else tiles, F32_STEP_COST[2])
+              for y in range(tiles)]  # fmt: skip
+        shares = [share_runs(dkdv, blocks), share_runs(dq, DQ_DS_BLOCKS * blocks)]
+    else:
+        dq = [(1, y, 0, simt.dq_tiles.__wrapped__(y, s, causal, c), F32_STEP_COST[1])
+              for y in range(tiles)]  # fmt: skip
+        shares = [share_runs(dkdv + dq, blocks)]
     pieces = [[[] for _ in range(tiles)] for _ in range(2)]
-    for items in share:
-        for item in items:
-            pieces[item[0]][item[1]].append(item)
+    for share in shares:
+        for items in share:
+            for item in items:
+                pieces[item[0]][item[1]].append(item)
     dk_slots = sum(len(p) for p in pieces[0])
     starts = np.zeros(2 * (tiles + 1), np.int32)
-    slot = 2 * dk_slots  # the workspace: dK pieces, dV pieces, dQ pieces
-    for kind, at, first in ((1, 0, 2 * dk_slots), (0, tiles + 1, 0)):
-        slot = first
+    for kind, at, slot in ((1, 0, 2 * dk_slots), (0, tiles + 1, 0)):  # [dK | dV | dQ]
         for tile in range(tiles):
             starts[at + tile] = slot
             for item in pieces[kind][tile]:
                 item[4] = slot
                 slot += 1
         starts[at + tiles] = slot
-    per_block = max(len(items) for items in share)
-    table = np.full((blocks * per_block, 5), -1, np.int32)
-    for b, items in enumerate(share):
-        if items:  # (a share may be empty where a step costs more than a share)
-            table[b * per_block : b * per_block + len(items)] = items
-    return table, starts, per_block, dk_slots, 2 * dk_slots + sum(len(p) for p in pieces[1])
+    tables = [item_table(share) for share in shares]
+    return Shares(
+        tuple(t for t, _ in tables),
+        tuple(n for _, n in tables),
+        starts,
+        dk_slots,
+        2 * dk_slots + sum(len(p) for p in pieces[1]),
+    )
 
 
 @planned("do", "q", "k", "v", "o", "lse")
@@ -528,7 +596,9 @@ def shipped():
         yield simt.flash_bwd_dq, {"DP": dp, "C": simt.bwd_cols(dp)}
         yield simt.flash_bwd_dkdv, {"DP": dp, "C": simt.bwd_cols(dp)}
         yield simt.flash_bwd, {"DP": dp, "C": simt.bwd_cols(dp)}
-        yield simt.flash_bwd_shares, {"DP": dp, "C": simt.bwd_cols(dp)}
+        for ds in (0, 1):
+            yield simt.flash_bwd_shares, {"DP": dp, "C": simt.bwd_cols(dp), "DS": ds}
+        yield simt.flash_bwd_dq_ds, {"DP": dp}
     yield simt.add_pieces, {}
     yield simt.combine_splits, {}
     for dp in TC_DIMS:

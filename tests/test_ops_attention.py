@@ -160,18 +160,23 @@ def test_attention_flash_bwd_against_finite_differences_in_simulator():
 
 
 @pytest.mark.parametrize(
-    "s, d, causal, sms",
+    "s, d, causal, sms, schedule",
     [
-        (70, 24, True, 132),  # DP 64
-        (5, 136, False, 132),  # DP 256
-        (70, 24, True, 5),  # shares of several items, tiles in pieces over blocks (bwd_shares)
+        (70, 24, True, 132, 3),  # DP 64, dS stored (a triangle of blocks)
+        (5, 136, False, 132, 3),  # DP 256
+        # shares of several items, tiles in pieces over blocks (bwd_shares); dQ recomputed
+        (70, 24, True, 5, 2),
+        (130, 24, False, 2, 3),  # the same in both plans, dQ from dS
     ],
 )
-def test_attention_flash_bwd_in_simulator(s, d, causal, sms, monkeypatch):
+def test_attention_flash_bwd_in_simulator(s, d, causal, sms, schedule, monkeypatch):
     monkeypatch.setattr(attention._arrays, "multiprocessors", lambda like: sms)
-    if sms == 5:  # (2 key tiles, 2 query tiles: more slots than tiles, each kind)
-        _, _, per_block, dk_slots, slots = attention.bwd_shares(s, 64, causal, sms)
-        assert per_block > 1 and dk_slots > 2 and slots - 2 * dk_slots > 2
+    monkeypatch.setattr(attention, "F32_SCHEDULE", schedule)
+    if sms < 10:  # more slots than tiles (pieces) of each kind, several items a block
+        plan = attention.bwd_shares(s, 64, causal, sms, schedule == 3)
+        tiles = -(-s // 64)
+        assert min(plan.per_block) > 1 and plan.dk_slots > tiles
+        assert plan.slots - 2 * plan.dk_slots > tiles
     rng = np.random.default_rng(s + d)
     q, k, v, do = (randn(rng, (s, d)) for _ in range(4))
     bwd = kaio_ops.attention_flash_bwd_causal if causal else kaio_ops.attention_flash_bwd
