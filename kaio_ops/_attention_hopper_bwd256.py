@@ -75,9 +75,11 @@ workspace as soon as they are stored (``store_ds_tiles``, one bulk copy each; th
 are freed once the copies have read them), and ``attention_bwd_dq_ds`` adds dS K over a
 query block's key tiles from a ring of K tiles and dS^T tile pairs: one product a tile
 instead of three, for B H Sq Sk 2 bytes of workspace written and read once (its dS^T tiles
-as [heads, 64-query tiles, key blocks, 64 x 64]). Where those exceed ``DS_BYTES`` the
-backward runs in chunks of K/V heads, the workspace reused (``launch``). dS is rounded to
-the input type for its product, as the dQ kernel rounds it.
+of 64 x 64, for each head and 128-query tile two halves of a row of key blocks:
+``ds_tiles_before``; causal, only the key blocks the tile's queries see, about half).
+Where those exceed ``DS_BYTES`` the backward runs in the fewest chunks of K/V heads, as
+even as can be, the workspace reused (``launch``). dS is rounded to the input type for its
+product, as the dQ kernel rounds it.
 
 With ``COLS`` 1 the dK/dV kernel is the varlen backward's at D 256
 (``_attention_hopper_varlen_bwd``): a block (key block, K/V head, sequence) of packed
