@@ -186,8 +186,10 @@ def shares_backward(qkvdo: tuple, da, lse, delta, outs: tuple, causal: bool, vec
     ds_rows = (simt.ds_block.__wrapped__(tiles - 1, tiles - 1, tiles, causal) + 1) * simt.ROWS
     ds = F32_SCHEDULE == 3 and ds_rows * simt.ROWS * 4 <= F32_DS_BYTES
     sms = _arrays.multiprocessors(da)
-    plan = bwd_shares(s, dp, bool(causal), sms, ds)
-    key = ("f32 bwd", s, dp, bool(causal), sms, ds)
+    key = ("f32 bwd", s, dp, bool(causal), sms, ds, DQ_DS_BLOCKS, F32_STEP_COST)
+    plan = _SHARES.get(key)
+    if plan is None:  # (Python loops over the steps: once a shape)
+        plan = _SHARES[key] = bwd_shares(s, dp, bool(causal), sms, ds)
     starts = hopper.planned_tiles(da, (*key, "starts"), lambda: plan.starts)
     tables = [hopper.planned_tiles(da, (*key, i), lambda t=t: t) for i, t in enumerate(plan.tables)]
     ws = _arrays.output(da, (plan.slots * simt.ROWS, d), f32)
@@ -220,6 +222,8 @@ F32_STEP_COST = (4, 3, 1)
 
 # Blocks a multiprocessor of ``simt.flash_bwd_dq_ds`` (``bwd_shares``).
 DQ_DS_BLOCKS = 2
+
+_SHARES: dict = {}  # shares_backward's plans, made once a shape
 
 
 class Shares(NamedTuple):
