@@ -4,10 +4,11 @@ variant's gradients checked against float64 and for the same bits on a second ca
 TFLOP/s at 2.5x the forward's 4 S S D (halved when causal), as bench/attention.py counts.
 
 Usage: ``python bench/attention_f32_bwd.py [--seqs 4096] [--dims 128] [--causal 0,1]
-[--variants shipped,two,one] [--kernels] [--rotate --rounds N]``; ``--kernels``: the two
-launches' kernels timed alone too (``dq kernel``, ``dkdv kernel``: what a step of each
-costs, for ``F32_STEP_COST``). ``NAME=N[+NAME=N]``: the op with
-``kaio_ops.attention``'s module constants set (``F32_SCHEDULE=0``); ``two``, ``one``,
+[--variants shipped,two,one] [--kernels] [--rotate --rounds N] [--warm]``. ``--warm``: each
+variant once at S 128 (the same kernels: to fill kaio's cubin cache in parallel processes);
+``--kernels``: the two launches' kernels timed alone too (``dq kernel``, ``dkdv kernel``:
+what a step of each costs, for ``F32_STEP_COST``). ``NAME=N[+NAME=N]``: the op unplanned
+with ``kaio_ops.attention``'s module constants set (``F32_SCHEDULE=0``); ``two``, ``one``,
 ``shares``, ``ds`` are short for ``F32_SCHEDULE=0`` .. ``=3``.
 """
 
@@ -121,10 +122,19 @@ def main() -> None:
     p.add_argument("--causal", default="0,1")
     p.add_argument("--variants", default="shipped")
     p.add_argument("--kernels", action="store_true", help="the two launches' kernels alone too")
+    p.add_argument("--warm", action="store_true", help="each variant once at S 128, untimed")
     p.add_argument("--rotate", action="store_true", help="contenders timed in turn")
     p.add_argument("--rounds", type=int, default=5)
     a = p.parse_args()
     names = a.variants.split(",")
+    if a.warm:  # compile (the kernels of S 128 are those of any S at these head dims)
+        for d in map(int, a.dims.split(",")):
+            for causal in (bool(int(c)) for c in a.causal.split(",")):
+                q, k, v, do = (torch.randn(128, d, device="cuda") for _ in range(4))
+                o, lse = kaio_ops.attention_flash_with_stats(q, k, v, causal=causal)
+                for name in names:
+                    variant(name)(do, q, k, v, o, lse, causal)
+        return torch.cuda.synchronize()
     rows = []
     for s in map(int, a.seqs.split(",")):
         for d in map(int, a.dims.split(",")):
