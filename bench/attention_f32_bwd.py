@@ -4,12 +4,11 @@ variant's gradients checked against float64 and for the same bits on a second ca
 TFLOP/s at 2.5x the forward's 4 S S D (halved when causal), as bench/attention.py counts.
 
 Usage: ``python bench/attention_f32_bwd.py [--seqs 4096] [--dims 128] [--causal 0,1]
-[--variants shipped,two,one] [--kernels] [--rotate --rounds N] [--warm]``. ``--warm``: each
-variant once at S 128 (the same kernels: to fill kaio's cubin cache in parallel processes);
-``--kernels``: the two launches' kernels timed alone too (``dq kernel``, ``dkdv kernel``:
-what a step of each costs, for ``F32_STEP_COST``). ``NAME=N[+NAME=N]``: the op unplanned
-with ``kaio_ops.attention``'s module constants set (``F32_SCHEDULE=0``); ``two``, ``one``,
-``shares``, ``ds`` are short for ``F32_SCHEDULE=0`` .. ``=3``.
+[--variants shipped,recompute] [--rotate --rounds N] [--warm]``. ``--warm``: each variant
+once at S 128 (the same kernels: to fill kaio's cubin cache in parallel processes).
+``NAME=N[+NAME=N]``: the op unplanned with ``kaio_ops.attention``'s module constants set
+(``F32_DS_BYTES=0``); ``stored`` and ``recompute`` are short for the op unplanned with dQ
+from the stored dS (wherever it fits 4 GiB) and with dQ recomputed (``F32_DS_BYTES`` 0).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.attention_bwd256 import time_rotated  # noqa: E402
 from bench.attention_hopper import time_calls  # noqa: E402
 
-SHORT = {n: f"F32_SCHEDULE={i}" for i, n in enumerate(("two", "one", "shares", "ds"))}
+SHORT = {"stored": f"F32_DS_BYTES={4 << 30}", "recompute": "F32_DS_BYTES=0"}
 
 
 def variant(name: str):
@@ -78,34 +77,6 @@ def reference(q, k, v, do, causal: bool) -> tuple:
     return torch.autograd.grad(out, leaves, do.double())
 
 
-def kernel_alone(name: str, do, q, k, v, o, lse, causal: bool):
-    """A function launching the two-launch schedule's dQ (``dq``) or dK/dV (``dkdv``)
-    kernel alone on these operands (delta from torch)."""
-    import math
-
-    import torch
-
-    from kaio_ops import _attention_simt as simt
-
-    s, d = q.shape
-    dp = simt.padded_dim(d)
-    c = simt.bwd_cols(dp)
-    delta = (o * do).sum(-1)
-    outs = [torch.empty_like(q) for _ in range(2)]
-    flags = (math.log2(math.e) * d**-0.5, d**-0.5, causal, True)
-    tiles = -(-s // simt.ROWS)
-    if name == "dq":
-        kernel, smem, out = simt.flash_bwd_dq, simt.dq_shared_bytes(dp, c), outs[:1]
-    else:
-        kernel, smem, out = simt.flash_bwd_dkdv, simt.dkdv_shared_bytes(dp, c), outs
-
-    def run():
-        stream = torch.cuda.current_stream().cuda_stream
-        kernel[tiles, simt.NT, stream, smem](q, k, v, do, lse, delta, *out, *flags, DP=dp, C=c)
-
-    return run
-
-
 def error(grads, ref) -> float:
     """The largest relative error (Frobenius norms) over dq, dk, dv."""
     return max(float((g.double() - r).norm() / r.norm()) for g, r in zip(grads, ref, strict=True))
@@ -121,7 +92,6 @@ def main() -> None:
     p.add_argument("--dims", default="128")
     p.add_argument("--causal", default="0,1")
     p.add_argument("--variants", default="shipped")
-    p.add_argument("--kernels", action="store_true", help="the two launches' kernels alone too")
     p.add_argument("--warm", action="store_true", help="each variant once at S 128, untimed")
     p.add_argument("--rotate", action="store_true", help="contenders timed in turn")
     p.add_argument("--rounds", type=int, default=5)
@@ -156,9 +126,6 @@ def main() -> None:
                     if not same:
                         errs[name] = f"{errs[name]:.2e} NOT DETERMINISTIC"
                     fns[name] = functools.partial(run, do, q, k, v, o, lse, causal)
-                for name in ("dq", "dkdv") if a.kernels else ():
-                    fns[f"{name} kernel"] = kernel_alone(name, do, q, k, v, o, lse, causal)
-                    errs[f"{name} kernel"] = "-"
                 if a.rotate:
                     ms = time_rotated(fns, a.rounds)
                 else:

@@ -48,12 +48,12 @@ def fwd_shared_bytes(dp: int) -> int:
 
 
 def dq_shared_bytes(dp: int, c: int) -> int:
-    """Dynamic shared memory of ``flash_bwd_dq``: Q, dO, K, V tiles and the dS tile."""
+    """Dynamic shared memory of ``dq_tile``: Q, dO, K, V tiles and the dS tile."""
     return 2 * ROWS * (dp + 4) * 4 + 2 * 16 * c * (dp + 4) * 4 + ROWS * (16 * c + 4) * 4
 
 
 def dkdv_shared_bytes(dp: int, c: int) -> int:
-    """Dynamic shared memory of ``flash_bwd_dkdv``: K, V, Q, dO tiles and the P^T, dS^T tiles."""
+    """Dynamic shared memory of ``dkdv_tile``: K, V, Q, dO tiles and the P^T, dS^T tiles."""
     return 2 * ROWS * (dp + 4) * 4 + 2 * 16 * c * (dp + 4) * 4 + 2 * ROWS * (16 * c + 4) * 4
 
 
@@ -373,78 +373,6 @@ def start_tiles(
     next_tiles(x_s, y_s, x, y, row0, vec, R, DP)
 
 
-@kaio.gpu_func
-def dq_tiles(x: u32, sk: u32, causal: u32, C: kaio.constexpr) -> u32:
-    """The 16C-key tiles that 64-row query tile x sees (causal: up to its last row).
-    (Plain arithmetic: the host plans with it too, ``bwd_items``.)"""
-    n = (sk + 16 * C - 1) // (16 * C)
-    if causal != 0:
-        n = min(n, (x * ROWS + ROWS + 16 * C - 1) // (16 * C))
-    return n
-
-
-@kaio.gpu_func
-def dkdv_first(x: u32, causal: u32, C: kaio.constexpr) -> u32:
-    """The first 16C-query tile that sees 64-row key tile x (causal: the queries before its
-    first key see none of it), 0 without the mask. (The host plans with it too.)"""
-    first = u32(0)
-    if causal != 0:
-        first = x * ROWS // (16 * C)
-    return first
-
-
-@kaio.gpu_kernel(block_size=NT)
-def flash_bwd_dq(
-    q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
-    dq: f32[:, :],
-    scale_log2: f32, scale: f32, causal: u32, vec: u32,
-    DP: kaio.constexpr, C: kaio.constexpr,
-):  # fmt: skip
-    """dQ of query tile x (block x counted from the last: the heaviest causal tiles first)
-    over all the key tiles it sees (``dq_tile``)."""
-    x = kaio.grid_dim_x() - 1 - kaio.block_idx_x()
-    dq_tile(q, k, v, do, lse, delta, dq, scale_log2, causal, vec, x, 0,
-            dq_tiles(x, u32(k.shape[0]), causal, C), x * ROWS, scale, DP, C)  # fmt: skip
-
-
-@kaio.gpu_kernel(block_size=NT)
-def flash_bwd_dkdv(
-    q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
-    dk: f32[:, :], dv: f32[:, :],
-    scale_log2: f32, scale: f32, causal: u32, vec: u32,
-    DP: kaio.constexpr, C: kaio.constexpr,
-):  # fmt: skip
-    """dK and dV of key tile x (block x: causal, the first key tiles see the most queries)
-    over all the query tiles that see it (``dkdv_tile``)."""
-    x = kaio.block_idx_x()
-    dkdv_tile(q, k, v, do, lse, delta, dk, dv, dk, scale_log2, causal, vec, x,
-              dkdv_first(x, causal, C), (u32(q.shape[0]) + 16 * C - 1) // (16 * C), x * ROWS,
-              x * ROWS, scale, DP, C, 0)  # fmt: skip
-
-
-@kaio.gpu_kernel(block_size=NT)
-def flash_bwd(
-    q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
-    dq: f32[:, :], dk: f32[:, :], dv: f32[:, :],
-    scale_log2: f32, scale: f32, causal: u32, vec: u32,
-    DP: kaio.constexpr, C: kaio.constexpr,
-):  # fmt: skip
-    """The whole backward in one launch: blocks 0 .. n - 1 (n = the 64-row key tiles) each
-    the dK and dV of key tile x, the others the dQ of a query tile (heaviest causal tiles
-    first), so that both kinds share the GPU."""
-    Sq = u32(q.shape[0])
-    nk = (u32(k.shape[0]) + ROWS - 1) // ROWS
-    x = kaio.block_idx_x()
-    if x < nk:
-        dkdv_tile(q, k, v, do, lse, delta, dk, dv, dk, scale_log2, causal, vec, x,
-                  dkdv_first(x, causal, C), (Sq + 16 * C - 1) // (16 * C), x * ROWS, x * ROWS,
-                  scale, DP, C, 0)  # fmt: skip
-    else:
-        y = kaio.grid_dim_x() - 1 - x
-        dq_tile(q, k, v, do, lse, delta, dq, scale_log2, causal, vec, y, 0,
-                dq_tiles(y, u32(k.shape[0]), causal, C), y * ROWS, scale, DP, C)  # fmt: skip
-
-
 @kaio.gpu_kernel(block_size=NT)
 def flash_bwd_shares(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
@@ -469,11 +397,10 @@ def flash_bwd_shares(
         kaio.sync_threads()  # the last item's shared tiles are free
         if kind == 0:
             dkdv_tile(q, k, v, do, lse, delta, ws, ws, dsw, scale_log2, causal, vec, tile, t0,
-                      t1, slot * ROWS, (slot + u32(dv_slots)) * ROWS, 1.0, DP, C,
-                      DS)  # fmt: skip
+                      t1, slot * ROWS, (slot + u32(dv_slots)) * ROWS, DP, C, DS)  # fmt: skip
         elif kind == 1:
             dq_tile(q, k, v, do, lse, delta, ws, scale_log2, causal, vec, tile, t0, t1,
-                    slot * ROWS, 1.0, DP, C)  # fmt: skip
+                    slot * ROWS, DP, C)  # fmt: skip
 
 
 @kaio.gpu_kernel(block_size=256)
@@ -507,12 +434,11 @@ def add_pieces(
 def dq_tile(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
     out: f32[:, :], scale_log2: f32, causal: u32, vec: u32, x: u32, t0: u32, t1: u32,
-    row0: u32, factor: f32, DP: kaio.constexpr, C: kaio.constexpr,
+    row0: u32, DP: kaio.constexpr, C: kaio.constexpr,
 ):  # fmt: skip
-    """dQ of 64-row query tile x over key tiles (16C keys) t0 .. t1 - 1: recompute
+    """dQ of 64-row query tile x over key tiles (16C keys) t0 .. t1 - 1, unscaled: recompute
     P = exp2(S * scale_log2 - lse2) and dP = dO V^T, then dS = P * (dP - delta) and
-    dQ += dS K; finally out[row0 + i] = factor dQ[i] for the tile's rows i below Sq. No
-    atomics: deterministic."""
+    dQ += dS K; finally out[row0 + i] = dQ[i] for the tile's rows i below Sq."""
     W = DP + 4
     KT = 16 * C
     Sq = u32(q.shape[0])
@@ -550,19 +476,19 @@ def dq_tile(
         acc_tile(acc, ds_s, k_s, ty, tx, KT, DP)
     for r in kaio.static_range(4):
         if q0 + 4 * ty + r < Sq:
-            store_rows(out, row0, acc, r, 4 * ty + r, factor, tx, vec, DP)
+            store_rows(out, row0, acc, r, 4 * ty + r, 1.0, tx, vec, DP)
 
 
 @kaio.gpu_func
 def dkdv_tile(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
     dk: f32[:, :], dv: f32[:, :], dsw: f32[:, :], scale_log2: f32, causal: u32, vec: u32,
-    x: u32, t0: u32, t1: u32, dk_row0: u32, dv_row0: u32, factor: f32, DP: kaio.constexpr,
+    x: u32, t0: u32, t1: u32, dk_row0: u32, dv_row0: u32, DP: kaio.constexpr,
     C: kaio.constexpr, DS: kaio.constexpr,
 ):  # fmt: skip
-    """dK and dV of 64-row key tile x over query tiles (16C queries) t0 .. t1 - 1:
+    """dK and dV of 64-row key tile x over query tiles (16C queries) t0 .. t1 - 1, unscaled:
     recompute P^T = exp2(K Q^T * scale_log2 - lse2) and dP^T = V dO^T, then dV += P^T dO and
-    dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dk[dk_row0 + i] = factor dK[i],
+    dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dk[dk_row0 + i] = dK[i],
     dv[dv_row0 + i] = dV[i] for the tile's rows i below Sk. ``DS`` 1: each dS tile also
     stored to ``dsw`` (``store_ds``)."""
     W = DP + 4
@@ -610,7 +536,7 @@ def dkdv_tile(
         acc_tile(dk_acc, dst_s, q_s, ty, tx, QT, DP)
     for r in kaio.static_range(4):
         if k0 + 4 * ty + r < Sk:
-            store_rows(dk, dk_row0, dk_acc, r, 4 * ty + r, factor, tx, vec, DP)
+            store_rows(dk, dk_row0, dk_acc, r, 4 * ty + r, 1.0, tx, vec, DP)
             store_rows(dv, dv_row0, dv_acc, r, 4 * ty + r, 1.0, tx, vec, DP)
 
 

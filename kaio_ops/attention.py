@@ -138,7 +138,12 @@ def attention_flash_with_stats(q, k, v, causal: bool = False):
 
 
 def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
-    """(dq, dk, dv) of f32 flash attention (FlashAttention-2's backward; ``F32_SCHEDULE``)."""
+    """(dq, dk, dv) of f32 flash attention: FlashAttention-2's backward (delta = rowsum(dO O),
+    then each key tile's dK/dV steps over its query tiles and each query tile's dQ steps)
+    with one block a multiprocessor, each the same share of the steps (``bwd_shares``,
+    ``simt.flash_bwd_shares``), each tile's pieces added in order after (``add_pieces``).
+    Where dS fits ``F32_DS_BYTES`` the dK/dV steps store it and dQ = dS K is a product of
+    its own (``simt.flash_bwd_dq_ds``), else the dQ steps recompute P and dP."""
     inputs, (da, qa, ka, va, oa) = _check_f32(
         op, [(do, "do"), (q, "q"), (k, "k"), (v, "v"), (o, "o")]
     )
@@ -149,42 +154,12 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
     vec = _vec(d, da, qa, ka, va, oa)
     stream = _arrays.stream_of(da)
     delta = _arrays.output(da, (s,), f32)
-    dq, dk, dv = (_arrays.output(da, (s, d), f32) for _ in range(3))
+    outs = tuple(_arrays.output(da, (s, d), f32) for _ in range(3))  # dq, dk, dv
     scale = 1.0 / math.sqrt(d)
-    scale_log2 = math.log2(math.e) * scale
-    tiles = -(-s // simt.ROWS)
     tc.row_dot[-(-s // 8), 256, stream, 0](oa.arg(s * d), da.arg(s * d), delta, s, d, DT=f32)
-    flags = (scale_log2, scale, causal, vec)
-    smem = max(simt.dq_shared_bytes(dp, c), simt.dkdv_shared_bytes(dp, c))
-    if F32_SCHEDULE >= 2:
-        return shares_backward((q, k, v, do), da, lse, delta, (dq, dk, dv), causal, vec, stream)
-    if F32_SCHEDULE == 1:
-        simt.flash_bwd[2 * tiles, simt.NT, stream, smem](
-            q, k, v, do, lse, delta, dq, dk, dv, *flags, DP=dp, C=c
-        )
-        return dq, dk, dv
-    simt.flash_bwd_dq[tiles, simt.NT, stream, simt.dq_shared_bytes(dp, c)](
-        q, k, v, do, lse, delta, dq, *flags, DP=dp, C=c
-    )
-    simt.flash_bwd_dkdv[tiles, simt.NT, stream, simt.dkdv_shared_bytes(dp, c)](
-        q, k, v, do, lse, delta, dk, dv, *flags, DP=dp, C=c
-    )
-    return dq, dk, dv
-
-
-def shares_backward(qkvdo: tuple, da, lse, delta, outs: tuple, causal: bool, vec: bool, stream):
-    """``F32_SCHEDULE`` 2 and 3 of ``flash_backward`` (its q, k, v, do, do's checked
-    operand ``da``, lse, delta, the outputs): one block a multiprocessor, each the same share
-    of the steps
-    (``bwd_shares``), then ``add_pieces``; with 3 (where dS fits ``F32_DS_BYTES``) the dQ
-    steps are a product of the dS that the dK/dV steps stored (``flash_bwd_dq_ds``)."""
-    s, d = da.shape
-    dp = simt.padded_dim(d)
-    c = simt.bwd_cols(dp)
-    scale = 1.0 / math.sqrt(d)
     tiles = -(-s // simt.ROWS)
     ds_rows = (simt.ds_block.__wrapped__(tiles - 1, tiles - 1, tiles, causal) + 1) * simt.ROWS
-    ds = F32_SCHEDULE == 3 and ds_rows * simt.ROWS * 4 <= F32_DS_BYTES
+    ds = ds_rows * simt.ROWS * 4 <= F32_DS_BYTES
     sms = _arrays.multiprocessors(da)
     key = ("f32 bwd", s, dp, bool(causal), sms, ds, DQ_DS_BLOCKS, F32_STEP_COST)
     plan = _SHARES.get(key)
@@ -196,34 +171,32 @@ def shares_backward(qkvdo: tuple, da, lse, delta, outs: tuple, causal: bool, vec
     dsw = _arrays.output(da, (ds_rows if ds else 1, simt.ROWS), f32)
     smem = max(simt.dq_shared_bytes(dp, c), simt.dkdv_shared_bytes(dp, c))
     simt.flash_bwd_shares[len(tables[0]) // plan.per_block[0], simt.NT, stream, smem](
-        *qkvdo, lse, delta, tables[0], ws, dsw, math.log2(math.e) * scale, causal, vec,
+        q, k, v, do, lse, delta, tables[0], ws, dsw, math.log2(math.e) * scale, causal, vec,
         plan.per_block[0], plan.dk_slots, DP=dp, C=c, DS=int(ds),
     )  # fmt: skip
     if ds:
         simt.flash_bwd_dq_ds[len(tables[1]) // plan.per_block[1], simt.NT, stream,
                              simt.dq_ds_shared_bytes(dp)](
-            qkvdo[1], dsw, tables[1], ws, causal, vec, plan.per_block[1], DP=dp
+            k, dsw, tables[1], ws, causal, vec, plan.per_block[1], DP=dp
         )  # fmt: skip
     simt.add_pieces[(-(-s * d // 256), 3), 256, stream, 0](ws, starts, *outs, plan.dk_slots, scale)
     return outs
 
 
-# The f32 backward's schedule: 0 a launch for dQ, then one for dK and dV; 1 both kinds of
-# blocks in one launch (``simt.flash_bwd``); 2 one block a multiprocessor, each the same
-# share of the work (``bwd_shares``, ``simt.flash_bwd_shares``), the pieces added after;
-# 3 as 2, dQ from the dS that the dK/dV steps store (``simt.flash_bwd_dq_ds``).
-F32_SCHEDULE = 3
-
-# The most bytes of dS that ``F32_SCHEDULE`` 3 stores (beyond: 2's dQ steps).
-F32_DS_BYTES = 1 << 30
+# The most bytes of dS that the f32 backward stores for its dQ product (``flash_backward``;
+# beyond, its dQ steps recompute P and dP: three products a tile instead of one). 256 MiB:
+# S 8192 (11585 causal) at most. Measured on an H100, S4096 D128, GPU round C of 2026-11-27
+# (µs, plain / causal): stored 889 / 464, recomputed 1121 / 608, SDPA efficient 1443 / 1348.
+F32_DS_BYTES = 256 << 20
 
 # The cost of a tile step (``bwd_shares``): dK and dV (4 products), dQ (3), dQ from dS (1).
+# (The kernels of a dQ and a dK/dV block per 64 rows, alone: 860 and 1087 µs at S4096 D128.)
 F32_STEP_COST = (4, 3, 1)
 
 # Blocks a multiprocessor of ``simt.flash_bwd_dq_ds`` (``bwd_shares``).
 DQ_DS_BLOCKS = 2
 
-_SHARES: dict = {}  # shares_backward's plans, made once a shape
+_SHARES: dict = {}  # flash_backward's plans, made once a shape
 
 
 class Shares(NamedTuple):
@@ -279,18 +252,19 @@ def bwd_shares(s: int, dp: int, causal: bool, blocks: int, ds: bool = False) -> 
     ``DQ_DS_BLOCKS`` blocks a multiprocessor."""
     import numpy as np
 
-    c = simt.bwd_cols(dp)
-    inner = -(-s // (16 * c))
+    rows = 16 * simt.bwd_cols(dp)  # of the dK/dV steps' query tiles, of the dQ steps' key tiles
+    inner = -(-s // rows)
     tiles = -(-s // simt.ROWS)
-    dkdv = [(0, x, simt.dkdv_first.__wrapped__(x, causal, c), inner, F32_STEP_COST[0])
+    # causal: the queries before a key tile see none of it, a query tile no key past its own
+    dkdv = [(0, x, x * simt.ROWS // rows if causal else 0, inner, F32_STEP_COST[0])
             for x in range(tiles)]  # fmt: skip
     if ds:
         dq = [(1, y, 0, min(tiles, y + 1) if causal else tiles, F32_STEP_COST[2])
               for y in range(tiles)]  # fmt: skip
         shares = [share_runs(dkdv, blocks), share_runs(dq, DQ_DS_BLOCKS * blocks)]
     else:
-        dq = [(1, y, 0, simt.dq_tiles.__wrapped__(y, s, causal, c), F32_STEP_COST[1])
-              for y in range(tiles)]  # fmt: skip
+        dq = [(1, y, 0, min(inner, -(-(y + 1) * simt.ROWS // rows)) if causal else inner,
+               F32_STEP_COST[1]) for y in range(tiles)]  # fmt: skip
         shares = [share_runs(dkdv + dq, blocks)]
     pieces = [[[] for _ in range(tiles)] for _ in range(2)]
     for share in shares:
@@ -320,8 +294,10 @@ def bwd_shares(s: int, dp: int, causal: bool, blocks: int, ds: bool = False) -> 
 def attention_flash_bwd(do, q, k, v, o, lse):
     """Gradients ``(dq, dk, dv)`` of ``attention_flash`` from the output gradient ``do``, the
     inputs, the output ``o`` and the stats ``lse`` of ``attention_flash_with_stats``: all f32
-    [S, D], D <= 256 (lse [S]). FlashAttention-2's backward, P recomputed a tile at a time: no S x S
-    matrix, no atomics (dQ and dK/dV come from two kernels; deterministic)."""
+    [S, D], D <= 256 (lse [S]). FlashAttention-2's backward, P recomputed a tile at a time, the
+    work in equal shares over the multiprocessors (``flash_backward``), dQ from a stored dS
+    where it fits ``F32_DS_BYTES``; no atomics (each tile's pieces added in a fixed order:
+    deterministic)."""
     return flash_backward("attention_flash_bwd", do, q, k, v, o, lse, False)
 
 
@@ -597,9 +573,6 @@ def shipped():
     """(kernel, constexprs) of every specialization these ops launch."""
     for dp in simt.DIMS:
         yield simt.flash_fwd, {"DP": dp}
-        yield simt.flash_bwd_dq, {"DP": dp, "C": simt.bwd_cols(dp)}
-        yield simt.flash_bwd_dkdv, {"DP": dp, "C": simt.bwd_cols(dp)}
-        yield simt.flash_bwd, {"DP": dp, "C": simt.bwd_cols(dp)}
         for ds in (0, 1):
             yield simt.flash_bwd_shares, {"DP": dp, "C": simt.bwd_cols(dp), "DS": ds}
         yield simt.flash_bwd_dq_ds, {"DP": dp}

@@ -202,20 +202,21 @@ def test_attention_flash_bwd_against_finite_differences_in_simulator():
 
 
 @pytest.mark.parametrize(
-    "s, d, causal, sms, schedule",
+    "s, d, causal, sms, ds",
     [
-        (70, 24, True, 132, 3),  # DP 64, dS stored (a triangle of blocks)
-        (5, 136, False, 132, 3),  # DP 256
+        (70, 24, True, 132, True),  # DP 64, dS stored (a triangle of blocks)
+        (5, 136, False, 132, True),  # DP 256
         # shares of several items, tiles in pieces over blocks (bwd_shares); dQ recomputed
-        (70, 24, True, 5, 2),
-        (130, 24, False, 2, 3),  # the same in both plans, dQ from dS
+        (70, 24, True, 5, False),
+        (130, 24, False, 2, True),  # the same in both plans, dQ from dS
     ],
 )
-def test_attention_flash_bwd_in_simulator(s, d, causal, sms, schedule, monkeypatch):
+def test_attention_flash_bwd_in_simulator(s, d, causal, sms, ds, monkeypatch):
     monkeypatch.setattr(attention._arrays, "multiprocessors", lambda like: sms)
-    monkeypatch.setattr(attention, "F32_SCHEDULE", schedule)
+    if not ds:
+        monkeypatch.setattr(attention, "F32_DS_BYTES", 0)
     if sms < 10:  # more slots than tiles (pieces) of each kind, several items a block
-        plan = attention.bwd_shares(s, 64, causal, sms, schedule == 3)
+        plan = attention.bwd_shares(s, 64, causal, sms, ds)
         tiles = -(-s // 64)
         assert min(plan.per_block) > 1 and plan.dk_slots > tiles
         assert plan.slots - 2 * plan.dk_slots > tiles
