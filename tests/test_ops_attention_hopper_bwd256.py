@@ -155,8 +155,9 @@ def _hopper_gpu() -> bool:
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, chunk",
-    # the grouped-query case with DS's workspace one K/V head's dS^T: two chunks
-    [(2, 4, 4, 1024, 1024, None), (1, 4, 2, 1024, 2048, 2 * 16 * 32 * 64 * 64 * 2)],
+    # the grouped-query case with DS's workspace one K/V head's dS^T: two chunks (causal: a
+    # triangle of 144 tiles of the 512 a dense workspace has)
+    [(2, 4, 4, 1024, 1024, False), (1, 4, 2, 1024, 2048, True)],
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -166,8 +167,13 @@ def test_gpu_flash_attention_bwd_d256(b, h, hkv, sq, sk, chunk, causal, dtype, m
     flash's distance where that runs; the same bits on a second run."""
     import torch
 
-    if chunk:
-        monkeypatch.setattr(bwd256, "DS_BYTES", chunk)
+    if chunk:  # a K/V head's tiles (its 2 query heads')
+        tiles = bwd256.ds_head_tiles(sq // 128, sk // 64, int(causal))
+        assert tiles == (144 if causal else 512)
+        monkeypatch.setattr(bwd256, "DS_BYTES", 2 * tiles * 64 * 64 * 2)
+    chunks = []
+    dq_from_ds = bwd256.dq_from_ds
+    monkeypatch.setattr(bwd256, "dq_from_ds", lambda *a: chunks.append(dq_from_ds(*a)))
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tests.test_ops_attention import _rel_t, _sdpa64
@@ -196,5 +202,6 @@ def test_gpu_flash_attention_bwd_d256(b, h, hkv, sq, sk, chunk, causal, dtype, m
         assert g.dtype == dt and g.shape == leaf.shape
         near = tol if t is None else max(tol, 2 * _rel_t(t, leaf.grad))
         assert _rel_t(g, leaf.grad) < near
+    assert len(chunks) == (2 if chunk else 1)
     again = kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal)
     assert all(torch.equal(x, y) for x, y in zip(again, grads, strict=True))
