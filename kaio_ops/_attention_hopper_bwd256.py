@@ -1190,10 +1190,11 @@ DS_STAGES = 4
 
 # The most bytes of dS^T the workspace holds (DS 1): the backward runs in chunks of K/V heads
 # whose tiles fit, and without DS where one head's do not. 2 GiB keeps the transient memory near
-# that of the call's own tensors at long sequences (f16 B1 H16 S16384: four chunks), at some
-# speed (measured on an H100, f16 B1 H16 S16384, GPU round D of 2026-11-27, timed in turn:
-# TFLOP/s causal / not, unbounded 573 / 585, 8 GiB (one chunk) 561 / 572, 4 GiB (two) 558 / 536,
-# 2 GiB (four) 523 / 520, against 451 / 440 without DS); lower it to trade speed for memory.
+# that of the call's own tensors at long sequences (f16 B1 H16 S16384: four chunks, three
+# causal: ``DS_TRI``), at some speed (measured on an H100, f16 B1 H16 S16384, GPU round D of
+# 2026-11-27, timed in turn: TFLOP/s causal / not, unbounded 573 / 585, 8 GiB (one chunk)
+# 561 / 572, 4 GiB (two) 558 / 536, 2 GiB (four) 523 / 520, against 451 / 440 without DS);
+# lower it to trade speed for memory.
 DS_BYTES = 2 << 30
 
 # The causal workspace (DS 1) holds only the dS^T tiles that the causal queries see (1:
