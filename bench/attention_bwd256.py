@@ -5,7 +5,9 @@ with CUDA events. TFLOP/s at 2.5x the forward's 4 B H Sq Sk D (halved when causa
 Usage: ``python bench/attention_bwd256.py [--dtypes float16,bfloat16] [--seqs 1024,4096,16384]
 [--variants shipped,mma.sync,pair,fused] [--out FILE.json] [--check]``: H 16 at S 1024 (B
 16), 4096 (B 4), 16384 (B 1); ``--check`` compares each variant's gradients with SDPA's
-first (the largest difference over the largest of SDPA's). ``--tiny pair,fused``: each
+first (the largest difference over the largest of SDPA's), with its own on a second call and
+with the first variant's (``_bits``: the same bits), and gives the call's peak of transient
+memory (``_peak_gib``: its outputs and workspace). ``--tiny pair,fused``: each
 schedule once at small sizes against float64 (for compute-sanitizer; with ``--dtypes`` and
 ``--causal``; ``varlen``: the varlen backward). ``--varlen 4k,1k [--impls
 hopper,hopper:bm64,mma.sync,padded,sdpa,dispatched] [--check]``: the varlen backward at D 256
@@ -15,9 +17,9 @@ kernels alone and the variants (``kernel_rows``, at each of ``--seqs``, the firs
 table, then varlen); ``--warm``: those once each, untimed (to compile; ``--no-fwd``: o and
 lse random). ``--rotate [--rounds N]``: the kernels' items, the varlen implementations and
 the table's contenders (SDPA and the variants) timed in turn, the order rotated each round
-(``time_rotated``). ``--profile shipped,...``: each kernel of one call of each variant under
-torch.profiler (``profile_rows``). o and lse come from torch SDPA flash's forward where it
-has the op.
+(``time_rotated``; ``--queued``: each round behind a GPU sleep, no host time).
+``--profile shipped,...``: each kernel of one call of each variant under torch.profiler
+(``profile_rows``). o and lse come from torch SDPA flash's forward where it has the op.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.attention_hopper import time_calls  # noqa: E402
+from bench.attention_hopper import SLEEP_CYCLES, time_calls  # noqa: E402
 
 SCHEDULES = {"pair": 0, "fused": 1}  # _attention_hopper_bwd256.FUSED forced
 BATCH = {1024: 16, 2048: 8, 4096: 4, 8192: 2, 16384: 1}
@@ -319,12 +321,14 @@ def kernel_cfg(item: str) -> tuple[str, dict, bool]:
     return part, cfg, "side" in opts
 
 
-def time_rotated(fns: dict, rounds: int = 5, reps: int = 2) -> dict:
+def time_rotated(fns: dict, rounds: int = 5, reps: int = 2, queued: bool = False) -> dict:
     """Milliseconds a call of each of ``fns`` (name: function of no arguments), timed in
     turn: ``rounds`` rounds of ``reps`` calls each between CUDA events, the order rotated
-    each round, the median round. (Under the H100's 700 W cap the clock moves with the power
-    drawn and the temperature: timed one after the other, the last of a row ran up to 8%
-    below the same kernel timed first, GPU round B of 2026-11-27.)"""
+    each round, the median round; ``queued``: each round's calls behind a GPU sleep, so that
+    the window holds no host time (``time_queued``'s kernel time). (Under the H100's 700 W
+    cap the clock moves with the power drawn and the temperature: timed one after the other,
+    the last of a row ran up to 8% below the same kernel timed first, GPU round B of
+    2026-11-27.)"""
     import torch
 
     names = list(fns)
@@ -335,6 +339,8 @@ def time_rotated(fns: dict, rounds: int = 5, reps: int = 2) -> dict:
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if queued:
+                torch.cuda._sleep(SLEEP_CYCLES)
             start.record()
             for _ in range(reps):
                 fns[name]()
@@ -346,6 +352,7 @@ def time_rotated(fns: dict, rounds: int = 5, reps: int = 2) -> dict:
 
 ROTATE = False  # --rotate: kernel_row's items, the table's contenders timed in turn (time_rotated)
 ROUNDS = 5  # --rounds: time_rotated's rounds
+QUEUED = False  # --queued: time_rotated's rounds behind a GPU sleep (kernel time)
 
 
 def kernel_row(items: str, q, k, v, do, causal: bool, warm: bool = False) -> dict:
@@ -465,14 +472,16 @@ def main() -> None:
     p.add_argument("--rotate", action="store_true",
                    help="--kernels, --varlen, --table: in turn, the order rotated")  # fmt: skip
     p.add_argument("--rounds", type=int, default=5, help="--rotate's rounds (the median)")
+    p.add_argument("--queued", action="store_true", help="--rotate: each round behind a GPU sleep")
     a = p.parse_args()
     if a.tiny:
         return tiny(a.tiny, a.dtypes, a.causal)
-    global FWD, REPS, ROTATE, ROUNDS
+    global FWD, REPS, ROTATE, ROUNDS, QUEUED
     FWD = not (a.no_fwd and a.warm)
     REPS = a.reps
     ROTATE = a.rotate
     ROUNDS = a.rounds
+    QUEUED = a.queued
     rows: list = []
 
     def save():
@@ -520,17 +529,27 @@ def table_rows(a, rows: list, save) -> None:
                 want = ref() if a.check else None
                 fns = {"sdpa": ref}
                 row = dict(gpu=gpu, dtype=dtype, d=d, b=b, h=h, s=s, causal=causal)
+                first_got = None
                 for name in a.variants.split(","):
                     fn = variant(name)
                     if want is not None:
+                        torch.cuda.synchronize()
+                        held = torch.cuda.memory_allocated()
+                        torch.cuda.reset_peak_memory_stats()
                         got = fn(do, q, k, v, o, lse, causal)
+                        torch.cuda.synchronize()  # the call's transient bytes (workspace)
+                        row[f"{name}_peak_gib"] = (torch.cuda.max_memory_allocated() - held) / 2**30
                         errs = [float((g.float() - w.float()).abs().max() / w.float().abs().max())
                                 for g, w in zip(got, want, strict=True)]  # fmt: skip
                         row[f"{name}_err"] = max(errs)
+                        again = fn(do, q, k, v, o, lse, causal)
+                        first_got = first_got or got  # the same bits as the first variant's
+                        row[f"{name}_bits"] = all(torch.equal(x, y) for x, y in zip(
+                            (*got, *got), (*again, *first_got), strict=True))  # fmt: skip
                     args = (do, q, k, v, o, lse, causal)
                     fns[name] = lambda fn=fn, args=args: fn(*args)
                 if ROTATE:  # SDPA and the variants in turn, the order rotated each round
-                    times = time_rotated(fns, ROUNDS)
+                    times = time_rotated(fns, ROUNDS, queued=QUEUED)
                 else:
                     times = {name: time_calls(fn, reps=REPS) for name, fn in fns.items()}
                 for name, ms in times.items():

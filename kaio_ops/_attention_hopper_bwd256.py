@@ -75,9 +75,11 @@ workspace as soon as they are stored (``store_ds_tiles``, one bulk copy each; th
 are freed once the copies have read them), and ``attention_bwd_dq_ds`` adds dS K over a
 query block's key tiles from a ring of K tiles and dS^T tile pairs: one product a tile
 instead of three, for B H Sq Sk 2 bytes of workspace written and read once (its dS^T tiles
-as [heads, 64-query tiles, key blocks, 64 x 64]). Where those exceed ``DS_BYTES`` the
-backward runs in chunks of K/V heads, the workspace reused (``launch``). dS is rounded to
-the input type for its product, as the dQ kernel rounds it.
+of 64 x 64, for each head and 128-query tile two halves of a row of key blocks:
+``ds_tiles_before``; causal, only the key blocks the tile's queries see, about half).
+Where those exceed ``DS_BYTES`` the backward runs in the fewest chunks of K/V heads, as
+even as can be, the workspace reused (``launch``). dS is rounded to the input type for its
+product, as the dQ kernel rounds it.
 
 With ``COLS`` 1 the dK/dV kernel is the varlen backward's at D 256
 (``_attention_hopper_varlen_bwd``): a block (key block, K/V head, sequence) of packed
@@ -555,7 +557,8 @@ def attention_bwd_dkdv_d256q(
     tk: kaio.tensormap, tv: kaio.tensormap, tq: kaio.tensormap, tdo: kaio.tensormap,
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
-    cu_q: i32[:], cu_k: i32[:], tp: i32, ws: DT[:], nqt: i32, y0: i32, D: kaio.constexpr,
+    cu_q: i32[:], cu_k: i32[:], tp: i32, ws: DT[:], head_tiles: i32, tri: i32, y0: i32,
+    D: kaio.constexpr,
     REGS: kaio.constexpr, DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr,
     ROT: kaio.constexpr, DS: kaio.constexpr,
 ):  # fmt: skip
@@ -564,8 +567,8 @@ def attention_bwd_dkdv_d256q(
     t, wg, lt = thread_roles(2)
     dkdv_block(tk, tv, tq, tdo, tl, td, lse, delta, dk, dv, seq_q, seq_k, heads, group,
                scale_log2, scale, causal, cu_q, cu_k, tp, t, wg, lt, i32(kaio.block_idx_x()),
-               y0 + i32(kaio.block_idx_y()), i32(kaio.grid_dim_x()), ws, nqt, y0 * group, D,
-               REGS, DT, COLS, HALVES, ROT, DS)  # fmt: skip
+               y0 + i32(kaio.block_idx_y()), i32(kaio.grid_dim_x()), ws, head_tiles, tri,
+               y0 * group, D, REGS, DT, COLS, HALVES, ROT, DS)  # fmt: skip
 
 
 @kaio.gpu_func
@@ -574,7 +577,8 @@ def dkdv_block(
     tl: kaio.tensormap, td: kaio.tensormap, lse: f32[:], delta: f32[:], dk: DT[:], dv: DT[:],
     seq_q: i32, seq_k: i32, heads: i32, group: i32, scale_log2: f32, scale: f32, causal: i32,
     cu_q: i32[:], cu_k: i32[:], tp: i32, t: u32, wg: u32, lt: u32, x: i32, y: i32, nx: i32,
-    ws: DT[:], nqt: i32, ws_head0: i32, D: kaio.constexpr, REGS: kaio.constexpr,
+    ws: DT[:], head_tiles: i32, tri: i32, ws_head0: i32, D: kaio.constexpr,
+    REGS: kaio.constexpr,
     DT: kaio.constexpr, COLS: kaio.constexpr, HALVES: kaio.constexpr, ROT: kaio.constexpr,
     DS: kaio.constexpr,
 ):  # fmt: skip
@@ -591,8 +595,8 @@ def dkdv_block(
     (head, tile) items begins at item x W / nx and wraps around, so that the blocks of a
     head read different tiles at any time. ``DS`` 1 (dense, ``HALVES`` 1): each tile's dS^T
     halves also copied to the workspace ``ws`` by the producer warpgroup's second warp
-    (``store_ds_tiles``; its heads from query head ``ws_head0`` on, ``nqt`` 64-query tiles
-    a head), for ``attention_bwd_dq_ds``."""
+    (``store_ds_tiles``; its heads from query head ``ws_head0`` on, ``head_tiles`` tiles a
+    head, ``tri``: as ``ds_tiles_before``), for ``attention_bwd_dq_ds``."""
     BM = 128
     C = D // 64
     ONCE = 64 * D * 2
@@ -651,27 +655,49 @@ def dkdv_block(
                             first_head * sq, 0, sq, 0, group, first, n_tiles, stats, tl, td, 0,
                             0, s0, D, BM, DT, HALVES)  # fmt: skip
         elif DS and lt == 32:
-            store_ds_tiles(ws, pt_s, bars, ((first_head - ws_head0) * nqt * nx + x) * 64,
-                           nqt * nx * 64, nx, group, first, n_tiles, s0, DT)  # fmt: skip
+            store_ds_tiles(ws, pt_s, bars, first_head - ws_head0, head_tiles, x, nx, tri,
+                           group, first, n_tiles, s0, DT)  # fmt: skip
+
+
+@kaio.gpu_func
+def ds_tiles_before(t: i32, nkb: i32, tri: i32) -> i32:
+    """The 64 x 64 dS^T tiles of a head's workspace (``attention_bwd_dq_ds``'s) before its
+    128-query tile t: each tile u holds two halves of ``ds_row_tiles(u)`` key blocks. With
+    ``tri`` 1 (causal) tile u keeps the key blocks its queries see, min(2u + 2, nkb), about
+    half of them; those up to ``nkb // 2`` grow by two a tile, the rest are whole rows.
+    (Plain arithmetic: the host calls it too, ``ds_head_tiles``.)"""
+    u = min(t, tri * (nkb // 2))
+    return 2 * u * (u + 1) + 2 * (t - u) * nkb
+
+
+@kaio.gpu_func
+def ds_row_tiles(t: i32, nkb: i32, tri: i32) -> i32:
+    """The key blocks of each half of 128-query tile t in the workspace (``ds_tiles_before``):
+    those its queries see (min(2t + 2, nkb)) with ``tri`` 1, else all ``nkb``."""
+    return min(nkb, 2 * t + 2) if tri != 0 else nkb
 
 
 @kaio.gpu_func
 def store_ds_tiles(
-    ws: DT[:], pt_s: DT[:, :, :], bars: u64[:, :], row0: i32, head_rows: i32, nkb: i32,
-    heads_n: i32, first: i32, n_tiles: i32, s0: i32, DT: kaio.constexpr,
+    ws: DT[:], pt_s: DT[:, :, :], bars: u64[:, :], head0: i32, head_tiles: i32, x: i32,
+    nkb: i32, tri: i32, heads_n: i32, first: i32, n_tiles: i32, s0: i32,
+    DT: kaio.constexpr,
 ):  # fmt: skip
     """``dkdv_block``'s DS 1 (one thread): each tile's dS^T halves (``pt_s[2]``,
     ``pt_s[3]``: 64 keys x 64 queries, as ``store_ds`` swizzled them) copied whole to the
     workspace ``ws`` as they are stored (``bars[1, 5]``, ``bars[1, 7]``), the buffers freed
-    (``bars[1, 4]``) once the copies have read them. The workspace is [heads, 64-query tiles,
-    key blocks, 64 x 64] (rows of 64): this block's tile of half h of 128-query tile t of
-    head j at row ``row0 + j head_rows + (2t + h) nkb 64``; the walk as ``produce_qdo``'s."""
+    (``bars[1, 4]``) once the copies have read them. The workspace is, for each head,
+    ``head_tiles`` tiles of 64 x 64 (rows of 64): for each 128-query tile t its two halves
+    of ``ds_row_tiles`` key blocks (``ds_tiles_before``). This block (key block x) writes
+    tile x of half h of tile t of its head j (``head0 + j`` in the workspace); the walk as
+    ``produce_qdo``'s."""
     ph = u32(0)
     t, j = walk_start(s0, first, n_tiles, 0, 1)
     for _i in range(heads_n * kaio.max(n_tiles - first, 0)):
+        at = (head0 + j) * head_tiles + ds_tiles_before(t, nkb, tri) + x
         for h in kaio.static_range(2):
             kaio.mbarrier_wait(bars, (1, 5 + 2 * h), ph)  # half h's dS^T stored
-            row = row0 + j * head_rows + (2 * t + h) * nkb * 64
+            row = (at + h * ds_row_tiles(t, nkb, tri)) * 64
             kaio.bulk_store(ws, i64(row) * 64, pt_s, (2 + h, 0, 0), u32(64 * 64 * 2))
         kaio.bulk_commit()
         kaio.bulk_wait_read(0)
@@ -1043,13 +1069,15 @@ def consume_ds(
 @kaio.gpu_kernel(fastmath=True)
 def attention_bwd_dq_ds(
     tk: kaio.tensormap, tds: kaio.tensormap, dq: DT[:], seq_q: i32, seq_k: i32, heads: i32,
-    group: i32, scale: f32, causal: i32, nqt: i32, bh0: i32, D: kaio.constexpr,
+    group: i32, scale: f32, causal: i32, head_tiles: i32, tri: i32, bh0: i32,
+    D: kaio.constexpr,
     REGS: kaio.constexpr, STAGES: kaio.constexpr, DT: kaio.constexpr,
 ):  # fmt: skip
     """dq of the 128 query rows of block x (counted from the last: the heaviest causal tiles
     first) of (batch, head) bh0 + y = scale dS K: dS^T from the workspace that the dK/dV
-    kernel wrote (``DS`` 1; ``tds``: its rows as [heads from bh0 on, ``nqt`` 64-query tiles,
-    key blocks, 64] in boxes of 64 x 64, unswizzled: the tiles are already swizzled) and K
+    kernel wrote (``DS`` 1; ``tds``: its rows of 64 in boxes of 64 x 64, unswizzled: the
+    tiles are already swizzled; ``head_tiles`` tiles a head from bh0 on, laid out as
+    ``ds_tiles_before`` with ``tri``) and K
     (``tk``, boxes of 64 rows) through a ring of ``STAGES`` stages: a plain product, no
     recomputation of S and dP (the dQ kernel's three products become one)."""
     C = D // 64
@@ -1080,8 +1108,10 @@ def attention_bwd_dq_ds(
         if REGS:
             kaio.setmaxnreg_dec(PRODUCER_REGS)
         if lt == 0:
+            tile = q0 // 128
             produce_ds(k_s, ds_s, bars, tk, tds, kvh * seq_k,
-                       ((bh - bh0) * nqt + q0 // 64) * nkb * 64, nkb * 64, n_tiles, D, STAGES,
+                       ((bh - bh0) * head_tiles + ds_tiles_before(tile, nkb, tri)) * 64,
+                       ds_row_tiles(tile, nkb, tri) * 64, n_tiles, D, STAGES,
                        DT)  # fmt: skip
 
 
@@ -1154,11 +1184,21 @@ DS_STAGES = 4
 
 # The most bytes of dS^T the workspace holds (DS 1): the backward runs in chunks of K/V heads
 # whose tiles fit, and without DS where one head's do not. 2 GiB keeps the transient memory near
-# that of the call's own tensors at long sequences (f16 B1 H16 S16384: four chunks), at some
-# speed (measured on an H100, f16 B1 H16 S16384, GPU round D of 2026-11-27, timed in turn:
-# TFLOP/s causal / not, unbounded 573 / 585, 8 GiB (one chunk) 561 / 572, 4 GiB (two) 558 / 536,
-# 2 GiB (four) 523 / 520, against 451 / 440 without DS); lower it to trade speed for memory.
+# that of the call's own tensors at long sequences (f16 B1 H16 S16384: four chunks, three
+# causal: ``DS_TRI``), at some speed (measured on an H100, f16 B1 H16 S16384, GPU round D of
+# 2026-11-27, timed in turn: TFLOP/s causal / not, unbounded 573 / 585, 8 GiB (one chunk)
+# 561 / 572, 4 GiB (two) 558 / 536, 2 GiB (four) 523 / 520, against 451 / 440 without DS);
+# lower it to trade speed for memory.
 DS_BYTES = 2 << 30
+
+# The causal workspace (DS 1) holds only the dS^T tiles that the causal queries see (1:
+# ``ds_tiles_before``'s triangle, about half), or every key block of every query tile (0).
+# Measured on an H100, causal, GPU rounds A-E of 2026-11-27: the same kernel times (f16 B1
+# H16 S16384, profiler, 4 chunks each: 9279 µs against 9277; as chunked, 3 chunks against
+# 4: 9286 against 9297), in turn 1% slower (7 rounds behind a GPU sleep: f16 9.47 ms
+# against 9.38, bf16 9.25 against 9.16) to 2.5% faster (B4 S4096, 5 rounds); the call's
+# transient memory 1.89 GiB against 2.38 at S16384, 1.41 against 2.38 at B4 S4096.
+DS_TRI = 1
 
 
 def dkdv_kernel(c: dict, d: int, dt) -> tuple:
@@ -1183,21 +1223,22 @@ def q128_shared_bytes(d: int) -> int:
 
 
 def run_dkdv(c: dict, d: int, grid: tuple, stream, maps, stats, lse, delta, dk, dv,
-             extra: tuple, args: tuple, offsets: dict, dt, ws=None, nqt: int = 0,
+             extra: tuple, args: tuple, offsets: dict, dt, ws=None, ws_layout: tuple = (0, 0),
              y0: int = 0) -> None:  # fmt: skip
     """Launch the dK/dV kernel of ``config(d)["dkdv"]`` ``c`` (``Q128`` 1:
     ``attention_bwd_dkdv_d256q``, else ``attention_bwd_dkdv_d256`` with ``extra``: its
     dq_acc and semaphores) on ``grid`` and ``stream``: ``maps(rows)`` the tensor maps of k, v
     (boxes of 64 rows) and q, do (boxes of ``rows``), ``stats(rows)`` those of lse and delta
     (the stats' rows in boxes of ``rows``), the lse and delta, dk and dv, the kernel's scalar
-    ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``; ``ws``, ``nqt``: the
-    workspace of ``DS`` 1 and its 64-query tiles a head; ``y0``: grid row y is K/V head y0 +
-    y."""
+    ``args``, ``offsets`` (cu_q, cu_k, tp), the element type ``dt``; ``ws``, ``ws_layout``:
+    the workspace of ``DS`` 1 and its (tiles a head, tri) (``ds_head_tiles``); ``y0``: grid
+    row y is K/V head y0 + y."""
     if c.get("Q128"):
         smem = q128_shared_bytes(d)
         attention_bwd_dkdv_d256q[grid, 384, stream, smem](
             *maps(64), *stats(64), lse, delta, dk, dv, *args, **offsets,
-            ws=dk if ws is None else ws, nqt=nqt, y0=y0, D=d, REGS=c["REGS"], DT=dt,
+            ws=dk if ws is None else ws, head_tiles=ws_layout[0], tri=ws_layout[1], y0=y0,
+            D=d, REGS=c["REGS"], DT=dt,
             COLS=c["COLS"], HALVES=c["HALVES"], ROT=c["ROT"], DS=int(ws is not None),
         )  # fmt: skip
         return
@@ -1305,8 +1346,10 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
     none = _arrays.output(da, (1,), i32)  # (the varlen offsets: unused)
     if c1["DQ"]:
         zero_acc_sem[-(-acc_size // 1024), 256, stream, 0](dq_acc, acc_size, sem, bh * n_tiles)
-    nqt, nkb = 2 * -(-sq // 128), -(-sk // 64)
-    head_bytes = group * nqt * nkb * 64 * 64 * 2  # a K/V head's dS^T tiles (DS)
+    nkb = -(-sk // 64)
+    tri = int(causal and DS_TRI)
+    layout = (ds_head_tiles(-(-sq // 128), nkb, tri), tri)  # (tiles a head, tri)
+    head_bytes = group * layout[0] * 64 * 64 * 2  # a K/V head's dS^T tiles (DS)
     # DS: keys past sk would reach dQ (the dK/dV kernel does not mask them)
     ds = c1.get("DS") and c1.get("Q128") and c1.get("HALVES") and sk % 64 == 0
     ds = ds and head_bytes <= DS_BYTES
@@ -1326,19 +1369,19 @@ def launch(qa, ka, va, da, la, delta, dims: tuple, causal: bool, scale: float,
 
         run_dkdv(c1, d, (nkb, n_kv), stream, maps, stats, la.arg(rows_q), delta, *out,
                  (dq_acc, sem), args, {"cu_q": none, "cu_k": none, "tp": 0}, qa.dtype,
-                 None if ws is None else _arrays.output_arg(da, ws, (ws_size(ws),)), nqt,
+                 None if ws is None else _arrays.output_arg(da, ws, (ws_size(ws),)), layout,
                  y0)  # fmt: skip
 
-    if ds:  # in chunks of K/V heads whose dS^T fit DS_BYTES
+    if ds:  # in the fewest chunks of K/V heads whose dS^T fit DS_BYTES, as even as can be
         kv_heads = bh // group
-        chunk = min(kv_heads, DS_BYTES // head_bytes)
-        ws = _arrays.output(da, (chunk * group * nqt * nkb * 64 * 64,))
+        chunk = -(-kv_heads // -(-kv_heads // (DS_BYTES // head_bytes)))
+        ws = _arrays.output(da, (chunk * group * layout[0] * 64 * 64,))
         for y0 in range(0, kv_heads, chunk):
             n = min(chunk, kv_heads - y0)
             if only != "dq":
                 dkdv_kernel(n, y0, ws)
             if only != "dkdv":
-                dq_from_ds(ka, da, ws, dq, dims, args, nqt, nkb, c2["REGS"], stream, y0 * group,
+                dq_from_ds(ka, da, ws, dq, dims, args, layout, c2["REGS"], stream, y0 * group,
                            n * group)  # fmt: skip
         return dq, dk, dv
     side = (SIDE if side is None else side) and only is None and not c1["DQ"]
@@ -1382,21 +1425,27 @@ def ws_size(ws) -> int:
     return int(ws.numel()) if hasattr(ws, "numel") else int(ws.size)
 
 
-def dq_from_ds(ka, da, ws, dq, dims: tuple, args: tuple, nqt: int, nkb: int, regs: int,
-               stream, bh0: int, n_bh: int) -> None:  # fmt: skip
+def ds_head_tiles(n_tiles: int, nkb: int, tri: int) -> int:
+    """The 64 x 64 dS^T tiles of a head's workspace: ``ds_tiles_before`` its ``n_tiles``
+    128-query tiles, ``nkb`` key blocks, ``tri`` 1 only those that the causal queries see."""
+    return ds_tiles_before.__wrapped__(n_tiles, nkb, tri)
+
+
+def dq_from_ds(ka, da, ws, dq, dims: tuple, args: tuple, layout: tuple, regs: int, stream,
+               bh0: int, n_bh: int) -> None:  # fmt: skip
     """``attention_bwd_dq_ds`` on ``stream``: dq of the ``n_bh`` (batch, head)s from
     ``bh0`` = scale dS K from the workspace ``ws`` that the dK/dV kernel filled (``DS`` 1;
-    theirs, ``nqt`` 64-query tiles and ``nkb`` key blocks a head), ``ka``, ``da`` the
-    checked k and do, ``args`` the kernels' scalars."""
+    ``layout``: its tiles a head and tri, as ``ds_head_tiles``), ``ka``, ``da`` the checked
+    k and do, ``args`` the kernels' scalars."""
     from kaio_ops import _arrays
     from kaio_ops import _attention_hopper_bwd as pair
 
     bh, _, _, sq, sk, d, _ = dims
     tds = kaio.tensor_map_2d(_arrays.view(ws, da.kind, (ws_size(ws) // 64, 64)), (64, 64), 0)
     _, _, heads, group, _, scale, causal = args
-    attention_bwd_dq_ds[(nqt // 2, n_bh), 384, stream, ds_shared_bytes(d, DS_STAGES)](
+    attention_bwd_dq_ds[(-(-sq // 128), n_bh), 384, stream, ds_shared_bytes(d, DS_STAGES)](
         pair.row_map(ka, bh // group * sk, 64, d), tds, _arrays.output_arg(da, dq, (bh * sq * d,)),
-        sq, sk, heads, group, scale, causal, nqt, bh0, D=d, REGS=regs, STAGES=DS_STAGES,
+        sq, sk, heads, group, scale, causal, *layout, bh0, D=d, REGS=regs, STAGES=DS_STAGES,
         DT=da.dtype,
     )  # fmt: skip
 

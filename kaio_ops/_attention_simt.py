@@ -22,7 +22,7 @@ Scores are kept in the log2 domain: ``s2 = (q . k) * scale * log2(e)``, probabil
 from __future__ import annotations
 
 import kaio
-from kaio import f32, u32
+from kaio import f32, i32, u32
 from kaio_ops._common import lanes_max, lanes_sum, store_cols, thread_element
 
 NT = 256  # threads per block
@@ -48,12 +48,12 @@ def fwd_shared_bytes(dp: int) -> int:
 
 
 def dq_shared_bytes(dp: int, c: int) -> int:
-    """Dynamic shared memory of ``flash_bwd_dq``: Q, dO, K, V tiles and the dS tile."""
+    """Dynamic shared memory of ``dq_tile``: Q, dO, K, V tiles and the dS tile."""
     return 2 * ROWS * (dp + 4) * 4 + 2 * 16 * c * (dp + 4) * 4 + ROWS * (16 * c + 4) * 4
 
 
 def dkdv_shared_bytes(dp: int, c: int) -> int:
-    """Dynamic shared memory of ``flash_bwd_dkdv``: K, V, Q, dO tiles and the P^T, dS^T tiles."""
+    """Dynamic shared memory of ``dkdv_tile``: K, V, Q, dO tiles and the P^T, dS^T tiles."""
     return 2 * ROWS * (dp + 4) * 4 + 2 * 16 * c * (dp + 4) * 4 + 2 * ROWS * (16 * c + 4) * 4
 
 
@@ -374,21 +374,77 @@ def start_tiles(
 
 
 @kaio.gpu_kernel(block_size=NT)
-def flash_bwd_dq(
+def flash_bwd_shares(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
-    dq: f32[:, :],
-    scale_log2: f32, scale: f32, causal: u32, vec: u32,
-    DP: kaio.constexpr, C: kaio.constexpr,
+    items: i32[:, :], ws: f32[:, :], dsw: f32[:, :],
+    scale_log2: f32, causal: u32, vec: u32, per_block: i32, dv_slots: i32,
+    DP: kaio.constexpr, C: kaio.constexpr, DS: kaio.constexpr,
 ):  # fmt: skip
-    """dQ of one 64-row query tile: over the key tiles (16C keys) it sees, recompute
+    """Block x's share of the backward (``bwd_shares``: every block the same work; ``DS``
+    1: of the dK/dV part, each dS tile also stored to ``dsw`` for ``flash_bwd_dq_ds``): its
+    ``per_block`` items, rows x per_block .. of ``items``, each ``(kind, tile, t0, t1,
+    slot)`` (kind -1: none): kind 0 the dK and dV of 64-row key tile ``tile`` over the
+    16C-query tiles t0 .. t1 - 1, into the 64-row slots ``slot`` and ``slot + dv_slots`` of
+    the workspace ``ws``; kind 1 the dQ of query tile ``tile`` over key tiles t0 .. t1 - 1
+    into slot ``slot``. Unscaled: ``add_pieces`` sums each tile's pieces in order."""
+    for j in range(per_block):
+        at = i32(kaio.block_idx_x()) * per_block + j
+        kind = items[at, 0]
+        tile = u32(items[at, 1])
+        t0 = u32(items[at, 2])
+        t1 = u32(items[at, 3])
+        slot = u32(items[at, 4])
+        kaio.sync_threads()  # the last item's shared tiles are free
+        if kind == 0:
+            dkdv_tile(q, k, v, do, lse, delta, ws, ws, dsw, scale_log2, causal, vec, tile, t0,
+                      t1, slot * ROWS, (slot + u32(dv_slots)) * ROWS, DP, C, DS)  # fmt: skip
+        elif kind == 1:
+            dq_tile(q, k, v, do, lse, delta, ws, scale_log2, causal, vec, tile, t0, t1,
+                    slot * ROWS, DP, C)  # fmt: skip
+
+
+@kaio.gpu_kernel(block_size=256)
+def add_pieces(
+    ws: f32[:, :], starts: i32[:], dq: f32[:, :], dk: f32[:, :], dv: f32[:, :],
+    dv_slots: i32, scale: f32,
+):  # fmt: skip
+    """dq (block row y 0), dk (1), dv (2) = the sum of their 64-row tile's pieces in
+    ``flash_bwd_items``' workspace, in order (deterministic), times scale (dv: 1). A query
+    tile's slots are ``starts[tile] .. starts[tile + 1] - 1``, a key tile's dK slots
+    ``starts[n + 1 + tile]`` .. (n tiles), its dV's ``dv_slots`` further. One thread per
+    element of the [S, D] outputs."""
+    S = u32(dq.shape[0])
+    inside, row, col = thread_element(S, u32(dq.shape[1]))
+    which = kaio.block_idx_y()
+    if inside:
+        at = row // ROWS + kaio.select(which == 0, 0, (S + ROWS - 1) // ROWS + 1)
+        shift = kaio.select(which == 2, dv_slots, 0)
+        total = 0.0
+        for slot in range(starts[at], starts[at + 1]):
+            total += ws[u32(slot + shift) * ROWS + row % ROWS, col]
+        if which == 0:
+            dq[row, col] = total * scale
+        elif which == 1:
+            dk[row, col] = total * scale
+        else:
+            dv[row, col] = total
+
+
+@kaio.gpu_func
+def dq_tile(
+    q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
+    out: f32[:, :], scale_log2: f32, causal: u32, vec: u32, x: u32, t0: u32, t1: u32,
+    row0: u32, DP: kaio.constexpr, C: kaio.constexpr,
+):  # fmt: skip
+    """dQ of 64-row query tile x over key tiles (16C keys) t0 .. t1 - 1, unscaled: recompute
     P = exp2(S * scale_log2 - lse2) and dP = dO V^T, then dS = P * (dP - delta) and
-    dQ += dS K; finally dQ *= scale. No atomics: deterministic."""
+    dQ += dS K; finally out[row0 + i] = dQ[i] for the tile's rows i below Sq."""
     W = DP + 4
     KT = 16 * C
     Sq = u32(q.shape[0])
     Sk = u32(k.shape[0])
     tid, ty, tx = thread_grid()
-    q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * ROWS
+    q0 = x * ROWS
     q_s = kaio.shared_dynamic(f32, (ROWS, W), 0)
     do_s = kaio.shared_dynamic(f32, (ROWS, W), ROWS * W * 4)
     k_s = kaio.shared_dynamic(f32, (KT, W), 2 * ROWS * W * 4)
@@ -402,14 +458,11 @@ def flash_bwd_dq(
         l2, dl = row_stats(lse, delta, q0 + 4 * ty + r, Sq)
         lse2[r] = l2
         dlt[r] = dl
-    n_tiles = (Sk + KT - 1) // KT
-    if causal != 0:
-        n_tiles = kaio.min(n_tiles, (q0 + ROWS + KT - 1) // KT)
     acc = kaio.local(f32, (4, DP // 64, 4))
     zero_acc(acc, DP)
     s = kaio.local(f32, (4, C))
     dp = kaio.local(f32, (4, C))
-    for t in range(n_tiles):
+    for t in range(t0, t1):
         next_tiles(k_s, v_s, k, v, t * KT, vec, KT, DP)  # (ds_s is free too)
         dot_pair(s, dp, q_s, k_s, do_s, v_s, ty, tx, DP, C)
         for r in kaio.static_range(4):
@@ -422,27 +475,28 @@ def flash_bwd_dq(
         kaio.sync_threads()
         acc_tile(acc, ds_s, k_s, ty, tx, KT, DP)
     for r in kaio.static_range(4):
-        row = q0 + 4 * ty + r
-        if row < Sq:
-            store_rows(dq, 0, acc, r, row, scale, tx, vec, DP)
+        if q0 + 4 * ty + r < Sq:
+            store_rows(out, row0, acc, r, 4 * ty + r, 1.0, tx, vec, DP)
 
 
-@kaio.gpu_kernel(block_size=NT)
-def flash_bwd_dkdv(
+@kaio.gpu_func
+def dkdv_tile(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
-    dk: f32[:, :], dv: f32[:, :],
-    scale_log2: f32, scale: f32, causal: u32, vec: u32,
-    DP: kaio.constexpr, C: kaio.constexpr,
+    dk: f32[:, :], dv: f32[:, :], dsw: f32[:, :], scale_log2: f32, causal: u32, vec: u32,
+    x: u32, t0: u32, t1: u32, dk_row0: u32, dv_row0: u32, DP: kaio.constexpr,
+    C: kaio.constexpr, DS: kaio.constexpr,
 ):  # fmt: skip
-    """dK and dV of one 64-row key tile: over the query tiles (16C queries) that see it,
+    """dK and dV of 64-row key tile x over query tiles (16C queries) t0 .. t1 - 1, unscaled:
     recompute P^T = exp2(K Q^T * scale_log2 - lse2) and dP^T = V dO^T, then dV += P^T dO and
-    dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dK *= scale."""
+    dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dk[dk_row0 + i] = dK[i],
+    dv[dv_row0 + i] = dV[i] for the tile's rows i below Sk. ``DS`` 1: each dS tile also
+    stored to ``dsw`` (``store_ds``)."""
     W = DP + 4
     QT = 16 * C
     Sq = u32(q.shape[0])
     Sk = u32(k.shape[0])
     tid, ty, tx = thread_grid()
-    k0 = kaio.block_idx_x() * ROWS  # causal: the first key tiles see the most queries
+    k0 = x * ROWS
     k_s = kaio.shared_dynamic(f32, (ROWS, W), 0)
     v_s = kaio.shared_dynamic(f32, (ROWS, W), ROWS * W * 4)
     q_s = kaio.shared_dynamic(f32, (QT, W), 2 * ROWS * W * 4)
@@ -453,10 +507,6 @@ def flash_bwd_dkdv(
     )
     start_tiles(k_s, v_s, q_s, do_s, k, v, k0, vec, ROWS, QT, W, DP)
 
-    first = u32(0)
-    if causal != 0:
-        first = k0 // QT  # queries before k0 see none of these keys
-    n_tiles = (Sq + QT - 1) // QT
     dk_acc = kaio.local(f32, (4, DP // 64, 4))
     dv_acc = kaio.local(f32, (4, DP // 64, 4))
     zero_acc(dk_acc, DP)
@@ -465,7 +515,7 @@ def flash_bwd_dkdv(
     dpt = kaio.local(f32, (4, C))
     lse2 = kaio.local(f32, C)
     dlt = kaio.local(f32, C)
-    for t in range(first, n_tiles):
+    for t in range(t0, t1):
         next_tiles(q_s, do_s, q, do, t * QT, vec, QT, DP)  # (pt_s, dst_s are free too)
         for c in kaio.static_range(C):
             l2, dl = row_stats(lse, delta, t * QT + tx + 16 * c, Sq)
@@ -480,10 +530,72 @@ def flash_bwd_dkdv(
                 pt_s[4 * ty + r, tx + 16 * c] = p
                 dst_s[4 * ty + r, tx + 16 * c] = p * (dpt[r, c] - dlt[c])
         kaio.sync_threads()
+        if DS:
+            store_ds(dsw, dst_s, t * QT, x, (Sq + ROWS - 1) // ROWS, causal, QT)
         acc_tile(dv_acc, pt_s, do_s, ty, tx, QT, DP)
         acc_tile(dk_acc, dst_s, q_s, ty, tx, QT, DP)
     for r in kaio.static_range(4):
-        key = k0 + 4 * ty + r
-        if key < Sk:
-            store_rows(dk, 0, dk_acc, r, key, scale, tx, vec, DP)
-            store_rows(dv, 0, dv_acc, r, key, 1.0, tx, vec, DP)
+        if k0 + 4 * ty + r < Sk:
+            store_rows(dk, dk_row0, dk_acc, r, 4 * ty + r, 1.0, tx, vec, DP)
+            store_rows(dv, dv_row0, dv_acc, r, 4 * ty + r, 1.0, tx, vec, DP)
+
+
+@kaio.gpu_func
+def ds_block(y: u32, x: u32, tiles: u32, causal: u32) -> u32:
+    """The 64 x 64 block of dS (query tile y, key tile x) in ``flash_bwd_dq_ds``' workspace:
+    row-major over the ``tiles`` x ``tiles`` blocks, causal only those with x <= y (the
+    lower triangle). (Plain arithmetic: the host sizes the workspace with it.)"""
+    return y * (y + 1) // 2 + x if causal != 0 else y * tiles + x
+
+
+@kaio.gpu_func
+def store_ds(
+    dsw: f32[:, :], dst_s: f32[:, :], q0: u32, x: u32, tiles: u32, causal: u32,
+    QT: kaio.constexpr,
+):  # fmt: skip
+    """dS of queries q0 .. q0 + QT - 1 and 64-row key tile x, from ``dkdv_tile``'s dS^T
+    tile ``dst_s`` [keys, queries], to its place in dS's block (``ds_block``): rows of 64
+    keys, one key a thread in turn (stores 256 bytes a row together)."""
+    row0 = ds_block(q0 // ROWS, x, tiles, causal) * ROWS + q0 % ROWS
+    tid = kaio.thread_idx_x()
+    for i in kaio.static_range(ROWS * QT // NT):
+        e = tid + i * NT
+        dsw[row0 + e // ROWS, e % ROWS] = dst_s[e % ROWS, e // ROWS]
+
+
+def dq_ds_shared_bytes(dp: int) -> int:
+    """Dynamic shared memory of ``flash_bwd_dq_ds``: a K tile, a dS tile."""
+    return ROWS * (dp + 4) * 4 + ROWS * (ROWS + 4) * 4
+
+
+@kaio.gpu_kernel(block_size=NT)
+def flash_bwd_dq_ds(
+    k: f32[:, :], dsw: f32[:, :], items: i32[:, :], ws: f32[:, :], causal: u32, vec: u32,
+    per_block: i32, DP: kaio.constexpr,
+):  # fmt: skip
+    """Block x's share of dQ = dS K (``bwd_shares``, from the dS that ``flash_bwd_shares``
+    stored with ``DS`` 1): its ``per_block`` items, rows x per_block .. of ``items``, each
+    ``(1, tile, t0, t1, slot)`` (kind -1: none): the dQ of 64-row query tile ``tile`` over
+    64-row key tiles t0 .. t1 - 1 into the 64-row slot ``slot`` of ``ws``, unscaled (a
+    plain product: one a tile instead of three)."""
+    W = DP + 4
+    tiles = (u32(k.shape[0]) + ROWS - 1) // ROWS
+    tid, ty, tx = thread_grid()
+    k_s = kaio.shared_dynamic(f32, (ROWS, W), 0)
+    ds_s = kaio.shared_dynamic(f32, (ROWS, ROWS + 4), ROWS * W * 4)
+    zero_tile(k_s, ROWS, W)
+    acc = kaio.local(f32, (4, DP // 64, 4))
+    for j in range(per_block):
+        at = i32(kaio.block_idx_x()) * per_block + j
+        if items[at, 0] == 1:
+            y = u32(items[at, 1])
+            zero_acc(acc, DP)
+            for x in range(u32(items[at, 2]), u32(items[at, 3])):
+                kaio.sync_threads()  # done with the last tiles
+                load_rows(k_s, k, x * ROWS, vec, ROWS, DP)
+                load_rows(ds_s, dsw, ds_block(y, x, tiles, causal) * ROWS, 1, ROWS, ROWS)
+                kaio.cp_async_wait_all()
+                kaio.sync_threads()
+                acc_tile(acc, ds_s, k_s, ty, tx, ROWS, DP)
+            for r in kaio.static_range(4):
+                store_rows(ws, u32(items[at, 4]) * ROWS, acc, r, 4 * ty + r, 1.0, tx, vec, DP)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 from kaio.sim import active as simulating
 from kaio.types import bf16, f16, f32
@@ -137,7 +138,12 @@ def attention_flash_with_stats(q, k, v, causal: bool = False):
 
 
 def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
-    """(dq, dk, dv) of f32 flash attention (FlashAttention-2 backward, two kernels)."""
+    """(dq, dk, dv) of f32 flash attention: FlashAttention-2's backward (delta = rowsum(dO O),
+    then each key tile's dK/dV steps over its query tiles and each query tile's dQ steps)
+    with one block a multiprocessor, each the same share of the steps (``bwd_shares``,
+    ``simt.flash_bwd_shares``), each tile's pieces added in order after (``add_pieces``).
+    Where dS fits ``F32_DS_BYTES`` the dK/dV steps store it and dQ = dS K is a product of
+    its own (``simt.flash_bwd_dq_ds``), else the dQ steps recompute P and dP."""
     inputs, (da, qa, ka, va, oa) = _check_f32(
         op, [(do, "do"), (q, "q"), (k, "k"), (v, "v"), (o, "o")]
     )
@@ -148,27 +154,150 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
     vec = _vec(d, da, qa, ka, va, oa)
     stream = _arrays.stream_of(da)
     delta = _arrays.output(da, (s,), f32)
-    dq, dk, dv = (_arrays.output(da, (s, d), f32) for _ in range(3))
+    outs = tuple(_arrays.output(da, (s, d), f32) for _ in range(3))  # dq, dk, dv
     scale = 1.0 / math.sqrt(d)
-    scale_log2 = math.log2(math.e) * scale
-    tiles = -(-s // simt.ROWS)
     tc.row_dot[-(-s // 8), 256, stream, 0](oa.arg(s * d), da.arg(s * d), delta, s, d, DT=f32)
-    flags = (scale_log2, scale, causal, vec)
-    simt.flash_bwd_dq[tiles, simt.NT, stream, simt.dq_shared_bytes(dp, c)](
-        q, k, v, do, lse, delta, dq, *flags, DP=dp, C=c
+    tiles = -(-s // simt.ROWS)
+    ds_rows = (simt.ds_block.__wrapped__(tiles - 1, tiles - 1, tiles, causal) + 1) * simt.ROWS
+    ds = ds_rows * simt.ROWS * 4 <= F32_DS_BYTES
+    sms = _arrays.multiprocessors(da)
+    key = ("f32 bwd", s, dp, bool(causal), sms, ds, DQ_DS_BLOCKS, F32_STEP_COST)
+    plan = _SHARES.get(key)
+    if plan is None:  # (Python loops over the steps: once a shape)
+        plan = _SHARES[key] = bwd_shares(s, dp, bool(causal), sms, ds)
+    starts = hopper.planned_tiles(da, (*key, "starts"), lambda: plan.starts)
+    tables = [hopper.planned_tiles(da, (*key, i), lambda t=t: t) for i, t in enumerate(plan.tables)]
+    ws = _arrays.output(da, (plan.slots * simt.ROWS, d), f32)
+    dsw = _arrays.output(da, (ds_rows if ds else 1, simt.ROWS), f32)
+    smem = max(simt.dq_shared_bytes(dp, c), simt.dkdv_shared_bytes(dp, c))
+    simt.flash_bwd_shares[len(tables[0]) // plan.per_block[0], simt.NT, stream, smem](
+        q, k, v, do, lse, delta, tables[0], ws, dsw, math.log2(math.e) * scale, causal, vec,
+        plan.per_block[0], plan.dk_slots, DP=dp, C=c, DS=int(ds),
+    )  # fmt: skip
+    if ds:
+        simt.flash_bwd_dq_ds[len(tables[1]) // plan.per_block[1], simt.NT, stream,
+                             simt.dq_ds_shared_bytes(dp)](
+            k, dsw, tables[1], ws, causal, vec, plan.per_block[1], DP=dp
+        )  # fmt: skip
+    simt.add_pieces[(-(-s * d // 256), 3), 256, stream, 0](ws, starts, *outs, plan.dk_slots, scale)
+    return outs
+
+
+# The most bytes of dS that the f32 backward stores for its dQ product (``flash_backward``;
+# beyond, its dQ steps recompute P and dP: three products a tile instead of one). 256 MiB:
+# S 8192 (11585 causal) at most. Measured on an H100, S4096 D128, GPU round C of 2026-11-27
+# (µs, plain / causal): stored 889 / 464, recomputed 1121 / 608, SDPA efficient 1443 / 1348.
+F32_DS_BYTES = 256 << 20
+
+# The cost of a tile step (``bwd_shares``): dK and dV (4 products), dQ (3), dQ from dS (1).
+# (The kernels of a dQ and a dK/dV block per 64 rows, alone: 860 and 1087 µs at S4096 D128.)
+F32_STEP_COST = (4, 3, 1)
+
+# Blocks a multiprocessor of ``simt.flash_bwd_dq_ds`` (``bwd_shares``).
+DQ_DS_BLOCKS = 2
+
+_SHARES: dict = {}  # flash_backward's plans, made once a shape
+
+
+class Shares(NamedTuple):
+    """``bwd_shares``' plan: ``tables`` int32 [blocks x per_block, 5] of items (kind, tile,
+    t0, t1, slot; kind -1 pads) for ``flash_bwd_shares`` (and ``flash_bwd_dq_ds``),
+    ``per_block`` the items a block of each; ``starts`` int32 [2 (tiles + 1)]: the first
+    workspace slot of each query tile's dQ pieces, then of each key tile's dK pieces (its
+    dV pieces ``dk_slots`` further); ``slots`` in all."""
+
+    tables: tuple
+    per_block: tuple
+    starts: object
+    dk_slots: int
+    slots: int
+
+
+def share_runs(runs: list, blocks: int) -> list:
+    """The items of each of ``blocks`` blocks (fewer where there are fewer steps) whose
+    shares of ``runs`` (kind, tile, t0, t1, cost of a step), their steps in order, cost the
+    same: each step to the block whose share holds its middle, a block's steps of one tile
+    one item [kind, tile, t0, t1, slot (0 for now)]."""
+    total = sum((t1 - t0) * cost for _, _, t0, t1, cost in runs)
+    share = [[] for _ in range(max(1, min(blocks, sum(t1 - t0 for _, _, t0, t1, _ in runs))))]
+    done = 0
+    for kind, tile, t0, t1, cost in runs:
+        for t in range(t0, t1):
+            b = min(len(share) - 1, int((done + cost / 2) * len(share) // total))
+            done += cost
+            if share[b] and share[b][-1][:2] == [kind, tile]:
+                share[b][-1][3] = t + 1
+            else:
+                share[b].append([kind, tile, t, t + 1, 0])
+    return share
+
+
+def item_table(share: list) -> tuple:
+    """(int32 [blocks x per_block, 5], per_block): ``share_runs``' items, kind -1 pads."""
+    import numpy as np
+
+    per_block = max(len(items) for items in share)
+    table = np.full((len(share) * per_block, 5), -1, np.int32)
+    for b, items in enumerate(share):
+        if items:  # (a share may be empty where a step costs more than a share)
+            table[b * per_block : b * per_block + len(items)] = items
+    return table, per_block
+
+
+def bwd_shares(s: int, dp: int, causal: bool, blocks: int, ds: bool = False) -> Shares:
+    """The f32 backward's plan (``Shares``) for S = ``s``, padded head dim ``dp`` on
+    ``blocks`` multiprocessors: each key tile's dK/dV steps over its query tiles, then each
+    query tile's dQ steps over its key tiles (``F32_STEP_COST``), in equal shares
+    (``share_runs``); ``ds``: the dQ steps (from dS, a 64-key tile each) a second plan, of
+    ``DQ_DS_BLOCKS`` blocks a multiprocessor."""
+    import numpy as np
+
+    rows = 16 * simt.bwd_cols(dp)  # of the dK/dV steps' query tiles, of the dQ steps' key tiles
+    inner = -(-s // rows)
+    tiles = -(-s // simt.ROWS)
+    # causal: the queries before a key tile see none of it, a query tile no key past its own
+    dkdv = [(0, x, x * simt.ROWS // rows if causal else 0, inner, F32_STEP_COST[0])
+            for x in range(tiles)]  # fmt: skip
+    if ds:
+        dq = [(1, y, 0, min(tiles, y + 1) if causal else tiles, F32_STEP_COST[2])
+              for y in range(tiles)]  # fmt: skip
+        shares = [share_runs(dkdv, blocks), share_runs(dq, DQ_DS_BLOCKS * blocks)]
+    else:
+        dq = [(1, y, 0, min(inner, -(-(y + 1) * simt.ROWS // rows)) if causal else inner,
+               F32_STEP_COST[1]) for y in range(tiles)]  # fmt: skip
+        shares = [share_runs(dkdv + dq, blocks)]
+    pieces = [[[] for _ in range(tiles)] for _ in range(2)]
+    for share in shares:
+        for items in share:
+            for item in items:
+                pieces[item[0]][item[1]].append(item)
+    dk_slots = sum(len(p) for p in pieces[0])
+    starts = np.zeros(2 * (tiles + 1), np.int32)
+    for kind, at, slot in ((1, 0, 2 * dk_slots), (0, tiles + 1, 0)):  # [dK | dV | dQ]
+        for tile in range(tiles):
+            starts[at + tile] = slot
+            for item in pieces[kind][tile]:
+                item[4] = slot
+                slot += 1
+        starts[at + tiles] = slot
+    tables = [item_table(share) for share in shares]
+    return Shares(
+        tuple(t for t, _ in tables),
+        tuple(n for _, n in tables),
+        starts,
+        dk_slots,
+        2 * dk_slots + sum(len(p) for p in pieces[1]),
     )
-    simt.flash_bwd_dkdv[tiles, simt.NT, stream, simt.dkdv_shared_bytes(dp, c)](
-        q, k, v, do, lse, delta, dk, dv, *flags, DP=dp, C=c
-    )
-    return dq, dk, dv
 
 
 @planned("do", "q", "k", "v", "o", "lse")
 def attention_flash_bwd(do, q, k, v, o, lse):
     """Gradients ``(dq, dk, dv)`` of ``attention_flash`` from the output gradient ``do``, the
     inputs, the output ``o`` and the stats ``lse`` of ``attention_flash_with_stats``: all f32
-    [S, D], D <= 256 (lse [S]). FlashAttention-2's backward, P recomputed a tile at a time: no S x S
-    matrix, no atomics (dQ and dK/dV come from two kernels; deterministic)."""
+    [S, D], D <= 256 (lse [S]). FlashAttention-2's backward, P recomputed a tile at a time, the
+    work in equal shares over the multiprocessors (``flash_backward``), dQ from a stored dS
+    where it fits ``F32_DS_BYTES``; no atomics (each tile's pieces added in a fixed order:
+    deterministic)."""
     return flash_backward("attention_flash_bwd", do, q, k, v, o, lse, False)
 
 
@@ -444,8 +573,10 @@ def shipped():
     """(kernel, constexprs) of every specialization these ops launch."""
     for dp in simt.DIMS:
         yield simt.flash_fwd, {"DP": dp}
-        yield simt.flash_bwd_dq, {"DP": dp, "C": simt.bwd_cols(dp)}
-        yield simt.flash_bwd_dkdv, {"DP": dp, "C": simt.bwd_cols(dp)}
+        for ds in (0, 1):
+            yield simt.flash_bwd_shares, {"DP": dp, "C": simt.bwd_cols(dp), "DS": ds}
+        yield simt.flash_bwd_dq_ds, {"DP": dp}
+    yield simt.add_pieces, {}
     yield simt.combine_splits, {}
     for dp in TC_DIMS:
         for vec in (False, True):  # attention_tc: any D

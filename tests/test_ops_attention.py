@@ -145,6 +145,48 @@ def test_split_heuristic_fills_the_gpu():
     assert attention.splits_for(2, 100, 1, 132) == 15  # 30 blocks of 7 tiles
 
 
+@pytest.mark.parametrize(
+    "s, dp, causal, ds",
+    [
+        (4096, 128, False, True),
+        (4096, 128, True, True),
+        (1000, 256, True, False),
+        (200, 64, False, False),
+    ],
+)
+def test_bwd_shares_cover_each_step_once_in_equal_shares(s, dp, causal, ds):
+    """``bwd_shares``: every (kind, tile, step) in exactly one item, the shares of each plan
+    within two steps' cost of each other, each tile's pieces in consecutive slots in step
+    order (``starts``), dK slots then dV then dQ."""
+    plan = attention.bwd_shares(s, dp, causal, 132, ds)
+    rows = 16 * attention.simt.bwd_cols(dp)  # of the dK/dV steps' query tiles, dQ's key tiles
+    tiles, inner = -(-s // 64), -(-s // rows)
+    seen = {}
+    for table, per_block in zip(plan.tables, plan.per_block, strict=True):
+        costs = []
+        for b in range(len(table) // per_block):
+            items = [r for r in table[b * per_block : (b + 1) * per_block] if r[0] >= 0]
+            costs.append(0)
+            for kind, tile, t0, t1, slot in items:
+                cost = attention.F32_STEP_COST[0 if kind == 0 else 2 if ds else 1]
+                costs[-1] += (t1 - t0) * cost
+                for t in range(t0, t1):
+                    assert (kind, tile, t) not in seen
+                    seen[kind, tile, t] = slot
+        assert max(costs) - min(costs) <= 2 * max(attention.F32_STEP_COST)  # (a step an end)
+    for tile in range(tiles):
+        first = tile * 64 // rows if causal else 0
+        n_dq = min(inner, -(-(tile * 64 + 64) // rows)) if causal else inner
+        if ds:  # (64-key tiles)
+            n_dq = min(tiles, tile + 1) if causal else tiles
+        for kind, steps, at in ((0, range(first, inner), tiles + 1), (1, range(n_dq), 0)):
+            slots = [seen.pop((kind, tile, t)) for t in steps]
+            assert slots == sorted(slots) and slots[0] == plan.starts[at + tile]
+            assert slots[-1] == plan.starts[at + tile + 1] - 1
+    assert not seen and plan.starts[0] == 2 * plan.dk_slots and plan.starts[tiles + 1] == 0
+    assert plan.slots == plan.starts[tiles] and plan.starts[2 * tiles + 1] == plan.dk_slots
+
+
 def test_attention_flash_bwd_against_finite_differences_in_simulator():
     rng = np.random.default_rng(7)
     s, d = 6, 8
@@ -159,8 +201,25 @@ def test_attention_flash_bwd_against_finite_differences_in_simulator():
             assert rel(g, fd) < 1e-5, name
 
 
-@pytest.mark.parametrize("s, d, causal", [(70, 24, True), (5, 136, False)])  # DP 64, 256
-def test_attention_flash_bwd_in_simulator(s, d, causal):
+@pytest.mark.parametrize(
+    "s, d, causal, sms, ds",
+    [
+        (70, 24, True, 132, True),  # DP 64, dS stored (a triangle of blocks)
+        (5, 136, False, 132, True),  # DP 256
+        # shares of several items, tiles in pieces over blocks (bwd_shares); dQ recomputed
+        (70, 24, True, 5, False),
+        (130, 24, False, 2, True),  # the same in both plans, dQ from dS
+    ],
+)
+def test_attention_flash_bwd_in_simulator(s, d, causal, sms, ds, monkeypatch):
+    monkeypatch.setattr(attention._arrays, "multiprocessors", lambda like: sms)
+    if not ds:
+        monkeypatch.setattr(attention, "F32_DS_BYTES", 0)
+    if sms < 10:  # more slots than tiles (pieces) of each kind, several items a block
+        plan = attention.bwd_shares(s, 64, causal, sms, ds)
+        tiles = -(-s // 64)
+        assert min(plan.per_block) > 1 and plan.dk_slots > tiles
+        assert plan.slots - 2 * plan.dk_slots > tiles
     rng = np.random.default_rng(s + d)
     q, k, v, do = (randn(rng, (s, d)) for _ in range(4))
     bwd = kaio_ops.attention_flash_bwd_causal if causal else kaio_ops.attention_flash_bwd

@@ -60,14 +60,24 @@ def run_sim(b, h, hkv, sq, sk, dtype, causal, cfg=None):
         (1, 1, 1, 192, 256, False, "ds"),
         # in chunks of one K/V head (DS_BYTES: each chunk's tiles from the workspace's start)
         (2, 2, 1, 128, 128, True, "ds chunks"),
+        # causal, the workspace bound at the triangle's 10 tiles (of the 12 a dense layout
+        # has): rows of 2 and then 3 key blocks (the last 128-query tile's whole row)
+        (1, 1, 1, 192, 192, True, "ds triangle"),
     ],
 )
 def test_backward_d256_in_simulator(b, h, hkv, sq, sk, causal, dq, monkeypatch):
     cfg = {"DQ": 0, "DS": 1} if str(dq).startswith("ds") else {"DQ": dq, "DS": 0}
     if dq == "ds chunks":  # a K/V head's dS^T: its 2 query heads' 2 x 2 tiles of 64 x 64
         monkeypatch.setattr(bwd256, "DS_BYTES", 2 * 2 * 2 * 64 * 64 * 2)
+    taken = []
+    if dq == "ds triangle":
+        assert bwd256.ds_head_tiles(2, 3, 1) == 10 and bwd256.ds_head_tiles(2, 3, 0) == 12
+        monkeypatch.setattr(bwd256, "DS_BYTES", 10 * 64 * 64 * 2)
+        dq_from_ds = bwd256.dq_from_ds
+        monkeypatch.setattr(bwd256, "dq_from_ds", lambda *a: taken.append(dq_from_ds(*a)))
     grads = run_sim(b, h, hkv, sq, sk, np.float16, causal, {"dkdv": cfg})
     check_grads(*grads, np.float16)
+    assert len(taken) == (dq == "ds triangle")
 
 
 def test_ds_keeps_to_its_workspace_bound(monkeypatch):
@@ -145,8 +155,9 @@ def _hopper_gpu() -> bool:
 @pytest.mark.skipif("not _hopper_gpu()", reason="needs an sm_90 GPU")
 @pytest.mark.parametrize(
     "b, h, hkv, sq, sk, chunk",
-    # the grouped-query case with DS's workspace one K/V head's dS^T: two chunks
-    [(2, 4, 4, 1024, 1024, None), (1, 4, 2, 1024, 2048, 2 * 16 * 32 * 64 * 64 * 2)],
+    # the grouped-query case with DS's workspace one K/V head's dS^T: two chunks (causal: a
+    # triangle of 144 tiles of the 512 a dense workspace has)
+    [(2, 4, 4, 1024, 1024, False), (1, 4, 2, 1024, 2048, True)],
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -156,8 +167,13 @@ def test_gpu_flash_attention_bwd_d256(b, h, hkv, sq, sk, chunk, causal, dtype, m
     flash's distance where that runs; the same bits on a second run."""
     import torch
 
-    if chunk:
-        monkeypatch.setattr(bwd256, "DS_BYTES", chunk)
+    if chunk:  # a K/V head's tiles (its 2 query heads')
+        tiles = bwd256.ds_head_tiles(sq // 128, sk // 64, int(causal))
+        assert tiles == (144 if causal else 512)
+        monkeypatch.setattr(bwd256, "DS_BYTES", 2 * tiles * 64 * 64 * 2)
+    chunks = []
+    dq_from_ds = bwd256.dq_from_ds
+    monkeypatch.setattr(bwd256, "dq_from_ds", lambda *a: chunks.append(dq_from_ds(*a)))
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tests.test_ops_attention import _rel_t, _sdpa64
@@ -186,5 +202,6 @@ def test_gpu_flash_attention_bwd_d256(b, h, hkv, sq, sk, chunk, causal, dtype, m
         assert g.dtype == dt and g.shape == leaf.shape
         near = tol if t is None else max(tol, 2 * _rel_t(t, leaf.grad))
         assert _rel_t(g, leaf.grad) < near
+    assert len(chunks) == (2 if chunk else 1)
     again = kaio_ops.flash_attention_bwd(do, q, k, v, o, lse, causal)
     assert all(torch.equal(x, y) for x, y in zip(again, grads, strict=True))
