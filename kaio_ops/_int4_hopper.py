@@ -719,7 +719,7 @@ def swap_slice(
     if not LATE:
         free_words(bars, at[4], lt)
     if GS:
-        group_scales(acc, cur, d, kt, starts, BM)
+        group_scales(acc, cur, d, starts, BM)
     s = at[0]
     kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
     kaio.wgmma_fence()
@@ -741,24 +741,36 @@ def swap_slice(
 
 
 @kaio.gpu_func
-def group_scales(acc: f32[:, :, :], cur: f32[:], d: f32[:], kt: i32, starts: bool_,
-                 BM: kaio.constexpr):  # fmt: skip
+def group_scales(acc: f32[:, :, :], cur: f32[:], d: f32[:], starts: bool_, BM: kaio.constexpr):
     """``GS``: the accumulator holds the sums of a * q over the warpgroup's K slices so far
     divided by ``cur`` (its columns' scales of the group of the last slice): at a slice
     that ``starts`` a group of divisors ``d`` (after the wgmmas in flight are done) it is
     rescaled by cur / d, so that the group's wgmmas add q's products unscaled; the work
-    item's end multiplies by ``cur`` (``scale_columns``). At the item's first slice (``kt``
-    0, the wgmmas overwrite the accumulator) only ``cur`` is set."""
-    if kt == 0:
-        cur[0] = d[0]
-        cur[1] = d[1]
-    elif starts:
+    item's end multiplies by ``cur`` (``scale_columns``). At the item's first slice the
+    rescale is harmless (its wgmmas overwrite the accumulator): no branch on it."""
+    if starts:
         kaio.wgmma_wait(0)
         ratio = kaio.local(f32, 2)
         for h in kaio.static_range(2):
             ratio[h] = cur[h] * kaio.rcp_ftz(d[h])
             cur[h] = d[h]
         scale_columns(acc, ratio, BM)
+
+
+@kaio.gpu_func
+def group_start(slice0: i32, kt: i32, b: kaio.constexpr, KSTEP: kaio.constexpr,
+                BUFS: kaio.constexpr, SK: kaio.constexpr) -> bool_:  # fmt: skip
+    """``GS``: whether a warpgroup's slice ``kt + b`` (``kt`` a multiple of ``BUFS``) of a
+    work item whose first slice is ``slice0`` of K starts a scale group for it (or is the
+    item's first, which sets ``group_scales``' divisors): every
+    slice of ``KSTEP`` > 1 warpgroups in turn; without ``SK`` (items start on a group:
+    ``swap_launch_plan``'s K split) known to ptxas where ``BUFS`` is a multiple of the
+    group's slices, so that no branch parts the slice's dequantization from its wgmmas."""
+    if KSTEP > 1:
+        return True
+    if not SK and BUFS % GROUP_SLICES == 0:
+        return b % GROUP_SLICES == 0
+    return (slice0 + kt + b) % GROUP_SLICES == 0 or kt + b == 0  # (the item's first: cur)
 
 
 @kaio.gpu_func
@@ -989,6 +1001,8 @@ def int4_swap(
         sel = (lane % 4) * 0x1111
         wr = kaio.local(u32, (WORD_ROWS + 1, 2))  # a slice's words and scales (load_words)
         cur = kaio.local(f32, 2)  # GS: the accumulator's columns' divisors (group_scales)
+        cur[0] = 1.0
+        cur[1] = 1.0
         head = i32(-1)  # SK, HEAD: the stream-K tile whose head part is the block's last item
         if EARLY and segments > 0:  # the first slice's words; then each slice reads the next's
             load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KSTEP)
@@ -1004,7 +1018,7 @@ def int4_swap(
             for kt in range(0, ck - (BUFS - 1), BUFS):
                 for b in kaio.static_range(BUFS):
                     more = not (last and kt + b == ck - 1)
-                    starts = KSTEP > 1 or (slice0 + kt + b) % GROUP_SLICES == 0
+                    starts = group_start(slice0, kt, b, KSTEP, BUFS, SK)
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
                                more, cur, starts, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
                                LATE, GS, BM)  # fmt: skip
@@ -1015,7 +1029,7 @@ def int4_swap(
                     if b < rest:
                         kt = ck - rest + b
                         more = not (last and kt == ck - 1)
-                        starts = KSTEP > 1 or (slice0 + kt) % GROUP_SLICES == 0
+                        starts = group_start(slice0, kt - b, b, KSTEP, BUFS, SK)
                         swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
                                    more, cur, starts, b, STAGES, MC, WSTAGES, BUFS, EARLY,
                                    KSTEP, LATE, GS, BM)  # fmt: skip
@@ -1487,6 +1501,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     cols = 1 if kw else wg  # warpgroups side by side along a tile's columns
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * cols))
     step = BK * (wg if kw else 1)  # a K split's slices: whole steps of every warpgroup
+    if GS:  # whole scale groups (``group_start``)
+        step = math.lcm(step, GROUP_SLICES * BK)
     if mc:  # pairs of tiles (a K split along z, or with CL a cluster of pairs)
         if bm % 16:
             raise ValueError(f"int4_swap: a multicast pair needs BM % 16 == 0, got {bm}")
