@@ -718,10 +718,10 @@ def swap_slice(
                 af[BUF, kk, r] = nibble_pair(word, sel, kaio.bitcast(scale[r % 2], f16x2))
     if not LATE:
         free_words(bars, at[4], lt)
-    if GS:
-        group_scales(acc, cur, d, starts, BM)
     s = at[0]
     kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
+    if GS:  # (after a branch: ptxas moves the wgmmas' wait to the top of its block)
+        group_scales(acc, cur, d, starts, BM)
     kaio.wgmma_fence()
     for kk in kaio.static_range(BK // 16):
         db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
