@@ -43,7 +43,6 @@ from kaio_ops._matmul_hopper import grouped
 from kaio_ops._matmul_kernels import GROUP_M, tile_col, tile_row
 
 BK = 64  # K values a slice (one 128-byte swizzled row of f16 per tile row)
-GROUP_SLICES = 128 // BK  # the slices of a scale group (matmul_int4's 128 K values)
 WORD_ROWS = BK // 8  # packed word rows a slice
 SW = 128
 SHARED_LIMIT = 227 * 1024
@@ -541,11 +540,6 @@ PDL = 1
 # 4).
 HEAD = 1
 
-# int4_swap's GS: the group scales applied to the accumulator (``group_scales``), the
-# fragments q exactly (one f16 operation a pair after the lop3, not two); 0: the fragments
-# f16(scale q). Measured: see below.
-GS = 0
-
 
 def run(a, b, s, out_type):
     """``a @ W`` rounded to ``out_type`` for operands that this module ``takes``:
@@ -611,38 +605,6 @@ def nibble_pair(word: u32, sel: u32, scale: f16x2) -> u32:
 
 
 @kaio.gpu_func
-def nibble_pair_q(word: u32, sel: u32, mask: u32) -> u32:
-    """``nibble_pair`` without the scale (``GS``): the f16 pair q of byte ``t`` exactly, one
-    subtraction after the ``lop3``; ``mask`` 0 (a zero scale) makes the pair 0."""
-    byte = kaio.prmt(word, word, sel)
-    biased = kaio.bitcast(kaio.lop3(byte, mask, u32(SWAP_MAGIC), LOP_AND_XOR), f16x2)
-    return kaio.bitcast(biased - kaio.bitcast(u32(SWAP_MAGIC), f16x2), u32)
-
-
-@kaio.gpu_func
-def group_divisors(pair: u32, d: f32[:], mask: u32[:]):
-    """``GS``: the scales of this lane's columns (``pair``: two f16, the low one column
-    ``nl``) as the f32 divisors ``d`` of its accumulator's columns (1 for a zero scale, whose
-    weights ``mask`` 0 makes 0 instead)."""
-    halves = kaio.bitcast(pair, f16x2)
-    d[0] = f32(kaio.low(halves))
-    d[1] = f32(kaio.high(halves))
-    for h in kaio.static_range(2):
-        zero = ((pair >> (16 * h)) & 0x7FFF) == 0  # (+0 or -0)
-        d[h] = kaio.select(zero, 1.0, d[h])
-        mask[h] = kaio.select(zero, u32(0), u32(SWAP_MASK))
-
-
-@kaio.gpu_func
-def scale_columns(acc: f32[:, :, :], by: f32[:], BM: kaio.constexpr):
-    """acc[j, h, e] *= by[h]: this lane's two columns of the accumulator."""
-    for j in kaio.static_range(BM // 8):
-        for h in kaio.static_range(2):
-            for e in kaio.static_range(2):
-                acc[j, h, e] *= by[h]
-
-
-@kaio.gpu_func
 def load_words(
     sw: u32[:, :, :], sc: u32[:, :], bars: u64[:, :], wr: u32[:, :], wpos: i32[:],
     at: i32[:], nl: u32, WSTAGES: kaio.constexpr, KW: kaio.constexpr = 1,
@@ -679,9 +641,9 @@ def swap_slice(
     sw: u32[:, :, :], sc: u32[:, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :],
     af: u32[:, :, :], wr: u32[:, :], wpos: i32[:], at: i32[:], kt: i32, nl: u32, sel: u32,
     lt: u32,
-    more: bool_, cur: f32[:], starts: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr,
-    MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr,
-    KW: kaio.constexpr, LATE: kaio.constexpr = 0, GS: kaio.constexpr = 0, BM: kaio.constexpr = 0,
+    more: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
+    WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr, KW: kaio.constexpr,
+    LATE: kaio.constexpr = 0,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: its words (``load_words``; with
     ``EARLY`` read during the slice before) made into the A fragments of its 4 steps (buffer
@@ -696,32 +658,22 @@ def swap_slice(
     their way. With ``KW`` warpgroups taking the tile's slices in turn, ``kt`` counts this
     warpgroup's slices and its stages are every ``KW``-th of both rings. ``LATE``: the
     words' stage is freed once the wgmmas are issued, off the path from the fragments to
-    the wgmmas (``free_words``). ``GS``: the fragments are q, the scales applied to the
-    accumulator of ``BM`` rows instead (``group_scales``: ``cur`` its columns' divisors,
-    ``starts``: this slice is the first of its scale group that this warpgroup takes)."""
+    the wgmmas (``free_words``)."""
     if not EARLY:
         load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
     pair = wr[WORD_ROWS, 0]
-    scale = kaio.local(u32, 2)  # GS: the columns' lop3 masks, else their scales twice
-    d = kaio.local(f32, 2)  # GS: the columns' divisors
-    if GS:
-        group_divisors(pair, d, scale)
-    else:
-        scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
-        scale[1] = kaio.prmt(pair, pair, HIGH_TWICE)
+    scale = kaio.local(u32, 2)
+    scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
+    scale[1] = kaio.prmt(pair, pair, HIGH_TWICE)
     for kk in kaio.static_range(BK // 16):
         for r in kaio.static_range(4):  # (row g, k 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)
-            word = wr[2 * kk + r // 2, r % 2]
-            if GS:
-                af[BUF, kk, r] = nibble_pair_q(word, sel, scale[r % 2])
-            else:
-                af[BUF, kk, r] = nibble_pair(word, sel, kaio.bitcast(scale[r % 2], f16x2))
+            af[BUF, kk, r] = nibble_pair(
+                wr[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2)
+            )
     if not LATE:
         free_words(bars, at[4], lt)
     s = at[0]
     kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
-    if GS:  # (after a branch: ptxas moves the wgmmas' wait to the top of its block)
-        group_scales(acc, cur, d, starts, BM)
     kaio.wgmma_fence()
     for kk in kaio.static_range(BK // 16):
         db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
@@ -738,39 +690,6 @@ def swap_slice(
         at[3] = at[2]
     at[2] = s
     advance_by(at, STAGES, KW)
-
-
-@kaio.gpu_func
-def group_scales(acc: f32[:, :, :], cur: f32[:], d: f32[:], starts: bool_, BM: kaio.constexpr):
-    """``GS``: the accumulator holds the sums of a * q over the warpgroup's K slices so far
-    divided by ``cur`` (its columns' scales of the group of the last slice): at a slice
-    that ``starts`` a group of divisors ``d`` (after the wgmmas in flight are done) it is
-    rescaled by cur / d, so that the group's wgmmas add q's products unscaled; the work
-    item's end multiplies by ``cur`` (``scale_columns``). At the item's first slice the
-    rescale is harmless (its wgmmas overwrite the accumulator): no branch on it."""
-    if starts:
-        kaio.wgmma_wait(0)
-        ratio = kaio.local(f32, 2)
-        for h in kaio.static_range(2):
-            ratio[h] = cur[h] * kaio.rcp_ftz(d[h])
-            cur[h] = d[h]
-        scale_columns(acc, ratio, BM)
-
-
-@kaio.gpu_func
-def group_start(slice0: i32, kt: i32, b: kaio.constexpr, KSTEP: kaio.constexpr,
-                BUFS: kaio.constexpr, SK: kaio.constexpr) -> bool_:  # fmt: skip
-    """``GS``: whether a warpgroup's slice ``kt + b`` (``kt`` a multiple of ``BUFS``) of a
-    work item whose first slice is ``slice0`` of K starts a scale group for it (or is the
-    item's first, which sets ``group_scales``' divisors): every
-    slice of ``KSTEP`` > 1 warpgroups in turn; without ``SK`` (items start on a group:
-    ``swap_launch_plan``'s K split) known to ptxas where ``BUFS`` is a multiple of the
-    group's slices, so that no branch parts the slice's dequantization from its wgmmas."""
-    if KSTEP > 1:
-        return True
-    if not SK and BUFS % GROUP_SLICES == 0:
-        return b % GROUP_SLICES == 0
-    return (slice0 + kt + b) % GROUP_SLICES == 0 or kt + b == 0  # (the item's first: cur)
 
 
 @kaio.gpu_func
@@ -858,7 +777,7 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    HEAD: kaio.constexpr, GS: kaio.constexpr,
+    HEAD: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -1000,9 +919,6 @@ def int4_swap(
             wpos[0] = i32(wg)
         sel = (lane % 4) * 0x1111
         wr = kaio.local(u32, (WORD_ROWS + 1, 2))  # a slice's words and scales (load_words)
-        cur = kaio.local(f32, 2)  # GS: the accumulator's columns' divisors (group_scales)
-        cur[0] = 1.0
-        cur[1] = 1.0
         head = i32(-1)  # SK, HEAD: the stream-K tile whose head part is the block's last item
         if EARLY and segments > 0:  # the first slice's words; then each slice reads the next's
             load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KSTEP)
@@ -1011,17 +927,15 @@ def int4_swap(
             origin = swap_origin(u32(tile), grid_m, grid_n, GROUP)
             last = i == segments - 1
             ck = (ke - kb) // KSTEP  # this warpgroup's slices of the item
-            slice0 = i32(k_begin // BK) + kb  # GS: the item's first slice in all of K
             # slices in groups of BUFS, the fragment buffers in turn; the last k_tiles %
             # BUFS slices after every wgmma is done (ptxas serializes all wgmmas if any
             # path could redefine the registers of one in flight)
             for kt in range(0, ck - (BUFS - 1), BUFS):
                 for b in kaio.static_range(BUFS):
                     more = not (last and kt + b == ck - 1)
-                    starts = group_start(slice0, kt, b, KSTEP, BUFS, SK)
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
-                               more, cur, starts, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE, GS, BM)  # fmt: skip
+                               more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
+                               LATE)  # fmt: skip
             rest = ck % BUFS
             if rest:
                 kaio.wgmma_wait(0)
@@ -1029,13 +943,10 @@ def int4_swap(
                     if b < rest:
                         kt = ck - rest + b
                         more = not (last and kt == ck - 1)
-                        starts = group_start(slice0, kt - b, b, KSTEP, BUFS, SK)
                         swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
-                                   more, cur, starts, b, STAGES, MC, WSTAGES, BUFS, EARLY,
-                                   KSTEP, LATE, GS, BM)  # fmt: skip
+                                   more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
+                               LATE)  # fmt: skip
             kaio.wgmma_wait(0)
-            if GS:  # the sums of the item's last scale group, scaled
-                scale_columns(acc, cur, BM)
             if lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and ck > 1:
                     free_stage(bars, at[3], MC)
@@ -1501,8 +1412,6 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     cols = 1 if kw else wg  # warpgroups side by side along a tile's columns
     tiles = math.ceil(m / bm) * math.ceil(n / (64 * cols))
     step = BK * (wg if kw else 1)  # a K split's slices: whole steps of every warpgroup
-    if GS:  # whole scale groups (``group_start``)
-        step = math.lcm(step, GROUP_SLICES * BK)
     if mc:  # pairs of tiles (a K split along z, or with CL a cluster of pairs)
         if bm % 16:
             raise ValueError(f"int4_swap: a multicast pair needs BM % 16 == 0, got {bm}")
@@ -1519,7 +1428,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
               "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
-              "HEAD": int(HEAD and wg == 2), "GS": GS}  # fmt: skip
+              "HEAD": int(HEAD and wg == 2)}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1626,6 +1535,6 @@ def swap_specializations() -> list:
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 2,
                   "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
-                  "HEAD": i % 2, "GS": int(i % 3 == 0)}  # fmt: skip
+                  "HEAD": i % 2}  # fmt: skip
         out.append((int4_swap, consts))
     return out

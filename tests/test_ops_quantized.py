@@ -503,50 +503,6 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
     assert np.abs(ref).max() > 10  # a real product
 
 
-# GS (``_int4_hopper.GS``): the group scales applied to the accumulator, the fragments q: a
-# plain tile, a K split of 3 in a cluster (whole scale groups a block), KW (every slice of a
-# warpgroup its group's first), stream-K parts that start mid-group (runs of 1-2 slices),
-# three fragment buffers on stream-K, three warpgroups in cluster pairs; zero scales (a
-# column's every group, and one -0) and a negative one.
-GS_CASES = [
-    (40, 64, 256, None, (1, 40, 2, 1), None),
-    (9, 64, 768, None, (4, 16, 2, 3, 1), None),
-    (70, 72, 256, None, (2, 32, 4, 1, 0, 0, 2, 2, 0, 0, 1), 2),
-    (70, 200, 256, None, (2, 32, 4, 1, 0, 0, 4, 2, 1, 0, 0, 0, 1, 1), 16),
-    (70, 200, 256, None, (2, 32, 3, 1, 0, 0, 3, 3, 0, 0, 0, 0, 1, 0), 4),
-    (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 1), None),
-]
-
-
-@pytest.mark.parametrize("m, n, k, out_dtype, config, sms", GS_CASES)
-def test_int4_group_scales_in_simulator(m, n, k, out_dtype, config, sms, poisoned, monkeypatch):
-    """``GS``: the product of a and the exact weights ``scale * q`` (their f16 rounding
-    skipped) within the f32 sums' error and the output's one rounding."""
-    from kaio_ops import _int4_hopper
-
-    monkeypatch.setattr(_int4_hopper, "GS", 1)
-    a, packed, scales, _ = int4_case(m, n, k)
-    scales[:, 3], scales[-1, 5], scales[0, 7] = 0.0, -0.0, -scales[0, 7]
-    with kaio.simulate():
-        out = {None: f32, "float16": f16}[out_dtype]
-        c = _int4_hopper.launch_swap(*_sim_operands(a, packed, scales), out, config, sms)
-    w = np.repeat(scales.astype(np.float64), 128, axis=0) * int4_values(packed)
-    ref = a.astype(np.float64) @ w
-    bound = np.abs(a.astype(np.float64)) @ np.abs(w)
-    rounding = {None: 0.0, "float16": 2.0**-11}[out_dtype]
-    c = np.asarray(c).astype(np.float64)
-    assert c.shape == (m, n) and np.isfinite(c).all()
-    assert np.all(np.abs(c - ref) <= 1e-6 * bound + rounding * np.abs(ref))
-    assert np.all(c[:, 3] == 0) and np.abs(ref).max() > 10  # (column 3's scales all zero)
-
-
-def int4_values(packed: np.ndarray) -> np.ndarray:
-    """``pack_int4``'s words [K/8, N] back as the signed nibbles [K, N]."""
-    shifts = (4 * np.arange(8, dtype=np.uint32))[None, :, None]
-    nibbles = ((packed.astype(np.uint32)[:, None, :] >> shifts) & 0xF).astype(np.int64)
-    return (nibbles - 16 * (nibbles >= 8)).reshape(-1, packed.shape[1])
-
-
 def test_int4_swap_rejects_bad_k_split():
     """KW (the warpgroups take a tile's K slices in turn, each every WG-th ring stage)
     refuses one warpgroup, multicast pairs, tiles not in whole chunks of the sum, rings or
@@ -801,7 +757,7 @@ def test_int4_swap_registers_can_be_granted():
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
                   "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M,
                   "KW": 0, "LATE": 0, "SK": 0, "CLAMP": 1, "PDL": 1, "PSUM": 0,
-                  "HEAD": 1, "GS": 0}  # fmt: skip
+                  "HEAD": 1}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
