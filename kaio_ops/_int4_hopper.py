@@ -540,10 +540,6 @@ PDL = 1
 # 4).
 HEAD = 1
 
-# int4_swap's ABL: 0, or (timing only, wrong results) the dequantization's second f16
-# operation changed (``ablated_pair``): where the scale multiply's cost comes from.
-ABL = 0
-
 
 def run(a, b, s, out_type):
     """``a @ W`` rounded to ``out_type`` for operands that this module ``takes``:
@@ -609,26 +605,6 @@ def nibble_pair(word: u32, sel: u32, scale: f16x2) -> u32:
 
 
 @kaio.gpu_func
-def ablated_pair(word: u32, sel: u32, scale: f16x2, bias: f16x2, ABL: kaio.constexpr) -> u32:
-    """``nibble_pair`` (ABL 0) or, timing only (wrong results): 1 without the multiply (one
-    f16 operation, immediates only), 5 one ``fma`` by the scale and a register ``bias``
-    instead of the subtraction and the multiply, 6 a second subtraction of immediates
-    instead of the multiply, 7 a multiply by an immediate."""
-    if ABL == 0:
-        return nibble_pair(word, sel, scale)
-    byte = kaio.prmt(word, word, sel)
-    biased = kaio.bitcast(kaio.lop3(byte, u32(SWAP_MASK), u32(SWAP_MAGIC), LOP_AND_XOR), f16x2)
-    if ABL == 5:
-        return kaio.bitcast(kaio.fma(biased, scale, bias), u32)
-    q = biased - kaio.bitcast(u32(SWAP_MAGIC), f16x2)
-    if ABL == 6:
-        q = q - kaio.bitcast(u32(0x3C003C00), f16x2)
-    if ABL == 7:
-        q = q * kaio.bitcast(u32(0x24CD24CD), f16x2)
-    return kaio.bitcast(q, u32)
-
-
-@kaio.gpu_func
 def load_words(
     sw: u32[:, :, :], sc: u32[:, :], bars: u64[:, :], wr: u32[:, :], wpos: i32[:],
     at: i32[:], nl: u32, WSTAGES: kaio.constexpr, KW: kaio.constexpr = 1,
@@ -667,7 +643,7 @@ def swap_slice(
     lt: u32,
     more: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
     WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr, KW: kaio.constexpr,
-    LATE: kaio.constexpr = 0, ABL: kaio.constexpr = 0,
+    LATE: kaio.constexpr = 0,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: its words (``load_words``; with
     ``EARLY`` read during the slice before) made into the A fragments of its 4 steps (buffer
@@ -689,17 +665,11 @@ def swap_slice(
     scale = kaio.local(u32, 2)
     scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
     scale[1] = kaio.prmt(pair, pair, HIGH_TWICE)
-    bias = kaio.local(u32, 2)  # ABL 5: the scales times -1024
-    for h in kaio.static_range(2):
-        bias[h] = kaio.bitcast(
-            kaio.bitcast(scale[h], f16x2) * kaio.bitcast(u32(0xE400E400), f16x2), u32
-        )
     for kk in kaio.static_range(BK // 16):
         for r in kaio.static_range(4):  # (row g, k 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)
-            af[BUF, kk, r] = ablated_pair(
-                wr[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2),
-                kaio.bitcast(bias[r % 2], f16x2), ABL,
-            )  # fmt: skip
+            af[BUF, kk, r] = nibble_pair(
+                wr[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2)
+            )
     if not LATE:
         free_words(bars, at[4], lt)
     s = at[0]
@@ -807,7 +777,7 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    HEAD: kaio.constexpr, ABL: kaio.constexpr,
+    HEAD: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -965,7 +935,7 @@ def int4_swap(
                     more = not (last and kt + b == ck - 1)
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
                                more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE, ABL)  # fmt: skip
+                               LATE)  # fmt: skip
             rest = ck % BUFS
             if rest:
                 kaio.wgmma_wait(0)
@@ -975,7 +945,7 @@ def int4_swap(
                         more = not (last and kt == ck - 1)
                         swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
                                    more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE, ABL)  # fmt: skip
+                               LATE)  # fmt: skip
             kaio.wgmma_wait(0)
             if lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and ck > 1:
@@ -1458,7 +1428,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
               "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
-              "HEAD": int(HEAD and wg == 2), "ABL": ABL}  # fmt: skip
+              "HEAD": int(HEAD and wg == 2)}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1565,6 +1535,6 @@ def swap_specializations() -> list:
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 2,
                   "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
-                  "HEAD": i % 2, "ABL": 0}  # fmt: skip
+                  "HEAD": i % 2}  # fmt: skip
         out.append((int4_swap, consts))
     return out
