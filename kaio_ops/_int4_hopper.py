@@ -294,7 +294,8 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
         sk_cost, sk_wg, sk_rows = streamk_tiles(m, n, k, sms)
         if sk_cost < cost:
             return sk_wg, sk_rows, 0, 0, 0, 0, 0, bufs, int(sk_wg == 2), group, 0, 0, 1, 1
-    bufs = 3 if wg == 3 and THREE_BUFS_ROWS[0] <= rows <= THREE_BUFS_ROWS[1] else bufs
+    if wg == 3 and THREE_BUFS_ROWS[0] <= rows <= THREE_BUFS_ROWS[1] and (k >= 8192 or not cl):
+        bufs = 3  # (cluster pairs at K 4096 lost: THREE_BUFS_ROWS' comment)
     return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw, late_words(m, n, k, sms, wg, rows)
 
 
@@ -397,7 +398,9 @@ THREE_ROW_COST = 144
 # 79.9; 6144x4096 M=520 (136, whole) 41.0 against 42.2, M=600 (152) 43.6 against 44.0; at
 # M=300 (152, pairs) 28.8 against 28.65. Not on 128-row tiles (6144x4096 M=512 40.2
 # against 40.0) nor past 152 rows (176: ptxas serializes the wgmmas, 8192x8192 M=520 104.5
-# against 93.9); not on the stream-K schedule (57344x8192 M=300 411.1 against 406.0).
+# against 93.9); not on the stream-K schedule (57344x8192 M=300 411.1 against 406.0);
+# not on cluster pairs at K 4096 (round F: 6144x4096 M=272 27.9 against 27.5, M=300 29.3
+# against 29.1; 10240x8192 pairs M=272 75.2 against 76.3, M=300 79.8 against 80.2).
 THREE_BUFS_ROWS = (136, 152)
 PAIR_KINDS = ((3, 0),)
 PAIR_ROWS = 50
