@@ -239,7 +239,8 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     ``balanced_rows`` x 128 tiles on the stream-K schedule (SK, config[12]) where
     ``takes_streamk`` and it costs less than the tiles above (``SK_TIME``); at 257-512 rows
     BM x 192 tiles in cluster pairs too (``PAIR_KINDS``); LATE (config[11]) on three
-    warpgroups' tiles in one wave (``late_words``)."""
+    warpgroups' tiles in one wave (``late_words``); three fragment buffers on three
+    warpgroups' tiles of ``THREE_BUFS_ROWS`` rows (not on the stream-K schedule)."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
@@ -293,6 +294,8 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
         sk_cost, sk_wg, sk_rows = streamk_tiles(m, n, k, sms)
         if sk_cost < cost:
             return sk_wg, sk_rows, 0, 0, 0, 0, 0, bufs, int(sk_wg == 2), group, 0, 0, 1, 1
+    if wg == 3 and THREE_BUFS_ROWS[0] <= rows <= THREE_BUFS_ROWS[1] and (k >= 8192 or not cl):
+        bufs = 3  # (cluster pairs at K 4096 lost: THREE_BUFS_ROWS' comment)
     return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw, late_words(m, n, k, sms, wg, rows)
 
 
@@ -387,6 +390,18 @@ THREE_ROW_COST = 144
 # against 96 of 152 x 128, 31.2 µs (0.866x); with ``pair_sum`` M=272 / 300 / 352 26.7 /
 # 28.6 / 31.3 µs (0.987x / 0.907x / 0.942x) against 29.0 / 30.6 / 33.8 (0.910x / 0.847x /
 # 0.873x): PAIR_ROWS 40 / 50 / 58 there).
+# Three fragment buffers (BUFS 3: two slices' wgmmas in flight while the third is
+# dequantized) on three warpgroups' whole tiles or cluster pairs of THREE_BUFS_ROWS rows
+# (int4w rounds B, D and E of 2026-11-27, H100, the median of 3-4 interleaved passes,
+# against BUFS 2 in the same passes, faster in every pass where faster): 10240x8192 M=272
+# (136 rows, cluster pairs) 74.0 against 75.9 µs, M=300 (152) 78.1 / 79.0 against 79.0 /
+# 79.9; 6144x4096 M=520 (136, whole) 41.0 against 42.2, M=600 (152) 43.6 against 44.0; at
+# M=300 (152, pairs) 28.8 against 28.65. Not on 128-row tiles (6144x4096 M=512 40.2
+# against 40.0) nor past 152 rows (176: ptxas serializes the wgmmas, 8192x8192 M=520 104.5
+# against 93.9); not on the stream-K schedule (57344x8192 M=300 411.1 against 406.0);
+# not on cluster pairs at K 4096 (round F: 6144x4096 M=272 27.9 against 27.5, M=300 29.3
+# against 29.1; 10240x8192 pairs M=272 75.2 against 76.3, M=300 79.8 against 80.2).
+THREE_BUFS_ROWS = (136, 152)
 PAIR_KINDS = ((3, 0),)
 PAIR_ROWS = 50
 # (WG, KW): (a tile's time in 128-column tiles of as many rows, its fixed cost in rows,
