@@ -105,6 +105,7 @@ ORIG = {
         "DECODE",
         "FOLDED",
         "stage_syncs",
+        "speculates",
     )
     if hasattr(decode, n)
 }
@@ -326,6 +327,7 @@ def force(
     fold=None,
     pair=None,
     fold_spec=None,
+    spec_all=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
@@ -338,6 +340,8 @@ def force(
         decode.FOLD_PAIR = pair
     if fold_spec is not None:  # decode_folded's first tiles copied before its sort (SPEC)
         decode.FOLD_SPEC = fold_spec
+    if spec_all is not None:  # one split's first copies before the length, either layout
+        decode.speculates = lambda paged, splits=1, v=int(spec_all): v if splits == 1 else 0
     if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
         decode.sorts = lambda paged, splits, *a, n=sort: n if paged and splits == 1 else 0
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
@@ -3120,6 +3124,132 @@ def warm_fb():
     return out
 
 
+SP_CASES = ((16, 1024), (1, 32768))
+SP_SHARED = {2: 70144, 4: 135680}  # decode_fwd's dynamic shared memory at 2 and 4 stages
+
+
+def spin_events(graph, n=20):
+    """Median µs from event to event around each of n replays of ``graph``, queued behind a
+    GPU spin as bench/harness.py times a call (the host never makes the GPU wait)."""
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    torch.cuda._sleep(int(3e-3 * 2e9))
+    for a, z in zip(starts, ends, strict=True):
+        a.record()
+        graph.replay()
+        z.record()
+    torch.cuda.synchronize()
+    return 1e3 * statistics.median(a.elapsed_time(z) for a, z in zip(starts, ends, strict=True))
+
+
+def captured(fn, warm_here: bool):
+    """``fn()`` captured in a CUDA graph on a new stream: warmed first on a side stream, as
+    bench/decode.py's suite does (``warm_here`` False: state made per stream, decode's
+    counters, is then made inside the capture), or on the capture's own stream."""
+    cap = torch.cuda.Stream()
+    warm = cap if warm_here else torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        fn()
+    torch.cuda.current_stream().wait_stream(warm)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=cap):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def sp_graphs(b, q, k, v, kc, vc, table, lens) -> dict:
+    """{name: CUDA graph} of a case: kaio routed over both layouts (the paged one with the
+    counters made in the capture, as the suite's first fused-merge graph has them, and made
+    before it), SDPA's default, and kernels that only start their blocks."""
+    o = torch.empty(1024, device="cuda")
+
+    def paged():
+        return decode.flash_attention_decode(q, kc, vc, lens, table)
+
+    graphs = {
+        "kaio contiguous": captured(lambda: decode.flash_attention_decode(q, k, v, lens), False),
+        "kaio paged, suite's capture": captured(paged, False),
+        "kaio paged, warmed on its stream": captured(paged, True),
+        "SDPA default": captured(lambda: sdpa(q, k, v, enable_gqa=True), False),
+    }
+    for blocks, st in ((1, 0), (128, 2), (128, 4)):
+        nbytes = SP_SHARED.get(st, 16)
+        launch = idle_blocks[blocks, 128, None, nbytes]
+        graphs[f"idle {blocks} blocks {nbytes >> 10} KB"] = captured(
+            lambda f=launch, n=nbytes: f(o, SHARED=n), False
+        )
+    return graphs
+
+
+def round_sp(budget: float):
+    """(dec, thirteenth pass, round A) Where the suite's time goes at B16 L1024 and B1 L32768:
+    kaio's routed kernels (both layouts) against SDPA, head_stream's copy floors (B16) and a
+    plain stream of the same bytes (128 blocks), one split's first copies before the length
+    over a contiguous cache (SPEC) and its stages, SORT over 64 pages; then each graph's
+    event-to-event time (the suite's way), its replay's kernels in the profiler, the events
+    again (reverse order)."""
+    for b, length, _, sets, lens, label in shapes(SP_CASES, budget):
+        print(f"{label} contiguous rel err {check(sets, lens, contiguous=True):.1e}", flush=True)
+        jobs = [
+            ("contiguous routed", run_kaio_contig(lens)),
+            ("paged routed", run_kaio(lens)),
+        ]
+        if b == 16:
+            for name, cfg in (("SPEC", {"spec_all": 1}), ("3 stages", {"stages": 3})):
+                err = check(sets, lens, contiguous=True, **cfg)
+                print(f"{label} contiguous {name} rel err {err:.1e}", flush=True)
+                jobs.append((f"contiguous {name}", run_kaio_contig(lens, **cfg)))
+            print(f"{label} paged SORT 128 rel err {check(sets, lens, sort=128):.1e}", flush=True)
+            jobs.append(("paged SORT 128", run_kaio(lens, sort=128)))
+            floor_jobs(b, length, label, sets, [(False, 2, 0), (True, 4, 0)])
+        n = b * HKV * length * D
+        out = torch.empty(128 * 128, device="cuda")
+        per = 2 * n // 128
+        flat = [(torch.cat([s[1].view(-1), s[2].view(-1)]),) for s in sets[:1]]
+        show(
+            f"{label} floor stream 128 blocks",
+            kernel_times(lambda x, o=out, n=per: stream[128, 128](x, o, n, U=8), flat),
+        )
+        both_passes(label, jobs, sets)
+        flush()
+        graphs = sp_graphs(b, *sets[0], lens)
+        for name, graph in graphs.items():
+            print(f"{label} {name} event to event {spin_events(graph):.2f} us", flush=True)
+        for name, graph in graphs.items():
+            show(f"{label} {name} replay", kernel_times(lambda *_, g=graph: g.replay(), sets))
+        flush()
+        for name, graph in list(graphs.items())[::-1]:
+            print(f"{label} {name} event to event {spin_events(graph):.2f} us", flush=True)
+        del graphs, flat
+
+
+def warm_sp():
+    """What round sp launches."""
+    c = {"DP": 128, "MT": 1, "DT": f16, "CL": 1, "SWAP": 1, "SORT": 0}
+    contig = {**c, "PAGED": False, "PW": 0, "DIRECT": True, "FUSED": False, "OWN": 0}
+    out = [(probe_mark, {}), (stream, {"U": 8})]
+    out += [(decode.DECODE, {**contig, "STAGES": 2, "SYNC1": 0, "SPEC": s}) for s in (0, 1)]
+    out += [(decode.DECODE, {**contig, "STAGES": 3, "SYNC1": 1, "SPEC": 0})]
+    paged = {**c, "PAGED": True, "PW": 1, "DIRECT": True, "FUSED": False, "SPEC": 1}
+    paged |= {"STAGES": 4, "SYNC1": 0, "OWN": 1}
+    out += [(decode.DECODE, {**paged, "SORT": s}) for s in (0, 128)]
+    split = {**c, "DIRECT": False, "STAGES": 4, "SYNC1": 0, "OWN": 0, "SPEC": 0}
+    out += [
+        (decode.DECODE, {**split, "PAGED": False, "PW": 0, "FUSED": False, "CL": cl})
+        for cl in (8, 16)
+    ]
+    out += [(decode.DECODE, {**split, "PAGED": True, "PW": 1, "FUSED": True})]
+    flags = {"DP": 128, "LOCK": 0, "TOUCH": 0, "CO": 0}
+    out += [(head_stream, {**flags, "PAGED": p, "STAGES": st}) for p, st in ((0, 2), (1, 4))]
+    return out + [(idle_blocks, {"SHARED": n}) for n in (16, *SP_SHARED.values())]
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -3156,6 +3286,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "fs": (round_fs, 40),
     "gg": (round_gg, 40),
     "fb": (round_fb, 40),
+    "sp": (round_sp, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -3184,6 +3315,7 @@ WARMS = {
     "warm_fs": warm_fs,
     "warm_gg": warm_gg,
     "warm_fb": warm_fb,
+    "warm_sp": warm_sp,
     "warm_pcfs": lambda: unique(warm_pc() + warm_fs()),
     "warm_p": warm_p,
     "warm_t": warm_t,
