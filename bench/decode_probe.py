@@ -3163,7 +3163,7 @@ def captured(fn, warm_here: bool):
     return graph
 
 
-def sp_graphs(b, q, k, v, kc, vc, table, lens) -> dict:
+def sp_graphs(q, k, v, kc, vc, table, lens) -> dict:
     """{name: CUDA graph} of a case: kaio routed over both layouts (the paged one with the
     counters made in the capture, as the suite's first fused-merge graph has them, and made
     before it), SDPA's default, and kernels that only start their blocks."""
@@ -3180,10 +3180,12 @@ def sp_graphs(b, q, k, v, kc, vc, table, lens) -> dict:
     }
     for blocks, st in ((1, 0), (128, 2), (128, 4)):
         nbytes = SP_SHARED.get(st, 16)
-        launch = idle_blocks[blocks, 128, None, nbytes]
-        graphs[f"idle {blocks} blocks {nbytes >> 10} KB"] = captured(
-            lambda f=launch, n=nbytes: f(o, SHARED=n), False
-        )
+
+        def idle(n=blocks, nbytes=nbytes):  # on the current (capturing) stream
+            stream = torch.cuda.current_stream().cuda_stream
+            idle_blocks[n, 128, stream, nbytes](o, SHARED=nbytes)
+
+        graphs[f"idle {blocks} blocks {nbytes >> 10} KB"] = captured(idle, False)
     return graphs
 
 
@@ -3218,7 +3220,8 @@ def round_sp(budget: float):
         )
         both_passes(label, jobs, sets)
         flush()
-        graphs = sp_graphs(b, *sets[0], lens)
+        restore()
+        graphs = sp_graphs(*sets[0], lens)
         for name, graph in graphs.items():
             print(f"{label} {name} event to event {spin_events(graph):.2f} us", flush=True)
         for name, graph in graphs.items():
@@ -3246,7 +3249,7 @@ def warm_sp():
     ]
     out += [(decode.DECODE, {**split, "PAGED": True, "PW": 1, "FUSED": True})]
     flags = {"DP": 128, "LOCK": 0, "TOUCH": 0, "CO": 0}
-    out += [(head_stream, {**flags, "PAGED": p, "STAGES": st}) for p, st in ((0, 2), (1, 4))]
+    out += [(head_stream, {**flags, "PAGED": p, "STAGES": st}) for p, st in ((False, 2), (True, 4))]
     return out + [(idle_blocks, {"SHARED": n}) for n in (16, *SP_SHARED.values())]
 
 
