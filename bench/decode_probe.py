@@ -3253,6 +3253,62 @@ def warm_sp():
     return out + [(idle_blocks, {"SHARED": n}) for n in (16, *SP_SHARED.values())]
 
 
+WS_EDITS = {  # decode_fwd: a paged split grid's window of the table loaded with the length
+    "            entry[e] = table_at(block_table, b, at, max_pages)\n"
+    "    kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))\n": (
+        "            entry[e] = table_at(block_table, b, at, max_pages)\n"
+        "    if PAGED and PW and not SPEC:  # a full-length split's window, with the length\n"
+        "        cap_per = ((capacity + BN - 1) // BN + splits - 1) // splits\n"
+        "        window_start(win, split * cap_per * BN, b, block_table, max_pages, shift, lane)\n"
+        "    kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))\n"
+    ),
+    "            window_start(win, t0 * BN, b, block_table, max_pages, shift, lane)\n": (
+        "            if (t0 * BN) >> shift != win[0]:  # not the full-length split's\n"
+        "                window_start(win, t0 * BN, b, block_table, max_pages, shift, lane)\n"
+    ),
+}
+WS_CASES = ((1, 32768), (1, 4096), (4, 4096))
+
+
+def round_ws(budget: float):
+    """(dec, thirteenth pass) A paged split grid's table window loaded with the length
+    (``WS_EDITS``: the window of the split's run at full length, loaded again only where
+    the length moves the run) against the routed kernel and an unedited copy, uniform and
+    ragged lengths (L/4 .. L), each checked against f32 SDPA first; two passes."""
+    ws = decode_variant("window_spec", WS_EDITS)
+    same = decode_variant("same", {})
+    for b, length, _, sets, lens, label in shapes(WS_CASES, budget):
+        gen = torch.Generator(device="cuda").manual_seed(b)
+        rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+        rl = rl.to(torch.int32)
+        show(f"{label} paged routed", kernel_times(run_kaio(lens), sets))
+        flush()
+        for name, ls in (("", lens), ("ragged ", rl)):
+            for kname, kern in (("copy", same), ("window spec", ws)):
+                err = check(sets, ls, kernel=kern)
+                print(f"{label} {name}paged {kname} rel err {err:.1e}", flush=True)
+        print(f"{label} paged routed rel err after the copies {check(sets, lens):.1e}")
+        jobs = [
+            ("paged routed", run_kaio(lens)),
+            ("paged copy", run_kaio(lens, kernel=same)),
+            ("paged window spec", run_kaio(lens, kernel=ws)),
+            ("ragged routed", run_kaio(rl)),
+            ("ragged window spec", run_kaio(rl, kernel=ws)),
+        ]
+        both_passes(label, jobs, sets)
+
+
+def warm_ws():
+    """What round ws launches: the paged split grids of its shapes (clusters of 8, 16
+    splits through the fused merge), original and copies."""
+    c = {"DP": 128, "MT": 1, "DT": f16, "SWAP": 1, "SORT": 0, "PAGED": True, "PW": 1}
+    c |= {"DIRECT": False, "STAGES": 4, "SYNC1": 0, "SPEC": 0}
+    grids = [{"FUSED": True, "CL": 1, "OWN": 0}, {"FUSED": False, "CL": 8, "OWN": 0}]
+    grids += [{"FUSED": False, "CL": cl, "OWN": 0} for cl in (2, 4, 16)]
+    kernels = [decode.DECODE, decode_variant("same", {}), decode_variant("window_spec", WS_EDITS)]
+    return [(probe_mark, {})] + [(k, {**c, **g}) for k in kernels for g in grids]
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -3290,6 +3346,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "gg": (round_gg, 40),
     "fb": (round_fb, 40),
     "sp": (round_sp, 40),
+    "ws": (round_ws, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -3319,6 +3376,7 @@ WARMS = {
     "warm_gg": warm_gg,
     "warm_fb": warm_fb,
     "warm_sp": warm_sp,
+    "warm_ws": warm_ws,
     "warm_pcfs": lambda: unique(warm_pc() + warm_fs()),
     "warm_p": warm_p,
     "warm_t": warm_t,
