@@ -3377,6 +3377,7 @@ WARMS = {
     "warm_fb": warm_fb,
     "warm_sp": warm_sp,
     "warm_ws": warm_ws,
+    "warm_spws": lambda: unique(warm_sp() + warm_ws()),
     "warm_pcfs": lambda: unique(warm_pc() + warm_fs()),
     "warm_p": warm_p,
     "warm_t": warm_t,
