@@ -494,14 +494,17 @@ class _Cache:
 
 
 _COUNTERS: dict = {}  # (device, stream) -> torch int32 zeros: decode_fwd's arrival counters
+COUNTER_ROWS = 1024  # the counters of a stream (at least; a split grid has fewer blocks)
+SPARE_ROWS = 8  # rows of counters zeroed ahead, outside any CUDA graph capture
+_SPARE: dict = {}  # torch device -> rows zeroed ahead, for streams first seen capturing
 
 
 def _counters(like, stream, blocks: int):
     """Zeroed u32 counters (at least ``blocks``) for the fused merge, or None where the
     separate merge kernel runs instead (arrays other than torch's). They stay allocated per
     GPU and stream, so that kernels on concurrent streams never share them; each call's last
-    blocks reset theirs to 0. Made during a CUDA graph capture, they come from the graph's
-    memory pool and their zeroing is part of the graph (correct at each replay)."""
+    blocks reset theirs to 0. A stream first seen capturing a CUDA graph takes a row zeroed
+    ahead (``zeroed_row``)."""
     if like.kind == "numpy":
         return np.zeros(blocks, np.uint32)
     if like.kind != "torch":
@@ -509,15 +512,31 @@ def _counters(like, stream, blocks: int):
     key = (like.device, stream)
     have = _COUNTERS.get(key)
     if have is None or have.numel() < blocks:
-        import torch
-
-        have = _COUNTERS[key] = torch.zeros(
-            max(blocks, 1024), dtype=torch.int32, device=like.obj.device
-        )
+        have = _COUNTERS[key] = zeroed_row(like.obj.device, max(blocks, COUNTER_ROWS))
         # a constant for call plans (kaio_ops._plan): a plan is keyed by its stream and
         # replays with these counters; kept alive by the registry if outgrown here
         _arrays.constant(have)
     return _arrays.arg(have, "torch", (have.numel(),), u32, like.device)
+
+
+def zeroed_row(device, n: int):
+    """``n`` zeroed torch int32 counters on ``device``. While its current stream captures a
+    CUDA graph: one of the SPARE_ROWS rows that a call outside any capture zeroed ahead
+    (torch.cuda.graph synchronizes before it captures, so their zeros are in place), else
+    torch.zeros, whose fill the graph would then run before the decode kernel at every
+    replay (a second node: the GPU's time between the two kernels). Outside a capture:
+    torch.zeros, in stream order (and the spare rows made where there are none)."""
+    import torch
+
+    with torch.cuda.device(device):
+        capturing = torch.cuda.is_current_stream_capturing()
+    spare = _SPARE.setdefault(device, [])
+    if capturing and spare and n <= COUNTER_ROWS:
+        return spare.pop()
+    if not (capturing or spare):
+        rows = torch.zeros(SPARE_ROWS, COUNTER_ROWS, dtype=torch.int32, device=device)
+        spare.extend(rows.unbind(0))
+    return torch.zeros(n, dtype=torch.int32, device=device)
 
 
 def _lengths(inputs, seq_lens, batch: int):
