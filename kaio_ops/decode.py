@@ -107,9 +107,13 @@ OWN_CLUSTER_TILES = 2
 # L1024 92.3 against 92.1 to 92.2 (not routed: 64 pages); B16 L32768 no faster (1024
 # slots 699.1 to 700.8 against 699.4 to 701.6; all 2048 705.9 to 706.6: the sort no
 # longer hides behind the first copies; its first 256 slots 0.4 to 0.9 faster, B64 not
-# measured): tables of SORT_MAX_PAGES at most, sorted whole
+# measured): tables of SORT_MAX_PAGES at most, sorted whole. A grid of one wave (a block a
+# multiprocessor at most) sorts from SORT_ALONE_PAGES (B16 L1024, 64 pages: 24.7 to 24.8
+# against 24.9 to 25.1 in the tenth pass, 24.69 to 24.72 against 24.93 to 25.02 in the
+# thirteenth, round A; at B64 L1024, two waves, 92.3 against 92.1 to 92.2)
 SORT_PAGE = 16
 SORT_MIN_PAGES = 128
+SORT_ALONE_PAGES = 64
 SORT_MAX_PAGES = 256
 
 # paged, pages of 16, 4 query rows a K/V group (H32 / Hkv 8 at Sq 1), D 128 and more blocks
@@ -217,14 +221,16 @@ def shared_bytes(dp: int, mt: int, stages: int = 2) -> int:
     return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4
 
 
-def sorts(paged: bool, splits: int, max_pages: int = 0, page: int = 0) -> int:
+def sorts(paged: bool, splits: int, max_pages: int = 0, page: int = 0, alone: bool = False) -> int:
     """``decode_fwd``'s SORT for a grid of ``splits`` key splits over a cache of ``page``-token
     pages, ``max_pages`` a sequence: for one split over a paged cache (whose first copies
-    precede the length, ``speculates``) of SORT_PAGE-token pages and SORT_MIN_PAGES to
-    SORT_MAX_PAGES a sequence (the whole table sorted), the next power of two (from 128, a
-    key a thread) over max_pages; else 0."""
-    one = paged and splits == 1 and speculates(paged)
-    if not (one and page == SORT_PAGE and SORT_MIN_PAGES <= max_pages <= SORT_MAX_PAGES):
+    precede the length, ``speculates``) of SORT_PAGE-token pages and SORT_MIN_PAGES
+    (SORT_ALONE_PAGES in a grid of one wave, ``alone``) to SORT_MAX_PAGES a sequence (the
+    whole table sorted), the next power of two (from 128, a key a thread) over max_pages;
+    else 0."""
+    one = paged and splits == 1 and speculates(paged) and page == SORT_PAGE
+    least = SORT_ALONE_PAGES if alone else SORT_MIN_PAGES
+    if not (one and least <= max_pages <= SORT_MAX_PAGES):
         return 0
     return max(128, 1 << (max_pages - 1).bit_length())
 
@@ -648,7 +654,8 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     rows = batch * heads * sq
     stream = _arrays.stream_of(qa)
     direct = splits == 1
-    sort = sorts(cache.paged, splits, cache.max_pages, cache.page_size if cache.paged else 0)
+    page = cache.page_size if cache.paged else 0
+    sort = sorts(cache.paged, splits, cache.max_pages, page, alone)
     out, lse, out_flat, lse_flat, part, part_lse = _outputs(qa, 1 if cl > 1 else splits)
     counters = None
     if not (direct or cl > 1):

@@ -384,11 +384,14 @@ def test_sort_keys_in_simulator(n):
 
 
 def test_sorted_walk_route():
-    # SORT: one split over pages of 16, from 128 pages a sequence, a power of two of slots
+    # SORT: one split over pages of 16, from 128 pages a sequence (64 in a grid of one
+    # wave), a power of two of slots
     assert decode.sorts(True, 1, 256, 16) == 256
     assert decode.sorts(True, 1, 128, 16) == 128
     assert decode.sorts(True, 1, 2048, 16) == 0 and decode.SORT_MAX_PAGES == 256
     assert decode.sorts(True, 1, 64, 16) == decode.sorts(True, 1, 256, 32) == 0
+    assert decode.sorts(True, 1, 64, 16, alone=True) == 128
+    assert decode.sorts(True, 1, 32, 16, alone=True) == 0
     assert decode.sorts(True, 2, 256, 16) == decode.sorts(False, 1, 0, 0) == 0
     launched = [c["SORT"] for k, c in decode.shipped() if k is decode.DECODE]
     assert sorted(set(launched)) == [0, 128, 256]
