@@ -3314,8 +3314,8 @@ def warm_ws():
     splits through the fused merge), original and copies."""
     c = {"DP": 128, "MT": 1, "DT": f16, "SWAP": 1, "SORT": 0, "PAGED": True, "PW": 1}
     c |= {"DIRECT": False, "STAGES": 4, "SYNC1": 0, "SPEC": 0}
-    grids = [{"FUSED": True, "CL": 1, "OWN": 0}, {"FUSED": False, "CL": 8, "OWN": 0}]
-    grids += [{"FUSED": False, "CL": cl, "OWN": 0} for cl in (2, 4, 16)]
+    grids = [{"FUSED": True, "CL": 1, "OWN": 0}]
+    grids += [{"FUSED": False, "CL": cl, "OWN": 0} for cl in (4, 8, 16)]
     kernels = [decode.DECODE, decode_variant("same", {}), decode_variant("window_spec", WS_EDITS)]
     return [(probe_mark, {})] + [(k, {**c, **g}) for k in kernels for g in grids]
 
