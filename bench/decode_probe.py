@@ -2975,7 +2975,7 @@ def unique(kernels: list) -> list:
     seen = set()
     out = []
     for kernel, c in kernels:
-        key = (kernel.pyfunc.__name__, tuple(sorted(c.items(), key=str)))
+        key = (kernel.pyfunc.__module__, kernel.pyfunc.__name__, tuple(sorted(c.items(), key=str)))
         if key not in seen:
             seen.add(key)
             out.append((kernel, c))
@@ -3389,6 +3389,7 @@ WARMS = {
     "warm_sp": warm_sp,
     "warm_ws": warm_ws,
     "warm_spws": lambda: unique(warm_sp() + warm_ws()),
+    "warm_b16ws": lambda: unique(warm_ws() + warm_sp()[2:3] + warm_sp()[6:10]),
     "warm_pcfs": lambda: unique(warm_pc() + warm_fs()),
     "warm_p": warm_p,
     "warm_t": warm_t,
