@@ -947,13 +947,15 @@ def test_gpu_decode_against_sdpa(b, h, hkv, sq, d, capacity, lens, page_size, dt
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "capacity, sq, dtype, sort", [(4096, 1, "float16", 256), (2048, 2, "bfloat16", 128)]
+    "capacity, sq, dtype, sort",
+    [(4096, 1, "float16", 256), (2048, 2, "bfloat16", 128), (1024, 1, "float16", 128)],
 )
 def test_gpu_sorted_pages_against_sdpa(capacity, sq, dtype, sort, monkeypatch):
     """The routed SORT (one split over a shuffled pool of 16-token pages, 128 to 256 a
-    sequence: B16 at 2k and 4k keys, the suite's H 32, Hkv 8, D 128) through the public op,
-    ragged lengths (0, 1, page boundaries, the capacity) against SDPA in float64 on the
-    gathered cache; the launch's SORT checked, so that the test fails if the route drifts."""
+    sequence, from 64 in one wave: B16 at 1k, 2k and 4k keys, the suite's H 32, Hkv 8, D
+    128) through the public op, ragged lengths (0, 1, page boundaries, the capacity)
+    against SDPA in float64 on the gathered cache; the launch's SORT checked, so that the
+    test fails if the route drifts."""
     import torch
 
     _plan.clear()  # (a plan recorded before would replay without the spy)
