@@ -3319,6 +3319,53 @@ def warm_ws():
     return [(probe_mark, {})] + [(k, {**c, **g}) for k in kernels for g in grids]
 
 
+def fg_graphs(length, q, k, v, kc, vc, table, lens) -> dict:
+    """{name: CUDA graph} of round fg: kaio routed over both layouts, ``head_stream`` as
+    the kernel's grid and stages take them (contiguous 2, paged 4), SDPA's default."""
+    b = q.shape[0]
+    o = torch.empty(b * HKV * 128, device="cuda")
+
+    def floor(paged, st):
+        def run():
+            src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
+            stream = torch.cuda.current_stream().cuda_stream
+            head_stream[b * HKV, 128, stream, 2 * st * 64 * 128 * 2](
+                *src, table.view(-1), o, HKV, length, length // 16, kc.shape[0],
+                PAGED=paged, STAGES=st, DP=128, LOCK=0, TOUCH=0, CO=0,
+            )  # fmt: skip
+
+        return run
+
+    return {
+        "kaio contiguous": captured(lambda: decode.flash_attention_decode(q, k, v, lens)),
+        "kaio paged": captured(lambda: decode.flash_attention_decode(q, kc, vc, lens, table)),
+        "floor contiguous": captured(floor(False, 2)),
+        "floor paged": captured(floor(True, 4)),
+        "SDPA default": captured(lambda: sdpa(q, k, v, enable_gqa=True)),
+    }
+
+
+def round_fg(budget: float):
+    """(dec, thirteenth pass) The suite's timing of the copy floors at B16 L1024: CUDA graphs
+    of ``head_stream`` (kaio's grid and copies, no arithmetic) beside kaio's routed calls
+    and SDPA's (``fg_graphs``), each from event to event (``spin_events``) in two passes,
+    the second in reverse order, then their replays' kernel times."""
+    for _, length, _, sets, lens, label in shapes(((16, 1024),), budget):
+        restore()
+        graphs = fg_graphs(length, *sets[0], lens)
+        names = list(graphs)
+        for order in (names, names[::-1]):
+            for name in order:
+                print(f"{label} {name} event to event {spin_events(graphs[name]):.2f} us")
+        for name, graph in graphs.items():
+            show(f"{label} {name} replay", kernel_times(lambda *_, g=graph: g.replay(), sets))
+
+
+def warm_fg():
+    """What round fg launches."""
+    return [warm_sp()[i] for i in (0, 2, 6, 10, 11)]
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -3357,6 +3404,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "fb": (round_fb, 40),
     "sp": (round_sp, 40),
     "ws": (round_ws, 40),
+    "fg": (round_fg, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -3387,6 +3435,7 @@ WARMS = {
     "warm_fb": warm_fb,
     "warm_sp": warm_sp,
     "warm_ws": warm_ws,
+    "warm_fg": warm_fg,
     "warm_spws": lambda: unique(warm_sp() + warm_ws()),
     "warm_b16ws": lambda: unique(warm_ws() + warm_sp()[2:3] + warm_sp()[6:10]),
     "warm_pcfs": lambda: unique(warm_pc() + warm_fs()),
