@@ -1068,7 +1068,9 @@ def test_gpu_fused_merge_graph_holds_the_decode_kernel_alone(monkeypatch):
     q, k_cache, v_cache, seq_lens, _ = _gpu_case(
         4, 32, 8, 1, 128, 4096, lens, None, "float16", seed=11
     )
-    with torch.cuda.stream(torch.cuda.Stream()):  # a new stream, outside any capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # a new stream, outside any capture
         kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph(keep_graph=True)
