@@ -3366,59 +3366,6 @@ def warm_fg():
     return [warm_sp()[i] for i in (0, 2, 6, 10, 11)]
 
 
-def graph_nodes(graph) -> list:
-    """Each node of ``graph`` (captured with keep_graph=True): its type, and a kernel's grid
-    and block (the runtime's own report, error codes included)."""
-    from cuda.bindings import runtime as rt
-
-    err, nodes, count = rt.cudaGraphGetNodes(rt.cudaGraph_t(init_value=graph.raw_cuda_graph()), 32)
-    out = [f"cudaGraphGetNodes {err} count {count}"]
-    for n in nodes[:count]:
-        e, kind = rt.cudaGraphNodeGetType(n)
-        line = f"{e} {kind}"
-        if kind == rt.cudaGraphNodeType.cudaGraphNodeTypeKernel:
-            e2, prm = rt.cudaGraphKernelNodeGetParams(n)
-            g, t = prm.gridDim, prm.blockDim
-            line += f" {e2} grid ({g.x}, {g.y}, {g.z}) block ({t.x}, {t.y}, {t.z})"
-            line += f" shared {prm.sharedMemBytes}"
-        out.append(line)
-    return out
-
-
-def round_gn(budget: float):
-    """(dec, thirteenth pass) What a CUDA graph of one fused-merge decode call holds, as
-    tests/test_ops_decode.py's graph test captures it (B4 L4096 contiguous, clusters off,
-    keep_graph): its nodes (``graph_nodes``) and one replay's kernels in the profiler."""
-    print(torch.cuda.get_device_name(), flush=True)
-    decode.CLUSTER_MERGE = False
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    q = torch.randn(4, 32, 1, 128, device="cuda", dtype=torch.half, generator=gen)
-    k, v = (torch.randn(4, 8, 4096, 128, device="cuda", dtype=torch.half) for _ in "kv")
-    lens = torch.tensor([4096, 100, 2000, 7], device="cuda", dtype=torch.int32)
-    for keep in (True, False):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            decode.flash_attention_decode(q, k, v, lens)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph(keep_graph=keep)
-        with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
-            decode.flash_attention_decode(q, k, v, lens)
-        if keep:
-            for line in graph_nodes(graph):
-                print(f"keep_graph nodes: {line}", flush=True)
-            graph.instantiate()
-        graph.replay()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            graph.replay()
-            torch.cuda.synchronize()
-        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        print(f"keep_graph={keep} replay kernels: {names}", flush=True)
-    print(f"spare rows left: {[len(v) for v in decode._SPARE.values()]}", flush=True)
-    restore()
-
-
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -3458,7 +3405,6 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "sp": (round_sp, 40),
     "ws": (round_ws, 40),
     "fg": (round_fg, 40),
-    "gn": (round_gn, 20),
 }
 WARMS = {
     "warm": warm_list,
