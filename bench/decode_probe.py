@@ -15,9 +15,9 @@ than the L2 cache.
     python3 bench/decode_probe.py warm_fs 9; then fs 13  # dec, decode_folded's SPEC on and off
     python3 bench/decode_probe.py warm_fb 11; then fb 22  # dec, two barriers a tile
     python3 bench/decode_probe.py warm_gg 7; then gg  # dec, a graph replay over the kernel time
-    python3 bench/decode_probe.py warm_sp 14; then sp 26  # dec, the suite's time split (B16 L1024, B1 L32k)
+    python3 bench/decode_probe.py warm_sp 14; then sp 26  # dec, the suite's time split
     python3 bench/decode_probe.py warm_ws 8; then ws 12  # dec, the table window with the length
-    python3 bench/decode_probe.py warm_fg 7; then fg 10  # dec, the copy floors in the suite's timing
+    python3 bench/decode_probe.py warm_fg 7; then fg 10  # dec, the floors in the suite's timing
     PROBE_BASE=1 PYTHONPATH=/main/checkout python3 bench/decode_probe.py f  # main's defaults
     python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
     python3 bench/decode_probe.py warm_t | warm_v [SECONDS]  # the kernels of t / v
