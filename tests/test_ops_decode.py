@@ -1055,48 +1055,6 @@ def test_gpu_decode_step_in_a_cuda_graph(page_size, first, replays):
 
 
 @pytest.mark.gpu
-def test_gpu_fused_merge_graph_replays_the_decode_kernel_alone(monkeypatch):
-    # splits merged by their last block through counters (the global merge: clusters off),
-    # captured on a stream first seen capturing, after a call on another stream: its
-    # counters come zeroed ahead, so a replay runs the decode kernel alone (no zero fill of
-    # its own first), and its replays are right
-    import torch
-
-    monkeypatch.setattr(decode, "CLUSTER_MERGE", False)
-    _plan.clear()  # (no plan of the cluster route replayed; none of this one kept)
-    try:
-        _fused_merge_graph_alone(torch)
-    finally:
-        _plan.clear()
-
-
-def _fused_merge_graph_alone(torch):
-    from torch.profiler import ProfilerActivity, profile
-
-    lens = [4096, 100, 2000, 7]
-    q, k_cache, v_cache, seq_lens, _ = _gpu_case(
-        4, 32, 8, 1, 128, 4096, lens, None, "float16", seed=11
-    )
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # a new stream, outside any capture
-        kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
-        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens)
-    ref = _sdpa_reference(q, k_cache, v_cache, lens, None)
-    for _ in range(2):
-        out.fill_(float("nan"))
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            graph.replay()
-            torch.cuda.synchronize()
-        assert (out.double() - ref).abs().max().item() < 5e-3
-    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert len(kernels) == 1 and "decode_fwd" in kernels[0], kernels
-
-
-@pytest.mark.gpu
 def test_gpu_decode_step_does_not_synchronize():
     import torch
 
