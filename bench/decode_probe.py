@@ -15,6 +15,9 @@ than the L2 cache.
     python3 bench/decode_probe.py warm_fs 9; then fs 13  # dec, decode_folded's SPEC on and off
     python3 bench/decode_probe.py warm_fb 11; then fb 22  # dec, two barriers a tile
     python3 bench/decode_probe.py warm_gg 7; then gg  # dec, a graph replay over the kernel time
+    python3 bench/decode_probe.py warm_sp 14; then sp 26  # dec, the suite's time split
+    python3 bench/decode_probe.py warm_ws 8; then ws 12  # dec, the table window with the length
+    python3 bench/decode_probe.py warm_fg 7; then fg 10  # dec, the floors in the suite's timing
     PROBE_BASE=1 PYTHONPATH=/main/checkout python3 bench/decode_probe.py f  # main's defaults
     python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
     python3 bench/decode_probe.py warm_t | warm_v [SECONDS]  # the kernels of t / v
@@ -105,6 +108,7 @@ ORIG = {
         "DECODE",
         "FOLDED",
         "stage_syncs",
+        "speculates",
     )
     if hasattr(decode, n)
 }
@@ -326,6 +330,7 @@ def force(
     fold=None,
     pair=None,
     fold_spec=None,
+    spec_all=None,
 ):
     """Module defaults but for what is named (cl: clusters of exactly this size, forced,
     with cluster=True) (cluster: None = the module's choice; window:
@@ -338,6 +343,8 @@ def force(
         decode.FOLD_PAIR = pair
     if fold_spec is not None:  # decode_folded's first tiles copied before its sort (SPEC)
         decode.FOLD_SPEC = fold_spec
+    if spec_all is not None:  # one split's first copies before the length, either layout
+        decode.speculates = lambda paged, splits=1, v=int(spec_all): v if splits == 1 else 0
     if sort is not None:  # one split over a paged cache: this many table slots sorted (SORT)
         decode.sorts = lambda paged, splits, *a, n=sort: n if paged and splits == 1 else 0
     if own_tiles is not None:  # OWN in cluster-merge grids of splits up to so many tiles
@@ -2971,7 +2978,7 @@ def unique(kernels: list) -> list:
     seen = set()
     out = []
     for kernel, c in kernels:
-        key = (kernel.pyfunc.__name__, tuple(sorted(c.items(), key=str)))
+        key = (kernel.pyfunc.__module__, kernel.pyfunc.__name__, tuple(sorted(c.items(), key=str)))
         if key not in seen:
             seen.add(key)
             out.append((kernel, c))
@@ -3120,6 +3127,248 @@ def warm_fb():
     return out
 
 
+SP_CASES = ((16, 1024), (1, 32768))
+SP_SHARED = {2: 70144, 4: 135680}  # decode_fwd's dynamic shared memory at 2 and 4 stages
+
+
+def spin_events(graph, n=20):
+    """Median µs from event to event around each of n replays of ``graph``, queued behind a
+    GPU spin as bench/harness.py times a call (the host never makes the GPU wait)."""
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    torch.cuda._sleep(int(3e-3 * 2e9))
+    for a, z in zip(starts, ends, strict=True):
+        a.record()
+        graph.replay()
+        z.record()
+    torch.cuda.synchronize()
+    return 1e3 * statistics.median(a.elapsed_time(z) for a, z in zip(starts, ends, strict=True))
+
+
+def captured(fn):
+    """``fn()`` captured in a CUDA graph on a new stream, warmed first on another new
+    stream (as bench/decode.py's suite does: state kept per stream is first made there)."""
+    cap, warm = torch.cuda.Stream(), torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        fn()
+    torch.cuda.current_stream().wait_stream(warm)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=cap):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def zeroed_in_capture(fn):
+    """``fn()`` captured as main's decode op did it: a stream first seen capturing got its
+    fused merge's counters zeroed inside the capture (no rows zeroed ahead)."""
+    spare, rows = dict(decode._SPARE), decode.SPARE_ROWS
+    decode._SPARE.clear()
+    decode.SPARE_ROWS = 0
+    try:
+        return captured(fn)
+    finally:
+        decode._SPARE.update(spare)
+        decode.SPARE_ROWS = rows
+
+
+def sp_graphs(q, k, v, kc, vc, table, lens) -> dict:
+    """{name: CUDA graph} of a case, each captured on a new stream after a call on another
+    (as the suite does): kaio routed over both layouts (paged also as main captured it,
+    ``zeroed_in_capture``), SDPA's default, and kernels that only start their blocks."""
+    o = torch.empty(1024, device="cuda")
+
+    def paged():
+        return decode.flash_attention_decode(q, kc, vc, lens, table)
+
+    graphs = {
+        "kaio contiguous": captured(lambda: decode.flash_attention_decode(q, k, v, lens)),
+        "kaio paged": captured(paged),
+        "kaio paged, counters zeroed in the capture": zeroed_in_capture(paged),
+        "SDPA default": captured(lambda: sdpa(q, k, v, enable_gqa=True)),
+    }
+    for blocks, st in ((1, 0), (128, 2), (128, 4)):
+        nbytes = SP_SHARED.get(st, 16)
+
+        def idle(n=blocks, nbytes=nbytes):  # on the current (capturing) stream
+            stream = torch.cuda.current_stream().cuda_stream
+            idle_blocks[n, 128, stream, nbytes](o, SHARED=nbytes)
+
+        graphs[f"idle {blocks} blocks {nbytes >> 10} KB"] = captured(idle)
+    return graphs
+
+
+def round_sp(budget: float):
+    """(dec, thirteenth pass, round A) Where the suite's time goes at B16 L1024 and B1 L32768:
+    kaio's routed kernels (both layouts) against SDPA, head_stream's copy floors (B16) and a
+    plain stream of the same bytes (128 blocks), one split's first copies before the length
+    over a contiguous cache (SPEC) and its stages, SORT over 64 pages; then each graph's
+    event-to-event time (the suite's way), its replay's kernels in the profiler, the events
+    again (reverse order)."""
+    for b, length, _, sets, lens, label in shapes(SP_CASES, budget):
+        print(f"{label} contiguous rel err {check(sets, lens, contiguous=True):.1e}", flush=True)
+        jobs = [
+            ("contiguous routed", run_kaio_contig(lens)),
+            ("paged routed", run_kaio(lens)),
+        ]
+        if b == 16:
+            for name, cfg in (("SPEC", {"spec_all": 1}), ("3 stages", {"stages": 3})):
+                err = check(sets, lens, contiguous=True, **cfg)
+                print(f"{label} contiguous {name} rel err {err:.1e}", flush=True)
+                jobs.append((f"contiguous {name}", run_kaio_contig(lens, **cfg)))
+            print(f"{label} paged SORT 128 rel err {check(sets, lens, sort=128):.1e}", flush=True)
+            jobs.append(("paged SORT 128", run_kaio(lens, sort=128)))
+            floor_jobs(b, length, label, sets, [(False, 2, 0), (True, 4, 0)])
+        n = b * HKV * length * D
+        out = torch.empty(128 * 128, device="cuda")
+        per = 2 * n // 128
+        flat = [(torch.cat([s[1].view(-1), s[2].view(-1)]),) for s in sets[:1]]
+        show(
+            f"{label} floor stream 128 blocks",
+            kernel_times(lambda x, o=out, n=per: stream[128, 128](x, o, n, U=8), flat),
+        )
+        both_passes(label, jobs, sets)
+        flush()
+        restore()
+        graphs = sp_graphs(*sets[0], lens)
+        for name, graph in graphs.items():
+            print(f"{label} {name} event to event {spin_events(graph):.2f} us", flush=True)
+        for name, graph in graphs.items():
+            show(f"{label} {name} replay", kernel_times(lambda *_, g=graph: g.replay(), sets))
+        flush()
+        for name, graph in list(graphs.items())[::-1]:
+            print(f"{label} {name} event to event {spin_events(graph):.2f} us", flush=True)
+        del graphs, flat
+
+
+def warm_sp():
+    """What round sp launches."""
+    c = {"DP": 128, "MT": 1, "DT": f16, "CL": 1, "SWAP": 1, "SORT": 0}
+    contig = {**c, "PAGED": False, "PW": 0, "DIRECT": True, "FUSED": False, "OWN": 0}
+    out = [(probe_mark, {}), (stream, {"U": 8})]
+    out += [(decode.DECODE, {**contig, "STAGES": 2, "SYNC1": 0, "SPEC": s}) for s in (0, 1)]
+    out += [(decode.DECODE, {**contig, "STAGES": 3, "SYNC1": 1, "SPEC": 0})]
+    paged = {**c, "PAGED": True, "PW": 1, "DIRECT": True, "FUSED": False, "SPEC": 1}
+    paged |= {"STAGES": 4, "SYNC1": 0, "OWN": 1}
+    out += [(decode.DECODE, {**paged, "SORT": s}) for s in (0, 128)]
+    split = {**c, "DIRECT": False, "STAGES": 4, "SYNC1": 0, "OWN": 0, "SPEC": 0}
+    out += [
+        (decode.DECODE, {**split, "PAGED": False, "PW": 0, "FUSED": False, "CL": cl})
+        for cl in (8, 16)
+    ]
+    out += [(decode.DECODE, {**split, "PAGED": True, "PW": 1, "FUSED": True})]
+    flags = {"DP": 128, "LOCK": 0, "TOUCH": 0, "CO": 0}
+    out += [(head_stream, {**flags, "PAGED": p, "STAGES": st}) for p, st in ((False, 2), (True, 4))]
+    return out + [(idle_blocks, {"SHARED": n}) for n in (16, *SP_SHARED.values())]
+
+
+WS_EDITS = {  # decode_fwd: a paged split grid's window of the table loaded with the length
+    "            entry[e] = table_at(block_table, b, at, max_pages)\n"
+    "    kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))\n": (
+        "            entry[e] = table_at(block_table, b, at, max_pages)\n"
+        "    if PAGED and PW and not SPEC:  # a full-length split's window, with the length\n"
+        "        cap_per = ((capacity + BN - 1) // BN + splits - 1) // splits\n"
+        "        window_start(win, split * cap_per * BN, b, block_table, max_pages, shift, lane)\n"
+        "    kv_len = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))\n"
+    ),
+    "            window_start(win, t0 * BN, b, block_table, max_pages, shift, lane)\n": (
+        "            if (t0 * BN) >> shift != win[0]:  # not the full-length split's\n"
+        "                window_start(win, t0 * BN, b, block_table, max_pages, shift, lane)\n"
+    ),
+}
+WS_CASES = ((1, 32768), (1, 4096))
+WS_ROUNDS = 2  # both_passes of round ws a shape (round C of the thirteenth pass: 1)
+
+
+def round_ws(budget: float):
+    """(dec, thirteenth pass) A paged split grid's table window loaded with the length
+    (``WS_EDITS``: the window of the split's run at full length, loaded again only where
+    the length moves the run) against the routed kernel, uniform and ragged lengths (L/4
+    .. L), each checked against f32 SDPA first; WS_ROUNDS times two passes."""
+    ws = decode_variant("window_spec", WS_EDITS)
+    for b, length, _, sets, lens, label in shapes(WS_CASES, budget):
+        gen = torch.Generator(device="cuda").manual_seed(b)
+        rl = torch.randint(length // 4, length + 1, (b,), device="cuda", generator=gen)
+        rl = rl.to(torch.int32)
+        show(f"{label} paged routed", kernel_times(run_kaio(lens), sets))
+        flush()
+        for name, ls in (("", lens), ("ragged ", rl)):
+            err = check(sets, ls, kernel=ws)
+            print(f"{label} {name}paged window spec rel err {err:.1e}", flush=True)
+        print(f"{label} paged routed rel err after the copy {check(sets, lens):.1e}")
+        jobs = [
+            ("paged routed", run_kaio(lens)),
+            ("paged window spec", run_kaio(lens, kernel=ws)),
+            ("ragged routed", run_kaio(rl)),
+            ("ragged window spec", run_kaio(rl, kernel=ws)),
+        ]
+        for _ in range(WS_ROUNDS):
+            both_passes(label, jobs, sets)
+
+
+def warm_ws():
+    """What round ws launches: the paged split grids of its shapes (clusters of 8, 16
+    splits through the fused merge), original and copies."""
+    c = {"DP": 128, "MT": 1, "DT": f16, "SWAP": 1, "SORT": 0, "PAGED": True, "PW": 1}
+    c |= {"DIRECT": False, "STAGES": 4, "SYNC1": 0, "SPEC": 0}
+    grids = [{"FUSED": True, "CL": 1, "OWN": 0}]
+    grids += [{"FUSED": False, "CL": cl, "OWN": 0} for cl in (8, 16)]
+    kernels = [decode.DECODE, decode_variant("window_spec", WS_EDITS)]
+    return [(probe_mark, {})] + [(k, {**c, **g}) for k in kernels for g in grids]
+
+
+def fg_graphs(length, q, k, v, kc, vc, table, lens) -> dict:
+    """{name: CUDA graph} of round fg: kaio routed over both layouts, ``head_stream`` as
+    the kernel's grid and stages take them (contiguous 2, paged 4), SDPA's default."""
+    b = q.shape[0]
+    o = torch.empty(b * HKV * 128, device="cuda")
+
+    def floor(paged, st):
+        def run():
+            src = (x.view(-1) for x in ((kc, vc) if paged else (k, v)))
+            stream = torch.cuda.current_stream().cuda_stream
+            head_stream[b * HKV, 128, stream, 2 * st * 64 * 128 * 2](
+                *src, table.view(-1), o, HKV, length, length // 16, kc.shape[0],
+                PAGED=paged, STAGES=st, DP=128, LOCK=0, TOUCH=0, CO=0,
+            )  # fmt: skip
+
+        return run
+
+    return {
+        "kaio contiguous": captured(lambda: decode.flash_attention_decode(q, k, v, lens)),
+        "kaio paged": captured(lambda: decode.flash_attention_decode(q, kc, vc, lens, table)),
+        "floor contiguous": captured(floor(False, 2)),
+        "floor paged": captured(floor(True, 4)),
+        "SDPA default": captured(lambda: sdpa(q, k, v, enable_gqa=True)),
+    }
+
+
+def round_fg(budget: float):
+    """(dec, thirteenth pass) The suite's timing of the copy floors at B16 L1024: CUDA graphs
+    of ``head_stream`` (kaio's grid and copies, no arithmetic) beside kaio's routed calls
+    and SDPA's (``fg_graphs``), each from event to event (``spin_events``) in two passes,
+    the second in reverse order, then their replays' kernel times."""
+    for _, length, _, sets, lens, label in shapes(((16, 1024),), budget):
+        restore()
+        graphs = fg_graphs(length, *sets[0], lens)
+        names = list(graphs)
+        for order in (names, names[::-1]):
+            for name in order:
+                print(f"{label} {name} event to event {spin_events(graphs[name]):.2f} us")
+        for name, graph in graphs.items():
+            show(f"{label} {name} replay", kernel_times(lambda *_, g=graph: g.replay(), sets))
+
+
+def warm_fg():
+    """What round fg launches."""
+    return [warm_sp()[i] for i in (0, 2, 6, 10, 11)]
+
+
 ROUNDS = {  # argument: (round, its default time budget in seconds)
     "p": (round_p, 30),
     "t": (round_t, 30),
@@ -3156,6 +3405,9 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "fs": (round_fs, 40),
     "gg": (round_gg, 40),
     "fb": (round_fb, 40),
+    "sp": (round_sp, 40),
+    "ws": (round_ws, 40),
+    "fg": (round_fg, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -3184,6 +3436,11 @@ WARMS = {
     "warm_fs": warm_fs,
     "warm_gg": warm_gg,
     "warm_fb": warm_fb,
+    "warm_sp": warm_sp,
+    "warm_ws": warm_ws,
+    "warm_fg": warm_fg,
+    "warm_spws": lambda: unique(warm_sp() + warm_ws()),
+    "warm_b16ws": lambda: unique(warm_ws() + warm_sp()[2:3] + warm_sp()[6:10]),
     "warm_pcfs": lambda: unique(warm_pc() + warm_fs()),
     "warm_p": warm_p,
     "warm_t": warm_t,

@@ -107,9 +107,13 @@ OWN_CLUSTER_TILES = 2
 # L1024 92.3 against 92.1 to 92.2 (not routed: 64 pages); B16 L32768 no faster (1024
 # slots 699.1 to 700.8 against 699.4 to 701.6; all 2048 705.9 to 706.6: the sort no
 # longer hides behind the first copies; its first 256 slots 0.4 to 0.9 faster, B64 not
-# measured): tables of SORT_MAX_PAGES at most, sorted whole
+# measured): tables of SORT_MAX_PAGES at most, sorted whole. A grid of one wave (a block a
+# multiprocessor at most) sorts from SORT_ALONE_PAGES (B16 L1024, 64 pages: 24.7 to 24.8
+# against 24.9 to 25.1 in the tenth pass, 24.69 to 24.72 against 24.93 to 25.02 in the
+# thirteenth, round A; at B64 L1024, two waves, 92.3 against 92.1 to 92.2)
 SORT_PAGE = 16
 SORT_MIN_PAGES = 128
+SORT_ALONE_PAGES = 64
 SORT_MAX_PAGES = 256
 
 # paged, pages of 16, 4 query rows a K/V group (H32 / Hkv 8 at Sq 1), D 128 and more blocks
@@ -217,14 +221,16 @@ def shared_bytes(dp: int, mt: int, stages: int = 2) -> int:
     return (2 * stages * dk.BN + 16 * mt) * dp * 2 + 2 * dk.WARPS * 16 * 4
 
 
-def sorts(paged: bool, splits: int, max_pages: int = 0, page: int = 0) -> int:
+def sorts(paged: bool, splits: int, max_pages: int = 0, page: int = 0, alone: bool = False) -> int:
     """``decode_fwd``'s SORT for a grid of ``splits`` key splits over a cache of ``page``-token
     pages, ``max_pages`` a sequence: for one split over a paged cache (whose first copies
-    precede the length, ``speculates``) of SORT_PAGE-token pages and SORT_MIN_PAGES to
-    SORT_MAX_PAGES a sequence (the whole table sorted), the next power of two (from 128, a
-    key a thread) over max_pages; else 0."""
-    one = paged and splits == 1 and speculates(paged)
-    if not (one and page == SORT_PAGE and SORT_MIN_PAGES <= max_pages <= SORT_MAX_PAGES):
+    precede the length, ``speculates``) of SORT_PAGE-token pages and SORT_MIN_PAGES
+    (SORT_ALONE_PAGES in a grid of one wave, ``alone``) to SORT_MAX_PAGES a sequence (the
+    whole table sorted), the next power of two (from 128, a key a thread) over max_pages;
+    else 0."""
+    one = paged and splits == 1 and speculates(paged) and page == SORT_PAGE
+    least = SORT_ALONE_PAGES if alone else SORT_MIN_PAGES
+    if not (one and least <= max_pages <= SORT_MAX_PAGES):
         return 0
     return max(128, 1 << (max_pages - 1).bit_length())
 
@@ -494,14 +500,17 @@ class _Cache:
 
 
 _COUNTERS: dict = {}  # (device, stream) -> torch int32 zeros: decode_fwd's arrival counters
+COUNTER_ROWS = 1024  # the counters of a stream (at least; a split grid has fewer blocks)
+SPARE_ROWS = 8  # rows of counters zeroed ahead, outside any CUDA graph capture
+_SPARE: dict = {}  # torch device -> rows zeroed ahead, for streams first seen capturing
 
 
 def _counters(like, stream, blocks: int):
     """Zeroed u32 counters (at least ``blocks``) for the fused merge, or None where the
     separate merge kernel runs instead (arrays other than torch's). They stay allocated per
     GPU and stream, so that kernels on concurrent streams never share them; each call's last
-    blocks reset theirs to 0. Made during a CUDA graph capture, they come from the graph's
-    memory pool and their zeroing is part of the graph (correct at each replay)."""
+    blocks reset theirs to 0. A stream first seen capturing a CUDA graph takes a row zeroed
+    ahead (``zeroed_row``)."""
     if like.kind == "numpy":
         return np.zeros(blocks, np.uint32)
     if like.kind != "torch":
@@ -509,15 +518,31 @@ def _counters(like, stream, blocks: int):
     key = (like.device, stream)
     have = _COUNTERS.get(key)
     if have is None or have.numel() < blocks:
-        import torch
-
-        have = _COUNTERS[key] = torch.zeros(
-            max(blocks, 1024), dtype=torch.int32, device=like.obj.device
-        )
+        have = _COUNTERS[key] = zeroed_row(like.obj.device, max(blocks, COUNTER_ROWS))
         # a constant for call plans (kaio_ops._plan): a plan is keyed by its stream and
         # replays with these counters; kept alive by the registry if outgrown here
         _arrays.constant(have)
     return _arrays.arg(have, "torch", (have.numel(),), u32, like.device)
+
+
+def zeroed_row(device, n: int):
+    """``n`` zeroed torch int32 counters on ``device``. While its current stream captures a
+    CUDA graph: one of the SPARE_ROWS rows that a call outside any capture zeroed ahead
+    (torch.cuda.graph synchronizes before it captures, so their zeros are in place), else
+    torch.zeros, whose fill the graph would then run before the decode kernel at every
+    replay (a second node: the GPU's time between the two kernels). Outside a capture:
+    torch.zeros, in stream order (and the spare rows made where there are none)."""
+    import torch
+
+    with torch.cuda.device(device):
+        capturing = torch.cuda.is_current_stream_capturing()
+    spare = _SPARE.setdefault(device, [])
+    if capturing and spare and n <= COUNTER_ROWS:
+        return spare.pop()
+    if not (capturing or spare):
+        rows = torch.zeros(SPARE_ROWS, COUNTER_ROWS, dtype=torch.int32, device=device)
+        spare.extend(rows.unbind(0))
+    return torch.zeros(n, dtype=torch.int32, device=device)
 
 
 def _lengths(inputs, seq_lens, batch: int):
@@ -629,7 +654,8 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     rows = batch * heads * sq
     stream = _arrays.stream_of(qa)
     direct = splits == 1
-    sort = sorts(cache.paged, splits, cache.max_pages, cache.page_size if cache.paged else 0)
+    page = cache.page_size if cache.paged else 0
+    sort = sorts(cache.paged, splits, cache.max_pages, page, alone)
     out, lse, out_flat, lse_flat, part, part_lse = _outputs(qa, 1 if cl > 1 else splits)
     counters = None
     if not (direct or cl > 1):

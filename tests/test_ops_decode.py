@@ -384,11 +384,14 @@ def test_sort_keys_in_simulator(n):
 
 
 def test_sorted_walk_route():
-    # SORT: one split over pages of 16, from 128 pages a sequence, a power of two of slots
+    # SORT: one split over pages of 16, from 128 pages a sequence (64 in a grid of one
+    # wave), a power of two of slots
     assert decode.sorts(True, 1, 256, 16) == 256
     assert decode.sorts(True, 1, 128, 16) == 128
     assert decode.sorts(True, 1, 2048, 16) == 0 and decode.SORT_MAX_PAGES == 256
     assert decode.sorts(True, 1, 64, 16) == decode.sorts(True, 1, 256, 32) == 0
+    assert decode.sorts(True, 1, 64, 16, alone=True) == 128
+    assert decode.sorts(True, 1, 32, 16, alone=True) == 0
     assert decode.sorts(True, 2, 256, 16) == decode.sorts(False, 1, 0, 0) == 0
     launched = [c["SORT"] for k, c in decode.shipped() if k is decode.DECODE]
     assert sorted(set(launched)) == [0, 128, 256]
@@ -944,13 +947,15 @@ def test_gpu_decode_against_sdpa(b, h, hkv, sq, d, capacity, lens, page_size, dt
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "capacity, sq, dtype, sort", [(4096, 1, "float16", 256), (2048, 2, "bfloat16", 128)]
+    "capacity, sq, dtype, sort",
+    [(4096, 1, "float16", 256), (2048, 2, "bfloat16", 128), (1024, 1, "float16", 128)],
 )
 def test_gpu_sorted_pages_against_sdpa(capacity, sq, dtype, sort, monkeypatch):
     """The routed SORT (one split over a shuffled pool of 16-token pages, 128 to 256 a
-    sequence: B16 at 2k and 4k keys, the suite's H 32, Hkv 8, D 128) through the public op,
-    ragged lengths (0, 1, page boundaries, the capacity) against SDPA in float64 on the
-    gathered cache; the launch's SORT checked, so that the test fails if the route drifts."""
+    sequence, from 64 in one wave: B16 at 1k, 2k and 4k keys, the suite's H 32, Hkv 8, D
+    128) through the public op, ragged lengths (0, 1, page boundaries, the capacity)
+    against SDPA in float64 on the gathered cache; the launch's SORT checked, so that the
+    test fails if the route drifts."""
     import torch
 
     _plan.clear()  # (a plan recorded before would replay without the spy)
