@@ -980,18 +980,20 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     (N <= 4224 on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks
     of 8 while the tiles fit two 8-warp blocks an SM; past that ``RINGS_8`` (DEQ 6, the
     words through shared rings by cp.async, x 3 loads ahead: 72-76 registers), in blocks of
-    8 up to four tiles an SM (N = 10240), of 4 past it (N = 28672), of 4 taking two column
-    blocks each past ten (``CS`` 2, N > 42240; ``qkv`` keeps main's blocks of 4 there)
-    ("W4A16 decode, M <= 16, fifth pass"); up to ten tiles an SM launched with programmatic
+    8 up to three tiles an SM (three blocks an SM; N = 10240, with ``TAIL`` 2), of 4 past it
+    (N = 14336, 28672), of 4 taking two column blocks each past ten (``CS`` 2, N > 42240;
+    ``qkv`` keeps main's blocks of 4 there) ("W4A16 decode, M <= 16, fifth pass"; "eleventh
+    pass" for the three tiles an SM); up to ten tiles an SM launched with programmatic
     dependent launch, ``PDL`` 3 without the rings, 1 with them ("W4A16 decode, M 9-16, tenth
     pass", measured at M = 1). At M = 9-16 the swapped mma and DEQ 6 (x's
     halves as they are loaded: no prmt for x, two n8 tiles of x a k-step), blocks of 8, x
     with the words while every tile has an SM (149 registers), x 3 loads ahead (124
     registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no swap)
-    while they fit the SMs at once, three an SM (151 registers; N = 10240), then blocks of 4
-    swapped with x 3 loads ahead (124 registers, four an SM) up to four tiles an SM (N =
-    14336), blocks of 3 (five an SM, 15 warps) up to five (N = 20480; ``qkv`` keeps blocks
-    of 4; "W4A16 decode, M 9-16, tenth pass"), past that each block two column blocks (``CS``
+    while they fit the SMs at once, three an SM (151 registers; N = 10240, with ``TAIL`` 2
+    and ``PDL`` 1: "eleventh pass"), then blocks of 4 swapped with x 3 loads ahead (124
+    registers, four an SM) up to four tiles an SM (N = 14336), blocks of 3 (five an SM, 15
+    warps) up to five (N = 20480; ``qkv`` keeps blocks of 4; "W4A16 decode, M 9-16, tenth
+    pass"), past that each block two column blocks (``CS``
     2, N = 28672; ``qkv`` takes CS 1) with the last partial round of one block an SM split
     over K in halves (``TAIL`` 2: ``tail_whole``; "W4A16 decode, M 9-16, eighth pass";
     ``qkv`` takes no split); past ten
@@ -1012,8 +1014,8 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
             return 16, {"PDL": 3}
         if tiles <= 2 * sms:
             return 8, {"PDL": 3}
-        if tiles <= 4 * sms:
-            return 8, {**RINGS_8, "PDL": 1}
+        if tiles <= 3 * sms:
+            return 8, {**RINGS_8, "TAIL": 2, "PDL": 1}
         if tiles <= 10 * sms:
             return 4, {**RINGS_8, "CS": 1, "PDL": 1}
         return 4, {**RINGS_8, "CS": 2}
@@ -1024,7 +1026,7 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     if tiles <= 2 * sms or tiles > 10 * sms:
         return 8, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 3 * sms:
-        return 4, dict(LOADS_16)
+        return 4, {**LOADS_16, "TAIL": 2, "PDL": 1}
     if tiles <= 4 * sms:
         return 4, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 5 * sms:

@@ -247,8 +247,9 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
 # column blocks (CS 2, the last one partial, one past N), thirds of main's unswapped blocks,
 # with the words' rings (ASYNC) and with x's shared rings too (XS); plan's (WARPS 0) at 4.5
 # tiles an SM: blocks of 3 warps; at 6.5: blocks of 4 over two column blocks, the last one
-# partial, TAIL 2; programmatic dependent launch (PDL 3: the first groups' L2 prefetches
-# before the wait)
+# partial, TAIL 2; at 2.5: blocks of 8 with the words' rings (M = 5, the last tile partial)
+# and main's blocks of 4 (M = 13), TAIL 2; programmatic dependent launch (PDL 3: the first
+# groups' L2 prefetches before the wait)
 TAIL_PLANS = [
     (16, 32 * 7, 128 * 5, 4, 3, {"TAIL": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
     (12, 220, 128 * 9, 4, 3, {"TAIL": 2, "CS": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3, "PDL": 3}),
@@ -257,6 +258,8 @@ TAIL_PLANS = [
     (16, 32 * 10, 128 * 6, 4, 4, {**_int4_decode.SHARED_X_16, "TAIL": 2}),
     (12, 284, 128 * 7, 0, 2, {}),
     (12, 404, 128 * 7, 0, 2, {}),
+    (5, 156, 128 * 7, 0, 2, {}),
+    (13, 160, 128 * 9, 0, 2, {}),
 ]
 
 
@@ -304,10 +307,11 @@ def test_int4_decode_ring_plans_in_simulator(m, n, k, monkeypatch, poisoned):
 def test_int4_decode_warps_route():
     """plan: at M <= 8 blocks of 16 warps while each tile has an SM, 8 while the tiles fit
     two a SM (PDL 3), then the shared rings with DEQ 6 and x 3 loads ahead in blocks of 8 up
-    to four tiles a SM, of 4 past it (PDL 1), of 4 taking two column blocks past ten; at
-    M = 9-16 the
+    to three tiles a SM (the last partial round split: TAIL 2), of 4 past it (PDL 1), of 4
+    taking two column blocks past ten; at M = 9-16 the
     swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an SM, else
-    3 loads ahead) up to two tiles a SM, main's blocks of 4 up to three, swapped blocks of 4
+    3 loads ahead) up to two tiles a SM, main's blocks of 4 up to three (TAIL 2, PDL 1),
+    swapped blocks of 4
     up to four, swapped blocks of 3 up to five, then swapped blocks of 4 taking two column
     blocks each (the last partial
     round split over K: TAIL 2), past ten those blocks sharing x through shared rings
@@ -319,17 +323,18 @@ def test_int4_decode_warps_route():
     plan = _int4_decode.plan
     loads = {"XC": 3, "WC": 6, "PDL": 3}
     swapped, lead = {"SWAP": 2, "DEQ": 6, **loads}, {"SWAP": 2, "DEQ": 6, "XLEAD": 3, **loads}
-    ns = (4096, 4224, 4256, 8448, 8480, 10240, 28672, 42240, 42272, 57344)
+    ns = (4096, 4224, 4256, 8448, 8480, 12672, 12704, 28672, 42240, 42272, 57344)
     rings = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
     early, late = {"PDL": 3}, {"PDL": 1}
     assert [plan(1, n // 32, 132) for n in ns] == [(16, early)] * 2 + [(8, early)] * 2 + [
-        (8, {**rings, **late})
-    ] * 2 + [(4, {**rings, "CS": 1, **late})] * 2 + [(4, {**rings, "CS": 2})] * 2
+        (8, {**rings, "TAIL": 2, **late})
+    ] * 2 + [(4, {**rings, "CS": 1, **late})] * 3 + [(4, {**rings, "CS": 2})] * 2
     assert [plan(8, n // 32, 132)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 8, 4]
     ns = (4096, 6144, 8448, 10240, 12672, 12704, 16896, 16928, 21120, 21152, 28672)
     got = [plan(16, n // 32, 132) for n in ns]
     pairs = {**lead, "CS": 2, "TAIL": 2, "PDL": 1}
-    want = [(8, swapped), (8, lead), (8, lead), (4, loads), (4, loads), (4, lead), (4, lead)]
+    tail = {**loads, "TAIL": 2, "PDL": 1}
+    want = [(8, swapped), (8, lead), (8, lead), (4, tail), (4, tail), (4, lead), (4, lead)]
     assert got == want + [(3, lead)] * 2 + [(4, pairs)] * 2
     shared = {"SWAP": 2, "DEQ": 6, "CS": 2, "XS": 2, "ASYNC": 1}
     assert plan(16, 57344 // 32, 132) == (4, shared)
@@ -343,6 +348,7 @@ def test_int4_decode_warps_route():
         (1, 28672),
         (1, 57344),
         (16, 4096),
+        (16, 10240),
         (16, 14336),
         (16, 28672),
         (16, 57344),
