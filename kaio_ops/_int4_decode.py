@@ -970,12 +970,13 @@ SHARED_X_16 = {**SWAPPED, "CS": 2, "XS": 2, "ASYNC": 1}
 RINGS_8 = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
 
 
-def halves(warps: int, groups: int) -> dict:
+def halves(warps: int, groups: int, least: int) -> dict:
     """``TAIL`` 2 (and ``PDL`` 1, the split's launch) where a warp of a block of ``warps``
-    keeps four or more of the ``groups`` scale groups of its half of K: shorter halves
-    measured no faster (10240 x 4096 in blocks of 8 at M <= 8: 11.6 -> 12.2 µs on an H100;
-    docs/performance.md, "W4A16 decode, eleventh pass")."""
-    return {"TAIL": 2, "PDL": 1} if groups >= 8 * warps else {}
+    keeps ``least`` or more of the ``groups`` scale groups of its half of K: shorter halves
+    measured no faster on an H100 (``least`` 4 at M <= 8: 10240 x 4096 in blocks of 8, two
+    groups a warp, 11.6 -> 12.2 µs; 8 at M = 9-16: 10240 x 4096 in blocks of 4, four a warp,
+    12.1 -> 12.4 µs; docs/performance.md, "W4A16 decode, eleventh pass")."""
+    return {"TAIL": 2, "PDL": 1} if groups >= 2 * least * warps else {}
 
 
 def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tuple[int, dict]:
@@ -1025,9 +1026,9 @@ def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tu
         if tiles <= 2 * sms:
             return 8, {"PDL": 3}
         if tiles <= 3 * sms:
-            return 8, {**RINGS_8, "PDL": 1, **halves(8, groups)}
+            return 8, {**RINGS_8, "PDL": 1, **halves(8, groups, 4)}
         if tiles <= 4 * sms:
-            return 4, {**RINGS_8, "CS": 1, "PDL": 1, **halves(4, groups)}
+            return 4, {**RINGS_8, "CS": 1, "PDL": 1, **halves(4, groups, 4)}
         if tiles <= 10 * sms:
             return 4, {**RINGS_8, "CS": 1, "PDL": 1}
         return 4, {**RINGS_8, "CS": 2}
@@ -1038,7 +1039,7 @@ def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tu
     if tiles <= 2 * sms or tiles > 10 * sms:
         return 8, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 3 * sms:
-        return 4, {**LOADS_16, **halves(4, groups)}
+        return 4, {**LOADS_16, **halves(4, groups, 8)}
     if tiles <= 4 * sms:
         return 4, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 5 * sms:

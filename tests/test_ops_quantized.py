@@ -259,7 +259,7 @@ TAIL_PLANS = [
     (12, 284, 128 * 7, 0, 2, {}),
     (12, 404, 128 * 7, 0, 2, {}),
     (5, 156, 128 * 65, 0, 2, {}),
-    (13, 160, 128 * 33, 0, 2, {}),
+    (13, 160, 128 * 65, 0, 2, {}),
 ]
 
 
@@ -312,7 +312,7 @@ def test_int4_decode_warps_route():
     of its half (TAIL 2: K = 8192 in blocks of 8, not 4096; 4096 in blocks of 4); at M = 9-16
     the swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an SM,
     else 3 loads ahead) up to two tiles a SM, main's blocks of 4 up to three (TAIL 2 and
-    PDL 1 with four groups a warp of a half), swapped blocks of 4
+    PDL 1 with eight groups a warp of a half: K = 8192), swapped blocks of 4
     up to four, swapped blocks of 3 up to five, then swapped blocks of 4 taking two column
     blocks each (the last partial
     round split over K: TAIL 2), past ten those blocks sharing x through shared rings
@@ -342,7 +342,7 @@ def test_int4_decode_warps_route():
     want = [(8, swapped), (8, lead), (8, lead), (4, halved), (4, halved), (4, lead), (4, lead)]
     assert got == want + [(3, lead)] * 2 + [(4, pairs)] * 2
     shared = {"SWAP": 2, "DEQ": 6, "CS": 2, "XS": 2, "ASYNC": 1}
-    assert plan(16, 10240 // 32, 132, 31) == (4, loads)  # halves of 3 groups a warp
+    assert plan(16, 10240 // 32, 132, 63) == (4, loads)  # halves of 7 groups a warp
     assert plan(16, 57344 // 32, 132, 64) == (4, shared)
     assert plan(16, 42272 // 32, 132, 64, shared_x=False) == (8, lead)
     assert plan(32, 4096, 132, 64) == (_int4_decode.WARPS, {})
