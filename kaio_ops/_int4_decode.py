@@ -800,12 +800,11 @@ def await_previous(
     global memory is touched; 3: first let the kernel after this one be placed
     (``launch_dependents``: its blocks take the slots this grid's leave) and ask L2 for the
     words of this warp's first WBUF groups (of ``lo`` to ``hi``, column block ``CS block +
-    warp % CS``): a prefetch reads nothing the earlier kernel may still write; 5: the same
-    with its first 4 WBUF groups."""
-    if PDL >= 3:
+    warp % CS``): a prefetch reads nothing the earlier kernel may still write."""
+    if PDL == 3:
         kaio.launch_dependents()
         warp = kaio.thread_idx_x() // 32
-        for b in kaio.static_range(WBUF if PDL == 3 else 4 * WBUF):
+        for b in kaio.static_range(WBUF):
             group = lo + warp // CS + b * (WARPS // CS)
             if group < hi:
                 prefetch_group(w, group, block * CS + warp % CS, kaio.thread_idx_x() % 32, N, 0)
