@@ -992,22 +992,20 @@ def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tu
     8 up to three tiles an SM (three blocks an SM; N = 10240), of 4 past it (N = 14336,
     28672), of 4 taking two column blocks each past ten (``CS`` 2, N > 42240; ``qkv`` keeps
     main's blocks of 4 there) ("W4A16 decode, M <= 16, fifth pass"; "eleventh pass" for the
-    three tiles an SM), up to four tiles an SM with the last partial round split over K in
-    halves where they are long enough (``halves``); up to ten tiles an SM launched with
-    programmatic
-    dependent launch, ``PDL`` 3 without the rings, 1 with them ("W4A16 decode, M 9-16, tenth
-    pass", measured at M = 1). At M = 9-16 the swapped mma and DEQ 6 (x's
+    bound at three tiles an SM); up to four tiles an SM the last partial round split over K
+    in halves where they are long enough (``halves``); up to ten tiles an SM launched with
+    programmatic dependent launch, ``PDL`` 3 without the rings, 1 with them ("W4A16 decode,
+    M 9-16, tenth pass", measured at M = 1). At M = 9-16 the swapped mma and DEQ 6 (x's
     halves as they are loaded: no prmt for x, two n8 tiles of x a k-step), blocks of 8, x
     with the words while every tile has an SM (149 registers), x 3 loads ahead (124
     registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no swap)
     while they fit the SMs at once, three an SM (151 registers; N = 10240, with ``halves``:
-    "eleventh pass"), then blocks of 4 swapped with x 3 loads ahead (124
-    registers, four an SM) up to four tiles an SM (N = 14336), blocks of 3 (five an SM, 15
-    warps) up to five (N = 20480; ``qkv`` keeps blocks of 4; "W4A16 decode, M 9-16, tenth
-    pass"), past that each block two column blocks (``CS``
-    2, N = 28672; ``qkv`` takes CS 1) with the last partial round of one block an SM split
-    over K in halves (``TAIL`` 2: ``tail_whole``; "W4A16 decode, M 9-16, eighth pass";
-    ``qkv`` takes no split); past ten
+    "eleventh pass"), then blocks of 4 swapped with x 3 loads ahead (124 registers, four an
+    SM) up to four tiles an SM (N = 14336), blocks of 3 (five an SM, 15 warps) up to five
+    (N = 20480; ``qkv`` keeps blocks of 4; "W4A16 decode, M 9-16, tenth pass"), past that
+    each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1) with the last
+    partial round of one block an SM split over K in halves (``TAIL`` 2: ``tail_whole``;
+    "W4A16 decode, M 9-16, eighth pass"; ``qkv`` takes no split); past ten
     tiles an SM (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K
     slice's x copied once into a shared ring for both, the words through the rings too
     (without ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth
