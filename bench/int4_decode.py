@@ -89,8 +89,9 @@ def main() -> None:
     log({"gpu": torch.cuda.get_device_name(), "sms": torch.cuda.get_device_properties(0)
          .multi_processor_count})  # fmt: skip
     if args.prewarm:
-        tiles = [-(-int(s.split("x")[0]) // _int4_decode.COLS) for s in args.shapes.split(",")]
-        prewarm(log, variants, ms, args.prewarm, args.plan_tunes, tiles)
+        sizes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
+        grids = [(-(-n // _int4_decode.COLS), k // 128) for n, k in sizes]
+        prewarm(log, variants, ms, args.prewarm, args.plan_tunes, grids)
     rows = []
     for shape in args.shapes.split(","):
         n, k = map(int, shape.split("x"))
@@ -138,21 +139,22 @@ def plan_tunes(text: str) -> list[dict]:
     return tunes
 
 
-def specializations(
-    variants: list, ms: list, tunes: list = (), tiles: list = (1, 133, 265, 397, 529, 661, 1321)
-) -> list[dict]:
+BRANCHES = [(t, g) for t in (1, 133, 265, 397, 529, 661, 1321) for g in (1, 64)]
+
+
+def specializations(variants: list, ms: list, tunes: list = (), grids: list = BRANCHES) -> list:
     """The constexprs of every ``int4_decode`` specialization a run times (``variants``'
-    (warps, *tuned), blocks of 4 and 8 warps and ``plan`` at each M and count of 32-column
-    ``tiles`` (default: each branch on 132 SMs), alone and with each of ``tunes``'
-    overrides, as ``matmul`` launches them: ``_tuned``), DT aside."""
+    (warps, *tuned), blocks of 4 and 8 warps and ``plan`` at each M and (32-column tiles,
+    scale groups) of ``grids`` (default: each branch on 132 SMs), alone and with each of
+    ``tunes``' overrides, as ``matmul`` launches them: ``_tuned``), DT aside."""
     routed = [(w, *KNOBS.values()) for w in (4, 8)]
     todo = set()
     for m in ms:
         for w, *tuned in (*routed, *variants):
             consts = _int4_decode._tuned(m, dict(zip(KNOBS, tuned, strict=True)))
             todo.add((w, *(consts.get(k, 0) for k in KNOBS), _int4_decode._rows(m)))
-        for count in tiles:  # plan's choices on 132 SMs (matmul_int4)
-            w, tune = _int4_decode.plan(m, count, 132)
+        for count, groups in grids:  # plan's choices on 132 SMs (matmul_int4)
+            w, tune = _int4_decode.plan(m, count, 132, groups)
             for extra in ({}, *tunes):
                 consts = _int4_decode._tuned(m, {**tune, "SPLIT": _int4_decode.SPLIT, **extra})
                 todo.add((w, *(consts.get(k, 0) for k in KNOBS), _int4_decode._rows(m)))
@@ -160,13 +162,13 @@ def specializations(
     return [dict(zip(names, v, strict=True)) for v in sorted(todo)]
 
 
-def prewarm(log, variants: list, ms: list, workers: int, tunes: list = (), tiles=None) -> None:
+def prewarm(log, variants: list, ms: list, workers: int, tunes: list = (), grids=None) -> None:
     """Every specialization timed (``specializations``) compiled in ``workers`` processes
     at once: a launch then loads each from the disk cache."""
     import concurrent.futures
     import multiprocessing
 
-    jobs = specializations(variants, ms, tunes, *([tiles] if tiles else []))
+    jobs = specializations(variants, ms, tunes, *([grids] if grids else []))
     t = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
@@ -188,9 +190,8 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
         tune = dict(zip(KNOBS, tuned, strict=True))
         name = f"{w}w " + "".join(f"{k[0].lower()}{v}" for k, v in tune.items())
         calls[name] = lambda i, w=w, t=tune: _int4_decode.matmul(*ops[i], kaio.f16, w, t)
-    planned = _int4_decode.plan(
-        m, -(-n // _int4_decode.COLS), torch.cuda.get_device_properties(0).multi_processor_count
-    )
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    planned = _int4_decode.plan(m, -(-n // _int4_decode.COLS), sms, k // 128)
     for extra in args.plan_tunes:  # plan's warps and knobs, some knobs overridden
         name = "plan " + "".join(f"{k[0].lower()}{v}" for k, v in extra.items())
         w, t = planned[0], {**planned[1], **extra}
@@ -201,10 +202,7 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
         v0 = importlib.import_module("kaio_ops._int4_decode_v0")
         for w in map(int, args.baseline.split(",")):
             calls[f"v0 {w}"] = lambda i, w=w: v0.matmul(*ops[i], kaio.f16, w)
-    tiles = -(-n // _int4_decode.COLS)
-    warps = _int4_decode.warps_for(
-        m, tiles, torch.cuda.get_device_properties(0).multi_processor_count
-    )
+    warps = _int4_decode.warps_for(m, -(-n // _int4_decode.COLS), sms)
     rec = {"m": m, "n": n, "k": k, "sets": sets, "routed_warps": warps, "us": {}, "err": {}}
     for name, call in calls.items():
         try:

@@ -970,31 +970,42 @@ SHARED_X_16 = {**SWAPPED, "CS": 2, "XS": 2, "ASYNC": 1}
 RINGS_8 = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
 
 
-def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict]:
+def halves(warps: int, groups: int, least: int) -> dict:
+    """``TAIL`` 2 (and ``PDL`` 1, the split's launch) where a warp of a block of ``warps``
+    keeps ``least`` or more of the ``groups`` scale groups of its half of K: shorter halves
+    measured no faster on an H100 (``least`` 4 at M <= 8: 10240 x 4096 in blocks of 8, two
+    groups a warp, 11.6 -> 12.2 µs; 8 at M = 9-16: 10240 x 4096 in blocks of 4, four a warp,
+    12.1 -> 12.4 µs; docs/performance.md, "W4A16 decode, eleventh pass")."""
+    return {"TAIL": 2, "PDL": 1} if groups >= 2 * least * warps else {}
+
+
+def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tuple[int, dict]:
     """(warps a block, ``TUNED`` overrides) at M = ``m`` over ``tiles`` 32-column blocks on
-    ``sms`` multiprocessors, measured on an H100 (bench/int4_decode.py; docs/performance.md,
-    "W4A16 decode, M <= 16, third pass"); ``shared_x`` whether ``XS`` may be taken (its
-    turns wait at mbarriers: sm_90).
+    ``sms`` multiprocessors and K's ``groups`` scale groups, measured on an H100
+    (bench/int4_decode.py; docs/performance.md, "W4A16 decode, M <= 16, third pass");
+    ``shared_x`` whether ``XS`` may be taken (its turns wait at mbarriers: sm_90).
 
     At M <= 8 (the swapped mma): blocks of 16 warps while every tile has an SM of its own
     (N <= 4224 on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks
     of 8 while the tiles fit two 8-warp blocks an SM; past that ``RINGS_8`` (DEQ 6, the
     words through shared rings by cp.async, x 3 loads ahead: 72-76 registers), in blocks of
-    8 up to four tiles an SM (N = 10240), of 4 past it (N = 28672), of 4 taking two column
-    blocks each past ten (``CS`` 2, N > 42240; ``qkv`` keeps main's blocks of 4 there)
-    ("W4A16 decode, M <= 16, fifth pass"); up to ten tiles an SM launched with programmatic
-    dependent launch, ``PDL`` 3 without the rings, 1 with them ("W4A16 decode, M 9-16, tenth
-    pass", measured at M = 1). At M = 9-16 the swapped mma and DEQ 6 (x's
+    8 up to three tiles an SM (three blocks an SM; N = 10240), of 4 past it (N = 14336,
+    28672), of 4 taking two column blocks each past ten (``CS`` 2, N > 42240; ``qkv`` keeps
+    main's blocks of 4 there) ("W4A16 decode, M <= 16, fifth pass"; "eleventh pass" for the
+    bound at three tiles an SM); up to four tiles an SM the last partial round split over K
+    in halves where they are long enough (``halves``); up to ten tiles an SM launched with
+    programmatic dependent launch, ``PDL`` 3 without the rings, 1 with them ("W4A16 decode,
+    M 9-16, tenth pass", measured at M = 1). At M = 9-16 the swapped mma and DEQ 6 (x's
     halves as they are loaded: no prmt for x, two n8 tiles of x a k-step), blocks of 8, x
     with the words while every tile has an SM (149 registers), x 3 loads ahead (124
     registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no swap)
-    while they fit the SMs at once, three an SM (151 registers; N = 10240), then blocks of 4
-    swapped with x 3 loads ahead (124 registers, four an SM) up to four tiles an SM (N =
-    14336), blocks of 3 (five an SM, 15 warps) up to five (N = 20480; ``qkv`` keeps blocks
-    of 4; "W4A16 decode, M 9-16, tenth pass"), past that each block two column blocks (``CS``
-    2, N = 28672; ``qkv`` takes CS 1) with the last partial round of one block an SM split
-    over K in halves (``TAIL`` 2: ``tail_whole``; "W4A16 decode, M 9-16, eighth pass";
-    ``qkv`` takes no split); past ten
+    while they fit the SMs at once, three an SM (151 registers; N = 10240, with ``halves``:
+    "eleventh pass"), then blocks of 4 swapped with x 3 loads ahead (124 registers, four an
+    SM) up to four tiles an SM (N = 14336), blocks of 3 (five an SM, 15 warps) up to five
+    (N = 20480; ``qkv`` keeps blocks of 4; "W4A16 decode, M 9-16, tenth pass"), past that
+    each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1) with the last
+    partial round of one block an SM split over K in halves (``TAIL`` 2: ``tail_whole``;
+    "W4A16 decode, M 9-16, eighth pass"; ``qkv`` takes no split); past ten
     tiles an SM (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K
     slice's x copied once into a shared ring for both, the words through the rings too
     (without ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth
@@ -1012,8 +1023,10 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
             return 16, {"PDL": 3}
         if tiles <= 2 * sms:
             return 8, {"PDL": 3}
+        if tiles <= 3 * sms:
+            return 8, {**RINGS_8, "PDL": 1, **halves(8, groups, 4)}
         if tiles <= 4 * sms:
-            return 8, {**RINGS_8, "PDL": 1}
+            return 4, {**RINGS_8, "CS": 1, "PDL": 1, **halves(4, groups, 4)}
         if tiles <= 10 * sms:
             return 4, {**RINGS_8, "CS": 1, "PDL": 1}
         return 4, {**RINGS_8, "CS": 2}
@@ -1024,7 +1037,7 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
     if tiles <= 2 * sms or tiles > 10 * sms:
         return 8, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 3 * sms:
-        return 4, dict(LOADS_16)
+        return 4, {**LOADS_16, **halves(4, groups, 8)}
     if tiles <= 4 * sms:
         return 4, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 5 * sms:
@@ -1033,8 +1046,8 @@ def plan(m: int, tiles: int, sms: int, shared_x: bool = True) -> tuple[int, dict
 
 
 def warps_for(m: int, tiles: int, sms: int) -> int:
-    """The warps a block of ``plan``."""
-    return plan(m, tiles, sms)[0]
+    """The warps a block of ``plan`` (whatever K)."""
+    return plan(m, tiles, sms, 1)[0]
 
 
 def _rows(m: int) -> int:
@@ -1066,7 +1079,7 @@ def matmul(
     tiles = -(-n // COLS)
     sms = _arrays.multiprocessors(x)
     if not warps:
-        warps, planned = plan(m, tiles, sms, _mbarrier_waits(x))
+        warps, planned = plan(m, tiles, sms, scales.shape[0], _mbarrier_waits(x))
         tune = {**planned, **(tune or {})}
     tuned = _tuned(m, tune)
     split, tail = tuned.pop("SPLIT", SPLIT), tuned.pop("TAIL", 0)
@@ -1098,7 +1111,7 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
     blocks = sum(-(-n // COLS) for n in widths)
     sms = _arrays.multiprocessors(x)
-    warps, planned = plan(m, blocks, sms, shared_x=False)
+    warps, planned = plan(m, blocks, sms, weights[0][1].shape[0], shared_x=False)
     planned = {k: v for k, v in planned.items() if k not in LOADS_16}  # unmeasured here
     warps = max(warps, 4)  # (and blocks of 3 warps)
     if planned.get("ASYNC"):  # the rings measured no faster here (70B widths, H100): main's
@@ -1122,7 +1135,8 @@ PLANS = tuple(
             (m, w, tuple(sorted(t.items())))
             for m in (1, 16)
             for tiles in (1, 133, 265, 397, 529, 661, 1321)
-            for w, t in [plan(m, tiles, 132)]
+            for groups in (1, 64)
+            for w, t in [plan(m, tiles, 132, groups)]
         }
     )
 )  # (M, warps, knobs) of each plan (on 132 SMs; other counts move the bounds only)

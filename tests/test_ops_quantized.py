@@ -247,8 +247,9 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
 # column blocks (CS 2, the last one partial, one past N), thirds of main's unswapped blocks,
 # with the words' rings (ASYNC) and with x's shared rings too (XS); plan's (WARPS 0) at 4.5
 # tiles an SM: blocks of 3 warps; at 6.5: blocks of 4 over two column blocks, the last one
-# partial, TAIL 2; programmatic dependent launch (PDL 3: the first groups' L2 prefetches
-# before the wait)
+# partial, TAIL 2; at 2.5: blocks of 8 with the words' rings (M = 5, the last tile partial)
+# and main's blocks of 4 (M = 13), TAIL 2 (K long enough for halves); programmatic
+# dependent launch (PDL 3: the first groups' L2 prefetches before the wait)
 TAIL_PLANS = [
     (16, 32 * 7, 128 * 5, 4, 3, {"TAIL": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
     (12, 220, 128 * 9, 4, 3, {"TAIL": 2, "CS": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3, "PDL": 3}),
@@ -257,6 +258,8 @@ TAIL_PLANS = [
     (16, 32 * 10, 128 * 6, 4, 4, {**_int4_decode.SHARED_X_16, "TAIL": 2}),
     (12, 284, 128 * 7, 0, 2, {}),
     (12, 404, 128 * 7, 0, 2, {}),
+    (5, 156, 128 * 65, 0, 2, {}),
+    (13, 160, 128 * 65, 0, 2, {}),
 ]
 
 
@@ -289,7 +292,7 @@ def test_int4_decode_ring_plans_in_simulator(m, n, k, monkeypatch, poisoned):
     qkv_project_int4, which keeps main's blocks there, at the same widths): every element
     against float64 products."""
     monkeypatch.setattr(_arrays, "multiprocessors", lambda like: 1)
-    assert _int4_decode.plan(m, -(-n // 32), 1)[1]["ASYNC"] == 1
+    assert _int4_decode.plan(m, -(-n // 32), 1, k // 128)[1]["ASYNC"] == 1
     a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(n))
     narrow = [np.ascontiguousarray(v[:, :4]) for v in (packed, scales, w)]
     ref = a.astype(np.float64) @ w.astype(np.float64)
@@ -304,10 +307,12 @@ def test_int4_decode_ring_plans_in_simulator(m, n, k, monkeypatch, poisoned):
 def test_int4_decode_warps_route():
     """plan: at M <= 8 blocks of 16 warps while each tile has an SM, 8 while the tiles fit
     two a SM (PDL 3), then the shared rings with DEQ 6 and x 3 loads ahead in blocks of 8 up
-    to four tiles a SM, of 4 past it (PDL 1), of 4 taking two column blocks past ten; at
-    M = 9-16 the
-    swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an SM, else
-    3 loads ahead) up to two tiles a SM, main's blocks of 4 up to three, swapped blocks of 4
+    to three tiles a SM, of 4 past it (PDL 1), of 4 taking two column blocks past ten, the
+    last partial round split over K up to four tiles a SM where each warp keeps four groups
+    of its half (TAIL 2: K = 8192 in blocks of 8, not 4096; 4096 in blocks of 4); at M = 9-16
+    the swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an SM,
+    else 3 loads ahead) up to two tiles a SM, main's blocks of 4 up to three (TAIL 2 and
+    PDL 1 with eight groups a warp of a half: K = 8192), swapped blocks of 4
     up to four, swapped blocks of 3 up to five, then swapped blocks of 4 taking two column
     blocks each (the last partial
     round split over K: TAIL 2), past ten those blocks sharing x through shared rings
@@ -319,22 +324,28 @@ def test_int4_decode_warps_route():
     plan = _int4_decode.plan
     loads = {"XC": 3, "WC": 6, "PDL": 3}
     swapped, lead = {"SWAP": 2, "DEQ": 6, **loads}, {"SWAP": 2, "DEQ": 6, "XLEAD": 3, **loads}
-    ns = (4096, 4224, 4256, 8448, 8480, 10240, 28672, 42240, 42272, 57344)
+    ns = (4096, 4224, 4256, 8448, 8480, 12672, 12704, 16896, 16928, 42240, 42272, 57344)
     rings = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
-    early, late = {"PDL": 3}, {"PDL": 1}
-    assert [plan(1, n // 32, 132) for n in ns] == [(16, early)] * 2 + [(8, early)] * 2 + [
-        (8, {**rings, **late})
-    ] * 2 + [(4, {**rings, "CS": 1, **late})] * 2 + [(4, {**rings, "CS": 2})] * 2
-    assert [plan(8, n // 32, 132)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 8, 4]
+    early, late, tail = {"PDL": 3}, {"PDL": 1}, {"TAIL": 2, "PDL": 1}
+    assert [plan(1, n // 32, 132, 64) for n in ns] == [(16, early)] * 2 + [(8, early)] * 2 + [
+        (8, {**rings, **tail})
+    ] * 2 + [(4, {**rings, "CS": 1, **tail})] * 2 + [(4, {**rings, "CS": 1, **late})] * 2 + [
+        (4, {**rings, "CS": 2})
+    ] * 2
+    assert plan(8, 10240 // 32, 132, 63) == (8, {**rings, **late})  # halves of 3 groups a warp
+    assert plan(8, 14336 // 32, 132, 32)[1]["TAIL"] == 2  # halves of 4 groups a warp
+    assert [plan(8, n // 32, 132, 1)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 8, 4]
     ns = (4096, 6144, 8448, 10240, 12672, 12704, 16896, 16928, 21120, 21152, 28672)
-    got = [plan(16, n // 32, 132) for n in ns]
+    got = [plan(16, n // 32, 132, 64) for n in ns]
     pairs = {**lead, "CS": 2, "TAIL": 2, "PDL": 1}
-    want = [(8, swapped), (8, lead), (8, lead), (4, loads), (4, loads), (4, lead), (4, lead)]
+    halved = {**loads, "TAIL": 2, "PDL": 1}
+    want = [(8, swapped), (8, lead), (8, lead), (4, halved), (4, halved), (4, lead), (4, lead)]
     assert got == want + [(3, lead)] * 2 + [(4, pairs)] * 2
     shared = {"SWAP": 2, "DEQ": 6, "CS": 2, "XS": 2, "ASYNC": 1}
-    assert plan(16, 57344 // 32, 132) == (4, shared)
-    assert plan(16, 42272 // 32, 132, shared_x=False) == (8, lead)
-    assert plan(32, 4096, 132) == (_int4_decode.WARPS, {})
+    assert plan(16, 10240 // 32, 132, 63) == (4, loads)  # halves of 7 groups a warp
+    assert plan(16, 57344 // 32, 132, 64) == (4, shared)
+    assert plan(16, 42272 // 32, 132, 64, shared_x=False) == (8, lead)
+    assert plan(32, 4096, 132, 64) == (_int4_decode.WARPS, {})
     assert _int4_decode.warps_for(9, 320, 132) == 4
     listed = [c for k, c in _int4_decode.specializations() if k is _int4_decode.int4_decode]
     for m, n in [
@@ -343,11 +354,12 @@ def test_int4_decode_warps_route():
         (1, 28672),
         (1, 57344),
         (16, 4096),
+        (16, 10240),
         (16, 14336),
         (16, 28672),
         (16, 57344),
     ]:
-        warps, tune = plan(m, n // 32, 132)
+        warps, tune = plan(m, n // 32, 132, 64)
         tuned = _int4_decode._tuned(m, tune)
         want = {"WARPS": warps, "ROWS": _int4_decode._rows(m), "SPLIT": tuned.pop("TAIL", 1)}
         want.update(tuned)
@@ -1394,15 +1406,19 @@ def test_gpu_int4_decode_warps(m):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 8, 16])
-@pytest.mark.parametrize("n", [4096, 6144, 10240, 14336, 20480, 28672, 45056])
-def test_gpu_int4_decode_plans(m, n):
+@pytest.mark.parametrize(
+    "n, groups",
+    [(n, 9) for n in (4096, 6144, 10240, 14336, 20480, 28672, 45056)] + [(10240, 65), (14336, 33)],
+)
+def test_gpu_int4_decode_plans(m, n, groups):
     """matmul_int4 at M <= 16 as routed (``_int4_decode.plan``: its warps, swap, x lead,
     dequantization and column blocks a block by the tiles an SM, each N here another
-    branch on 132 SMs), K an odd number of groups: every element against float64 products
-    with the dequantized weights within the f32 sums' slack, and the same bits twice."""
+    branch on 132 SMs; K long enough for the halves of ``halves`` at 10240 and 14336
+    columns), K an odd number of groups: every element against float64 products with the
+    dequantized weights within the f32 sums' slack, and the same bits twice."""
     import torch
 
-    k = 9 * 128
+    k = groups * 128
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(n)).half()
     packed, scales, w = _torch_int4_weights(k, n, m + n)
     out = kaio_ops.matmul_int4(x, packed, scales)
@@ -1469,7 +1485,7 @@ def test_gpu_qkv_int4(m):
     # the decode kernel's plan follows the columns (3 x 4096 fused, 4096 apart): the same
     # bits where both take one plan (warps, swap, dequantization)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    fused_p, one_p = (_int4_decode.plan(m, t, sms) for t in (3 * n // 32, n // 32))
+    fused_p, one_p = (_int4_decode.plan(m, t, sms, k // 128) for t in (3 * n // 32, n // 32))
     same = m <= _int4_decode.MAX_M and fused_p == one_p
     _gpu_check(fused, separate, x, [w[2] for w in weights], [1.0] * 3, same)
 
