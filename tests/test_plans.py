@@ -1302,15 +1302,12 @@ def test_a_plan_on_the_legacy_default_stream_owns_its_small_workspace(fake, monk
 
 
 @pytest.mark.gpu
-def test_workspaces_from_the_allocator_on_streams_and_in_graphs(monkeypatch):
+def test_workspaces_from_the_allocator_on_streams_and_in_graphs():
     """Decode-size GEMMs whose plans take a split-K workspace: owned by the plan on the
     legacy default stream, from torch's caching allocator on others (given back once the
     launches are queued, or kept between calls): back-to-back calls without synchronizing
     (the next call may get the same memory), another stream, and a CUDA graph captured from
-    replays, each against a float64 reference. The Hopper kernels are opted out
-    (``KAIO_HOPPER_MATMUL=0``): on sm_90 the planner's decode-size plans take no workspace,
-    the ``mma.sync`` path's split-K does."""
-    monkeypatch.setenv("KAIO_HOPPER_MATMUL", "0")
+    replays, each against a float64 reference."""
     torch = _torch_cuda()
     _plan.clear()
     gen = torch.Generator(device="cuda").manual_seed(11)
