@@ -1307,7 +1307,9 @@ def test_workspaces_from_the_allocator_on_streams_and_in_graphs():
     legacy default stream, from torch's caching allocator on others (given back once the
     launches are queued, or kept between calls): back-to-back calls without synchronizing
     (the next call may get the same memory), another stream, and a CUDA graph captured from
-    replays, each against a float64 reference."""
+    replays, each against a float64 reference. On sm_90 the three ops run the GEMM planner,
+    whose decode-size plans take no workspace: there the test checks the plans without one
+    (the allocator's workspaces are then only checked on the CPU, with a fake allocator)."""
     torch = _torch_cuda()
     _plan.clear()
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -1353,7 +1355,8 @@ def test_workspaces_from_the_allocator_on_streams_and_in_graphs():
             torch.cuda.synchronize()
             assert _error(torch, captured, reference(static)) < 2e-3, op.__name__
             assert torch.isfinite(eager).all()
-    assert with_workspace, "no decode-size GEMM plan takes a workspace: test another shape"
+    if torch.cuda.get_device_capability()[0] < 9:  # the mma.sync path's split-K
+        assert with_workspace, "no decode-size GEMM plan takes a workspace: test another shape"
 
 
 def test_import_kaio_ops_does_not_import_torch_and_binds_it_when_a_tensor_comes():
