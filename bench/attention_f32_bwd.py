@@ -4,8 +4,11 @@ variant's gradients checked against float64 and for the same bits on a second ca
 TFLOP/s at 2.5x the forward's 4 S S D (halved when causal), as bench/attention.py counts.
 
 Usage: ``python bench/attention_f32_bwd.py [--seqs 4096] [--dims 128] [--causal 0,1]
-[--variants shipped,recompute] [--rotate --rounds N] [--warm]``. ``--warm``: each variant
-once at S 128 (the same kernels: to fill kaio's cubin cache in parallel processes).
+[--variants shipped,recompute] [--rotate --rounds N] [--warm] [--profile S]``.
+``--profile S``: at S, each variant's kernels under torch.profiler (µs, the median of 3 calls).
+``--forward shipped,splits=N``: ``attention_flash`` against SDPA efficient's forward
+instead. ``--warm``: each variant once at S 128 (the same kernels: to fill kaio's cubin
+cache in parallel processes).
 ``NAME=N[+NAME=N]``: the op unplanned with ``kaio_ops.attention``'s module constants set
 (``F32_DS_BYTES=0``); ``stored`` and ``recompute`` are short for the op unplanned with dQ
 from the stored dS (wherever it fits 4 GiB) and with dQ recomputed (``F32_DS_BYTES`` 0).
@@ -82,6 +85,80 @@ def error(grads, ref) -> float:
     return max(float((g.double() - r).norm() / r.norm()) for g, r in zip(grads, ref, strict=True))
 
 
+def kernel_times(fn, calls: int = 3) -> list:
+    """(name, µs) of each kernel of a call of ``fn`` under torch.profiler, in launch order,
+    the median over ``calls`` profiled calls."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(calls):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        gpu = sorted(
+            (e.time_range.start, e.time_range.end, e.name)
+            for e in prof.events()
+            if e.device_type.name == "CUDA"
+        )
+        runs.append([(n[:24], e - b) for b, e, n in gpu])
+    return [(n, sorted(r[i][1] for r in runs)[calls // 2]) for i, (n, _) in enumerate(runs[0])]
+
+
+def forward_rows(seqs, dims, masks, names, rotate: bool, rounds: int) -> list:
+    """``attention_flash`` f32 (``shipped``: the planned op; ``splits=N``: N key splits,
+    unplanned) against SDPA efficient's forward, each checked against float64."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    import kaio_ops
+    from kaio_ops import attention
+
+    rows = []
+    for s in seqs:
+        for d in dims:
+            for causal in masks:
+                gen = torch.Generator(device="cuda").manual_seed(s + d)
+                q, k, v = (torch.randn(s, d, device="cuda", generator=gen) for _ in range(3))
+                ref = sdpa(*(x.double()[None, None] for x in (q, k, v)), is_causal=causal)[0, 0]
+
+                def efficient(q=q, k=k, v=v, causal=causal):
+                    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+                        return sdpa(q[None, None], k[None, None], v[None, None], is_causal=causal)[
+                            0, 0
+                        ]
+
+                fns = {"SDPA efficient": efficient}
+                op = kaio_ops.attention_flash_causal if causal else kaio_ops.attention_flash
+                for name in names:
+                    if name == "shipped":
+                        fns[name] = functools.partial(op, q, k, v)
+                    else:
+                        splits = int(name.split("=")[1])
+                        fns[name] = functools.partial(
+                            lambda q, k, v, c, n: attention.flash_forward("b", q, k, v, c, n)[0],
+                            q, k, v, causal, splits,
+                        )  # fmt: skip
+                errs = {n: float((f().double() - ref).norm() / ref.norm()) for n, f in fns.items()}
+                ms = (
+                    time_rotated(fns, rounds)
+                    if rotate
+                    else {n: time_calls(f) for n, f in fns.items()}
+                )
+                flops = 4.0 * s * s * d * (0.5 if causal else 1.0)
+                base = ms["SDPA efficient"]
+                for n in fns:
+                    rows.append(
+                        f"| fwd S{s} D{d}{' causal' if causal else ''} | {n} | {ms[n] * 1e3:.0f} | "
+                        f"{flops / ms[n] / 1e9:.1f} | {base / ms[n]:.2f}x | {errs[n]:.2e} |"
+                    )
+                print(rows[-len(fns) :], flush=True)
+    return rows
+
+
 def main() -> None:
     import torch
 
@@ -95,8 +172,17 @@ def main() -> None:
     p.add_argument("--warm", action="store_true", help="each variant once at S 128, untimed")
     p.add_argument("--rotate", action="store_true", help="contenders timed in turn")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--profile", type=int, default=0, help="at this S: each variant's kernels")
+    p.add_argument("--forward", help="time attention_flash instead: shipped,splits=N,...")
     a = p.parse_args()
     names = a.variants.split(",")
+    seqs, dims = [int(x) for x in a.seqs.split(",")], [int(x) for x in a.dims.split(",")]
+    masks = [bool(int(c)) for c in a.causal.split(",")]
+    if a.forward:
+        rows = forward_rows(seqs, dims, masks, a.forward.split(","), a.rotate, a.rounds)
+        print("| case | contender | µs | TFLOP/s | x SDPA efficient | err vs float64 |")
+        print("|---|---|---|---|---|---|")
+        return print("\n".join(rows))
     if a.warm:  # compile (the kernels of S 128 are those of any S at these head dims)
         for d in map(int, a.dims.split(",")):
             for causal in (bool(int(c)) for c in a.causal.split(",")):
@@ -126,6 +212,11 @@ def main() -> None:
                     if not same:
                         errs[name] = f"{errs[name]:.2e} NOT DETERMINISTIC"
                     fns[name] = functools.partial(run, do, q, k, v, o, lse, causal)
+                    if s == a.profile:
+                        kernels = kernel_times(fns[name])
+                        print(f"kernels S{s} D{d} causal={int(causal)} {name}: "
+                              + ", ".join(f"{n} {t:.0f}" for n, t in kernels)
+                              + f"; sum {sum(t for _, t in kernels):.0f}", flush=True)  # fmt: skip
                 if a.rotate:
                     ms = time_rotated(fns, a.rounds)
                 else:

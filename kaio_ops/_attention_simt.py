@@ -378,7 +378,7 @@ def flash_bwd_shares(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
     items: i32[:, :], ws: f32[:, :], dsw: f32[:, :],
     scale_log2: f32, causal: u32, vec: u32, per_block: i32, dv_slots: i32,
-    DP: kaio.constexpr, C: kaio.constexpr, DS: kaio.constexpr,
+    DP: kaio.constexpr, C: kaio.constexpr, DS: kaio.constexpr, PF: kaio.constexpr,
 ):  # fmt: skip
     """Block x's share of the backward (``bwd_shares``: every block the same work; ``DS``
     1: of the dK/dV part, each dS tile also stored to ``dsw`` for ``flash_bwd_dq_ds``): its
@@ -397,7 +397,7 @@ def flash_bwd_shares(
         kaio.sync_threads()  # the last item's shared tiles are free
         if kind == 0:
             dkdv_tile(q, k, v, do, lse, delta, ws, ws, dsw, scale_log2, causal, vec, tile, t0,
-                      t1, slot * ROWS, (slot + u32(dv_slots)) * ROWS, DP, C, DS)  # fmt: skip
+                      t1, slot * ROWS, (slot + u32(dv_slots)) * ROWS, DP, C, DS, PF)  # fmt: skip
         elif kind == 1:
             dq_tile(q, k, v, do, lse, delta, ws, scale_log2, causal, vec, tile, t0, t1,
                     slot * ROWS, DP, C)  # fmt: skip
@@ -484,7 +484,7 @@ def dkdv_tile(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
     dk: f32[:, :], dv: f32[:, :], dsw: f32[:, :], scale_log2: f32, causal: u32, vec: u32,
     x: u32, t0: u32, t1: u32, dk_row0: u32, dv_row0: u32, DP: kaio.constexpr,
-    C: kaio.constexpr, DS: kaio.constexpr,
+    C: kaio.constexpr, DS: kaio.constexpr, PF: kaio.constexpr,
 ):  # fmt: skip
     """dK and dV of 64-row key tile x over query tiles (16C queries) t0 .. t1 - 1, unscaled:
     recompute P^T = exp2(K Q^T * scale_log2 - lse2) and dP^T = V dO^T, then dV += P^T dO and
@@ -505,7 +505,20 @@ def dkdv_tile(
     dst_s = kaio.shared_dynamic(
         f32, (ROWS, QT + 4), (2 * ROWS + 2 * QT) * W * 4 + ROWS * (QT + 4) * 4
     )
-    start_tiles(k_s, v_s, q_s, do_s, k, v, k0, vec, ROWS, QT, W, DP)
+    if PF:
+        zero_tile(k_s, ROWS, W)
+        zero_tile(v_s, ROWS, W)
+        zero_tile(q_s, QT, W)
+        zero_tile(do_s, QT, W)
+        kaio.sync_threads()
+        load_rows(k_s, k, k0, vec, ROWS, DP)
+        load_rows(v_s, v, k0, vec, ROWS, DP)
+        load_rows(do_s, do, t0 * QT, vec, QT, DP)
+        kaio.cp_async_commit()
+        load_rows(q_s, q, t0 * QT, vec, QT, DP)
+        kaio.cp_async_commit()
+    else:
+        start_tiles(k_s, v_s, q_s, do_s, k, v, k0, vec, ROWS, QT, W, DP)
 
     dk_acc = kaio.local(f32, (4, DP // 64, 4))
     dv_acc = kaio.local(f32, (4, DP // 64, 4))
@@ -516,12 +529,21 @@ def dkdv_tile(
     lse2 = kaio.local(f32, C)
     dlt = kaio.local(f32, C)
     for t in range(t0, t1):
-        next_tiles(q_s, do_s, q, do, t * QT, vec, QT, DP)  # (pt_s, dst_s are free too)
+        if not PF:
+            next_tiles(q_s, do_s, q, do, t * QT, vec, QT, DP)  # (pt_s, dst_s are free too)
         for c in kaio.static_range(C):
             l2, dl = row_stats(lse, delta, t * QT + tx + 16 * c, Sq)
             lse2[c] = l2
             dlt[c] = dl
-        dot_pair(st, dpt, k_s, q_s, v_s, do_s, ty, tx, DP, C)
+        if PF:  # dO of step t in first (dP^T while Q lands), then Q
+            kaio.cp_async_wait(1)
+            kaio.sync_threads()
+            dot_tile(dpt, v_s, do_s, ty, tx, DP, C)
+            kaio.cp_async_wait_all()
+            kaio.sync_threads()
+            dot_tile(st, k_s, q_s, ty, tx, DP, C)
+        else:
+            dot_pair(st, dpt, k_s, q_s, v_s, do_s, ty, tx, DP, C)
         for r in kaio.static_range(4):
             key = k0 + 4 * ty + r
             for c in kaio.static_range(C):
@@ -533,7 +555,17 @@ def dkdv_tile(
         if DS:
             store_ds(dsw, dst_s, t * QT, x, (Sq + ROWS - 1) // ROWS, causal, QT)
         acc_tile(dv_acc, pt_s, do_s, ty, tx, QT, DP)
+        if PF:  # the next step's dO over dK's product, its Q over the next dP^T
+            kaio.sync_threads()
+            if t + 1 < t1:
+                load_rows(do_s, do, (t + 1) * QT, vec, QT, DP)
+            kaio.cp_async_commit()
         acc_tile(dk_acc, dst_s, q_s, ty, tx, QT, DP)
+        if PF:
+            kaio.sync_threads()
+            if t + 1 < t1:
+                load_rows(q_s, q, (t + 1) * QT, vec, QT, DP)
+            kaio.cp_async_commit()
     for r in kaio.static_range(4):
         if k0 + 4 * ty + r < Sk:
             store_rows(dk, dk_row0, dk_acc, r, 4 * ty + r, 1.0, tx, vec, DP)
@@ -563,39 +595,87 @@ def store_ds(
         dsw[row0 + e // ROWS, e % ROWS] = dst_s[e % ROWS, e // ROWS]
 
 
-def dq_ds_shared_bytes(dp: int) -> int:
-    """Dynamic shared memory of ``flash_bwd_dq_ds``: a K tile, a dS tile."""
-    return ROWS * (dp + 4) * 4 + ROWS * (ROWS + 4) * 4
+def dq_ds_shared_bytes(dp: int, bufs: int) -> int:
+    """Dynamic shared memory of ``flash_bwd_dq_ds``: ``bufs`` pairs of a K tile, a dS tile."""
+    return bufs * (ROWS * (dp + 4) * 4 + ROWS * (ROWS + 4) * 4)
+
+
+@kaio.gpu_func
+def dq_ds_load(
+    k_s: f32[:, :], ds_s: f32[:, :], k: f32[:, :], dsw: f32[:, :], y: u32, x: u32, tiles: u32,
+    causal: u32, vec: u32, DP: kaio.constexpr,
+):  # fmt: skip
+    """Key tile x of k into k_s and dS block (y, x) of dsw into ds_s, by cp.async (the caller
+    commits and waits)."""
+    load_rows(k_s, k, x * ROWS, vec, ROWS, DP)
+    load_rows(ds_s, dsw, ds_block(y, x, tiles, causal) * ROWS, 1, ROWS, ROWS)
+
+
+@kaio.gpu_func
+def dq_ds_step(
+    acc: f32[:, :, :], k_s: f32[:, :], ds_s: f32[:, :], k_n: f32[:, :], ds_n: f32[:, :],
+    k: f32[:, :], dsw: f32[:, :], y: u32, x: u32, x1: u32, tiles: u32, causal: u32, vec: u32,
+    ty: u32, tx: u32, DP: kaio.constexpr,
+):  # fmt: skip
+    """acc += dS block (y, x) K tile x, from k_s and ds_s (their copies the last group
+    committed), once key tile x + 1's copies into k_n and ds_n are under way."""
+    kaio.sync_threads()  # done with k_n and ds_n (the step before)
+    if x + 1 < x1:
+        dq_ds_load(k_n, ds_n, k, dsw, y, x + 1, tiles, causal, vec, DP)
+    kaio.cp_async_commit()
+    kaio.cp_async_wait(1)
+    kaio.sync_threads()
+    acc_tile(acc, ds_s, k_s, ty, tx, ROWS, DP)
 
 
 @kaio.gpu_kernel(block_size=NT)
 def flash_bwd_dq_ds(
     k: f32[:, :], dsw: f32[:, :], items: i32[:, :], ws: f32[:, :], causal: u32, vec: u32,
-    per_block: i32, DP: kaio.constexpr,
+    per_block: i32, DP: kaio.constexpr, BUFS: kaio.constexpr,
 ):  # fmt: skip
     """Block x's share of dQ = dS K (``bwd_shares``, from the dS that ``flash_bwd_shares``
     stored with ``DS`` 1): its ``per_block`` items, rows x per_block .. of ``items``, each
     ``(1, tile, t0, t1, slot)`` (kind -1: none): the dQ of 64-row query tile ``tile`` over
     64-row key tiles t0 .. t1 - 1 into the 64-row slot ``slot`` of ``ws``, unscaled (a
-    plain product: one a tile instead of three)."""
+    plain product: one a tile instead of three). ``BUFS`` 2: the next tiles' copies over
+    each product (two buffers)."""
     W = DP + 4
+    PAIR = ROWS * W * 4 + ROWS * (ROWS + 4) * 4
     tiles = (u32(k.shape[0]) + ROWS - 1) // ROWS
     tid, ty, tx = thread_grid()
     k_s = kaio.shared_dynamic(f32, (ROWS, W), 0)
     ds_s = kaio.shared_dynamic(f32, (ROWS, ROWS + 4), ROWS * W * 4)
+    k_n = kaio.shared_dynamic(f32, (ROWS, W), PAIR * (BUFS - 1))
+    ds_n = kaio.shared_dynamic(f32, (ROWS, ROWS + 4), PAIR * (BUFS - 1) + ROWS * W * 4)
     zero_tile(k_s, ROWS, W)
+    if BUFS == 2:
+        zero_tile(k_n, ROWS, W)
     acc = kaio.local(f32, (4, DP // 64, 4))
     for j in range(per_block):
         at = i32(kaio.block_idx_x()) * per_block + j
         if items[at, 0] == 1:
             y = u32(items[at, 1])
+            x1 = u32(items[at, 3])
             zero_acc(acc, DP)
-            for x in range(u32(items[at, 2]), u32(items[at, 3])):
-                kaio.sync_threads()  # done with the last tiles
-                load_rows(k_s, k, x * ROWS, vec, ROWS, DP)
-                load_rows(ds_s, dsw, ds_block(y, x, tiles, causal) * ROWS, 1, ROWS, ROWS)
-                kaio.cp_async_wait_all()
-                kaio.sync_threads()
-                acc_tile(acc, ds_s, k_s, ty, tx, ROWS, DP)
+            if BUFS == 2:
+                x = u32(items[at, 2])
+                kaio.sync_threads()  # done with the last item's tiles
+                dq_ds_load(k_s, ds_s, k, dsw, y, x, tiles, causal, vec, DP)
+                kaio.cp_async_commit()
+                while x < x1:
+                    dq_ds_step(acc, k_s, ds_s, k_n, ds_n, k, dsw, y, x, x1, tiles, causal, vec,
+                               ty, tx, DP)  # fmt: skip
+                    x += 1
+                    if x < x1:
+                        dq_ds_step(acc, k_n, ds_n, k_s, ds_s, k, dsw, y, x, x1, tiles, causal,
+                                   vec, ty, tx, DP)  # fmt: skip
+                        x += 1
+            else:
+                for x in range(u32(items[at, 2]), x1):
+                    kaio.sync_threads()  # done with the last tiles
+                    dq_ds_load(k_s, ds_s, k, dsw, y, x, tiles, causal, vec, DP)
+                    kaio.cp_async_wait_all()
+                    kaio.sync_threads()
+                    acc_tile(acc, ds_s, k_s, ty, tx, ROWS, DP)
             for r in kaio.static_range(4):
                 store_rows(ws, u32(items[at, 4]) * ROWS, acc, r, 4 * ty + r, 1.0, tx, vec, DP)

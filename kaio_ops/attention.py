@@ -172,12 +172,12 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
     smem = max(simt.dq_shared_bytes(dp, c), simt.dkdv_shared_bytes(dp, c))
     simt.flash_bwd_shares[len(tables[0]) // plan.per_block[0], simt.NT, stream, smem](
         q, k, v, do, lse, delta, tables[0], ws, dsw, math.log2(math.e) * scale, causal, vec,
-        plan.per_block[0], plan.dk_slots, DP=dp, C=c, DS=int(ds),
+        plan.per_block[0], plan.dk_slots, DP=dp, C=c, DS=int(ds), PF=F32_PREFETCH,
     )  # fmt: skip
     if ds:
         simt.flash_bwd_dq_ds[len(tables[1]) // plan.per_block[1], simt.NT, stream,
-                             simt.dq_ds_shared_bytes(dp)](
-            k, dsw, tables[1], ws, causal, vec, plan.per_block[1], DP=dp
+                             simt.dq_ds_shared_bytes(dp, DQ_DS_BUFS)](
+            k, dsw, tables[1], ws, causal, vec, plan.per_block[1], DP=dp, BUFS=DQ_DS_BUFS
         )  # fmt: skip
     simt.add_pieces[(-(-s * d // 256), 3), 256, stream, 0](ws, starts, *outs, plan.dk_slots, scale)
     return outs
@@ -195,6 +195,12 @@ F32_STEP_COST = (4, 3, 1)
 
 # Blocks a multiprocessor of ``simt.flash_bwd_dq_ds`` (``bwd_shares``).
 DQ_DS_BLOCKS = 2
+
+# ``simt.flash_bwd_dq_ds``' tile buffers (2: the next tiles' copies over each product).
+DQ_DS_BUFS = 1
+
+# 1: the dK/dV steps copy the next query tiles over their last two products.
+F32_PREFETCH = 0
 
 _SHARES: dict = {}  # flash_backward's plans, made once a shape
 
@@ -574,8 +580,9 @@ def shipped():
     for dp in simt.DIMS:
         yield simt.flash_fwd, {"DP": dp}
         for ds in (0, 1):
-            yield simt.flash_bwd_shares, {"DP": dp, "C": simt.bwd_cols(dp), "DS": ds}
-        yield simt.flash_bwd_dq_ds, {"DP": dp}
+            cols = simt.bwd_cols(dp)
+            yield simt.flash_bwd_shares, {"DP": dp, "C": cols, "DS": ds, "PF": F32_PREFETCH}
+        yield simt.flash_bwd_dq_ds, {"DP": dp, "BUFS": DQ_DS_BUFS}
     yield simt.add_pieces, {}
     yield simt.combine_splits, {}
     for dp in TC_DIMS:
