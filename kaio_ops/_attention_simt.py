@@ -595,9 +595,68 @@ def store_ds(
         dsw[row0 + e // ROWS, e % ROWS] = dst_s[e % ROWS, e // ROWS]
 
 
-def dq_ds_shared_bytes(dp: int, bufs: int) -> int:
+def dq_ds_width(dp: int, tc: int) -> int:
+    """Floats a row of ``flash_bwd_dq_ds``' K tiles: DP + 4 for ``acc_tile``'s 16-byte reads,
+    DP + 8 for ``mma_tile``'s (its B fragments' 4 rows x 8 columns in 32 different banks)."""
+    return dp + (8 if tc else 4)
+
+
+def dq_ds_shared_bytes(dp: int, bufs: int, tc: int) -> int:
     """Dynamic shared memory of ``flash_bwd_dq_ds``: ``bufs`` pairs of a K tile, a dS tile."""
-    return bufs * (ROWS * (dp + 4) * 4 + ROWS * (ROWS + 4) * 4)
+    return bufs * (ROWS * dq_ds_width(dp, tc) * 4 + ROWS * (ROWS + 4) * 4)
+
+
+@kaio.gpu_func
+def split_tf32(x: f32) -> tuple[f32, f32]:
+    """``(hi, lo)``: x = hi + lo + O(2^-22 |x|), both tf32 (3xTF32's operands)."""
+    hi = kaio.to_tf32(x)
+    return hi, kaio.to_tf32(x - hi)
+
+
+@kaio.gpu_func
+def mma_tile(
+    acc: f32[:, :, :], a_s: f32[:, :], b_s: f32[:, :], J: kaio.constexpr, DP: kaio.constexpr
+):  # fmt: skip
+    """acc += a_s[m0 : m0 + 16, 0:J] @ b_s[0:J, n0 : n0 + DP / 2] on the tensor cores, each
+    product in 3xTF32 (hi hi + hi lo + lo hi of ``split_tf32``'s halves: near f32's
+    accuracy), warp w's rows m0 = 16 (w % 4) and columns n0 = DP / 2 (w // 4): n-tile j of 8
+    columns in the m16n8k8 accumulator acc[j // (DP / 64), j % (DP / 64)]."""
+    lane = kaio.lane_id()
+    g = lane // 4
+    t = lane % 4
+    m0 = 16 * (kaio.warp_id() % 4)
+    n0 = DP // 2 * (kaio.warp_id() // 4)
+    ah = kaio.local(f32, 4)
+    al = kaio.local(f32, 4)
+    bh = kaio.local(f32, 2)
+    bl = kaio.local(f32, 2)
+    k0 = u32(0)
+    while k0 < J:
+        for i in kaio.static_range(4):
+            ah[i], al[i] = split_tf32(a_s[m0 + g + 8 * (i % 2), k0 + t + 4 * (i // 2)])
+        for j in kaio.static_range(DP // 16):
+            for i in kaio.static_range(2):
+                bh[i], bl[i] = split_tf32(b_s[k0 + t + 4 * i, n0 + 8 * j + g])
+            r = j // (DP // 64)
+            c = j % (DP // 64)
+            kaio.mma_tf32(acc[r, c], al, bh, acc[r, c])  # the small terms first
+            kaio.mma_tf32(acc[r, c], ah, bl, acc[r, c])
+            kaio.mma_tf32(acc[r, c], ah, bh, acc[r, c])
+        k0 += 8
+
+
+@kaio.gpu_func
+def store_mma(dst: f32[:, :], row0: u32, acc: f32[:, :, :], DP: kaio.constexpr):
+    """dst[row0 + m, n] = ``mma_tile``'s accumulators for the columns n below D."""
+    D = u32(dst.shape[1])
+    lane = kaio.lane_id()
+    m0 = 16 * (kaio.warp_id() % 4) + lane // 4
+    n0 = DP // 2 * (kaio.warp_id() // 4) + 2 * (lane % 4)
+    for j in kaio.static_range(DP // 16):
+        for i in kaio.static_range(4):
+            col = n0 + 8 * j + i % 2
+            if col < D:
+                dst[row0 + m0 + 8 * (i // 2), col] = acc[j // (DP // 64), j % (DP // 64), i]
 
 
 @kaio.gpu_func
@@ -612,10 +671,22 @@ def dq_ds_load(
 
 
 @kaio.gpu_func
+def dq_ds_product(
+    acc: f32[:, :, :], ds_s: f32[:, :], k_s: f32[:, :], ty: u32, tx: u32, DP: kaio.constexpr,
+    TC: kaio.constexpr,
+):  # fmt: skip
+    """acc += the dS tile times the K tile: ``mma_tile`` (TC 1) or ``acc_tile``."""
+    if TC:
+        mma_tile(acc, ds_s, k_s, ROWS, DP)
+    else:
+        acc_tile(acc, ds_s, k_s, ty, tx, ROWS, DP)
+
+
+@kaio.gpu_func
 def dq_ds_step(
     acc: f32[:, :, :], k_s: f32[:, :], ds_s: f32[:, :], k_n: f32[:, :], ds_n: f32[:, :],
     k: f32[:, :], dsw: f32[:, :], y: u32, x: u32, x1: u32, tiles: u32, causal: u32, vec: u32,
-    ty: u32, tx: u32, DP: kaio.constexpr,
+    ty: u32, tx: u32, DP: kaio.constexpr, TC: kaio.constexpr,
 ):  # fmt: skip
     """acc += dS block (y, x) K tile x, from k_s and ds_s (their copies the last group
     committed), once key tile x + 1's copies into k_n and ds_n are under way."""
@@ -625,21 +696,21 @@ def dq_ds_step(
     kaio.cp_async_commit()
     kaio.cp_async_wait(1)
     kaio.sync_threads()
-    acc_tile(acc, ds_s, k_s, ty, tx, ROWS, DP)
+    dq_ds_product(acc, ds_s, k_s, ty, tx, DP, TC)
 
 
 @kaio.gpu_kernel(block_size=NT)
 def flash_bwd_dq_ds(
     k: f32[:, :], dsw: f32[:, :], items: i32[:, :], ws: f32[:, :], causal: u32, vec: u32,
-    per_block: i32, DP: kaio.constexpr, BUFS: kaio.constexpr,
+    per_block: i32, DP: kaio.constexpr, BUFS: kaio.constexpr, TC: kaio.constexpr,
 ):  # fmt: skip
     """Block x's share of dQ = dS K (``bwd_shares``, from the dS that ``flash_bwd_shares``
     stored with ``DS`` 1): its ``per_block`` items, rows x per_block .. of ``items``, each
     ``(1, tile, t0, t1, slot)`` (kind -1: none): the dQ of 64-row query tile ``tile`` over
     64-row key tiles t0 .. t1 - 1 into the 64-row slot ``slot`` of ``ws``, unscaled (a
     plain product: one a tile instead of three). ``BUFS`` 2: the next tiles' copies over
-    each product (two buffers)."""
-    W = DP + 4
+    each product (two buffers). ``TC`` 1: the products on the tensor cores (``mma_tile``)."""
+    W = DP + 8 if TC else DP + 4  # (dq_ds_width)
     PAIR = ROWS * W * 4 + ROWS * (ROWS + 4) * 4
     tiles = (u32(k.shape[0]) + ROWS - 1) // ROWS
     tid, ty, tx = thread_grid()
@@ -664,11 +735,11 @@ def flash_bwd_dq_ds(
                 kaio.cp_async_commit()
                 while x < x1:
                     dq_ds_step(acc, k_s, ds_s, k_n, ds_n, k, dsw, y, x, x1, tiles, causal, vec,
-                               ty, tx, DP)  # fmt: skip
+                               ty, tx, DP, TC)  # fmt: skip
                     x += 1
                     if x < x1:
                         dq_ds_step(acc, k_n, ds_n, k_s, ds_s, k, dsw, y, x, x1, tiles, causal,
-                                   vec, ty, tx, DP)  # fmt: skip
+                                   vec, ty, tx, DP, TC)  # fmt: skip
                         x += 1
             else:
                 for x in range(u32(items[at, 2]), x1):
@@ -676,6 +747,10 @@ def flash_bwd_dq_ds(
                     dq_ds_load(k_s, ds_s, k, dsw, y, x, tiles, causal, vec, DP)
                     kaio.cp_async_wait_all()
                     kaio.sync_threads()
-                    acc_tile(acc, ds_s, k_s, ty, tx, ROWS, DP)
-            for r in kaio.static_range(4):
-                store_rows(ws, u32(items[at, 4]) * ROWS, acc, r, 4 * ty + r, 1.0, tx, vec, DP)
+                    dq_ds_product(acc, ds_s, k_s, ty, tx, DP, TC)
+            row0 = u32(items[at, 4]) * ROWS
+            if TC:
+                store_mma(ws, row0, acc, DP)
+            else:
+                for r in kaio.static_range(4):
+                    store_rows(ws, row0, acc, r, 4 * ty + r, 1.0, tx, vec, DP)

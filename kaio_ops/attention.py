@@ -176,8 +176,9 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
     )  # fmt: skip
     if ds:
         simt.flash_bwd_dq_ds[len(tables[1]) // plan.per_block[1], simt.NT, stream,
-                             simt.dq_ds_shared_bytes(dp, DQ_DS_BUFS)](
-            k, dsw, tables[1], ws, causal, vec, plan.per_block[1], DP=dp, BUFS=DQ_DS_BUFS
+                             simt.dq_ds_shared_bytes(dp, DQ_DS_BUFS, DQ_DS_TC)](
+            k, dsw, tables[1], ws, causal, vec, plan.per_block[1], DP=dp, BUFS=DQ_DS_BUFS,
+            TC=DQ_DS_TC,
         )  # fmt: skip
     simt.add_pieces[(-(-s * d // 256), 3), 256, stream, 0](ws, starts, *outs, plan.dk_slots, scale)
     return outs
@@ -198,6 +199,9 @@ DQ_DS_BLOCKS = 2
 
 # ``simt.flash_bwd_dq_ds``' tile buffers (2: the next tiles' copies over each product).
 DQ_DS_BUFS = 1
+
+# 1: ``simt.flash_bwd_dq_ds``' products on the tensor cores in 3xTF32 (``simt.mma_tile``).
+DQ_DS_TC = 0
 
 # 1: the dK/dV steps copy the next query tiles over their last two products.
 F32_PREFETCH = 0
@@ -582,7 +586,7 @@ def shipped():
         for ds in (0, 1):
             cols = simt.bwd_cols(dp)
             yield simt.flash_bwd_shares, {"DP": dp, "C": cols, "DS": ds, "PF": F32_PREFETCH}
-        yield simt.flash_bwd_dq_ds, {"DP": dp, "BUFS": DQ_DS_BUFS}
+        yield simt.flash_bwd_dq_ds, {"DP": dp, "BUFS": DQ_DS_BUFS, "TC": DQ_DS_TC}
     yield simt.add_pieces, {}
     yield simt.combine_splits, {}
     for dp in TC_DIMS:
