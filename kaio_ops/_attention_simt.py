@@ -379,6 +379,7 @@ def flash_bwd_shares(
     items: i32[:, :], ws: f32[:, :], dsw: f32[:, :],
     scale_log2: f32, causal: u32, vec: u32, per_block: i32, dv_slots: i32,
     DP: kaio.constexpr, C: kaio.constexpr, DS: kaio.constexpr, PF: kaio.constexpr,
+    TC: kaio.constexpr,
 ):  # fmt: skip
     """Block x's share of the backward (``bwd_shares``: every block the same work; ``DS``
     1: of the dK/dV part, each dS tile also stored to ``dsw`` for ``flash_bwd_dq_ds``): its
@@ -397,7 +398,8 @@ def flash_bwd_shares(
         kaio.sync_threads()  # the last item's shared tiles are free
         if kind == 0:
             dkdv_tile(q, k, v, do, lse, delta, ws, ws, dsw, scale_log2, causal, vec, tile, t0,
-                      t1, slot * ROWS, (slot + u32(dv_slots)) * ROWS, DP, C, DS, PF)  # fmt: skip
+                      t1, slot * ROWS, (slot + u32(dv_slots)) * ROWS, DP, C, DS, PF,
+                      TC)  # fmt: skip
         elif kind == 1:
             dq_tile(q, k, v, do, lse, delta, ws, scale_log2, causal, vec, tile, t0, t1,
                     slot * ROWS, DP, C)  # fmt: skip
@@ -428,6 +430,77 @@ def add_pieces(
             dk[row, col] = total * scale
         else:
             dv[row, col] = total
+
+
+@kaio.gpu_func
+def split_tf32(x: f32) -> tuple[f32, f32]:
+    """``(hi, lo)``: x = hi + lo + O(2^-22 |x|), both tf32 (3xTF32's operands)."""
+    hi = kaio.to_tf32(x)
+    return hi, kaio.to_tf32(x - hi)
+
+
+@kaio.gpu_func
+def mma_tile(
+    acc: f32[:, :, :], a_s: f32[:, :], b_s: f32[:, :], J: kaio.constexpr, N: kaio.constexpr,
+    BT: kaio.constexpr,
+):  # fmt: skip
+    """acc += A B on the tensor cores, each product in 3xTF32 (hi hi + hi lo + lo hi of
+    ``split_tf32``'s halves: near f32's accuracy), for warp w's 16 x N / 2 part of a 64 x N
+    tile: A = a_s[m0 : m0 + 16, 0:J], B = b_s[0:J, n0 : n0 + N / 2] (``BT`` 0) or
+    b_s[n0 : n0 + N / 2, 0:J]^T (``BT`` 1), m0 = 16 (w % 4), n0 = N / 2 (w // 4); n-tile j
+    (8 columns) in the m16n8k8 accumulator acc[j // (N / 64), j % (N / 64)]."""
+    lane = kaio.lane_id()
+    g = lane // 4
+    t = lane % 4
+    m0 = 16 * (kaio.warp_id() % 4)
+    n0 = N // 2 * (kaio.warp_id() // 4)
+    ah = kaio.local(f32, 4)
+    al = kaio.local(f32, 4)
+    bh = kaio.local(f32, 2)
+    bl = kaio.local(f32, 2)
+    k0 = u32(0)
+    while k0 < J:
+        for i in kaio.static_range(4):
+            ah[i], al[i] = split_tf32(a_s[m0 + g + 8 * (i % 2), k0 + t + 4 * (i // 2)])
+        for j in kaio.static_range(N // 16):
+            for i in kaio.static_range(2):
+                if BT:
+                    bh[i], bl[i] = split_tf32(b_s[n0 + 8 * j + g, k0 + t + 4 * i])
+                else:
+                    bh[i], bl[i] = split_tf32(b_s[k0 + t + 4 * i, n0 + 8 * j + g])
+            r = j // (N // 64)
+            c = j % (N // 64)
+            kaio.mma_tf32(acc[r, c], al, bh, acc[r, c])  # the small terms first
+            kaio.mma_tf32(acc[r, c], ah, bl, acc[r, c])
+            kaio.mma_tf32(acc[r, c], ah, bh, acc[r, c])
+        k0 += 8
+
+
+@kaio.gpu_func
+def acc_product(
+    acc: f32[:, :, :], p_s: f32[:, :], v_s: f32[:, :], ty: u32, tx: u32, J: kaio.constexpr,
+    DP: kaio.constexpr, TC: kaio.constexpr,
+):  # fmt: skip
+    """acc += p_s[:, 0:J] v_s[0:J, :]: ``mma_tile`` (TC 1, its accumulator layout) or
+    ``acc_tile``."""
+    if TC:
+        mma_tile(acc, p_s, v_s, J, DP, 0)
+    else:
+        acc_tile(acc, p_s, v_s, ty, tx, J, DP)
+
+
+@kaio.gpu_func
+def store_mma(dst: f32[:, :], row0: u32, acc: f32[:, :, :], DP: kaio.constexpr):
+    """dst[row0 + m, n] = ``mma_tile``'s accumulators for the columns n below D."""
+    D = u32(dst.shape[1])
+    lane = kaio.lane_id()
+    m0 = 16 * (kaio.warp_id() % 4) + lane // 4
+    n0 = DP // 2 * (kaio.warp_id() // 4) + 2 * (lane % 4)
+    for j in kaio.static_range(DP // 16):
+        for i in kaio.static_range(4):
+            col = n0 + 8 * j + i % 2
+            if col < D:
+                dst[row0 + m0 + 8 * (i // 2), col] = acc[j // (DP // 64), j % (DP // 64), i]
 
 
 @kaio.gpu_func
@@ -484,13 +557,14 @@ def dkdv_tile(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
     dk: f32[:, :], dv: f32[:, :], dsw: f32[:, :], scale_log2: f32, causal: u32, vec: u32,
     x: u32, t0: u32, t1: u32, dk_row0: u32, dv_row0: u32, DP: kaio.constexpr,
-    C: kaio.constexpr, DS: kaio.constexpr, PF: kaio.constexpr,
+    C: kaio.constexpr, DS: kaio.constexpr, PF: kaio.constexpr, TC: kaio.constexpr,
 ):  # fmt: skip
     """dK and dV of 64-row key tile x over query tiles (16C queries) t0 .. t1 - 1, unscaled:
     recompute P^T = exp2(K Q^T * scale_log2 - lse2) and dP^T = V dO^T, then dV += P^T dO and
     dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dk[dk_row0 + i] = dK[i],
     dv[dv_row0 + i] = dV[i] for the tile's rows i below Sk. ``DS`` 1: each dS tile also
-    stored to ``dsw`` (``store_ds``)."""
+    stored to ``dsw`` (``store_ds``). ``TC`` 1 (C = 4): the products on the tensor cores
+    (``mma_tile``, 3xTF32)."""
     W = DP + 4
     QT = 16 * C
     Sq = u32(q.shape[0])
@@ -526,50 +600,98 @@ def dkdv_tile(
     zero_acc(dv_acc, DP)
     st = kaio.local(f32, (4, C))
     dpt = kaio.local(f32, (4, C))
+    st_m = kaio.local(f32, (4, 1, 4))  # (TC: mma_tile's 64 x 64 accumulators)
+    dpt_m = kaio.local(f32, (4, 1, 4))
     lse2 = kaio.local(f32, C)
     dlt = kaio.local(f32, C)
     for t in range(t0, t1):
         if not PF:
             next_tiles(q_s, do_s, q, do, t * QT, vec, QT, DP)  # (pt_s, dst_s are free too)
-        for c in kaio.static_range(C):
-            l2, dl = row_stats(lse, delta, t * QT + tx + 16 * c, Sq)
-            lse2[c] = l2
-            dlt[c] = dl
+        if not TC:
+            for c in kaio.static_range(C):
+                l2, dl = row_stats(lse, delta, t * QT + tx + 16 * c, Sq)
+                lse2[c] = l2
+                dlt[c] = dl
         if PF:  # dO of step t in first (dP^T while Q lands), then Q
             kaio.cp_async_wait(1)
             kaio.sync_threads()
-            dot_tile(dpt, v_s, do_s, ty, tx, DP, C)
+            score_product(dpt, dpt_m, v_s, do_s, ty, tx, DP, C, TC)
             kaio.cp_async_wait_all()
             kaio.sync_threads()
-            dot_tile(st, k_s, q_s, ty, tx, DP, C)
+            score_product(st, st_m, k_s, q_s, ty, tx, DP, C, TC)
         else:
-            dot_pair(st, dpt, k_s, q_s, v_s, do_s, ty, tx, DP, C)
-        for r in kaio.static_range(4):
-            key = k0 + 4 * ty + r
-            for c in kaio.static_range(C):
-                p = kaio.exp2(st[r, c] * scale_log2 - lse2[c])
-                p = kaio.select(causal == 0 or key <= t * QT + tx + 16 * c, p, 0.0)
-                pt_s[4 * ty + r, tx + 16 * c] = p
-                dst_s[4 * ty + r, tx + 16 * c] = p * (dpt[r, c] - dlt[c])
+            kaio.sync_threads()
+            score_product(st, st_m, k_s, q_s, ty, tx, DP, C, TC)
+            score_product(dpt, dpt_m, v_s, do_s, ty, tx, DP, C, TC)
+        if TC:
+            mma_probs(pt_s, dst_s, st_m, dpt_m, lse, delta, scale_log2, causal, k0, t * QT, Sq)
+        else:
+            for r in kaio.static_range(4):
+                key = k0 + 4 * ty + r
+                for c in kaio.static_range(C):
+                    p = kaio.exp2(st[r, c] * scale_log2 - lse2[c])
+                    p = kaio.select(causal == 0 or key <= t * QT + tx + 16 * c, p, 0.0)
+                    pt_s[4 * ty + r, tx + 16 * c] = p
+                    dst_s[4 * ty + r, tx + 16 * c] = p * (dpt[r, c] - dlt[c])
         kaio.sync_threads()
         if DS:
             store_ds(dsw, dst_s, t * QT, x, (Sq + ROWS - 1) // ROWS, causal, QT)
-        acc_tile(dv_acc, pt_s, do_s, ty, tx, QT, DP)
+        acc_product(dv_acc, pt_s, do_s, ty, tx, QT, DP, TC)
         if PF:  # the next step's dO over dK's product, its Q over the next dP^T
             kaio.sync_threads()
             if t + 1 < t1:
                 load_rows(do_s, do, (t + 1) * QT, vec, QT, DP)
             kaio.cp_async_commit()
-        acc_tile(dk_acc, dst_s, q_s, ty, tx, QT, DP)
+        acc_product(dk_acc, dst_s, q_s, ty, tx, QT, DP, TC)
         if PF:
             kaio.sync_threads()
             if t + 1 < t1:
                 load_rows(q_s, q, (t + 1) * QT, vec, QT, DP)
             kaio.cp_async_commit()
-    for r in kaio.static_range(4):
-        if k0 + 4 * ty + r < Sk:
-            store_rows(dk, dk_row0, dk_acc, r, 4 * ty + r, 1.0, tx, vec, DP)
-            store_rows(dv, dv_row0, dv_acc, r, 4 * ty + r, 1.0, tx, vec, DP)
+    if TC:  # (all 64 rows: the workspace's slots have them)
+        store_mma(dk, dk_row0, dk_acc, DP)
+        store_mma(dv, dv_row0, dv_acc, DP)
+    else:
+        for r in kaio.static_range(4):
+            if k0 + 4 * ty + r < Sk:
+                store_rows(dk, dk_row0, dk_acc, r, 4 * ty + r, 1.0, tx, vec, DP)
+                store_rows(dv, dv_row0, dv_acc, r, 4 * ty + r, 1.0, tx, vec, DP)
+
+
+@kaio.gpu_func
+def score_product(
+    s: f32[:, :], s_m: f32[:, :, :], a_s: f32[:, :], b_s: f32[:, :], ty: u32, tx: u32,
+    DP: kaio.constexpr, C: kaio.constexpr, TC: kaio.constexpr,
+):  # fmt: skip
+    """A 64 x 16C tile of row-by-row dot products A B^T (S^T = K Q^T, dP^T = V dO^T): into
+    s_m by ``mma_tile`` (TC 1, C = 4), else into s by ``dot_tile``."""
+    if TC:
+        zero_acc(s_m, 64)
+        mma_tile(s_m, a_s, b_s, DP, 64, 1)
+    else:
+        dot_tile(s, a_s, b_s, ty, tx, DP, C)
+
+
+@kaio.gpu_func
+def mma_probs(
+    pt_s: f32[:, :], dst_s: f32[:, :], st: f32[:, :, :], dpt: f32[:, :, :], lse: f32[:],
+    delta: f32[:], scale_log2: f32, causal: u32, k0: u32, q0: u32, Sq: u32,
+):  # fmt: skip
+    """P^T and dS^T = P^T (dP^T - delta) of keys k0 .. and queries q0 .. into pt_s and
+    dst_s, from ``mma_tile``'s 64 x 64 accumulators of S^T and dP^T (``score_product``)."""
+    lane = kaio.lane_id()
+    m0 = 16 * (kaio.warp_id() % 4) + lane // 4
+    n0 = 32 * (kaio.warp_id() // 4) + 2 * (lane % 4)
+    for j in kaio.static_range(4):
+        for h in kaio.static_range(2):
+            col = n0 + 8 * j + h
+            l2, dl = row_stats(lse, delta, q0 + col, Sq)
+            for half in kaio.static_range(2):
+                row = m0 + 8 * half
+                p = kaio.exp2(st[j, 0, 2 * half + h] * scale_log2 - l2)
+                p = kaio.select(causal == 0 or k0 + row <= q0 + col, p, 0.0)
+                pt_s[row, col] = p
+                dst_s[row, col] = p * (dpt[j, 0, 2 * half + h] - dl)
 
 
 @kaio.gpu_func
@@ -607,59 +729,6 @@ def dq_ds_shared_bytes(dp: int, bufs: int, tc: int) -> int:
 
 
 @kaio.gpu_func
-def split_tf32(x: f32) -> tuple[f32, f32]:
-    """``(hi, lo)``: x = hi + lo + O(2^-22 |x|), both tf32 (3xTF32's operands)."""
-    hi = kaio.to_tf32(x)
-    return hi, kaio.to_tf32(x - hi)
-
-
-@kaio.gpu_func
-def mma_tile(
-    acc: f32[:, :, :], a_s: f32[:, :], b_s: f32[:, :], J: kaio.constexpr, DP: kaio.constexpr
-):  # fmt: skip
-    """acc += a_s[m0 : m0 + 16, 0:J] @ b_s[0:J, n0 : n0 + DP / 2] on the tensor cores, each
-    product in 3xTF32 (hi hi + hi lo + lo hi of ``split_tf32``'s halves: near f32's
-    accuracy), warp w's rows m0 = 16 (w % 4) and columns n0 = DP / 2 (w // 4): n-tile j of 8
-    columns in the m16n8k8 accumulator acc[j // (DP / 64), j % (DP / 64)]."""
-    lane = kaio.lane_id()
-    g = lane // 4
-    t = lane % 4
-    m0 = 16 * (kaio.warp_id() % 4)
-    n0 = DP // 2 * (kaio.warp_id() // 4)
-    ah = kaio.local(f32, 4)
-    al = kaio.local(f32, 4)
-    bh = kaio.local(f32, 2)
-    bl = kaio.local(f32, 2)
-    k0 = u32(0)
-    while k0 < J:
-        for i in kaio.static_range(4):
-            ah[i], al[i] = split_tf32(a_s[m0 + g + 8 * (i % 2), k0 + t + 4 * (i // 2)])
-        for j in kaio.static_range(DP // 16):
-            for i in kaio.static_range(2):
-                bh[i], bl[i] = split_tf32(b_s[k0 + t + 4 * i, n0 + 8 * j + g])
-            r = j // (DP // 64)
-            c = j % (DP // 64)
-            kaio.mma_tf32(acc[r, c], al, bh, acc[r, c])  # the small terms first
-            kaio.mma_tf32(acc[r, c], ah, bl, acc[r, c])
-            kaio.mma_tf32(acc[r, c], ah, bh, acc[r, c])
-        k0 += 8
-
-
-@kaio.gpu_func
-def store_mma(dst: f32[:, :], row0: u32, acc: f32[:, :, :], DP: kaio.constexpr):
-    """dst[row0 + m, n] = ``mma_tile``'s accumulators for the columns n below D."""
-    D = u32(dst.shape[1])
-    lane = kaio.lane_id()
-    m0 = 16 * (kaio.warp_id() % 4) + lane // 4
-    n0 = DP // 2 * (kaio.warp_id() // 4) + 2 * (lane % 4)
-    for j in kaio.static_range(DP // 16):
-        for i in kaio.static_range(4):
-            col = n0 + 8 * j + i % 2
-            if col < D:
-                dst[row0 + m0 + 8 * (i // 2), col] = acc[j // (DP // 64), j % (DP // 64), i]
-
-
-@kaio.gpu_func
 def dq_ds_load(
     k_s: f32[:, :], ds_s: f32[:, :], k: f32[:, :], dsw: f32[:, :], y: u32, x: u32, tiles: u32,
     causal: u32, vec: u32, DP: kaio.constexpr,
@@ -668,18 +737,6 @@ def dq_ds_load(
     commits and waits)."""
     load_rows(k_s, k, x * ROWS, vec, ROWS, DP)
     load_rows(ds_s, dsw, ds_block(y, x, tiles, causal) * ROWS, 1, ROWS, ROWS)
-
-
-@kaio.gpu_func
-def dq_ds_product(
-    acc: f32[:, :, :], ds_s: f32[:, :], k_s: f32[:, :], ty: u32, tx: u32, DP: kaio.constexpr,
-    TC: kaio.constexpr,
-):  # fmt: skip
-    """acc += the dS tile times the K tile: ``mma_tile`` (TC 1) or ``acc_tile``."""
-    if TC:
-        mma_tile(acc, ds_s, k_s, ROWS, DP)
-    else:
-        acc_tile(acc, ds_s, k_s, ty, tx, ROWS, DP)
 
 
 @kaio.gpu_func
@@ -696,7 +753,7 @@ def dq_ds_step(
     kaio.cp_async_commit()
     kaio.cp_async_wait(1)
     kaio.sync_threads()
-    dq_ds_product(acc, ds_s, k_s, ty, tx, DP, TC)
+    acc_product(acc, ds_s, k_s, ty, tx, ROWS, DP, TC)
 
 
 @kaio.gpu_kernel(block_size=NT)
@@ -747,7 +804,7 @@ def flash_bwd_dq_ds(
                     dq_ds_load(k_s, ds_s, k, dsw, y, x, tiles, causal, vec, DP)
                     kaio.cp_async_wait_all()
                     kaio.sync_threads()
-                    dq_ds_product(acc, ds_s, k_s, ty, tx, DP, TC)
+                    acc_product(acc, ds_s, k_s, ty, tx, ROWS, DP, TC)
             row0 = u32(items[at, 4]) * ROWS
             if TC:
                 store_mma(ws, row0, acc, DP)

@@ -173,6 +173,7 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
     simt.flash_bwd_shares[len(tables[0]) // plan.per_block[0], simt.NT, stream, smem](
         q, k, v, do, lse, delta, tables[0], ws, dsw, math.log2(math.e) * scale, causal, vec,
         plan.per_block[0], plan.dk_slots, DP=dp, C=c, DS=int(ds), PF=F32_PREFETCH,
+        TC=int(F32_TC and c == 4),
     )  # fmt: skip
     if ds:
         simt.flash_bwd_dq_ds[len(tables[1]) // plan.per_block[1], simt.NT, stream,
@@ -202,6 +203,9 @@ DQ_DS_BUFS = 1
 
 # 1: ``simt.flash_bwd_dq_ds``' products on the tensor cores in 3xTF32 (``simt.mma_tile``).
 DQ_DS_TC = 0
+
+# 1: the dK/dV steps' products on the tensor cores in 3xTF32 (``simt.mma_tile``; C = 4).
+F32_TC = 0
 
 # 1: the dK/dV steps copy the next query tiles over their last two products.
 F32_PREFETCH = 0
@@ -585,7 +589,8 @@ def shipped():
         yield simt.flash_fwd, {"DP": dp}
         for ds in (0, 1):
             cols = simt.bwd_cols(dp)
-            yield simt.flash_bwd_shares, {"DP": dp, "C": cols, "DS": ds, "PF": F32_PREFETCH}
+            flags = {"PF": F32_PREFETCH, "TC": int(F32_TC and cols == 4)}
+            yield simt.flash_bwd_shares, {"DP": dp, "C": cols, "DS": ds, **flags}
         yield simt.flash_bwd_dq_ds, {"DP": dp, "BUFS": DQ_DS_BUFS, "TC": DQ_DS_TC}
     yield simt.add_pieces, {}
     yield simt.combine_splits, {}
