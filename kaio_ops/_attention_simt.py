@@ -402,7 +402,7 @@ def flash_bwd_shares(
                       TC)  # fmt: skip
         elif kind == 1:
             dq_tile(q, k, v, do, lse, delta, ws, scale_log2, causal, vec, tile, t0, t1,
-                    slot * ROWS, DP, C)  # fmt: skip
+                    slot * ROWS, DP, C, TC)  # fmt: skip
 
 
 @kaio.gpu_kernel(block_size=256)
@@ -507,11 +507,12 @@ def store_mma(dst: f32[:, :], row0: u32, acc: f32[:, :, :], DP: kaio.constexpr):
 def dq_tile(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
     out: f32[:, :], scale_log2: f32, causal: u32, vec: u32, x: u32, t0: u32, t1: u32,
-    row0: u32, DP: kaio.constexpr, C: kaio.constexpr,
+    row0: u32, DP: kaio.constexpr, C: kaio.constexpr, TC: kaio.constexpr,
 ):  # fmt: skip
     """dQ of 64-row query tile x over key tiles (16C keys) t0 .. t1 - 1, unscaled: recompute
     P = exp2(S * scale_log2 - lse2) and dP = dO V^T, then dS = P * (dP - delta) and
-    dQ += dS K; finally out[row0 + i] = dQ[i] for the tile's rows i below Sq."""
+    dQ += dS K; finally out[row0 + i] = dQ[i] for the tile's rows i below Sq. ``TC`` 1
+    (C = 4): the products on the tensor cores (``mma_tile``, 3xTF32)."""
     W = DP + 4
     KT = 16 * C
     Sq = u32(q.shape[0])
@@ -535,21 +536,32 @@ def dq_tile(
     zero_acc(acc, DP)
     s = kaio.local(f32, (4, C))
     dp = kaio.local(f32, (4, C))
+    s_m = kaio.local(f32, (4, 1, 4))  # (TC: mma_tile's 64 x 64 accumulators)
+    dp_m = kaio.local(f32, (4, 1, 4))
     for t in range(t0, t1):
         next_tiles(k_s, v_s, k, v, t * KT, vec, KT, DP)  # (ds_s is free too)
-        dot_pair(s, dp, q_s, k_s, do_s, v_s, ty, tx, DP, C)
-        for r in kaio.static_range(4):
-            row = q0 + 4 * ty + r
-            for c in kaio.static_range(C):
-                key = t * KT + tx + 16 * c
-                ok = key < Sk and (causal == 0 or key <= row)
-                p = kaio.select(ok, kaio.exp2(s[r, c] * scale_log2 - lse2[r]), 0.0)
-                ds_s[4 * ty + r, tx + 16 * c] = p * (dp[r, c] - dlt[r])
         kaio.sync_threads()
-        acc_tile(acc, ds_s, k_s, ty, tx, KT, DP)
-    for r in kaio.static_range(4):
-        if q0 + 4 * ty + r < Sq:
-            store_rows(out, row0, acc, r, 4 * ty + r, 1.0, tx, vec, DP)
+        score_product(s, s_m, q_s, k_s, ty, tx, DP, C, TC)
+        score_product(dp, dp_m, do_s, v_s, ty, tx, DP, C, TC)
+        if TC:
+            mma_probs(ds_s, ds_s, s_m, dp_m, lse, delta, scale_log2, causal, q0, t * KT, Sq, Sk,
+                      0)  # fmt: skip
+        else:
+            for r in kaio.static_range(4):
+                row = q0 + 4 * ty + r
+                for c in kaio.static_range(C):
+                    key = t * KT + tx + 16 * c
+                    ok = key < Sk and (causal == 0 or key <= row)
+                    p = kaio.select(ok, kaio.exp2(s[r, c] * scale_log2 - lse2[r]), 0.0)
+                    ds_s[4 * ty + r, tx + 16 * c] = p * (dp[r, c] - dlt[r])
+        kaio.sync_threads()
+        acc_product(acc, ds_s, k_s, ty, tx, KT, DP, TC)
+    if TC:  # (all 64 rows: the workspace's slots have them)
+        store_mma(out, row0, acc, DP)
+    else:
+        for r in kaio.static_range(4):
+            if q0 + 4 * ty + r < Sq:
+                store_rows(out, row0, acc, r, 4 * ty + r, 1.0, tx, vec, DP)
 
 
 @kaio.gpu_func
@@ -624,7 +636,8 @@ def dkdv_tile(
             score_product(st, st_m, k_s, q_s, ty, tx, DP, C, TC)
             score_product(dpt, dpt_m, v_s, do_s, ty, tx, DP, C, TC)
         if TC:
-            mma_probs(pt_s, dst_s, st_m, dpt_m, lse, delta, scale_log2, causal, k0, t * QT, Sq)
+            mma_probs(pt_s, dst_s, st_m, dpt_m, lse, delta, scale_log2, causal, k0, t * QT, Sq,
+                      Sk, 1)  # fmt: skip
         else:
             for r in kaio.static_range(4):
                 key = k0 + 4 * ty + r
@@ -674,24 +687,39 @@ def score_product(
 
 @kaio.gpu_func
 def mma_probs(
-    pt_s: f32[:, :], dst_s: f32[:, :], st: f32[:, :, :], dpt: f32[:, :, :], lse: f32[:],
-    delta: f32[:], scale_log2: f32, causal: u32, k0: u32, q0: u32, Sq: u32,
+    p_s: f32[:, :], ds_s: f32[:, :], s: f32[:, :, :], dp: f32[:, :, :], lse: f32[:],
+    delta: f32[:], scale_log2: f32, causal: u32, r0: u32, c0: u32, Sq: u32, Sk: u32,
+    KEYS: kaio.constexpr,
 ):  # fmt: skip
-    """P^T and dS^T = P^T (dP^T - delta) of keys k0 .. and queries q0 .. into pt_s and
-    dst_s, from ``mma_tile``'s 64 x 64 accumulators of S^T and dP^T (``score_product``)."""
+    """P and dS = P (dP - delta) of a 64 x 64 tile from ``mma_tile``'s accumulators of S and
+    dP (``score_product``) into p_s (``KEYS`` 1 only) and ds_s: ``KEYS`` 1 the transposes
+    (rows keys r0 .., columns queries c0 ..: dK/dV's P^T, dS^T), else rows queries r0 ..,
+    columns keys c0 .. (dQ's dS, keys past Sk masked)."""
     lane = kaio.lane_id()
     m0 = 16 * (kaio.warp_id() % 4) + lane // 4
     n0 = 32 * (kaio.warp_id() // 4) + 2 * (lane % 4)
+    lse2 = kaio.local(f32, 2)  # a query's stats: of rows m0, m0 + 8, or of a column
+    dlt = kaio.local(f32, 2)
+    if not KEYS:
+        for half in kaio.static_range(2):
+            lse2[half], dlt[half] = row_stats(lse, delta, r0 + m0 + 8 * half, Sq)
     for j in kaio.static_range(4):
         for h in kaio.static_range(2):
             col = n0 + 8 * j + h
-            l2, dl = row_stats(lse, delta, q0 + col, Sq)
+            if KEYS:
+                lse2[0], dlt[0] = row_stats(lse, delta, c0 + col, Sq)
             for half in kaio.static_range(2):
                 row = m0 + 8 * half
-                p = kaio.exp2(st[j, 0, 2 * half + h] * scale_log2 - l2)
-                p = kaio.select(causal == 0 or k0 + row <= q0 + col, p, 0.0)
-                pt_s[row, col] = p
-                dst_s[row, col] = p * (dpt[j, 0, 2 * half + h] - dl)
+                at = 0 if KEYS else half
+                if KEYS:
+                    ok = causal == 0 or r0 + row <= c0 + col
+                else:
+                    ok = c0 + col < Sk and (causal == 0 or c0 + col <= r0 + row)
+                i = 2 * half + h
+                p = kaio.select(ok, kaio.exp2(s[j, 0, i] * scale_log2 - lse2[at]), 0.0)
+                if KEYS:
+                    p_s[row, col] = p
+                ds_s[row, col] = p * (dp[j, 0, i] - dlt[at])
 
 
 @kaio.gpu_func
