@@ -6,8 +6,8 @@ TFLOP/s at 2.5x the forward's 4 S S D (halved when causal), as bench/attention.p
 Usage: ``python bench/attention_f32_bwd.py [--seqs 4096] [--dims 128] [--causal 0,1]
 [--variants shipped,recompute] [--rotate --rounds N] [--warm] [--profile S]``.
 ``--profile S``: at S, each variant's kernels under torch.profiler (µs, the median of 3 calls).
-``--forward shipped,splits=N``: ``attention_flash`` against SDPA efficient's forward
-instead. ``--warm``: each variant once at S 128 (the same kernels: to fill kaio's cubin
+``--forward shipped,splits=N,F32_FWD_TC=1``: ``attention_flash`` against SDPA efficient's
+forward instead. ``--warm``: each variant once at S 128 (the same kernels: to fill kaio's cubin
 cache in parallel processes).
 ``NAME=N[+NAME=N]``: the op unplanned with ``kaio_ops.attention``'s module constants set
 (``F32_DS_BYTES=0``); ``stored`` and ``recompute`` are short for the op unplanned with dQ
@@ -29,28 +29,39 @@ from bench.attention_hopper import time_calls  # noqa: E402
 SHORT = {"stored": f"F32_DS_BYTES={4 << 30}", "recompute": "F32_DS_BYTES=0"}
 
 
-def variant(name: str):
-    """(do, q, k, v, o, lse, causal) -> (dq, dk, dv): ``shipped`` the public op, else the op
-    unplanned with ``kaio_ops.attention``'s constants as named."""
+def variant(name: str, forward: bool = False):
+    """``shipped``: the public op, else the op unplanned with ``kaio_ops.attention``'s
+    constants as named (``splits=N``: the forward's key splits). The backward's:
+    (do, q, k, v, o, lse, causal) -> (dq, dk, dv); the forward's: (q, k, v, causal) -> out."""
     import kaio_ops
     from kaio_ops import attention
 
     pairs = [x.split("=") for x in SHORT.get(name, name).split("+")] if name != "shipped" else []
+    splits = int(dict(pairs).pop("splits", 0)) or None
+    pairs = [(c, int(x)) for c, x in pairs if c != "splits"]
 
-    def run(do, q, k, v, o, lse, causal):
-        if not pairs:
-            op = kaio_ops.attention_flash_bwd_causal if causal else kaio_ops.attention_flash_bwd
-            return op(do, q, k, v, o, lse)
+    def unplanned(*args):
         saved = {c: getattr(attention, c) for c, _ in pairs}
         for const, value in pairs:
-            setattr(attention, const, int(value))
+            setattr(attention, const, value)
         try:  # unplanned (a call plan replays the launches it recorded first)
-            return attention.flash_backward("bench", do, q, k, v, o, lse, causal)
+            if forward:
+                return attention.flash_forward("bench", *args, splits)[0]
+            return attention.flash_backward("bench", *args)
         finally:
             for const, value in saved.items():
                 setattr(attention, const, value)
 
-    return run
+    def shipped(*args):
+        causal = args[-1]
+        if forward:
+            return (kaio_ops.attention_flash_causal if causal else kaio_ops.attention_flash)(
+                *args[:-1]
+            )
+        op = kaio_ops.attention_flash_bwd_causal if causal else kaio_ops.attention_flash_bwd
+        return op(*args[:-1])
+
+    return unplanned if pairs or splits else shipped
 
 
 def sdpa_backward(q, k, v, do, causal: bool):
@@ -108,14 +119,11 @@ def kernel_times(fn, calls: int = 3) -> list:
 
 
 def forward_rows(seqs, dims, masks, names, rotate: bool, rounds: int) -> list:
-    """``attention_flash`` f32 (``shipped``: the planned op; ``splits=N``: N key splits,
-    unplanned) against SDPA efficient's forward, each checked against float64."""
+    """``attention_flash`` f32 (``variant``'s names) against SDPA efficient's forward, each
+    checked against float64."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    import kaio_ops
-    from kaio_ops import attention
 
     rows = []
     for s in seqs:
@@ -132,16 +140,8 @@ def forward_rows(seqs, dims, masks, names, rotate: bool, rounds: int) -> list:
                         ]
 
                 fns = {"SDPA efficient": efficient}
-                op = kaio_ops.attention_flash_causal if causal else kaio_ops.attention_flash
                 for name in names:
-                    if name == "shipped":
-                        fns[name] = functools.partial(op, q, k, v)
-                    else:
-                        splits = int(name.split("=")[1])
-                        fns[name] = functools.partial(
-                            lambda q, k, v, c, n: attention.flash_forward("b", q, k, v, c, n)[0],
-                            q, k, v, causal, splits,
-                        )  # fmt: skip
+                    fns[name] = functools.partial(variant(name, True), q, k, v, causal)
                 errs = {n: float((f().double() - ref).norm() / ref.norm()) for n, f in fns.items()}
                 ms = (
                     time_rotated(fns, rounds)
@@ -178,23 +178,27 @@ def main() -> None:
     names = a.variants.split(",")
     seqs, dims = [int(x) for x in a.seqs.split(",")], [int(x) for x in a.dims.split(",")]
     masks = [bool(int(c)) for c in a.causal.split(",")]
+    if a.warm:  # compile (the kernels of S 128 are those of any S at these head dims)
+        for d in dims:
+            for causal in masks:
+                q, k, v, do = (torch.randn(128, d, device="cuda") for _ in range(4))
+                if a.forward:
+                    for name in a.forward.split(","):
+                        variant(name, True)(q, k, v, causal)
+                    continue
+                o, lse = kaio_ops.attention_flash_with_stats(q, k, v, causal=causal)
+                for name in names:
+                    variant(name)(do, q, k, v, o, lse, causal)
+        return torch.cuda.synchronize()
     if a.forward:
         rows = forward_rows(seqs, dims, masks, a.forward.split(","), a.rotate, a.rounds)
         print("| case | contender | µs | TFLOP/s | x SDPA efficient | err vs float64 |")
         print("|---|---|---|---|---|---|")
         return print("\n".join(rows))
-    if a.warm:  # compile (the kernels of S 128 are those of any S at these head dims)
-        for d in map(int, a.dims.split(",")):
-            for causal in (bool(int(c)) for c in a.causal.split(",")):
-                q, k, v, do = (torch.randn(128, d, device="cuda") for _ in range(4))
-                o, lse = kaio_ops.attention_flash_with_stats(q, k, v, causal=causal)
-                for name in names:
-                    variant(name)(do, q, k, v, o, lse, causal)
-        return torch.cuda.synchronize()
     rows = []
-    for s in map(int, a.seqs.split(",")):
-        for d in map(int, a.dims.split(",")):
-            for causal in (bool(int(c)) for c in a.causal.split(",")):
+    for s in seqs:
+        for d in dims:
+            for causal in masks:
                 gen = torch.Generator(device="cuda").manual_seed(s + d)
                 q, k, v, do = (torch.randn(s, d, device="cuda", generator=gen) for _ in range(4))
                 o, lse = kaio_ops.attention_flash_with_stats(q, k, v, causal=causal)

@@ -334,6 +334,130 @@ def flash_fwd(
                 lse[row0 + row] = kaio.select(total > 0.0, (m[r] + kaio.log2(total)) * LN2, NEG_INF)
 
 
+def fwd_mma_shared_bytes(dp: int) -> int:
+    """Dynamic shared memory of ``flash_fwd_mma``: Q, K, V (rows of DP + 8) tiles, the P
+    tile, the row maxima of each half of the key tile."""
+    return (2 * ROWS * (dp + 4) + 64 * (dp + 8) + ROWS * 68 + 2 * ROWS) * 4
+
+
+@kaio.gpu_kernel(block_size=NT)
+def flash_fwd_mma(
+    q: f32[:, :], k: f32[:, :], v: f32[:, :], out: f32[:, :], lse: f32[:],
+    scale_log2: f32, tiles_per_split: u32, causal: u32, vec: u32,
+    DP: kaio.constexpr,
+):  # fmt: skip
+    """``flash_fwd`` (the same contract, grid and copies) with its products on the tensor
+    cores in 3xTF32 (``mma_tile``): warps w and w + 4 hold query rows 16 (w % 4) .. + 15,
+    each for half the keys of a tile (S) and half the columns of O; the row maxima of the
+    halves meet in shared memory, the row sums at the end."""
+    WK = DP + 4
+    WV = DP + 8  # (mma_tile's B rows: conflict-free)
+    Sq = u32(q.shape[0])
+    Sk = u32(k.shape[0])
+    D = u32(out.shape[1])
+    lane = kaio.lane_id()
+    t4 = lane % 4
+    m0 = 16 * (kaio.warp_id() % 4) + lane // 4  # this thread's rows m0, m0 + 8
+    half = kaio.warp_id() // 4
+    n0 = 32 * half + 2 * t4  # its columns of S: n0 + 8 j + h
+    q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * ROWS
+    split = kaio.block_idx_y()
+    q_s = kaio.shared_dynamic(f32, (ROWS, WK), 0)
+    k_s = kaio.shared_dynamic(f32, (64, WK), ROWS * WK * 4)
+    v_s = kaio.shared_dynamic(f32, (64, WV), (ROWS + 64) * WK * 4)
+    p_s = kaio.shared_dynamic(f32, (ROWS, 68), (ROWS + 64) * WK * 4 + 64 * WV * 4)
+    top_s = kaio.shared_dynamic(f32, (2, ROWS), (ROWS + 64) * WK * 4 + (64 * WV + ROWS * 68) * 4)
+    zero_tile(q_s, ROWS, WK)
+    zero_tile(k_s, 64, WK)
+    zero_tile(v_s, 64, WV)
+    kaio.sync_threads()
+
+    n_tiles = (Sk + 63) // 64
+    if causal != 0:
+        n_tiles = kaio.min(n_tiles, (q0 + ROWS + 63) // 64)
+    t_begin = split * tiles_per_split
+    t_end = kaio.min(t_begin + tiles_per_split, n_tiles)
+    load_rows(q_s, q, q0, vec, ROWS, DP)
+    load_rows(k_s, k, t_begin * 64, vec, 64, DP)
+    kaio.cp_async_commit()
+    load_rows(v_s, v, t_begin * 64, vec, 64, DP)
+    kaio.cp_async_commit()
+    kaio.cp_async_wait(1)
+    kaio.sync_threads()
+
+    m = kaio.local(f32, 2)
+    l = kaio.local(f32, 2)  # this thread's part of its rows' sums
+    for r in kaio.static_range(2):
+        m[r] = NEG_INF
+        l[r] = 0.0
+    o = kaio.local(f32, (4, DP // 64, 4))
+    zero_acc(o, DP)
+    s = kaio.local(f32, (4, 1, 4))
+    for t in range(t_begin, t_end):
+        zero_acc(s, 64)
+        mma_tile(s, q_s, k_s, DP, 64, 1)
+        kaio.sync_threads()  # k_s is free
+        if t + 1 < t_end:
+            load_rows(k_s, k, (t + 1) * 64, vec, 64, DP)
+        kaio.cp_async_commit()
+        for r in kaio.static_range(2):
+            row = q0 + m0 + 8 * r
+            top = NEG_INF
+            for j in kaio.static_range(4):
+                for h in kaio.static_range(2):
+                    key = t * 64 + n0 + 8 * j + h
+                    ok = key < Sk and (causal == 0 or key <= row)
+                    s[j, 0, 2 * r + h] = kaio.select(ok, s[j, 0, 2 * r + h] * scale_log2, NEG_INF)
+                    top = kaio.max(top, s[j, 0, 2 * r + h])
+            top = lanes_max(top, 4)
+            if t4 == 0:
+                top_s[half, m0 + 8 * r] = top
+        kaio.sync_threads()
+        for r in kaio.static_range(2):
+            m_new = kaio.max(m[r], kaio.max(top_s[0, m0 + 8 * r], top_s[1, m0 + 8 * r]))
+            base = kaio.select(m_new == NEG_INF, 0.0, m_new)
+            alpha = kaio.exp2(m[r] - base)
+            m[r] = m_new
+            total = 0.0
+            for j in kaio.static_range(4):
+                for h in kaio.static_range(2):
+                    p = kaio.exp2(s[j, 0, 2 * r + h] - base)
+                    p_s[m0 + 8 * r, n0 + 8 * j + h] = p
+                    total += p
+            l[r] = l[r] * alpha + total
+            for j in kaio.static_range(DP // 16):
+                for h in kaio.static_range(2):
+                    o[j // (DP // 64), j % (DP // 64), 2 * r + h] *= alpha
+        kaio.cp_async_wait(1)  # V of tile t has landed
+        kaio.sync_threads()
+        mma_tile(o, p_s, v_s, 64, DP, 0)
+        kaio.sync_threads()  # v_s, p_s and top_s are free
+        if t + 1 < t_end:
+            load_rows(v_s, v, (t + 1) * 64, vec, 64, DP)
+        kaio.cp_async_commit()
+        kaio.cp_async_wait(1)  # K of tile t + 1 has landed
+        kaio.sync_threads()
+
+    for r in kaio.static_range(2):
+        total = lanes_sum(l[r], 4)
+        if t4 == 0:
+            top_s[half, m0 + 8 * r] = total
+    kaio.sync_threads()
+    row0 = split * Sq
+    for r in kaio.static_range(2):
+        total = top_s[0, m0 + 8 * r] + top_s[1, m0 + 8 * r]
+        row = q0 + m0 + 8 * r
+        inv = kaio.select(total > 0.0, 1.0 / total, 0.0)
+        if row < Sq:
+            for j in kaio.static_range(DP // 16):
+                for h in kaio.static_range(2):
+                    col = DP // 2 * half + 8 * j + 2 * t4 + h
+                    if col < D:
+                        out[row0 + row, col] = o[j // (DP // 64), j % (DP // 64), 2 * r + h] * inv
+            if half == 0 and t4 == 0:
+                lse[row0 + row] = kaio.select(total > 0.0, (m[r] + kaio.log2(total)) * LN2, NEG_INF)
+
+
 @kaio.gpu_kernel(block_size=256)
 def combine_splits(part: f32[:, :], part_lse: f32[:], out: f32[:, :], lse: f32[:], splits: u32):
     """out[row] = the softmax-weighted mean of the ``splits`` partial rows part[s * Sq + row]

@@ -92,7 +92,8 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
     _, (qa, ka, va) = _check_f32(op, [(q, "q"), (k, "k"), (v, "v")])
     s, d = qa.shape
     dp = simt.padded_dim(d)
-    smem = simt.fwd_shared_bytes(dp)
+    kernel = simt.flash_fwd_mma if F32_FWD_TC else simt.flash_fwd
+    smem = simt.fwd_mma_shared_bytes(dp) if F32_FWD_TC else simt.fwd_shared_bytes(dp)
     q_tiles = -(-s // simt.ROWS)
     k_tiles = -(-s // 64)
     if splits is None:
@@ -108,13 +109,17 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
     if splits > 1:
         part = _arrays.output(qa, (splits * s, d), f32)
         part_lse = _arrays.output(qa, (splits * s,), f32)
-    simt.flash_fwd[(q_tiles, splits), simt.NT, stream, smem](
+    kernel[(q_tiles, splits), simt.NT, stream, smem](
         q, k, v, part, part_lse, math.log2(math.e) / math.sqrt(d), per_split, causal, vec,
         DP=dp,
     )  # fmt: skip
     if splits > 1:
         simt.combine_splits[-(-s * d // 256), 256, stream, 0](part, part_lse, out, lse, splits)
     return out, lse
+
+
+# 1: ``attention_flash``'s products on the tensor cores in 3xTF32 (``simt.flash_fwd_mma``).
+F32_FWD_TC = 0
 
 
 @planned("q", "k", "v")
@@ -586,7 +591,7 @@ def flash_attention_bwd(
 def shipped():
     """(kernel, constexprs) of every specialization these ops launch."""
     for dp in simt.DIMS:
-        yield simt.flash_fwd, {"DP": dp}
+        yield simt.flash_fwd_mma if F32_FWD_TC else simt.flash_fwd, {"DP": dp}
         for ds in (0, 1):
             cols = simt.bwd_cols(dp)
             flags = {"PF": F32_PREFETCH, "TC": int(F32_TC and cols == 4)}
