@@ -558,9 +558,10 @@ def add_pieces(
 
 @kaio.gpu_func
 def split_tf32(x: f32) -> tuple[f32, f32]:
-    """``(hi, lo)``: x = hi + lo + O(2^-22 |x|), both tf32 (3xTF32's operands)."""
+    """``(hi, lo)``: 3xTF32's operands, hi = x rounded to tf32 and lo = x - hi exactly, of
+    which the tensor core reads the top 11 bits (x = hi + lo's top bits + O(2^-22 |x|))."""
     hi = kaio.to_tf32(x)
-    return hi, kaio.to_tf32(x - hi)
+    return hi, x - hi
 
 
 @kaio.gpu_func
