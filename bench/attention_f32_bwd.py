@@ -4,7 +4,9 @@ variant's gradients checked against float64 and for the same bits on a second ca
 TFLOP/s at 2.5x the forward's 4 S S D (halved when causal), as bench/attention.py counts.
 
 Usage: ``python bench/attention_f32_bwd.py [--seqs 4096] [--dims 128] [--causal 0,1]
-[--variants shipped,recompute] [--rotate --rounds N] [--warm] [--profile S]``.
+[--variants shipped,recompute] [--rotate --rounds N [--queued]] [--warm] [--profile S]``.
+``--queued``: each round's calls behind a GPU sleep (kernel time: no host time, which the
+unplanned variants have more of than the planned ``shipped``).
 ``--profile S``: at S, each variant's kernels under torch.profiler (µs, the median of 3 calls).
 ``--forward shipped,splits=N,F32_FWD_TC=1``: ``attention_flash`` against SDPA efficient's
 forward instead. ``--warm``: each variant once at S 128 (the same kernels: to fill kaio's cubin
@@ -118,7 +120,7 @@ def kernel_times(fn, calls: int = 3) -> list:
     return [(n, sorted(r[i][1] for r in runs)[calls // 2]) for i, (n, _) in enumerate(runs[0])]
 
 
-def forward_rows(seqs, dims, masks, names, rotate: bool, rounds: int) -> list:
+def forward_rows(seqs, dims, masks, names, rotate: bool, rounds: int, queued: bool) -> list:
     """``attention_flash`` f32 (``variant``'s names) against SDPA efficient's forward, each
     checked against float64."""
     import torch
@@ -144,7 +146,7 @@ def forward_rows(seqs, dims, masks, names, rotate: bool, rounds: int) -> list:
                     fns[name] = functools.partial(variant(name, True), q, k, v, causal)
                 errs = {n: float((f().double() - ref).norm() / ref.norm()) for n, f in fns.items()}
                 ms = (
-                    time_rotated(fns, rounds)
+                    time_rotated(fns, rounds, queued=queued)
                     if rotate
                     else {n: time_calls(f) for n, f in fns.items()}
                 )
@@ -171,6 +173,7 @@ def main() -> None:
     p.add_argument("--variants", default="shipped")
     p.add_argument("--warm", action="store_true", help="each variant once at S 128, untimed")
     p.add_argument("--rotate", action="store_true", help="contenders timed in turn")
+    p.add_argument("--queued", action="store_true", help="--rotate's rounds behind a GPU sleep")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--profile", type=int, default=0, help="at this S: each variant's kernels")
     p.add_argument("--forward", help="time attention_flash instead: shipped,splits=N,...")
@@ -191,7 +194,8 @@ def main() -> None:
                     variant(name)(do, q, k, v, o, lse, causal)
         return torch.cuda.synchronize()
     if a.forward:
-        rows = forward_rows(seqs, dims, masks, a.forward.split(","), a.rotate, a.rounds)
+        names = a.forward.split(",")
+        rows = forward_rows(seqs, dims, masks, names, a.rotate, a.rounds, a.queued)
         print("| case | contender | µs | TFLOP/s | x SDPA efficient | err vs float64 |")
         print("|---|---|---|---|---|---|")
         return print("\n".join(rows))
@@ -222,7 +226,7 @@ def main() -> None:
                               + ", ".join(f"{n} {t:.0f}" for n, t in kernels)
                               + f"; sum {sum(t for _, t in kernels):.0f}", flush=True)  # fmt: skip
                 if a.rotate:
-                    ms = time_rotated(fns, a.rounds)
+                    ms = time_rotated(fns, a.rounds, queued=a.queued)
                 else:
                     ms = {n: time_calls(f) for n, f in fns.items()}
                 flops = 2.5 * 4.0 * s * s * d * (0.5 if causal else 1.0)

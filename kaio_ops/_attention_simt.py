@@ -570,35 +570,51 @@ def mma_tile(
     BT: kaio.constexpr,
 ):  # fmt: skip
     """acc += A B on the tensor cores, each product in 3xTF32 (hi hi + hi lo + lo hi of
-    ``split_tf32``'s halves: near f32's accuracy), for warp w's 16 x N / 2 part of a 64 x N
-    tile: A = a_s[m0 : m0 + 16, 0:J], B = b_s[0:J, n0 : n0 + N / 2] (``BT`` 0) or
-    b_s[n0 : n0 + N / 2, 0:J]^T (``BT`` 1), m0 = 16 (w % 4), n0 = N / 2 (w // 4); n-tile j
-    (8 columns) in the m16n8k8 accumulator acc[j // (N / 64), j % (N / 64)]."""
+    ``split_tf32``'s halves), for warp w's 16 x N / 2 part of a 64 x N tile: A = a_s[m0 :
+    m0 + 16, 0:J], B = b_s[0:J, n0 : n0 + N / 2] (``BT`` 0) or b_s[n0 : n0 + N / 2, 0:J]^T
+    (``BT`` 1), m0 = 16 (w % 4), n0 = N / 2 (w // 4); n-tile j (8 columns) in the m16n8k8
+    accumulator acc[j // (N / 64), j % (N / 64)]. J a multiple of 64: each 64 k's sum is
+    made on the tensor cores from zero and added to acc in f32 (the tensor cores' own sums
+    round towards zero: over thousands of k that drifts to 1e-5), the mma's of a k step one
+    per n-tile in turn (independent chains)."""
     lane = kaio.lane_id()
     g = lane // 4
     t = lane % 4
     m0 = 16 * (kaio.warp_id() % 4)
     n0 = N // 2 * (kaio.warp_id() // 4)
+    NJ = N // 16  # n-tiles a warp
+    part = kaio.local(f32, (4, N // 64, 4))
     ah = kaio.local(f32, 4)
     al = kaio.local(f32, 4)
-    bh = kaio.local(f32, 2)
-    bl = kaio.local(f32, 2)
-    k0 = u32(0)
-    while k0 < J:
-        for i in kaio.static_range(4):
-            ah[i], al[i] = split_tf32(a_s[m0 + g + 8 * (i % 2), k0 + t + 4 * (i // 2)])
-        for j in kaio.static_range(N // 16):
-            for i in kaio.static_range(2):
-                if BT:
-                    bh[i], bl[i] = split_tf32(b_s[n0 + 8 * j + g, k0 + t + 4 * i])
-                else:
-                    bh[i], bl[i] = split_tf32(b_s[k0 + t + 4 * i, n0 + 8 * j + g])
-            r = j // (N // 64)
-            c = j % (N // 64)
-            kaio.mma_tf32(acc[r, c], al, bh, acc[r, c])  # the small terms first
-            kaio.mma_tf32(acc[r, c], ah, bl, acc[r, c])
-            kaio.mma_tf32(acc[r, c], ah, bh, acc[r, c])
-        k0 += 8
+    bh = kaio.local(f32, (NJ, 2))
+    bl = kaio.local(f32, (NJ, 2))
+    kc = u32(0)
+    while kc < J:
+        zero_acc(part, N)
+        for kk in kaio.static_range(8):
+            k0 = kc + 8 * kk
+            for i in kaio.static_range(4):
+                ah[i], al[i] = split_tf32(a_s[m0 + g + 8 * (i % 2), k0 + t + 4 * (i // 2)])
+            for j in kaio.static_range(NJ):
+                for i in kaio.static_range(2):
+                    if BT:
+                        bh[j, i], bl[j, i] = split_tf32(b_s[n0 + 8 * j + g, k0 + t + 4 * i])
+                    else:
+                        bh[j, i], bl[j, i] = split_tf32(b_s[k0 + t + 4 * i, n0 + 8 * j + g])
+            for j in kaio.static_range(NJ):  # the small terms first
+                kaio.mma_tf32(part[j // (N // 64), j % (N // 64)], al, bh[j],
+                              part[j // (N // 64), j % (N // 64)])  # fmt: skip
+            for j in kaio.static_range(NJ):
+                kaio.mma_tf32(part[j // (N // 64), j % (N // 64)], ah, bl[j],
+                              part[j // (N // 64), j % (N // 64)])  # fmt: skip
+            for j in kaio.static_range(NJ):
+                kaio.mma_tf32(part[j // (N // 64), j % (N // 64)], ah, bh[j],
+                              part[j // (N // 64), j % (N // 64)])  # fmt: skip
+        for r in kaio.static_range(4):
+            for c in kaio.static_range(N // 64):
+                for e in kaio.static_range(4):
+                    acc[r, c, e] += part[r, c, e]
+        kc += 64
 
 
 @kaio.gpu_func

@@ -16,6 +16,8 @@ scaled by ``1/sqrt(D)`` (``scale`` where given); causal attention masks key ``j 
 
 from __future__ import annotations
 
+import functools
+import heapq
 import math
 import os
 from typing import NamedTuple
@@ -68,6 +70,28 @@ def splits_for(q_tiles: int, k_tiles: int, blocks_per_sm: int, sms: int) -> int:
     return best
 
 
+@functools.cache
+def causal_splits(q_tiles: int, k_tiles: int, slots: int) -> int:
+    """Key splits for causal attention over ``q_tiles`` query tiles (block x the tile
+    q_tiles - 1 - x: the heaviest first) and ``k_tiles`` key tiles of the same 64 rows: the
+    count whose blocks, in launch order each to the first slot free, finish first (the
+    fewest on ties); a block costs its key tiles and one more (its query tile, its rows
+    out)."""
+    if q_tiles >= 2 * slots:  # (the heaviest tiles first fill two waves evenly)
+        return 1
+    best, best_cost = 1, math.inf
+    for s in range(1, min(MAX_SPLITS, k_tiles) + 1):
+        per = -(-k_tiles // s)
+        free = [0] * slots
+        for y in range(-(-k_tiles // per)):
+            for x in range(q_tiles):
+                work = max(0, min(per, min(k_tiles, q_tiles - x) - y * per))
+                heapq.heappush(free, heapq.heappop(free) + (work + 1 if work else 0))
+        if max(free) < best_cost:
+            best, best_cost = s, max(free)
+    return best
+
+
 # --------------------------------------------------------------------------- f32 flash
 
 
@@ -98,7 +122,11 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
     k_tiles = -(-s // 64)
     if splits is None:
         fits = SM_SHARED // (smem + 1024)
-        splits = splits_for(q_tiles, k_tiles, fits, _arrays.multiprocessors(qa))
+        sms = _arrays.multiprocessors(qa)
+        if causal and F32_CAUSAL_SPLITS:
+            splits = causal_splits(q_tiles, k_tiles, max(1, fits) * sms)
+        else:
+            splits = splits_for(q_tiles, k_tiles, fits, sms)
     per_split = -(-k_tiles // splits)
     splits = -(-k_tiles // per_split)
     out = _arrays.output(qa, (s, d), f32)
@@ -120,6 +148,9 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
 
 # 1: ``attention_flash``'s products on the tensor cores in 3xTF32 (``simt.flash_fwd_mma``).
 F32_FWD_TC = 0
+
+# 1: ``attention_flash_causal``'s key splits from ``causal_splits``.
+F32_CAUSAL_SPLITS = 0
 
 
 @planned("q", "k", "v")
