@@ -1,5 +1,6 @@
-"""Flash attention in f32 on the SIMT cores: forward (online softmax) and backward
-(FlashAttention-2), written in the kaio DSL. The host side is ``kaio_ops.attention``.
+"""Flash attention in f32: forward (online softmax) and backward (FlashAttention-2),
+written in the kaio DSL, on the SIMT cores or (up to DP 128, ``attention.f32_tc``) on the
+tensor cores in 3xTF32. The host side is ``kaio_ops.attention``.
 
 Every kernel runs blocks of ``NT`` = 256 threads as a 16 x 16 grid, thread ``(ty, tx)`` =
 ``(t // 16, t % 16)``, over tiles staged in shared memory with rows padded to ``DP + 4``
@@ -14,6 +15,11 @@ every matmul of attention:
 
 So a thread owns rows ``4ty .. 4ty + 3`` of both kinds of tile, and a row's statistics (running
 max, sum) are reduced over the 16 lanes ``tx`` with ``shfl_xor`` 8, 4, 2, 1.
+
+On the tensor cores (``TC`` 1) ``mma_tile`` does both kinds of product from the same tiles:
+f32 values split in two tf32 halves, ``hi hi + hi lo + lo hi`` on m16n8k8 mma's (3xTF32,
+as CUTLASS's fast f32 and SDPA's memory-efficient f32 kernels), each 64 k's part summed in
+f32 after; warp w owns rows ``16 (w % 4)`` .. and half the columns of a tile.
 
 Scores are kept in the log2 domain: ``s2 = (q . k) * scale * log2(e)``, probabilities are
 ``exp2(s2 - m2)``; the stats (``lse``) are natural logarithms of the row sums.
@@ -502,8 +508,7 @@ def flash_bwd_shares(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
     items: i32[:, :], ws: f32[:, :], dsw: f32[:, :],
     scale_log2: f32, causal: u32, vec: u32, per_block: i32, dv_slots: i32,
-    DP: kaio.constexpr, C: kaio.constexpr, DS: kaio.constexpr, PF: kaio.constexpr,
-    TC: kaio.constexpr,
+    DP: kaio.constexpr, C: kaio.constexpr, DS: kaio.constexpr, TC: kaio.constexpr,
 ):  # fmt: skip
     """Block x's share of the backward (``bwd_shares``: every block the same work; ``DS``
     1: of the dK/dV part, each dS tile also stored to ``dsw`` for ``flash_bwd_dq_ds``): its
@@ -511,7 +516,8 @@ def flash_bwd_shares(
     slot)`` (kind -1: none): kind 0 the dK and dV of 64-row key tile ``tile`` over the
     16C-query tiles t0 .. t1 - 1, into the 64-row slots ``slot`` and ``slot + dv_slots`` of
     the workspace ``ws``; kind 1 the dQ of query tile ``tile`` over key tiles t0 .. t1 - 1
-    into slot ``slot``. Unscaled: ``add_pieces`` sums each tile's pieces in order."""
+    into slot ``slot``. Unscaled: ``add_pieces`` sums each tile's pieces in order. ``TC``
+    1 (C = 4): the products on the tensor cores (``mma_tile``, 3xTF32)."""
     for j in range(per_block):
         at = i32(kaio.block_idx_x()) * per_block + j
         kind = items[at, 0]
@@ -522,8 +528,7 @@ def flash_bwd_shares(
         kaio.sync_threads()  # the last item's shared tiles are free
         if kind == 0:
             dkdv_tile(q, k, v, do, lse, delta, ws, ws, dsw, scale_log2, causal, vec, tile, t0,
-                      t1, slot * ROWS, (slot + u32(dv_slots)) * ROWS, DP, C, DS, PF,
-                      TC)  # fmt: skip
+                      t1, slot * ROWS, (slot + u32(dv_slots)) * ROWS, DP, C, DS, TC)  # fmt: skip
         elif kind == 1:
             dq_tile(q, k, v, do, lse, delta, ws, scale_log2, causal, vec, tile, t0, t1,
                     slot * ROWS, DP, C, TC)  # fmt: skip
@@ -710,14 +715,15 @@ def dkdv_tile(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], do: f32[:, :], lse: f32[:], delta: f32[:],
     dk: f32[:, :], dv: f32[:, :], dsw: f32[:, :], scale_log2: f32, causal: u32, vec: u32,
     x: u32, t0: u32, t1: u32, dk_row0: u32, dv_row0: u32, DP: kaio.constexpr,
-    C: kaio.constexpr, DS: kaio.constexpr, PF: kaio.constexpr, TC: kaio.constexpr,
+    C: kaio.constexpr, DS: kaio.constexpr, TC: kaio.constexpr,
 ):  # fmt: skip
     """dK and dV of 64-row key tile x over query tiles (16C queries) t0 .. t1 - 1, unscaled:
     recompute P^T = exp2(K Q^T * scale_log2 - lse2) and dP^T = V dO^T, then dV += P^T dO and
     dK += dS^T Q with dS^T = P^T * (dP^T - delta); finally dk[dk_row0 + i] = dK[i],
     dv[dv_row0 + i] = dV[i] for the tile's rows i below Sk. ``DS`` 1: each dS tile also
     stored to ``dsw`` (``store_ds``). ``TC`` 1 (C = 4): the products on the tensor cores
-    (``mma_tile``, 3xTF32)."""
+    (``mma_tile``, 3xTF32). A step's dO tile is copied over the last step's dK product and
+    its Q tile over its own dP^T product."""
     W = DP + 4
     QT = 16 * C
     Sq = u32(q.shape[0])
@@ -732,20 +738,17 @@ def dkdv_tile(
     dst_s = kaio.shared_dynamic(
         f32, (ROWS, QT + 4), (2 * ROWS + 2 * QT) * W * 4 + ROWS * (QT + 4) * 4
     )
-    if PF:
-        zero_tile(k_s, ROWS, W)
-        zero_tile(v_s, ROWS, W)
-        zero_tile(q_s, QT, W)
-        zero_tile(do_s, QT, W)
-        kaio.sync_threads()
-        load_rows(k_s, k, k0, vec, ROWS, DP)
-        load_rows(v_s, v, k0, vec, ROWS, DP)
-        load_rows(do_s, do, t0 * QT, vec, QT, DP)
-        kaio.cp_async_commit()
-        load_rows(q_s, q, t0 * QT, vec, QT, DP)
-        kaio.cp_async_commit()
-    else:
-        start_tiles(k_s, v_s, q_s, do_s, k, v, k0, vec, ROWS, QT, W, DP)
+    zero_tile(k_s, ROWS, W)
+    zero_tile(v_s, ROWS, W)
+    zero_tile(q_s, QT, W)
+    zero_tile(do_s, QT, W)
+    kaio.sync_threads()
+    load_rows(k_s, k, k0, vec, ROWS, DP)
+    load_rows(v_s, v, k0, vec, ROWS, DP)
+    load_rows(do_s, do, t0 * QT, vec, QT, DP)
+    kaio.cp_async_commit()
+    load_rows(q_s, q, t0 * QT, vec, QT, DP)
+    kaio.cp_async_commit()
 
     dk_acc = kaio.local(f32, (4, DP // 64, 4))
     dv_acc = kaio.local(f32, (4, DP // 64, 4))
@@ -758,24 +761,17 @@ def dkdv_tile(
     lse2 = kaio.local(f32, C)
     dlt = kaio.local(f32, C)
     for t in range(t0, t1):
-        if not PF:
-            next_tiles(q_s, do_s, q, do, t * QT, vec, QT, DP)  # (pt_s, dst_s are free too)
         if not TC:
             for c in kaio.static_range(C):
                 l2, dl = row_stats(lse, delta, t * QT + tx + 16 * c, Sq)
                 lse2[c] = l2
                 dlt[c] = dl
-        if PF:  # dO of step t in first (dP^T while Q lands), then Q
-            kaio.cp_async_wait(1)
-            kaio.sync_threads()
-            score_product(dpt, dpt_m, v_s, do_s, ty, tx, DP, C, TC)
-            kaio.cp_async_wait_all()
-            kaio.sync_threads()
-            score_product(st, st_m, k_s, q_s, ty, tx, DP, C, TC)
-        else:
-            kaio.sync_threads()
-            score_product(st, st_m, k_s, q_s, ty, tx, DP, C, TC)
-            score_product(dpt, dpt_m, v_s, do_s, ty, tx, DP, C, TC)
+        kaio.cp_async_wait(1)  # dO of step t in first (dP^T while Q lands), then Q
+        kaio.sync_threads()
+        score_product(dpt, dpt_m, v_s, do_s, ty, tx, DP, C, TC)
+        kaio.cp_async_wait_all()
+        kaio.sync_threads()
+        score_product(st, st_m, k_s, q_s, ty, tx, DP, C, TC)
         if TC:
             mma_probs(pt_s, dst_s, st_m, dpt_m, lse, delta, scale_log2, causal, k0, t * QT, Sq,
                       Sk, 1)  # fmt: skip
@@ -791,17 +787,15 @@ def dkdv_tile(
         if DS:
             store_ds(dsw, dst_s, t * QT, x, (Sq + ROWS - 1) // ROWS, causal, QT)
         acc_product(dv_acc, pt_s, do_s, ty, tx, QT, DP, TC)
-        if PF:  # the next step's dO over dK's product, its Q over the next dP^T
-            kaio.sync_threads()
-            if t + 1 < t1:
-                load_rows(do_s, do, (t + 1) * QT, vec, QT, DP)
-            kaio.cp_async_commit()
+        kaio.sync_threads()  # the next step's dO over dK's product, its Q over the next dP^T
+        if t + 1 < t1:
+            load_rows(do_s, do, (t + 1) * QT, vec, QT, DP)
+        kaio.cp_async_commit()
         acc_product(dk_acc, dst_s, q_s, ty, tx, QT, DP, TC)
-        if PF:
-            kaio.sync_threads()
-            if t + 1 < t1:
-                load_rows(q_s, q, (t + 1) * QT, vec, QT, DP)
-            kaio.cp_async_commit()
+        kaio.sync_threads()
+        if t + 1 < t1:
+            load_rows(q_s, q, (t + 1) * QT, vec, QT, DP)
+        kaio.cp_async_commit()
     if TC:  # (all 64 rows: the workspace's slots have them)
         store_mma(dk, dk_row0, dk_acc, DP)
         store_mma(dv, dv_row0, dv_acc, DP)

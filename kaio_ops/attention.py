@@ -1,4 +1,5 @@
-"""Attention ops: f32 flash attention on the SIMT cores (forward with stats, backward), and
+"""Attention ops: f32 flash attention (forward with stats, backward; on the SIMT cores, or
+the tensor cores in 3xTF32 up to head dim 128), and
 tensor-core attention for f16/bf16 (single-head ``attention_tc`` with f32 output, multi-head
 grouped-query ``flash_attention``).
 
@@ -116,14 +117,14 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
     _, (qa, ka, va) = _check_f32(op, [(q, "q"), (k, "k"), (v, "v")])
     s, d = qa.shape
     dp = simt.padded_dim(d)
-    kernel = simt.flash_fwd_mma if F32_FWD_TC else simt.flash_fwd
-    smem = simt.fwd_mma_shared_bytes(dp) if F32_FWD_TC else simt.fwd_shared_bytes(dp)
+    kernel = simt.flash_fwd_mma if f32_tc(dp) else simt.flash_fwd
+    smem = simt.fwd_mma_shared_bytes(dp) if f32_tc(dp) else simt.fwd_shared_bytes(dp)
     q_tiles = -(-s // simt.ROWS)
     k_tiles = -(-s // 64)
     if splits is None:
         fits = SM_SHARED // (smem + 1024)
         sms = _arrays.multiprocessors(qa)
-        if causal and F32_CAUSAL_SPLITS:
+        if causal:
             splits = causal_splits(q_tiles, k_tiles, max(1, fits) * sms)
         else:
             splits = splits_for(q_tiles, k_tiles, fits, sms)
@@ -146,17 +147,25 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
     return out, lse
 
 
-# 1: ``attention_flash``'s products on the tensor cores in 3xTF32 (``simt.flash_fwd_mma``).
-F32_FWD_TC = 0
+# Up to this padded head dim the f32 kernels multiply on the tensor cores in 3xTF32
+# (``simt.mma_tile``: ``flash_fwd_mma``, ``flash_bwd_shares`` and ``flash_bwd_dq_ds`` with
+# TC 1), beyond it on the SIMT cores. Measured on an H100, D128, GPU round B of 2026-11-28
+# (kernel time, µs): backward S8192 2767 -> 1959 (SDPA efficient 2368), causal 1433 -> 1096;
+# forward S4096 297 -> 224; as accurate as the SIMT kernels against float64.
+F32_TC_DIM = 128
 
-# 1: ``attention_flash_causal``'s key splits from ``causal_splits``.
-F32_CAUSAL_SPLITS = 0
+
+def f32_tc(dp: int) -> int:
+    """1 where the f32 kernels of padded head dim ``dp`` take the tensor cores (TC; their
+    backward's column tiles of 64 rows, ``simt.bwd_cols`` 4)."""
+    return int(dp <= F32_TC_DIM and simt.bwd_cols(dp) == 4)
 
 
 @planned("q", "k", "v")
 def attention_flash(q, k, v):
     """Attention ``softmax(q k^T / sqrt(D)) v`` for f32 q, k, v [S, D] (D <= 256), on the
-    SIMT cores with an online softmax: no S x S matrix is formed. Returns f32 [S, D]."""
+    SIMT cores with an online softmax (its products on the tensor cores in 3xTF32 up to
+    D = 128: as accurate as f32 FMAs); no S x S matrix is formed. Returns f32 [S, D]."""
     return flash_forward("attention_flash", q, k, v, False)[0]
 
 
@@ -206,16 +215,16 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
     ws = _arrays.output(da, (plan.slots * simt.ROWS, d), f32)
     dsw = _arrays.output(da, (ds_rows if ds else 1, simt.ROWS), f32)
     smem = max(simt.dq_shared_bytes(dp, c), simt.dkdv_shared_bytes(dp, c))
+    on_tc = f32_tc(dp)
     simt.flash_bwd_shares[len(tables[0]) // plan.per_block[0], simt.NT, stream, smem](
         q, k, v, do, lse, delta, tables[0], ws, dsw, math.log2(math.e) * scale, causal, vec,
-        plan.per_block[0], plan.dk_slots, DP=dp, C=c, DS=int(ds), PF=F32_PREFETCH,
-        TC=int(F32_TC and c == 4),
+        plan.per_block[0], plan.dk_slots, DP=dp, C=c, DS=int(ds), TC=on_tc,
     )  # fmt: skip
     if ds:
+        bufs = dq_ds_bufs(dp, on_tc)
         simt.flash_bwd_dq_ds[len(tables[1]) // plan.per_block[1], simt.NT, stream,
-                             simt.dq_ds_shared_bytes(dp, DQ_DS_BUFS, DQ_DS_TC)](
-            k, dsw, tables[1], ws, causal, vec, plan.per_block[1], DP=dp, BUFS=DQ_DS_BUFS,
-            TC=DQ_DS_TC,
+                             simt.dq_ds_shared_bytes(dp, bufs, on_tc)](
+            k, dsw, tables[1], ws, causal, vec, plan.per_block[1], DP=dp, BUFS=bufs, TC=on_tc
         )  # fmt: skip
     simt.add_pieces[(-(-s * d // 256), 3), 256, stream, 0](ws, starts, *outs, plan.dk_slots, scale)
     return outs
@@ -234,17 +243,13 @@ F32_STEP_COST = (4, 3, 1)
 # Blocks a multiprocessor of ``simt.flash_bwd_dq_ds`` (``bwd_shares``).
 DQ_DS_BLOCKS = 2
 
-# ``simt.flash_bwd_dq_ds``' tile buffers (2: the next tiles' copies over each product).
-DQ_DS_BUFS = 1
 
-# 1: ``simt.flash_bwd_dq_ds``' products on the tensor cores in 3xTF32 (``simt.mma_tile``).
-DQ_DS_TC = 0
+def dq_ds_bufs(dp: int, tc: int) -> int:
+    """``simt.flash_bwd_dq_ds``' tile buffers: 2 (the next tiles' copies over each product)
+    where ``DQ_DS_BLOCKS`` blocks of them fit a multiprocessor, else 1."""
+    fits = DQ_DS_BLOCKS * (simt.dq_ds_shared_bytes(dp, 2, tc) + 1024) <= SM_SHARED
+    return 2 if fits else 1
 
-# 1: the dK/dV steps' products on the tensor cores in 3xTF32 (``simt.mma_tile``; C = 4).
-F32_TC = 0
-
-# 1: the dK/dV steps copy the next query tiles over their last two products.
-F32_PREFETCH = 0
 
 _SHARES: dict = {}  # flash_backward's plans, made once a shape
 
@@ -622,12 +627,12 @@ def flash_attention_bwd(
 def shipped():
     """(kernel, constexprs) of every specialization these ops launch."""
     for dp in simt.DIMS:
-        yield simt.flash_fwd_mma if F32_FWD_TC else simt.flash_fwd, {"DP": dp}
+        on_tc = f32_tc(dp)
+        yield simt.flash_fwd_mma if on_tc else simt.flash_fwd, {"DP": dp}
         for ds in (0, 1):
             cols = simt.bwd_cols(dp)
-            flags = {"PF": F32_PREFETCH, "TC": int(F32_TC and cols == 4)}
-            yield simt.flash_bwd_shares, {"DP": dp, "C": cols, "DS": ds, **flags}
-        yield simt.flash_bwd_dq_ds, {"DP": dp, "BUFS": DQ_DS_BUFS, "TC": DQ_DS_TC}
+            yield simt.flash_bwd_shares, {"DP": dp, "C": cols, "DS": ds, "TC": on_tc}
+        yield simt.flash_bwd_dq_ds, {"DP": dp, "BUFS": dq_ds_bufs(dp, on_tc), "TC": on_tc}
     yield simt.add_pieces, {}
     yield simt.combine_splits, {}
     for dp in TC_DIMS:

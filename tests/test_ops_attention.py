@@ -124,6 +124,7 @@ def test_attention_flash_in_simulator(s, d, causal, seed):
         (130, 40, True, 3),  # splits past the diagonal hold no valid key: lse -inf, zeros
         (70, 72, False, 2),  # D = 72 > 64: the 128-wide specialization, two key splits
         (33, 13, True, 1),  # odd D: element loads, no split
+        (40, 136, True, 2),  # D 136: the 256-wide specialization (on the SIMT cores)
     ],
 )
 def test_attention_flash_stats_and_splits_in_simulator(s, d, causal, splits):
@@ -143,6 +144,11 @@ def test_split_heuristic_fills_the_gpu():
     assert attention.splits_for(1000, 1000, 1, 132) == 1
     assert attention.splits_for(1, 2, 1, 132) == 2
     assert attention.splits_for(2, 100, 1, 132) == 15  # 30 blocks of 7 tiles
+    # causal: the blocks' schedule (the heaviest query tiles first, as launched)
+    assert attention.causal_splits(128, 128, 132) == 2  # S 8192: 256 blocks, 2 waves even
+    assert attention.causal_splits(64, 64, 132) == 11
+    assert attention.causal_splits(300, 300, 132) == 1  # more than two waves of tiles
+    assert attention.causal_splits(1, 1, 132) == 1
 
 
 @pytest.mark.parametrize(
@@ -209,6 +215,7 @@ def test_attention_flash_bwd_against_finite_differences_in_simulator():
         # shares of several items, tiles in pieces over blocks (bwd_shares); dQ recomputed
         (70, 24, True, 5, False),
         (130, 24, False, 2, True),  # the same in both plans, dQ from dS
+        (66, 100, True, 132, True),  # DP 128 (the tensor cores' widest), dQ from dS
     ],
 )
 def test_attention_flash_bwd_in_simulator(s, d, causal, sms, ds, monkeypatch):
