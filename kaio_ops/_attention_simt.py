@@ -350,10 +350,10 @@ def fwd_mma_shared_bytes(dp: int) -> int:
 def flash_fwd_mma(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], out: f32[:, :], lse: f32[:],
     scale_log2: f32, tiles_per_split: u32, causal: u32, vec: u32,
-    DP: kaio.constexpr,
+    DP: kaio.constexpr, TC: kaio.constexpr,
 ):  # fmt: skip
     """``flash_fwd`` (the same contract, grid and copies) with its products on the tensor
-    cores in 3xTF32 (``mma_tile``): warps w and w + 4 hold query rows 16 (w % 4) .. + 15,
+    cores in 3xTF32 (``mma_tile``'s ``TC``): warps w and w + 4 hold query rows 16 (w % 4) .. + 15,
     each for half the keys of a tile (S) and half the columns of O; the row maxima of the
     halves meet in shared memory, the row sums at the end."""
     WK = DP + 4
@@ -401,7 +401,7 @@ def flash_fwd_mma(
     s = kaio.local(f32, (4, 1, 4))
     for t in range(t_begin, t_end):
         zero_acc(s, 64)
-        mma_tile(s, q_s, k_s, DP, 64, 1)
+        mma_tile(s, q_s, k_s, DP, 64, 1, TC)
         kaio.sync_threads()  # k_s is free
         if t + 1 < t_end:
             load_rows(k_s, k, (t + 1) * 64, vec, 64, DP)
@@ -436,7 +436,7 @@ def flash_fwd_mma(
                     o[j // (DP // 64), j % (DP // 64), 2 * r + h] *= alpha
         kaio.cp_async_wait(1)  # V of tile t has landed
         kaio.sync_threads()
-        mma_tile(o, p_s, v_s, 64, DP, 0)
+        mma_tile(o, p_s, v_s, 64, DP, 0, TC)
         kaio.sync_threads()  # v_s, p_s and top_s are free
         if t + 1 < t_end:
             load_rows(v_s, v, (t + 1) * 64, vec, 64, DP)
@@ -572,7 +572,7 @@ def split_tf32(x: f32) -> tuple[f32, f32]:
 @kaio.gpu_func
 def mma_tile(
     acc: f32[:, :, :], a_s: f32[:, :], b_s: f32[:, :], J: kaio.constexpr, N: kaio.constexpr,
-    BT: kaio.constexpr,
+    BT: kaio.constexpr, TC: kaio.constexpr,
 ):  # fmt: skip
     """acc += A B on the tensor cores, each product in 3xTF32 (hi hi + hi lo + lo hi of
     ``split_tf32``'s halves), for warp w's 16 x N / 2 part of a 64 x N tile: A = a_s[m0 :
@@ -580,46 +580,60 @@ def mma_tile(
     (``BT`` 1), m0 = 16 (w % 4), n0 = N / 2 (w // 4); n-tile j (8 columns) in the m16n8k8
     accumulator acc[j // (N / 64), j % (N / 64)]. J a multiple of 64: each 64 k's sum is
     made on the tensor cores from zero and added to acc in f32 (the tensor cores' own sums
-    round towards zero: over thousands of k that drifts to 1e-5), the mma's of a k step one
-    per n-tile in turn (independent chains)."""
+    round towards zero: over thousands of k that drifts to 1e-5). ``TC`` 2: every k a
+    constant (the 64-k parts unrolled too)."""
+    part = kaio.local(f32, (4, N // 64, 4))
+    if TC == 2:
+        for kc in kaio.static_range(0, J, 64):
+            mma_part(acc, part, a_s, b_s, u32(kc), N, BT)
+    else:
+        kc = u32(0)
+        while kc < J:
+            mma_part(acc, part, a_s, b_s, kc, N, BT)
+            kc += 64
+
+
+@kaio.gpu_func
+def mma_part(
+    acc: f32[:, :, :], part: f32[:, :, :], a_s: f32[:, :], b_s: f32[:, :], kc: u32,
+    N: kaio.constexpr, BT: kaio.constexpr,
+):  # fmt: skip
+    """``mma_tile``'s k's kc .. kc + 63: their sum in part (from zero, the mma's of a k step
+    one per n-tile in turn: independent chains), then acc += part in f32."""
     lane = kaio.lane_id()
     g = lane // 4
     t = lane % 4
     m0 = 16 * (kaio.warp_id() % 4)
     n0 = N // 2 * (kaio.warp_id() // 4)
     NJ = N // 16  # n-tiles a warp
-    part = kaio.local(f32, (4, N // 64, 4))
     ah = kaio.local(f32, 4)
     al = kaio.local(f32, 4)
     bh = kaio.local(f32, (NJ, 2))
     bl = kaio.local(f32, (NJ, 2))
-    kc = u32(0)
-    while kc < J:
-        zero_acc(part, N)
-        for kk in kaio.static_range(8):
-            k0 = kc + 8 * kk
-            for i in kaio.static_range(4):
-                ah[i], al[i] = split_tf32(a_s[m0 + g + 8 * (i % 2), k0 + t + 4 * (i // 2)])
-            for j in kaio.static_range(NJ):
-                for i in kaio.static_range(2):
-                    if BT:
-                        bh[j, i], bl[j, i] = split_tf32(b_s[n0 + 8 * j + g, k0 + t + 4 * i])
-                    else:
-                        bh[j, i], bl[j, i] = split_tf32(b_s[k0 + t + 4 * i, n0 + 8 * j + g])
-            for j in kaio.static_range(NJ):  # the small terms first
-                kaio.mma_tf32(part[j // (N // 64), j % (N // 64)], al, bh[j],
-                              part[j // (N // 64), j % (N // 64)])  # fmt: skip
-            for j in kaio.static_range(NJ):
-                kaio.mma_tf32(part[j // (N // 64), j % (N // 64)], ah, bl[j],
-                              part[j // (N // 64), j % (N // 64)])  # fmt: skip
-            for j in kaio.static_range(NJ):
-                kaio.mma_tf32(part[j // (N // 64), j % (N // 64)], ah, bh[j],
-                              part[j // (N // 64), j % (N // 64)])  # fmt: skip
-        for r in kaio.static_range(4):
-            for c in kaio.static_range(N // 64):
-                for e in kaio.static_range(4):
-                    acc[r, c, e] += part[r, c, e]
-        kc += 64
+    zero_acc(part, N)
+    for kk in kaio.static_range(8):
+        k0 = kc + 8 * kk
+        for i in kaio.static_range(4):
+            ah[i], al[i] = split_tf32(a_s[m0 + g + 8 * (i % 2), k0 + t + 4 * (i // 2)])
+        for j in kaio.static_range(NJ):
+            for i in kaio.static_range(2):
+                if BT:
+                    bh[j, i], bl[j, i] = split_tf32(b_s[n0 + 8 * j + g, k0 + t + 4 * i])
+                else:
+                    bh[j, i], bl[j, i] = split_tf32(b_s[k0 + t + 4 * i, n0 + 8 * j + g])
+        for j in kaio.static_range(NJ):  # the small terms first
+            kaio.mma_tf32(part[j // (N // 64), j % (N // 64)], al, bh[j],
+                          part[j // (N // 64), j % (N // 64)])  # fmt: skip
+        for j in kaio.static_range(NJ):
+            kaio.mma_tf32(part[j // (N // 64), j % (N // 64)], ah, bl[j],
+                          part[j // (N // 64), j % (N // 64)])  # fmt: skip
+        for j in kaio.static_range(NJ):
+            kaio.mma_tf32(part[j // (N // 64), j % (N // 64)], ah, bh[j],
+                          part[j // (N // 64), j % (N // 64)])  # fmt: skip
+    for r in kaio.static_range(4):
+        for c in kaio.static_range(N // 64):
+            for e in kaio.static_range(4):
+                acc[r, c, e] += part[r, c, e]
 
 
 @kaio.gpu_func
@@ -627,10 +641,10 @@ def acc_product(
     acc: f32[:, :, :], p_s: f32[:, :], v_s: f32[:, :], ty: u32, tx: u32, J: kaio.constexpr,
     DP: kaio.constexpr, TC: kaio.constexpr,
 ):  # fmt: skip
-    """acc += p_s[:, 0:J] v_s[0:J, :]: ``mma_tile`` (TC 1, its accumulator layout) or
+    """acc += p_s[:, 0:J] v_s[0:J, :]: ``mma_tile`` (TC 1 or 2, its accumulator layout) or
     ``acc_tile``."""
     if TC:
-        mma_tile(acc, p_s, v_s, J, DP, 0)
+        mma_tile(acc, p_s, v_s, J, DP, 0, TC)
     else:
         acc_tile(acc, p_s, v_s, ty, tx, J, DP)
 
@@ -815,7 +829,7 @@ def score_product(
     s_m by ``mma_tile`` (TC 1, C = 4), else into s by ``dot_tile``."""
     if TC:
         zero_acc(s_m, 64)
-        mma_tile(s_m, a_s, b_s, DP, 64, 1)
+        mma_tile(s_m, a_s, b_s, DP, 64, 1, TC)
     else:
         dot_tile(s, a_s, b_s, ty, tx, DP, C)
 

@@ -117,8 +117,9 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
     _, (qa, ka, va) = _check_f32(op, [(q, "q"), (k, "k"), (v, "v")])
     s, d = qa.shape
     dp = simt.padded_dim(d)
-    kernel = simt.flash_fwd_mma if f32_tc(dp) else simt.flash_fwd
-    smem = simt.fwd_mma_shared_bytes(dp) if f32_tc(dp) else simt.fwd_shared_bytes(dp)
+    on_tc = f32_tc(dp)
+    kernel = simt.flash_fwd_mma if on_tc else simt.flash_fwd
+    smem = simt.fwd_mma_shared_bytes(dp) if on_tc else simt.fwd_shared_bytes(dp)
     q_tiles = -(-s // simt.ROWS)
     k_tiles = -(-s // 64)
     if splits is None:
@@ -140,7 +141,7 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
         part_lse = _arrays.output(qa, (splits * s,), f32)
     kernel[(q_tiles, splits), simt.NT, stream, smem](
         q, k, v, part, part_lse, math.log2(math.e) / math.sqrt(d), per_split, causal, vec,
-        DP=dp,
+        DP=dp, **({"TC": on_tc} if on_tc else {}),
     )  # fmt: skip
     if splits > 1:
         simt.combine_splits[-(-s * d // 256), 256, stream, 0](part, part_lse, out, lse, splits)
@@ -154,11 +155,14 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
 # forward S4096 297 -> 224; as accurate as the SIMT kernels against float64.
 F32_TC_DIM = 128
 
+# The kernels' ``TC`` there: 1, or 2 (``simt.mma_tile`` with every k a constant).
+F32_TC = 1
+
 
 def f32_tc(dp: int) -> int:
-    """1 where the f32 kernels of padded head dim ``dp`` take the tensor cores (TC; their
-    backward's column tiles of 64 rows, ``simt.bwd_cols`` 4)."""
-    return int(dp <= F32_TC_DIM and simt.bwd_cols(dp) == 4)
+    """``F32_TC`` where the f32 kernels of padded head dim ``dp`` take the tensor cores (their
+    backward's column tiles of 64 rows, ``simt.bwd_cols`` 4), else 0."""
+    return F32_TC if dp <= F32_TC_DIM and simt.bwd_cols(dp) == 4 else 0
 
 
 @planned("q", "k", "v")
@@ -628,7 +632,10 @@ def shipped():
     """(kernel, constexprs) of every specialization these ops launch."""
     for dp in simt.DIMS:
         on_tc = f32_tc(dp)
-        yield simt.flash_fwd_mma if on_tc else simt.flash_fwd, {"DP": dp}
+        if on_tc:
+            yield simt.flash_fwd_mma, {"DP": dp, "TC": on_tc}
+        else:
+            yield simt.flash_fwd, {"DP": dp}
         for ds in (0, 1):
             cols = simt.bwd_cols(dp)
             yield simt.flash_bwd_shares, {"DP": dp, "C": cols, "DS": ds, "TC": on_tc}
