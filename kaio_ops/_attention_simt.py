@@ -340,26 +340,24 @@ def flash_fwd(
                 lse[row0 + row] = kaio.select(total > 0.0, (m[r] + kaio.log2(total)) * LN2, NEG_INF)
 
 
-def fwd_mma_shared_bytes(dp: int, kt: int) -> int:
-    """Dynamic shared memory of ``flash_fwd_mma`` with key tiles of ``kt`` rows: Q, K, V
-    (rows of DP + 8) tiles, the P tile, the row maxima of each half of the key tile."""
-    return (ROWS * (dp + 4) + kt * (dp + 4) + kt * (dp + 8) + ROWS * (kt + 4) + 2 * ROWS) * 4
+def fwd_mma_shared_bytes(dp: int) -> int:
+    """Dynamic shared memory of ``flash_fwd_mma``: Q, K, V (rows of DP + 8) tiles, the P
+    tile, the row maxima of each half of the key tile."""
+    return (2 * ROWS * (dp + 4) + 64 * (dp + 8) + ROWS * 68 + 2 * ROWS) * 4
 
 
 @kaio.gpu_kernel(block_size=NT)
 def flash_fwd_mma(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], out: f32[:, :], lse: f32[:],
     scale_log2: f32, tiles_per_split: u32, causal: u32, vec: u32,
-    DP: kaio.constexpr, TC: kaio.constexpr, KT: kaio.constexpr,
+    DP: kaio.constexpr, TC: kaio.constexpr,
 ):  # fmt: skip
-    """``flash_fwd`` (the same contract, grid and copies; key tiles of ``KT`` rows, 64 or 32)
-    with its products on the tensor cores in 3xTF32 (``mma_tile``'s ``TC``): warps w and
-    w + 4 hold query rows 16 (w % 4) .. + 15, each for half the keys of a tile (S) and half
-    the columns of O; the row maxima of the halves meet in shared memory, the row sums at
-    the end."""
+    """``flash_fwd`` (the same contract, grid and copies) with its products on the tensor
+    cores in 3xTF32 (``mma_tile``'s ``TC``): warps w and w + 4 hold query rows 16 (w % 4) .. + 15,
+    each for half the keys of a tile (S) and half the columns of O; the row maxima of the
+    halves meet in shared memory, the row sums at the end."""
     WK = DP + 4
     WV = DP + 8  # (mma_tile's B rows: conflict-free)
-    NJ = KT // 16  # a warp's n-tiles of S
     Sq = u32(q.shape[0])
     Sk = u32(k.shape[0])
     D = u32(out.shape[1])
@@ -367,29 +365,28 @@ def flash_fwd_mma(
     t4 = lane % 4
     m0 = 16 * (kaio.warp_id() % 4) + lane // 4  # this thread's rows m0, m0 + 8
     half = kaio.warp_id() // 4
-    n0 = KT // 2 * half + 2 * t4  # its columns of S: n0 + 8 j + h
+    n0 = 32 * half + 2 * t4  # its columns of S: n0 + 8 j + h
     q0 = (kaio.grid_dim_x() - 1 - kaio.block_idx_x()) * ROWS
     split = kaio.block_idx_y()
     q_s = kaio.shared_dynamic(f32, (ROWS, WK), 0)
-    k_s = kaio.shared_dynamic(f32, (KT, WK), ROWS * WK * 4)
-    v_s = kaio.shared_dynamic(f32, (KT, WV), (ROWS + KT) * WK * 4)
-    P0 = (ROWS + KT) * WK * 4 + KT * WV * 4
-    p_s = kaio.shared_dynamic(f32, (ROWS, KT + 4), P0)
-    top_s = kaio.shared_dynamic(f32, (2, ROWS), P0 + ROWS * (KT + 4) * 4)
+    k_s = kaio.shared_dynamic(f32, (64, WK), ROWS * WK * 4)
+    v_s = kaio.shared_dynamic(f32, (64, WV), (ROWS + 64) * WK * 4)
+    p_s = kaio.shared_dynamic(f32, (ROWS, 68), (ROWS + 64) * WK * 4 + 64 * WV * 4)
+    top_s = kaio.shared_dynamic(f32, (2, ROWS), (ROWS + 64) * WK * 4 + (64 * WV + ROWS * 68) * 4)
     zero_tile(q_s, ROWS, WK)
-    zero_tile(k_s, KT, WK)
-    zero_tile(v_s, KT, WV)
+    zero_tile(k_s, 64, WK)
+    zero_tile(v_s, 64, WV)
     kaio.sync_threads()
 
-    n_tiles = (Sk + KT - 1) // KT
+    n_tiles = (Sk + 63) // 64
     if causal != 0:
-        n_tiles = kaio.min(n_tiles, (q0 + ROWS + KT - 1) // KT)
+        n_tiles = kaio.min(n_tiles, (q0 + ROWS + 63) // 64)
     t_begin = split * tiles_per_split
     t_end = kaio.min(t_begin + tiles_per_split, n_tiles)
     load_rows(q_s, q, q0, vec, ROWS, DP)
-    load_rows(k_s, k, t_begin * KT, vec, KT, DP)
+    load_rows(k_s, k, t_begin * 64, vec, 64, DP)
     kaio.cp_async_commit()
-    load_rows(v_s, v, t_begin * KT, vec, KT, DP)
+    load_rows(v_s, v, t_begin * 64, vec, 64, DP)
     kaio.cp_async_commit()
     kaio.cp_async_wait(1)
     kaio.sync_threads()
@@ -401,20 +398,20 @@ def flash_fwd_mma(
         l[r] = 0.0
     o = kaio.local(f32, (4, DP // 64, 4))
     zero_acc(o, DP)
-    s = kaio.local(f32, (NJ, 1, 4))
+    s = kaio.local(f32, (4, 1, 4))
     for t in range(t_begin, t_end):
-        zero_frags(s, NJ, 1)
-        mma_tile(s, q_s, k_s, DP, KT, 1, TC)
+        zero_acc(s, 64)
+        mma_tile(s, q_s, k_s, DP, 64, 1, TC)
         kaio.sync_threads()  # k_s is free
         if t + 1 < t_end:
-            load_rows(k_s, k, (t + 1) * KT, vec, KT, DP)
+            load_rows(k_s, k, (t + 1) * 64, vec, 64, DP)
         kaio.cp_async_commit()
         for r in kaio.static_range(2):
             row = q0 + m0 + 8 * r
             top = NEG_INF
-            for j in kaio.static_range(NJ):
+            for j in kaio.static_range(4):
                 for h in kaio.static_range(2):
-                    key = t * KT + n0 + 8 * j + h
+                    key = t * 64 + n0 + 8 * j + h
                     ok = key < Sk and (causal == 0 or key <= row)
                     s[j, 0, 2 * r + h] = kaio.select(ok, s[j, 0, 2 * r + h] * scale_log2, NEG_INF)
                     top = kaio.max(top, s[j, 0, 2 * r + h])
@@ -428,7 +425,7 @@ def flash_fwd_mma(
             alpha = kaio.exp2(m[r] - base)
             m[r] = m_new
             total = 0.0
-            for j in kaio.static_range(NJ):
+            for j in kaio.static_range(4):
                 for h in kaio.static_range(2):
                     p = kaio.exp2(s[j, 0, 2 * r + h] - base)
                     p_s[m0 + 8 * r, n0 + 8 * j + h] = p
@@ -439,10 +436,10 @@ def flash_fwd_mma(
                     o[j // (DP // 64), j % (DP // 64), 2 * r + h] *= alpha
         kaio.cp_async_wait(1)  # V of tile t has landed
         kaio.sync_threads()
-        mma_tile(o, p_s, v_s, KT, DP, 0, TC)
+        mma_tile(o, p_s, v_s, 64, DP, 0, TC)
         kaio.sync_threads()  # v_s, p_s and top_s are free
         if t + 1 < t_end:
-            load_rows(v_s, v, (t + 1) * KT, vec, KT, DP)
+            load_rows(v_s, v, (t + 1) * 64, vec, 64, DP)
         kaio.cp_async_commit()
         kaio.cp_async_wait(1)  # K of tile t + 1 has landed
         kaio.sync_threads()
@@ -581,42 +578,40 @@ def mma_tile(
     ``split_tf32``'s halves), for warp w's 16 x N / 2 part of a 64 x N tile: A = a_s[m0 :
     m0 + 16, 0:J], B = b_s[0:J, n0 : n0 + N / 2] (``BT`` 0) or b_s[n0 : n0 + N / 2, 0:J]^T
     (``BT`` 1), m0 = 16 (w % 4), n0 = N / 2 (w // 4); n-tile j (8 columns) in the m16n8k8
-    accumulator acc[j // CW, j % CW], CW = ceil(N / 64). J 32 or a multiple of 64: each
-    64 k's sum is made on the tensor cores from zero and added to acc in f32 (the tensor
-    cores' own sums round towards zero: over thousands of k that drifts to 1e-5). ``TC`` 2:
-    every k a constant (the 64-k parts unrolled too)."""
-    KC = J // ((J + 63) // 64)  # k's a part: 64 (32 when J is)
-    part = kaio.local(f32, (N // 16 // ((N + 63) // 64), (N + 63) // 64, 4))
+    accumulator acc[j // (N / 64), j % (N / 64)]. J a multiple of 64: each 64 k's sum is
+    made on the tensor cores from zero and added to acc in f32 (the tensor cores' own sums
+    round towards zero: over thousands of k that drifts to 1e-5). ``TC`` 2: every k a
+    constant (the 64-k parts unrolled too)."""
+    part = kaio.local(f32, (4, N // 64, 4))
     if TC == 2:
-        for kc in kaio.static_range(0, J, KC):
-            mma_part(acc, part, a_s, b_s, u32(kc), KC, N, BT)
+        for kc in kaio.static_range(0, J, 64):
+            mma_part(acc, part, a_s, b_s, u32(kc), N, BT)
     else:
         kc = u32(0)
         while kc < J:
-            mma_part(acc, part, a_s, b_s, kc, KC, N, BT)
-            kc += KC
+            mma_part(acc, part, a_s, b_s, kc, N, BT)
+            kc += 64
 
 
 @kaio.gpu_func
 def mma_part(
     acc: f32[:, :, :], part: f32[:, :, :], a_s: f32[:, :], b_s: f32[:, :], kc: u32,
-    KC: kaio.constexpr, N: kaio.constexpr, BT: kaio.constexpr,
+    N: kaio.constexpr, BT: kaio.constexpr,
 ):  # fmt: skip
-    """``mma_tile``'s k's kc .. kc + KC - 1: their sum in part (from zero, the mma's of a k
-    step one per n-tile in turn: independent chains), then acc += part in f32."""
+    """``mma_tile``'s k's kc .. kc + 63: their sum in part (from zero, the mma's of a k step
+    one per n-tile in turn: independent chains), then acc += part in f32."""
     lane = kaio.lane_id()
     g = lane // 4
     t = lane % 4
     m0 = 16 * (kaio.warp_id() % 4)
     n0 = N // 2 * (kaio.warp_id() // 4)
     NJ = N // 16  # n-tiles a warp
-    CW = (N + 63) // 64  # n-tile j in part[j // CW, j % CW]
     ah = kaio.local(f32, 4)
     al = kaio.local(f32, 4)
     bh = kaio.local(f32, (NJ, 2))
     bl = kaio.local(f32, (NJ, 2))
-    zero_frags(part, NJ, CW)
-    for kk in kaio.static_range(KC // 8):
+    zero_acc(part, N)
+    for kk in kaio.static_range(8):
         k0 = kc + 8 * kk
         for i in kaio.static_range(4):
             ah[i], al[i] = split_tf32(a_s[m0 + g + 8 * (i % 2), k0 + t + 4 * (i // 2)])
@@ -627,22 +622,18 @@ def mma_part(
                 else:
                     bh[j, i], bl[j, i] = split_tf32(b_s[k0 + t + 4 * i, n0 + 8 * j + g])
         for j in kaio.static_range(NJ):  # the small terms first
-            kaio.mma_tf32(part[j // CW, j % CW], al, bh[j], part[j // CW, j % CW])
+            kaio.mma_tf32(part[j // (N // 64), j % (N // 64)], al, bh[j],
+                          part[j // (N // 64), j % (N // 64)])  # fmt: skip
         for j in kaio.static_range(NJ):
-            kaio.mma_tf32(part[j // CW, j % CW], ah, bl[j], part[j // CW, j % CW])
+            kaio.mma_tf32(part[j // (N // 64), j % (N // 64)], ah, bl[j],
+                          part[j // (N // 64), j % (N // 64)])  # fmt: skip
         for j in kaio.static_range(NJ):
-            kaio.mma_tf32(part[j // CW, j % CW], ah, bh[j], part[j // CW, j % CW])
-    for j in kaio.static_range(NJ):
-        for e in kaio.static_range(4):
-            acc[j // CW, j % CW, e] += part[j // CW, j % CW, e]
-
-
-@kaio.gpu_func
-def zero_frags(acc: f32[:, :, :], NJ: kaio.constexpr, CW: kaio.constexpr):
-    """acc[j // CW, j % CW, 0:4] = 0 for the NJ fragments j of ``mma_tile``'s layout."""
-    for j in kaio.static_range(NJ):
-        for e in kaio.static_range(4):
-            acc[j // CW, j % CW, e] = 0.0
+            kaio.mma_tf32(part[j // (N // 64), j % (N // 64)], ah, bh[j],
+                          part[j // (N // 64), j % (N // 64)])  # fmt: skip
+    for r in kaio.static_range(4):
+        for c in kaio.static_range(N // 64):
+            for e in kaio.static_range(4):
+                acc[r, c, e] += part[r, c, e]
 
 
 @kaio.gpu_func

@@ -72,12 +72,12 @@ def splits_for(q_tiles: int, k_tiles: int, blocks_per_sm: int, sms: int) -> int:
 
 
 @functools.cache
-def causal_splits(q_tiles: int, k_tiles: int, slots: int, per_q: int = 1) -> int:
+def causal_splits(q_tiles: int, k_tiles: int, slots: int) -> int:
     """Key splits for causal attention over ``q_tiles`` query tiles (block x the tile
-    q_tiles - 1 - x: the heaviest first) and ``k_tiles`` key tiles, ``per_q`` of them to a
-    query tile's rows: the count whose blocks, in launch order each to the first slot free,
-    finish first (the fewest on ties); a block costs its key tiles and ``per_q`` more (its
-    query tile, its rows out)."""
+    q_tiles - 1 - x: the heaviest first) and ``k_tiles`` key tiles of the same 64 rows: the
+    count whose blocks, in launch order each to the first slot free, finish first (the
+    fewest on ties); a block costs its key tiles and one more (its query tile, its rows
+    out)."""
     if q_tiles >= 2 * slots:  # (the heaviest tiles first fill two waves evenly)
         return 1
     best, best_cost = 1, math.inf
@@ -86,8 +86,8 @@ def causal_splits(q_tiles: int, k_tiles: int, slots: int, per_q: int = 1) -> int
         free = [0] * slots
         for y in range(-(-k_tiles // per)):
             for x in range(q_tiles):
-                work = max(0, min(per, min(k_tiles, (q_tiles - x) * per_q) - y * per))
-                heapq.heappush(free, heapq.heappop(free) + (work + per_q if work else 0))
+                work = max(0, min(per, min(k_tiles, q_tiles - x) - y * per))
+                heapq.heappush(free, heapq.heappop(free) + (work + 1 if work else 0))
         if max(free) < best_cost:
             best, best_cost = s, max(free)
     return best
@@ -119,15 +119,14 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
     dp = simt.padded_dim(d)
     on_tc = f32_tc(dp)
     kernel = simt.flash_fwd_mma if on_tc else simt.flash_fwd
-    kt = F32_FWD_KT if on_tc else 64  # keys a tile
-    smem = simt.fwd_mma_shared_bytes(dp, kt) if on_tc else simt.fwd_shared_bytes(dp)
+    smem = simt.fwd_mma_shared_bytes(dp) if on_tc else simt.fwd_shared_bytes(dp)
     q_tiles = -(-s // simt.ROWS)
-    k_tiles = -(-s // kt)
+    k_tiles = -(-s // 64)
     if splits is None:
         fits = SM_SHARED // (smem + 1024)
         sms = _arrays.multiprocessors(qa)
         if causal:
-            splits = causal_splits(q_tiles, k_tiles, max(1, fits) * sms, simt.ROWS // kt)
+            splits = causal_splits(q_tiles, k_tiles, max(1, fits) * sms)
         else:
             splits = splits_for(q_tiles, k_tiles, fits, sms)
     per_split = -(-k_tiles // splits)
@@ -142,7 +141,7 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
         part_lse = _arrays.output(qa, (splits * s,), f32)
     kernel[(q_tiles, splits), simt.NT, stream, smem](
         q, k, v, part, part_lse, math.log2(math.e) / math.sqrt(d), per_split, causal, vec,
-        DP=dp, **({"TC": on_tc, "KT": kt} if on_tc else {}),
+        DP=dp, **({"TC": on_tc} if on_tc else {}),
     )  # fmt: skip
     if splits > 1:
         simt.combine_splits[-(-s * d // 256), 256, stream, 0](part, part_lse, out, lse, splits)
@@ -158,9 +157,6 @@ F32_TC_DIM = 128
 
 # The kernels' ``TC`` there: 1, or 2 (``simt.mma_tile`` with every k a constant).
 F32_TC = 1
-
-# ``simt.flash_fwd_mma``'s key tiles: 64 rows, or 32 (two blocks a multiprocessor).
-F32_FWD_KT = 64
 
 
 def f32_tc(dp: int) -> int:
@@ -637,7 +633,7 @@ def shipped():
     for dp in simt.DIMS:
         on_tc = f32_tc(dp)
         if on_tc:
-            yield simt.flash_fwd_mma, {"DP": dp, "TC": on_tc, "KT": F32_FWD_KT}
+            yield simt.flash_fwd_mma, {"DP": dp, "TC": on_tc}
         else:
             yield simt.flash_fwd, {"DP": dp}
         for ds in (0, 1):
