@@ -12,8 +12,10 @@ unplanned variants have more of than the planned ``shipped``).
 forward instead. ``--warm``: each variant once at S 128 (the same kernels: to fill kaio's cubin
 cache in parallel processes).
 ``NAME=N[+NAME=N]``: the op unplanned with ``kaio_ops.attention``'s module constants set
-(``F32_DS_BYTES=0``); ``stored`` and ``recompute`` are short for the op unplanned with dQ
-from the stored dS (wherever it fits 4 GiB) and with dQ recomputed (``F32_DS_BYTES`` 0).
+(``F32_DS_BYTES=0``; a table by head dim gets N at each, none where N is 0: ``F32_TC=0``
+the SIMT cores everywhere); ``stored`` and ``recompute`` are short for the op unplanned
+with dQ from the stored dS (wherever it fits 4 GiB) and with dQ recomputed
+(``F32_DS_BYTES`` 0).
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ def variant(name: str, forward: bool = False):
 
     def unplanned(*args):
         saved = {c: getattr(attention, c) for c, _ in pairs}
-        for const, value in pairs:
+        for const, value in pairs:  # (a table by head dim: the value at each, 0 none)
+            if isinstance(saved[const], dict):
+                value = {key: value for key in saved[const]} if value else {}
             setattr(attention, const, value)
         try:  # unplanned (a call plan replays the launches it recorded first)
             if forward:

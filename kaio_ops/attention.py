@@ -148,21 +148,20 @@ def flash_forward(op: str, q, k, v, causal: bool, splits: int | None = None):
     return out, lse
 
 
-# Up to this padded head dim the f32 kernels multiply on the tensor cores in 3xTF32
-# (``simt.mma_tile``: ``flash_fwd_mma``, ``flash_bwd_shares`` and ``flash_bwd_dq_ds`` with
-# TC 1), beyond it on the SIMT cores. Measured on an H100, D128, GPU round B of 2026-11-28
-# (kernel time, µs): backward S8192 2767 -> 1959 (SDPA efficient 2368), causal 1433 -> 1096;
-# forward S4096 297 -> 224; as accurate as the SIMT kernels against float64.
-F32_TC_DIM = 128
-
-# The kernels' ``TC`` there: 1, or 2 (``simt.mma_tile`` with every k a constant).
-F32_TC = 1
+# The f32 kernels' products by padded head dim (``TC``): on the tensor cores in 3xTF32
+# (``simt.mma_tile``: ``flash_fwd_mma``, ``flash_bwd_shares``, ``flash_bwd_dq_ds``), 2 with
+# every k a constant (the 64-k parts unrolled), 1 in a loop; absent (D 256): on the SIMT
+# cores. Measured on an H100, kernel time, GPU rounds B and C of 2026-11-28 (µs, SIMT ->
+# TC 1 -> TC 2): backward S8192 D128 2675 -> 1969 -> 1934 (SDPA efficient 2392), S4096 D128
+# 719 -> 557 -> 587, S8192 D64 1522 -> 1188 -> 1146, S4096 D64 411 -> 345 -> 336; forward
+# S8192 D64 599 -> 449 -> 434, S4096 D64 causal 124 -> 101 -> 86; as accurate as the SIMT
+# kernels against float64.
+F32_TC = {64: 2, 128: 1}
 
 
 def f32_tc(dp: int) -> int:
-    """``F32_TC`` where the f32 kernels of padded head dim ``dp`` take the tensor cores (their
-    backward's column tiles of 64 rows, ``simt.bwd_cols`` 4), else 0."""
-    return F32_TC if dp <= F32_TC_DIM and simt.bwd_cols(dp) == 4 else 0
+    """``TC`` of the f32 kernels of padded head dim ``dp`` (``F32_TC``; 0: the SIMT cores)."""
+    return F32_TC.get(dp, 0)
 
 
 @planned("q", "k", "v")
