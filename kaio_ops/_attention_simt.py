@@ -232,19 +232,6 @@ def next_tiles(
     kaio.cp_async_wait_all()
 
 
-@kaio.gpu_func
-def dot_pair(
-    s: f32[:, :], dp: f32[:, :], a_s: f32[:, :], x_s: f32[:, :], b_s: f32[:, :],
-    y_s: f32[:, :], ty: u32, tx: u32, DP: kaio.constexpr, C: kaio.constexpr,
-):  # fmt: skip
-    """The backward's first two products of a tile, once its tiles are in (a barrier):
-    s = A X^T and dp = B Y^T (``dot_tile``): S = Q K^T and dP = dO V^T, or their
-    transposes."""
-    kaio.sync_threads()
-    dot_tile(s, a_s, x_s, ty, tx, DP, C)
-    dot_tile(dp, b_s, y_s, ty, tx, DP, C)
-
-
 @kaio.gpu_kernel(block_size=NT)
 def flash_fwd(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], out: f32[:, :], lse: f32[:],
