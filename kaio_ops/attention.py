@@ -234,10 +234,11 @@ def flash_backward(op: str, do, q, k, v, o, lse, causal: bool):
 
 
 # The most bytes of dS that the f32 backward stores for its dQ product (``flash_backward``;
-# beyond, its dQ steps recompute P and dP: three products a tile instead of one). 256 MiB:
-# S 8192 (11585 causal) at most. Measured on an H100, S4096 D128, GPU round C of 2026-11-27
-# (µs, plain / causal): stored 889 / 464, recomputed 1121 / 608, SDPA efficient 1443 / 1348.
-F32_DS_BYTES = 256 << 20
+# beyond, its dQ steps recompute P and dP: three products a tile instead of one). 1 GiB:
+# S 16384 (23104 causal) at most. Measured on an H100, S16384 D128, kernel time, GPU round F
+# of 2026-11-28 (µs, plain / causal): stored 7646 / 3996, recomputed (the bound at 256
+# MiB) 11281 / 6019, SDPA efficient 9705 / 5150.
+F32_DS_BYTES = 1 << 30
 
 # The cost of a tile step (``bwd_shares``): dK and dV (4 products), dQ (3), dQ from dS (1).
 # (The kernels of a dQ and a dK/dV block per 64 rows, alone: 860 and 1087 µs at S4096 D128.)
