@@ -538,7 +538,7 @@ def decode_columns(
     hi: u32, part: u32, parts: u32, slot: u32, SPLIT: kaio.constexpr, PMODE: kaio.constexpr,
     L2F: kaio.constexpr, SWAP: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr,
     CS: kaio.constexpr, WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
-    XC: kaio.constexpr,
+    XC: kaio.constexpr, PDL: kaio.constexpr,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -639,6 +639,8 @@ def decode_columns(
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
                     WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XC,
                 )  # fmt: skip
+    if PDL == 4:
+        kaio.launch_dependents()  # the loads are done: the next kernel may launch
     sum_warps(
         acc, partial, out, ws, M, N, block, part, parts, slot, warp, tid, g, t, ROWS, SWAP,
         WARPS, CS, SPLIT, DT,
@@ -780,7 +782,7 @@ def int4_decode(
     decode_columns(
         x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
         lo, hi, part, parts, block - whole, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC,
-        XS, XC,
+        XS, XC, PDL,
     )  # fmt: skip
 
 
@@ -833,19 +835,20 @@ def int4_decode_qkv(
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
             0, u32(sq.shape[0]), 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 0,
+            0,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
             counters, 0, u32(sk.shape[0]), 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
-            ASYNC, XS, 0,
+            ASYNC, XS, 0, 0,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
             counters, 0, u32(sv.shape[0]), 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
-            ASYNC, XS, 0,
+            ASYNC, XS, 0, 0,
         )  # fmt: skip
 
 
