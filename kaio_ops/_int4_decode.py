@@ -639,7 +639,7 @@ def decode_columns(
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
                     WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XC,
                 )  # fmt: skip
-    if PDL == 4:
+    if PDL >= 4:
         kaio.launch_dependents()  # the loads are done: the next kernel may launch
     sum_warps(
         acc, partial, out, ws, M, N, block, part, parts, slot, warp, tid, g, t, ROWS, SWAP,
@@ -805,6 +805,7 @@ def await_previous(
     warp % CS``): a prefetch reads nothing the earlier kernel may still write."""
     if PDL == 3:
         kaio.launch_dependents()
+    if PDL == 3 or PDL == 5:
         warp = kaio.thread_idx_x() // 32
         for b in kaio.static_range(WBUF):
             group = lo + warp // CS + b * (WARPS // CS)
