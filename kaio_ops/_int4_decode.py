@@ -991,45 +991,42 @@ def halves(warps: int, groups: int, least: int) -> dict:
 
 
 def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tuple[int, dict]:
-    """(warps a block, ``TUNED`` overrides) at M = ``m`` over ``tiles`` 32-column blocks on
-    ``sms`` multiprocessors and K's ``groups`` scale groups, measured on an H100
-    (bench/int4_decode.py; docs/performance.md, "W4A16 decode, M <= 16, third pass");
-    ``shared_x`` whether ``XS`` may be taken (its turns wait at mbarriers: sm_90).
+    """(warps a block, ``TUNED`` overrides) at M = ``m`` over ``tiles`` 32-column blocks on ``sms``
+    multiprocessors and K's ``groups`` scale groups, measured on an H100 (bench/int4_decode.py;
+    docs/performance.md, "W4A16 decode, M <= 16, third pass"); ``shared_x`` whether ``XS`` may be
+    taken (its turns wait at mbarriers: sm_90).
 
-    At M <= 8 (the swapped mma): blocks of 16 warps while every tile has an SM of its own
-    (N <= 4224 on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks
-    of 8 while the tiles fit two 8-warp blocks an SM; past that ``RINGS_8`` (DEQ 6, the
-    words through shared rings by cp.async, x 3 loads ahead: 72-76 registers), in blocks of
-    8 up to three tiles an SM (three blocks an SM; N = 10240), of 4 past four tiles an SM
-    (N = 28672), of 4 taking two column blocks each past ten (``CS`` 2, N > 42240; ``qkv``
-    keeps main's blocks of 4 there) ("W4A16 decode, M <= 16, fifth pass"; "eleventh pass"
-    for the bound at three tiles an SM); between three and four tiles an SM (N = 14336)
-    ``LOADS_8``, blocks of 4 without the rings, x with the words (four an SM: every block at
-    once; "W4A16 decode, twelfth pass"); up to four tiles an SM the last partial round split
-    over K in halves where they are long enough (``halves``); up to ten tiles an SM launched
-    with programmatic dependent launch, ``PDL`` 3 without the rings and ``LOADS_8``, 1 with
-    them ("W4A16 decode, M 9-16, tenth pass", measured at M = 1). At M = 9-16 the swapped mma and DEQ 6 (x's
-    halves as they are loaded: no prmt for x, two n8 tiles of x a k-step), blocks of 8, x
-    with the words while every tile has an SM (149 registers), x 3 loads ahead (124
-    registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no swap)
-    while they fit the SMs at once, three an SM (151 registers; N = 10240, with ``halves``:
-    "eleventh pass"), then blocks of 4 swapped with x 3 loads ahead (124 registers, four an
-    SM) up to four tiles an SM (N = 14336), blocks of 3 (five an SM, 15 warps) up to five
-    (N = 20480; ``qkv`` keeps blocks of 4; "W4A16 decode, M 9-16, tenth pass"; launched
-    with ``PDL`` 4: "twelfth pass"), past that
-    each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1) with the last
-    partial round of one block an SM split over K in halves (``TAIL`` 2: ``tail_whole``;
-    "W4A16 decode, M 9-16, eighth pass"; ``qkv`` takes no split); past ten
-    tiles an SM (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K
-    slice's x copied once into a shared ring for both, the words through the rings too
-    (without ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth
-    pass"). Up to ten tiles an SM at M = 9-16 x's loads take the read-only path and the
-    words' are not allocated in L1 (``LOADS_16``: XC 3, WC 6; "W4A16 decode, M 9-16, ninth
-    pass"), and the kernel is launched with programmatic dependent launch: ``PDL`` 3 (its
-    blocks placed while the kernel before ends, the first groups' words asked of L2
-    before the wait), 1 with the TAIL split (the wait alone: the next kernel's blocks
-    placed early would crowd the multiprocessors the split halves leave) ("W4A16 decode,
-    M 9-16, tenth pass"; ``qkv`` keeps the default loads and launch)."""
+    At M <= 8 (the swapped mma): blocks of 16 warps while every tile has an SM of its own (N <= 4224
+    on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks of 8 while the tiles
+    fit two 8-warp blocks an SM; past that ``RINGS_8`` (DEQ 6, the words through shared rings by
+    cp.async, x 3 loads ahead: 72-76 registers), in blocks of 8 up to three tiles an SM (three
+    blocks an SM; N = 10240), of 4 past four tiles an SM (N = 28672), of 4 taking two column blocks
+    each past ten (``CS`` 2, N > 42240; ``qkv`` keeps main's blocks of 4 there) ("W4A16 decode, M <=
+    16, fifth pass"; "eleventh pass" for the bound at three tiles an SM); between three and four
+    tiles an SM (N = 14336) ``LOADS_8``, blocks of 4 without the rings, x with the words (four an
+    SM: every block at once; "W4A16 decode, twelfth pass"); up to four tiles an SM the last partial
+    round split over K in halves where they are long enough (``halves``); up to ten tiles an SM
+    launched with programmatic dependent launch, ``PDL`` 3 without the rings, 1 with them and with
+    ``LOADS_8`` ("W4A16 decode, M 9-16, tenth pass", measured at M = 1). At M = 9-16 the swapped mma
+    and DEQ 6 (x's halves as they are loaded: no prmt for x, two n8 tiles of x a k-step), blocks of
+    8, x with the words while every tile has an SM (149 registers), x 3 loads ahead (124 registers:
+    16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no swap) while they fit the
+    SMs at once, three an SM (151 registers; N = 10240, with ``halves``: "eleventh pass"), then
+    blocks of 4 swapped with x 3 loads ahead (124 registers, four an SM) up to four tiles an SM (N =
+    14336), blocks of 3 (five an SM, 15 warps) up to five (N = 20480; ``qkv`` keeps blocks of 4;
+    "W4A16 decode, M 9-16, tenth pass"; launched with ``PDL`` 4: "twelfth pass"), past that each
+    block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1) with the last partial round of
+    one block an SM split over K in halves (``TAIL`` 2: ``tail_whole``; "W4A16 decode, M 9-16,
+    eighth pass"; ``qkv`` takes no split); past ten tiles an SM (N > 42240) ``SHARED_X_16``: blocks
+    of 4 warps over two column blocks, each K slice's x copied once into a shared ring for both, the
+    words through the rings too (without ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode,
+    M <= 16, sixth pass"). Up to ten tiles an SM at M = 9-16 x's loads take the read-only path and
+    the words' are not allocated in L1 (``LOADS_16``: XC 3, WC 6; "W4A16 decode, M 9-16, ninth
+    pass"), and the kernel is launched with programmatic dependent launch: ``PDL`` 3 (its blocks
+    placed while the kernel before ends, the first groups' words asked of L2 before the wait), 1
+    with the TAIL split (the wait alone: the next kernel's blocks placed early would crowd the
+    multiprocessors the split halves leave) ("W4A16 decode, M 9-16, tenth pass"; ``qkv`` keeps the
+    default loads and launch)."""
     if m > 16:
         return WARPS, {}
     if m <= 8:
