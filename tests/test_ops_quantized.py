@@ -333,12 +333,12 @@ def test_int4_decode_warps_route():
     words_x = {"DEQ": 6, "XC": 3, "WC": 6}
     assert [plan(1, n // 32, 132, 64) for n in ns] == [(16, early)] * 2 + [(8, early)] * 2 + [
         (8, {**rings, **tail})
-    ] * 2 + [(4, {**words_x, **tail})] * 2 + [(4, {**rings, "CS": 1, **late})] * 2 + [
+    ] * 2 + [(4, {**words_x, "TAIL": 2, **early})] * 2 + [(4, {**rings, "CS": 1, **late})] * 2 + [
         (4, {**rings, "CS": 2})
     ] * 2
     assert plan(8, 10240 // 32, 132, 63) == (8, {**rings, **late})  # halves of 3 groups a warp
     assert plan(8, 14336 // 32, 132, 32)[1]["TAIL"] == 2  # halves of 4 groups a warp
-    assert plan(8, 14336 // 32, 132, 31) == (4, {**words_x, **late})  # of 3
+    assert plan(8, 14336 // 32, 132, 31) == (4, {**words_x, **early})  # of 3
     assert [plan(8, n // 32, 132, 1)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 8, 4]
     ns = (4096, 6144, 8448, 10240, 12672, 12704, 16896, 16928, 21120, 21152, 28672)
     got = [plan(16, n // 32, 132, 64) for n in ns]
