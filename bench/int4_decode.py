@@ -116,12 +116,13 @@ def main() -> None:
 
 
 def _warm(consts: dict) -> str:
-    """Compile one ``int4_decode`` specialization into the disk cache (a worker process)."""
+    """Compile one ``int4_decode`` specialization into the disk cache (a worker process);
+    with a ``TAIL``, both forms (split where the grid leaves a partial round, else not)."""
     consts = {**KNOBS, **consts}
     tail = consts.pop("TAIL")
-    consts["SPLIT"] = tail or consts["SPLIT"]
     try:
-        _int4_decode.int4_decode.resources(**{**consts, "DT": kaio.f16})
+        for split in {consts["SPLIT"], tail or consts["SPLIT"]}:
+            _int4_decode.int4_decode.resources(**{**consts, "SPLIT": split, "DT": kaio.f16})
         return ""
     except Exception as e:  # noqa: BLE001
         return f"{consts}: {type(e).__name__}: {str(e)[:200]}"
