@@ -80,7 +80,7 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   block's main loop (``launch_dependents`` before the warps' sums), PDL 5 with PDL 3's
   prefetches too: 4 is routed on the blocks of 3 at M = 9-16 ("twelfth pass"); on the
   plans with a K split both lost (the next call's whole blocks, placed early, can land
-  three on one SM), but ``LOADS_8`` (M <= 8, halves or not) takes PDL 3.
+  three on one SM), but ``LOADS_8`` (M <= 8, with the halves) takes PDL 3.
 
 ``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
@@ -976,8 +976,9 @@ SHARED_X_16 = {**SWAPPED, "CS": 2, "XS": 2, "ASYNC": 1}
 # M <= 8 past two tiles an SM: a byte's nibbles a pair, the words through the shared rings
 # (72-76 registers), x 3 loads ahead
 RINGS_8 = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
-# M <= 8 at three to four tiles an SM: a byte's nibbles a pair, x with the words, LOADS_16's
-# cache operators (110 registers in blocks of 4: four an SM, every block at once)
+# M <= 8 at three to four tiles an SM where the last partial round is split in halves: a
+# byte's nibbles a pair, x with the words, LOADS_16's cache operators (110 registers in blocks
+# of 4: four an SM, every block at once)
 LOADS_8 = {"DEQ": 6, "XC": 3, "WC": 6}
 
 
@@ -1003,30 +1004,31 @@ def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tu
     blocks an SM; N = 10240), of 4 past four tiles an SM (N = 28672), of 4 taking two column blocks
     each past ten (``CS`` 2, N > 42240; ``qkv`` keeps main's blocks of 4 there) ("W4A16 decode, M <=
     16, fifth pass"; "eleventh pass" for the bound at three tiles an SM); between three and four
-    tiles an SM (N = 14336) ``LOADS_8``, blocks of 4 without the rings, x with the words (four an
-    SM: every block at once; "W4A16 decode, twelfth pass"); up to four tiles an SM the last partial
-    round split over K in halves where they are long enough (``halves``); up to ten tiles an SM
-    launched with programmatic dependent launch, ``PDL`` 3 without the rings (``LOADS_8`` too,
-    halves or not: "twelfth pass"), 1 with them ("W4A16 decode, M 9-16, tenth pass", measured at M =
-    1). At M = 9-16 the swapped mma and DEQ 6 (x's halves as they are loaded: no prmt for x, two n8
-    tiles of x a k-step), blocks of 8, x with the words while every tile has an SM (149 registers),
-    x 3 loads ahead (124 registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of
-    4 (no swap) while they fit the SMs at once, three an SM (151 registers; N = 10240, with
-    ``halves``: "eleventh pass"), then blocks of 4 swapped with x 3 loads ahead (124 registers, four
-    an SM) up to four tiles an SM (N = 14336), blocks of 3 (five an SM, 15 warps) up to five (N =
-    20480; ``qkv`` keeps blocks of 4; "W4A16 decode, M 9-16, tenth pass"; launched with ``PDL`` 4:
-    "twelfth pass"), past that each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS
-    1) with the last partial round of one block an SM split over K in halves (``TAIL`` 2:
-    ``tail_whole``; "W4A16 decode, M 9-16, eighth pass"; ``qkv`` takes no split); past ten tiles an
-    SM (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K slice's x
-    copied once into a shared ring for both, the words through the rings too (without ``shared_x``:
-    blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth pass"). Up to ten tiles an SM at M
-    = 9-16 x's loads take the read-only path and the words' are not allocated in L1 (``LOADS_16``:
-    XC 3, WC 6; "W4A16 decode, M 9-16, ninth pass"), and the kernel is launched with programmatic
-    dependent launch: ``PDL`` 3 (its blocks placed while the kernel before ends, the first groups'
-    words asked of L2 before the wait), 1 with the TAIL split (the wait alone: the next kernel's
-    blocks placed early would crowd the multiprocessors the split halves leave) ("W4A16 decode, M
-    9-16, tenth pass"; ``qkv`` keeps the default loads and launch)."""
+    tiles an SM, where the last partial round is split (N = 14336), ``LOADS_8``, blocks of 4 without
+    the rings, x with the words (four an SM: every block at once; "W4A16 decode, twelfth pass"; not
+    where nothing is split: N = 16384); up to four tiles an SM the last partial round split over K
+    in halves where they are long enough (``halves``); up to ten tiles an SM launched with
+    programmatic dependent launch, ``PDL`` 3 without the rings (``LOADS_8`` too, with its halves:
+    "twelfth pass"), 1 with them ("W4A16 decode, M 9-16, tenth pass", measured at M = 1). At M =
+    9-16 the swapped mma and DEQ 6 (x's halves as they are loaded: no prmt for x, two n8 tiles of x
+    a k-step), blocks of 8, x with the words while every tile has an SM (149 registers), x 3 loads
+    ahead (124 registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no
+    swap) while they fit the SMs at once, three an SM (151 registers; N = 10240, with ``halves``:
+    "eleventh pass"), then blocks of 4 swapped with x 3 loads ahead (124 registers, four an SM) up
+    to four tiles an SM (N = 14336), blocks of 3 (five an SM, 15 warps) up to five (N = 20480;
+    ``qkv`` keeps blocks of 4; "W4A16 decode, M 9-16, tenth pass"; launched with ``PDL`` 4: "twelfth
+    pass"), past that each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1) with
+    the last partial round of one block an SM split over K in halves (``TAIL`` 2: ``tail_whole``;
+    "W4A16 decode, M 9-16, eighth pass"; ``qkv`` takes no split); past ten tiles an SM (N > 42240)
+    ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K slice's x copied once into a
+    shared ring for both, the words through the rings too (without ``shared_x``: blocks of 8, x 3
+    loads ahead) ("W4A16 decode, M <= 16, sixth pass"). Up to ten tiles an SM at M = 9-16 x's loads
+    take the read-only path and the words' are not allocated in L1 (``LOADS_16``: XC 3, WC 6; "W4A16
+    decode, M 9-16, ninth pass"), and the kernel is launched with programmatic dependent launch:
+    ``PDL`` 3 (its blocks placed while the kernel before ends, the first groups' words asked of L2
+    before the wait), 1 with the TAIL split (the wait alone: the next kernel's blocks placed early
+    would crowd the multiprocessors the split halves leave) ("W4A16 decode, M 9-16, tenth pass";
+    ``qkv`` keeps the default loads and launch)."""
     if m > 16:
         return WARPS, {}
     if m <= 8:
@@ -1037,7 +1039,10 @@ def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tu
         if tiles <= 3 * sms:
             return 8, {**RINGS_8, "PDL": 1, **halves(8, groups, 4)}
         if tiles <= 4 * sms:
-            return 4, {**LOADS_8, **halves(4, groups, 4), "PDL": 3}
+            split = halves(4, groups, 4)
+            if split and tail_whole(tiles, sms, 2) < tiles:
+                return 4, {**LOADS_8, **split, "PDL": 3}
+            return 4, {**RINGS_8, "CS": 1, "PDL": 1, **split}
         if tiles <= 10 * sms:
             return 4, {**RINGS_8, "CS": 1, "PDL": 1}
         return 4, {**RINGS_8, "CS": 2}
