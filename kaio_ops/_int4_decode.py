@@ -77,10 +77,10 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   without the prefetches and PDL 3 with the blocks an SM held to the grid's share by
   padded shared memory were measured no better and deleted (docs/performance.md,
   "W4A16 decode, M 9-16, tenth pass"). PDL 4 lets the next kernel launch only after each
-  block's main loop (``launch_dependents`` before the warps' sums), PDL 5 with PDL 3's
-  prefetches too: 4 is routed on the blocks of 3 at M = 9-16 ("twelfth pass"); on the
-  plans with a K split both lost (the next call's whole blocks, placed early, can land
-  three on one SM), but ``LOADS_8`` (M <= 8, with the halves) takes PDL 3.
+  block's main loop (``launch_dependents`` before the warps' sums): routed on the blocks of
+  3 at M = 9-16; it lost on the plans with a K split at M = 9-16, and so did PDL 3 there,
+  but ``LOADS_8`` (M <= 8, with the halves) takes PDL 3; PDL 4 with PDL 3's prefetches was
+  no faster anywhere and deleted ("W4A16 decode, twelfth pass").
 
 ``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
@@ -643,7 +643,7 @@ def decode_columns(
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
                     WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XC,
                 )  # fmt: skip
-    if PDL >= 4:
+    if PDL == 4:
         kaio.launch_dependents()  # the loads are done: the next kernel may launch
     sum_warps(
         acc, partial, out, ws, M, N, block, part, parts, slot, warp, tid, g, t, ROWS, SWAP,
@@ -809,7 +809,6 @@ def await_previous(
     warp % CS``): a prefetch reads nothing the earlier kernel may still write."""
     if PDL == 3:
         kaio.launch_dependents()
-    if PDL == 3 or PDL == 5:
         warp = kaio.thread_idx_x() // 32
         for b in kaio.static_range(WBUF):
             group = lo + warp // CS + b * (WARPS // CS)
