@@ -43,7 +43,8 @@ SHAPES = "8192x8192,10240x8192,57344x8192,8192x28672,4096x4096,6144x4096,28672x4
 T0 = time.time()
 # --variants' fields past W: the constexprs, then matmul's SPLIT, TAIL (a TAIL is a SPLIT of
 # the last partial round's blocks) and PDL (programmatic dependent launch: 1 the wait alone, 3
-# launch_dependents and the first groups' L2 prefetches before it)
+# launch_dependents and the first groups' L2 prefetches before it, 4 the wait, then
+# launch_dependents after the main loop)
 KNOBS = {**_int4_decode.TUNED, "SPLIT": _int4_decode.SPLIT, "TAIL": 0, "PDL": 0}
 
 
@@ -116,12 +117,13 @@ def main() -> None:
 
 
 def _warm(consts: dict) -> str:
-    """Compile one ``int4_decode`` specialization into the disk cache (a worker process)."""
+    """Compile one ``int4_decode`` specialization into the disk cache (a worker process);
+    with a ``TAIL``, both forms (split where the grid leaves a partial round, else not)."""
     consts = {**KNOBS, **consts}
     tail = consts.pop("TAIL")
-    consts["SPLIT"] = tail or consts["SPLIT"]
     try:
-        _int4_decode.int4_decode.resources(**{**consts, "DT": kaio.f16})
+        for split in {consts["SPLIT"], tail or consts["SPLIT"]}:
+            _int4_decode.int4_decode.resources(**{**consts, "SPLIT": split, "DT": kaio.f16})
         return ""
     except Exception as e:  # noqa: BLE001
         return f"{consts}: {type(e).__name__}: {str(e)[:200]}"

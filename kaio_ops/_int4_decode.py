@@ -74,9 +74,13 @@ the tensor cores' rate, so the kernel is built around the weight stream:
   each warp's first groups of words (a prefetch reads nothing the kernel before may still
   write). Routed at M = 9-16: 3, 1 on the plans with a K split (the next kernel's blocks,
   placed early, crowd the multiprocessors its split halves leave first); launch_dependents
-  without the prefetches (2) and PDL 3 with the blocks an SM held to the grid's share by
-  padded shared memory (4) were measured no better and deleted (docs/performance.md,
-  "W4A16 decode, M 9-16, tenth pass").
+  without the prefetches and PDL 3 with the blocks an SM held to the grid's share by
+  padded shared memory were measured no better and deleted (docs/performance.md,
+  "W4A16 decode, M 9-16, tenth pass"). PDL 4 lets the next kernel launch only after each
+  block's main loop (``launch_dependents`` before the warps' sums): routed on the blocks of
+  3 at M = 9-16; it lost on the plans with a K split at M = 9-16, and so did PDL 3 there,
+  but ``LOADS_8`` (M <= 8, with the halves) takes PDL 3; PDL 4 with PDL 3's prefetches was
+  no faster anywhere and deleted ("W4A16 decode, twelfth pass").
 
 ``plan`` picks the warps a block and these knobs by M and the tiles an SM (measured on an
 H100). The other knobs of ``TUNED`` (an L2 prefetch of later groups, the words' L2 fetch
@@ -538,7 +542,7 @@ def decode_columns(
     hi: u32, part: u32, parts: u32, slot: u32, SPLIT: kaio.constexpr, PMODE: kaio.constexpr,
     L2F: kaio.constexpr, SWAP: kaio.constexpr, XLEAD: kaio.constexpr, WBUF: kaio.constexpr,
     CS: kaio.constexpr, WC: kaio.constexpr, ASYNC: kaio.constexpr, XS: kaio.constexpr,
-    XC: kaio.constexpr,
+    XC: kaio.constexpr, PDL: kaio.constexpr,
 ):  # fmt: skip
     """With ``CS`` 1, out[:, 32 block .. 32 block + 31] = those columns of ``x @ W`` (W =
     scales * the nibbles of w, see the module docstring), rounded to DT (the output's type), for
@@ -639,6 +643,8 @@ def decode_columns(
                     L2F, XLEAD, DEQ, SWAP, KW, last, WBUF, WC, ASYNC, ring, sring, cb, N, warp, tid,
                     WARPS, XS, xring, bars, parity, CS, xread, xcopy, xrows, xcol, XC,
                 )  # fmt: skip
+    if PDL == 4:
+        kaio.launch_dependents()  # the loads are done: the next kernel may launch
     sum_warps(
         acc, partial, out, ws, M, N, block, part, parts, slot, warp, tid, g, t, ROWS, SWAP,
         WARPS, CS, SPLIT, DT,
@@ -780,7 +786,7 @@ def int4_decode(
     decode_columns(
         x, w, scales, out, partial, M, N, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
         lo, hi, part, parts, block - whole, SPLIT, PMODE, L2F, SWAP, XLEAD, WBUF, CS, WC, ASYNC,
-        XS, XC,
+        XS, XC, PDL,
     )  # fmt: skip
 
 
@@ -833,19 +839,20 @@ def int4_decode_qkv(
         decode_columns(
             x, wq, sq, q, partial, M, NQ, block, WARPS, ROWS, DT, PREFETCH, DEQ, ws, counters,
             0, u32(sq.shape[0]), 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC, ASYNC, XS, 0,
+            0,
         )  # fmt: skip
     elif block < bq + bk:
         decode_columns(
             x, wk, sk, k, partial, M, NK, block - bq, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
             counters, 0, u32(sk.shape[0]), 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
-            ASYNC, XS, 0,
+            ASYNC, XS, 0, 0,
         )  # fmt: skip
     else:
         nv = u32(v.shape[1])
         decode_columns(
             x, wv, sv, v, partial, M, nv, block - bq - bk, WARPS, ROWS, DT, PREFETCH, DEQ, ws,
             counters, 0, u32(sv.shape[0]), 0, 1, 0, 1, PMODE, L2F, SWAP, XLEAD, WBUF, 1, WC,
-            ASYNC, XS, 0,
+            ASYNC, XS, 0, 0,
         )  # fmt: skip
 
 
@@ -968,6 +975,10 @@ SHARED_X_16 = {**SWAPPED, "CS": 2, "XS": 2, "ASYNC": 1}
 # M <= 8 past two tiles an SM: a byte's nibbles a pair, the words through the shared rings
 # (72-76 registers), x 3 loads ahead
 RINGS_8 = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
+# M <= 8 at three to four tiles an SM where the last partial round is split in halves: a
+# byte's nibbles a pair, x with the words, LOADS_16's cache operators (110 registers in blocks
+# of 4: four an SM, every block at once)
+LOADS_8 = {"DEQ": 6, "XC": 3, "WC": 6}
 
 
 def halves(warps: int, groups: int, least: int) -> dict:
@@ -980,42 +991,43 @@ def halves(warps: int, groups: int, least: int) -> dict:
 
 
 def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tuple[int, dict]:
-    """(warps a block, ``TUNED`` overrides) at M = ``m`` over ``tiles`` 32-column blocks on
-    ``sms`` multiprocessors and K's ``groups`` scale groups, measured on an H100
-    (bench/int4_decode.py; docs/performance.md, "W4A16 decode, M <= 16, third pass");
-    ``shared_x`` whether ``XS`` may be taken (its turns wait at mbarriers: sm_90).
+    """(warps a block, ``TUNED`` overrides) at M = ``m`` over ``tiles`` 32-column blocks on ``sms``
+    multiprocessors and K's ``groups`` scale groups, measured on an H100 (bench/int4_decode.py;
+    docs/performance.md, "W4A16 decode, M <= 16, third pass"); ``shared_x`` whether ``XS`` may be
+    taken (its turns wait at mbarriers: sm_90).
 
-    At M <= 8 (the swapped mma): blocks of 16 warps while every tile has an SM of its own
-    (N <= 4224 on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks
-    of 8 while the tiles fit two 8-warp blocks an SM; past that ``RINGS_8`` (DEQ 6, the
-    words through shared rings by cp.async, x 3 loads ahead: 72-76 registers), in blocks of
-    8 up to three tiles an SM (three blocks an SM; N = 10240), of 4 past it (N = 14336,
-    28672), of 4 taking two column blocks each past ten (``CS`` 2, N > 42240; ``qkv`` keeps
-    main's blocks of 4 there) ("W4A16 decode, M <= 16, fifth pass"; "eleventh pass" for the
-    bound at three tiles an SM); up to four tiles an SM the last partial round split over K
+    At M <= 8 (the swapped mma): blocks of 16 warps while every tile has an SM of its own (N <= 4224
+    on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks of 8 while the tiles
+    fit two 8-warp blocks an SM; past that ``RINGS_8`` (DEQ 6, the words through shared rings by
+    cp.async, x 3 loads ahead: 72-76 registers), in blocks of 8 up to three tiles an SM (three
+    blocks an SM; N = 10240), of 4 past four tiles an SM (N = 28672), of 4 taking two column blocks
+    each past ten (``CS`` 2, N > 42240; ``qkv`` keeps main's blocks of 4 there) ("W4A16 decode, M <=
+    16, fifth pass"; "eleventh pass" for the bound at three tiles an SM); between three and four
+    tiles an SM, where the last partial round is split (N = 14336), ``LOADS_8``, blocks of 4 without
+    the rings, x with the words (four an SM: every block at once; "W4A16 decode, twelfth pass"; not
+    where nothing is split: N = 16384); up to four tiles an SM the last partial round split over K
     in halves where they are long enough (``halves``); up to ten tiles an SM launched with
-    programmatic dependent launch, ``PDL`` 3 without the rings, 1 with them ("W4A16 decode,
-    M 9-16, tenth pass", measured at M = 1). At M = 9-16 the swapped mma and DEQ 6 (x's
-    halves as they are loaded: no prmt for x, two n8 tiles of x a k-step), blocks of 8, x
-    with the words while every tile has an SM (149 registers), x 3 loads ahead (124
-    registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no swap)
-    while they fit the SMs at once, three an SM (151 registers; N = 10240, with ``halves``:
-    "eleventh pass"), then blocks of 4 swapped with x 3 loads ahead (124 registers, four an
-    SM) up to four tiles an SM (N = 14336), blocks of 3 (five an SM, 15 warps) up to five
-    (N = 20480; ``qkv`` keeps blocks of 4; "W4A16 decode, M 9-16, tenth pass"), past that
-    each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1) with the last
-    partial round of one block an SM split over K in halves (``TAIL`` 2: ``tail_whole``;
-    "W4A16 decode, M 9-16, eighth pass"; ``qkv`` takes no split); past ten
-    tiles an SM (N > 42240) ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K
-    slice's x copied once into a shared ring for both, the words through the rings too
-    (without ``shared_x``: blocks of 8, x 3 loads ahead) ("W4A16 decode, M <= 16, sixth
-    pass"). Up to ten tiles an SM at M = 9-16 x's loads take the read-only path and the
-    words' are not allocated in L1 (``LOADS_16``: XC 3, WC 6; "W4A16 decode, M 9-16, ninth
-    pass"), and the kernel is launched with programmatic dependent launch: ``PDL`` 3 (its
-    blocks placed while the kernel before ends, the first groups' words asked of L2
-    before the wait), 1 with the TAIL split (the wait alone: the next kernel's blocks
-    placed early would crowd the multiprocessors the split halves leave) ("W4A16 decode,
-    M 9-16, tenth pass"; ``qkv`` keeps the default loads and launch)."""
+    programmatic dependent launch, ``PDL`` 3 without the rings (``LOADS_8`` too, with its halves:
+    "twelfth pass"), 1 with them ("W4A16 decode, M 9-16, tenth pass", measured at M = 1). At M =
+    9-16 the swapped mma and DEQ 6 (x's halves as they are loaded: no prmt for x, two n8 tiles of x
+    a k-step), blocks of 8, x with the words while every tile has an SM (149 registers), x 3 loads
+    ahead (124 registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no
+    swap) while they fit the SMs at once, three an SM (151 registers; N = 10240, with ``halves``:
+    "eleventh pass"), then blocks of 4 swapped with x 3 loads ahead (124 registers, four an SM) up
+    to four tiles an SM (N = 14336), blocks of 3 (five an SM, 15 warps) up to five (N = 20480;
+    ``qkv`` keeps blocks of 4; "W4A16 decode, M 9-16, tenth pass"; launched with ``PDL`` 4: "twelfth
+    pass"), past that each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1) with
+    the last partial round of one block an SM split over K in halves (``TAIL`` 2: ``tail_whole``;
+    "W4A16 decode, M 9-16, eighth pass"; ``qkv`` takes no split); past ten tiles an SM (N > 42240)
+    ``SHARED_X_16``: blocks of 4 warps over two column blocks, each K slice's x copied once into a
+    shared ring for both, the words through the rings too (without ``shared_x``: blocks of 8, x 3
+    loads ahead) ("W4A16 decode, M <= 16, sixth pass"). Up to ten tiles an SM at M = 9-16 x's loads
+    take the read-only path and the words' are not allocated in L1 (``LOADS_16``: XC 3, WC 6; "W4A16
+    decode, M 9-16, ninth pass"), and the kernel is launched with programmatic dependent launch:
+    ``PDL`` 3 (its blocks placed while the kernel before ends, the first groups' words asked of L2
+    before the wait), 1 with the TAIL split (the wait alone: the next kernel's blocks placed early
+    would crowd the multiprocessors the split halves leave) ("W4A16 decode, M 9-16, tenth pass";
+    ``qkv`` keeps the default loads and launch)."""
     if m > 16:
         return WARPS, {}
     if m <= 8:
@@ -1026,7 +1038,10 @@ def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tu
         if tiles <= 3 * sms:
             return 8, {**RINGS_8, "PDL": 1, **halves(8, groups, 4)}
         if tiles <= 4 * sms:
-            return 4, {**RINGS_8, "CS": 1, "PDL": 1, **halves(4, groups, 4)}
+            split = halves(4, groups, 4)
+            if split and tail_whole(tiles, sms, 2) < tiles:
+                return 4, {**LOADS_8, **split, "PDL": 3}
+            return 4, {**RINGS_8, "CS": 1, "PDL": 1, **split}
         if tiles <= 10 * sms:
             return 4, {**RINGS_8, "CS": 1, "PDL": 1}
         return 4, {**RINGS_8, "CS": 2}
@@ -1041,7 +1056,7 @@ def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tu
     if tiles <= 4 * sms:
         return 4, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 5 * sms:
-        return 3, {**SWAPPED_16, "XLEAD": 3}
+        return 3, {**SWAPPED_16, "XLEAD": 3, "PDL": 4}
     return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2, "TAIL": 2, "PDL": 1}
 
 
@@ -1114,7 +1129,8 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     warps, planned = plan(m, blocks, sms, weights[0][1].shape[0], shared_x=False)
     planned = {k: v for k, v in planned.items() if k not in LOADS_16}  # unmeasured here
     warps = max(warps, 4)  # (and blocks of 3 warps)
-    if planned.get("ASYNC"):  # the rings measured no faster here (70B widths, H100): main's
+    if m <= 8 and blocks > 2 * sms:  # where plan takes the rings (measured no faster here:
+        # 70B widths, H100) or LOADS_8 (unmeasured here): main's blocks of 4
         warps, planned = 4, ({"DEQ": 6, "XLEAD": 3} if blocks > 10 * sms else {})
     tuned = _tuned(m, planned)
     tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
@@ -1153,16 +1169,17 @@ def specializations() -> list:
     specs = []
     for kernel, dt in ((int4_decode, f32), (int4_decode_qkv, f16)):
         seen = []
-        for m, warps, tune in configs:
+        for m, warps, planned in configs:
+            tune = planned
             if kernel is int4_decode_qkv:  # qkv's loads are the default ones
-                tune = {k: v for k, v in tune.items() if k not in LOADS_16}
+                tune = {k: v for k, v in planned.items() if k not in LOADS_16}
             tuned = _tuned(m, tune)
             tail = tuned.pop("TAIL", 0)
             splits = [SPLIT]
             if kernel is int4_decode:
                 splits += [tail] if tail else []  # TAIL: split or not, by the grid
-            elif tuned["ASYNC"]:
-                continue  # qkv keeps main's blocks of 4 where plan takes the rings
+            elif tuned["ASYNC"] or (m <= 8 and planned.get("XC")):
+                continue  # qkv keeps main's blocks of 4 where plan takes the rings or LOADS_8
             else:
                 tuned.pop("CS")
                 tuned.pop("XC")

@@ -260,6 +260,7 @@ TAIL_PLANS = [
     (12, 404, 128 * 7, 0, 2, {}),
     (5, 156, 128 * 65, 0, 2, {}),
     (13, 160, 128 * 65, 0, 2, {}),
+    (6, 220, 128 * 33, 0, 2, {}),
 ]
 
 
@@ -307,13 +308,15 @@ def test_int4_decode_ring_plans_in_simulator(m, n, k, monkeypatch, poisoned):
 def test_int4_decode_warps_route():
     """plan: at M <= 8 blocks of 16 warps while each tile has an SM, 8 while the tiles fit
     two a SM (PDL 3), then the shared rings with DEQ 6 and x 3 loads ahead in blocks of 8 up
-    to three tiles a SM, of 4 past it (PDL 1), of 4 taking two column blocks past ten, the
+    to three tiles a SM, blocks of 4 with x with the words (LOADS_8, PDL 3) up to four where
+    the last partial round is split, else the rings in blocks of 4 (PDL 1), of 4 taking two
+    column blocks past ten, the
     last partial round split over K up to four tiles a SM where each warp keeps four groups
     of its half (TAIL 2: K = 8192 in blocks of 8, not 4096; 4096 in blocks of 4); at M = 9-16
     the swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an SM,
     else 3 loads ahead) up to two tiles a SM, main's blocks of 4 up to three (TAIL 2 and
     PDL 1 with eight groups a warp of a half: K = 8192), swapped blocks of 4
-    up to four, swapped blocks of 3 up to five, then swapped blocks of 4 taking two column
+    up to four, swapped blocks of 3 up to five (PDL 4), then swapped blocks of 4 taking two column
     blocks each (the last partial
     round split over K: TAIL 2), past ten those blocks sharing x through shared rings
     with the words' rings (without XS, as qkv plans: blocks of 8, x 3 loads ahead), x by the
@@ -327,20 +330,22 @@ def test_int4_decode_warps_route():
     ns = (4096, 4224, 4256, 8448, 8480, 12672, 12704, 16896, 16928, 42240, 42272, 57344)
     rings = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
     early, late, tail = {"PDL": 3}, {"PDL": 1}, {"TAIL": 2, "PDL": 1}
+    words_x = {"DEQ": 6, "XC": 3, "WC": 6}
     assert [plan(1, n // 32, 132, 64) for n in ns] == [(16, early)] * 2 + [(8, early)] * 2 + [
         (8, {**rings, **tail})
-    ] * 2 + [(4, {**rings, "CS": 1, **tail})] * 2 + [(4, {**rings, "CS": 1, **late})] * 2 + [
-        (4, {**rings, "CS": 2})
-    ] * 2
+    ] * 2 + [(4, {**words_x, "TAIL": 2, **early}), (4, {**rings, "CS": 1, **tail})] + [
+        (4, {**rings, "CS": 1, **late})
+    ] * 2 + [(4, {**rings, "CS": 2})] * 2
     assert plan(8, 10240 // 32, 132, 63) == (8, {**rings, **late})  # halves of 3 groups a warp
     assert plan(8, 14336 // 32, 132, 32)[1]["TAIL"] == 2  # halves of 4 groups a warp
+    assert plan(8, 14336 // 32, 132, 31) == (4, {**rings, "CS": 1, **late})  # of 3
     assert [plan(8, n // 32, 132, 1)[0] for n in (4096, 6144, 10240, 57344)] == [16, 8, 8, 4]
     ns = (4096, 6144, 8448, 10240, 12672, 12704, 16896, 16928, 21120, 21152, 28672)
     got = [plan(16, n // 32, 132, 64) for n in ns]
     pairs = {**lead, "CS": 2, "TAIL": 2, "PDL": 1}
     halved = {**loads, "TAIL": 2, "PDL": 1}
     want = [(8, swapped), (8, lead), (8, lead), (4, halved), (4, halved), (4, lead), (4, lead)]
-    assert got == want + [(3, lead)] * 2 + [(4, pairs)] * 2
+    assert got == want + [(3, {**lead, "PDL": 4})] * 2 + [(4, pairs)] * 2
     shared = {"SWAP": 2, "DEQ": 6, "CS": 2, "XS": 2, "ASYNC": 1}
     assert plan(16, 10240 // 32, 132, 63) == (4, loads)  # halves of 7 groups a warp
     assert plan(16, 57344 // 32, 132, 64) == (4, shared)
