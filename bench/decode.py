@@ -266,7 +266,7 @@ def case(h: Harness, b: int, length: int, ragged: bool, paged: bool) -> None:
         h.case(
             op_name(paged, one_call),
             label,
-            itertools.cycle(inputs).__next__,
+            itertools.cycle([(graphs,) for graphs in inputs]).__next__,
             {n: (lambda graphs, n=n: replay(graphs[n])) for n in impls},
             reference=lambda _graphs: reference(*sets[0]["sdpa"][:3], host_lens),
             tol=1e-3,
