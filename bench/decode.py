@@ -41,12 +41,13 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio_ops  # noqa: E402
-from bench.harness import Harness  # noqa: E402
+from bench.harness import L2_BYTES, Harness  # noqa: E402
 
 H, HKV, D, PAGE = 32, 8, 128, 16
 OP = "flash_attention_decode f16"
 ONE_CALL = ", one call a graph"  # the op's suffix for the times of one call a graph
 CALLS = 8  # calls in a kernel-time graph, at least (a multiple of the input sets)
+MAX_SETS = 64  # input sets of a case, at most (the smallest: B1 L1024 ragged, 2.6 MB of K/V)
 MATH_BYTES = 1 << 30  # SDPA's math backend only up to this much K/V (its graphs keep 4x it)
 BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
@@ -250,17 +251,18 @@ def case(h: Harness, b: int, length: int, ragged: bool, paged: bool) -> None:
         for name, backend in BACKENDS.items():
             if name != "math" or kv_bytes <= MATH_BYTES:  # math repeats K/V: 4x the cache
                 impls[f"torch SDPA {name}"] = ("sdpa", sdpa_on(backend, ragged))
-    # the sets counted on the K/V bytes a call reads, so that ~3x the L2 cache is read between
-    # two calls on one set; the graphs read the sets by address: they must live as long as
-    # the graphs (a cache freed here would be reused by the next set, and a replay read
-    # garbage pages)
-    sets = [make() for _ in range(h.sets_for(kv_bytes))]
+    # the sets counted on the K/V bytes a call reads, so that 3x the L2 cache is read between
+    # two calls on one set (the harness rotates over MAX_SETS of them at most); the graphs read
+    # the sets by address: they must live as long as the graphs (a cache freed here would be
+    # reused by the next set, and a replay read garbage pages)
+    sets = [make() for _ in range(min(MAX_SETS, -(-3 * L2_BYTES // kv_bytes)))]
     calls = len(sets) * -(-CALLS // len(sets))
     rotation = [sets[i % len(sets)] for i in range(calls)]
     label = f"B{b} L{length}" + " ragged" * ragged + f" H{H}/{HKV} D{D}"
     for one_call in (False, True):
-        if one_call:  # a graph per set, the harness rotating over the sets
-            inputs = [{n: graphed(fn, s[a]) for n, (a, fn) in impls.items()} for s in sets]
+        if one_call:  # a graph per set, the harness rotating over (its count of) the sets
+            used = sets[: h.sets_for(kv_bytes)]
+            inputs = [{n: graphed(fn, s[a]) for n, (a, fn) in impls.items()} for s in used]
         else:  # one graph of every call, the sets in turn
             inputs = [{n: graphed(fn, *(s[a] for s in rotation)) for n, (a, fn) in impls.items()}]
         h.case(
