@@ -145,8 +145,7 @@ def main() -> None:
     )
     args, _ = p.parse_known_args()
     h = Harness.from_args("Decode attention", reps=30)
-    h.copy_bandwidth()
-    copy_kernel_time(h)
+    h.copy_bandwidth()  # events around each call: a graph of copies runs on the copy engines
     batches, lengths = ((1, 16), (4096,)) if args.quick else ((1, 16, 64), (1024, 4096, 32768))
     if args.batches:
         batches = tuple(int(x) for x in args.batches.split(","))
@@ -173,19 +172,6 @@ def main() -> None:
         print(f"\n{'One call a graph' if one_call else 'Kernel time'}:")
         print(summary(h.results, one_call))
     h.finish()
-
-
-def copy_kernel_time(h: Harness, nbytes: int = 1 << 30, calls: int = 4) -> None:
-    """The copy bandwidth timed as the cases' kernel time: one graph of ``calls`` torch copies
-    of ``nbytes`` (the events around a replay divided by the calls), recorded beside the
-    harness's copy (the events around each call); the higher one is the ceiling."""
-    src = torch.randn(nbytes // 4, device="cuda")
-    dst = torch.empty_like(src)
-    graph = graphed(lambda a, b: b.copy_(a), *[(src, dst)] * calls)
-    name = f"torch copy_, a graph of {calls} calls"
-    h.case("copy", f"{nbytes >> 20} MiB", lambda: (), {name: lambda: replay(graph)},
-           nbytes=2 * nbytes, calls=calls)  # fmt: skip
-    h.copy_gbps = max(r.gbps for r in h.results if r.op == "copy" and r.gbps)
 
 
 def summary(results, one_call: bool) -> str:

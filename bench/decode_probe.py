@@ -3380,21 +3380,12 @@ KT_CALLS = 8  # calls in a graph, at least (a multiple of the input sets), as be
 
 
 def kt_calls(length, q, k, v, kc, vc, table, lens) -> dict:
-    """{name: call} of round kt: round fg's at B >= 16 (the floors there are head_stream's
-    grids of B * Hkv blocks), else kaio's and SDPA's; and a 128-block stream of the K/V
-    bytes (``stream``, over both caches in turn) in every case."""
+    """{name: call} of round kt: round fg's (``fg_calls``); at B < 16 without the floors
+    (head_stream's grid of B * Hkv blocks is no floor of a split grid there)."""
     calls = fg_calls(length, q, k, v, kc, vc, table, lens)
     if q.shape[0] < 16:
         calls = {n: fn for n, fn in calls.items() if not n.startswith("floor")}
-    out = torch.empty(128 * 128, device="cuda")
-    per = k.numel() // 64  # each cache over 64 of the 128 blocks
-
-    def stream_kv():
-        s = torch.cuda.current_stream().cuda_stream
-        stream[64, 128, s](k.view(-1), out, per, U=8)
-        stream[64, 128, s](v.view(-1), out, per, U=8)
-
-    return {**calls, "floor stream 2 x 64 blocks": stream_kv}
+    return calls
 
 
 def graph_of_calls(fns: list, calls: int):
@@ -3417,7 +3408,8 @@ def round_kt(budget: float):
     over the input sets in turn, the events around a replay divided by the calls
     (bench/decode.py's kernel time); the same graphs' kernels in the profiler; one call a
     graph from event to event (the suite's earlier timing): kaio routed over both layouts,
-    SDPA's default, and copy floors (``kt_calls``). Two passes, the second in reverse order."""
+    SDPA's default, and head_stream's copy floors (``kt_calls``). Two passes, the second in
+    reverse order."""
     for _, length, _, sets, lens, label in shapes(KT_CASES, budget):
         restore()
         per_set = [kt_calls(length, *s, lens) for s in sets]
@@ -3441,11 +3433,6 @@ def round_kt(budget: float):
             show(f"{label} {n} graph of {calls}, a replay", job)
         flush()
         del graphs, per_set
-
-
-def warm_kt():
-    """What round kt launches (round fg's kernels and the stream floor)."""
-    return unique(warm_fg() + [(stream, {"U": 8})])
 
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)
@@ -3519,7 +3506,7 @@ WARMS = {
     "warm_sp": warm_sp,
     "warm_ws": warm_ws,
     "warm_fg": warm_fg,
-    "warm_kt": warm_kt,
+    "warm_kt": warm_fg,  # round kt launches round fg's kernels
     "warm_spws": lambda: unique(warm_sp() + warm_ws()),
     "warm_b16ws": lambda: unique(warm_ws() + warm_sp()[2:3] + warm_sp()[6:10]),
     "warm_pcfs": lambda: unique(warm_pc() + warm_fs()),
