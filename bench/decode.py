@@ -10,8 +10,9 @@ mask). Two timings of every implementation, both of CUDA graphs (the kernels, no
 launch path):
 
 - kernel time (the op's name alone; issue 34's metric, the one bench/targets.py checks): one
-  graph of ``CALLS`` calls or more that take the input sets in turn (so no call finds its K/V
-  in L2), the events around a replay, divided by the calls;
+  graph of ``CALLS`` calls or more (fewer where they would read over ``REPLAY_BYTES``) that
+  take the input sets in turn (so no call finds its K/V in L2), the events around a replay,
+  divided by the calls;
 - one call a graph (", one call a graph"): a graph per input set, one call each, the events
   around each replay: per-call time in a graph as a user meets it, with the replay's own
   start-up (3 to 4 µs over the kernel time on an H100).
@@ -50,8 +51,12 @@ from bench.harness import L2_BYTES, Harness  # noqa: E402
 H, HKV, D, PAGE = 32, 8, 128, 16
 OP = "flash_attention_decode f16"
 ONE_CALL = ", one call a graph"  # the op's suffix for the times of one call a graph
-CALLS = 8  # calls in a kernel-time graph, at least (a multiple of the input sets)
-MAX_SETS = 64  # input sets of a case, at most (the smallest: B1 L1024 ragged, 2.6 MB of K/V)
+# calls in a kernel-time graph (a multiple of the input sets): CALLS, or fewer where they
+# read over REPLAY_BYTES of K/V (B64 L4096, B16 and B64 L32768: a replay of 1.4 ms or more,
+# whose start-up of 3 to 4 µs is under 0.3% of it), to keep the suite's time
+CALLS = 8
+REPLAY_BYTES = 4 << 30
+MAX_SETS = 64  # input sets of a case, at most (B1 L1024 takes 38 of 4.2 MB)
 MATH_BYTES = 1 << 30  # SDPA's math backend only up to this much K/V (its graphs keep 4x it)
 BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
@@ -260,7 +265,7 @@ def case(h: Harness, b: int, length: int, ragged: bool, paged: bool) -> None:
     # the sets by address: they must live as long as the graphs (a cache freed here would be
     # reused by the next set, and a replay read garbage pages)
     sets = [make() for _ in range(min(MAX_SETS, -(-3 * L2_BYTES // kv_bytes)))]
-    calls = len(sets) * -(-CALLS // len(sets))
+    calls = len(sets) * -(-min(CALLS, -(-REPLAY_BYTES // kv_bytes)) // len(sets))
     rotation = [sets[i % len(sets)] for i in range(calls)]
     label = f"B{b} L{length}" + " ragged" * ragged + f" H{H}/{HKV} D{D}"
     for one_call in (False, True):
