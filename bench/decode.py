@@ -227,8 +227,8 @@ def op_kind(op: str) -> tuple[bool, bool]:
 
 
 def case(h: Harness, b: int, length: int, ragged: bool, paged: bool) -> None:
-    """One shape: kernel time (a graph of ``CALLS`` or more calls over the input sets), then
-    one call a graph (a graph per input set)."""
+    """One shape: kernel time (one graph of several calls over the input sets), then one call
+    a graph (a graph per input set)."""
     gen = torch.Generator(device="cuda").manual_seed(b * length + ragged)
     if ragged:
         lens = torch.randint(length // 4, length + 1, (b,), generator=gen, device="cuda")
