@@ -18,6 +18,7 @@ than the L2 cache.
     python3 bench/decode_probe.py warm_sp 14; then sp 26  # dec, the suite's time split
     python3 bench/decode_probe.py warm_ws 8; then ws 12  # dec, the table window with the length
     python3 bench/decode_probe.py warm_fg 7; then fg 10  # dec, the floors in the suite's timing
+    python3 bench/decode_probe.py warm_kt 7; then kt 30  # dec, kernel time three ways
     PROBE_BASE=1 PYTHONPATH=/main/checkout python3 bench/decode_probe.py f  # main's defaults
     python3 bench/decode_probe.py warm_p [SECONDS]  # the kernels of p and r
     python3 bench/decode_probe.py warm_t | warm_v [SECONDS]  # the kernels of t / v
@@ -3322,9 +3323,9 @@ def warm_ws():
     return [(probe_mark, {})] + [(k, {**c, **g}) for k in kernels for g in grids]
 
 
-def fg_graphs(length, q, k, v, kc, vc, table, lens) -> dict:
-    """{name: CUDA graph} of round fg: kaio routed over both layouts, ``head_stream`` as
-    the kernel's grid and stages take them (contiguous 2, paged 4), SDPA's default."""
+def fg_calls(length, q, k, v, kc, vc, table, lens) -> dict:
+    """{name: call} of round fg: kaio routed over both layouts, ``head_stream`` as the
+    kernel's grid and stages take them (contiguous 2, paged 4), SDPA's default."""
     b = q.shape[0]
     o = torch.empty(b * HKV * 128, device="cuda")
 
@@ -3340,12 +3341,17 @@ def fg_graphs(length, q, k, v, kc, vc, table, lens) -> dict:
         return run
 
     return {
-        "kaio contiguous": captured(lambda: decode.flash_attention_decode(q, k, v, lens)),
-        "kaio paged": captured(lambda: decode.flash_attention_decode(q, kc, vc, lens, table)),
-        "floor contiguous": captured(floor(False, 2)),
-        "floor paged": captured(floor(True, 4)),
-        "SDPA default": captured(lambda: sdpa(q, k, v, enable_gqa=True)),
+        "kaio contiguous": lambda: decode.flash_attention_decode(q, k, v, lens),
+        "kaio paged": lambda: decode.flash_attention_decode(q, kc, vc, lens, table),
+        "floor contiguous": floor(False, 2),
+        "floor paged": floor(True, 4),
+        "SDPA default": lambda: sdpa(q, k, v, enable_gqa=True),
     }
+
+
+def fg_graphs(length, *inputs) -> dict:
+    """{name: CUDA graph of one call} of round fg (``fg_calls``)."""
+    return {name: captured(fn) for name, fn in fg_calls(length, *inputs).items()}
 
 
 def round_fg(budget: float):
@@ -3367,6 +3373,75 @@ def round_fg(budget: float):
 def warm_fg():
     """What round fg launches."""
     return [warm_sp()[i] for i in (0, 2, 6, 10, 11)]
+
+
+KT_CASES = ((16, 1024), (1, 4096))
+KT_CALLS = 8  # calls in a graph, at least (a multiple of the input sets), as bench/decode.py
+
+
+def kt_calls(length, q, k, v, kc, vc, table, lens) -> dict:
+    """{name: call} of round kt: round fg's (``fg_calls``); at B < 16 (a split grid, where
+    head_stream's B * Hkv blocks are no floor) a 128-block ``stream`` of the K/V bytes (a copy
+    of both caches in one buffer) in place of head_stream."""
+    calls = fg_calls(length, q, k, v, kc, vc, table, lens)
+    if q.shape[0] >= 16:
+        return calls
+    calls = {n: fn for n, fn in calls.items() if not n.startswith("floor")}
+    kv = torch.cat([k.view(-1), v.view(-1)])
+    out = torch.empty(128 * 128, device="cuda")
+
+    def stream_kv():
+        s = torch.cuda.current_stream().cuda_stream
+        stream[128, 128, s](kv, out, kv.numel() // 128, U=8)
+
+    return {**calls, "floor stream 128 blocks": stream_kv}
+
+
+def graph_of_calls(fns: list, calls: int):
+    """One CUDA graph of ``calls`` calls of ``fns`` (one a set) in turn."""
+
+    def run():
+        for i in range(calls):
+            fns[i % len(fns)]()
+
+    return captured(run)
+
+
+def graph_events(graph, calls: int) -> float:
+    """µs a call: ``spin_events`` of a graph of ``calls`` calls, divided by them."""
+    return spin_events(graph, n=6) / calls
+
+
+def round_kt(budget: float):
+    """(dec, fourteenth pass) Kernel time three ways: a CUDA graph of KT_CALLS or more calls
+    over the input sets in turn, the events around a replay divided by the calls
+    (bench/decode.py's kernel time); the same graphs' kernels in the profiler; one call a
+    graph from event to event (the suite's earlier timing): kaio routed over both layouts,
+    SDPA's default, and head_stream's copy floors (``kt_calls``). Two passes, the second in
+    reverse order."""
+    for _, length, _, sets, lens, label in shapes(KT_CASES, budget):
+        restore()
+        per_set = [kt_calls(length, *s, lens) for s in sets]
+        names = list(per_set[0])
+        calls = len(sets) * -(-KT_CALLS // len(sets))
+
+        graphs = {
+            n: (graph_of_calls([c[n] for c in per_set], calls), captured(per_set[0][n]))
+            for n in names
+        }
+        for order in (names, names[::-1]):
+            for n in order:
+                g, one = graphs[n]
+                print(
+                    f"{label} {n}: graph of {calls} {graph_events(g, calls):.2f} us a call; "
+                    f"one call a graph {spin_events(one):.2f} us",
+                    flush=True,
+                )
+        for n in names:
+            job = kernel_times(lambda *_, g=graphs[n][0]: g.replay(), sets, 4)
+            show(f"{label} {n} graph of {calls}, a replay", job)
+        flush()
+        del graphs, per_set
 
 
 ROUNDS = {  # argument: (round, its default time budget in seconds)
@@ -3408,6 +3483,7 @@ ROUNDS = {  # argument: (round, its default time budget in seconds)
     "sp": (round_sp, 40),
     "ws": (round_ws, 40),
     "fg": (round_fg, 40),
+    "kt": (round_kt, 40),
 }
 WARMS = {
     "warm": warm_list,
@@ -3439,6 +3515,7 @@ WARMS = {
     "warm_sp": warm_sp,
     "warm_ws": warm_ws,
     "warm_fg": warm_fg,
+    "warm_kt": lambda: warm_fg() + [(stream, {"U": 8})],  # round kt's kernels
     "warm_spws": lambda: unique(warm_sp() + warm_ws()),
     "warm_b16ws": lambda: unique(warm_ws() + warm_sp()[2:3] + warm_sp()[6:10]),
     "warm_pcfs": lambda: unique(warm_pc() + warm_fs()),

@@ -186,6 +186,7 @@ class Harness:
         set_bytes: int | None = None,
         batch: int = 1,
         timing_only: tuple[str, ...] = (),
+        calls: int = 1,
     ) -> list[Result]:
         """Check, then time, each implementation of one case.
 
@@ -195,7 +196,9 @@ class Harness:
         of one call, for GB/s and TFLOP/s; baseline: the impl others are compared with;
         set_bytes: bytes of one input set (default nbytes), for the L2 rotation; batch: calls
         timed back to back between one pair of events (see ``time``); timing_only: impls that
-        are timed but not checked (a floor that does part of the work, marked in the note).
+        are timed but not checked (a floor that does part of the work, marked in the note);
+        calls: how many calls of the op one fn call makes (a CUDA graph of several calls):
+        each time is divided by it.
         """
         if self.only and self.only not in op:
             return []
@@ -219,7 +222,8 @@ class Harness:
             for name, (r, fn, times) in list(timed.items()):
                 try:
                     warmup = None if round_ == 0 else 1  # the first round's also compiles
-                    times += self.time(fn, sets, batch, -(-self.reps // ROUNDS), warmup)
+                    reps = -(-self.reps // ROUNDS)
+                    times += [t / calls for t in self.time(fn, sets, batch, reps, warmup)]
                 except Exception as e:  # noqa: BLE001
                     r.ok, r.note = False, f"{type(e).__name__}: {e}"[:200]
                     del timed[name]

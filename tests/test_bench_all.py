@@ -231,3 +231,18 @@ def test_harness_times_implementations_in_turn(monkeypatch):
     by = {r.impl: r for r in done}
     assert by["fast"].ok and by["fast"].ms is not None
     assert not by["broken"].ok and "gone" in by["broken"].note and by["broken"].ms is None
+
+
+def test_harness_divides_by_the_calls_one_call_makes(monkeypatch):
+    """A call that replays a graph of several calls of the op (bench/decode.py's kernel time)
+    is timed as one, and its times divided by the calls; GB/s counts one call's bytes."""
+    pytest.importorskip("torch")
+    from bench import harness
+
+    h = harness.Harness("calls", reps=10)
+    monkeypatch.setattr(h, "time", lambda fn, sets, batch=1, reps=None, warmup=None: [2.0] * reps)
+    ops = {"graph": lambda: None}
+    (one,) = h.case("op", "one", lambda: (), ops, nbytes=10**6)
+    (many,) = h.case("op", "many", lambda: (), ops, nbytes=10**6, calls=8)
+    assert one.ms == 2.0 and many.ms == 0.25 and many.ms_max == 0.25
+    assert many.gbps == 8 * one.gbps

@@ -432,3 +432,14 @@ def test_gemm_sweep_heat_map_is_linked(tmp_path):
     _, page = write(d, tmp_path)
     assert f"(perf/{name})" in page
     assert page.index("**gemm sweep f16**") < page.index(f"(perf/{name})")
+
+
+def test_decode_targets_read_the_kernel_time():
+    """bench/decode.py records kernel time under the op's name alone and one call a graph
+    under ", one call a graph": issue 34's targets read only the first."""
+    decode = [t for t in targets.TARGETS if t.source == "issue 34"]
+    assert len(decode) == 3
+    for t in decode:
+        for layout in ("", " paged"):
+            assert re.search(t.op, f"flash_attention_decode f16{layout}")
+            assert not re.search(t.op, f"flash_attention_decode f16{layout}, one call a graph")
