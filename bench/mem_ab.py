@@ -1,11 +1,11 @@
-"""A/B of the memory-bound kernels against main, in one process (issue 9 and the silu*gate
-user kernel): python bench/mem_ab.py [--only silu|rms] [--out results.json].
+"""A/B of the memory-bound kernels in one process: python bench/mem_ab.py [--only silu|rms]
+[--out results.json].
 
-silu: API.md's one-element-a-thread kernel compiled without and with the IR pass
-``loads_before_slow_paths``, with ``fastmath=True``, ``examples/quickstart.py``'s
-four-elements-a-thread kernel, and Triton. rms: ``kaio_ops.rows`` as it is against main's
-(the module's text with main's tables, imported from a temporary file) and Triton, on
-16-byte aligned rows and on rows one element past an allocation (the scalar path).
+silu: API.md's one-element-a-thread kernel at several block sizes, with ``fastmath=True``,
+``examples/quickstart.py``'s four-elements-a-thread kernel, and Triton. rms: ``kaio_ops.rows``
+variants (the module's text with a constant replaced, imported from a temporary file) against
+the shipped module and Triton, on rows that take the scalar path (``VEC`` 1): rows one
+element past an allocation (not 16-byte aligned) and rows of an odd length.
 """
 
 from __future__ import annotations
@@ -25,22 +25,9 @@ from bench.fastmath import N, _tri_silu_gate  # noqa: E402
 from bench.harness import Harness  # noqa: E402
 from bench.memory_ops import TOL, _randn, torch_rms, tri_rows  # noqa: E402
 from examples.quickstart import fused_silu_gate, fused_silu_gate_x4  # noqa: E402
-from kaio import f32, u32  # noqa: E402
 from kaio_ops import rows  # noqa: E402
 
-
-def silu_unhoisted(x: f32[:], gate: f32[:], out: f32[:], n: u32):
-    """API.md's kernel under another name (its own cache key), compiled without
-    ``loads_before_slow_paths``: the compiler before it."""
-    idx = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
-    if idx < n:
-        xi = x[idx]
-        sig = 1.0 / (1.0 + kaio.exp(-xi))
-        out[idx] = xi * sig * gate[idx]
-
-
-def _kernel(fn, block, fastmath):
-    return kaio.gpu_kernel(block_size=block, fastmath=fastmath)(fn)
+SILU_BLOCKS = (128, 512)  # API.md's kernel at other block sizes than its 256
 
 
 def _launch(kernel, per_thread=1):
@@ -60,32 +47,15 @@ def _triton(x, g):
     return out
 
 
-def _without_load_pass(kernel):
-    """``kernel``, compiled now (a launch on a small input) with the IR pass
-    ``loads_before_slow_paths`` turned off."""
-    from kaio.ir import passes
-
-    keep = passes.loads_before_slow_paths
-    passes.loads_before_slow_paths = lambda fn: None
-    try:
-        x = torch.randn(256, device="cuda")
-        kernel[(1,)](x, x, torch.empty_like(x), 256)
-        torch.cuda.synchronize()
-    finally:
-        passes.loads_before_slow_paths = keep
-    return kernel
-
-
 def silu_cases(h: Harness) -> None:
-    fast = kaio.gpu_kernel(block_size=256, fastmath=True)(fused_silu_gate.pyfunc)
-    before = _without_load_pass(_kernel(silu_unhoisted, 256, False))
-    impls = {
-        "kaio before": _launch(before),
-        "kaio": _launch(fused_silu_gate),
-        "kaio fastmath": _launch(fast),
-        "kaio x4": _launch(fused_silu_gate_x4, 4),
-        "triton": _triton,
-    }
+    impls = {"kaio": _launch(fused_silu_gate)}
+    for block in SILU_BLOCKS:
+        impls[f"kaio block {block}"] = _launch(kaio.gpu_kernel(block_size=block)(
+            fused_silu_gate.pyfunc))  # fmt: skip
+    impls["kaio fastmath"] = _launch(kaio.gpu_kernel(block_size=256, fastmath=True)(
+        fused_silu_gate.pyfunc))  # fmt: skip
+    impls["kaio x4"] = _launch(fused_silu_gate_x4, 4)
+    impls["triton"] = _triton
     h.case(
         "silu_gate user kernel",
         f"f32 [{N}]",
@@ -94,49 +64,53 @@ def silu_cases(h: Harness) -> None:
         reference=lambda x, g: torch.nn.functional.silu(x.double()) * g.double(),
         tol=1e-6,
         nbytes=3 * N * 4,
-        baseline="kaio before",
+        baseline="kaio",
     )
 
 
-# rows.py's tables as they are here: main's (e1bfc42) in the variant (the same PTX as main's)
-MAIN_TABLES = {
-    'LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")': (
-        'LOADS_FIRST = ("softmax", "rms_norm")'
-    ),
-    'WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")': "WEIGHTS_FIRST = ()",
+# rows.py variants: name -> {text in rows.py: its replacement}
+ROWS_VARIANTS = {
+    "G1 (main's order)": {"SCALAR_WEIGHTS_GROUP = 8": "SCALAR_WEIGHTS_GROUP = 1"},
+    "G4": {"SCALAR_WEIGHTS_GROUP = 8": "SCALAR_WEIGHTS_GROUP = 4"},
+    "G16": {"SCALAR_WEIGHTS_GROUP = 8": "SCALAR_WEIGHTS_GROUP = 16"},
 }
 
 
-def _rows_as_on_main(where: str):
-    """kaio_ops.rows with main's tables, imported from a file in ``where``."""
+def _rows_variant(where: str, name: str, replacements: dict):
+    """kaio_ops.rows with ``replacements`` made in its text, imported from a file in
+    ``where``."""
     src = inspect.getsource(rows)
-    for old, new in MAIN_TABLES.items():
+    for old, new in replacements.items():
         assert old in src, old
         src = src.replace(old, new)
-    path = os.path.join(where, "rows_main.py")
+    tag = "".join(ch if ch.isalnum() else "_" for ch in name)
+    path = os.path.join(where, f"rows_{tag}.py")
     with open(path, "w") as fh:
         fh.write(src)
-    spec = importlib.util.spec_from_file_location("rows_main", path)
+    spec = importlib.util.spec_from_file_location(f"rows_{tag}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
+# (name, dtype, shape, offset): x and the residual start ``offset`` elements past an
+# allocation (offset 1: not 16-byte aligned); an odd row length takes VEC 1 as well
+RMS_SHAPES = (
+    ("f32 offset", torch.float32, (16384, 4096), 1),
+    ("f16 offset", torch.float16, (32768, 4096), 1),
+    ("f32 odd", torch.float32, (16384, 4095), 0),
+    ("f16 odd", torch.float16, (32768, 4095), 0),
+)
+
+
 def rms_cases(h: Harness, where: str) -> None:
-    mods = {"kaio": rows, "main": _rows_as_on_main(where)}
-    for name, dt, shape, offset in (
-        ("f32 offset", torch.float32, (16384, 4096), 1),
-        ("f16 offset", torch.float16, (32768, 4096), 1),
-        ("f32", torch.float32, (16384, 4096), 0),
-        ("f16", torch.float16, (32768, 4096), 0),
-        ("bf16", torch.bfloat16, (32768, 4096), 0),
-    ):
+    mods = {"kaio": rows}
+    mods.update({k: _rows_variant(where, k, v) for k, v in ROWS_VARIANTS.items()})
+    for name, dt, shape, offset in RMS_SHAPES:
         n = shape[0] * shape[1]
         size = torch.tensor([], dtype=dt).element_size()
 
         def inputs(shape=shape, dt=dt, offset=offset):
-            """x and the residual start ``offset`` elements past an allocation (offset 1:
-            not 16-byte aligned, the scalar path)."""
             x, r = (_randn(shape[0] * shape[1] + offset, dt)[offset:].view(shape) for _ in range(2))
             return x, r, _randn(shape[-1:], dt)
 
@@ -156,10 +130,8 @@ def rms_cases(h: Harness, where: str) -> None:
             ),
             nbytes=(4 * n + shape[1]) * size,
             tol=TOL[dt],
-            baseline="main",
+            baseline="triton",
         )
-        if dt is torch.bfloat16:
-            continue
         plain = {k: (lambda x, r, w, m=m: m.rms_norm(x, w)) for k, m in mods.items()}
         plain["triton"] = lambda x, r, w: tri_rows("rms_norm", x, w=w)
         h.case(
@@ -170,7 +142,7 @@ def rms_cases(h: Harness, where: str) -> None:
             reference=lambda x, r, w: torch_rms(x.double(), w.double()),
             nbytes=(2 * n + shape[1]) * size,
             tol=TOL[dt],
-            baseline="main",
+            baseline="triton",
         )
 
 

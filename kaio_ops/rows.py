@@ -60,6 +60,7 @@ LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")
 # 184). With VEC = 1 the 32 weights and their addresses cost 56 registers a thread, and
 # rms_norm f32 went 195 -> 215 µs.
 WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")
+SCALAR_WEIGHTS_GROUP = 8
 
 
 @kaio.gpu_func
@@ -150,7 +151,7 @@ def write_chunk(
         for j in kaio.static_range(VEC):
             ov[j] = (xs[at + j] - shift) * scale * wv[j] + bv[j]
     else:
-        if OP in WEIGHTS_FIRST and VEC > 1:
+        if OP in WEIGHTS_FIRST:
             for j in kaio.static_range(VEC):
                 wv[j] = f32(wraw[k, j])
         else:
@@ -242,21 +243,23 @@ def row_pass(
         if PASS == 0 and OP == "softmax":
             top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
         wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
-        if PASS == 1 and OP in WEIGHTS_FIRST and VEC > 1:
-            for k in kaio.static_range(REGS // VEC):
+        per_group = REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP
+        for g in kaio.static_range(0, REGS // VEC, per_group):
+            if PASS == 1 and OP in WEIGHTS_FIRST:
+                for k in kaio.static_range(g, g + per_group):
+                    c = first + k * nt
+                    if c < chunks:
+                        fetch(VEC, wraw, k, w, c * VEC, DT)
+            for k in kaio.static_range(g, g + per_group):
                 c = first + k * nt
                 if c < chunks:
-                    fetch(VEC, wraw, k, w, c * VEC, DT)
-        for k in kaio.static_range(REGS // VEC):
-            c = first + k * nt
-            if c < chunks:
-                if PASS == 0 and OP == "softmax":
-                    pass  # done a segment at a time by exp_segment
-                elif PASS == 0 or (PASS == 1 and OP == "layer_norm"):
-                    total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
-                else:
-                    write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC, c * VEC,
-                                shift, scale, s == 0, seg_scale, DT)  # fmt: skip
+                    if PASS == 0 and OP == "softmax":
+                        pass  # done a segment at a time by exp_segment
+                    elif PASS == 0 or (PASS == 1 and OP == "layer_norm"):
+                        total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
+                    else:
+                        write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC,
+                                    c * VEC, shift, scale, s == 0, seg_scale, DT)  # fmt: skip
     return total, top, seg_top
 
 
