@@ -30,6 +30,7 @@ from kaio_ops import _arrays, _long_rows
 from kaio_ops._common import (
     LOG2E,
     LOWEST,
+    VECTOR_BYTES,
     block_max_sum,
     block_sum,
     fetch,
@@ -61,6 +62,53 @@ LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")
 # rms_norm f32 went 195 -> 215 µs.
 WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")
 SCALAR_WEIGHTS_GROUP = 8
+# Ops whose rows take 16-byte chunks even where a row does not start or end on a 16-byte
+# boundary (``EDGES``: a row length that is not a multiple of the chunk, or x one element
+# past an allocation): the chunks are aligned in x, and the elements of the first and last
+# chunk outside the row are zeros in the registers, which the rms norms' sums of squares
+# ignore (softmax's and layer norm's would not).
+EDGE_OPS = ("rms_norm", "rms_norm_residual")
+
+
+@kaio.gpu_func
+def fetch_part(
+    EDGES: kaio.constexpr,
+    VEC: kaio.constexpr,
+    raw: DT[:, :],
+    k: kaio.constexpr,
+    src: DT[:],
+    i: u32,
+    vector: bool_,
+    DT: kaio.constexpr,
+):
+    """raw[k] = src[i : i + VEC] (``fetch``); with ``EDGES``, one 16-byte load only where
+    ``vector`` (src 16-byte aligned at i), else a scalar load an element."""
+    if EDGES and not vector:
+        for j in kaio.static_range(VEC):
+            raw[k, j] = src[i + j]
+    else:
+        fetch(VEC, raw, k, src, i, DT)
+
+
+@kaio.gpu_func
+def store_part(
+    EDGES: kaio.constexpr,
+    dst: DT[:],
+    i: u32,
+    src: f32[:],
+    at: kaio.constexpr,
+    VEC: kaio.constexpr,
+    vector: bool_,
+    DT: kaio.constexpr,
+):
+    """dst[i : i + VEC] = src[at : at + VEC] rounded to DT (``store_f32``); with ``EDGES``,
+    one 16-byte store only where ``vector`` (dst 16-byte aligned at i), else a scalar store
+    an element."""
+    if EDGES and not vector:
+        for j in kaio.static_range(VEC):
+            dst[i + j] = DT(src[at + j])
+    else:
+        store_f32(dst, i, src, at, VEC, DT)
 
 
 @kaio.gpu_func
@@ -74,10 +122,12 @@ def take_chunk(
     k: kaio.constexpr,
     res_out: DT[:],
     i: u32,
+    vector: bool_,
+    EDGES: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """xs[k VEC : (k + 1) VEC] = the fetched chunk k in f32 (for rms_norm_residual in pass 0:
-    x + res, rounded to DT and stored to res_out at i)."""
+    x + res, rounded to DT and stored to res_out at i by ``store_part`` with ``vector``)."""
     for j in kaio.static_range(VEC):
         xs[k * VEC + j] = f32(raw[k, j])
     if OP == "rms_norm_residual" and PASS == 0:
@@ -85,7 +135,7 @@ def take_chunk(
         for j in kaio.static_range(VEC):
             rv[j] = xs[k * VEC + j] + f32(rraw[k, j])
             xs[k * VEC + j] = f32(DT(rv[j]))  # normalize exactly what is stored
-        store_f32(res_out, i, rv, 0, VEC, DT)
+        store_part(EDGES, res_out, i, rv, 0, VEC, vector, DT)
 
 
 @kaio.gpu_func
@@ -128,9 +178,12 @@ def write_chunk(
     scale: f32,
     cached: bool_,
     seg_scale: f32,
+    vector: bool_,
+    EDGES: kaio.constexpr,
     DT: kaio.constexpr,
 ):
-    """The output pass on the chunk xs[at : at + VEC] (row element col, array element i):
+    """The output pass on the chunk xs[at : at + VEC] (row element col, array element i;
+    stored by ``store_part`` with ``vector``):
     out = (x - shift) * scale * w + b (layer norm: shift the mean, scale 1/std), x * scale *
     w (rms norms), exp(x - shift) * scale (softmax: shift the row's max, scale 1/sum); when
     ``cached`` (softmax: xs holds exp(x - the segment's max), not read again)
@@ -158,7 +211,7 @@ def write_chunk(
             load_f32(wv, 0, w, col, VEC, DT)
         for j in kaio.static_range(VEC):
             ov[j] = xs[at + j] * scale * wv[j]
-    store_f32(out, i, ov, 0, VEC, DT)
+    store_part(EDGES, out, i, ov, 0, VEC, vector, DT)
 
 
 @kaio.gpu_func
@@ -202,9 +255,15 @@ def row_pass(
     shift: f32,
     scale: f32,
     seg_scale: f32,
+    col0: u32,
+    out_ok: bool_,
+    w_ok: bool_,
+    EDGES: kaio.constexpr,
     DT: kaio.constexpr,
 ):
-    """One pass over this block's row (element base.., ``chunks`` chunks of VEC): the
+    """One pass over this block's row (``chunks`` chunks of VEC from array element base, row
+    element col0; with EDGES the outputs' and the weights' chunks are 16-byte aligned only
+    when ``out_ok`` / ``w_ok``): the
     accumulating passes (``accumulate``; softmax's pass 0: ``exp_segment``) return this
     thread's ``(total, top, seg_top)``: its sum, and for softmax its running max (total
     then the sum of exp(x - top)) and the max of the segment left in xs; the output pass
@@ -227,19 +286,21 @@ def row_pass(
             for k in kaio.static_range(REGS // VEC):
                 c = first + k * nt
                 if c < chunks:
+                    i = base + c * VEC
                     if OP == "rms_norm_residual" and PASS > 0:
-                        fetch(VEC, raw, k, res_out, base + c * VEC, DT)
+                        fetch_part(EDGES, VEC, raw, k, res_out, i, out_ok, DT)
                     else:
-                        fetch(VEC, raw, k, x, base + c * VEC, DT)
+                        fetch(VEC, raw, k, x, i, DT)
                     if OP == "rms_norm_residual" and PASS == 0:
-                        fetch(VEC, rraw, k, res, base + c * VEC, DT)
+                        fetch(VEC, rraw, k, res, i, DT)
                     if OP not in LOADS_FIRST:
-                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
+                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, i, out_ok, EDGES, DT)
             if OP in LOADS_FIRST:
                 for k in kaio.static_range(REGS // VEC):
                     c = first + k * nt
                     if c < chunks:
-                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
+                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC,
+                                   out_ok, EDGES, DT)  # fmt: skip
         if PASS == 0 and OP == "softmax":
             top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
         wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
@@ -249,7 +310,7 @@ def row_pass(
                 for k in kaio.static_range(g, g + per_group):
                     c = first + k * nt
                     if c < chunks:
-                        fetch(VEC, wraw, k, w, c * VEC, DT)
+                        fetch_part(EDGES, VEC, wraw, k, w, col0 + c * VEC, w_ok, DT)
             for k in kaio.static_range(g, g + per_group):
                 c = first + k * nt
                 if c < chunks:
@@ -259,8 +320,36 @@ def row_pass(
                         total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
                     else:
                         write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC,
-                                    c * VEC, shift, scale, s == 0, seg_scale, DT)  # fmt: skip
+                                    c * VEC, shift, scale, s == 0, seg_scale, out_ok, EDGES,
+                                    DT)  # fmt: skip
     return total, top, seg_top
+
+
+@kaio.gpu_func
+def edge_fetch(
+    OP: kaio.constexpr,
+    x: DT[:],
+    res: DT[:],
+    base: u32,
+    n: u32,
+    head: u32,
+    body: u32,
+    DT: kaio.constexpr,
+) -> tuple[bool_, u32, u32, f32, f32]:
+    """``(inside, at, col, x, res)``: the element of the edges of the row at array element
+    base (its first ``head`` elements and those after the next ``body``) that this thread
+    takes, one a thread from thread 0: whether there is one, its array element and column,
+    and its x and residual (rms_norm_residual) in f32; zeros without one."""
+    t = kaio.thread_idx_x()
+    inside = t < n - body
+    col = t if t < head else t + body
+    ex = 0.0
+    er = 0.0
+    if inside:
+        ex = f32(x[base + col])
+        if OP == "rms_norm_residual":
+            er = f32(res[base + col])
+    return inside, base + col, col, ex, er
 
 
 @kaio.gpu_kernel
@@ -273,8 +362,11 @@ def _rows(
     res_out: DT[:],
     n: u32,
     eps: f32,
+    x_lead: u32,
+    w_lead: u32,
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
+    EDGES: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     red0 = kaio.shared(f32, (32,))
@@ -282,26 +374,53 @@ def _rows(
     xs = kaio.local(f32, (REGS,))
     base = kaio.block_idx_x() * n
     chunks = n // VEC
+    col0 = u32(0)  # the row element at array element base
+    out_ok = True
+    w_ok = True
+    inside = False  # this thread has an element of the row's edges: array element at, column col
+    at = u32(0)
+    col = u32(0)
+    ex = 0.0  # its x (rms_norm_residual: its x + res)
+    er = 0.0  # its residual
+    if EDGES:
+        # The chunks are 16-byte aligned in x: they start col0 elements into the row (x and
+        # the residual start x_lead elements past a 16-byte boundary, w w_lead, the outputs
+        # on one); the row's elements before the first chunk and after the last go one a
+        # thread to the first threads (``edge_fetch``).
+        col0 = kaio.min((VEC - (x_lead + base) % VEC) % VEC, n)
+        chunks = (n - col0) // VEC
+        out_ok = x_lead == 0
+        w_ok = (w_lead + col0) % VEC == 0
+        inside, at, col, ex, er = edge_fetch(OP, x, res, base, n, col0, chunks * VEC, DT)
+        base = base + col0
     # pass 0: this thread's sum (softmax: its running max top and sum of exp(x - top), and
     # seg_top, the max of the segment whose exps xs keeps)
     total, top, seg_top = row_pass(0, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
-                                   shift=0.0, scale=0.0, seg_scale=0.0, DT=DT)  # fmt: skip
+                                   0.0, 0.0, 0.0, col0, out_ok, w_ok, EDGES, DT)  # fmt: skip
+    if EDGES:
+        if OP == "rms_norm_residual" and inside:
+            ex = f32(DT(ex + er))  # normalize exactly what is stored
+            res_out[at] = DT(ex)
+        total += ex * ex
     if OP == "softmax":
         top, total = block_max_sum(top, total, red0, red1)
         inv = 1.0 / total
-        row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=top, scale=inv,
-                 seg_scale=kaio.exp(seg_top - top) * inv, DT=DT)  # fmt: skip
+        row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, top, inv,
+                 kaio.exp(seg_top - top) * inv, col0, out_ok, w_ok, EDGES, DT)  # fmt: skip
     elif OP == "layer_norm":
         mean = block_sum(total, red0) / f32(n)
         sqdev, top, seg_top = row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
-                                       shift=mean, scale=0.0, seg_scale=0.0, DT=DT)  # fmt: skip
+                                       mean, 0.0, 0.0, col0, out_ok, w_ok, EDGES,
+                                       DT)  # fmt: skip
         scale = kaio.rsqrt(block_sum(sqdev, red1) / f32(n) + eps)
-        row_pass(2, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=mean,
-                 scale=scale, seg_scale=0.0, DT=DT)  # fmt: skip
+        row_pass(2, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, mean, scale, 0.0,
+                 col0, out_ok, w_ok, EDGES, DT)  # fmt: skip
     else:
         scale = kaio.rsqrt(block_sum(total, red0) / f32(n) + eps)
-        row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=0.0,
-                 scale=scale, seg_scale=0.0, DT=DT)  # fmt: skip
+        row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, 0.0, scale, 0.0,
+                 col0, out_ok, w_ok, EDGES, DT)  # fmt: skip
+        if EDGES and inside:
+            out[at] = DT(ex * scale * f32(w[col]))
 
 
 def block_size(n: int, vec: int) -> int:
@@ -311,6 +430,21 @@ def block_size(n: int, vec: int) -> int:
     return min(MAX_BLOCK, max(MIN_BLOCK, 1 << max(0, threads - 1).bit_length()))
 
 
+def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
+    """``(VEC, EDGES, x_lead, w_lead)`` for ``_rows`` on these operands: 16-byte chunks where
+    every row and vector starts on a 16-byte boundary; else, for the ops in EDGE_OPS when
+    the residual is as far past a 16-byte boundary as x, chunks aligned in x with the rows'
+    edges inside them (x_lead, w_lead: elements past the boundary); else VEC 1."""
+    vec = vector_width(*[a for a in (x, res, w, b) if a is not None], multiple_of=n)
+    size = x.dtype.itemsize
+    leads = [a.ptr % VECTOR_BYTES for a in (x, res, w) if a is not None]
+    if vec > 1 or op not in EDGE_OPS or any(lead % size for lead in leads):
+        return vec, False, 0, 0
+    if res is not None and leads[1] != leads[0]:
+        return vec, False, 0, 0
+    return VECTOR_BYTES // size, True, leads[0] // size, leads[-1] // size
+
+
 def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0):
     """Launch ``_rows`` for ``op``; returns out (and the new residual for the residual op)."""
     out = _arrays.output(x)
@@ -318,15 +452,14 @@ def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0
     n = x.shape[-1]
     rows = x.size // n if n else 0
     if rows:
-        operands = [a for a in (x, res, w, b) if a is not None]
-        vec = vector_width(*operands, multiple_of=n)
+        vec, edges, x_lead, w_lead = layout(op, n, x, res, w, b)
         flat = x.arg(x.size)
         args = [a.arg(a.size) if a is not None else flat for a in (res, w, b)]
         outs = [
             _arrays.output_arg(x, o, (x.size,)) for o in (out, res_out if res is not None else out)
         ]
         _rows[rows, block_size(n, vec), _arrays.stream_of(x)](
-            flat, *args, *outs, n, eps, OP=op, VEC=vec, DT=x.dtype
+            flat, *args, *outs, n, eps, x_lead, w_lead, OP=op, VEC=vec, EDGES=edges, DT=x.dtype
         )
     return out if res is None else (out, res_out)
 
@@ -401,4 +534,6 @@ def shipped():
     for dtype in _arrays.FLOATS:
         for op in OPS:
             for vec in widths(dtype):
-                yield _rows, {"OP": op, "VEC": vec, "DT": dtype}
+                yield _rows, {"OP": op, "VEC": vec, "EDGES": False, "DT": dtype}
+            if op in EDGE_OPS:
+                yield _rows, {"OP": op, "VEC": widths(dtype)[-1], "EDGES": True, "DT": dtype}
