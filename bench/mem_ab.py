@@ -68,13 +68,16 @@ def silu_cases(h: Harness) -> None:
     )
 
 
-# rows.py variants: name -> {text in rows.py: its replacement}; "scalar": the rms norms
-# without EDGES (every op on such rows through VEC 1), SCALAR_WEIGHTS_GROUP chunks' weights
-# loaded before their stores (1: main's order)
+# rows.py variants: name -> {text in rows.py: its replacement}. "EDGES G4": with EDGES the
+# weights of 4 chunks loaded before their stores; "scalar": the rms norms without EDGES (VEC
+# 1 on such rows), SCALAR_WEIGHTS_GROUP chunks' weights before their stores (1: main's order)
 SCALAR = {'EDGE_OPS = ("rms_norm", "rms_norm_residual")': "EDGE_OPS = ()"}
 ROWS_VARIANTS = {
-    f"scalar G{g}": {**SCALAR, "SCALAR_WEIGHTS_GROUP = 8": f"SCALAR_WEIGHTS_GROUP = {g}"}
-    for g in (1, 4, 8)
+    "EDGES G4": {"EDGE_WEIGHTS_GROUP = 1": "EDGE_WEIGHTS_GROUP = 4"},
+    **{
+        f"scalar G{g}": {**SCALAR, "SCALAR_WEIGHTS_GROUP = 8": f"SCALAR_WEIGHTS_GROUP = {g}"}
+        for g in (1, 8)
+    },
 }
 
 

@@ -62,6 +62,9 @@ LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")
 # rms_norm f32 went 195 -> 215 µs.
 WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")
 SCALAR_WEIGHTS_GROUP = 8
+# With EDGES the weights load per chunk: with all of a segment's first, the scalar loads
+# where w is not aligned with x's chunks held 32 more registers (rms_norm f16: 120 a thread).
+EDGE_WEIGHTS_GROUP = 1
 # Ops whose rows take 16-byte chunks even where a row does not start or end on a 16-byte
 # boundary (``EDGES``: a row length that is not a multiple of the chunk, or x one element
 # past an allocation): the chunks are aligned in x, and the elements of the first and last
@@ -304,7 +307,9 @@ def row_pass(
         if PASS == 0 and OP == "softmax":
             top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
         wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
-        per_group = REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP
+        per_group = (
+            EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP
+        )
         for g in kaio.static_range(0, REGS // VEC, per_group):
             if PASS == 1 and OP in WEIGHTS_FIRST:
                 for k in kaio.static_range(g, g + per_group):
