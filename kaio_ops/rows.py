@@ -4,9 +4,10 @@ One kernel, ``_rows``, specialized per op (``OP``), element type, ``VEC`` and ``
 block per row (rows: the last dimension). ``EDGES`` (the rms norms, ``EDGE_OPS``): 16-byte
 chunks on rows that do not start or end on a 16-byte boundary (``layout``). Each thread
 caches its part of the row in ``REGS`` f32 registers, ``REGS // VEC`` chunks of ``VEC``
-elements (one 16-byte access each when ``VEC > 1``), so a row is read from memory once when it fits in the block's registers (up to 16384 elements with
-MAX_BLOCK = 512 threads; 1024-thread blocks would cap the kernels at 64 registers a thread,
-which the driver's compilation can exceed). Softmax sends longer rows to a cluster of blocks
+elements (one 16-byte access each when ``VEC > 1``), so a row is read from memory once when
+it fits in the block's registers (up to 16384 elements with MAX_BLOCK = 512 threads;
+1024-thread blocks would cap the kernels at 64 registers a thread, which the driver's
+compilation can exceed). Softmax sends longer rows to a cluster of blocks
 on sm_90 (``kaio_ops._long_rows``). Otherwise longer rows are walked in segments of that size;
 passes alternate direction, so each starts with the segment the previous pass left in
 registers and reads the others again. The passes:
