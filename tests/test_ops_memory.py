@@ -412,10 +412,18 @@ def test_row_ops_gpu_vs_torch():
     torch = _torch()
     F = torch.nn.functional
     for dt in _torch_dtypes(torch):
-        for shape in [(4096, 4096), (2, 300, 1001), (8, 100_000)]:
+        # offset: x and the residual that many elements past an allocation; rows not on a
+        # 16-byte boundary take the rms norms' EDGES path (30001: in segments)
+        for shape, offset in [
+            ((4096, 4096), 0),
+            ((2, 300, 1001), 0),
+            ((8, 100_000), 0),
+            ((1000, 4096), 1),
+            ((8, 30_001), 3),
+        ]:
             n = shape[-1]
-            x = torch.randn(shape, device="cuda", dtype=dt)
-            r = torch.randn(shape, device="cuda", dtype=dt)
+            x = _misaligned(torch.randn(shape, device="cuda", dtype=dt), offset)
+            r = _misaligned(torch.randn(shape, device="cuda", dtype=dt), offset)
             w, b = torch.randn(n, device="cuda", dtype=dt), torch.randn(n, device="cuda", dtype=dt)
             xf, wf, bf = x.double(), w.double(), b.double()
             _torch_check(kaio_ops.rms_norm(x, w), _torch_rms(xf, wf), x)
