@@ -25,9 +25,23 @@ from bench.fastmath import N, _tri_silu_gate  # noqa: E402
 from bench.harness import Harness  # noqa: E402
 from bench.memory_ops import TOL, _randn, torch_rms, tri_rows  # noqa: E402
 from examples.quickstart import fused_silu_gate, fused_silu_gate_x4  # noqa: E402
+from kaio import f32, u32  # noqa: E402
 from kaio_ops import rows  # noqa: E402
 
 SILU_BLOCKS = (128, 512)  # API.md's kernel at other block sizes than its 256
+
+
+@kaio.gpu_kernel(block_size=256)
+def silu_nc(x: f32[:], gate: f32[:], out: f32[:], n: u32):
+    """API.md's kernel with both loads through the read-only data path (ld.global.nc)."""
+    idx = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
+    if idx < n:
+        xv = kaio.local(f32, (1,))
+        gv = kaio.local(f32, (1,))
+        kaio.load_vector(xv, x, idx, 0, "nc")
+        kaio.load_vector(gv, gate, idx, 0, "nc")
+        sig = 1.0 / (1.0 + kaio.exp(-xv[0]))
+        out[idx] = xv[0] * sig * gv[0]
 
 
 def _launch(kernel, per_thread=1):
@@ -54,6 +68,7 @@ def silu_cases(h: Harness) -> None:
             fused_silu_gate.pyfunc))  # fmt: skip
     impls["kaio fastmath"] = _launch(kaio.gpu_kernel(block_size=256, fastmath=True)(
         fused_silu_gate.pyfunc))  # fmt: skip
+    impls["kaio nc"] = _launch(silu_nc)
     impls["kaio x4"] = _launch(fused_silu_gate_x4, 4)
     impls["triton"] = _triton
     h.case(
