@@ -27,7 +27,7 @@ registers and reads the others again. The passes:
 from __future__ import annotations
 
 import kaio
-from kaio import bool_, f32, u32
+from kaio import bool_, f32, u32, u64
 from kaio_ops import _arrays, _long_rows
 from kaio_ops._common import (
     LOG2E,
@@ -90,7 +90,7 @@ def fetch_part(
     ``vector`` (src 16-byte aligned at i), else a scalar load an element."""
     if EDGES and not vector:
         for j in kaio.static_range(VEC):
-            raw[k, j] = src[i + j]
+            raw[k, j] = src[u64(i) + j]
     else:
         fetch(VEC, raw, k, src, i, DT)
 
@@ -111,7 +111,7 @@ def store_part(
     an element."""
     if EDGES and not vector:
         for j in kaio.static_range(VEC):
-            dst[i + j] = DT(src[at + j])
+            dst[u64(i) + j] = DT(src[at + j])
     else:
         store_f32(dst, i, src, at, VEC, DT)
 
