@@ -192,8 +192,7 @@ def write_chunk(
     out = (x - shift) * scale * w + b (layer norm: shift the mean, scale 1/std), x * scale *
     w (rms norms), exp(x - shift) * scale (softmax: shift the row's max, scale 1/sum); when
     ``cached`` (softmax: xs holds exp(x - the segment's max), not read again)
-    xs * seg_scale. For the ops in WEIGHTS_FIRST with VEC > 1, wraw[k] holds the chunk's
-    weights."""
+    xs * seg_scale. For the ops in WEIGHTS_FIRST, wraw[k] holds the chunk's weights."""
     ov = kaio.local(f32, (VEC,))
     wv = kaio.local(f32, (VEC,))
     bv = kaio.local(f32, (VEC,))
@@ -327,7 +326,7 @@ def row_pass(
                         total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
                     else:
                         write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC,
-                                    c * VEC, shift, scale, s == 0, seg_scale, out_ok, EDGES,
+                                    col0 + c * VEC, shift, scale, s == 0, seg_scale, out_ok, EDGES,
                                     DT)  # fmt: skip
     return total, top, seg_top
 
