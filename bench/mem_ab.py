@@ -1,15 +1,17 @@
-"""A/B of the memory-bound kernels in one process: python bench/mem_ab.py [--only silu|rms]
+"""A/B of the memory-bound kernels in one process: python bench/mem_ab.py [--silu]
 [--out results.json].
 
-silu: API.md's one-element-a-thread kernel at several block sizes, with ``fastmath=True``,
-``examples/quickstart.py``'s four-elements-a-thread kernel, and Triton. rms: ``kaio_ops.rows``
-variants (the module's text with a constant replaced, imported from a temporary file) against
-the shipped module and Triton, on rows that do not start or end on a 16-byte boundary: rows
-one element past an allocation and rows of an odd length.
+rows: ``kaio_ops.rows`` against variants of it (the module's text with constants replaced,
+imported from a temporary file; ``ROWS_VARIANTS``, "main": as on main) and Triton, on rows
+that do not start or end on a 16-byte boundary (``ROW_CASES``: x and the residual one element
+past an allocation, rows of 4095 elements). --silu: also API.md's one-element-a-thread
+silu*gate kernel at other block sizes, with ``fastmath=True`` and with ld.global.nc loads,
+``examples/quickstart.py``'s four-elements-a-thread kernel, and Triton.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import inspect
 import os
@@ -17,6 +19,7 @@ import sys
 import tempfile
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -83,17 +86,14 @@ def silu_cases(h: Harness) -> None:
     )
 
 
-# rows.py variants: name -> {text in rows.py: its replacement}. "EDGES G4": with EDGES the
-# weights of 4 chunks loaded before their stores; "scalar": the rms norms without EDGES (VEC
-# 1 on such rows), SCALAR_WEIGHTS_GROUP chunks' weights before their stores (1: main's order)
-SCALAR = {'EDGE_OPS = ("rms_norm", "rms_norm_residual")': "EDGE_OPS = ()"}
-ROWS_VARIANTS = {
-    "EDGES G4": {"EDGE_WEIGHTS_GROUP = 1": "EDGE_WEIGHTS_GROUP = 4"},
-    **{
-        f"scalar G{g}": {**SCALAR, "SCALAR_WEIGHTS_GROUP = 8": f"SCALAR_WEIGHTS_GROUP = {g}"}
-        for g in (1, 8)
-    },
+# rows.py variants: name -> {text in rows.py: its replacement}. "main": no EDGES (VEC 1 on
+# rows that do not start or end on a 16-byte boundary) and each chunk's weights loaded just
+# before its stores, as on main; "R16": 16 f32 registers of a row a thread (more threads a row)
+MAIN = {
+    "EDGE_OPS = OPS": "EDGE_OPS = ()",
+    "SCALAR_WEIGHTS_GROUP = 8": "SCALAR_WEIGHTS_GROUP = 1",
 }
+ROWS_VARIANTS = {"main": MAIN, "R16": {"REGS = 32": "REGS = 16"}}
 
 
 def _rows_variant(where: str, name: str, replacements: dict):
@@ -113,66 +113,92 @@ def _rows_variant(where: str, name: str, replacements: dict):
     return mod
 
 
-# (name, dtype, shape, offset): x and the residual start ``offset`` elements past an
-# allocation (offset 1: not 16-byte aligned); an odd row length takes VEC 1 as well
-RMS_SHAPES = (
-    ("f32 offset", torch.float32, (16384, 4096), 1),
-    ("f16 offset", torch.float16, (32768, 4096), 1),
-    ("f32 odd", torch.float32, (16384, 4095), 0),
-    ("f16 odd", torch.float16, (32768, 4095), 0),
+# (ops, name, dtype, shape, offset, variants): x and the residual start ``offset`` elements
+# past an allocation (offset 1: not 16-byte aligned); rows of an odd length start on one
+RMS = ("rms_norm", "rms_norm_residual")
+ROW_CASES = (
+    (RMS, "f16 offset", torch.float16, (32768, 4096), 1, ("main", "R16")),
+    (RMS, "f32 offset", torch.float32, (16384, 4096), 1, ("main", "R16")),
+    (("layer_norm", "softmax"), "f16 odd", torch.float16, (32768, 4095), 0, ("main",)),
+    (("layer_norm", "softmax"), "f32 odd", torch.float32, (16384, 4095), 0, ("main",)),
+    (("rms_norm",), "f16 odd", torch.float16, (32768, 4095), 0, ("main",)),
 )
 
 
-def rms_cases(h: Harness, where: str) -> None:
-    mods = {"kaio": rows}
-    mods.update({k: _rows_variant(where, k, v) for k, v in ROWS_VARIANTS.items()})
-    for name, dt, shape, offset in RMS_SHAPES:
+def _residual(x, r):
+    return (x.float() + r.float()).to(x.dtype)
+
+
+# op: (call on a rows module, Triton, float64 reference, elements moved in units of (a
+# row's elements n_row, all elements n)); each fn(x, r, w, b)
+ROW_OPS = {
+    "rms_norm": (
+        lambda m, x, r, w, b: m.rms_norm(x, w),
+        lambda x, r, w, b: tri_rows("rms_norm", x, w=w),
+        lambda x, r, w, b: torch_rms(x.double(), w.double()),
+        (1, 2),
+    ),
+    "rms_norm_residual": (
+        lambda m, x, r, w, b: m.rms_norm_residual(x, r, w),
+        lambda x, r, w, b: tri_rows("rms_norm_residual", x, r=r, w=w),
+        lambda x, r, w, b: (torch_rms(_residual(x, r).double(), w.double()), _residual(x, r)),
+        (1, 4),
+    ),
+    "layer_norm": (
+        lambda m, x, r, w, b: m.layer_norm(x, w, b),
+        lambda x, r, w, b: tri_rows("layer_norm", x, w=w, b=b, eps=1e-5),
+        lambda x, r, w, b: F.layer_norm(x.double(), x.shape[-1:], w.double(), b.double(), 1e-5),
+        (2, 2),
+    ),
+    "softmax": (
+        lambda m, x, r, w, b: m.softmax(x),
+        lambda x, r, w, b: tri_rows("softmax", x),
+        lambda x, r, w, b: torch.softmax(x.double(), -1),
+        (0, 2),
+    ),
+}
+
+
+def row_cases(h: Harness, where: str) -> None:
+    """Every case of ROW_CASES: the shipped rows module, its variants and Triton."""
+    mods = {k: _rows_variant(where, k, v) for k, v in ROWS_VARIANTS.items()}
+    for ops, name, dt, shape, offset, variants in ROW_CASES:
         n = shape[0] * shape[1]
         size = torch.tensor([], dtype=dt).element_size()
 
         def inputs(shape=shape, dt=dt, offset=offset):
             x, r = (_randn(shape[0] * shape[1] + offset, dt)[offset:].view(shape) for _ in range(2))
-            return x, r, _randn(shape[-1:], dt)
+            return x, r, _randn(shape[-1:], dt), _randn(shape[-1:], dt)
 
-        def residual(x, r, dt=dt):
-            return (x.float() + r.float()).to(dt)
-
-        res = {k: (lambda x, r, w, m=m: m.rms_norm_residual(x, r, w)) for k, m in mods.items()}
-        res["triton"] = lambda x, r, w: tri_rows("rms_norm_residual", x, r=r, w=w)
-        h.case(
-            "rms_norm_residual",
-            f"{name} {list(shape)}",
-            inputs,
-            res,
-            reference=lambda x, r, w: (
-                torch_rms(residual(x, r).double(), w.double()),
-                residual(x, r),
-            ),
-            nbytes=(4 * n + shape[1]) * size,
-            tol=TOL[dt],
-            baseline="triton",
-        )
-        plain = {k: (lambda x, r, w, m=m: m.rms_norm(x, w)) for k, m in mods.items()}
-        plain["triton"] = lambda x, r, w: tri_rows("rms_norm", x, w=w)
-        h.case(
-            "rms_norm",
-            f"{name} {list(shape)}",
-            inputs,
-            plain,
-            reference=lambda x, r, w: torch_rms(x.double(), w.double()),
-            nbytes=(2 * n + shape[1]) * size,
-            tol=TOL[dt],
-            baseline="triton",
-        )
+        for op in ops:
+            call, triton_fn, reference, (rows_moved, all_moved) = ROW_OPS[op]
+            impls = {
+                k: (lambda x, r, w, b, m=m, call=call: call(m, x, r, w, b))
+                for k, m in {"kaio": rows, **{v: mods[v] for v in variants}}.items()
+            }
+            impls["triton"] = triton_fn
+            h.case(
+                op,
+                f"{name} {list(shape)}",
+                inputs,
+                impls,
+                reference=reference,
+                nbytes=(rows_moved * shape[1] + all_moved * n) * size,
+                tol=TOL[dt],
+                baseline="triton",
+            )
 
 
 def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--silu", action="store_true", help="also the silu*gate user kernel")
+    args, _ = p.parse_known_args()
     h = Harness.from_args("memory-bound A/B: silu*gate user kernel, rows variants")
     print(f"GPU: {h.meta['gpu']}; copy bandwidth {h.copy_bandwidth():.0f} GB/s", flush=True)
-    if h.only in "silu_gate user kernel":
+    if args.silu:
         silu_cases(h)
     with tempfile.TemporaryDirectory() as where:
-        rms_cases(h, where)
+        row_cases(h, where)
     h.copy_bandwidth()
     h.finish()
     print(h.table())

@@ -1,8 +1,8 @@
 """Row ops: ``rms_norm``, ``rms_norm_residual``, ``layer_norm``, ``softmax``.
 
 One kernel, ``_rows``, specialized per op (``OP``), element type, ``VEC`` and ``EDGES``; one
-block per row (rows: the last dimension). ``EDGES`` (the rms norms, ``EDGE_OPS``): 16-byte
-chunks on rows that do not start or end on a 16-byte boundary (``layout``). Each thread
+block per row (rows: the last dimension). ``EDGES``: 16-byte chunks on rows that do not start
+or end on a 16-byte boundary in an array that does (``layout``). Each thread
 caches its part of the row in ``REGS`` f32 registers, ``REGS // VEC`` chunks of ``VEC``
 elements (one 16-byte access each when ``VEC > 1``), so a row is read from memory once when
 it fits in the block's registers (up to 16384 elements with MAX_BLOCK = 512 threads;
@@ -68,11 +68,10 @@ SCALAR_WEIGHTS_GROUP = 8
 # where w is not aligned with x's chunks held 32 more registers (rms_norm f16: 120 a thread).
 EDGE_WEIGHTS_GROUP = 1
 # Ops whose rows take 16-byte chunks even where a row does not start or end on a 16-byte
-# boundary (``EDGES``: a row length that is not a multiple of the chunk, or x one element
-# past an allocation): the chunks are aligned in x, and the elements of the first and last
-# chunk outside the row are zeros in the registers, which the rms norms' sums of squares
-# ignore (softmax's and layer norm's would not).
-EDGE_OPS = ("rms_norm", "rms_norm_residual")
+# boundary (``EDGES``: a row length that is not a multiple of the chunk): the chunks are
+# aligned in memory, the row's elements before the first and after the last go one a
+# thread to the first threads (``edge_fetch``).
+EDGE_OPS = OPS
 
 
 @kaio.gpu_func
@@ -93,6 +92,25 @@ def fetch_part(
             raw[k, j] = src[u64(i) + j]
     else:
         fetch(VEC, raw, k, src, i, DT)
+
+
+@kaio.gpu_func
+def load_part(
+    EDGES: kaio.constexpr,
+    dst: f32[:],
+    src: DT[:],
+    i: u32,
+    vector: bool_,
+    VEC: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """dst[:VEC] = src[i : i + VEC] in f32 (``load_f32``); with ``EDGES``, one 16-byte load
+    only where ``vector`` (src 16-byte aligned at i), else a scalar load an element."""
+    if EDGES and not vector:
+        for j in kaio.static_range(VEC):
+            dst[j] = f32(src[u64(i) + j])
+    else:
+        load_f32(dst, 0, src, i, VEC, DT)
 
 
 @kaio.gpu_func
@@ -184,11 +202,13 @@ def write_chunk(
     cached: bool_,
     seg_scale: f32,
     vector: bool_,
+    w_vector: bool_,
     EDGES: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """The output pass on the chunk xs[at : at + VEC] (row element col, array element i;
-    stored by ``store_part`` with ``vector``):
+    stored by ``store_part`` with ``vector``; layer norm's w and b loaded by ``load_part``
+    with ``w_vector``):
     out = (x - shift) * scale * w + b (layer norm: shift the mean, scale 1/std), x * scale *
     w (rms norms), exp(x - shift) * scale (softmax: shift the row's max, scale 1/sum); when
     ``cached`` (softmax: xs holds exp(x - the segment's max), not read again)
@@ -203,8 +223,8 @@ def write_chunk(
         for j in kaio.static_range(VEC):
             ov[j] = kaio.exp2_ftz((xs[at + j] - shift) * LOG2E) * scale
     elif OP == "layer_norm":
-        load_f32(wv, 0, w, col, VEC, DT)
-        load_f32(bv, 0, b, col, VEC, DT)
+        load_part(EDGES, wv, w, col, w_vector, VEC, DT)
+        load_part(EDGES, bv, b, col, w_vector, VEC, DT)
         for j in kaio.static_range(VEC):
             ov[j] = (xs[at + j] - shift) * scale * wv[j] + bv[j]
     else:
@@ -326,8 +346,8 @@ def row_pass(
                         total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
                     else:
                         write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC,
-                                    col0 + c * VEC, shift, scale, s == 0, seg_scale, out_ok, EDGES,
-                                    DT)  # fmt: skip
+                                    col0 + c * VEC, shift, scale, s == 0, seg_scale, out_ok, w_ok,
+                                    EDGES, DT)  # fmt: skip
     return total, top, seg_top
 
 
@@ -403,24 +423,34 @@ def _rows(
     # seg_top, the max of the segment whose exps xs keeps)
     total, top, seg_top = row_pass(0, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
                                    0.0, 0.0, 0.0, col0, out_ok, w_ok, EDGES, DT)  # fmt: skip
-    if EDGES:
-        if OP == "rms_norm_residual" and inside:
-            ex = f32(DT(ex + er))  # normalize exactly what is stored
-            res_out[at] = DT(ex)
+    if EDGES and OP == "rms_norm_residual" and inside:
+        ex = f32(DT(ex + er))  # normalize exactly what is stored
+        res_out[at] = DT(ex)
+    if EDGES and OP == "softmax" and inside:
+        top, total = merge_max_sum(top, total, ex, 1.0)
+    elif EDGES and OP == "layer_norm":
+        total += ex
+    elif EDGES:
         total += ex * ex
     if OP == "softmax":
         top, total = block_max_sum(top, total, red0, red1)
         inv = 1.0 / total
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, top, inv,
                  kaio.exp(seg_top - top) * inv, col0, out_ok, w_ok, EDGES, DT)  # fmt: skip
+        if EDGES and inside:
+            out[at] = DT(kaio.exp2_ftz((ex - top) * LOG2E) * inv)
     elif OP == "layer_norm":
         mean = block_sum(total, red0) / f32(n)
         sqdev, top, seg_top = row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
                                        mean, 0.0, 0.0, col0, out_ok, w_ok, EDGES,
                                        DT)  # fmt: skip
+        if EDGES and inside:
+            sqdev += (ex - mean) * (ex - mean)
         scale = kaio.rsqrt(block_sum(sqdev, red1) / f32(n) + eps)
         row_pass(2, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, mean, scale, 0.0,
                  col0, out_ok, w_ok, EDGES, DT)  # fmt: skip
+        if EDGES and inside:
+            out[at] = DT((ex - mean) * scale * f32(w[col]) + f32(b[col]))
     else:
         scale = kaio.rsqrt(block_sum(total, red0) / f32(n) + eps)
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, 0.0, scale, 0.0,
@@ -439,16 +469,18 @@ def block_size(n: int, vec: int) -> int:
 def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
     """``(VEC, EDGES, x_lead, w_lead)`` for ``_rows`` on these operands: 16-byte chunks where
     every row and vector starts on a 16-byte boundary; else, for the ops in EDGE_OPS when
-    the residual is as far past a 16-byte boundary as x, chunks aligned in x with the rows'
-    edges inside them (x_lead, w_lead: elements past the boundary); else VEC 1."""
+    the residual is as far past a 16-byte boundary as x and b as w, chunks aligned in x with
+    the rows' edges apart (x_lead, w_lead: elements past the boundary); else VEC 1."""
     vec = vector_width(*[a for a in (x, res, w, b) if a is not None], multiple_of=n)
     size = x.dtype.itemsize
-    leads = [a.ptr % VECTOR_BYTES for a in (x, res, w) if a is not None]
-    if vec > 1 or op not in EDGE_OPS or any(lead % size for lead in leads):
+    x_lead, res_lead, w_lead, b_lead = (
+        a.ptr % VECTOR_BYTES if a is not None else None for a in (x, res, w, b)
+    )
+    if vec > 1 or op not in EDGE_OPS or x_lead or (w_lead or 0) % size:
         return vec, False, 0, 0
-    if res is not None and leads[1] != leads[0]:
+    if res_lead not in (None, x_lead) or b_lead not in (None, w_lead):
         return vec, False, 0, 0
-    return VECTOR_BYTES // size, True, leads[0] // size, leads[-1] // size
+    return VECTOR_BYTES // size, True, x_lead // size, (w_lead or 0) // size
 
 
 def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0):

@@ -263,16 +263,17 @@ def test_vector_path_taken():
     assert elementwise.plan(x, y) == (False, 4)  # 111 elements: 27 chunks and a tail of 3
     assert elementwise.plan(x, row) == (True, 1)  # a 37-element row cannot hold whole chunks
     assert elementwise.plan(aligned, aligned) == (False, 8)
-    # the rms norms take 16-byte chunks aligned in x with the rows' edges inside them
-    # (VEC, EDGES, x_lead, w_lead) where x and the residual share their offset
+    # rows that do not start or end on a 16-byte boundary take 16-byte chunks aligned in x,
+    # the rows' edges apart (VEC, EDGES, x_lead, w_lead), where x and the residual (w and b)
+    # share their offset
     with kaio.simulate():
         w = _arrays.Inputs("t").array(rand(rng, 64, np.float16), "w", ndim=1)
-    assert rows.layout("rms_norm", 64, offset, w=w) == (8, True, 1, 0)
-    assert rows.layout("rms_norm_residual", 64, offset, offset, w) == (8, True, 1, 0)
-    assert rows.layout("rms_norm_residual", 64, offset, aligned, w) == (1, False, 0, 0)
+    assert rows.layout("rms_norm", 64, offset, w=w) == (1, False, 0, 0)
     assert rows.layout("rms_norm", 37, x, w=row) == (4, True, 0, 0)
     assert rows.layout("rms_norm", 64, aligned, w=w) == (8, False, 0, 0)
-    assert rows.layout("softmax", 64, offset) == (1, False, 0, 0)
+    assert rows.layout("rms_norm_residual", 37, x, y, row) == (4, True, 0, 0)
+    assert rows.layout("softmax", 37, x) == (4, True, 0, 0)
+    assert rows.layout("layer_norm", 64, aligned, w=w, b=offset) == (1, False, 0, 0)
 
 
 def test_kernels_per_dtype_have_their_own_cache_keys():
@@ -334,7 +335,7 @@ def _shipped():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_shipped_specialization_assembles(arch):
     texts = [kernel.ptx(arch=arch, **constexprs) for kernel, constexprs in _shipped()]
-    assert len(texts) == 84
+    assert len(texts) == 90
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda text: assemble(text, arch), texts))
 
