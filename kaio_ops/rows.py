@@ -72,6 +72,10 @@ EDGE_WEIGHTS_GROUP = 1
 # aligned in memory, the row's elements before the first and after the last go one a
 # thread to the first threads (``edge_fetch``).
 EDGE_OPS = OPS
+# EDGES: 1 where the outputs are 16-byte aligned where x is, STAGED where they are not (x
+# and the residual one element past an allocation, say): then the output passes store
+# through shared memory, consecutive lanes on consecutive elements (``staged_store``)
+STAGED = 2
 
 
 @kaio.gpu_func
@@ -114,27 +118,6 @@ def load_part(
 
 
 @kaio.gpu_func
-def store_part(
-    EDGES: kaio.constexpr,
-    dst: DT[:],
-    i: u32,
-    src: f32[:],
-    at: kaio.constexpr,
-    VEC: kaio.constexpr,
-    vector: bool_,
-    DT: kaio.constexpr,
-):
-    """dst[i : i + VEC] = src[at : at + VEC] rounded to DT (``store_f32``); with ``EDGES``,
-    one 16-byte store only where ``vector`` (dst 16-byte aligned at i), else a scalar store
-    an element."""
-    if EDGES and not vector:
-        for j in kaio.static_range(VEC):
-            dst[u64(i) + j] = DT(src[at + j])
-    else:
-        store_f32(dst, i, src, at, VEC, DT)
-
-
-@kaio.gpu_func
 def take_chunk(
     PASS: kaio.constexpr,
     OP: kaio.constexpr,
@@ -145,12 +128,11 @@ def take_chunk(
     k: kaio.constexpr,
     res_out: DT[:],
     i: u32,
-    vector: bool_,
     EDGES: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """xs[k VEC : (k + 1) VEC] = the fetched chunk k in f32 (for rms_norm_residual in pass 0:
-    x + res, rounded to DT and stored to res_out at i by ``store_part`` with ``vector``)."""
+    x + res, rounded to DT and stored to res_out at i, unless the stores are STAGED)."""
     for j in kaio.static_range(VEC):
         xs[k * VEC + j] = f32(raw[k, j])
     if OP == "rms_norm_residual" and PASS == 0:
@@ -158,7 +140,8 @@ def take_chunk(
         for j in kaio.static_range(VEC):
             rv[j] = xs[k * VEC + j] + f32(rraw[k, j])
             xs[k * VEC + j] = f32(DT(rv[j]))  # normalize exactly what is stored
-        store_part(EDGES, res_out, i, rv, 0, VEC, vector, DT)
+        if EDGES != STAGED:
+            store_f32(res_out, i, rv, 0, VEC, DT)
 
 
 @kaio.gpu_func
@@ -185,6 +168,18 @@ def accumulate(
 
 
 @kaio.gpu_func
+def out_value(OP: kaio.constexpr, x: f32, shift: f32, scale: f32) -> f32:
+    """The output of element x before the weights: (x - shift) * scale (layer norm: shift
+    the mean, scale 1/std), x * scale (rms norms), exp(x - shift) * scale (softmax: shift the
+    row's max, scale 1/sum; a segment whose exps xs holds is scaled by seg_scale instead)."""
+    if OP == "softmax":
+        return kaio.exp2_ftz((x - shift) * LOG2E) * scale
+    elif OP == "layer_norm":
+        return (x - shift) * scale
+    return x * scale
+
+
+@kaio.gpu_func
 def write_chunk(
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
@@ -201,41 +196,76 @@ def write_chunk(
     scale: f32,
     cached: bool_,
     seg_scale: f32,
-    vector: bool_,
     w_vector: bool_,
     EDGES: kaio.constexpr,
     DT: kaio.constexpr,
 ):
-    """The output pass on the chunk xs[at : at + VEC] (row element col, array element i;
-    stored by ``store_part`` with ``vector``; layer norm's w and b loaded by ``load_part``
-    with ``w_vector``):
-    out = (x - shift) * scale * w + b (layer norm: shift the mean, scale 1/std), x * scale *
-    w (rms norms), exp(x - shift) * scale (softmax: shift the row's max, scale 1/sum); when
-    ``cached`` (softmax: xs holds exp(x - the segment's max), not read again)
-    xs * seg_scale. For the ops in WEIGHTS_FIRST, wraw[k] holds the chunk's weights."""
+    """The output pass on the chunk xs[at : at + VEC] (row element col, array element i):
+    ``out_value``, times w (rms norms; for the ops in WEIGHTS_FIRST wraw[k] holds the
+    chunk's weights), times w plus b (layer norm, loaded by ``load_part`` with
+    ``w_vector``)."""
     ov = kaio.local(f32, (VEC,))
     wv = kaio.local(f32, (VEC,))
     bv = kaio.local(f32, (VEC,))
+    if OP == "layer_norm":
+        load_part(EDGES, wv, w, col, w_vector, VEC, DT)
+        load_part(EDGES, bv, b, col, w_vector, VEC, DT)
+    elif OP in WEIGHTS_FIRST:
+        for j in kaio.static_range(VEC):
+            wv[j] = f32(wraw[k, j])
+    elif OP != "softmax":
+        load_f32(wv, 0, w, col, VEC, DT)
     if OP == "softmax" and cached:
         for j in kaio.static_range(VEC):
             ov[j] = xs[at + j] * seg_scale
-    elif OP == "softmax":
-        for j in kaio.static_range(VEC):
-            ov[j] = kaio.exp2_ftz((xs[at + j] - shift) * LOG2E) * scale
-    elif OP == "layer_norm":
-        load_part(EDGES, wv, w, col, w_vector, VEC, DT)
-        load_part(EDGES, bv, b, col, w_vector, VEC, DT)
-        for j in kaio.static_range(VEC):
-            ov[j] = (xs[at + j] - shift) * scale * wv[j] + bv[j]
     else:
-        if OP in WEIGHTS_FIRST:
-            for j in kaio.static_range(VEC):
-                wv[j] = f32(wraw[k, j])
-        else:
-            load_f32(wv, 0, w, col, VEC, DT)
         for j in kaio.static_range(VEC):
-            ov[j] = xs[at + j] * scale * wv[j]
-    store_part(EDGES, out, i, ov, 0, VEC, vector, DT)
+            v = out_value(OP, xs[at + j], shift, scale)
+            if OP == "layer_norm":
+                ov[j] = v * wv[j] + bv[j]
+            elif OP == "softmax":
+                ov[j] = v
+            else:
+                ov[j] = v * wv[j]
+    store_f32(out, i, ov, 0, VEC, DT)
+
+
+@kaio.gpu_func
+def staged_store(
+    OP: kaio.constexpr,
+    VEC: kaio.constexpr,
+    ov: f32[:],
+    stage: f32[:],
+    out: DT[:],
+    w: DT[:],
+    b: DT[:],
+    first: u32,
+    chunks: u32,
+    base: u32,
+    col0: u32,
+    DT: kaio.constexpr,
+):
+    """Store the warp's chunks first.. first + 31 (this lane's: ``ov``, chunk first + lane)
+    with consecutive lanes on consecutive elements, through the warp's part of ``stage``
+    (``STAGED``: out not 16-byte aligned where x is, so a lane's own chunk would take a
+    scalar store an element, 32 lanes 16 bytes apart); times w (rms norms) or w plus b (layer
+    norm) read the same way; OP "copy": as they are. Every lane of the warp takes part."""
+    lane = kaio.lane_id()
+    at = kaio.warp_id() * (32 * VEC)
+    for j in kaio.static_range(VEC):
+        stage[at + lane * VEC + j] = ov[j]
+    kaio.sync_warp()
+    for m in kaio.static_range(VEC):
+        e = lane + 32 * m
+        if first + e // VEC < chunks:
+            v = stage[at + e]
+            col = col0 + first * VEC + e
+            if OP == "layer_norm":
+                v = v * f32(w[col]) + f32(b[col])
+            elif OP in WEIGHTS_FIRST:
+                v = v * f32(w[col])
+            out[base + first * VEC + e] = DT(v)
+    kaio.sync_warp()  # the stage is free again
 
 
 @kaio.gpu_func
@@ -280,14 +310,14 @@ def row_pass(
     scale: f32,
     seg_scale: f32,
     col0: u32,
-    out_ok: bool_,
     w_ok: bool_,
+    stage: f32[:],
     EDGES: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """One pass over this block's row (``chunks`` chunks of VEC from array element base, row
-    element col0; with EDGES the outputs' and the weights' chunks are 16-byte aligned only
-    when ``out_ok`` / ``w_ok``): the
+    element col0; with EDGES the weights' chunks are 16-byte aligned only when ``w_ok``, and
+    STAGED stores go through ``stage``, see ``staged_store``): the
     accumulating passes (``accumulate``; softmax's pass 0: ``exp_segment``) return this
     thread's ``(total, top, seg_top)``: its sum, and for softmax its running max (total
     then the sum of exp(x - top)) and the max of the segment left in xs; the output pass
@@ -297,6 +327,7 @@ def row_pass(
     nt = kaio.block_dim_x()
     per = nt * (REGS // VEC)
     segments = (chunks + per - 1) // per
+    OUTPUT = PASS == 2 if OP == "layer_norm" else PASS == 1  # the pass that writes out
     total = 0.0
     top = LOWEST
     seg_top = 0.0
@@ -304,6 +335,7 @@ def row_pass(
         # Passes alternate direction, so each starts with the segment the last one left in xs
         seg = s if PASS % 2 == 0 else segments - 1 - s
         first = seg * per + t
+        warp_first = first - kaio.lane_id()  # the chunk of the warp's lane 0
         if PASS == 0 or s > 0:
             raw = kaio.local(DT, (REGS // VEC, VEC))
             rraw = kaio.local(DT, (REGS // VEC, VEC))  # res (rms_norm_residual, pass 0)
@@ -312,19 +344,27 @@ def row_pass(
                 if c < chunks:
                     i = base + c * VEC
                     if OP == "rms_norm_residual" and PASS > 0:
-                        fetch_part(EDGES, VEC, raw, k, res_out, i, out_ok, DT)
+                        fetch_part(EDGES, VEC, raw, k, res_out, i, EDGES != STAGED, DT)
                     else:
                         fetch(VEC, raw, k, x, i, DT)
                     if OP == "rms_norm_residual" and PASS == 0:
                         fetch(VEC, rraw, k, res, i, DT)
                     if OP not in LOADS_FIRST:
-                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, i, out_ok, EDGES, DT)
+                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, i, EDGES, DT)
             if OP in LOADS_FIRST:
                 for k in kaio.static_range(REGS // VEC):
                     c = first + k * nt
                     if c < chunks:
                         take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC,
-                                   out_ok, EDGES, DT)  # fmt: skip
+                                   EDGES, DT)  # fmt: skip
+            if EDGES == STAGED and OP == "rms_norm_residual" and PASS == 0:
+                for k in kaio.static_range(REGS // VEC):  # the new residual, as xs holds it
+                    if warp_first + k * nt < chunks:
+                        rv = kaio.local(f32, (VEC,))
+                        for j in kaio.static_range(VEC):
+                            rv[j] = xs[k * VEC + j]
+                        staged_store("copy", VEC, rv, stage, res_out, w, b, warp_first + k * nt,
+                                     chunks, base, col0, DT)  # fmt: skip
         if PASS == 0 and OP == "softmax":
             top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
         wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
@@ -332,7 +372,7 @@ def row_pass(
             EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP
         )
         for g in kaio.static_range(0, REGS // VEC, per_group):
-            if PASS == 1 and OP in WEIGHTS_FIRST:
+            if PASS == 1 and OP in WEIGHTS_FIRST and EDGES != STAGED:
                 for k in kaio.static_range(g, g + per_group):
                     c = first + k * nt
                     if c < chunks:
@@ -344,10 +384,20 @@ def row_pass(
                         pass  # done a segment at a time by exp_segment
                     elif PASS == 0 or (PASS == 1 and OP == "layer_norm"):
                         total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
-                    else:
+                    elif EDGES != STAGED:
                         write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC,
-                                    col0 + c * VEC, shift, scale, s == 0, seg_scale, out_ok, w_ok,
-                                    EDGES, DT)  # fmt: skip
+                                    col0 + c * VEC, shift, scale, s == 0, seg_scale, w_ok, EDGES,
+                                    DT)  # fmt: skip
+                if EDGES == STAGED and OUTPUT:
+                    if warp_first + k * nt < chunks:
+                        ov = kaio.local(f32, (VEC,))
+                        for j in kaio.static_range(VEC):
+                            if OP == "softmax" and s == 0:  # xs holds the segment's exps
+                                ov[j] = xs[k * VEC + j] * seg_scale
+                            else:
+                                ov[j] = out_value(OP, xs[k * VEC + j], shift, scale)
+                        staged_store(OP, VEC, ov, stage, out, w, b, warp_first + k * nt, chunks,
+                                     base, col0, DT)  # fmt: skip
     return total, top, seg_top
 
 
@@ -398,10 +448,10 @@ def _rows(
     red0 = kaio.shared(f32, (32,))
     red1 = kaio.shared(f32, (32,))
     xs = kaio.local(f32, (REGS,))
+    stage = kaio.shared(f32, (MAX_BLOCK * VEC if EDGES == STAGED else 1,))  # staged_store
     base = kaio.block_idx_x() * n
     chunks = n // VEC
     col0 = u32(0)  # the row element at array element base
-    out_ok = True
     w_ok = True
     inside = False  # this thread has an element of the row's edges: array element at, column col
     at = u32(0)
@@ -411,18 +461,17 @@ def _rows(
     if EDGES:
         # The chunks are 16-byte aligned in x: they start col0 elements into the row (x and
         # the residual start x_lead elements past a 16-byte boundary, w w_lead, the outputs
-        # on one); the row's elements before the first chunk and after the last go one a
-        # thread to the first threads (``edge_fetch``).
+        # on one: STAGED where x_lead is not 0); the row's elements before the first chunk
+        # and after the last go one a thread to the first threads (``edge_fetch``).
         col0 = kaio.min((VEC - (x_lead + base) % VEC) % VEC, n)
         chunks = (n - col0) // VEC
-        out_ok = x_lead == 0
         w_ok = (w_lead + col0) % VEC == 0
         inside, at, col, ex, er = edge_fetch(OP, x, res, base, n, col0, chunks * VEC, DT)
         base = base + col0
     # pass 0: this thread's sum (softmax: its running max top and sum of exp(x - top), and
     # seg_top, the max of the segment whose exps xs keeps)
     total, top, seg_top = row_pass(0, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
-                                   0.0, 0.0, 0.0, col0, out_ok, w_ok, EDGES, DT)  # fmt: skip
+                                   0.0, 0.0, 0.0, col0, w_ok, stage, EDGES, DT)  # fmt: skip
     if EDGES and OP == "rms_norm_residual" and inside:
         ex = f32(DT(ex + er))  # normalize exactly what is stored
         res_out[at] = DT(ex)
@@ -436,25 +485,25 @@ def _rows(
         top, total = block_max_sum(top, total, red0, red1)
         inv = 1.0 / total
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, top, inv,
-                 kaio.exp(seg_top - top) * inv, col0, out_ok, w_ok, EDGES, DT)  # fmt: skip
+                 kaio.exp(seg_top - top) * inv, col0, w_ok, stage, EDGES, DT)  # fmt: skip
         if EDGES and inside:
             out[at] = DT(kaio.exp2_ftz((ex - top) * LOG2E) * inv)
     elif OP == "layer_norm":
         mean = block_sum(total, red0) / f32(n)
         sqdev, top, seg_top = row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
-                                       mean, 0.0, 0.0, col0, out_ok, w_ok, EDGES,
+                                       mean, 0.0, 0.0, col0, w_ok, stage, EDGES,
                                        DT)  # fmt: skip
         if EDGES and inside:
             sqdev += (ex - mean) * (ex - mean)
         scale = kaio.rsqrt(block_sum(sqdev, red1) / f32(n) + eps)
         row_pass(2, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, mean, scale, 0.0,
-                 col0, out_ok, w_ok, EDGES, DT)  # fmt: skip
+                 col0, w_ok, stage, EDGES, DT)  # fmt: skip
         if EDGES and inside:
             out[at] = DT((ex - mean) * scale * f32(w[col]) + f32(b[col]))
     else:
         scale = kaio.rsqrt(block_sum(total, red0) / f32(n) + eps)
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, 0.0, scale, 0.0,
-                 col0, out_ok, w_ok, EDGES, DT)  # fmt: skip
+                 col0, w_ok, stage, EDGES, DT)  # fmt: skip
         if EDGES and inside:
             out[at] = DT(ex * scale * f32(w[col]))
 
@@ -476,11 +525,11 @@ def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
     x_lead, res_lead, w_lead, b_lead = (
         a.ptr % VECTOR_BYTES if a is not None else None for a in (x, res, w, b)
     )
-    if vec > 1 or op not in EDGE_OPS or x_lead or (w_lead or 0) % size:
-        return vec, False, 0, 0
+    if vec > 1 or op not in EDGE_OPS or x_lead % size or (w_lead or 0) % size:
+        return vec, 0, 0, 0
     if res_lead not in (None, x_lead) or b_lead not in (None, w_lead):
-        return vec, False, 0, 0
-    return VECTOR_BYTES // size, True, x_lead // size, (w_lead or 0) // size
+        return vec, 0, 0, 0
+    return VECTOR_BYTES // size, STAGED if x_lead else 1, x_lead // size, (w_lead or 0) // size
 
 
 def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0):
@@ -572,6 +621,7 @@ def shipped():
     for dtype in _arrays.FLOATS:
         for op in OPS:
             for vec in widths(dtype):
-                yield _rows, {"OP": op, "VEC": vec, "EDGES": False, "DT": dtype}
+                yield _rows, {"OP": op, "VEC": vec, "EDGES": 0, "DT": dtype}
             if op in EDGE_OPS:
-                yield _rows, {"OP": op, "VEC": widths(dtype)[-1], "EDGES": True, "DT": dtype}
+                for edges in (1, STAGED):
+                    yield _rows, {"OP": op, "VEC": widths(dtype)[-1], "EDGES": edges, "DT": dtype}
