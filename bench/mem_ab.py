@@ -159,6 +159,52 @@ ROW_OPS = {
 }
 
 
+def _row_inputs(shape, dt, offset):
+    """x, the residual (``offset`` elements past an allocation), w and b."""
+    x, r = (_randn(shape[0] * shape[1] + offset, dt)[offset:].view(shape) for _ in range(2))
+    return x, r, _randn(shape[-1:], dt), _randn(shape[-1:], dt)
+
+
+def _row_impls(mods: dict, op: str, variants) -> dict:
+    """name -> fn(x, r, w, b): op of the shipped module, of each variant, and Triton."""
+    call, triton_fn = ROW_OPS[op][:2]
+    impls = {
+        k: (lambda x, r, w, b, m=m: call(m, x, r, w, b))
+        for k, m in {"kaio": rows, **{v: mods[v] for v in variants}}.items()
+    }
+    return {**impls, "triton": triton_fn}
+
+
+def _warm(where: str, case: int) -> str:
+    """Compile what ROW_CASES[case] launches (into the kaio and Triton disk caches), on four
+    of its rows; '' or the error."""
+    try:
+        mods = {k: _rows_variant(where, k, v) for k, v in ROWS_VARIANTS.items()}
+        ops, _, dt, shape, offset, variants = ROW_CASES[case]
+        for op in ops:
+            for fn in _row_impls(mods, op, variants).values():
+                fn(*_row_inputs((4, shape[1]), dt, offset))
+        torch.cuda.synchronize()
+        return ""
+    except Exception as e:  # noqa: BLE001  (reported, the timed run compiles it again)
+        return f"{type(e).__name__}: {e}"[:200]
+
+
+def prewarm(where: str, workers: int) -> None:
+    """Every case's kernels compiled in ``workers`` processes at once (``_warm``): the timed
+    run then loads them from the disk caches."""
+    import concurrent.futures
+    import multiprocessing
+    import time
+
+    t = time.time()
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        jobs = [pool.submit(_warm, where, case) for case in range(len(ROW_CASES))]
+        errors = [e for e in (job.result() for job in jobs) if e]
+    print(f"prewarm: {len(ROW_CASES)} cases in {time.time() - t:.1f} s {errors}", flush=True)
+
+
 def row_cases(h: Harness, where: str) -> None:
     """Every case of ROW_CASES: the shipped rows module, its variants and Triton."""
     mods = {k: _rows_variant(where, k, v) for k, v in ROWS_VARIANTS.items()}
@@ -167,16 +213,11 @@ def row_cases(h: Harness, where: str) -> None:
         size = torch.tensor([], dtype=dt).element_size()
 
         def inputs(shape=shape, dt=dt, offset=offset):
-            x, r = (_randn(shape[0] * shape[1] + offset, dt)[offset:].view(shape) for _ in range(2))
-            return x, r, _randn(shape[-1:], dt), _randn(shape[-1:], dt)
+            return _row_inputs(shape, dt, offset)
 
         for op in ops:
-            call, triton_fn, reference, (rows_moved, all_moved) = ROW_OPS[op]
-            impls = {
-                k: (lambda x, r, w, b, m=m, call=call: call(m, x, r, w, b))
-                for k, m in {"kaio": rows, **{v: mods[v] for v in variants}}.items()
-            }
-            impls["triton"] = triton_fn
+            reference, (rows_moved, all_moved) = ROW_OPS[op][2:]
+            impls = _row_impls(mods, op, variants)
             h.case(
                 op,
                 f"{name} {list(shape)}",
@@ -192,13 +233,18 @@ def row_cases(h: Harness, where: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--silu", action="store_true", help="also the silu*gate user kernel")
+    p.add_argument("--prewarm", type=int, default=0, help="compile in this many processes first")
     args, _ = p.parse_known_args()
+    # the variants' files at one path for every process (their kernels' cache keys)
+    where = os.path.join(tempfile.gettempdir(), f"mem_ab_variants_{os.getpid()}")
+    os.makedirs(where, exist_ok=True)
+    if args.prewarm:
+        prewarm(where, args.prewarm)
     h = Harness.from_args("memory-bound A/B: silu*gate user kernel, rows variants")
     print(f"GPU: {h.meta['gpu']}; copy bandwidth {h.copy_bandwidth():.0f} GB/s", flush=True)
     if args.silu:
         silu_cases(h)
-    with tempfile.TemporaryDirectory() as where:
-        row_cases(h, where)
+    row_cases(h, where)
     h.copy_bandwidth()
     h.finish()
     print(h.table())
