@@ -237,35 +237,67 @@ def staged_store(
     ov: f32[:],
     stage: f32[:],
     out: DT[:],
-    w: DT[:],
-    b: DT[:],
+    ws: f32[:],
+    bs: f32[:],
+    at_ws: kaio.constexpr,
     first: u32,
     chunks: u32,
     base: u32,
-    col0: u32,
     DT: kaio.constexpr,
 ):
     """Store the warp's chunks first.. first + 31 (this lane's: ``ov``, chunk first + lane)
     with consecutive lanes on consecutive elements, through the warp's part of ``stage``
     (``STAGED``: out not 16-byte aligned where x is, so a lane's own chunk would take a
-    scalar store an element, 32 lanes 16 bytes apart); times w (rms norms) or w plus b (layer
-    norm) read the same way; OP "copy": as they are. Every lane of the warp takes part."""
+    scalar store an element, 32 lanes 16 bytes apart); times the weights (rms norms) or the
+    weights plus the biases (layer norm) of those elements, ws[at_ws + m] and bs[at_ws + m]
+    for element lane + 32 m (``staged_weights``); OP "copy": as they are. Every lane of the
+    warp takes part."""
     lane = kaio.lane_id()
     at = kaio.warp_id() * (32 * VEC)
-    for j in kaio.static_range(VEC):
-        stage[at + lane * VEC + j] = ov[j]
+    for h in kaio.static_range(VEC // 4):  # 16-byte stores: no bank conflicts
+        q = kaio.local(f32, (4,))
+        for j in kaio.static_range(4):
+            q[j] = ov[4 * h + j]
+        kaio.store_vector(stage, at + lane * VEC + 4 * h, q)
     kaio.sync_warp()
     for m in kaio.static_range(VEC):
         e = lane + 32 * m
         if first + e // VEC < chunks:
             v = stage[at + e]
-            col = col0 + first * VEC + e
             if OP == "layer_norm":
-                v = v * f32(w[col]) + f32(b[col])
+                v = v * ws[at_ws + m] + bs[at_ws + m]
             elif OP in WEIGHTS_FIRST:
-                v = v * f32(w[col])
+                v = v * ws[at_ws + m]
             out[base + first * VEC + e] = DT(v)
     kaio.sync_warp()  # the stage is free again
+
+
+@kaio.gpu_func
+def staged_weights(
+    OP: kaio.constexpr,
+    VEC: kaio.constexpr,
+    ws: f32[:],
+    bs: f32[:],
+    w: DT[:],
+    b: DT[:],
+    warp_first: u32,
+    nt: u32,
+    chunks: u32,
+    col0: u32,
+    DT: kaio.constexpr,
+):
+    """ws, bs = the weights (and layer norm's biases) that ``staged_store`` multiplies this
+    lane's elements by, of all the segment's chunks of the warp (lane 0's first:
+    warp_first), loaded before the first store."""
+    lane = kaio.lane_id()
+    for k in kaio.static_range(REGS // VEC):
+        for m in kaio.static_range(VEC):
+            e = lane + 32 * m
+            if warp_first + k * nt + e // VEC < chunks:
+                col = col0 + (warp_first + k * nt) * VEC + e
+                ws[k * VEC + m] = f32(w[col])
+                if OP == "layer_norm":
+                    bs[k * VEC + m] = f32(b[col])
 
 
 @kaio.gpu_func
@@ -328,6 +360,8 @@ def row_pass(
     per = nt * (REGS // VEC)
     segments = (chunks + per - 1) // per
     OUTPUT = PASS == 2 if OP == "layer_norm" else PASS == 1  # the pass that writes out
+    ws = kaio.local(f32, (REGS,))  # STAGED: this lane's weights and biases (staged_weights)
+    bs = kaio.local(f32, (REGS,))
     total = 0.0
     top = LOWEST
     seg_top = 0.0
@@ -363,11 +397,13 @@ def row_pass(
                         rv = kaio.local(f32, (VEC,))
                         for j in kaio.static_range(VEC):
                             rv[j] = xs[k * VEC + j]
-                        staged_store("copy", VEC, rv, stage, res_out, w, b, warp_first + k * nt,
-                                     chunks, base, col0, DT)  # fmt: skip
+                        staged_store("copy", VEC, rv, stage, res_out, ws, bs, 0,
+                                     warp_first + k * nt, chunks, base, DT)  # fmt: skip
         if PASS == 0 and OP == "softmax":
             top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
         wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
+        if EDGES == STAGED and OUTPUT and OP != "softmax":
+            staged_weights(OP, VEC, ws, bs, w, b, warp_first, nt, chunks, col0, DT)
         per_group = (
             EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP
         )
@@ -396,8 +432,8 @@ def row_pass(
                                 ov[j] = xs[k * VEC + j] * seg_scale
                             else:
                                 ov[j] = out_value(OP, xs[k * VEC + j], shift, scale)
-                        staged_store(OP, VEC, ov, stage, out, w, b, warp_first + k * nt, chunks,
-                                     base, col0, DT)  # fmt: skip
+                        staged_store(OP, VEC, ov, stage, out, ws, bs, k * VEC, warp_first + k * nt,
+                                     chunks, base, DT)  # fmt: skip
     return total, top, seg_top
 
 
