@@ -6,7 +6,7 @@ Every op runs at a large size in f32, f16 and bf16: 256 MiB an input array (512 
 peers are small kernels written here for exactly the same op (one program per row for the
 row ops, 1024 elements a program for the elementwise ones), computing in f32 as kaio does.
 GB/s counts the fewest bytes the op must move (inputs read once, outputs written once).
-The rms norms also run on rows that do not start or end on a 16-byte boundary ("unaligned":
+The row ops also run on rows that do not start or end on a 16-byte boundary ("unaligned":
 x and the residual one element past an allocation, and rows of 4095 elements).
 """
 
@@ -177,9 +177,6 @@ def torch_rms_residual(x, r, w, eps=1e-6):
 
 
 # ---------------------------------------------------------------------------- cases
-RMS_OPS = ("rms_norm", "rms_norm_residual")
-
-
 def _randn(shape, dt, scale=1.0):
     return (torch.randn(shape, device="cuda", dtype=torch.float32) * scale).to(dt)
 
@@ -245,9 +242,9 @@ def elementwise_cases(h: Harness, dt, name: str, shape=(8192, 8192)):
         )
 
 
-def row_cases(h: Harness, dt, name: str, shape=(16384, 4096), offset=0, ops=None, suffix=""):
-    """The row ops (``ops``: all by default) on x and the residual of ``shape`` that start
-    ``offset`` elements past an allocation; ``suffix`` to the op's name."""
+def row_cases(h: Harness, dt, name: str, shape=(16384, 4096), offset=0, suffix=""):
+    """The row ops on x and the residual of ``shape`` that start ``offset`` elements past an
+    allocation; ``suffix`` to the op's name."""
     n_row = shape[-1]
     n, size = math.prod(shape), torch.tensor([], dtype=dt).element_size()
     label = f"{name} {list(shape)}" + (f" +{offset}" if offset else "")
@@ -291,7 +288,7 @@ def row_cases(h: Harness, dt, name: str, shape=(16384, 4096), offset=0, ops=None
             2 * n,
         ),
     }
-    for op in ops or table:
+    for op in table:
         kaio_fn, triton_fn, torch_fn, reference, elements = table[op]
         impls = {"kaio": kaio_fn, "triton": triton_fn, "torch": torch_fn}
         h.case(
@@ -340,7 +337,7 @@ def main() -> None:
         # rows that do not start or end on a 16-byte boundary: x and the residual one element
         # past an allocation, and an odd row length
         for shape, offset in (((rows, 4096), 1), ((rows, 4095), 0)):
-            row_cases(h, dt, name, shape, offset, RMS_OPS, " unaligned")
+            row_cases(h, dt, name, shape, offset, suffix=" unaligned")
         rope_cases(h, dt, name, (rows, 32, 128))
     # rows longer than a block's registers hold (kaio: a thread-block cluster a row on sm_90,
     # else read twice); Triton's one-program row kernel cannot hold them, so torch is the peer
