@@ -72,10 +72,6 @@ EDGE_WEIGHTS_GROUP = 1
 # aligned in memory, the row's elements before the first and after the last go one a
 # thread to the first threads (``edge_fetch``).
 EDGE_OPS = OPS
-# EDGES: 1 where the outputs are 16-byte aligned where x is, STAGED where they are not (x
-# and the residual one element past an allocation, say): then the output passes store
-# through shared memory, consecutive lanes on consecutive elements (``staged_store``)
-STAGED = 2
 
 
 @kaio.gpu_func
@@ -132,7 +128,7 @@ def take_chunk(
     DT: kaio.constexpr,
 ):
     """xs[k VEC : (k + 1) VEC] = the fetched chunk k in f32 (for rms_norm_residual in pass 0:
-    x + res, rounded to DT and stored to res_out at i, unless the stores are STAGED)."""
+    x + res, rounded to DT and stored to res_out at i)."""
     for j in kaio.static_range(VEC):
         xs[k * VEC + j] = f32(raw[k, j])
     if OP == "rms_norm_residual" and PASS == 0:
@@ -140,8 +136,7 @@ def take_chunk(
         for j in kaio.static_range(VEC):
             rv[j] = xs[k * VEC + j] + f32(rraw[k, j])
             xs[k * VEC + j] = f32(DT(rv[j]))  # normalize exactly what is stored
-        if EDGES != STAGED:
-            store_f32(res_out, i, rv, 0, VEC, DT)
+        store_f32(res_out, i, rv, 0, VEC, DT)
 
 
 @kaio.gpu_func
@@ -231,76 +226,6 @@ def write_chunk(
 
 
 @kaio.gpu_func
-def staged_store(
-    OP: kaio.constexpr,
-    VEC: kaio.constexpr,
-    ov: f32[:],
-    stage: f32[:],
-    out: DT[:],
-    ws: f32[:],
-    bs: f32[:],
-    at_ws: kaio.constexpr,
-    first: u32,
-    chunks: u32,
-    base: u32,
-    DT: kaio.constexpr,
-):
-    """Store the warp's chunks first.. first + 31 (this lane's: ``ov``, chunk first + lane)
-    with consecutive lanes on consecutive elements, through the warp's part of ``stage``
-    (``STAGED``: out not 16-byte aligned where x is, so a lane's own chunk would take a
-    scalar store an element, 32 lanes 16 bytes apart); times the weights (rms norms) or the
-    weights plus the biases (layer norm) of those elements, ws[at_ws + m] and bs[at_ws + m]
-    for element lane + 32 m (``staged_weights``); OP "copy": as they are. Every lane of the
-    warp takes part."""
-    lane = kaio.lane_id()
-    at = kaio.warp_id() * (32 * VEC)
-    for h in kaio.static_range(VEC // 4):  # 16-byte stores: no bank conflicts
-        q = kaio.local(f32, (4,))
-        for j in kaio.static_range(4):
-            q[j] = ov[4 * h + j]
-        kaio.store_vector(stage, at + lane * VEC + 4 * h, q)
-    kaio.sync_warp()
-    for m in kaio.static_range(VEC):
-        e = lane + 32 * m
-        if first + e // VEC < chunks:
-            v = stage[at + e]
-            if OP == "layer_norm":
-                v = v * ws[at_ws + m] + bs[at_ws + m]
-            elif OP in WEIGHTS_FIRST:
-                v = v * ws[at_ws + m]
-            out[base + first * VEC + e] = DT(v)
-    kaio.sync_warp()  # the stage is free again
-
-
-@kaio.gpu_func
-def staged_weights(
-    OP: kaio.constexpr,
-    VEC: kaio.constexpr,
-    ws: f32[:],
-    bs: f32[:],
-    w: DT[:],
-    b: DT[:],
-    warp_first: u32,
-    nt: u32,
-    chunks: u32,
-    col0: u32,
-    DT: kaio.constexpr,
-):
-    """ws, bs = the weights (and layer norm's biases) that ``staged_store`` multiplies this
-    lane's elements by, of all the segment's chunks of the warp (lane 0's first:
-    warp_first), loaded before the first store."""
-    lane = kaio.lane_id()
-    for k in kaio.static_range(REGS // VEC):
-        for m in kaio.static_range(VEC):
-            e = lane + 32 * m
-            if warp_first + k * nt + e // VEC < chunks:
-                col = col0 + (warp_first + k * nt) * VEC + e
-                ws[k * VEC + m] = f32(w[col])
-                if OP == "layer_norm":
-                    bs[k * VEC + m] = f32(b[col])
-
-
-@kaio.gpu_func
 def exp_segment(
     VEC: kaio.constexpr, xs: f32[:], first: u32, nt: u32, chunks: u32, top: f32, total: f32
 ):
@@ -343,13 +268,11 @@ def row_pass(
     seg_scale: f32,
     col0: u32,
     w_ok: bool_,
-    stage: f32[:],
     EDGES: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """One pass over this block's row (``chunks`` chunks of VEC from array element base, row
-    element col0; with EDGES the weights' chunks are 16-byte aligned only when ``w_ok``, and
-    STAGED stores go through ``stage``, see ``staged_store``): the
+    element col0; with EDGES the weights' chunks are 16-byte aligned only when ``w_ok``): the
     accumulating passes (``accumulate``; softmax's pass 0: ``exp_segment``) return this
     thread's ``(total, top, seg_top)``: its sum, and for softmax its running max (total
     then the sum of exp(x - top)) and the max of the segment left in xs; the output pass
@@ -359,9 +282,6 @@ def row_pass(
     nt = kaio.block_dim_x()
     per = nt * (REGS // VEC)
     segments = (chunks + per - 1) // per
-    OUTPUT = PASS == 2 if OP == "layer_norm" else PASS == 1  # the pass that writes out
-    ws = kaio.local(f32, (REGS,))  # STAGED: this lane's weights and biases (staged_weights)
-    bs = kaio.local(f32, (REGS,))
     total = 0.0
     top = LOWEST
     seg_top = 0.0
@@ -369,7 +289,6 @@ def row_pass(
         # Passes alternate direction, so each starts with the segment the last one left in xs
         seg = s if PASS % 2 == 0 else segments - 1 - s
         first = seg * per + t
-        warp_first = first - kaio.lane_id()  # the chunk of the warp's lane 0
         if PASS == 0 or s > 0:
             raw = kaio.local(DT, (REGS // VEC, VEC))
             rraw = kaio.local(DT, (REGS // VEC, VEC))  # res (rms_norm_residual, pass 0)
@@ -378,7 +297,7 @@ def row_pass(
                 if c < chunks:
                     i = base + c * VEC
                     if OP == "rms_norm_residual" and PASS > 0:
-                        fetch_part(EDGES, VEC, raw, k, res_out, i, EDGES != STAGED, DT)
+                        fetch(VEC, raw, k, res_out, i, DT)
                     else:
                         fetch(VEC, raw, k, x, i, DT)
                     if OP == "rms_norm_residual" and PASS == 0:
@@ -391,24 +310,14 @@ def row_pass(
                     if c < chunks:
                         take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC,
                                    EDGES, DT)  # fmt: skip
-            if EDGES == STAGED and OP == "rms_norm_residual" and PASS == 0:
-                for k in kaio.static_range(REGS // VEC):  # the new residual, as xs holds it
-                    if warp_first + k * nt < chunks:
-                        rv = kaio.local(f32, (VEC,))
-                        for j in kaio.static_range(VEC):
-                            rv[j] = xs[k * VEC + j]
-                        staged_store("copy", VEC, rv, stage, res_out, ws, bs, 0,
-                                     warp_first + k * nt, chunks, base, DT)  # fmt: skip
         if PASS == 0 and OP == "softmax":
             top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
         wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
-        if EDGES == STAGED and OUTPUT and OP != "softmax":
-            staged_weights(OP, VEC, ws, bs, w, b, warp_first, nt, chunks, col0, DT)
         per_group = (
             EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP
         )
         for g in kaio.static_range(0, REGS // VEC, per_group):
-            if PASS == 1 and OP in WEIGHTS_FIRST and EDGES != STAGED:
+            if PASS == 1 and OP in WEIGHTS_FIRST:
                 for k in kaio.static_range(g, g + per_group):
                     c = first + k * nt
                     if c < chunks:
@@ -420,20 +329,10 @@ def row_pass(
                         pass  # done a segment at a time by exp_segment
                     elif PASS == 0 or (PASS == 1 and OP == "layer_norm"):
                         total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
-                    elif EDGES != STAGED:
+                    else:
                         write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC,
                                     col0 + c * VEC, shift, scale, s == 0, seg_scale, w_ok, EDGES,
                                     DT)  # fmt: skip
-                if EDGES == STAGED and OUTPUT:
-                    if warp_first + k * nt < chunks:
-                        ov = kaio.local(f32, (VEC,))
-                        for j in kaio.static_range(VEC):
-                            if OP == "softmax" and s == 0:  # xs holds the segment's exps
-                                ov[j] = xs[k * VEC + j] * seg_scale
-                            else:
-                                ov[j] = out_value(OP, xs[k * VEC + j], shift, scale)
-                        staged_store(OP, VEC, ov, stage, out, ws, bs, k * VEC, warp_first + k * nt,
-                                     chunks, base, DT)  # fmt: skip
     return total, top, seg_top
 
 
@@ -474,17 +373,19 @@ def _rows(
     res_out: DT[:],
     n: u32,
     eps: f32,
-    x_lead: u32,
     w_lead: u32,
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
     EDGES: kaio.constexpr,
     DT: kaio.constexpr,
 ):
+    if VEC == 1 or EDGES:
+        # at most 128 registers a thread, so that MAX_BLOCK threads fit (the scalar
+        # rms_norm_residual f16 took 162: rows past 8192 elements failed to launch)
+        kaio.launch_bounds(MAX_BLOCK)
     red0 = kaio.shared(f32, (32,))
     red1 = kaio.shared(f32, (32,))
     xs = kaio.local(f32, (REGS,))
-    stage = kaio.shared(f32, (MAX_BLOCK * VEC if EDGES == STAGED else 1,))  # staged_store
     base = kaio.block_idx_x() * n
     chunks = n // VEC
     col0 = u32(0)  # the row element at array element base
@@ -495,11 +396,11 @@ def _rows(
     ex = 0.0  # its x (rms_norm_residual: its x + res)
     er = 0.0  # its residual
     if EDGES:
-        # The chunks are 16-byte aligned in x: they start col0 elements into the row (x and
-        # the residual start x_lead elements past a 16-byte boundary, w w_lead, the outputs
-        # on one: STAGED where x_lead is not 0); the row's elements before the first chunk
-        # and after the last go one a thread to the first threads (``edge_fetch``).
-        col0 = kaio.min((VEC - (x_lead + base) % VEC) % VEC, n)
+        # The chunks are 16-byte aligned (the arrays start on a 16-byte boundary but w, w_lead
+        # elements past one): they start col0 elements into the row; the row's elements
+        # before the first chunk and after the last go one a thread to the first threads
+        # (``edge_fetch``).
+        col0 = kaio.min((VEC - base % VEC) % VEC, n)
         chunks = (n - col0) // VEC
         w_ok = (w_lead + col0) % VEC == 0
         inside, at, col, ex, er = edge_fetch(OP, x, res, base, n, col0, chunks * VEC, DT)
@@ -507,7 +408,7 @@ def _rows(
     # pass 0: this thread's sum (softmax: its running max top and sum of exp(x - top), and
     # seg_top, the max of the segment whose exps xs keeps)
     total, top, seg_top = row_pass(0, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
-                                   0.0, 0.0, 0.0, col0, w_ok, stage, EDGES, DT)  # fmt: skip
+                                   0.0, 0.0, 0.0, col0, w_ok, EDGES, DT)  # fmt: skip
     if EDGES and OP == "rms_norm_residual" and inside:
         ex = f32(DT(ex + er))  # normalize exactly what is stored
         res_out[at] = DT(ex)
@@ -521,25 +422,25 @@ def _rows(
         top, total = block_max_sum(top, total, red0, red1)
         inv = 1.0 / total
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, top, inv,
-                 kaio.exp(seg_top - top) * inv, col0, w_ok, stage, EDGES, DT)  # fmt: skip
+                 kaio.exp(seg_top - top) * inv, col0, w_ok, EDGES, DT)  # fmt: skip
         if EDGES and inside:
             out[at] = DT(kaio.exp2_ftz((ex - top) * LOG2E) * inv)
     elif OP == "layer_norm":
         mean = block_sum(total, red0) / f32(n)
         sqdev, top, seg_top = row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
-                                       mean, 0.0, 0.0, col0, w_ok, stage, EDGES,
+                                       mean, 0.0, 0.0, col0, w_ok, EDGES,
                                        DT)  # fmt: skip
         if EDGES and inside:
             sqdev += (ex - mean) * (ex - mean)
         scale = kaio.rsqrt(block_sum(sqdev, red1) / f32(n) + eps)
         row_pass(2, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, mean, scale, 0.0,
-                 col0, w_ok, stage, EDGES, DT)  # fmt: skip
+                 col0, w_ok, EDGES, DT)  # fmt: skip
         if EDGES and inside:
             out[at] = DT((ex - mean) * scale * f32(w[col]) + f32(b[col]))
     else:
         scale = kaio.rsqrt(block_sum(total, red0) / f32(n) + eps)
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, 0.0, scale, 0.0,
-                 col0, w_ok, stage, EDGES, DT)  # fmt: skip
+                 col0, w_ok, EDGES, DT)  # fmt: skip
         if EDGES and inside:
             out[at] = DT(ex * scale * f32(w[col]))
 
@@ -552,20 +453,22 @@ def block_size(n: int, vec: int) -> int:
 
 
 def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
-    """``(VEC, EDGES, x_lead, w_lead)`` for ``_rows`` on these operands: 16-byte chunks where
-    every row and vector starts on a 16-byte boundary; else, for the ops in EDGE_OPS when
-    the residual is as far past a 16-byte boundary as x and b as w, chunks aligned in x with
-    the rows' edges apart (x_lead, w_lead: elements past the boundary); else VEC 1."""
+    """``(VEC, EDGES, w_lead)`` for ``_rows`` on these operands: 16-byte chunks where every
+    row and vector starts on a 16-byte boundary; else, for the ops in EDGE_OPS when x (and
+    the residual) start on one and b as far past one as w, chunks aligned in memory with the
+    rows' edges apart (w_lead: w's elements past the boundary); else VEC 1 (x one element
+    past an allocation, say: aligned chunks there would leave the outputs' chunks across
+    16-byte boundaries, a scalar store an element 16 bytes apart across a warp)."""
     vec = vector_width(*[a for a in (x, res, w, b) if a is not None], multiple_of=n)
     size = x.dtype.itemsize
     x_lead, res_lead, w_lead, b_lead = (
         a.ptr % VECTOR_BYTES if a is not None else None for a in (x, res, w, b)
     )
-    if vec > 1 or op not in EDGE_OPS or x_lead % size or (w_lead or 0) % size:
-        return vec, 0, 0, 0
-    if res_lead not in (None, x_lead) or b_lead not in (None, w_lead):
-        return vec, 0, 0, 0
-    return VECTOR_BYTES // size, STAGED if x_lead else 1, x_lead // size, (w_lead or 0) // size
+    if vec > 1 or op not in EDGE_OPS or x_lead or res_lead or (w_lead or 0) % size:
+        return vec, False, 0
+    if b_lead not in (None, w_lead):
+        return vec, False, 0
+    return VECTOR_BYTES // size, True, (w_lead or 0) // size
 
 
 def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0):
@@ -575,14 +478,14 @@ def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0
     n = x.shape[-1]
     rows = x.size // n if n else 0
     if rows:
-        vec, edges, x_lead, w_lead = layout(op, n, x, res, w, b)
+        vec, edges, w_lead = layout(op, n, x, res, w, b)
         flat = x.arg(x.size)
         args = [a.arg(a.size) if a is not None else flat for a in (res, w, b)]
         outs = [
             _arrays.output_arg(x, o, (x.size,)) for o in (out, res_out if res is not None else out)
         ]
         _rows[rows, block_size(n, vec), _arrays.stream_of(x)](
-            flat, *args, *outs, n, eps, x_lead, w_lead, OP=op, VEC=vec, EDGES=edges, DT=x.dtype
+            flat, *args, *outs, n, eps, w_lead, OP=op, VEC=vec, EDGES=edges, DT=x.dtype
         )
     return out if res is None else (out, res_out)
 
@@ -657,7 +560,6 @@ def shipped():
     for dtype in _arrays.FLOATS:
         for op in OPS:
             for vec in widths(dtype):
-                yield _rows, {"OP": op, "VEC": vec, "EDGES": 0, "DT": dtype}
+                yield _rows, {"OP": op, "VEC": vec, "EDGES": False, "DT": dtype}
             if op in EDGE_OPS:
-                for edges in (1, STAGED):
-                    yield _rows, {"OP": op, "VEC": widths(dtype)[-1], "EDGES": edges, "DT": dtype}
+                yield _rows, {"OP": op, "VEC": widths(dtype)[-1], "EDGES": True, "DT": dtype}

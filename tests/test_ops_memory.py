@@ -162,7 +162,7 @@ def test_rows_longer_than_a_block_sim(monkeypatch, n, offset):
     """Rows past what the block's registers hold are walked in segments (64 threads here:
     2048 elements a segment), also for softmax with a large offset and masked (-inf) entries;
     4616: 16-byte chunks (VEC 4), the last segment partly filled; 4501: chunks with the rows'
-    edges apart (EDGES); offset: the outputs not 16-byte aligned where x is (STAGED)."""
+    edges apart (EDGES); offset: x one element past a 16-byte boundary (VEC 1)."""
     monkeypatch.setattr(rows, "MAX_BLOCK", 64)
     rng = np.random.default_rng(4)
     x = rand(rng, (2, n), np.float32, scale=4) + np.float32(30)
@@ -263,18 +263,18 @@ def test_vector_path_taken():
     assert elementwise.plan(x, y) == (False, 4)  # 111 elements: 27 chunks and a tail of 3
     assert elementwise.plan(x, row) == (True, 1)  # a 37-element row cannot hold whole chunks
     assert elementwise.plan(aligned, aligned) == (False, 8)
-    # rows that do not start or end on a 16-byte boundary take 16-byte chunks aligned in x,
-    # the rows' edges apart (VEC, EDGES, x_lead, w_lead), where x and the residual (w and b)
-    # share their offset
+    # rows of a length that is not a multiple of the chunk, in arrays that start on a
+    # 16-byte boundary, take 16-byte chunks with the rows' edges apart (VEC, EDGES, w_lead)
     with kaio.simulate():
         w = _arrays.Inputs("t").array(rand(rng, 64, np.float16), "w", ndim=1)
-    assert rows.layout("rms_norm", 64, offset, w=w) == (8, rows.STAGED, 1, 0)
-    assert rows.layout("rms_norm_residual", 64, offset, aligned, w) == (1, 0, 0, 0)
-    assert rows.layout("rms_norm", 37, x, w=row) == (4, True, 0, 0)
-    assert rows.layout("rms_norm", 64, aligned, w=w) == (8, False, 0, 0)
-    assert rows.layout("rms_norm_residual", 37, x, y, row) == (4, True, 0, 0)
-    assert rows.layout("softmax", 37, x) == (4, True, 0, 0)
-    assert rows.layout("layer_norm", 64, aligned, w=w, b=offset) == (1, False, 0, 0)
+        w1 = _arrays.Inputs("t").array(rand(rng, 37, np.float32, offset=True), "w", ndim=1)
+    assert rows.layout("rms_norm", 37, x, w=row) == (4, True, 0)
+    assert rows.layout("rms_norm", 37, x, w=w1) == (4, True, 1)
+    assert rows.layout("rms_norm_residual", 37, x, y, row) == (4, True, 0)
+    assert rows.layout("softmax", 37, x) == (4, True, 0)
+    assert rows.layout("rms_norm", 64, aligned, w=w) == (8, False, 0)
+    assert rows.layout("rms_norm", 64, offset, w=w) == (1, False, 0)
+    assert rows.layout("layer_norm", 64, aligned, w=w, b=offset) == (1, False, 0)
 
 
 def test_kernels_per_dtype_have_their_own_cache_keys():
@@ -336,7 +336,7 @@ def _shipped():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_shipped_specialization_assembles(arch):
     texts = [kernel.ptx(arch=arch, **constexprs) for kernel, constexprs in _shipped()]
-    assert len(texts) == 102
+    assert len(texts) == 90
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda text: assemble(text, arch), texts))
 
@@ -351,7 +351,7 @@ def test_cluster_softmax_assembles_for_sm_90_only():
 
 
 def test_vector_path_uses_16_byte_accesses():
-    ptx = rows._rows.ptx(arch="sm_90", OP="rms_norm", VEC=8, EDGES=0, DT=kaio.bf16)
+    ptx = rows._rows.ptx(arch="sm_90", OP="rms_norm", VEC=8, EDGES=False, DT=kaio.bf16)
     assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
 
 
