@@ -58,14 +58,15 @@ OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax")
 # may alias): one memory latency a chunk (H100, f32 [16384, 4096]: 374 -> 364 µs; 507 -> 397
 # with VEC = 1).
 LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")
-# Ops whose output pass loads all of a segment's weights before its first store when
-# VEC > 1, for the same reason (H100: rms_norm_residual f32 364 -> 362 µs, rms_norm 185 ->
-# 184). With VEC = 1 the 32 weights and their addresses cost 56 registers a thread, and
-# rms_norm f32 went 195 -> 215 µs.
+# Ops whose output pass loads a group of chunks' weights before the first store of the
+# group, for the same reason: all of a segment's when VEC > 1 (H100: rms_norm_residual f32
+# 364 -> 362 µs, rms_norm 185 -> 184); 8 chunks with VEC = 1 (all 32 cost 56 registers a
+# thread, rms_norm f32 195 -> 215 µs; 8, against one a chunk, on rows one element past an
+# allocation, H100: rms_norm f16 275 -> 253 µs, rms_norm_residual f16 498 -> 440, f32
+# 407 -> 370); one with EDGES (all of a segment's, the scalar loads where w is not aligned
+# with the chunks held 40 more registers, rms_norm f16 120, and took 247 µs against 201).
 WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")
 SCALAR_WEIGHTS_GROUP = 8
-# With EDGES the weights load per chunk: with all of a segment's first, the scalar loads
-# where w is not aligned with x's chunks held 32 more registers (rms_norm f16: 120 a thread).
 EDGE_WEIGHTS_GROUP = 1
 # Ops whose rows take 16-byte chunks even where a row does not start or end on a 16-byte
 # boundary (``EDGES``: a row length that is not a multiple of the chunk): the chunks are
