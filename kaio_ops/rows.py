@@ -378,11 +378,12 @@ def _rows(
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
     EDGES: kaio.constexpr,
+    WIDE: kaio.constexpr,
     DT: kaio.constexpr,
 ):
-    if VEC == 1 or EDGES:
+    if WIDE:
         # at most 128 registers a thread, so that MAX_BLOCK threads fit (the scalar
-        # rms_norm_residual f16 took 162: rows past 8192 elements failed to launch)
+        # rms_norm_residual f16 takes 162: its rows past 8192 elements failed to launch)
         kaio.launch_bounds(MAX_BLOCK)
     red0 = kaio.shared(f32, (32,))
     red1 = kaio.shared(f32, (32,))
@@ -485,9 +486,12 @@ def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0
         outs = [
             _arrays.output_arg(x, o, (x.size,)) for o in (out, res_out if res is not None else out)
         ]
-        _rows[rows, block_size(n, vec), _arrays.stream_of(x)](
-            flat, *args, *outs, n, eps, w_lead, OP=op, VEC=vec, EDGES=edges, DT=x.dtype
-        )
+        threads = block_size(n, vec)
+        wide = threads == MAX_BLOCK and (vec == 1 or edges)  # see _rows's launch_bounds
+        _rows[rows, threads, _arrays.stream_of(x)](
+            flat, *args, *outs, n, eps, w_lead, OP=op, VEC=vec, EDGES=edges, WIDE=wide,
+            DT=x.dtype,
+        )  # fmt: skip
     return out if res is None else (out, res_out)
 
 
@@ -557,10 +561,13 @@ def softmax(x):
 
 
 def shipped():
-    """(kernel, constexprs) of every specialization these ops launch."""
+    """(kernel, constexprs) of every specialization these ops launch: VEC 1 and EDGES also
+    WIDE (512-thread blocks), VEC > 1 is never (``_run``)."""
     for dtype in _arrays.FLOATS:
+        full = widths(dtype)[-1]
         for op in OPS:
-            for vec in widths(dtype):
-                yield _rows, {"OP": op, "VEC": vec, "EDGES": False, "DT": dtype}
+            kinds = [(1, False, False), (1, False, True), (full, False, False)]
             if op in EDGE_OPS:
-                yield _rows, {"OP": op, "VEC": widths(dtype)[-1], "EDGES": True, "DT": dtype}
+                kinds += [(full, True, False), (full, True, True)]
+            for vec, edges, wide in kinds:
+                yield _rows, {"OP": op, "VEC": vec, "EDGES": edges, "WIDE": wide, "DT": dtype}

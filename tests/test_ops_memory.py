@@ -336,7 +336,7 @@ def _shipped():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_shipped_specialization_assembles(arch):
     texts = [kernel.ptx(arch=arch, **constexprs) for kernel, constexprs in _shipped()]
-    assert len(texts) == 90
+    assert len(texts) == 114
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda text: assemble(text, arch), texts))
 
@@ -351,7 +351,7 @@ def test_cluster_softmax_assembles_for_sm_90_only():
 
 
 def test_vector_path_uses_16_byte_accesses():
-    ptx = rows._rows.ptx(arch="sm_90", OP="rms_norm", VEC=8, EDGES=False, DT=kaio.bf16)
+    ptx = rows._rows.ptx(arch="sm_90", OP="rms_norm", VEC=8, EDGES=False, WIDE=False, DT=kaio.bf16)
     assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
 
 
