@@ -1,16 +1,16 @@
 """Row ops: ``rms_norm``, ``rms_norm_residual``, ``layer_norm``, ``softmax``.
 
-One kernel, ``_rows``, specialized per op (``OP``), element type, ``VEC`` and ``EDGES``; one
-block per row (rows: the last dimension). ``EDGES``: 16-byte chunks on rows that do not start
-or end on a 16-byte boundary in an array that does (``layout``). Each thread
-caches its part of the row in ``REGS`` f32 registers, ``REGS // VEC`` chunks of ``VEC``
-elements (one 16-byte access each when ``VEC > 1``), so a row is read from memory once when
-it fits in the block's registers (up to 16384 elements with MAX_BLOCK = 512 threads;
-1024-thread blocks would cap the kernels at 64 registers a thread, which the driver's
-compilation can exceed). Softmax sends longer rows to a cluster of blocks
-on sm_90 (``kaio_ops._long_rows``). Otherwise longer rows are walked in segments of that size;
-passes alternate direction, so each starts with the segment the previous pass left in
-registers and reads the others again. The passes:
+One kernel, ``_rows``, specialized per op (``OP``), element type, ``VEC``, ``EDGES`` and
+``WIDE``; one block per row (rows: the last dimension). ``EDGES``: 16-byte chunks on rows
+that do not start or end on a 16-byte boundary in an array that does (``layout``);
+``WIDE``: launched with MAX_BLOCK threads. Each thread caches its part of the row in ``REGS``
+f32 registers, ``REGS // VEC`` chunks of ``VEC`` elements (one 16-byte access each when
+``VEC > 1``), so a row is read from memory once when it fits in the block's registers (up to
+16384 elements with MAX_BLOCK = 512 threads; 1024-thread blocks would cap the kernels at 64
+registers a thread, which the driver's compilation can exceed). Softmax sends longer rows
+to a cluster of blocks on sm_90 (``kaio_ops._long_rows``). Otherwise longer rows are walked
+in segments of that size; passes alternate direction, so each starts with the segment the
+previous pass left in registers and reads the others again. The passes:
 
 - pass 0 loads (rms_norm_residual adds the residual and stores the sum here; softmax and
   the rms norms issue all of a segment's loads before converting any, see ``LOADS_FIRST``)
@@ -125,7 +125,6 @@ def take_chunk(
     k: kaio.constexpr,
     res_out: DT[:],
     i: u32,
-    EDGES: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """xs[k VEC : (k + 1) VEC] = the fetched chunk k in f32 (for rms_norm_residual in pass 0:
@@ -304,13 +303,12 @@ def row_pass(
                     if OP == "rms_norm_residual" and PASS == 0:
                         fetch(VEC, rraw, k, res, i, DT)
                     if OP not in LOADS_FIRST:
-                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, i, EDGES, DT)
+                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, i, DT)
             if OP in LOADS_FIRST:
                 for k in kaio.static_range(REGS // VEC):
                     c = first + k * nt
                     if c < chunks:
-                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC,
-                                   EDGES, DT)  # fmt: skip
+                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
         if PASS == 0 and OP == "softmax":
             top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
         wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
@@ -410,7 +408,8 @@ def _rows(
     # pass 0: this thread's sum (softmax: its running max top and sum of exp(x - top), and
     # seg_top, the max of the segment whose exps xs keeps)
     total, top, seg_top = row_pass(0, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
-                                   0.0, 0.0, 0.0, col0, w_ok, EDGES, DT)  # fmt: skip
+                                   shift=0.0, scale=0.0, seg_scale=0.0, col0=col0, w_ok=w_ok,
+                                   EDGES=EDGES, DT=DT)  # fmt: skip
     if EDGES and OP == "rms_norm_residual" and inside:
         ex = f32(DT(ex + er))  # normalize exactly what is stored
         res_out[at] = DT(ex)
@@ -423,26 +422,29 @@ def _rows(
     if OP == "softmax":
         top, total = block_max_sum(top, total, red0, red1)
         inv = 1.0 / total
-        row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, top, inv,
-                 kaio.exp(seg_top - top) * inv, col0, w_ok, EDGES, DT)  # fmt: skip
+        row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=top, scale=inv,
+                 seg_scale=kaio.exp(seg_top - top) * inv, col0=col0, w_ok=w_ok, EDGES=EDGES,
+                 DT=DT)  # fmt: skip
         if EDGES and inside:
             out[at] = DT(kaio.exp2_ftz((ex - top) * LOG2E) * inv)
     elif OP == "layer_norm":
         mean = block_sum(total, red0) / f32(n)
         sqdev, top, seg_top = row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
-                                       mean, 0.0, 0.0, col0, w_ok, EDGES,
-                                       DT)  # fmt: skip
+                                       shift=mean, scale=0.0, seg_scale=0.0, col0=col0,
+                                       w_ok=w_ok, EDGES=EDGES, DT=DT)  # fmt: skip
         if EDGES and inside:
             sqdev += (ex - mean) * (ex - mean)
         scale = kaio.rsqrt(block_sum(sqdev, red1) / f32(n) + eps)
-        row_pass(2, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, mean, scale, 0.0,
-                 col0, w_ok, EDGES, DT)  # fmt: skip
+        row_pass(2, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=mean,
+                 scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
+                 DT=DT)  # fmt: skip
         if EDGES and inside:
             out[at] = DT((ex - mean) * scale * f32(w[col]) + f32(b[col]))
     else:
         scale = kaio.rsqrt(block_sum(total, red0) / f32(n) + eps)
-        row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, 0.0, scale, 0.0,
-                 col0, w_ok, EDGES, DT)  # fmt: skip
+        row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=0.0,
+                 scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
+                 DT=DT)  # fmt: skip
         if EDGES and inside:
             out[at] = DT(ex * scale * f32(w[col]))
 
