@@ -1,15 +1,17 @@
-"""A/B of the memory-bound kernels against main, in one process (issue 9 and the silu*gate
-user kernel): python bench/mem_ab.py [--only silu|rms] [--out results.json].
+"""A/B of the memory-bound kernels in one process: python bench/mem_ab.py [--silu]
+[--out results.json].
 
-silu: API.md's one-element-a-thread kernel compiled without and with the IR pass
-``loads_before_slow_paths``, with ``fastmath=True``, ``examples/quickstart.py``'s
-four-elements-a-thread kernel, and Triton. rms: ``kaio_ops.rows`` as it is against main's
-(the module's text with main's tables, imported from a temporary file) and Triton, on
-16-byte aligned rows and on rows one element past an allocation (the scalar path).
+rows: ``kaio_ops.rows`` against variants of it (the module's text with constants replaced,
+imported from a temporary file; ``ROWS_VARIANTS``, "main": as on main) and Triton, on rows
+that do not start or end on a 16-byte boundary (``ROW_CASES``: x and the residual one element
+past an allocation, rows of 4095 elements). --silu: also API.md's one-element-a-thread
+silu*gate kernel at other block sizes, with ``fastmath=True`` and with ld.global.nc loads,
+``examples/quickstart.py``'s four-elements-a-thread kernel, and Triton.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import inspect
 import os
@@ -17,6 +19,7 @@ import sys
 import tempfile
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,19 +31,20 @@ from examples.quickstart import fused_silu_gate, fused_silu_gate_x4  # noqa: E40
 from kaio import f32, u32  # noqa: E402
 from kaio_ops import rows  # noqa: E402
 
+SILU_BLOCKS = (128, 512)  # API.md's kernel at other block sizes than its 256
 
-def silu_unhoisted(x: f32[:], gate: f32[:], out: f32[:], n: u32):
-    """API.md's kernel under another name (its own cache key), compiled without
-    ``loads_before_slow_paths``: the compiler before it."""
+
+@kaio.gpu_kernel(block_size=256)
+def silu_nc(x: f32[:], gate: f32[:], out: f32[:], n: u32):
+    """API.md's kernel with both loads through the read-only data path (ld.global.nc)."""
     idx = kaio.thread_idx_x() + kaio.block_idx_x() * kaio.block_dim_x()
     if idx < n:
-        xi = x[idx]
-        sig = 1.0 / (1.0 + kaio.exp(-xi))
-        out[idx] = xi * sig * gate[idx]
-
-
-def _kernel(fn, block, fastmath):
-    return kaio.gpu_kernel(block_size=block, fastmath=fastmath)(fn)
+        xv = kaio.local(f32, (1,))
+        gv = kaio.local(f32, (1,))
+        kaio.load_vector(xv, x, idx, 0, "nc")
+        kaio.load_vector(gv, gate, idx, 0, "nc")
+        sig = 1.0 / (1.0 + kaio.exp(-xv[0]))
+        out[idx] = xv[0] * sig * gv[0]
 
 
 def _launch(kernel, per_thread=1):
@@ -60,32 +64,16 @@ def _triton(x, g):
     return out
 
 
-def _without_load_pass(kernel):
-    """``kernel``, compiled now (a launch on a small input) with the IR pass
-    ``loads_before_slow_paths`` turned off."""
-    from kaio.ir import passes
-
-    keep = passes.loads_before_slow_paths
-    passes.loads_before_slow_paths = lambda fn: None
-    try:
-        x = torch.randn(256, device="cuda")
-        kernel[(1,)](x, x, torch.empty_like(x), 256)
-        torch.cuda.synchronize()
-    finally:
-        passes.loads_before_slow_paths = keep
-    return kernel
-
-
 def silu_cases(h: Harness) -> None:
-    fast = kaio.gpu_kernel(block_size=256, fastmath=True)(fused_silu_gate.pyfunc)
-    before = _without_load_pass(_kernel(silu_unhoisted, 256, False))
-    impls = {
-        "kaio before": _launch(before),
-        "kaio": _launch(fused_silu_gate),
-        "kaio fastmath": _launch(fast),
-        "kaio x4": _launch(fused_silu_gate_x4, 4),
-        "triton": _triton,
-    }
+    impls = {"kaio": _launch(fused_silu_gate)}
+    for block in SILU_BLOCKS:
+        impls[f"kaio block {block}"] = _launch(kaio.gpu_kernel(block_size=block)(
+            fused_silu_gate.pyfunc))  # fmt: skip
+    impls["kaio fastmath"] = _launch(kaio.gpu_kernel(block_size=256, fastmath=True)(
+        fused_silu_gate.pyfunc))  # fmt: skip
+    impls["kaio nc"] = _launch(silu_nc)
+    impls["kaio x4"] = _launch(fused_silu_gate_x4, 4)
+    impls["triton"] = _triton
     h.case(
         "silu_gate user kernel",
         f"f32 [{N}]",
@@ -94,93 +82,172 @@ def silu_cases(h: Harness) -> None:
         reference=lambda x, g: torch.nn.functional.silu(x.double()) * g.double(),
         tol=1e-6,
         nbytes=3 * N * 4,
-        baseline="kaio before",
+        baseline="kaio",
     )
 
 
-# rows.py's tables as they are here: main's (e1bfc42) in the variant (the same PTX as main's)
-MAIN_TABLES = {
-    'LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")': (
-        'LOADS_FIRST = ("softmax", "rms_norm")'
-    ),
-    'WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")': "WEIGHTS_FIRST = ()",
+# rows.py variants: name -> {text in rows.py: its replacement}. "main": as on main (no
+# EDGES: VEC 1 on rows that do not start or end on a 16-byte boundary; each chunk's weights
+# just before its stores; no register cap for 512-thread blocks)
+ROWS_VARIANTS = {
+    "main": {
+        "EDGE_OPS = OPS": "EDGE_OPS = ()",
+        "SCALAR_WEIGHTS_GROUP = 8": "SCALAR_WEIGHTS_GROUP = 1",
+        "kaio.launch_bounds(MAX_BLOCK)": "pass",
+    },
 }
 
 
-def _rows_as_on_main(where: str):
-    """kaio_ops.rows with main's tables, imported from a file in ``where``."""
+def _rows_variant(where: str, name: str, replacements: dict):
+    """kaio_ops.rows with ``replacements`` made in its text, imported from a file in
+    ``where``."""
     src = inspect.getsource(rows)
-    for old, new in MAIN_TABLES.items():
+    for old, new in replacements.items():
         assert old in src, old
         src = src.replace(old, new)
-    path = os.path.join(where, "rows_main.py")
+    tag = "".join(ch if ch.isalnum() else "_" for ch in name)
+    path = os.path.join(where, f"rows_{tag}.py")
     with open(path, "w") as fh:
         fh.write(src)
-    spec = importlib.util.spec_from_file_location("rows_main", path)
+    spec = importlib.util.spec_from_file_location(f"rows_{tag}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def rms_cases(h: Harness, where: str) -> None:
-    mods = {"kaio": rows, "main": _rows_as_on_main(where)}
-    for name, dt, shape, offset in (
-        ("f32 offset", torch.float32, (16384, 4096), 1),
-        ("f16 offset", torch.float16, (32768, 4096), 1),
-        ("f32", torch.float32, (16384, 4096), 0),
-        ("f16", torch.float16, (32768, 4096), 0),
-        ("bf16", torch.bfloat16, (32768, 4096), 0),
-    ):
+# (ops, name, dtype, shape, offset, variants): x and the residual start ``offset`` elements
+# past an allocation (offset 1: not 16-byte aligned); rows of an odd length start on one
+RMS = ("rms_norm", "rms_norm_residual")
+ROW_CASES = (
+    (RMS, "f16 offset", torch.float16, (32768, 4096), 1, ("main",)),
+    (RMS, "f32 offset", torch.float32, (16384, 4096), 1, ("main",)),
+    (RMS + ("layer_norm", "softmax"), "f16 odd", torch.float16, (32768, 4095), 0, ("main",)),
+    (RMS, "f32 odd", torch.float32, (16384, 4095), 0, ("main",)),
+    # 512-thread blocks: main's scalar rms_norm_residual f16 (162 registers) cannot launch
+    (RMS, "f16 offset", torch.float16, (8192, 16384), 1, ("main",)),
+)
+
+
+def _residual(x, r):
+    return (x.float() + r.float()).to(x.dtype)
+
+
+# op: (call on a rows module, Triton, float64 reference, elements moved in units of (a
+# row's elements n_row, all elements n)); each fn(x, r, w, b)
+ROW_OPS = {
+    "rms_norm": (
+        lambda m, x, r, w, b: m.rms_norm(x, w),
+        lambda x, r, w, b: tri_rows("rms_norm", x, w=w),
+        lambda x, r, w, b: torch_rms(x.double(), w.double()),
+        (1, 2),
+    ),
+    "rms_norm_residual": (
+        lambda m, x, r, w, b: m.rms_norm_residual(x, r, w),
+        lambda x, r, w, b: tri_rows("rms_norm_residual", x, r=r, w=w),
+        lambda x, r, w, b: (torch_rms(_residual(x, r).double(), w.double()), _residual(x, r)),
+        (1, 4),
+    ),
+    "layer_norm": (
+        lambda m, x, r, w, b: m.layer_norm(x, w, b),
+        lambda x, r, w, b: tri_rows("layer_norm", x, w=w, b=b, eps=1e-5),
+        lambda x, r, w, b: F.layer_norm(x.double(), x.shape[-1:], w.double(), b.double(), 1e-5),
+        (2, 2),
+    ),
+    "softmax": (
+        lambda m, x, r, w, b: m.softmax(x),
+        lambda x, r, w, b: tri_rows("softmax", x),
+        lambda x, r, w, b: torch.softmax(x.double(), -1),
+        (0, 2),
+    ),
+}
+
+
+def _row_inputs(shape, dt, offset):
+    """x, the residual (``offset`` elements past an allocation), w and b."""
+    x, r = (_randn(shape[0] * shape[1] + offset, dt)[offset:].view(shape) for _ in range(2))
+    return x, r, _randn(shape[-1:], dt), _randn(shape[-1:], dt)
+
+
+def _row_impls(mods: dict, op: str, variants) -> dict:
+    """name -> fn(x, r, w, b): op of the shipped module, of each variant, and Triton."""
+    call, triton_fn = ROW_OPS[op][:2]
+    impls = {
+        k: (lambda x, r, w, b, m=m: call(m, x, r, w, b))
+        for k, m in {"kaio": rows, **{v: mods[v] for v in variants}}.items()
+    }
+    return {**impls, "triton": triton_fn}
+
+
+def _warm(where: str, case: int) -> str:
+    """Compile what ROW_CASES[case] launches (into the kaio and Triton disk caches), on four
+    of its rows; '' or the error."""
+    try:
+        mods = {k: _rows_variant(where, k, v) for k, v in ROWS_VARIANTS.items()}
+        ops, _, dt, shape, offset, variants = ROW_CASES[case]
+        for op in ops:
+            for fn in _row_impls(mods, op, variants).values():
+                fn(*_row_inputs((4, shape[1]), dt, offset))
+        torch.cuda.synchronize()
+        return ""
+    except Exception as e:  # noqa: BLE001  (reported, the timed run compiles it again)
+        return f"{type(e).__name__}: {e}"[:200]
+
+
+def prewarm(where: str, workers: int) -> None:
+    """Every case's kernels compiled in ``workers`` processes at once (``_warm``): the timed
+    run then loads them from the disk caches."""
+    import concurrent.futures
+    import multiprocessing
+    import time
+
+    t = time.time()
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        jobs = [pool.submit(_warm, where, case) for case in range(len(ROW_CASES))]
+        errors = [e for e in (job.result() for job in jobs) if e]
+    print(f"prewarm: {len(ROW_CASES)} cases in {time.time() - t:.1f} s {errors}", flush=True)
+
+
+def row_cases(h: Harness, where: str) -> None:
+    """Every case of ROW_CASES: the shipped rows module, its variants and Triton."""
+    mods = {k: _rows_variant(where, k, v) for k, v in ROWS_VARIANTS.items()}
+    for ops, name, dt, shape, offset, variants in ROW_CASES:
         n = shape[0] * shape[1]
         size = torch.tensor([], dtype=dt).element_size()
 
         def inputs(shape=shape, dt=dt, offset=offset):
-            """x and the residual start ``offset`` elements past an allocation (offset 1:
-            not 16-byte aligned, the scalar path)."""
-            x, r = (_randn(shape[0] * shape[1] + offset, dt)[offset:].view(shape) for _ in range(2))
-            return x, r, _randn(shape[-1:], dt)
+            return _row_inputs(shape, dt, offset)
 
-        def residual(x, r, dt=dt):
-            return (x.float() + r.float()).to(dt)
-
-        res = {k: (lambda x, r, w, m=m: m.rms_norm_residual(x, r, w)) for k, m in mods.items()}
-        res["triton"] = lambda x, r, w: tri_rows("rms_norm_residual", x, r=r, w=w)
-        h.case(
-            "rms_norm_residual",
-            f"{name} {list(shape)}",
-            inputs,
-            res,
-            reference=lambda x, r, w: (
-                torch_rms(residual(x, r).double(), w.double()),
-                residual(x, r),
-            ),
-            nbytes=(4 * n + shape[1]) * size,
-            tol=TOL[dt],
-            baseline="main",
-        )
-        if dt is torch.bfloat16:
-            continue
-        plain = {k: (lambda x, r, w, m=m: m.rms_norm(x, w)) for k, m in mods.items()}
-        plain["triton"] = lambda x, r, w: tri_rows("rms_norm", x, w=w)
-        h.case(
-            "rms_norm",
-            f"{name} {list(shape)}",
-            inputs,
-            plain,
-            reference=lambda x, r, w: torch_rms(x.double(), w.double()),
-            nbytes=(2 * n + shape[1]) * size,
-            tol=TOL[dt],
-            baseline="main",
-        )
+        for op in ops:
+            reference, (rows_moved, all_moved) = ROW_OPS[op][2:]
+            impls = _row_impls(mods, op, variants)
+            h.case(
+                op,
+                f"{name} {list(shape)}",
+                inputs,
+                impls,
+                reference=reference,
+                nbytes=(rows_moved * shape[1] + all_moved * n) * size,
+                tol=TOL[dt],
+                baseline="triton",
+            )
 
 
 def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--silu", action="store_true", help="also the silu*gate user kernel")
+    p.add_argument("--prewarm", type=int, default=0, help="compile in this many processes first")
+    args, _ = p.parse_known_args()
+    # the variants' files at one path for every process (their kernels' cache keys)
+    where = os.path.join(tempfile.gettempdir(), f"mem_ab_variants_{os.getpid()}")
+    os.makedirs(where, exist_ok=True)
+    if args.prewarm:
+        prewarm(where, args.prewarm)
     h = Harness.from_args("memory-bound A/B: silu*gate user kernel, rows variants")
     print(f"GPU: {h.meta['gpu']}; copy bandwidth {h.copy_bandwidth():.0f} GB/s", flush=True)
-    if h.only in "silu_gate user kernel":
+    if args.silu:
         silu_cases(h)
-    with tempfile.TemporaryDirectory() as where:
-        rms_cases(h, where)
+    row_cases(h, where)
     h.copy_bandwidth()
     h.finish()
     print(h.table())

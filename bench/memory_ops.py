@@ -6,6 +6,8 @@ Every op runs at a large size in f32, f16 and bf16: 256 MiB an input array (512 
 peers are small kernels written here for exactly the same op (one program per row for the
 row ops, 1024 elements a program for the elementwise ones), computing in f32 as kaio does.
 GB/s counts the fewest bytes the op must move (inputs read once, outputs written once).
+The row ops also run on rows that do not start or end on a 16-byte boundary ("unaligned":
+x and the residual one element past an allocation, and rows of 4095 elements).
 """
 
 from __future__ import annotations
@@ -240,14 +242,17 @@ def elementwise_cases(h: Harness, dt, name: str, shape=(8192, 8192)):
         )
 
 
-def row_cases(h: Harness, dt, name: str, shape=(16384, 4096)):
+def row_cases(h: Harness, dt, name: str, shape=(16384, 4096), offset=0, suffix=""):
+    """The row ops on x and the residual of ``shape`` that start ``offset`` elements past an
+    allocation; ``suffix`` to the op's name."""
     n_row = shape[-1]
     n, size = math.prod(shape), torch.tensor([], dtype=dt).element_size()
-    label = f"{name} {list(shape)}"
+    label = f"{name} {list(shape)}" + (f" +{offset}" if offset else "")
     common = {"tol": TOL[dt], "baseline": "triton"}
 
     def inputs():
-        return _randn(shape, dt), _randn(shape, dt), _randn(n_row, dt), _randn(n_row, dt)
+        x, r = (_randn(n + offset, dt)[offset:].view(shape) for _ in range(2))
+        return x, r, _randn(n_row, dt), _randn(n_row, dt)
 
     def residual(x, r):
         return (x.float() + r.float()).to(dt)
@@ -283,9 +288,12 @@ def row_cases(h: Harness, dt, name: str, shape=(16384, 4096)):
             2 * n,
         ),
     }
-    for op, (kaio_fn, triton_fn, torch_fn, reference, elements) in table.items():
+    for op in table:
+        kaio_fn, triton_fn, torch_fn, reference, elements = table[op]
         impls = {"kaio": kaio_fn, "triton": triton_fn, "torch": torch_fn}
-        h.case(op, label, inputs, impls, reference=reference, nbytes=elements * size, **common)
+        h.case(
+            op + suffix, label, inputs, impls, reference=reference, nbytes=elements * size, **common
+        )
 
 
 def rope_cases(h: Harness, dt, name: str, shape=(16384, 32, 128)):
@@ -326,6 +334,10 @@ def main() -> None:
         rows = 16384 if dt == torch.float32 else 32768  # 256 MiB an array in every dtype
         elementwise_cases(h, dt, name, (rows // 2, 8192))
         row_cases(h, dt, name, (rows, 4096))
+        # rows that do not start or end on a 16-byte boundary: x and the residual one element
+        # past an allocation, and an odd row length
+        for shape, offset in (((rows, 4096), 1), ((rows, 4095), 0)):
+            row_cases(h, dt, name, shape, offset, suffix=" unaligned")
         rope_cases(h, dt, name, (rows, 32, 128))
     # rows longer than a block's registers hold (kaio: a thread-block cluster a row on sm_90,
     # else read twice); Triton's one-program row kernel cannot hold them, so torch is the peer

@@ -1,14 +1,16 @@
 """Row ops: ``rms_norm``, ``rms_norm_residual``, ``layer_norm``, ``softmax``.
 
-One kernel, ``_rows``, specialized per op (``OP``), element type and ``VEC``; one block per row
-(rows: the last dimension). Each thread caches its part of the row in ``REGS`` f32 registers,
-``REGS // VEC`` chunks of ``VEC`` elements (one 16-byte access each when ``VEC > 1``), so a row
-is read from memory once when it fits in the block's registers (up to 16384 elements with
-MAX_BLOCK = 512 threads; 1024-thread blocks would cap the kernels at 64 registers a thread,
-which the driver's compilation can exceed). Softmax sends longer rows to a cluster of blocks
-on sm_90 (``kaio_ops._long_rows``). Otherwise longer rows are walked in segments of that size;
-passes alternate direction, so each starts with the segment the previous pass left in
-registers and reads the others again. The passes:
+One kernel, ``_rows``, specialized per op (``OP``), element type, ``VEC``, ``EDGES`` and
+``WIDE``; one block per row (rows: the last dimension). ``EDGES``: 16-byte chunks on rows
+that do not start or end on a 16-byte boundary in an array that does (``layout``);
+``WIDE``: launched with MAX_BLOCK threads. Each thread caches its part of the row in ``REGS``
+f32 registers, ``REGS // VEC`` chunks of ``VEC`` elements (one 16-byte access each when
+``VEC > 1``), so a row is read from memory once when it fits in the block's registers (up to
+16384 elements with MAX_BLOCK = 512 threads; 1024-thread blocks would cap the kernels at 64
+registers a thread, which the driver's compilation can exceed). Softmax sends longer rows
+to a cluster of blocks on sm_90 (``kaio_ops._long_rows``). Otherwise longer rows are walked
+in segments of that size; passes alternate direction, so each starts with the segment the
+previous pass left in registers and reads the others again. The passes:
 
 - pass 0 loads (rms_norm_residual adds the residual and stores the sum here; softmax and
   the rms norms issue all of a segment's loads before converting any, see ``LOADS_FIRST``)
@@ -25,11 +27,12 @@ registers and reads the others again. The passes:
 from __future__ import annotations
 
 import kaio
-from kaio import bool_, f32, u32
+from kaio import bool_, f32, u32, u64
 from kaio_ops import _arrays, _long_rows
 from kaio_ops._common import (
     LOG2E,
     LOWEST,
+    VECTOR_BYTES,
     block_max_sum,
     block_sum,
     fetch,
@@ -55,11 +58,60 @@ OPS = ("rms_norm", "rms_norm_residual", "layer_norm", "softmax")
 # may alias): one memory latency a chunk (H100, f32 [16384, 4096]: 374 -> 364 µs; 507 -> 397
 # with VEC = 1).
 LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")
-# Ops whose output pass loads all of a segment's weights before its first store when
-# VEC > 1, for the same reason (H100: rms_norm_residual f32 364 -> 362 µs, rms_norm 185 ->
-# 184). With VEC = 1 the 32 weights and their addresses cost 56 registers a thread, and
-# rms_norm f32 went 195 -> 215 µs.
+# Ops whose output pass loads a group of chunks' weights before the first store of the
+# group, for the same reason: all of a segment's when VEC > 1 (H100: rms_norm_residual f32
+# 364 -> 362 µs, rms_norm 185 -> 184); 8 chunks with VEC = 1 (all 32 cost 56 registers a
+# thread, rms_norm f32 195 -> 215 µs; 8, against one a chunk, on rows one element past an
+# allocation, H100: rms_norm f16 275 -> 253 µs, rms_norm_residual f16 498 -> 440, f32
+# 407 -> 370); one with EDGES (all of a segment's, the scalar loads where w is not aligned
+# with the chunks held 40 more registers, rms_norm f16 120, and took 247 µs against 201).
 WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")
+SCALAR_WEIGHTS_GROUP = 8
+EDGE_WEIGHTS_GROUP = 1
+# Ops whose rows take 16-byte chunks even where a row does not start or end on a 16-byte
+# boundary (``EDGES``: a row length that is not a multiple of the chunk): the chunks are
+# aligned in memory, the row's elements before the first and after the last go one a
+# thread to the first threads (``edge_fetch``).
+EDGE_OPS = OPS
+
+
+@kaio.gpu_func
+def fetch_part(
+    EDGES: kaio.constexpr,
+    VEC: kaio.constexpr,
+    raw: DT[:, :],
+    k: kaio.constexpr,
+    src: DT[:],
+    i: u32,
+    vector: bool_,
+    DT: kaio.constexpr,
+):
+    """raw[k] = src[i : i + VEC] (``fetch``); with ``EDGES``, one 16-byte load only where
+    ``vector`` (src 16-byte aligned at i), else a scalar load an element."""
+    if EDGES and not vector:
+        for j in kaio.static_range(VEC):
+            raw[k, j] = src[u64(i) + j]
+    else:
+        fetch(VEC, raw, k, src, i, DT)
+
+
+@kaio.gpu_func
+def load_part(
+    EDGES: kaio.constexpr,
+    dst: f32[:],
+    src: DT[:],
+    i: u32,
+    vector: bool_,
+    VEC: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """dst[:VEC] = src[i : i + VEC] in f32 (``load_f32``); with ``EDGES``, one 16-byte load
+    only where ``vector`` (src 16-byte aligned at i), else a scalar load an element."""
+    if EDGES and not vector:
+        for j in kaio.static_range(VEC):
+            dst[j] = f32(src[u64(i) + j])
+    else:
+        load_f32(dst, 0, src, i, VEC, DT)
 
 
 @kaio.gpu_func
@@ -111,6 +163,18 @@ def accumulate(
 
 
 @kaio.gpu_func
+def out_value(OP: kaio.constexpr, x: f32, shift: f32, scale: f32) -> f32:
+    """The output of element x before the weights: (x - shift) * scale (layer norm: shift
+    the mean, scale 1/std), x * scale (rms norms), exp(x - shift) * scale (softmax: shift the
+    row's max, scale 1/sum; a segment whose exps xs holds is scaled by seg_scale instead)."""
+    if OP == "softmax":
+        return kaio.exp2_ftz((x - shift) * LOG2E) * scale
+    elif OP == "layer_norm":
+        return (x - shift) * scale
+    return x * scale
+
+
+@kaio.gpu_func
 def write_chunk(
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
@@ -127,36 +191,37 @@ def write_chunk(
     scale: f32,
     cached: bool_,
     seg_scale: f32,
+    w_vector: bool_,
+    EDGES: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """The output pass on the chunk xs[at : at + VEC] (row element col, array element i):
-    out = (x - shift) * scale * w + b (layer norm: shift the mean, scale 1/std), x * scale *
-    w (rms norms), exp(x - shift) * scale (softmax: shift the row's max, scale 1/sum); when
-    ``cached`` (softmax: xs holds exp(x - the segment's max), not read again)
-    xs * seg_scale. For the ops in WEIGHTS_FIRST with VEC > 1, wraw[k] holds the chunk's
-    weights."""
+    ``out_value``, times w (rms norms; for the ops in WEIGHTS_FIRST wraw[k] holds the
+    chunk's weights), times w plus b (layer norm, loaded by ``load_part`` with
+    ``w_vector``)."""
     ov = kaio.local(f32, (VEC,))
     wv = kaio.local(f32, (VEC,))
     bv = kaio.local(f32, (VEC,))
+    if OP == "layer_norm":
+        load_part(EDGES, wv, w, col, w_vector, VEC, DT)
+        load_part(EDGES, bv, b, col, w_vector, VEC, DT)
+    elif OP in WEIGHTS_FIRST:
+        for j in kaio.static_range(VEC):
+            wv[j] = f32(wraw[k, j])
+    elif OP != "softmax":
+        load_f32(wv, 0, w, col, VEC, DT)
     if OP == "softmax" and cached:
         for j in kaio.static_range(VEC):
             ov[j] = xs[at + j] * seg_scale
-    elif OP == "softmax":
-        for j in kaio.static_range(VEC):
-            ov[j] = kaio.exp2_ftz((xs[at + j] - shift) * LOG2E) * scale
-    elif OP == "layer_norm":
-        load_f32(wv, 0, w, col, VEC, DT)
-        load_f32(bv, 0, b, col, VEC, DT)
-        for j in kaio.static_range(VEC):
-            ov[j] = (xs[at + j] - shift) * scale * wv[j] + bv[j]
     else:
-        if OP in WEIGHTS_FIRST and VEC > 1:
-            for j in kaio.static_range(VEC):
-                wv[j] = f32(wraw[k, j])
-        else:
-            load_f32(wv, 0, w, col, VEC, DT)
         for j in kaio.static_range(VEC):
-            ov[j] = xs[at + j] * scale * wv[j]
+            v = out_value(OP, xs[at + j], shift, scale)
+            if OP == "layer_norm":
+                ov[j] = v * wv[j] + bv[j]
+            elif OP == "softmax":
+                ov[j] = v
+            else:
+                ov[j] = v * wv[j]
     store_f32(out, i, ov, 0, VEC, DT)
 
 
@@ -201,9 +266,13 @@ def row_pass(
     shift: f32,
     scale: f32,
     seg_scale: f32,
+    col0: u32,
+    w_ok: bool_,
+    EDGES: kaio.constexpr,
     DT: kaio.constexpr,
 ):
-    """One pass over this block's row (element base.., ``chunks`` chunks of VEC): the
+    """One pass over this block's row (``chunks`` chunks of VEC from array element base, row
+    element col0; with EDGES the weights' chunks are 16-byte aligned only when ``w_ok``): the
     accumulating passes (``accumulate``; softmax's pass 0: ``exp_segment``) return this
     thread's ``(total, top, seg_top)``: its sum, and for softmax its running max (total
     then the sum of exp(x - top)) and the max of the segment left in xs; the output pass
@@ -226,14 +295,15 @@ def row_pass(
             for k in kaio.static_range(REGS // VEC):
                 c = first + k * nt
                 if c < chunks:
+                    i = base + c * VEC
                     if OP == "rms_norm_residual" and PASS > 0:
-                        fetch(VEC, raw, k, res_out, base + c * VEC, DT)
+                        fetch(VEC, raw, k, res_out, i, DT)
                     else:
-                        fetch(VEC, raw, k, x, base + c * VEC, DT)
+                        fetch(VEC, raw, k, x, i, DT)
                     if OP == "rms_norm_residual" and PASS == 0:
-                        fetch(VEC, rraw, k, res, base + c * VEC, DT)
+                        fetch(VEC, rraw, k, res, i, DT)
                     if OP not in LOADS_FIRST:
-                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
+                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, i, DT)
             if OP in LOADS_FIRST:
                 for k in kaio.static_range(REGS // VEC):
                     c = first + k * nt
@@ -242,22 +312,54 @@ def row_pass(
         if PASS == 0 and OP == "softmax":
             top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
         wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
-        if PASS == 1 and OP in WEIGHTS_FIRST and VEC > 1:
-            for k in kaio.static_range(REGS // VEC):
+        per_group = (
+            EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP
+        )
+        for g in kaio.static_range(0, REGS // VEC, per_group):
+            if PASS == 1 and OP in WEIGHTS_FIRST:
+                for k in kaio.static_range(g, g + per_group):
+                    c = first + k * nt
+                    if c < chunks:
+                        fetch_part(EDGES, VEC, wraw, k, w, col0 + c * VEC, w_ok, DT)
+            for k in kaio.static_range(g, g + per_group):
                 c = first + k * nt
                 if c < chunks:
-                    fetch(VEC, wraw, k, w, c * VEC, DT)
-        for k in kaio.static_range(REGS // VEC):
-            c = first + k * nt
-            if c < chunks:
-                if PASS == 0 and OP == "softmax":
-                    pass  # done a segment at a time by exp_segment
-                elif PASS == 0 or (PASS == 1 and OP == "layer_norm"):
-                    total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
-                else:
-                    write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC, c * VEC,
-                                shift, scale, s == 0, seg_scale, DT)  # fmt: skip
+                    if PASS == 0 and OP == "softmax":
+                        pass  # done a segment at a time by exp_segment
+                    elif PASS == 0 or (PASS == 1 and OP == "layer_norm"):
+                        total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
+                    else:
+                        write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC,
+                                    col0 + c * VEC, shift, scale, s == 0, seg_scale, w_ok, EDGES,
+                                    DT)  # fmt: skip
     return total, top, seg_top
+
+
+@kaio.gpu_func
+def edge_fetch(
+    OP: kaio.constexpr,
+    x: DT[:],
+    res: DT[:],
+    base: u32,
+    n: u32,
+    head: u32,
+    body: u32,
+    DT: kaio.constexpr,
+) -> tuple[bool_, u32, u32, f32, f32]:
+    """``(inside, at, col, x, res)``: the element of the edges of the row at array element
+    base (its first ``head`` elements and those after the next ``body``) that this thread
+    takes, one a thread from thread 0: whether there is one, its array element and column,
+    and its x and residual (rms_norm_residual) in f32; zeros without one."""
+    t = kaio.thread_idx_x()
+    inside = t < n - body
+    col = t if t < head else t + body
+    ex = 0.0
+    er = 0.0
+    if inside:
+        ex = f32(x[base + col])
+        if OP == "rms_norm_residual":
+            er = f32(res[base + col])
+    return inside, base + col, col, ex, er
 
 
 @kaio.gpu_kernel
@@ -270,35 +372,81 @@ def _rows(
     res_out: DT[:],
     n: u32,
     eps: f32,
+    w_lead: u32,
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
+    EDGES: kaio.constexpr,
+    WIDE: kaio.constexpr,
     DT: kaio.constexpr,
 ):
+    if WIDE:
+        # at most 128 registers a thread, so that MAX_BLOCK threads fit (the scalar
+        # rms_norm_residual f16 takes 162: its rows past 8192 elements failed to launch)
+        kaio.launch_bounds(MAX_BLOCK)
     red0 = kaio.shared(f32, (32,))
     red1 = kaio.shared(f32, (32,))
     xs = kaio.local(f32, (REGS,))
     base = kaio.block_idx_x() * n
     chunks = n // VEC
+    col0 = u32(0)  # the row element at array element base
+    w_ok = True
+    inside = False  # this thread has an element of the row's edges: array element at, column col
+    at = u32(0)
+    col = u32(0)
+    ex = 0.0  # its x (rms_norm_residual: its x + res)
+    er = 0.0  # its residual
+    if EDGES:
+        # The chunks are 16-byte aligned (the arrays start on a 16-byte boundary but w, w_lead
+        # elements past one): they start col0 elements into the row; the row's elements
+        # before the first chunk and after the last go one a thread to the first threads
+        # (``edge_fetch``).
+        col0 = kaio.min((VEC - base % VEC) % VEC, n)
+        chunks = (n - col0) // VEC
+        w_ok = (w_lead + col0) % VEC == 0
+        inside, at, col, ex, er = edge_fetch(OP, x, res, base, n, col0, chunks * VEC, DT)
+        base = base + col0
     # pass 0: this thread's sum (softmax: its running max top and sum of exp(x - top), and
     # seg_top, the max of the segment whose exps xs keeps)
     total, top, seg_top = row_pass(0, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
-                                   shift=0.0, scale=0.0, seg_scale=0.0, DT=DT)  # fmt: skip
+                                   shift=0.0, scale=0.0, seg_scale=0.0, col0=col0, w_ok=w_ok,
+                                   EDGES=EDGES, DT=DT)  # fmt: skip
+    if EDGES and OP == "rms_norm_residual" and inside:
+        ex = f32(DT(ex + er))  # normalize exactly what is stored
+        res_out[at] = DT(ex)
+    if EDGES and OP == "softmax" and inside:
+        top, total = merge_max_sum(top, total, ex, 1.0)
+    elif EDGES and OP == "layer_norm":
+        total += ex
+    elif EDGES:
+        total += ex * ex
     if OP == "softmax":
         top, total = block_max_sum(top, total, red0, red1)
         inv = 1.0 / total
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=top, scale=inv,
-                 seg_scale=kaio.exp(seg_top - top) * inv, DT=DT)  # fmt: skip
+                 seg_scale=kaio.exp(seg_top - top) * inv, col0=col0, w_ok=w_ok, EDGES=EDGES,
+                 DT=DT)  # fmt: skip
+        if EDGES and inside:
+            out[at] = DT(kaio.exp2_ftz((ex - top) * LOG2E) * inv)
     elif OP == "layer_norm":
         mean = block_sum(total, red0) / f32(n)
         sqdev, top, seg_top = row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
-                                       shift=mean, scale=0.0, seg_scale=0.0, DT=DT)  # fmt: skip
+                                       shift=mean, scale=0.0, seg_scale=0.0, col0=col0,
+                                       w_ok=w_ok, EDGES=EDGES, DT=DT)  # fmt: skip
+        if EDGES and inside:
+            sqdev += (ex - mean) * (ex - mean)
         scale = kaio.rsqrt(block_sum(sqdev, red1) / f32(n) + eps)
         row_pass(2, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=mean,
-                 scale=scale, seg_scale=0.0, DT=DT)  # fmt: skip
+                 scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
+                 DT=DT)  # fmt: skip
+        if EDGES and inside:
+            out[at] = DT((ex - mean) * scale * f32(w[col]) + f32(b[col]))
     else:
         scale = kaio.rsqrt(block_sum(total, red0) / f32(n) + eps)
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=0.0,
-                 scale=scale, seg_scale=0.0, DT=DT)  # fmt: skip
+                 scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
+                 DT=DT)  # fmt: skip
+        if EDGES and inside:
+            out[at] = DT(ex * scale * f32(w[col]))
 
 
 def block_size(n: int, vec: int) -> int:
@@ -308,6 +456,25 @@ def block_size(n: int, vec: int) -> int:
     return min(MAX_BLOCK, max(MIN_BLOCK, 1 << max(0, threads - 1).bit_length()))
 
 
+def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
+    """``(VEC, EDGES, w_lead)`` for ``_rows`` on these operands: 16-byte chunks where every
+    row and vector starts on a 16-byte boundary; else, for the ops in EDGE_OPS when x (and
+    the residual) start on one and b as far past one as w, chunks aligned in memory with the
+    rows' edges apart (w_lead: w's elements past the boundary); else VEC 1 (x one element
+    past an allocation, say: aligned chunks there would leave the outputs' chunks across
+    16-byte boundaries, a scalar store an element 16 bytes apart across a warp)."""
+    vec = vector_width(*[a for a in (x, res, w, b) if a is not None], multiple_of=n)
+    size = x.dtype.itemsize
+    x_lead, res_lead, w_lead, b_lead = (
+        a.ptr % VECTOR_BYTES if a is not None else None for a in (x, res, w, b)
+    )
+    if vec > 1 or op not in EDGE_OPS or x_lead or res_lead or (w_lead or 0) % size:
+        return vec, False, 0
+    if b_lead not in (None, w_lead):
+        return vec, False, 0
+    return VECTOR_BYTES // size, True, (w_lead or 0) // size
+
+
 def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0):
     """Launch ``_rows`` for ``op``; returns out (and the new residual for the residual op)."""
     out = _arrays.output(x)
@@ -315,16 +482,18 @@ def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0
     n = x.shape[-1]
     rows = x.size // n if n else 0
     if rows:
-        operands = [a for a in (x, res, w, b) if a is not None]
-        vec = vector_width(*operands, multiple_of=n)
+        vec, edges, w_lead = layout(op, n, x, res, w, b)
         flat = x.arg(x.size)
         args = [a.arg(a.size) if a is not None else flat for a in (res, w, b)]
         outs = [
             _arrays.output_arg(x, o, (x.size,)) for o in (out, res_out if res is not None else out)
         ]
-        _rows[rows, block_size(n, vec), _arrays.stream_of(x)](
-            flat, *args, *outs, n, eps, OP=op, VEC=vec, DT=x.dtype
-        )
+        threads = block_size(n, vec)
+        wide = threads == MAX_BLOCK and (vec == 1 or edges)  # see _rows's launch_bounds
+        _rows[rows, threads, _arrays.stream_of(x)](
+            flat, *args, *outs, n, eps, w_lead, OP=op, VEC=vec, EDGES=edges, WIDE=wide,
+            DT=x.dtype,
+        )  # fmt: skip
     return out if res is None else (out, res_out)
 
 
@@ -394,8 +563,13 @@ def softmax(x):
 
 
 def shipped():
-    """(kernel, constexprs) of every specialization these ops launch."""
+    """(kernel, constexprs) of every specialization these ops launch: VEC 1 and EDGES also
+    WIDE (512-thread blocks), VEC > 1 is never (``_run``)."""
     for dtype in _arrays.FLOATS:
+        full = widths(dtype)[-1]
         for op in OPS:
-            for vec in widths(dtype):
-                yield _rows, {"OP": op, "VEC": vec, "DT": dtype}
+            kinds = [(1, False, False), (1, False, True), (full, False, False)]
+            if op in EDGE_OPS:
+                kinds += [(full, True, False), (full, True, True)]
+            for vec, edges, wide in kinds:
+                yield _rows, {"OP": op, "VEC": vec, "EDGES": edges, "WIDE": wide, "DT": dtype}

@@ -35,10 +35,13 @@ def rand(rng, shape, dtype, offset: bool = False, scale: float = 1.0):
     """Random values of ``dtype``; ``offset`` places the array one element past a 16-byte
     boundary, which forces the scalar (unvectorized) path."""
     values = (rng.standard_normal(shape) * scale).astype(dtype)
-    if not offset:
-        return values
-    buf = np.empty(values.size + 1, dtype)
-    out = buf[1:].reshape(shape)
+    return misaligned(values) if offset else values
+
+
+def misaligned(values):
+    """A copy of ``values`` one element past a 16-byte boundary."""
+    buf = np.empty(values.size + 1, values.dtype)
+    out = buf[1:].reshape(values.shape)
     out[...] = values
     return out
 
@@ -154,16 +157,19 @@ def test_rope_sim(dtype):
             check(out, ref_rope(f64(x), f64(cos), f64(sin), interleaved), dtype)
 
 
-@pytest.mark.parametrize("n", [4500, 4501, 4616])
-def test_rows_longer_than_a_block_sim(monkeypatch, n):
+@pytest.mark.parametrize("n, offset", [(4500, False), (4501, False), (4616, False), (4501, True)])
+def test_rows_longer_than_a_block_sim(monkeypatch, n, offset):
     """Rows past what the block's registers hold are walked in segments (64 threads here:
     2048 elements a segment), also for softmax with a large offset and masked (-inf) entries;
-    4616: 16-byte chunks (VEC 4), the last segment partly filled."""
+    4616: 16-byte chunks (VEC 4), the last segment partly filled; 4501: chunks with the rows'
+    edges apart (EDGES); offset: x one element past a 16-byte boundary (VEC 1)."""
     monkeypatch.setattr(rows, "MAX_BLOCK", 64)
     rng = np.random.default_rng(4)
     x = rand(rng, (2, n), np.float32, scale=4) + np.float32(30)
     x[1, ::7] = -np.inf
-    r, w, b = rand(rng, (2, n), np.float32), rand(rng, n, np.float32), rand(rng, n, np.float32)
+    x = misaligned(x) if offset else x
+    r, w = rand(rng, (2, n), np.float32, offset), rand(rng, n, np.float32)
+    b = rand(rng, n, np.float32)
     finite = np.where(np.isinf(x), 0, x)
     with kaio.simulate():
         check(kaio_ops.softmax(x), ref_softmax(f64(x)), np.float32)
@@ -257,6 +263,18 @@ def test_vector_path_taken():
     assert elementwise.plan(x, y) == (False, 4)  # 111 elements: 27 chunks and a tail of 3
     assert elementwise.plan(x, row) == (True, 1)  # a 37-element row cannot hold whole chunks
     assert elementwise.plan(aligned, aligned) == (False, 8)
+    # rows of a length that is not a multiple of the chunk, in arrays that start on a
+    # 16-byte boundary, take 16-byte chunks with the rows' edges apart (VEC, EDGES, w_lead)
+    with kaio.simulate():
+        w = _arrays.Inputs("t").array(rand(rng, 64, np.float16), "w", ndim=1)
+        w1 = _arrays.Inputs("t").array(rand(rng, 37, np.float32, offset=True), "w", ndim=1)
+    assert rows.layout("rms_norm", 37, x, w=row) == (4, True, 0)
+    assert rows.layout("rms_norm", 37, x, w=w1) == (4, True, 1)
+    assert rows.layout("rms_norm_residual", 37, x, y, row) == (4, True, 0)
+    assert rows.layout("softmax", 37, x) == (4, True, 0)
+    assert rows.layout("rms_norm", 64, aligned, w=w) == (8, False, 0)
+    assert rows.layout("rms_norm", 64, offset, w=w) == (1, False, 0)
+    assert rows.layout("layer_norm", 64, aligned, w=w, b=offset) == (1, False, 0)
 
 
 def test_kernels_per_dtype_have_their_own_cache_keys():
@@ -318,7 +336,7 @@ def _shipped():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_shipped_specialization_assembles(arch):
     texts = [kernel.ptx(arch=arch, **constexprs) for kernel, constexprs in _shipped()]
-    assert len(texts) == 78
+    assert len(texts) == 114
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda text: assemble(text, arch), texts))
 
@@ -333,7 +351,7 @@ def test_cluster_softmax_assembles_for_sm_90_only():
 
 
 def test_vector_path_uses_16_byte_accesses():
-    ptx = rows._rows.ptx(arch="sm_90", OP="rms_norm", VEC=8, DT=kaio.bf16)
+    ptx = rows._rows.ptx(arch="sm_90", OP="rms_norm", VEC=8, EDGES=False, WIDE=False, DT=kaio.bf16)
     assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
 
 
@@ -396,10 +414,18 @@ def test_row_ops_gpu_vs_torch():
     torch = _torch()
     F = torch.nn.functional
     for dt in _torch_dtypes(torch):
-        for shape in [(4096, 4096), (2, 300, 1001), (8, 100_000)]:
+        # offset: x and the residual that many elements past an allocation; rows not on a
+        # 16-byte boundary take the rms norms' EDGES path (30001: in segments)
+        for shape, offset in [
+            ((4096, 4096), 0),
+            ((2, 300, 1001), 0),
+            ((8, 100_000), 0),
+            ((1000, 4096), 1),
+            ((8, 30_001), 3),
+        ]:
             n = shape[-1]
-            x = torch.randn(shape, device="cuda", dtype=dt)
-            r = torch.randn(shape, device="cuda", dtype=dt)
+            x = _misaligned(torch.randn(shape, device="cuda", dtype=dt), offset)
+            r = _misaligned(torch.randn(shape, device="cuda", dtype=dt), offset)
             w, b = torch.randn(n, device="cuda", dtype=dt), torch.randn(n, device="cuda", dtype=dt)
             xf, wf, bf = x.double(), w.double(), b.double()
             _torch_check(kaio_ops.rms_norm(x, w), _torch_rms(xf, wf), x)
