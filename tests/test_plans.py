@@ -1265,15 +1265,32 @@ def test_an_owned_workspace_under_a_tensor_map(fake, monkeypatch):
     assert all(0xA000.to_bytes(8, "little") in call[5] for call in fake.calls)
 
 
-def test_a_plan_on_the_legacy_default_stream_owns_its_small_workspace(fake, monkeypatch):
+def _linear_call(fake, monkeypatch) -> tuple:
+    """linear's split-K call at decode size: (its parameters' addresses, its replay)."""
+    x, w, replay = _linear_split(fake, monkeypatch)
+    return (x.ptr, w.ptr, 0, 0), replay
+
+
+def _decode_call(fake, monkeypatch) -> tuple:
+    """flash_attention_decode split over the keys (its logsumexps and the splits' partials
+    made for the kernels, not returned): (its parameters' addresses, its replay)."""
+    q, k, v, lens, table = _decode_args(fake)
+    kaio_ops.flash_attention_decode(q, k, v, lens, table)
+    (replay,) = _plan.plans_of(kaio_ops.flash_attention_decode).values()
+    assert len(replay.plan.steps) == 2  # split, then merged
+    return (q.ptr, k.ptr, v.ptr, lens.ptr, 0), replay
+
+
+@pytest.mark.parametrize("call", [_linear_call, _decode_call], ids=["linear", "decode"])
+def test_a_plan_on_the_legacy_default_stream_owns_its_small_workspace(fake, monkeypatch, call):
     """A plan on the legacy default stream (its calls' kernels run in order from any
-    thread, never captured) takes its small workspace from the allocator once, when it is
-    made on its GPU, passes that address to every launch, and gives it back when dropped;
-    made while another GPU is current, its calls take their own."""
+    thread, never captured) takes its small workspaces from the allocator once, when it is
+    made on its GPU, passes their addresses to every launch, and gives them back when
+    dropped; made while another GPU is current, its calls take their own."""
     import gc
 
     torch = pytest.importorskip("torch")
-    x, w, replay = _linear_split(fake, monkeypatch)
+    pointers, replay = call(fake, monkeypatch)
     allocations = _torch_allocations(replay)
     log, device, addresses = [], [0], itertools.count(0xA000, 0x1000)
     allocator = (
@@ -1282,23 +1299,25 @@ def test_a_plan_on_the_legacy_default_stream_owns_its_small_workspace(fake, monk
         lambda address: log.append(("free", address)),
     )
     monkeypatch.setattr(_plan, "_raw_allocator", lambda: allocator)
-    size = math.prod(allocations[1][4]) * allocations[1][5].itemsize
-    twin = _plan._replay(replay.plan, 4, allocations, "o0")
-    assert log == [("allocate", size, 0)] and "ALLOCATE" not in twin.source
+    sizes = [math.prod(shape) * dtype.itemsize for *_, shape, dtype in allocations[1:]]
+    twin = _plan._replay(replay.plan, len(pointers), allocations, "o0")
+    assert log == [("allocate", size, 0) for size in sizes] and "ALLOCATE" not in twin.source
+    owned = [0xA000 + 0x1000 * i for i in range(len(sizes))]
+    assert twin.owned == owned
     out = torch.empty(allocations[0][4], dtype=_arrays.torch_dtype(allocations[0][5]))
     twin.__globals__["A0"] = lambda: out  # on the CPU
     fake.calls = []
     for current_device in (0, 1, 0):
         device[0] = current_device
-        assert twin(x.ptr, w.ptr, 0, 0) is out
-    assert len(log) == 1 and fake.calls
+        assert twin(*pointers) is out
+    assert len(log) == len(sizes) and fake.calls
     assert all(0xA000.to_bytes(8, "little") in call[5] for call in fake.calls)
     del twin
     gc.collect()
-    assert log[1:] == [("free", 0xA000)]
+    assert log[len(sizes) :] == [("free", address) for address in owned]
     device[0] = 1  # made while GPU 1 is current: the calls take their own
-    twin = _plan._replay(replay.plan, 4, allocations, "o0")
-    assert len(log) == 2 and "ALLOCATE" in twin.source
+    twin = _plan._replay(replay.plan, len(pointers), allocations, "o0")
+    assert len(log) == 2 * len(sizes) and "ALLOCATE" in twin.source
 
 
 def _paged_decode_case(torch, randn, lens: list, capacity: int = 8192, page_size: int = 16):
