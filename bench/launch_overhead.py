@@ -376,29 +376,10 @@ def native_rows(bench: Bench, ctypes_calls: tuple, arguments: tuple, x, y, out) 
         "raw native cuLaunchKernelEx (kaio.runtime.native), byref function",
         lambda: launch_ex(cfg, func_ref, par, None),
     )
-    plain = plain_launch()
-    check_poisoned(out, x, y, lambda: plain(cfg, func_ref, par, None))
-    bench.row(
-        "raw native cuLaunchKernel (the config's fields), byref function",
-        lambda: plain(cfg, func_ref, par, None),
-    )
     bench.row(
         "native call of a C no-op (memcmp of 0 bytes), 4 arguments",
         lambda: nothing(cfg, func_ref, None, par),
     )
-
-
-def plain_launch():
-    """kaio's four launch arguments through ``kaio.runtime.native``'s builtin that calls
-    ``cuLaunchKernel`` with the configuration's fields (``cuLaunchKernelEx`` where it has
-    attributes)."""
-    from kaio.runtime import native
-    from kaio.runtime.driver import libcuda
-
-    lib = libcuda()
-    ex, plain = (ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-                 for name in ("cuLaunchKernelEx", "cuLaunchKernel"))  # fmt: skip
-    return native.trampoline(ex, "cuLaunchKernel", plain=plain)
 
 
 def check_poisoned(out, x, y, launch_one) -> None:
@@ -414,84 +395,28 @@ def check_poisoned(out, x, y, launch_one) -> None:
 def ctypes_rows(bench: Bench, x, y, out) -> None:
     """kaio's launches with the driver called through ctypes
     (``launcher.ctypes_launch_kernel``, as before ``kaio.runtime.native``): the A/B of the
-    native call in one process."""
-    from kaio.runtime import launcher
-
-    call_rows(bench, x, y, out, "ctypes call", launcher.ctypes_launch_kernel())
-
-
-def call_rows(bench: Bench, x, y, out, label: str, call, plan: bool = True) -> None:
-    """kaio's launches (and its call-plan replay) with the driver called through ``call``
-    instead of ``launcher.raw_launch_kernel()``; each checked first on a poisoned output."""
+    native call in one process; each checked first on a poisoned output."""
     from kaio.runtime import launcher
 
     saved = launcher._raw_launch
-    launcher._raw_launch = call
+    launcher._raw_launch = launcher.ctypes_launch_kernel()
     try:
         subscripted, later = new_add(), new_add()
         check_poisoned(out, x, y, lambda: subscripted[GRID, 256](x, y, out, N))
         bench.row(
-            f"kaio add[grid, 256](...), DeviceArray, {label}",
+            "kaio add[grid, 256](...), DeviceArray, ctypes call",
             lambda: subscripted[GRID, 256](x, y, out, N),
         )
         later[GRID, 256](x, y, out, N)
         direct = later[GRID, 256]
         check_poisoned(out, x, y, lambda: direct(x, y, out, N))
         bench.row(
-            f"kaio launch taken after a first launch, DeviceArray, {label}",
+            "kaio launch taken after a first launch, DeviceArray, ctypes call",
             lambda: direct(x, y, out, N),
         )
-        if plan:
-            plan_row(bench, x, y, out, f", {label}")
+        plan_row(bench, x, y, out, ", ctypes call")
     finally:
         launcher._raw_launch = saved
-
-
-def main_calls(bench: Bench, results: dict) -> None:
-    """The driver's two launch calls side by side: the raw calls (``floor_rows``), then
-    kaio's launches and call-plan replay through ``cuLaunchKernelEx`` (kaio's) and through
-    ``cuLaunchKernel`` (``plain_launch``), with DeviceArray and torch arguments, and on a
-    created stream."""
-    rng = np.random.default_rng(0)
-    hx, hy = rng.standard_normal(N).astype(np.float32), rng.standard_normal(N).astype(np.float32)
-    x, y, out = kaio.to_device(hx), kaio.to_device(hy), kaio.empty((N,), f32)
-    floor_rows(bench, x, y, out)
-    from kaio.runtime import launcher
-
-    calls = (("cuLaunchKernelEx", launcher.raw_launch_kernel()), ("cuLaunchKernel", plain_launch()))
-    for label, call in calls:
-        call_rows(bench, x, y, out, label, call)
-    import torch
-
-    tx, ty = torch.from_numpy(hx).cuda(), torch.from_numpy(hy).cuda()
-    tout = torch.empty(N, device="cuda")
-    side = torch.cuda.Stream()
-    for label, call in calls:
-        saved = launcher._raw_launch
-        launcher._raw_launch = call
-        try:
-            kernel, streamed = new_add(), new_add()
-            kernel[GRID, 256](tx, ty, tout, N)
-            direct = kernel[GRID, 256]
-            bench.row(
-                f"kaio launch taken after a first launch, torch, {label}",
-                lambda d=direct: d(tx, ty, tout, N),
-            )
-            on_side = streamed[GRID, 256, side]
-            tout.fill_(float("nan"))
-            on_side(tx, ty, tout, N)
-            side.synchronize()
-            if not torch.equal(tout, tx + ty):
-                raise AssertionError(f"a launch on a created stream ({label}) was wrong")
-            bench.row(
-                f"kaio launch on a created stream, torch, {label}",
-                lambda d=on_side: d(tx, ty, tout, N),
-            )
-        finally:
-            launcher._raw_launch = saved
-    results["rows"] = bench.run()
-    if not np.array_equal(out.numpy(), hx + hy) or not torch.equal(tout, tx + ty):
-        raise AssertionError("a launched kernel computed a wrong result")
 
 
 def step_rows(bench: Bench, x, y, out) -> None:
@@ -973,10 +898,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--rows",
-        choices=("all", "launch", "ops", "steps", "calls"),
+        choices=("all", "launch", "ops", "steps"),
         default="all",
-        help="which rows to measure (steps: the bare launch built up one step at a time; "
-        "calls: kaio's launches through cuLaunchKernelEx and through cuLaunchKernel)",
+        help="which rows to measure (steps: the bare launch built up one step at a time)",
     )
     parser.add_argument(
         "--no-empty-like",
@@ -1012,9 +936,7 @@ def main() -> None:
     bench, results, errors = Bench(), {}, {}
     groups = [lambda: main_rows(bench, results), lambda: op_rows(results)]
     steps = [lambda: main_steps(bench, results)]
-    calls = [lambda: main_calls(bench, results)]
-    groups = {"all": groups, "launch": groups[:1], "ops": groups[1:], "steps": steps,
-              "calls": calls}[args.rows]  # fmt: skip
+    groups = {"all": groups, "launch": groups[:1], "ops": groups[1:], "steps": steps}[args.rows]
     if not args.skip_cold:
         groups.append(lambda: cold_rows(results))
     for group in groups:

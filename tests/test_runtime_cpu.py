@@ -863,41 +863,6 @@ def test_native_call_refuses_what_ctypes_would_not_pass_as_a_pointer(tmp_path, m
     assert ctypes.string_at(first, 16) == ctypes.string_at(again, 16) and first != again
 
 
-def test_native_plain_launch_unpacks_a_configuration_without_attributes():
-    """``trampoline(ex, plain=launch)`` calls ``launch`` (cuLaunchKernel's signature) with
-    the function, the configuration's grid, block, shared bytes and stream, and the last
-    two arguments, where the configuration has no attributes; ``ex`` with the four
-    arguments as they are where it has some or is NULL (C stand-ins for the driver)."""
-    from kaio.runtime import native
-    from kaio.runtime.launcher import LaunchConfigStruct, pointer_argument
-
-    calls = []
-    vp, u = ctypes.c_void_p, ctypes.c_uint
-    ex = ctypes.CFUNCTYPE(ctypes.c_int, vp, vp, vp, vp)(
-        lambda *args: calls.append(("ex", *args)) or 7
-    )
-    plain = ctypes.CFUNCTYPE(ctypes.c_int, vp, *[u] * 7, vp, vp, vp)(
-        lambda *args: calls.append(("plain", *args)) or 3
-    )
-    address = ctypes.cast(ex, vp).value
-    call = native.trampoline(address, "launch", plain=ctypes.cast(plain, vp).value)
-    if call is None:
-        pytest.skip(f"no native call here: {native.status()}")
-    config = LaunchConfigStruct((5, 6, 7), (32, 2, 1), 1024, 0xABC0, None, 0)
-    params, extra = ctypes.c_char(), ctypes.c_char()
-    function, p, e = pointer_argument(0xF00D0), ctypes.byref(params), ctypes.byref(extra)
-    assert call(ctypes.byref(config), function, p, e) == 3
-    where = ctypes.addressof(params), ctypes.addressof(extra)
-    assert calls.pop() == ("plain", 0xF00D0, 5, 6, 7, 32, 2, 1, 1024, 0xABC0, *where)
-    assert call(ctypes.byref(config), function, p, None) == 3
-    assert calls.pop()[-2:] == (where[0], None)
-    attributed = LaunchConfigStruct((5, 6, 7), (32, 2, 1), 0, None, ctypes.addressof(params), 1)
-    assert call(ctypes.byref(attributed), function, p, None) == 7
-    assert calls.pop() == ("ex", ctypes.addressof(attributed), 0xF00D0, where[0], None)
-    assert call(None, function, p, None) == 7 and calls.pop()[:2] == ("ex", None)
-    assert not calls
-
-
 def test_launches_on_gpu_0_know_they_are_home_until_a_thread_moves(fake_driver, monkeypatch):
     """While no thread has made a device other than 0 current (``device.moved``), a launch
     on GPU 0 does not read the thread-local current device; once one has (through

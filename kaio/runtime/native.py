@@ -43,21 +43,17 @@ _METH_FASTCALL = 0x0080
 _ARGUMENTS = 4
 
 
-def _ir(payload: int, type_offset: int, value_offset: int, plain: bool = False) -> str:
+def _ir(payload: int, type_offset: int, value_offset: int) -> str:
     """The builtin's LLVM IR: ``PyObject *call(PyObject *self, PyObject *const *args,
     Py_ssize_t nargs)`` (METH_FASTCALL). ``payload``: where a bytes object's bytes start;
-    ``type_offset``: an object's type pointer; ``value_offset``: a ``byref``'s pointer.
-    ``plain``: the four arguments are ``cuLaunchKernelEx``'s, and a configuration without
-    attributes is launched by ``cuLaunchKernel`` (the table's ``plain``) with its fields
-    (``_plain_call``)."""
-    table = _TABLE + (("plain",) if plain else ())
-    word = {name: 8 * i for i, name in enumerate(table)}
+    ``type_offset``: an object's type pointer; ``value_offset``: a ``byref``'s pointer."""
+    word = {name: 8 * i for i, name in enumerate(_TABLE)}
     lines = [
         "define ptr @call(ptr %self, ptr %args, i64 %nargs) {",
         "entry:",
         f"  %table = getelementptr i8, ptr %self, i64 {payload}",
     ]
-    for name in table:
+    for name in _TABLE:
         lines += [
             f"  %{name}.at = getelementptr i8, ptr %table, i64 {word[name]}",
             f"  %{name} = load ptr, ptr %{name}.at",
@@ -87,10 +83,8 @@ def _ir(payload: int, type_offset: int, value_offset: int, plain: bool = False) 
             f"  br label %{'arg' + str(i + 1) if i + 1 < _ARGUMENTS else 'call'}",
         ]
     pointers = ", ".join(f"ptr %p{i}" for i in range(_ARGUMENTS))
-    lines += ["call:"]
-    if plain:
-        lines += _plain_call()
     lines += [
+        "call:",
         f"  %rc = call i32 %target({pointers})",
         "  %wide = sext i32 %rc to i64",
         "  %result = call ptr %from_long(i64 %wide)",
@@ -101,45 +95,6 @@ def _ir(payload: int, type_offset: int, value_offset: int, plain: bool = False) 
         "}",
     ]
     return "\n".join(lines) + "\n"
-
-
-# CUlaunchConfig: seven u32 (grid x y z, block x y z, shared bytes), then hStream, attrs
-# (8-byte pointers from offset 32), numAttrs (u32 at 48)
-_CONFIG_U32 = 7
-_CONFIG_STREAM = 32
-_CONFIG_ATTRIBUTES = 48
-
-
-def _plain_call() -> list[str]:
-    """The IR that, where the configuration ``%p0`` is not NULL and has no attributes, calls
-    ``cuLaunchKernel(function, grid, block, shared, stream, kernelParams, extra)`` and
-    returns its result; else it falls through to the ``cuLaunchKernelEx`` call."""
-    lines = [
-        "  %no_config = icmp eq ptr %p0, null",
-        "  br i1 %no_config, label %ex, label %attributes",
-        "attributes:",
-        f"  %count.at = getelementptr i8, ptr %p0, i64 {_CONFIG_ATTRIBUTES}",
-        "  %count = load i32, ptr %count.at",
-        "  %bare = icmp eq i32 %count, 0",
-        "  br i1 %bare, label %bare_launch, label %ex",
-        "bare_launch:",
-    ]
-    for k in range(_CONFIG_U32):
-        lines += [
-            f"  %field{k}.at = getelementptr i8, ptr %p0, i64 {4 * k}",
-            f"  %field{k} = load i32, ptr %field{k}.at",
-        ]
-    fields = ", ".join(f"i32 %field{k}" for k in range(_CONFIG_U32))
-    lines += [
-        f"  %stream.at = getelementptr i8, ptr %p0, i64 {_CONFIG_STREAM}",
-        "  %stream = load ptr, ptr %stream.at",
-        f"  %plain_rc = call i32 %plain(ptr %p1, {fields}, ptr %stream, ptr %p2, ptr %p3)",
-        "  %plain_wide = sext i32 %plain_rc to i64",
-        "  %plain_result = call ptr %from_long(i64 %plain_wide)",
-        "  ret ptr %plain_result",
-        "ex:",
-    ]
-    return lines
 
 
 def _compile(ir: str) -> bytes:
@@ -220,7 +175,7 @@ class _MethodDef(ctypes.Structure):
     ]
 
 
-_codes: dict = {}  # plain (``_ir``) or not -> the address of its loaded machine code
+_code: int | None = None  # the address of the loaded machine code, once loaded
 _why_not: str | None = None  # why there is none, once that is known
 _kept: list = []  # method definitions the builtins point to: alive as long as the process
 
@@ -235,53 +190,43 @@ def _supported() -> str | None:
     return None
 
 
-def _load(plain: bool = False) -> int:
-    """The address of the trampoline's machine code (``_ir``'s, ``plain`` or not): from the
-    disk cache, else compiled (llvmlite) and cached."""
+def _load() -> int:
+    """The address of the trampoline's machine code: from the disk cache, else compiled
+    (llvmlite) and cached."""
     from kaio.runtime.cache import cached
     from kaio.runtime.module import disk_cache
 
-    ir = _ir(*_layout(), plain=plain)
+    ir = _ir(*_layout())
     key = "trampoline-" + hashlib.sha256(f"{ir}|{os.uname().machine}".encode()).hexdigest()
     code, _ = cached(disk_cache(), key, lambda: _compile(ir))
     return _executable(code)
 
 
-def _code(plain: bool) -> int | None:
-    """The address of the machine code of ``_ir(..., plain)``, loaded once; None where the
-    trampoline cannot be had (``_why_not`` says why)."""
-    global _why_not
-    if plain not in _codes and _why_not is None:
-        _why_not = _supported()
-        if _why_not is None:
-            try:
-                _codes[plain] = _load(plain)
-            except Exception as e:  # noqa: BLE001 (no llvmlite, an odd layout: use ctypes)
-                _why_not = f"{type(e).__name__}: {e}"
-    return _codes.get(plain)
-
-
-def trampoline(address: int, name: str = "call", plain: int | None = None) -> Callable | None:
+def trampoline(address: int, name: str = "call") -> Callable | None:
     """A builtin ``f(a, b, c, d) -> int`` that calls the C function ``int fn(void *, void *,
     void *, void *)`` at ``address`` with each argument's pointer (a ``ctypes.byref``'s, NULL
     for None), keeping the GIL; None where the trampoline cannot be had (``status()`` says
-    why). With ``plain`` (the address of ``cuLaunchKernel``), ``address`` is
-    ``cuLaunchKernelEx``'s and a configuration without attributes is launched through
-    ``plain`` instead, its fields passed one by one."""
-    code = _code(plain is not None)
-    if code is None:
+    why)."""
+    global _code, _why_not
+    if _code is None and _why_not is None:
+        _why_not = _supported()
+        if _why_not is None:
+            try:
+                _code = _load()
+            except Exception as e:  # noqa: BLE001 (no llvmlite, an odd layout: use ctypes)
+                _why_not = f"{type(e).__name__}: {e}"
+    if _code is None:
         return None
     api = ctypes.pythonapi
-    addresses = [
+    table = struct.pack(
+        f"={len(_TABLE)}Q",
         address,
         id(None),
         id(type(ctypes.byref(ctypes.c_char()))),
         ctypes.cast(api.PyLong_FromLong, ctypes.c_void_p).value,
         ctypes.cast(api.PyErr_BadArgument, ctypes.c_void_p).value,
-        *([] if plain is None else [plain]),
-    ]
-    table = struct.pack(f"={len(addresses)}Q", *addresses)
-    definition = _MethodDef(name.encode(), code, _METH_FASTCALL, None)
+    )
+    definition = _MethodDef(name.encode(), _code, _METH_FASTCALL, None)
     _kept.append(definition)
     new = ctypes.pythonapi.PyCFunction_NewEx
     new.restype = ctypes.py_object
@@ -291,4 +236,4 @@ def trampoline(address: int, name: str = "call", plain: int | None = None) -> Ca
 
 def status() -> str:
     """How the launches call the driver: ``"native"``, or ``"ctypes (<why>)"``."""
-    return "native" if _codes else f"ctypes ({_why_not or 'not tried yet'})"
+    return "native" if _code is not None else f"ctypes ({_why_not or 'not tried yet'})"
