@@ -548,6 +548,12 @@ def reuse_step_rows(bench: Bench, x, y, out) -> None:
                         + body, env)  # fmt: skip
         bench.row(f"reuse step 4: + the direct function's tests, {label}",
                   lambda fn=fn: fn(x, y, out, N))  # fmt: skip
+    # the subscript of add[grid, 256](...) alone (no launch), beside a dict's
+    subscripted = new_add()
+    subscripted[GRID, 256](x, y, out, N)
+    table = {(GRID, 256): subscripted[GRID, 256]}
+    bench.row("the subscript alone: add[grid, 256]", lambda: subscripted[GRID, 256])
+    bench.row("a dict's subscript alone: table[grid, 256]", lambda: table[GRID, 256])
 
 
 def _generated(header: str, body: list[str], env: dict):
