@@ -49,6 +49,7 @@ rows).
 from __future__ import annotations
 
 import argparse
+import collections
 import ctypes
 import json
 import os
@@ -420,18 +421,18 @@ def ctypes_rows(bench: Bench, x, y, out) -> None:
 
 
 def step_rows(bench: Bench, x, y, out) -> None:
-    """The bare launch built up one Python step at a time from the raw ctypes call, each
+    """The bare launch built up one Python step at a time from the raw driver call, each
     row the previous one plus one step, so that each step's cost is the difference of two
     rows; and the ctypes call made other ways (``argtypes`` set, ``c_void_p`` objects)."""
     from kaio.runtime.launcher import parameter_slot, pointer_argument, raw_launch_kernel
 
     loaded, buf, params, config = prepared_add(x, y, out)
-    launch_ex = raw_launch_kernel()  # kaio's: PYFUNCTYPE, no argtypes
+    launch_ex = raw_launch_kernel()  # kaio's: the native builtin (else PYFUNCTYPE, no argtypes)
     cfg, func = ctypes.byref(config), pointer_argument(loaded.handle)
     par = ctypes.byref(params)
     bench.keep += [buf, params, config]
     bench.row(
-        "step 0: raw ctypes call, byref arguments made once",
+        "step 0: raw call (raw_launch_kernel), byref arguments made once",
         lambda: launch_ex(cfg, func, par, None),
     )
     from kaio.runtime.driver import libcuda
@@ -489,6 +490,70 @@ def step_rows(bench: Bench, x, y, out) -> None:
     unpack = ["if kwargs:", "    return False", "a0, a1, a2, a3 = args"]
     fn = _generated("def step(*args, **kwargs):", unpack + body, env)
     bench.row("step 5: + (*args, **kwargs) instead of parameters", lambda: fn(x, y, out, N))
+
+
+def reuse_step_rows(bench: Bench, x, y, out) -> None:
+    """kaio's launch of arguments it launched last (the parameters reused: the default
+    path of ``add[grid, 256](...)`` in a loop) built up one step at a time from the raw
+    native call, each row the previous one plus one step, as a generated launcher writes
+    them (``launcher.reuse_lines``, ``build_launcher``): what kaio adds to the driver call."""
+    from kaio.runtime import launch as launch_mod
+    from kaio.runtime.device import current, moved
+    from kaio.runtime.launcher import MISSING, parameter_slot, pointer_argument, raw_launch_kernel
+    from kaio.sim.mode import anywhere
+
+    loaded, buf, params, config = prepared_add(x, y, out)
+    slot = [*parameter_slot(len(buf), [0, 8, 16, 24, 32, 40, 48]), None]
+    slot[0].cast("B")[: len(buf)] = buf.raw  # packed for x, y, out, N
+    slot[2] = (x._info, y._info, out._info, N)
+    free = collections.deque([slot])
+    env = {"take": free.popleft, "give": free.append, "launch_ex": raw_launch_kernel()}
+    env.update(cfg=ctypes.byref(config), func=pointer_argument(loaded.handle), MISSING=MISSING)
+    env["params"] = ctypes.byref(params)  # the raw call's (the steps take the slot's)
+    env.update(MOVED=moved, current=current, DEV=0, LAST=[None], SIMULATING=anywhere)
+    env.update(recordings=launch_mod.recordings, admitted=True)
+    bench.keep += [buf, params, config, slot]
+    same = ("a0._info is k[0] and a1._info is k[1] and a2._info is k[2] and "
+            "((r3 := k[3]) is a3 or type(a3) is int and a3 == r3)")  # fmt: skip
+    call = "rc = launch_ex(cfg, func, params, None)"
+    steps = [  # (label, lines before the call, the call, lines after it)
+        ("raw native call", [], [call], []),
+        ("the parameter buffer off a deque and back", ["buf, params, k = slot = take()"],
+         [call], ["give(slot)"]),
+        ("the test that the arguments are the buffer's last",
+         ["try:", f"    same = {same}", "except AttributeError:", "    same = False",
+          "if not same:", "    return False"], [call], []),
+        ("the GPU test, the admission test, the error test, the last-launch note",
+         ["home = not MOVED[0] or current.ordinal == DEV", "if not admitted:",
+          "    return False"], ["if home:", f"    {call}", "    if rc:", "        return False",
+                               "else:", "    return False"],
+         ["if rc:", "    raise RuntimeError(rc)", "LAST[0] = 'add'"]),
+    ]  # fmt: skip
+    before, middle, after = [], [], []
+    header = "def step(a0, a1, a2, a3):"
+    for i, (label, pre, launch, post) in enumerate(steps):
+        before, middle, after = before + pre, launch, after + post
+        fn = _generated(header, before + middle + after, env)
+        check_poisoned(out, x, y, lambda fn=fn: fn(x, y, out, N))
+        bench.row(f"reuse step {i}: {'+ ' if i else ''}{label}", lambda fn=fn: fn(x, y, out, N))
+    body = before + middle + after
+    tests = "SIMULATING[0] or recordings[0]"
+    for label, params, test in (
+        ("defaults", "a0=MISSING, a1=MISSING, a2=MISSING, a3=MISSING", "a3 is MISSING"),
+        ("defaults, *more, **kwargs (kaio's)",
+         "a0=MISSING, a1=MISSING, a2=MISSING, a3=MISSING, *more, **kwargs",
+         "kwargs or more or a3 is MISSING"),
+    ):  # fmt: skip
+        fn = _generated(f"def step({params}):", [f"if {test} or {tests}:", "    return False"]
+                        + body, env)  # fmt: skip
+        bench.row(f"reuse step 4: + the direct function's tests, {label}",
+                  lambda fn=fn: fn(x, y, out, N))  # fmt: skip
+    # the subscript of add[grid, 256](...) alone (no launch), beside a dict's
+    subscripted = new_add()
+    subscripted[GRID, 256](x, y, out, N)
+    table = {(GRID, 256): subscripted[GRID, 256]}
+    bench.row("the subscript alone: add[grid, 256]", lambda: subscripted[GRID, 256])
+    bench.row("a dict's subscript alone: table[grid, 256]", lambda: table[GRID, 256])
 
 
 def _generated(header: str, body: list[str], env: dict):
@@ -599,6 +664,7 @@ def main_steps(bench: Bench, results: dict) -> None:
     x = kaio.to_device(np.ones(N, np.float32))
     y, out = kaio.to_device(np.full(N, 2, np.float32)), kaio.empty((N,), f32)
     step_rows(bench, x, y, out)
+    reuse_step_rows(bench, x, y, out)
     kaio_rows(bench, x, y, out, "DeviceArray")
     results["rows"] = bench.run()
     if not np.array_equal(out.numpy(), np.full(N, 3, np.float32)):

@@ -1055,6 +1055,51 @@ def test_gpu_decode_step_in_a_cuda_graph(page_size, first, replays):
 
 
 @pytest.mark.gpu
+def test_gpu_fused_merge_captured_on_a_stream_first_seen_capturing(monkeypatch):
+    """The fused merge (splits merged by the last block, FUSED: a paged cache of 8192 keys,
+    4 sequences, 4 splits, on sm_90 too) captured into a CUDA graph on a stream first seen
+    capturing, after a call on another stream: the capture takes one of the counter rows
+    zeroed ahead (``decode.zeroed_row``), outside the graph. Replays with new lengths and
+    queries write a poisoned output, against SDPA in float64, and equal an eager call."""
+    import torch
+
+    monkeypatch.setattr(decode, "_COUNTERS", {})  # every stream new to the counters
+    monkeypatch.setattr(decode, "_SPARE", {})
+    _plan.clear()
+    monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
+    first = [8192, 1, 5000, 4097]
+    q, k_cache, v_cache, seq_lens, table = _gpu_case(
+        4, 32, 8, 1, 128, 8192, first, 16, "float16", seed=21
+    )
+
+    def call():
+        return kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
+
+    other, capture = torch.cuda.Stream(), torch.cuda.Stream()
+    other.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(other):
+        call()  # compiles and loads; zeroes this stream's counters and the spare rows
+    other.synchronize()
+    assert [(c["FUSED"], c["CL"]) for c in spy.constexprs] == [(True, 1)]
+    (spare,) = decode._SPARE.values()
+    assert len(spare) == decode.SPARE_ROWS
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture):
+        out = call()
+    assert len(spare) == decode.SPARE_ROWS - 1  # the capture's counters: a spare row
+    assert len(decode._COUNTERS) == 2
+    for lens in ([5, 8192, 17, 4096], [8191, 0, 64, 2], first):
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        q.normal_()
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = _sdpa_reference(q, k_cache, v_cache, lens, table)
+        assert (out.double() - ref).abs().max().item() < 5e-3, lens
+        assert torch.equal(call(), out)  # eager on the default stream: same bits
+
+
+@pytest.mark.gpu
 def test_gpu_decode_step_does_not_synchronize():
     import torch
 

@@ -1265,15 +1265,32 @@ def test_an_owned_workspace_under_a_tensor_map(fake, monkeypatch):
     assert all(0xA000.to_bytes(8, "little") in call[5] for call in fake.calls)
 
 
-def test_a_plan_on_the_legacy_default_stream_owns_its_small_workspace(fake, monkeypatch):
+def _linear_call(fake, monkeypatch) -> tuple:
+    """linear's split-K call at decode size: (its parameters' addresses, its replay)."""
+    x, w, replay = _linear_split(fake, monkeypatch)
+    return (x.ptr, w.ptr, 0, 0), replay
+
+
+def _decode_call(fake, monkeypatch) -> tuple:
+    """flash_attention_decode split over the keys (its logsumexps and the splits' partials
+    made for the kernels, not returned): (its parameters' addresses, its replay)."""
+    q, k, v, lens, table = _decode_args(fake)
+    kaio_ops.flash_attention_decode(q, k, v, lens, table)
+    (replay,) = _plan.plans_of(kaio_ops.flash_attention_decode).values()
+    assert len(replay.plan.steps) == 2  # split, then merged
+    return (q.ptr, k.ptr, v.ptr, lens.ptr, 0), replay
+
+
+@pytest.mark.parametrize("call", [_linear_call, _decode_call], ids=["linear", "decode"])
+def test_a_plan_on_the_legacy_default_stream_owns_its_small_workspace(fake, monkeypatch, call):
     """A plan on the legacy default stream (its calls' kernels run in order from any
-    thread, never captured) takes its small workspace from the allocator once, when it is
-    made on its GPU, passes that address to every launch, and gives it back when dropped;
-    made while another GPU is current, its calls take their own."""
+    thread, never captured) takes its small workspaces from the allocator once, when it is
+    made on its GPU, passes their addresses to every launch, and gives them back when
+    dropped; made while another GPU is current, its calls take their own."""
     import gc
 
     torch = pytest.importorskip("torch")
-    x, w, replay = _linear_split(fake, monkeypatch)
+    pointers, replay = call(fake, monkeypatch)
     allocations = _torch_allocations(replay)
     log, device, addresses = [], [0], itertools.count(0xA000, 0x1000)
     allocator = (
@@ -1282,34 +1299,72 @@ def test_a_plan_on_the_legacy_default_stream_owns_its_small_workspace(fake, monk
         lambda address: log.append(("free", address)),
     )
     monkeypatch.setattr(_plan, "_raw_allocator", lambda: allocator)
-    size = math.prod(allocations[1][4]) * allocations[1][5].itemsize
-    twin = _plan._replay(replay.plan, 4, allocations, "o0")
-    assert log == [("allocate", size, 0)] and "ALLOCATE" not in twin.source
+    sizes = [math.prod(shape) * dtype.itemsize for *_, shape, dtype in allocations[1:]]
+    twin = _plan._replay(replay.plan, len(pointers), allocations, "o0")
+    assert log == [("allocate", size, 0) for size in sizes] and "ALLOCATE" not in twin.source
+    owned = [0xA000 + 0x1000 * i for i in range(len(sizes))]
+    assert twin.owned == owned
     out = torch.empty(allocations[0][4], dtype=_arrays.torch_dtype(allocations[0][5]))
     twin.__globals__["A0"] = lambda: out  # on the CPU
     fake.calls = []
     for current_device in (0, 1, 0):
         device[0] = current_device
-        assert twin(x.ptr, w.ptr, 0, 0) is out
-    assert len(log) == 1 and fake.calls
+        assert twin(*pointers) is out
+    assert len(log) == len(sizes) and fake.calls
     assert all(0xA000.to_bytes(8, "little") in call[5] for call in fake.calls)
     del twin
     gc.collect()
-    assert log[1:] == [("free", 0xA000)]
+    assert log[len(sizes) :] == [("free", address) for address in owned]
     device[0] = 1  # made while GPU 1 is current: the calls take their own
-    twin = _plan._replay(replay.plan, 4, allocations, "o0")
-    assert len(log) == 2 and "ALLOCATE" in twin.source
+    twin = _plan._replay(replay.plan, len(pointers), allocations, "o0")
+    assert len(log) == 2 * len(sizes) and "ALLOCATE" in twin.source
+
+
+def _paged_decode_case(torch, randn, lens: list, capacity: int = 8192, page_size: int = 16):
+    """A paged decode call whose plan takes workspaces on every GPU: 4 sequences, H 32, Hkv 8,
+    D 128, ``capacity`` keys in pages of ``page_size``; at 8192 keys in pages of 16 its keys
+    are split 4 ways (one block a multiprocessor) into splits longer than a paged cluster
+    merge takes (decode.PAGED_CLUSTER_TILES), so the splits' partial outputs and logsumexps
+    are merged through global memory by the last block (FUSED) on sm_90 as elsewhere.
+    Returns (q, k_cache, v_cache, seq_lens, table)."""
+    batch, heads, kv_heads, d = len(lens), 32, 8, 128
+    max_pages = capacity // page_size
+    pages = batch * max_pages + 3
+    gen = torch.Generator(device="cuda").manual_seed(capacity + sum(lens))
+    order = torch.randperm(pages, device="cuda", generator=gen)[: batch * max_pages]
+    table = order.reshape(batch, max_pages).to(torch.int32)
+    k_cache, v_cache = (randn(pages, page_size, kv_heads, d) for _ in "kv")
+    seq_lens = torch.tensor(lens, device="cuda", dtype=torch.int32)
+    return randn(batch, heads, 1, d), k_cache, v_cache, seq_lens, table
+
+
+def _paged_decode_reference(torch, q, k_cache, v_cache, seq_lens, table):
+    """Decode attention of one new token a sequence over a paged cache, in float64."""
+    heads, d = q.shape[1], q.shape[3]
+    page_size = k_cache.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    for i, n in enumerate(seq_lens.tolist()):
+        pos = torch.arange(n, device=q.device)
+        rows = table[i, pos // page_size].long(), pos % page_size
+        keys, values = (
+            c[rows].double().transpose(0, 1).repeat_interleave(heads // c.shape[2], 0)
+            for c in (k_cache, v_cache)
+        )
+        scores = q[i].double() @ keys.transpose(1, 2) / d**0.5
+        out[i] = torch.softmax(scores, -1) @ values
+    return out
 
 
 @pytest.mark.gpu
 def test_workspaces_from_the_allocator_on_streams_and_in_graphs():
-    """Decode-size GEMMs whose plans take a split-K workspace: owned by the plan on the
-    legacy default stream, from torch's caching allocator on others (given back once the
-    launches are queued, or kept between calls): back-to-back calls without synchronizing
-    (the next call may get the same memory), another stream, and a CUDA graph captured from
-    replays, each against a float64 reference. On sm_90 the three ops run the GEMM planner,
-    whose decode-size plans take no workspace: there the test checks the plans without one
-    (the allocator's workspaces are then only checked on the CPU, with a fake allocator)."""
+    """Ops whose plans take workspaces: owned by the plan on the legacy default stream, from
+    torch's caching allocator on others (given back once the launches are queued, or kept
+    between calls): back-to-back calls without synchronizing (the next call may get the same
+    memory), another stream, and a CUDA graph captured from replays, each against a float64
+    reference. A paged decode call split over its keys takes three on every GPU (its
+    logsumexps and the splits' partial outputs and logsumexps); decode-size GEMMs take a
+    split-K workspace off sm_90 (on sm_90 they run the GEMM planner, whose decode-size plans
+    take none: there they are checked without one)."""
     torch = _torch_cuda()
     _plan.clear()
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -1318,45 +1373,56 @@ def test_workspaces_from_the_allocator_on_streams_and_in_graphs():
         return torch.randn(*shape, device="cuda", dtype=torch.float16, generator=gen)
 
     w = randn(4096, 4096) / 64
-    ops = [
-        (kaio_ops.linear, lambda x: x.double() @ w.double().T),
-        (kaio_ops.matmul_tc, lambda x: x.double() @ w.double()),
-        (kaio_ops.matmul, lambda x: x.double() @ w.double()),
+    _, *cache = _paged_decode_case(torch, randn, [8192, 1, 5000, 4097])
+    cases = [  # (op, its inputs after x, a new x, the float64 reference of x)
+        (kaio_ops.linear, (w,), lambda: randn(1, 4096), lambda x: x.double() @ w.double().T),
+        (kaio_ops.matmul_tc, (w,), lambda: randn(1, 4096), lambda x: x.double() @ w.double()),
+        (kaio_ops.matmul, (w,), lambda: randn(1, 4096), lambda x: x.double() @ w.double()),
+        (
+            kaio_ops.flash_attention_decode,
+            cache,
+            lambda: randn(4, 32, 1, 128),
+            lambda q: _paged_decode_reference(torch, q, *cache),
+        ),
     ]
-    with_workspace = 0
-    for op, reference in ops:
-        op(randn(1, 4096), w)
+    owned = {}
+    for op, rest, draw, reference in cases:
+        for _ in range(2):  # (in a new process the first torch call binds torch, unplanned)
+            op(draw(), *rest)
         (replay,) = _plan.plans_of(op).values()
-        with_workspace += bool(replay.owned)  # on the legacy default stream: owned
-        xs = [randn(1, 4096) for _ in range(4)]
-        outs = [op(x, w) for x in xs]  # queued back to back
+        owned[op.__name__] = len(replay.owned)  # on the legacy default stream: owned
+        xs = [draw() for _ in range(4)]
+        outs = [op(x, *rest) for x in xs]  # queued back to back
         for x, out in zip(xs, outs, strict=True):
             assert _error(torch, out, reference(x)) < 2e-3, op.__name__
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            outs = [op(x, w) for x in xs]
+            outs = [op(x, *rest) for x in xs]
         side.synchronize()
         for x, out in zip(xs, outs, strict=True):
             assert _error(torch, out, reference(x)) < 2e-3, op.__name__
-        static = randn(1, 4096)
+        static = draw()
         capture = torch.cuda.Stream()
         capture.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(capture):
-            op(static, w)  # the capture stream's plan, built outside the capture
+            op(static, *rest)  # the capture stream's plan, built outside the capture
         capture.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=capture):
-            captured = op(static, w)
+            captured = op(static, *rest)
         for _ in range(2):
-            static.copy_(randn(1, 4096))
-            eager = op(randn(1, 4096), w)  # eager calls between the graph's replays
+            static.copy_(draw())
+            captured.fill_(float("nan"))
+            eager = op(draw(), *rest)  # eager calls between the graph's replays
             graph.replay()
             torch.cuda.synchronize()
             assert _error(torch, captured, reference(static)) < 2e-3, op.__name__
             assert torch.isfinite(eager).all()
+    assert owned["flash_attention_decode"] == 3, owned  # lse, the partials and their lse
     if torch.cuda.get_device_capability()[0] < 9:  # the mma.sync path's split-K
-        assert with_workspace, "no decode-size GEMM plan takes a workspace: test another shape"
+        gemms = [owned[op] for op in ("linear", "matmul_tc", "matmul")]
+        assert any(gemms), "no decode-size GEMM plan takes a workspace: test another shape"
 
 
 def test_import_kaio_ops_does_not_import_torch_and_binds_it_when_a_tensor_comes():
