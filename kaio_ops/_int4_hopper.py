@@ -699,11 +699,15 @@ def swap_slice(
     if EARLY and more:
         load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
     kaio.wgmma_wait(BUFS - 1)
-    if kt >= BUFS - 1 and lt == 0:  # that slice's wgmmas are done: free its stage
-        free_stage(bars, at[BUFS], MC)
-    if BUFS == 3:
-        at[3] = at[2]
-    at[2] = s
+    if BUFS == 1:  # this slice's wgmmas are done: free its own stage
+        if lt == 0:
+            free_stage(bars, s, MC)
+    else:
+        if kt >= BUFS - 1 and lt == 0:  # that slice's wgmmas are done: free its stage
+            free_stage(bars, at[BUFS], MC)
+        if BUFS == 3:
+            at[3] = at[2]
+        at[2] = s
     advance_by(at, STAGES, KW)
 
 
@@ -962,7 +966,7 @@ def int4_swap(
                                    more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
                                LATE)  # fmt: skip
             kaio.wgmma_wait(0)
-            if lt == 0:  # the tile's last slices, not freed in the loop
+            if BUFS > 1 and lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and ck > 1:
                     free_stage(bars, at[3], MC)
                 free_stage(bars, at[2], MC)
@@ -1409,8 +1413,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     kw = int(bool(more[6])) if len(more) > 6 else 0
     late = int(bool(more[7])) if len(more) > 7 else 0
     sk = more[8] if len(more) > 8 else 0
-    if bufs not in (2, 3):
-        raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
+    if bufs not in (1, 2, 3):
+        raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 1 to 3, got {bufs}")
     stages = stages or swap_stages(wg, bm, kw)
     wstages = wstages or swap_word_stages(wg, bm, stages, kw)
     if sk and bm * wg * 256 > stages * bm * BK * 2 + wstages * word_stage_bytes(wg):
