@@ -538,11 +538,11 @@ def test_int4_swap_rejects_bad_k_split():
 
 
 def test_int4_swap_rejects_bad_buffers():
-    """int4_swap's BUFS is 2 or 3, and 3 fragment buffers need 3 ring stages (a slice's
+    """int4_swap's BUFS is 1 to 3, and 3 fragment buffers need 3 ring stages (a slice's
     stage is freed two slices later): both refused with what to change."""
     from kaio_ops import _int4_hopper
 
-    with pytest.raises(ValueError, match="must be 2 or 3"):
+    with pytest.raises(ValueError, match="must be 1 to 3"):
         _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 0, 1, 0, 0, 2, 4), 132, f16)
     with pytest.raises(ValueError, match="need 3 stages, got 2"):
         _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 2, 1, 0, 0, 2, 3), 132, f16)
