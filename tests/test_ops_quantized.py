@@ -464,6 +464,7 @@ SWAP_CASES = [
     # 3 consumer warpgroups side by side (192-column tiles, the route's 128 x 192 at 65-512
     # rows): 4 tiles on 2 blocks, the second column of tiles 8 columns wide
     (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0), 2),
+    (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 1, 0), 2),  # one fragment buffer
     # LATE (config[11]): the words' stage freed after the wgmmas are issued, with EARLY's
     # reads of the next slice after it, KW, 6 tiles on 2 blocks
     (50, 192, 256, "float16", (2, 32, 4, 1, 0, 0, 2, 2, 1, 0, 1, 1), 2),
@@ -484,8 +485,10 @@ SWAP_CASES = [
     # through distributed shared memory, pair_sum), LATE: the route's at 257-352 rows of
     # 6144x4096; the second column of tiles 8 wide
     (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 1), None),
-    # the same with three fragment buffers (the route's at 136-152 rows: THREE_BUFS_ROWS)
+    # the same with three fragment buffers, and with one (the route's at 128-152 rows:
+    # ONE_BUF_ROWS)
     (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 3, 0, 0, 0, 1), None),
+    (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 1, 0, 0, 0, 1), None),
     # three warpgroups' 40 x 192 tiles (2 x 2, the second column 8 wide) on 3 blocks
     (70, 200, 256, "float16", (3, 40, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1), 3),
     # CLAMP (every launch without CL): the last row tile moved up to end at row M - 1 (rows
@@ -621,10 +624,11 @@ def test_int4_swap_plan_bands():
     assert plan(1024, 8192, 8192)[1] == 2  # whole 256-row tiles: no BM x 192 weighed
     assert _int4_hopper.swap_plan(600, 57344, 8192, 132)[:2] == (3, 152)  # stream-K, not MC
     assert plan(600, 4096, 4096) == (1, 2, 152, 0, 0, g, 0)
-    # three fragment buffers on three warpgroups' tiles of 136-152 rows only
+    # one fragment buffer on three warpgroups' tiles of 128-152 rows only, whole or pairs
     bufs = {m: _int4_hopper.swap_plan(m, 6144, 4096, 132)[7] for m in (272, 300, 352, 512, 600)}
-    assert bufs == {272: 2, 300: 2, 352: 2, 512: 2, 600: 3}  # (pairs at K 4096: 2)
-    assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[7] == 3
+    assert bufs == {272: 1, 300: 1, 352: 2, 512: 1, 600: 1}
+    assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[7] == 1
+    assert _int4_hopper.swap_plan(1024, 6144, 4096, 132)[7] == 2  # (two warpgroups)
     assert _int4_hopper.swap_plan(300, 57344, 8192, 132)[7] == 2  # (stream-K)
 
 
