@@ -843,7 +843,10 @@ def int4_swap(
     with ``HEAD`` the head's part, always the block's last work item, summed after the loop
     over the work items. ``PDL``: launched with programmatic dependent launch, the block
     placed and its barriers set up while the kernel before it ends; every thread waits for
-    that kernel (``kaio.grid_dependency_wait``) before any global memory is touched."""
+    that kernel (``kaio.grid_dependency_wait``) before any global memory is touched; with
+    ``PDL`` 2 the kernel after it may then be placed too (``kaio.launch_dependents``: its
+    blocks take the multiprocessors this grid leaves free and those of its blocks that
+    exit, and wait there for the whole grid)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
@@ -919,6 +922,8 @@ def int4_swap(
         kaio.cluster_sync()  # the other block's barriers are ready before any copy or arrival
     if PDL:  # (no global memory touched above)
         kaio.grid_dependency_wait()
+    if PDL == 2:
+        kaio.launch_dependents()
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
