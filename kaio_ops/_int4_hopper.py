@@ -547,7 +547,19 @@ PSUM = 1
 # (6144x4096 M=300 0.965x against 0.955x, 10240x8192 M=1500 0.950x against 0.945x); slower
 # at 10240x8192 M=512 (0.1%), 6144x4096 M=1024 (0.951x against 0.957x) and 57344x8192 M=300
 # (476.5 against 438.9 µs, a point that ran at 411-476 µs either way over the rounds).
-PDL = 1
+# PDL 2: the same, and the kernel after it placed once every block has passed its wait
+# (``launch_dependents``): int4w round C of 2026-11-28 (H100, the median of 5 interleaved
+# passes, against PDL 1 in the same passes): faster at all 8 points timed, by 0.2-0.7 µs
+# (6144x4096 M=512 38.2 against 38.9 µs, M=520 40.0 against 40.7, M=300 27.7 against 28.0,
+# M=600 42.4 against 42.9; 10240x8192 M=256 / 272 / 300 70.0 / 72.8 / 77.1 against 70.3 /
+# 73.3 / 77.6; 6144x8192 M=300 46.9 against 47.1); round D (5 passes), every kind of plan:
+# 6144x4096 M=272 / 300 / 352 / 512 / 520 / 1024 26.3 / 27.9 / 30.4 / 38.1 / 39.7 / 73.3
+# against 26.6 / 28.3 / 30.6 / 39.0 / 40.2 / 74.6 µs; 10240x8192 M=272 72.1 against 72.3,
+# M=512 (stream-K) 121.8 against 122.6, M=1024 (KW) 256.5 against 259.9; 8192x8192 M=520
+# 90.3 against 90.8; 4096x4096 M=512 (KW pairs) 25.3 against 25.8; even at 10240x8192
+# M=300 (76.8 against 76.7), 28672x4096 M=1024 (322.5 against 323.0) and 57344x8192 M=300
+# (434.3 against 437.9, a point that moves by 10% between passes).
+PDL = 2
 
 # int4_swap's HEAD (SK): a stream-K tile's head part summed after the block's work items
 # (``sum_parts`` out of the main loop: ``wait_eq``'s spin inside it, which each lane leaves
@@ -1525,7 +1537,7 @@ def swap_specializations() -> list:
     multicast (also in a cluster with a K split), one and three fragment buffers, the next
     slice's words read early, warpgroups taking a tile's K slices in turn (``KW``), the
     words' stage freed after the wgmmas (``LATE``), the stream-K schedule (``SK``), with and
-    without programmatic dependent launch (``PDL``)."""
+    without programmatic dependent launch (``PDL`` 0 to 2)."""
     out = []
     plain = (  # without multicast
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -1562,7 +1574,7 @@ def swap_specializations() -> list:
                   "EARLY": early, "GROUP": GROUP_M, "KW": kw,
                   "LATE": int(i == len(cases) - 1),
                   "SK": int(len(plain) - 2 <= i < len(plain)),
-                  "CLAMP": 1 - cl, "PDL": i % 2,
+                  "CLAMP": 1 - cl, "PDL": i % 3,
                   "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
                   "HEAD": i % 2}  # fmt: skip
         out.append((int4_swap, consts))

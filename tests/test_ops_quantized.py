@@ -1334,11 +1334,12 @@ def test_gpu_int4_wgmma(m, n, k, out_dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [300, 600])
 def test_gpu_int4_dependent_launch_chain(m, monkeypatch):
-    """int4_swap launched with programmatic dependent launch (``_int4_hopper.PDL``) right
-    behind the kernels that make its input (six steps x -> matmul_int4 -> x, normalized by
-    torch between them; N = K = 4096, the routed plan: KW tiles of 160 x 64 at 300 rows,
-    152 x 128 tiles at 600) gives the bits it gives without it, each step within the f32
-    sums' slack and the f16 rounding of the float64 product of its input."""
+    """int4_swap launched with programmatic dependent launch (``_int4_hopper.PDL`` 1, and 2:
+    the kernel after it placed early) right behind the kernels that make its input (six
+    steps x -> matmul_int4 -> x, normalized by torch between them; N = K = 4096, the routed
+    plan: KW tiles of 160 x 64 at 300 rows, 152 x 128 tiles at 600) gives the bits it gives
+    without it, each step within the f32 sums' slack and the f16 rounding of the float64
+    product of its input."""
     import torch
 
     from kaio_ops import _int4_hopper, _plan
@@ -1360,10 +1361,10 @@ def test_gpu_int4_dependent_launch_chain(m, monkeypatch):
         torch.cuda.synchronize()
         return steps
 
-    plain, dependent = chain(0), chain(1)
+    plain, dependent, placed = chain(0), chain(1), chain(2)
     w64 = w.double()
-    for (_, out0), (x, out1) in zip(plain, dependent, strict=True):
-        assert torch.equal(out0, out1)
+    for (_, out0), (x, out1), (_, out2) in zip(plain, dependent, placed, strict=True):
+        assert torch.equal(out0, out1) and torch.equal(out0, out2)
         exact = x.double() @ w64
         slack = 4096 * 2.0**-24 * (x.double().abs() @ w64.abs()) + 2.0**-11 * exact.abs()
         assert bool(((out1.double() - exact).abs() <= slack).all())
