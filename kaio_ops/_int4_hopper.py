@@ -390,24 +390,22 @@ THREE_ROW_COST = 144
 # against 96 of 152 x 128, 31.2 µs (0.866x); with ``pair_sum`` M=272 / 300 / 352 26.7 /
 # 28.6 / 31.3 µs (0.987x / 0.907x / 0.942x) against 29.0 / 30.6 / 33.8 (0.910x / 0.847x /
 # 0.873x): PAIR_ROWS 40 / 50 / 58 there).
-# One fragment buffer (BUFS 1: a slice's fragments made once the warpgroup's wgmmas before
-# them are done, the other two warpgroups' wgmmas running meanwhile) on three warpgroups'
-# whole tiles or cluster pairs of ONE_BUF_ROWS rows (int4w round B of 2026-11-28, H100, 3
-# interleaved passes against the route of before in the same passes, faster in each pass):
-# 6144x4096 M=272 (136 rows, pairs) 26.7-26.9 against 27.0-27.1 µs, M=300 (152, pairs)
-# 27.7-28.1 against 28.3-28.7, M=512 (128, pairs) 39.3-39.7 against 39.7-40.0 (round A:
-# 38.9-39.2 against 39.2-39.6), M=520 (136, whole; BUFS 3 before) 41.1 against 41.3-41.5;
-# 10240x8192 M=300 (152, pairs; BUFS 3 before) 78.2-78.6 against 78.8-80.0; round C (the
-# median of 5, against BUFS 2 / 3 in the same passes, faster in 37 of 40 passes): 6144x4096
-# M=300 / 512 / 520 / 600 28.0 / 38.9 / 40.7 / 42.9 against 28.8 / 39.7 / 41.1 / 43.1 µs;
-# 10240x8192 M=256 / 272 / 300 70.3 / 73.3 / 77.6 against 72.5 / 74.4 / 78.7; 6144x8192
-# M=300 47.1 against 48.9. Not on 176-row
-# pairs (6144x4096 M=352 31.3 against 31.2, slower in each pass) nor on two warpgroups'
-# tiles (6144x4096 M=1024 KW 75.1-75.9 against 74.7-77.1; 10240x8192 M=512 stream-K 122.7-
-# 123.7 against 122.8-123.5); with EARLY (the next slice's words read during the wgmmas)
-# slower everywhere (6144x4096 M=512 41.2, M=520 42.7; 10240x8192 M=300 81.9). BUFS 3
-# (two slices' wgmmas in flight), routed before at 136-152 rows, lost to it (M=520,
-# 10240x8192 M=300 above).
+# One fragment buffer (BUFS 1: a slice's fragments made once the warpgroup's wgmmas before them are
+# done, the other two warpgroups' wgmmas running meanwhile) on three warpgroups' whole tiles or
+# cluster pairs of ONE_BUF_ROWS rows (int4w round B of 2026-11-28, H100, 3 interleaved passes
+# against the route of before in the same passes, faster in each pass): 6144x4096 M=272 (136 rows,
+# pairs) 26.7-26.9 against 27.0-27.1 µs, M=300 (152, pairs) 27.7-28.1 against 28.3-28.7, M=512 (128,
+# whole) 39.3-39.7 against 39.7-40.0 (round A: 38.9-39.2 against 39.2-39.6), M=520 (136, whole; BUFS
+# 3 before) 41.1 against 41.3-41.5; 10240x8192 M=300 (152, pairs; BUFS 3 before) 78.2-78.6 against
+# 78.8-80.0; round C (the median of 5, against BUFS 2 / 3 in the same passes, faster in 37 of 40
+# passes): 6144x4096 M=300 / 512 / 520 / 600 28.0 / 38.9 / 40.7 / 42.9 against 28.8 / 39.7 / 41.1 /
+# 43.1 µs; 10240x8192 M=256 / 272 / 300 70.3 / 73.3 / 77.6 against 72.5 / 74.4 / 78.7; 6144x8192
+# M=300 47.1 against 48.9. Not on 176-row pairs (6144x4096 M=352 31.3 against 31.2, slower in each
+# pass) or whole tiles (round D: 8192x8192 M=520 91.0 against 90.8), nor on two warpgroups' tiles
+# (6144x4096 M=1024 KW 75.1-75.9 against 74.7-77.1; 10240x8192 M=512 stream-K 122.7-123.7 against
+# 122.8-123.5); with EARLY (the next slice's words read during the wgmmas) slower everywhere
+# (6144x4096 M=512 41.2, M=520 42.7; 10240x8192 M=300 81.9). BUFS 3 (two slices' wgmmas in flight),
+# routed before at 136-152 rows, lost to it (M=520, 10240x8192 M=300 above).
 ONE_BUF_ROWS = (128, 152)
 PAIR_KINDS = ((3, 0),)
 PAIR_ROWS = 50
