@@ -552,8 +552,8 @@ PSUM = 1
 # PDL 2: the same, and the kernel after it placed once every block has passed its wait
 # (``launch_dependents``): int4w round C of 2026-11-28 (H100, the median of 5 interleaved
 # passes, against PDL 1 in the same passes): faster at all 8 points timed, by 0.2-0.7 µs
-# (6144x4096 M=512 38.2 against 38.9 µs, M=520 40.0 against 40.7, M=300 27.7 against 28.0,
-# M=600 42.4 against 42.9; 10240x8192 M=256 / 272 / 300 70.0 / 72.8 / 77.1 against 70.3 /
+# (6144x4096 M=512 38.2 against 38.9 µs, M=520 40.1 against 40.7, M=300 27.7 against 28.0,
+# M=600 42.4 against 42.9; 10240x8192 M=256 / 272 / 300 70.0 / 72.7 / 77.1 against 70.3 /
 # 73.3 / 77.6; 6144x8192 M=300 46.9 against 47.1); round D (5 passes), every kind of plan:
 # 6144x4096 M=272 / 300 / 352 / 512 / 520 / 1024 26.3 / 27.9 / 30.4 / 38.1 / 39.7 / 73.3
 # against 26.6 / 28.3 / 30.6 / 39.0 / 40.2 / 74.6 µs; 10240x8192 M=272 72.1 against 72.3,
