@@ -239,8 +239,8 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     ``balanced_rows`` x 128 tiles on the stream-K schedule (SK, config[12]) where
     ``takes_streamk`` and it costs less than the tiles above (``SK_TIME``); at 257-512 rows
     BM x 192 tiles in cluster pairs too (``PAIR_KINDS``); LATE (config[11]) on three
-    warpgroups' tiles in one wave (``late_words``); three fragment buffers on three
-    warpgroups' tiles of ``THREE_BUFS_ROWS`` rows (not on the stream-K schedule)."""
+    warpgroups' tiles in one wave (``late_words``); one fragment buffer on three
+    warpgroups' tiles of ``ONE_BUF_ROWS`` rows (not on the stream-K schedule)."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
@@ -294,8 +294,8 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
         sk_cost, sk_wg, sk_rows = streamk_tiles(m, n, k, sms)
         if sk_cost < cost:
             return sk_wg, sk_rows, 0, 0, 0, 0, 0, bufs, int(sk_wg == 2), group, 0, 0, 1, 1
-    if wg == 3 and THREE_BUFS_ROWS[0] <= rows <= THREE_BUFS_ROWS[1] and (k >= 8192 or not cl):
-        bufs = 3  # (cluster pairs at K 4096 lost: THREE_BUFS_ROWS' comment)
+    if wg == 3 and ONE_BUF_ROWS[0] <= rows <= ONE_BUF_ROWS[1]:
+        bufs = 1
     return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw, late_words(m, n, k, sms, wg, rows)
 
 
@@ -390,18 +390,23 @@ THREE_ROW_COST = 144
 # against 96 of 152 x 128, 31.2 µs (0.866x); with ``pair_sum`` M=272 / 300 / 352 26.7 /
 # 28.6 / 31.3 µs (0.987x / 0.907x / 0.942x) against 29.0 / 30.6 / 33.8 (0.910x / 0.847x /
 # 0.873x): PAIR_ROWS 40 / 50 / 58 there).
-# Three fragment buffers (BUFS 3: two slices' wgmmas in flight while the third is
-# dequantized) on three warpgroups' whole tiles or cluster pairs of THREE_BUFS_ROWS rows
-# (int4w rounds B, D and E of 2026-11-27, H100, the median of 3-4 interleaved passes,
-# against BUFS 2 in the same passes, faster in every pass where faster): 10240x8192 M=272
-# (136 rows, cluster pairs) 74.0 against 75.9 µs, M=300 (152) 78.1 / 79.0 against 79.0 /
-# 79.9; 6144x4096 M=520 (136, whole) 41.0 against 42.2, M=600 (152) 43.6 against 44.0; at
-# M=300 (152, pairs) 28.8 against 28.65. Not on 128-row tiles (6144x4096 M=512 40.2
-# against 40.0) nor past 152 rows (176: ptxas serializes the wgmmas, 8192x8192 M=520 104.5
-# against 93.9); not on the stream-K schedule (57344x8192 M=300 411.1 against 406.0);
-# not on cluster pairs at K 4096 (round F: 6144x4096 M=272 27.9 against 27.5, M=300 29.3
-# against 29.1; 10240x8192 pairs M=272 75.2 against 76.3, M=300 79.8 against 80.2).
-THREE_BUFS_ROWS = (136, 152)
+# One fragment buffer (BUFS 1: a slice's fragments made once the warpgroup's wgmmas before them are
+# done, the other two warpgroups' wgmmas running meanwhile) on three warpgroups' whole tiles or
+# cluster pairs of ONE_BUF_ROWS rows (int4w round B of 2026-11-28, H100, 3 interleaved passes
+# against the route of before in the same passes, faster in each pass): 6144x4096 M=272 (136 rows,
+# pairs) 26.7-26.9 against 27.0-27.1 µs, M=300 (152, pairs) 27.7-28.1 against 28.3-28.7, M=512 (128,
+# whole) 39.3-39.7 against 39.7-40.0 (round A: 38.9-39.2 against 39.2-39.6), M=520 (136, whole; BUFS
+# 3 before) 41.1 against 41.3-41.5; 10240x8192 M=300 (152, pairs; BUFS 3 before) 78.2-78.6 against
+# 78.8-80.0; round C (the median of 5, against BUFS 2 / 3 in the same passes, faster in 37 of 40
+# passes): 6144x4096 M=300 / 512 / 520 / 600 28.0 / 38.9 / 40.7 / 42.9 against 28.8 / 39.7 / 41.1 /
+# 43.1 µs; 10240x8192 M=256 / 272 / 300 70.3 / 73.3 / 77.6 against 72.5 / 74.4 / 78.7; 6144x8192
+# M=300 47.1 against 48.9. Not on 176-row pairs (6144x4096 M=352 31.3 against 31.2, slower in each
+# pass) or whole tiles (round D: 8192x8192 M=520 91.0 against 90.8), nor on two warpgroups' tiles
+# (6144x4096 M=1024 KW 75.1-75.9 against 74.7-77.1; 10240x8192 M=512 stream-K 122.7-123.7 against
+# 122.8-123.5); with EARLY (the next slice's words read during the wgmmas) slower everywhere
+# (6144x4096 M=512 41.2, M=520 42.7; 10240x8192 M=300 81.9). BUFS 3 (two slices' wgmmas in flight),
+# routed before at 136-152 rows, lost to it (M=520, 10240x8192 M=300 above).
+ONE_BUF_ROWS = (128, 152)
 PAIR_KINDS = ((3, 0),)
 PAIR_ROWS = 50
 # (WG, KW): (a tile's time in 128-column tiles of as many rows, its fixed cost in rows,
@@ -544,7 +549,19 @@ PSUM = 1
 # (6144x4096 M=300 0.965x against 0.955x, 10240x8192 M=1500 0.950x against 0.945x); slower
 # at 10240x8192 M=512 (0.1%), 6144x4096 M=1024 (0.951x against 0.957x) and 57344x8192 M=300
 # (476.5 against 438.9 µs, a point that ran at 411-476 µs either way over the rounds).
-PDL = 1
+# PDL 2: the same, and the kernel after it placed once every block has passed its wait
+# (``launch_dependents``): int4w round C of 2026-11-28 (H100, the median of 5 interleaved
+# passes, against PDL 1 in the same passes): faster at all 8 points timed, by 0.2-0.7 µs
+# (6144x4096 M=512 38.2 against 38.9 µs, M=520 40.1 against 40.7, M=300 27.7 against 28.0,
+# M=600 42.4 against 42.9; 10240x8192 M=256 / 272 / 300 70.0 / 72.7 / 77.1 against 70.3 /
+# 73.3 / 77.6; 6144x8192 M=300 46.9 against 47.1); round D (5 passes), every kind of plan:
+# 6144x4096 M=272 / 300 / 352 / 512 / 520 / 1024 26.3 / 27.9 / 30.4 / 38.1 / 39.7 / 73.3
+# against 26.6 / 28.3 / 30.6 / 39.0 / 40.2 / 74.6 µs; 10240x8192 M=272 72.1 against 72.3,
+# M=512 (stream-K) 121.8 against 122.6, M=1024 (KW) 256.5 against 259.9; 8192x8192 M=520
+# 90.3 against 90.8; 4096x4096 M=512 (KW pairs) 25.3 against 25.8; even at 10240x8192
+# M=300 (76.8 against 76.7), 28672x4096 M=1024 (322.5 against 323.0) and 57344x8192 M=300
+# (434.3 against 437.9, a point that moves by 10% between passes).
+PDL = 2
 
 # int4_swap's HEAD (SK): a stream-K tile's head part summed after the block's work items
 # (``sum_parts`` out of the main loop: ``wait_eq``'s spin inside it, which each lane leaves
@@ -668,12 +685,12 @@ def swap_slice(
     (``EARLY`` and ``more``: another slice follows) the next slice's words read, the wait
     until at most ``BUFS - 1`` slices' wgmmas are in flight (this one's among them) and the
     activations' stage of the slice ``BUFS - 1`` before freed (``at[2]``, with 3 buffers
-    ``at[3]``), whose wgmmas are then done. The words go ahead of the activations in a ring
-    of their own (``WSTAGES``), so the fragments are made while the activations are still on
-    their way. With ``KW`` warpgroups taking the tile's slices in turn, ``kt`` counts this
-    warpgroup's slices and its stages are every ``KW``-th of both rings. ``LATE``: the
-    words' stage is freed once the wgmmas are issued, off the path from the fragments to
-    the wgmmas (``free_words``)."""
+    ``at[3]``; with 1 this slice's own), whose wgmmas are then done. The words go ahead of
+    the activations in a ring of their own (``WSTAGES``), so the fragments are made while
+    the activations are still on their way. With ``KW`` warpgroups taking the tile's slices
+    in turn, ``kt`` counts this warpgroup's slices and its stages are every ``KW``-th of
+    both rings. ``LATE``: the words' stage is freed once the wgmmas are issued, off the path
+    from the fragments to the wgmmas (``free_words``)."""
     if not EARLY:
         load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
     pair = wr[WORD_ROWS, 0]
@@ -699,11 +716,15 @@ def swap_slice(
     if EARLY and more:
         load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
     kaio.wgmma_wait(BUFS - 1)
-    if kt >= BUFS - 1 and lt == 0:  # that slice's wgmmas are done: free its stage
-        free_stage(bars, at[BUFS], MC)
-    if BUFS == 3:
-        at[3] = at[2]
-    at[2] = s
+    if BUFS == 1:  # this slice's wgmmas are done: free its own stage
+        if lt == 0:
+            free_stage(bars, s, MC)
+    else:
+        if kt >= BUFS - 1 and lt == 0:  # that slice's wgmmas are done: free its stage
+            free_stage(bars, at[BUFS], MC)
+        if BUFS == 3:
+            at[3] = at[2]
+        at[2] = s
     advance_by(at, STAGES, KW)
 
 
@@ -806,8 +827,9 @@ def int4_swap(
     row 16 w + g + 8 h (warp w, lane 4 g + t) being column ``16 w + 2 g + h``: a lane reads its
     two columns' 8 words of the slice in 8-byte loads and makes its A fragments in registers
     (``nibble_pair``: byte t of a word is k 2t, 2t + 1, exactly the fragment's pairs), ``BUFS``
-    (2 or 3) slices' fragments in turn so that a slice is dequantized while the wgmmas of the
-    ``BUFS - 1`` before it run. No f16 copy of the weight, in memory or in shared memory. With a
+    (1 to 3) slices' fragments in turn so that a slice is dequantized while the wgmmas of the
+    ``BUFS - 1`` before it run (with 1, once the warpgroup's wgmmas are done, while the other
+    warpgroups' run). No f16 copy of the weight, in memory or in shared memory. With a
     K split (``grid.z``) the raw f32 partial tiles go to ``ws`` and ``finish`` sums them
     (``SPLIT`` 2 for any split, 1 for none: one specialization for every split); with ``CL`` the
     K split is a cluster of ``SPLIT`` blocks along x, one tile each, summed through distributed
@@ -835,7 +857,10 @@ def int4_swap(
     with ``HEAD`` the head's part, always the block's last work item, summed after the loop
     over the work items. ``PDL``: launched with programmatic dependent launch, the block
     placed and its barriers set up while the kernel before it ends; every thread waits for
-    that kernel (``kaio.grid_dependency_wait``) before any global memory is touched."""
+    that kernel (``kaio.grid_dependency_wait``) before any global memory is touched; with
+    ``PDL`` 2 the kernel after it may then be placed too (``kaio.launch_dependents``: its
+    blocks take the multiprocessors this grid leaves free and those of its blocks that
+    exit, and wait there for the whole grid)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
@@ -911,6 +936,8 @@ def int4_swap(
         kaio.cluster_sync()  # the other block's barriers are ready before any copy or arrival
     if PDL:  # (no global memory touched above)
         kaio.grid_dependency_wait()
+    if PDL == 2:
+        kaio.launch_dependents()
     if wg < WG:  # the consumers
         if REGS:
             kaio.setmaxnreg_inc(REGS)
@@ -962,7 +989,7 @@ def int4_swap(
                                    more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
                                LATE)  # fmt: skip
             kaio.wgmma_wait(0)
-            if lt == 0:  # the tile's last slices, not freed in the loop
+            if BUFS > 1 and lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and ck > 1:
                     free_stage(bars, at[3], MC)
                 free_stage(bars, at[2], MC)
@@ -1409,8 +1436,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     kw = int(bool(more[6])) if len(more) > 6 else 0
     late = int(bool(more[7])) if len(more) > 7 else 0
     sk = more[8] if len(more) > 8 else 0
-    if bufs not in (2, 3):
-        raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 2 or 3, got {bufs}")
+    if bufs not in (1, 2, 3):
+        raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 1 to 3, got {bufs}")
     stages = stages or swap_stages(wg, bm, kw)
     wstages = wstages or swap_word_stages(wg, bm, stages, kw)
     if sk and bm * wg * 256 > stages * bm * BK * 2 + wstages * word_stage_bytes(wg):
@@ -1509,10 +1536,10 @@ def swap_specializations() -> list:
     """(kernel, constexprs) of ``int4_swap``'s variants to check with ptxas (sm_90a): every
     consumer count, the widest and narrowest activation tiles, a K split through the
     workspace and through a cluster, every output type, pairs of tiles sharing a's rows by
-    multicast (also in a cluster with a K split), three fragment buffers, the next slice's
-    words read early, warpgroups taking a tile's K slices in turn (``KW``), the words'
-    stage freed after the wgmmas (``LATE``), the stream-K schedule (``SK``), with and
-    without programmatic dependent launch (``PDL``)."""
+    multicast (also in a cluster with a K split), one and three fragment buffers, the next
+    slice's words read early, warpgroups taking a tile's K slices in turn (``KW``), the
+    words' stage freed after the wgmmas (``LATE``), the stream-K schedule (``SK``), with and
+    without programmatic dependent launch (``PDL`` 0 to 2)."""
     out = []
     plain = (  # without multicast
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -1523,6 +1550,7 @@ def swap_specializations() -> list:
         (4, 16, 8, 1, f16, 0, 2, 0),
         (4, 64, 2, 0, f32, 0, 2, 1),
         (2, 128, 2, 1, f32, 0, 3, 0),
+        (3, 136, 2, 1, f16, 0, 1, 0),  # one fragment buffer (the route's ONE_BUF_ROWS)
         (2, 256, 1, 0, f16, 0, 2, 1),  # SK (the plain cases' last two)
         (2, 256, 1, 0, bf16, 0, 2, 0),
     )
@@ -1548,7 +1576,7 @@ def swap_specializations() -> list:
                   "EARLY": early, "GROUP": GROUP_M, "KW": kw,
                   "LATE": int(i == len(cases) - 1),
                   "SK": int(len(plain) - 2 <= i < len(plain)),
-                  "CLAMP": 1 - cl, "PDL": i % 2,
+                  "CLAMP": 1 - cl, "PDL": i % 3,
                   "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
                   "HEAD": i % 2}  # fmt: skip
         out.append((int4_swap, consts))

@@ -469,6 +469,7 @@ SWAP_CASES = [
     # 3 consumer warpgroups side by side (192-column tiles, the route's 128 x 192 at 65-512
     # rows): 4 tiles on 2 blocks, the second column of tiles 8 columns wide
     (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0), 2),
+    (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 1, 0), 2),  # one fragment buffer
     # LATE (config[11]): the words' stage freed after the wgmmas are issued, with EARLY's
     # reads of the next slice after it, KW, 6 tiles on 2 blocks
     (50, 192, 256, "float16", (2, 32, 4, 1, 0, 0, 2, 2, 1, 0, 1, 1), 2),
@@ -489,8 +490,10 @@ SWAP_CASES = [
     # through distributed shared memory, pair_sum), LATE: the route's at 257-352 rows of
     # 6144x4096; the second column of tiles 8 wide
     (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 1), None),
-    # the same with three fragment buffers (the route's at 136-152 rows: THREE_BUFS_ROWS)
+    # the same with three fragment buffers, and with one (the route's at 128-152 rows:
+    # ONE_BUF_ROWS)
     (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 3, 0, 0, 0, 1), None),
+    (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 1, 0, 0, 0, 1), None),
     # three warpgroups' 40 x 192 tiles (2 x 2, the second column 8 wide) on 3 blocks
     (70, 200, 256, "float16", (3, 40, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1), 3),
     # CLAMP (every launch without CL): the last row tile moved up to end at row M - 1 (rows
@@ -543,11 +546,11 @@ def test_int4_swap_rejects_bad_k_split():
 
 
 def test_int4_swap_rejects_bad_buffers():
-    """int4_swap's BUFS is 2 or 3, and 3 fragment buffers need 3 ring stages (a slice's
+    """int4_swap's BUFS is 1 to 3, and 3 fragment buffers need 3 ring stages (a slice's
     stage is freed two slices later): both refused with what to change."""
     from kaio_ops import _int4_hopper
 
-    with pytest.raises(ValueError, match="must be 2 or 3"):
+    with pytest.raises(ValueError, match="must be 1 to 3"):
         _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 0, 1, 0, 0, 2, 4), 132, f16)
     with pytest.raises(ValueError, match="need 3 stages, got 2"):
         _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 2, 1, 0, 0, 2, 3), 132, f16)
@@ -626,10 +629,11 @@ def test_int4_swap_plan_bands():
     assert plan(1024, 8192, 8192)[1] == 2  # whole 256-row tiles: no BM x 192 weighed
     assert _int4_hopper.swap_plan(600, 57344, 8192, 132)[:2] == (3, 152)  # stream-K, not MC
     assert plan(600, 4096, 4096) == (1, 2, 152, 0, 0, g, 0)
-    # three fragment buffers on three warpgroups' tiles of 136-152 rows only
+    # one fragment buffer on three warpgroups' tiles of 128-152 rows only, whole or pairs
     bufs = {m: _int4_hopper.swap_plan(m, 6144, 4096, 132)[7] for m in (272, 300, 352, 512, 600)}
-    assert bufs == {272: 2, 300: 2, 352: 2, 512: 2, 600: 3}  # (pairs at K 4096: 2)
-    assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[7] == 3
+    assert bufs == {272: 1, 300: 1, 352: 2, 512: 1, 600: 1}
+    assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[7] == 1
+    assert _int4_hopper.swap_plan(1024, 6144, 4096, 132)[7] == 2  # (two warpgroups)
     assert _int4_hopper.swap_plan(300, 57344, 8192, 132)[7] == 2  # (stream-K)
 
 
@@ -1335,11 +1339,12 @@ def test_gpu_int4_wgmma(m, n, k, out_dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [300, 600])
 def test_gpu_int4_dependent_launch_chain(m, monkeypatch):
-    """int4_swap launched with programmatic dependent launch (``_int4_hopper.PDL``) right
-    behind the kernels that make its input (six steps x -> matmul_int4 -> x, normalized by
-    torch between them; N = K = 4096, the routed plan: KW tiles of 160 x 64 at 300 rows,
-    152 x 128 tiles at 600) gives the bits it gives without it, each step within the f32
-    sums' slack and the f16 rounding of the float64 product of its input."""
+    """int4_swap launched with programmatic dependent launch (``_int4_hopper.PDL`` 1, and 2:
+    the kernel after it placed early) right behind the kernels that make its input (six
+    steps x -> matmul_int4 -> x, normalized by torch between them; N = K = 4096, the routed
+    plan: KW tiles of 160 x 64 at 300 rows, 152 x 128 tiles at 600) gives the bits it gives
+    without it, each step within the f32 sums' slack and the f16 rounding of the float64
+    product of its input."""
     import torch
 
     from kaio_ops import _int4_hopper, _plan
@@ -1361,10 +1366,10 @@ def test_gpu_int4_dependent_launch_chain(m, monkeypatch):
         torch.cuda.synchronize()
         return steps
 
-    plain, dependent = chain(0), chain(1)
+    plain, dependent, placed = chain(0), chain(1), chain(2)
     w64 = w.double()
-    for (_, out0), (x, out1) in zip(plain, dependent, strict=True):
-        assert torch.equal(out0, out1)
+    for (_, out0), (x, out1), (_, out2) in zip(plain, dependent, placed, strict=True):
+        assert torch.equal(out0, out1) and torch.equal(out0, out2)
         exact = x.double() @ w64
         slack = 4096 * 2.0**-24 * (x.double().abs() @ w64.abs()) + 2.0**-11 * exact.abs()
         assert bool(((out1.double() - exact).abs() <= slack).all())
