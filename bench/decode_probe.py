@@ -3010,13 +3010,31 @@ def graph_of(fn):
     return graph
 
 
-def event_median(graph, n=30):
+def time_graphs(label, kind, graphs, sets, events):
+    """Each graph's event-to-event median (``events``), its replays' kernel time (row
+    ``{label} {name} {kind}``), then the event medians again in reverse order, so that a
+    drift of the host or the clocks shows as a difference between the two passes."""
+    for name, graph in graphs.items():
+        print(f"{label} {name} event to event {events(graph):.2f} us", flush=True)
+    for name, graph in graphs.items():
+        show(f"{label} {name} {kind}", kernel_times(lambda *_, g=graph: g.replay(), sets))
+    flush()
+    for name, graph in list(graphs.items())[::-1]:
+        print(f"{label} {name} event to event {events(graph):.2f} us", flush=True)
+
+
+def event_median(graph, n=30, spin_s=0.0):
     """Median µs from event to event around each of n replays of ``graph`` (as
-    bench/decode.py's suite times a call)."""
+    bench/decode.py's suite times a call); with ``spin_s``, queued behind a GPU spin of that
+    many seconds as bench/harness.py times a call (the host never makes the GPU wait)."""
     for _ in range(3):
         graph.replay()
+    if spin_s:
+        torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    if spin_s:
+        torch.cuda._sleep(int(spin_s * 2e9))
     for a, z in zip(starts, ends, strict=True):
         a.record()
         graph.replay()
@@ -3055,14 +3073,7 @@ def round_gg(budget: float):
     sets = make_sets(64, 4096, paged=True)
     lens = torch.full((64,), 4096, device="cuda", dtype=torch.int32)
     print(f"B64 L4096 paged rel err {check(sets, lens):.1e}", flush=True)
-    graphs = gap_graphs(*sets[0], lens)
-    for name, graph in graphs.items():
-        print(f"B64 L4096 {name} event to event {event_median(graph):.2f} us", flush=True)
-    for name, graph in graphs.items():
-        show(f"B64 L4096 {name} kernel", kernel_times(lambda *_, g=graph: g.replay(), sets))
-    flush()
-    for name, graph in list(graphs.items())[::-1]:
-        print(f"B64 L4096 {name} event to event {event_median(graph):.2f} us", flush=True)
+    time_graphs("B64 L4096", "kernel", gap_graphs(*sets[0], lens), sets, event_median)
 
 
 def warm_gg():
@@ -3133,20 +3144,8 @@ SP_SHARED = {2: 70144, 4: 135680}  # decode_fwd's dynamic shared memory at 2 and
 
 
 def spin_events(graph, n=20):
-    """Median µs from event to event around each of n replays of ``graph``, queued behind a
-    GPU spin as bench/harness.py times a call (the host never makes the GPU wait)."""
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    torch.cuda._sleep(int(3e-3 * 2e9))
-    for a, z in zip(starts, ends, strict=True):
-        a.record()
-        graph.replay()
-        z.record()
-    torch.cuda.synchronize()
-    return 1e3 * statistics.median(a.elapsed_time(z) for a, z in zip(starts, ends, strict=True))
+    """``event_median`` of n replays queued behind a 3 ms GPU spin."""
+    return event_median(graph, n, spin_s=3e-3)
 
 
 def captured(fn):
@@ -3236,15 +3235,8 @@ def round_sp(budget: float):
         both_passes(label, jobs, sets)
         flush()
         restore()
-        graphs = sp_graphs(*sets[0], lens)
-        for name, graph in graphs.items():
-            print(f"{label} {name} event to event {spin_events(graph):.2f} us", flush=True)
-        for name, graph in graphs.items():
-            show(f"{label} {name} replay", kernel_times(lambda *_, g=graph: g.replay(), sets))
-        flush()
-        for name, graph in list(graphs.items())[::-1]:
-            print(f"{label} {name} event to event {spin_events(graph):.2f} us", flush=True)
-        del graphs, flat
+        time_graphs(label, "replay", sp_graphs(*sets[0], lens), sets, spin_events)
+        del flat
 
 
 def warm_sp():
