@@ -139,8 +139,36 @@ def _clocks(q: dict) -> str:
     return ", ".join(parts)
 
 
+def card_names(run: Run) -> dict[str, str]:
+    """A run over several cards (``bench all --gpus``): each card's name (nvidia-smi), by the
+    index ``--gpus`` gave it; {} for a run on one card, the default."""
+    cards = run.meta.get("cards") or {}
+    by_suite = {s.gpu: s.card for s in run.suites if s.gpu is not None and s.card}
+    return {
+        g: (c.get("start") or {}).get("name") or by_suite.get(g) or "unknown"
+        for g, c in cards.items()
+    }
+
+
+def _per_card(run: Run, when: str) -> str:
+    """Each card's clocks (nvidia-smi at ``when``), one line a card."""
+    cards = run.meta.get("cards") or {}
+    return "<br>".join(f"gpu {g}: {_clocks(_smi(c, when))}" for g, c in cards.items())
+
+
+def _suite_line(s: SuiteRun, names: dict[str, str]) -> str:
+    """A suite in the header's list: its status and time, and its card in a run over several."""
+    text = f"{s.name} {s.status}" + (f" {s.seconds:.0f} s" if s.seconds is not None else "")
+    if names and s.gpu is not None:
+        text += f" on gpu {s.gpu}"
+        if len(set(names.values())) > 1:
+            text += f" ({names.get(s.gpu) or s.card or 'unknown'})"
+    return text
+
+
 def section_run(run: Run, plot_note: str) -> str:
-    """The header: machine, software, date, command, suites."""
+    """The header: machine (each card of a run over several), software, date, command,
+    suites (and the card each ran on)."""
     m = run.meta
     gpu, sw, smi0 = m.get("gpu", {}), m.get("software", {}), _smi(m, "start")
     name = smi0.get("name") or gpu.get("name") or _first_suite_meta(run, "gpu") or "unknown"
@@ -148,6 +176,11 @@ def section_run(run: Run, plot_note: str) -> str:
     details.append(f"{gpu['l2_mb']:.0f} MB L2" if gpu.get("l2_mb") else "")
     details.append(f"{smi0['memory.total']} MiB" if smi0.get("memory.total") else "")
     gpu_text = name + "".join(f", {d}" for d in details if d)
+    names = card_names(run)
+    if len(set(names.values())) > 1:  # cards that differ: each by name
+        gpu_text = "; ".join(f"gpu {g}: {n}" for g, n in names.items())
+    elif names:
+        gpu_text += f"; the suites spread over gpus {', '.join(m.get('gpus') or names)}"
     cuda = m.get("nvidia_smi", {}).get("cuda_version")
     driver = smi0.get("driver_version", "unknown")
     versions = "; ".join(f"{k} {v}" for k, v in sw.items() if v)
@@ -163,10 +196,7 @@ def section_run(run: Run, plot_note: str) -> str:
         here = _clean_commit() if same else None
         if here and here != src.get("commit"):  # the GPU machine's checkout can lag behind
             source += f", which is commit {here}"
-    suites = "; ".join(
-        f"{s.name} {s.status}" + (f" {s.seconds:.0f} s" if s.seconds is not None else "")
-        for s in run.suites
-    )
+    suites = "; ".join(_suite_line(s, names) for s in run.suites)
     seconds = m.get("seconds")
     when = m.get("started", "unknown")
     if seconds is not None:
@@ -174,8 +204,8 @@ def section_run(run: Run, plot_note: str) -> str:
     rows = [
         ["GPU", gpu_text],
         ["driver, CUDA", f"{driver}, CUDA {cuda}" if cuda else driver],
-        ["clocks at start", _clocks(smi0)],
-        ["clocks at end", _clocks(_smi(m, "end"))],
+        ["clocks at start", _per_card(run, "start") if names else _clocks(smi0)],
+        ["clocks at end", _per_card(run, "end") if names else _clocks(_smi(m, "end"))],
         ["software", versions or "not recorded"],
         ["host", m.get("host", "not recorded")],
         ["date", when],
@@ -219,6 +249,31 @@ def _settings(reps, warmup, rounds) -> str:
         f"the median of {reps} timed calls in {rounds} rounds that take a case's "
         f"implementations in turn, each round after warm-up calls ({warmup} + {warmup} in "
         "the first, 1 + 1 in the others)"
+    )
+
+
+def section_processes(run: Run) -> str:
+    """How the suites' processes ran: on one card one after the other, or over several."""
+    common = (
+        "a suite that fails or overruns its time is recorded as such below, and the others "
+        "still run. Launch overhead and compile time are host-side figures: medians over many "
+        "launches or fresh processes; compile time's targets are read on CPU time, which a "
+        "busy host inflates far less than wall time (shown beside it)."
+    )
+    names = card_names(run)
+    if not names:
+        return f"Each suite runs in its own process, one after the other, on one card; {common}"
+    gpus = run.meta.get("gpus") or list(names)
+    budget = run.meta.get("budget_s")
+    each = f" ({budget:.0f} s)" if isinstance(budget, int | float) else ""
+    return (
+        f"The suites ran spread over {len(gpus)} cards of one host (`--gpus {','.join(gpus)}`), "
+        "side by side: each suite in its own process on one card (CUDA_VISIBLE_DEVICES), the "
+        "longest expected suite first onto the least loaded card (`bench/suites.py`), each "
+        "card's suites one after the other in order of importance, each card within a budget"
+        f"{each} of its own; the table above names each suite's card. The suites of the other "
+        f"cards shared the host's CPUs, so the host-side figures were measured beside them; "
+        f"{common}"
     )
 
 
@@ -392,20 +447,57 @@ def section_launch(suite: SuiteRun, plot_files: set[str], plot_dir: str) -> str:
     return "\n\n".join(out)
 
 
+BUSY_HOST = 1.25  # compile time: wall over CPU time past this, the page says the host was busy
+
+
+def compile_figure(data: dict, key: str) -> tuple[str, float] | None:
+    """(the key read, its value) of a compile-time figure of bench/compile_time.py's JSON; a
+    CPU-time key of a run that recorded wall time only (before 2026-11-28) reads the wall time."""
+    for k in (key, key.replace("_cpu_", "_")):
+        if isinstance(data.get(k), int | float):
+            return k, data[k]
+    return None
+
+
 def section_compile(suite: SuiteRun) -> str:
-    """bench/compile_time.py."""
+    """bench/compile_time.py: CPU time (the targets' figure) and wall time, medians over fresh
+    processes."""
     d = suite.data
+    first_cpu, first = d.get("first_compile_cpu_ms"), d.get("first_compile_ms")
+    fastest = d.get("first_compile_min_ms")
+
+    def figure(v, unit):
+        return "not recorded" if v is None else f"{num(v)} {unit}"
+
     rows = [
-        ["source to PTX, first call (fresh process)", f"{num(d.get('first_compile_ms'))} ms"],
-        ["repeat `ptx()` (in-memory cache)", f"{num(d.get('cached_ptx_call_us'))} µs"],
-        ["PTX lines", str(d.get("ptx_lines", "?"))],
+        [
+            "source to PTX, first call (fresh process)",
+            figure(first_cpu, "ms"),
+            figure(first, "ms") + (f" (fastest {num(fastest)})" if fastest is not None else ""),
+        ],
+        [
+            "repeat `ptx()` (in-memory cache)",
+            figure(d.get("cached_ptx_call_cpu_us"), "µs"),
+            figure(d.get("cached_ptx_call_us"), "µs"),
+        ],
+        ["PTX lines", str(d.get("ptx_lines", "?")), ""],
     ]
     limits = ", ".join(f"{k} < {lim:g} {u}" for k, (lim, u) in targets.COMPILE_MAX.items())
-    return (
-        table(["", "median"], rows)
-        + f"\n\nKernel: {d.get('kernel', '?')}; median of {d.get('runs', '?')} fresh processes, "
-        f"imports excluded. Targets: {limits}."
+    text = (
+        table(["", "CPU time", "wall time"], rows)
+        + f"\n\nKernel: {d.get('kernel', '?')}; medians of {d.get('runs', '?')} fresh processes, "
+        f"imports excluded. Targets, read on the CPU time: {limits}. CPU time is the process's "
+        "own and its waited-for children's: all the work the compile does, but not the time it "
+        "waits for a core, which a busy host adds to the wall time."
     )
+    if first_cpu is None:
+        return text + " This run recorded wall time only: the targets are read on it."
+    if first and first > BUSY_HOST * first_cpu:
+        text += (
+            f" In this run the first call's wall time was {first / first_cpu:.1f}x its CPU time: "
+            "the host was busy."
+        )
+    return text
 
 
 def section_sim(suite: SuiteRun) -> str:
@@ -664,9 +756,9 @@ def _compile_gaps(run: Run) -> list[Gap]:
     if s is None or not isinstance(s.data, dict):
         return []
     items = [
-        f"{key} {num(s.data[key])} {unit} (target below {limit:g} {unit})"
+        f"{read[0]} {num(read[1])} {unit} (target below {limit:g} {unit})"
         for key, (limit, unit) in targets.COMPILE_MAX.items()
-        if isinstance(s.data.get(key), int | float) and s.data[key] >= limit
+        if (read := compile_figure(s.data, key)) is not None and read[1] >= limit
     ]
     return [Gap("compile time", "over its targets", items, lead="Measured")] if items else []
 
@@ -762,7 +854,8 @@ _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)(?::([\w-]+))?\s*\}\}")
 
 
 def render(run: Run, template: str, plot_files: set[str], plot_note: str, plot_dir: str) -> str:
-    """Fill the template's placeholders: {{run}}, {{timing}}, {{ceilings}}, {{summary}},
+    """Fill the template's placeholders: {{run}}, {{timing}}, {{processes}}, {{ceilings}},
+    {{summary}},
     {{suite:NAME}}, {{other_suites}}, {{known_gaps}}, {{not_measured}}."""
     gaps, unchecked = known_gaps(run)
     placed = set(re.findall(r"\{\{\s*suite:([\w-]+)\s*\}\}", template))
@@ -779,6 +872,7 @@ def render(run: Run, template: str, plot_files: set[str], plot_note: str, plot_d
     fill = {
         "run": lambda _: section_run(run, plot_note),
         "timing": lambda _: section_timing(run),
+        "processes": lambda _: section_processes(run),
         "ceilings": lambda _: section_ceilings(run),
         "summary": lambda _: section_summary(run),
         "suite": lambda name: section_suite(run, run.suite(name), plot_files, plot_dir),

@@ -124,8 +124,10 @@ LAUNCH_KAIO = r"^kaio "  # the rows that are kaio launches: each below the peer'
 LAUNCH_KAIO_OWN = r"^kaio .*DeviceArray$"
 LAUNCH_PEER = r"^triton "  # must also be slower than kaio
 
-# Compile time (bench/compile_time.py): figure -> (limit, unit)
-COMPILE_MAX = {"first_compile_ms": (50.0, "ms"), "cached_ptx_call_us": (50.0, "µs")}
+# Compile time (bench/compile_time.py): figure -> (limit, unit). Read on CPU time, which a
+# busy host does not inflate (wall time: the same key without "_cpu", shown beside it; runs
+# before CPU time was recorded are read on it).
+COMPILE_MAX = {"first_compile_cpu_ms": (50.0, "ms"), "cached_ptx_call_cpu_us": (50.0, "µs")}
 
 
 @dataclass(frozen=True)
