@@ -1,8 +1,12 @@
 """The benchmarks, in one command.
 
 python -m bench all --out DIR [--quick] [--suites matmul,memory] [--budget SECONDS]
+                     [--gpus 0,1,2,3]
     every suite of bench/suites.py on the GPU, one process each: DIR/results.json,
-    DIR/log.txt, DIR/plots.tar
+    DIR/log.txt, DIR/plots.tar. --gpus spreads the suites over those cards (indexes among
+    the cards this process sees), side by side, each card within its own budget: the
+    longest expected suite first onto the least loaded card; results.json and the page
+    name the card of each suite. Default: one card, the suites one after the other.
 python -m bench report DIR [--page docs/performance.md] [--plots docs/perf]
     docs/performance.md (and docs/perf/*.png) from that run
 python -m bench list

@@ -118,8 +118,12 @@ def _clean_commit(root: Path = ROOT) -> str | None:
 
 # ---------------------------------------------------------------------------- the run
 def _smi(meta: dict, when: str) -> dict:
-    values = meta.get("nvidia_smi", {}).get(when) or {}
-    return {k: v for k, v in values.items() if v and "N/A" not in str(v)}
+    return _read(meta.get("nvidia_smi", {}).get(when))
+
+
+def _read(smi: dict | None) -> dict:
+    """The fields nvidia-smi read (those it could not, "[N/A]", left out)."""
+    return {k: v for k, v in (smi or {}).items() if v and "N/A" not in str(v)}
 
 
 def _clocks(q: dict) -> str:
@@ -153,7 +157,7 @@ def card_names(run: Run) -> dict[str, str]:
 def _per_card(run: Run, when: str) -> str:
     """Each card's clocks (nvidia-smi at ``when``), one line a card."""
     cards = run.meta.get("cards") or {}
-    return "<br>".join(f"gpu {g}: {_clocks(_smi(c, when))}" for g, c in cards.items())
+    return "<br>".join(f"gpu {g}: {_clocks(_read(c.get(when)))}" for g, c in cards.items())
 
 
 def _suite_line(s: SuiteRun, names: dict[str, str]) -> str:

@@ -147,11 +147,13 @@ def assign(expected: list[float], cards: int) -> list[list[int]]:
 def cuda_device(gpu: str, visible: str | None) -> str:
     """The CUDA_VISIBLE_DEVICES value for card ``gpu`` (an index among the cards this process
     sees, as ``visible``, this process's CUDA_VISIBLE_DEVICES, lists them)."""
+    if not gpu.isdigit():
+        raise ValueError(f"a card is an index: {gpu!r}")
     if not visible:
         return gpu
     seen = [d.strip() for d in visible.split(",") if d.strip()]
-    if not gpu.isdigit() or int(gpu) >= len(seen):
-        raise ValueError(f"no card {gpu!r}: this process sees {len(seen)} ({visible})")
+    if int(gpu) >= len(seen):
+        raise ValueError(f"no card {gpu}: this process sees {len(seen)} ({visible})")
     return seen[int(gpu)]
 
 
