@@ -44,11 +44,17 @@ print(json.dumps({{"first_ms": (t1 - t0) * 1e3, "first_cpu_ms": (c1 - c0) * 1e3,
 """
 
 
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def measure(runs: int = 7) -> dict:
     """Run the measurement in ``runs`` fresh processes, one after the other; report the median
     of each figure, and the fastest first call."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
+    # one BLAS thread: a pool left spinning after the imports' numpy work would add its own
+    # CPU time to the compile's (measured: 32 ms of wall time, 40 ms of CPU time)
+    env.update(dict.fromkeys(BLAS_THREADS, "1"))
     results = []
     for _ in range(runs):
         out = subprocess.run(
