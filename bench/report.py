@@ -270,10 +270,13 @@ def section_processes(run: Run) -> str:
     gpus = run.meta.get("gpus") or list(names)
     budget = run.meta.get("budget_s")
     each = f" ({budget:.0f} s)" if isinstance(budget, int | float) else ""
+    cards = len(set(gpus))
+    spread = f"spread over {cards} cards of one host" if cards > 1 else "on one card"
+    if len(gpus) > cards:
+        spread += f", {len(gpus)} suites at a time"
     return (
-        f"The suites ran spread over {len(gpus)} cards of one host (`--gpus {','.join(gpus)}`), "
-        "side by side: each suite in its own process on one card (CUDA_VISIBLE_DEVICES), the "
-        "longest expected suite first onto the least loaded card (`bench/suites.py`), each "
+        f"The suites ran {spread} (`--gpus {','.join(gpus)}`), side by side: each suite in "
+        "its own process on one card (CUDA_VISIBLE_DEVICES), the longest expected suite first onto the least loaded card (`bench/suites.py`), each "
         "card's suites one after the other in order of importance, each card within a budget"
         f"{each} of its own; the table above names each suite's card. The suites of the other "
         f"cards shared the host's CPUs, so the host-side figures were measured beside them; "
