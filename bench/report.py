@@ -276,10 +276,11 @@ def section_processes(run: Run) -> str:
         spread += f", {len(gpus)} suites at a time"
     return (
         f"The suites ran {spread} (`--gpus {','.join(gpus)}`), side by side: each suite in "
-        "its own process on one card (CUDA_VISIBLE_DEVICES), the longest expected suite first onto the least loaded card (`bench/suites.py`), each "
-        "card's suites one after the other in order of importance, each card within a budget"
-        f"{each} of its own; the table above names each suite's card. The suites of the other "
-        f"cards shared the host's CPUs, so the host-side figures were measured beside them; "
+        "its own process on one card (CUDA_VISIBLE_DEVICES), the longest expected suite first "
+        "onto the least loaded card (`bench/suites.py`), each card's suites one after the "
+        f"other in order of importance, each card within a budget{each} of its own; the table "
+        "above names each suite's card. The suites of the other cards shared the host's CPUs, "
+        "so the host-side figures were measured beside them; "
         f"{common}"
     )
 
