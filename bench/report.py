@@ -455,55 +455,51 @@ def section_launch(suite: SuiteRun, plot_files: set[str], plot_dir: str) -> str:
     return "\n\n".join(out)
 
 
-BUSY_HOST = 1.25  # compile time: wall over CPU time past this, the page says the host was busy
+BUSY_HOST = 1.25  # compile time: a median past this times its reference, the page says why
 
 
 def compile_figure(data: dict, key: str) -> tuple[str, float] | None:
     """(the key read, its value) of a compile-time figure of bench/compile_time.py's JSON; a
-    CPU-time key of a run that recorded wall time only (before 2026-11-28) reads the wall time."""
-    for k in (key, key.replace("_cpu_", "_")):
+    run that recorded the median wall time only (before 2026-11-28) is read on it."""
+    for k in (key, key.replace("_cpu_min_", "_")):
         if isinstance(data.get(k), int | float):
             return k, data[k]
     return None
 
 
 def section_compile(suite: SuiteRun) -> str:
-    """bench/compile_time.py: CPU time (the targets' figure) and wall time, medians over fresh
-    processes."""
+    """bench/compile_time.py: per figure the fastest process and the median, in CPU time (the
+    targets' figure: the fastest) and in wall time."""
     d = suite.data
-    first_cpu, first = d.get("first_compile_cpu_ms"), d.get("first_compile_ms")
-    fastest = d.get("first_compile_min_ms")
 
-    def figure(v, unit):
-        return "not recorded" if v is None else f"{num(v)} {unit}"
+    def cells(name: str, unit: str, shown: str) -> list[str]:
+        values = [d.get(f"{name}_{k}{unit}") for k in ("cpu_min_", "cpu_", "min_", "")]
+        return ["not recorded" if v is None else f"{num(v)} {shown}" for v in values]
 
     rows = [
-        [
-            "source to PTX, first call (fresh process)",
-            figure(first_cpu, "ms"),
-            figure(first, "ms") + (f" (fastest {num(fastest)})" if fastest is not None else ""),
-        ],
-        [
-            "repeat `ptx()` (in-memory cache)",
-            figure(d.get("cached_ptx_call_cpu_us"), "µs"),
-            figure(d.get("cached_ptx_call_us"), "µs"),
-        ],
-        ["PTX lines", str(d.get("ptx_lines", "?")), ""],
+        ["source to PTX, first call (fresh process)", *cells("first_compile", "ms", "ms")],
+        ["repeat `ptx()` (in-memory cache)", *cells("cached_ptx_call", "us", "µs")],
     ]
+    head = ["", "CPU time, fastest", "CPU time, median", "wall time, fastest", "wall time, median"]
     limits = ", ".join(f"{k} < {lim:g} {u}" for k, (lim, u) in targets.COMPILE_MAX.items())
     text = (
-        table(["", "CPU time", "wall time"], rows)
-        + f"\n\nKernel: {d.get('kernel', '?')}; medians of {d.get('runs', '?')} fresh processes, "
-        f"imports excluded. Targets, read on the CPU time: {limits}. CPU time is the process's "
-        "own and its waited-for children's: all the work the compile does, but not the time it "
-        "waits for a core, which a busy host adds to the wall time."
+        table(head, rows)
+        + f"\n\nKernel: {d.get('kernel', '?')}, {d.get('ptx_lines', '?')} PTX lines; "
+        f"{d.get('runs', '?')} fresh processes, imports excluded. Targets, read on the fastest "
+        f"process's CPU time: {limits}."
     )
-    if first_cpu is None:
-        return text + " This run recorded wall time only: the targets are read on it."
-    if first and first > BUSY_HOST * first_cpu:
+    fastest, cpu, wall = (d.get(f"first_compile_{k}ms") for k in ("cpu_min_", "cpu_", ""))
+    if fastest is None:
+        return text + " This run recorded the median wall time only: the targets are read on it."
+    if wall and cpu and wall > BUSY_HOST * cpu:
         text += (
-            f" In this run the first call's wall time was {first / first_cpu:.1f}x its CPU time: "
-            "the host was busy."
+            f" In this run the first call's median wall time was {wall / cpu:.1f}x its CPU "
+            "time: the processes waited for a core."
+        )
+    if cpu and cpu > BUSY_HOST * fastest:
+        text += (
+            f" Its median CPU time was {cpu / fastest:.1f}x the fastest process's: the "
+            "processes ran at different speeds, on a shared host."
         )
     return text
 
