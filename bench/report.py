@@ -261,15 +261,15 @@ def section_processes(run: Run) -> str:
     common = (
         "a suite that fails or overruns its time is recorded as such below, and the others "
         "still run. Launch overhead and compile time are host-side figures: medians over many "
-        "launches or fresh processes; compile time's targets are read on CPU time, which a "
-        "busy host inflates far less than wall time (shown beside it)."
+        "launches or fresh processes; compile time's targets are read on the fastest fresh "
+        "process's CPU time, which a busy host touches least (its section says why)."
     )
     names = card_names(run)
     if not names:
         return f"Each suite runs in its own process, one after the other, on one card; {common}"
     gpus = run.meta.get("gpus") or list(names)
     budget = run.meta.get("budget_s")
-    each = f" ({budget:.0f} s)" if isinstance(budget, int | float) else ""
+    within = f" within {budget:.0f} s of the start" if isinstance(budget, int | float) else ""
     cards = len(set(gpus))
     spread = f"spread over {cards} cards of one host" if cards > 1 else "on one card"
     if len(gpus) > cards:
@@ -277,9 +277,9 @@ def section_processes(run: Run) -> str:
     return (
         f"The suites ran {spread} (`--gpus {','.join(gpus)}`), side by side: each suite in "
         "its own process on one card (CUDA_VISIBLE_DEVICES), the longest expected suite first "
-        "onto the least loaded card (`bench/suites.py`), each card's suites one after the "
-        f"other in order of importance, each card within a budget{each} of its own; the table "
-        "above names each suite's card. The suites of the other cards shared the host's CPUs, "
+        "onto the least loaded entry of `--gpus` (`bench/suites.py`), each entry's suites one "
+        f"after the other in order of importance{within}; the table above names each suite's "
+        "card. The suites of the other cards shared the host's CPUs, "
         "so the host-side figures were measured beside them; "
         f"{common}"
     )

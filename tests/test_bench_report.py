@@ -456,7 +456,7 @@ def two_card_run(second_card: str) -> dict:
     data = synthetic_run()
     meta = data["meta"]
     smi = meta["nvidia_smi"]["start"]
-    meta["gpus"] = ["0", "1"]
+    meta["gpus"], meta["budget_s"] = ["0", "1"], 580.0
     meta["cards"] = {
         "0": {"device": "4", "start": smi, "end": {**smi, "clocks.sm": "1980"}},
         "1": {"device": "5", "start": {**smi, "name": second_card, "clocks.sm": "1755"},
@@ -490,7 +490,7 @@ def test_a_run_over_two_cards_names_each_suites_card(tmp_path, monkeypatch):
     assert "NVIDIA H200" not in suites  # the same card twice: named once, above
     processes = page.split("- **Processes.** ", 1)[1].split("\n", 1)[0]
     assert processes.startswith("The suites ran spread over 2 cards of one host (`--gpus 0,1`)")
-    assert "each card within a budget of its own" in processes
+    assert "in order of importance within 580 s of the start" in processes
 
 
 def test_cards_that_differ_are_named_per_suite(tmp_path, monkeypatch):
