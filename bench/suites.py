@@ -93,9 +93,10 @@ class Suite:
 # In order of importance: when the budget runs short, the last suites get what is left.
 # Expected seconds (full, quick): about 1.25x what each took in the final check's run of
 # 2026-11-28 (one H100 beside three cards of GPU tests on the same host: matmul 63, memory 32,
-# attention 20, varlen 34, decode 115, quantized 10, fp8 30, launch 86, compile 4, sim 6,
-# gguf 40, backends-time 11 s; backends ran out of time at 51 s with 82% of its output
-# written, about 62 s; gemm-sweep 8-11 and fastmath 5-7 s on 2026-11-27's runs).
+# attention 20, varlen 34, decode 115, quantized 10, fp8 30, launch 86, compile 4 (5 fresh
+# processes; now 15), sim 6, gguf 40, backends-time 11 s; backends ran out of time at 51 s with
+# 82% of its output written, about 62 s; gemm-sweep 8-11 and fastmath 5-7 s on 2026-11-27's
+# runs).
 SUITES: tuple[Suite, ...] = (
     Suite("matmul", "matmul.py", "Tensor-core matmul", (), ("--sizes", "1024,4096"), (80, 60)),
     Suite("memory", "memory_ops.py", "Memory-bound ops", (), ("--dtypes", "f16"), (45, 45)),
@@ -107,7 +108,7 @@ SUITES: tuple[Suite, ...] = (
     Suite("quantized", "quantized.py", "Quantized matmul", (), ("--quick",), (20, 15)),
     Suite("fp8", "fp8.py", "FP8 matmul", (), None, (40, 0)),  # quick: bench/fp8.py --quick
     Suite("launch", "launch_overhead.py", "Launch overhead", (), ("--skip-cold",), (110, 25)),
-    Suite("compile", "compile_time.py", "Compile time", (), ("--runs", "3"), (15, 10)),
+    Suite("compile", "compile_time.py", "Compile time", (), ("--runs", "9"), (20, 10)),
     Suite("sim", "sim_speed.py", "Simulator speed", (), ("--n", str(1 << 18)), (15, 10)),
     Suite("gguf", "gguf.py", "GGUF quantizers", (), None, (55, 0)),
     Suite(
