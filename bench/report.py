@@ -261,7 +261,7 @@ def section_processes(run: Run) -> str:
     common = (
         "a suite that fails or overruns its time is recorded as such below, and the others "
         "still run. Launch overhead and compile time are host-side figures: medians over many "
-        "launches or fresh processes; compile time's targets are read on the fastest fresh "
+        "launches or fresh processes, and for compile time's targets the fastest fresh "
         "process's CPU time, which a busy host touches least (its section says why)."
     )
     names = card_names(run)
@@ -279,9 +279,8 @@ def section_processes(run: Run) -> str:
         "its own process on one card (CUDA_VISIBLE_DEVICES), the longest expected suite first "
         "onto the least loaded entry of `--gpus` (`bench/suites.py`), each entry's suites one "
         f"after the other in order of importance{within}; the table above names each suite's "
-        "card. The suites of the other cards shared the host's CPUs, "
-        "so the host-side figures were measured beside them; "
-        f"{common}"
+        "card. Suites running at the same time shared the host's CPUs, so the host-side "
+        f"figures were measured beside other suites; {common}"
     )
 
 
@@ -859,8 +858,7 @@ _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)(?::([\w-]+))?\s*\}\}")
 
 def render(run: Run, template: str, plot_files: set[str], plot_note: str, plot_dir: str) -> str:
     """Fill the template's placeholders: {{run}}, {{timing}}, {{processes}}, {{ceilings}},
-    {{summary}},
-    {{suite:NAME}}, {{other_suites}}, {{known_gaps}}, {{not_measured}}."""
+    {{summary}}, {{suite:NAME}}, {{other_suites}}, {{known_gaps}}, {{not_measured}}."""
     gaps, unchecked = known_gaps(run)
     placed = set(re.findall(r"\{\{\s*suite:([\w-]+)\s*\}\}", template))
 
