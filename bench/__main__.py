@@ -1,12 +1,16 @@
 """The benchmarks, in one command.
 
 python -m bench all --out DIR [--quick] [--suites matmul,memory] [--budget SECONDS]
+                     [--gpus 0,1,2,3]
     every suite of bench/suites.py on the GPU, one process each: DIR/results.json,
-    DIR/log.txt, DIR/plots.tar
+    DIR/log.txt, DIR/plots.tar. --gpus spreads the suites over those cards (indexes among
+    the cards this process sees), side by side, each card within its own budget: the
+    longest expected suite first onto the least loaded card; results.json and the page
+    name the card of each suite. Default: one card, the suites one after the other.
 python -m bench report DIR [--page docs/performance.md] [--plots docs/perf]
     docs/performance.md (and docs/perf/*.png) from that run
 python -m bench list
-    the suites, their scripts and arguments
+    the suites, their scripts, arguments and expected seconds (full / quick)
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ def list_suites() -> int:
         state = "" if s.path.is_file() else "  (not written yet)"
         quick = "not run" if s.quick is None else " ".join(s.quick) or "-"
         print(f"{s.name:<14} bench/{s.script:<20} full: {' '.join(s.full) or '-'}; quick: {quick}"
-              f"{state}")  # fmt: skip
+              f"; expected {s.expect[0]:g} / {s.expect[1]:g} s{state}")  # fmt: skip
     return 0
 
 

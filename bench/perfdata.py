@@ -210,6 +210,8 @@ class SuiteRun:
     args: list[str] = field(default_factory=list)
     log_tail: str = ""
     data: object = None
+    gpu: str | None = None  # the card it ran on, as ``--gpus`` named it (None: the default)
+    card: str | None = None  # that card's name (nvidia-smi)
 
     @property
     def is_harness(self) -> bool:

@@ -118,8 +118,12 @@ def _clean_commit(root: Path = ROOT) -> str | None:
 
 # ---------------------------------------------------------------------------- the run
 def _smi(meta: dict, when: str) -> dict:
-    values = meta.get("nvidia_smi", {}).get(when) or {}
-    return {k: v for k, v in values.items() if v and "N/A" not in str(v)}
+    return _read(meta.get("nvidia_smi", {}).get(when))
+
+
+def _read(smi: dict | None) -> dict:
+    """The fields nvidia-smi read (those it could not, "[N/A]", left out)."""
+    return {k: v for k, v in (smi or {}).items() if v and "N/A" not in str(v)}
 
 
 def _clocks(q: dict) -> str:
@@ -139,8 +143,36 @@ def _clocks(q: dict) -> str:
     return ", ".join(parts)
 
 
+def card_names(run: Run) -> dict[str, str]:
+    """A run over several cards (``bench all --gpus``): each card's name (nvidia-smi), by the
+    index ``--gpus`` gave it; {} for a run on one card, the default."""
+    cards = run.meta.get("cards") or {}
+    by_suite = {s.gpu: s.card for s in run.suites if s.gpu is not None and s.card}
+    return {
+        g: (c.get("start") or {}).get("name") or by_suite.get(g) or "unknown"
+        for g, c in cards.items()
+    }
+
+
+def _per_card(run: Run, when: str) -> str:
+    """Each card's clocks (nvidia-smi at ``when``), one line a card."""
+    cards = run.meta.get("cards") or {}
+    return "<br>".join(f"gpu {g}: {_clocks(_read(c.get(when)))}" for g, c in cards.items())
+
+
+def _suite_line(s: SuiteRun, names: dict[str, str]) -> str:
+    """A suite in the header's list: its status and time, and its card in a run over several."""
+    text = f"{s.name} {s.status}" + (f" {s.seconds:.0f} s" if s.seconds is not None else "")
+    if names and s.gpu is not None:
+        text += f" on gpu {s.gpu}"
+        if len(set(names.values())) > 1:
+            text += f" ({names.get(s.gpu) or s.card or 'unknown'})"
+    return text
+
+
 def section_run(run: Run, plot_note: str) -> str:
-    """The header: machine, software, date, command, suites."""
+    """The header: machine (each card of a run over several), software, date, command,
+    suites (and the card each ran on)."""
     m = run.meta
     gpu, sw, smi0 = m.get("gpu", {}), m.get("software", {}), _smi(m, "start")
     name = smi0.get("name") or gpu.get("name") or _first_suite_meta(run, "gpu") or "unknown"
@@ -148,6 +180,11 @@ def section_run(run: Run, plot_note: str) -> str:
     details.append(f"{gpu['l2_mb']:.0f} MB L2" if gpu.get("l2_mb") else "")
     details.append(f"{smi0['memory.total']} MiB" if smi0.get("memory.total") else "")
     gpu_text = name + "".join(f", {d}" for d in details if d)
+    names = card_names(run)
+    if len(set(names.values())) > 1:  # cards that differ: each by name
+        gpu_text = "; ".join(f"gpu {g}: {n}" for g, n in names.items())
+    elif names:
+        gpu_text += f"; the suites spread over gpus {', '.join(m.get('gpus') or names)}"
     cuda = m.get("nvidia_smi", {}).get("cuda_version")
     driver = smi0.get("driver_version", "unknown")
     versions = "; ".join(f"{k} {v}" for k, v in sw.items() if v)
@@ -163,10 +200,7 @@ def section_run(run: Run, plot_note: str) -> str:
         here = _clean_commit() if same else None
         if here and here != src.get("commit"):  # the GPU machine's checkout can lag behind
             source += f", which is commit {here}"
-    suites = "; ".join(
-        f"{s.name} {s.status}" + (f" {s.seconds:.0f} s" if s.seconds is not None else "")
-        for s in run.suites
-    )
+    suites = "; ".join(_suite_line(s, names) for s in run.suites)
     seconds = m.get("seconds")
     when = m.get("started", "unknown")
     if seconds is not None:
@@ -174,8 +208,8 @@ def section_run(run: Run, plot_note: str) -> str:
     rows = [
         ["GPU", gpu_text],
         ["driver, CUDA", f"{driver}, CUDA {cuda}" if cuda else driver],
-        ["clocks at start", _clocks(smi0)],
-        ["clocks at end", _clocks(_smi(m, "end"))],
+        ["clocks at start", _per_card(run, "start") if names else _clocks(smi0)],
+        ["clocks at end", _per_card(run, "end") if names else _clocks(_smi(m, "end"))],
         ["software", versions or "not recorded"],
         ["host", m.get("host", "not recorded")],
         ["date", when],
@@ -219,6 +253,34 @@ def _settings(reps, warmup, rounds) -> str:
         f"the median of {reps} timed calls in {rounds} rounds that take a case's "
         f"implementations in turn, each round after warm-up calls ({warmup} + {warmup} in "
         "the first, 1 + 1 in the others)"
+    )
+
+
+def section_processes(run: Run) -> str:
+    """How the suites' processes ran: on one card one after the other, or over several."""
+    common = (
+        "a suite that fails or overruns its time is recorded as such below, and the others "
+        "still run. Launch overhead and compile time are host-side figures: medians over many "
+        "launches or fresh processes, and for compile time's targets the fastest fresh "
+        "process's CPU time, which a busy host touches least (its section says why)."
+    )
+    names = card_names(run)
+    if not names:
+        return f"Each suite runs in its own process, one after the other, on one card; {common}"
+    gpus = run.meta.get("gpus") or list(names)
+    budget = run.meta.get("budget_s")
+    within = f" within {budget:.0f} s of the start" if isinstance(budget, int | float) else ""
+    cards = len(set(gpus))
+    spread = f"spread over {cards} cards of one host" if cards > 1 else "on one card"
+    if len(gpus) > cards:
+        spread += f", {len(gpus)} suites at a time"
+    return (
+        f"The suites ran {spread} (`--gpus {','.join(gpus)}`), side by side: each suite in "
+        "its own process on one card (CUDA_VISIBLE_DEVICES), the longest expected suite first "
+        "onto the least loaded entry of `--gpus` (`bench/suites.py`), each entry's suites one "
+        f"after the other in order of importance{within}; the table above names each suite's "
+        "card. Suites running at the same time shared the host's CPUs, so the host-side "
+        f"figures were measured beside other suites; {common}"
     )
 
 
@@ -392,20 +454,53 @@ def section_launch(suite: SuiteRun, plot_files: set[str], plot_dir: str) -> str:
     return "\n\n".join(out)
 
 
+BUSY_HOST = 1.25  # compile time: a median past this times its reference, the page says why
+
+
+def compile_figure(data: dict, key: str) -> tuple[str, float] | None:
+    """(the key read, its value) of a compile-time figure of bench/compile_time.py's JSON; a
+    run that recorded the median wall time only (before 2026-11-28) is read on it."""
+    for k in (key, key.replace("_cpu_min_", "_")):
+        if isinstance(data.get(k), int | float):
+            return k, data[k]
+    return None
+
+
 def section_compile(suite: SuiteRun) -> str:
-    """bench/compile_time.py."""
+    """bench/compile_time.py: per figure the fastest process and the median, in CPU time (the
+    targets' figure: the fastest) and in wall time."""
     d = suite.data
+
+    def cells(name: str, unit: str, shown: str) -> list[str]:
+        values = [d.get(f"{name}_{k}{unit}") for k in ("cpu_min_", "cpu_", "min_", "")]
+        return ["not recorded" if v is None else f"{num(v)} {shown}" for v in values]
+
     rows = [
-        ["source to PTX, first call (fresh process)", f"{num(d.get('first_compile_ms'))} ms"],
-        ["repeat `ptx()` (in-memory cache)", f"{num(d.get('cached_ptx_call_us'))} µs"],
-        ["PTX lines", str(d.get("ptx_lines", "?"))],
+        ["source to PTX, first call (fresh process)", *cells("first_compile", "ms", "ms")],
+        ["repeat `ptx()` (in-memory cache)", *cells("cached_ptx_call", "us", "µs")],
     ]
+    head = ["", "CPU time, fastest", "CPU time, median", "wall time, fastest", "wall time, median"]
     limits = ", ".join(f"{k} < {lim:g} {u}" for k, (lim, u) in targets.COMPILE_MAX.items())
-    return (
-        table(["", "median"], rows)
-        + f"\n\nKernel: {d.get('kernel', '?')}; median of {d.get('runs', '?')} fresh processes, "
-        f"imports excluded. Targets: {limits}."
+    text = (
+        table(head, rows)
+        + f"\n\nKernel: {d.get('kernel', '?')}, {d.get('ptx_lines', '?')} PTX lines; "
+        f"{d.get('runs', '?')} fresh processes, imports excluded. Targets, read on the fastest "
+        f"process's CPU time: {limits}."
     )
+    fastest, cpu, wall = (d.get(f"first_compile_{k}ms") for k in ("cpu_min_", "cpu_", ""))
+    if fastest is None:
+        return text + " This run recorded the median wall time only: the targets are read on it."
+    if wall and cpu and wall > BUSY_HOST * cpu:
+        text += (
+            f" In this run the first call's median wall time was {wall / cpu:.1f}x its CPU "
+            "time: the processes waited for a core."
+        )
+    if cpu and cpu > BUSY_HOST * fastest:
+        text += (
+            f" Its median CPU time was {cpu / fastest:.1f}x the fastest process's: the "
+            "processes ran at different speeds, on a shared host."
+        )
+    return text
 
 
 def section_sim(suite: SuiteRun) -> str:
@@ -664,9 +759,9 @@ def _compile_gaps(run: Run) -> list[Gap]:
     if s is None or not isinstance(s.data, dict):
         return []
     items = [
-        f"{key} {num(s.data[key])} {unit} (target below {limit:g} {unit})"
+        f"{read[0]} {num(read[1])} {unit} (target below {limit:g} {unit})"
         for key, (limit, unit) in targets.COMPILE_MAX.items()
-        if isinstance(s.data.get(key), int | float) and s.data[key] >= limit
+        if (read := compile_figure(s.data, key)) is not None and read[1] >= limit
     ]
     return [Gap("compile time", "over its targets", items, lead="Measured")] if items else []
 
@@ -762,8 +857,8 @@ _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)(?::([\w-]+))?\s*\}\}")
 
 
 def render(run: Run, template: str, plot_files: set[str], plot_note: str, plot_dir: str) -> str:
-    """Fill the template's placeholders: {{run}}, {{timing}}, {{ceilings}}, {{summary}},
-    {{suite:NAME}}, {{other_suites}}, {{known_gaps}}, {{not_measured}}."""
+    """Fill the template's placeholders: {{run}}, {{timing}}, {{processes}}, {{ceilings}},
+    {{summary}}, {{suite:NAME}}, {{other_suites}}, {{known_gaps}}, {{not_measured}}."""
     gaps, unchecked = known_gaps(run)
     placed = set(re.findall(r"\{\{\s*suite:([\w-]+)\s*\}\}", template))
 
@@ -779,6 +874,7 @@ def render(run: Run, template: str, plot_files: set[str], plot_note: str, plot_d
     fill = {
         "run": lambda _: section_run(run, plot_note),
         "timing": lambda _: section_timing(run),
+        "processes": lambda _: section_processes(run),
         "ceilings": lambda _: section_ceilings(run),
         "summary": lambda _: section_summary(run),
         "suite": lambda name: section_suite(run, run.suite(name), plot_files, plot_dir),

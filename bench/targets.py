@@ -124,8 +124,14 @@ LAUNCH_KAIO = r"^kaio "  # the rows that are kaio launches: each below the peer'
 LAUNCH_KAIO_OWN = r"^kaio .*DeviceArray$"
 LAUNCH_PEER = r"^triton "  # must also be slower than kaio
 
-# Compile time (bench/compile_time.py): figure -> (limit, unit)
-COMPILE_MAX = {"first_compile_ms": (50.0, "ms"), "cached_ptx_call_us": (50.0, "µs")}
+# Compile time (bench/compile_time.py): figure -> (limit, unit). Read on the fastest fresh
+# process's CPU time, which a busy host touches least (bench/compile_time.py says why); runs
+# before it was recorded (2026-11-28) are read on the median wall time (the key without
+# "_cpu_min").
+COMPILE_MAX = {
+    "first_compile_cpu_min_ms": (50.0, "ms"),
+    "cached_ptx_call_cpu_min_us": (50.0, "µs"),
+}
 
 
 @dataclass(frozen=True)

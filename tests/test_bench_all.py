@@ -32,6 +32,9 @@ SCRIPTS = {
     "slow.py": WRITE + "import time\nwrite([rec], False)\nprint('working', flush=True)\n"
     "time.sleep(60)\n",
     "silent.py": "print('no json')\n",
+    "where.py": "import json, os, sys, time\nt0 = time.time()\ntime.sleep(1.0)\n"
+    "json.dump({'device': os.environ.get('CUDA_VISIBLE_DEVICES'), 'start': t0, "
+    "'end': time.time()}, open(sys.argv[sys.argv.index('--out') + 1], 'w'))\n",
 }
 
 
@@ -101,6 +104,60 @@ def test_time_allotment():
     assert suites.timeout_for(-3, 10, []) == 0
 
 
+def test_assign_puts_the_longest_first_onto_the_least_loaded_card():
+    assert suites.assign([10, 50, 30, 40, 20], 2) == [[0, 1, 4], [2, 3]]  # 80 s and 70 s
+    assert suites.assign([5, 5, 5, 5], 2) == [[0, 2], [1, 3]]  # ties: the lower card
+    assert suites.assign([3, 1, 2], 1) == [[0, 1, 2]]  # one card: the table's order
+    assert suites.assign([5], 3) == [[0], [], []]
+    assert suites.assign([], 2) == [[], []]
+
+
+def test_the_table_over_four_cards_fits_half_the_budget():
+    """The final check's four cards: the full run's expected seconds spread so that each
+    card's share fits in half the default budget, every suite given its expected time."""
+    expected = [s.expect[0] for s in suites.SUITES]
+    plan = suites.assign(expected, 4)
+    loads = [sum(expected[i] for i in card) for card in plan]
+    assert sorted(i for card in plan for i in card) == list(range(len(expected)))
+    assert max(loads) <= suites.BUDGET_S[False] / 2
+    assert max(loads) - min(loads) <= max(expected)
+
+
+def test_cards_are_indexes_among_the_visible_ones():
+    assert suites.cuda_device("1", None) == "1"
+    assert suites.cuda_device("1", "4,5") == "5"
+    assert suites.cuda_device("0", "GPU-8f1c") == "GPU-8f1c"
+    with pytest.raises(ValueError, match="sees 2"):
+        suites.cuda_device("2", "4,5")
+    for bad in ("-1", "x", "GPU-8f1c"):
+        with pytest.raises(ValueError, match="an index"):
+            suites.cuda_device(bad, None)
+
+
+def test_suites_spread_over_cards_run_side_by_side(tmp_path, monkeypatch):
+    (tmp_path / "where.py").write_text(SCRIPTS["where.py"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
+    s = suites.Suite
+    table = tuple(
+        s(name, str(tmp_path / "where.py"), name, expect=(t, t))
+        for name, t in (("a", 3), ("b", 2), ("c", 2), ("d", 1))
+    )
+    path = suites.run_all(
+        tmp_path / "out", gpus=["0", "1"], budget=60, suites=table, echo=False, probe=False
+    )
+    raw = json.loads(path.read_text())
+    got = {n: (r["status"], r["gpu"], r["data"]["device"]) for n, r in raw["suites"].items()}
+    assert got == {"a": ("ok", "0", "6"), "b": ("ok", "1", "7"), "c": ("ok", "1", "7"),
+                   "d": ("ok", "0", "6")}  # fmt: skip
+    a, b, c, d = (raw["suites"][n]["data"] for n in "abcd")
+    assert a["end"] <= d["start"] and b["end"] <= c["start"]  # one card: one after the other
+    assert max(a["start"], b["start"]) < min(a["end"], b["end"])  # two cards: side by side
+    assert raw["meta"]["gpus"] == ["0", "1"]
+    assert {g: c["device"] for g, c in raw["meta"]["cards"].items()} == {"0": "6", "1": "7"}
+    log = (tmp_path / "out" / "log.txt").read_text()
+    assert "[2/2] d on gpu 0: ok" in log and "on gpus 0,1" in log
+
+
 def test_a_suite_without_time_is_not_started(fake_suites, tmp_path):
     path = suites.run_all(
         tmp_path / "out", only=["good"], budget=0, suites=fake_suites, echo=False, probe=False
@@ -123,6 +180,8 @@ def test_command_line(capsys, tmp_path):
     assert bench_main([]) == 2
     with pytest.raises(SystemExit):
         bench_main(["all", "--out", str(tmp_path), "--suites", "nope"])
+    with pytest.raises(SystemExit):
+        bench_main(["all", "--out", str(tmp_path), "--gpus", "0,x"])
 
 
 def test_report_command(tmp_path, monkeypatch):
