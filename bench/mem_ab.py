@@ -118,13 +118,11 @@ def _rows_variant(where: str, name: str, replacements: dict):
 # (ops, name, dtype, shape, offset, variants): x and the residual start ``offset`` elements
 # past an allocation (offset 1: not 16-byte aligned); rows of an odd length start on one
 RMS = ("rms_norm", "rms_norm_residual")
+ALL = RMS + ("layer_norm", "softmax")
 ROW_CASES = (
-    (RMS, "f16 offset", torch.float16, (32768, 4096), 1, ("main",)),
-    (RMS, "f32 offset", torch.float32, (16384, 4096), 1, ("main",)),
-    (RMS + ("layer_norm", "softmax"), "f16 odd", torch.float16, (32768, 4095), 0, ("main",)),
-    (RMS, "f32 odd", torch.float32, (16384, 4095), 0, ("main",)),
-    # 512-thread blocks: main's scalar rms_norm_residual f16 (162 registers) cannot launch
-    (RMS, "f16 offset", torch.float16, (8192, 16384), 1, ("main",)),
+    (ALL, "f16 +1", torch.float16, (32768, 4096), 1, ()),
+    (ALL, "bf16 +1", torch.bfloat16, (32768, 4096), 1, ()),
+    (ALL, "f32 +1", torch.float32, (16384, 4096), 1, ()),
 )
 
 
