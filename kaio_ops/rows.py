@@ -73,6 +73,11 @@ EDGE_WEIGHTS_GROUP = 1
 # aligned in memory, the row's elements before the first and after the last go one a
 # thread to the first threads (``edge_fetch``).
 EDGE_OPS = OPS
+# Ops whose rows take 16-byte chunks aligned with w and the outputs where x (and the
+# residual) start SHIFT elements past a 16-byte boundary (x one element past an
+# allocation): each thread loads x's aligned vector around its chunk and takes the next
+# vector's first SHIFT elements from the lane above (``fetch_shifted``, ``realign``).
+SHIFT_OPS = OPS
 
 
 @kaio.gpu_func
@@ -112,6 +117,62 @@ def load_part(
             dst[j] = f32(src[u64(i) + j])
     else:
         load_f32(dst, 0, src, i, VEC, DT)
+
+
+@kaio.gpu_func
+def fetch_shifted(
+    SHIFT: kaio.constexpr,
+    VEC: kaio.constexpr,
+    raw: DT[:, :],
+    edge: DT[:, :],
+    k: kaio.constexpr,
+    src: DT[:],
+    i: u32,
+    c: u32,
+    chunks: u32,
+    DT: kaio.constexpr,
+):
+    """For chunk c of a row whose src[i] is SHIFT elements past a 16-byte boundary (SHIFT >
+    0; else ``fetch``): raw[k] = src[i - SHIFT : i - SHIFT + VEC], the 16-byte vector around
+    src[i] (the row's first chunk: from src[i] on, one element a load); edge[k] = the next
+    vector's first SHIFT elements, src[i + VEC - SHIFT : i + VEC], loaded only where the
+    lane above holds no next vector (``realign``: lane 31, the row's last chunk)."""
+    if SHIFT == 0:
+        fetch(VEC, raw, k, src, i, DT)
+    else:
+        if c > 0:
+            kaio.load_vector(raw[k], src, i - SHIFT)
+        else:
+            for j in kaio.static_range(SHIFT, VEC):
+                raw[k, j] = src[i - SHIFT + j]
+        if kaio.lane_id() == 31 or c + 1 == chunks:
+            for j in kaio.static_range(SHIFT):
+                edge[k, j] = src[i + VEC - SHIFT + j]
+
+
+@kaio.gpu_func
+def realign(
+    SHIFT: kaio.constexpr,
+    VEC: kaio.constexpr,
+    raw: DT[:, :],
+    edge: DT[:, :],
+    k: kaio.constexpr,
+    c: u32,
+    chunks: u32,
+    DT: kaio.constexpr,
+):
+    """raw[k] = chunk c's elements, src[i : i + VEC], from what ``fetch_shifted`` loaded: its
+    vector's last VEC - SHIFT elements and the next vector's first SHIFT, which the lane
+    above loaded as its own (a warp shuffle) or ``edge`` holds. Every lane takes part."""
+    up = kaio.local(DT, (SHIFT,))
+    for j in kaio.static_range(SHIFT):
+        up[j] = kaio.shfl_down(raw[k, j], 1)
+    if c < chunks:
+        from_edge = kaio.lane_id() == 31 or c + 1 == chunks
+        for j in kaio.static_range(VEC - SHIFT):
+            raw[k, j] = raw[k, j + SHIFT]
+        for j in kaio.static_range(SHIFT):
+            raw[k, VEC - SHIFT + j] = kaio.select(from_edge, edge[k, j], up[j])
 
 
 @kaio.gpu_func
@@ -269,6 +330,7 @@ def row_pass(
     col0: u32,
     w_ok: bool_,
     EDGES: kaio.constexpr,
+    SHIFT: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """One pass over this block's row (``chunks`` chunks of VEC from array element base, row
@@ -277,7 +339,9 @@ def row_pass(
     thread's ``(total, top, seg_top)``: its sum, and for softmax its running max (total
     then the sum of exp(x - top)) and the max of the segment left in xs; the output pass
     (``write_chunk``, with the row's ``shift``, ``scale`` and ``seg_scale``) returns them
-    unchanged."""
+    unchanged. With SHIFT, x and res start SHIFT elements past a 16-byte boundary: their
+    aligned vectors are loaded and realigned to the chunks (``fetch_shifted``, ``realign``).
+    """
     t = kaio.thread_idx_x()
     nt = kaio.block_dim_x()
     per = nt * (REGS // VEC)
@@ -292,6 +356,8 @@ def row_pass(
         if PASS == 0 or s > 0:
             raw = kaio.local(DT, (REGS // VEC, VEC))
             rraw = kaio.local(DT, (REGS // VEC, VEC))  # res (rms_norm_residual, pass 0)
+            edge = kaio.local(DT, (REGS // VEC, VEC))  # (fetch_shifted, the first SHIFT)
+            redge = kaio.local(DT, (REGS // VEC, VEC))
             for k in kaio.static_range(REGS // VEC):
                 c = first + k * nt
                 if c < chunks:
@@ -299,12 +365,19 @@ def row_pass(
                     if OP == "rms_norm_residual" and PASS > 0:
                         fetch(VEC, raw, k, res_out, i, DT)
                     else:
-                        fetch(VEC, raw, k, x, i, DT)
+                        fetch_shifted(SHIFT, VEC, raw, edge, k, x, i, c, chunks, DT)
                     if OP == "rms_norm_residual" and PASS == 0:
-                        fetch(VEC, rraw, k, res, i, DT)
-                    if OP not in LOADS_FIRST:
+                        fetch_shifted(SHIFT, VEC, rraw, redge, k, res, i, c, chunks, DT)
+                    if OP not in LOADS_FIRST and SHIFT == 0:
                         take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, i, DT)
-            if OP in LOADS_FIRST:
+            if SHIFT > 0:
+                for k in kaio.static_range(REGS // VEC):
+                    c = first + k * nt
+                    if OP != "rms_norm_residual" or PASS == 0:
+                        realign(SHIFT, VEC, raw, edge, k, c, chunks, DT)
+                    if OP == "rms_norm_residual" and PASS == 0:
+                        realign(SHIFT, VEC, rraw, redge, k, c, chunks, DT)
+            if OP in LOADS_FIRST or SHIFT > 0:
                 for k in kaio.static_range(REGS // VEC):
                     c = first + k * nt
                     if c < chunks:
@@ -376,6 +449,7 @@ def _rows(
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
     EDGES: kaio.constexpr,
+    SHIFT: kaio.constexpr,
     WIDE: kaio.constexpr,
     DT: kaio.constexpr,
 ):
@@ -409,7 +483,7 @@ def _rows(
     # seg_top, the max of the segment whose exps xs keeps)
     total, top, seg_top = row_pass(0, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
                                    shift=0.0, scale=0.0, seg_scale=0.0, col0=col0, w_ok=w_ok,
-                                   EDGES=EDGES, DT=DT)  # fmt: skip
+                                   EDGES=EDGES, SHIFT=SHIFT, DT=DT)  # fmt: skip
     if EDGES and OP == "rms_norm_residual" and inside:
         ex = f32(DT(ex + er))  # normalize exactly what is stored
         res_out[at] = DT(ex)
@@ -424,27 +498,27 @@ def _rows(
         inv = 1.0 / total
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=top, scale=inv,
                  seg_scale=kaio.exp(seg_top - top) * inv, col0=col0, w_ok=w_ok, EDGES=EDGES,
-                 DT=DT)  # fmt: skip
+                 SHIFT=SHIFT, DT=DT)  # fmt: skip
         if EDGES and inside:
             out[at] = DT(kaio.exp2_ftz((ex - top) * LOG2E) * inv)
     elif OP == "layer_norm":
         mean = block_sum(total, red0) / f32(n)
         sqdev, top, seg_top = row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
                                        shift=mean, scale=0.0, seg_scale=0.0, col0=col0,
-                                       w_ok=w_ok, EDGES=EDGES, DT=DT)  # fmt: skip
+                                       w_ok=w_ok, EDGES=EDGES, SHIFT=SHIFT, DT=DT)  # fmt: skip
         if EDGES and inside:
             sqdev += (ex - mean) * (ex - mean)
         scale = kaio.rsqrt(block_sum(sqdev, red1) / f32(n) + eps)
         row_pass(2, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=mean,
                  scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
-                 DT=DT)  # fmt: skip
+                 SHIFT=SHIFT, DT=DT)  # fmt: skip
         if EDGES and inside:
             out[at] = DT((ex - mean) * scale * f32(w[col]) + f32(b[col]))
     else:
         scale = kaio.rsqrt(block_sum(total, red0) / f32(n) + eps)
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=0.0,
                  scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
-                 DT=DT)  # fmt: skip
+                 SHIFT=SHIFT, DT=DT)  # fmt: skip
         if EDGES and inside:
             out[at] = DT(ex * scale * f32(w[col]))
 
@@ -457,22 +531,35 @@ def block_size(n: int, vec: int) -> int:
 
 
 def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
-    """``(VEC, EDGES, w_lead)`` for ``_rows`` on these operands: 16-byte chunks where every
-    row and vector starts on a 16-byte boundary; else, for the ops in EDGE_OPS when x (and
-    the residual) start on one and b as far past one as w, chunks aligned in memory with the
-    rows' edges apart (w_lead: w's elements past the boundary); else VEC 1 (x one element
-    past an allocation, say: aligned chunks there would leave the outputs' chunks across
-    16-byte boundaries, a scalar store an element 16 bytes apart across a warp)."""
+    """``(VEC, EDGES, w_lead, SHIFT)`` for ``_rows`` on these operands: 16-byte chunks where
+    every row and vector starts on a 16-byte boundary; else, for the ops in SHIFT_OPS when
+    only x (and the residual, as far) start SHIFT elements past one and rows are whole chunks,
+    chunks aligned with w and the outputs, x's realigned in registers (``fetch_shifted``);
+    else, for the ops in EDGE_OPS when x (and the residual) start on one and b as far past one
+    as w, chunks aligned in memory with the rows' edges apart (w_lead: w's elements past the
+    boundary); else VEC 1."""
     vec = vector_width(*[a for a in (x, res, w, b) if a is not None], multiple_of=n)
     size = x.dtype.itemsize
     x_lead, res_lead, w_lead, b_lead = (
         a.ptr % VECTOR_BYTES if a is not None else None for a in (x, res, w, b)
     )
-    if vec > 1 or op not in EDGE_OPS or x_lead or res_lead or (w_lead or 0) % size:
-        return vec, False, 0
+    full = VECTOR_BYTES // size
+    if vec > 1:
+        return vec, False, 0, 0
+    if (
+        op in SHIFT_OPS
+        and n % full == 0
+        and x_lead % size == 0
+        and res_lead in (None, x_lead)
+        and not w_lead
+        and not b_lead
+    ):
+        return full, False, 0, x_lead // size
+    if op not in EDGE_OPS or x_lead or res_lead or (w_lead or 0) % size:
+        return vec, False, 0, 0
     if b_lead not in (None, w_lead):
-        return vec, False, 0
-    return VECTOR_BYTES // size, True, (w_lead or 0) // size
+        return vec, False, 0, 0
+    return full, True, (w_lead or 0) // size, 0
 
 
 def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0):
@@ -482,17 +569,17 @@ def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0
     n = x.shape[-1]
     rows = x.size // n if n else 0
     if rows:
-        vec, edges, w_lead = layout(op, n, x, res, w, b)
+        vec, edges, w_lead, shift = layout(op, n, x, res, w, b)
         flat = x.arg(x.size)
         args = [a.arg(a.size) if a is not None else flat for a in (res, w, b)]
         outs = [
             _arrays.output_arg(x, o, (x.size,)) for o in (out, res_out if res is not None else out)
         ]
         threads = block_size(n, vec)
-        wide = threads == MAX_BLOCK and (vec == 1 or edges)  # see _rows's launch_bounds
+        wide = threads == MAX_BLOCK and (vec == 1 or edges or shift > 0)  # _rows's launch_bounds
         _rows[rows, threads, _arrays.stream_of(x)](
-            flat, *args, *outs, n, eps, w_lead, OP=op, VEC=vec, EDGES=edges, WIDE=wide,
-            DT=x.dtype,
+            flat, *args, *outs, n, eps, w_lead, OP=op, VEC=vec, EDGES=edges, SHIFT=shift,
+            WIDE=wide, DT=x.dtype,
         )  # fmt: skip
     return out if res is None else (out, res_out)
 
@@ -564,12 +651,16 @@ def softmax(x):
 
 def shipped():
     """(kernel, constexprs) of every specialization these ops launch: VEC 1 and EDGES also
-    WIDE (512-thread blocks), VEC > 1 is never (``_run``)."""
+    WIDE (512-thread blocks), VEC > 1 is never (``_run``); SHIFT 1 .. VEC - 1."""
     for dtype in _arrays.FLOATS:
         full = widths(dtype)[-1]
         for op in OPS:
-            kinds = [(1, False, False), (1, False, True), (full, False, False)]
+            kinds = [(1, False, 0, False), (1, False, 0, True), (full, False, 0, False)]
             if op in EDGE_OPS:
-                kinds += [(full, True, False), (full, True, True)]
-            for vec, edges, wide in kinds:
-                yield _rows, {"OP": op, "VEC": vec, "EDGES": edges, "WIDE": wide, "DT": dtype}
+                kinds += [(full, True, 0, False), (full, True, 0, True)]
+            if op in SHIFT_OPS:
+                kinds += [(full, False, s, wide) for s in range(1, full) for wide in (False, True)]
+            for vec, edges, shift, wide in kinds:
+                yield _rows, {
+                    "OP": op, "VEC": vec, "EDGES": edges, "SHIFT": shift, "WIDE": wide, "DT": dtype
+                }  # fmt: skip
