@@ -132,22 +132,18 @@ def fetch_shifted(
     chunks: u32,
     DT: kaio.constexpr,
 ):
-    """For chunk c of a row whose src[i] is SHIFT elements past a 16-byte boundary (SHIFT >
-    0; else ``fetch``): raw[k] = src[i - SHIFT : i - SHIFT + VEC], the 16-byte vector around
-    src[i] (the row's first chunk: from src[i] on, one element a load); edge[k] = the next
-    vector's first SHIFT elements, src[i + VEC - SHIFT : i + VEC], loaded only where the
-    lane above holds no next vector (``realign``: lane 31, the row's last chunk)."""
-    if SHIFT == 0:
-        fetch(VEC, raw, k, src, i, DT)
-    else:
-        if c > 0:
-            kaio.load_vector(raw[k], src, i - SHIFT)
-        else:
-            for j in kaio.static_range(SHIFT, VEC):
-                raw[k, j] = src[i - SHIFT + j]
-        if kaio.lane_id() == 31 or c + 1 == chunks:
-            for j in kaio.static_range(SHIFT):
-                edge[k, j] = src[i + VEC - SHIFT + j]
+    """For chunk c (none past ``chunks``) of a row whose src[i] is SHIFT elements past a
+    16-byte boundary (never the row's first chunk, whose vector would start before the row):
+    raw[k] = src[i - SHIFT : i - SHIFT + VEC], the 16-byte vector around src[i]; edge[k] =
+    the next vector's first SHIFT elements, src[i + VEC - SHIFT : i + VEC], one a load, only
+    where the lane above holds no next vector (lane 31, the row's last chunk). Two flat
+    conditions, which ptxas turns into predicates (``realign`` puts the parts together after
+    all loads)."""
+    if c < chunks:
+        kaio.load_vector(raw[k], src, i - SHIFT)
+    if c < chunks and (kaio.lane_id() == 31 or c + 1 == chunks):
+        for j in kaio.static_range(SHIFT):
+            edge[k, j] = src[i + VEC - SHIFT + j]
 
 
 @kaio.gpu_func
@@ -163,16 +159,16 @@ def realign(
 ):
     """raw[k] = chunk c's elements, src[i : i + VEC], from what ``fetch_shifted`` loaded: its
     vector's last VEC - SHIFT elements and the next vector's first SHIFT, which the lane
-    above loaded as its own (a warp shuffle) or ``edge`` holds. Every lane takes part."""
+    above loaded as its own (a warp shuffle) or edge holds. Every lane takes part; no branch
+    (past ``chunks`` raw is not read)."""
     up = kaio.local(DT, (SHIFT,))
     for j in kaio.static_range(SHIFT):
         up[j] = kaio.shfl_down(raw[k, j], 1)
-    if c < chunks:
-        from_edge = kaio.lane_id() == 31 or c + 1 == chunks
-        for j in kaio.static_range(VEC - SHIFT):
-            raw[k, j] = raw[k, j + SHIFT]
-        for j in kaio.static_range(SHIFT):
-            raw[k, VEC - SHIFT + j] = kaio.select(from_edge, edge[k, j], up[j])
+    from_edge = kaio.lane_id() == 31 or c + 1 == chunks
+    for j in kaio.static_range(VEC - SHIFT):
+        raw[k, j] = raw[k, j + SHIFT]
+    for j in kaio.static_range(SHIFT):
+        raw[k, VEC - SHIFT + j] = kaio.select(from_edge, edge[k, j], up[j])
 
 
 @kaio.gpu_func
@@ -360,14 +356,18 @@ def row_pass(
             redge = kaio.local(DT, (REGS // VEC, VEC))
             for k in kaio.static_range(REGS // VEC):
                 c = first + k * nt
+                i = base + c * VEC
+                if SHIFT > 0 and (OP != "rms_norm_residual" or PASS == 0):
+                    fetch_shifted(SHIFT, VEC, raw, edge, k, x, i, c, chunks, DT)
+                if SHIFT > 0 and OP == "rms_norm_residual" and PASS == 0:
+                    fetch_shifted(SHIFT, VEC, rraw, redge, k, res, i, c, chunks, DT)
                 if c < chunks:
-                    i = base + c * VEC
                     if OP == "rms_norm_residual" and PASS > 0:
                         fetch(VEC, raw, k, res_out, i, DT)
-                    else:
-                        fetch_shifted(SHIFT, VEC, raw, edge, k, x, i, c, chunks, DT)
-                    if OP == "rms_norm_residual" and PASS == 0:
-                        fetch_shifted(SHIFT, VEC, rraw, redge, k, res, i, c, chunks, DT)
+                    elif SHIFT == 0:
+                        fetch(VEC, raw, k, x, i, DT)
+                    if OP == "rms_norm_residual" and PASS == 0 and SHIFT == 0:
+                        fetch(VEC, rraw, k, res, i, DT)
                     if OP not in LOADS_FIRST and SHIFT == 0:
                         take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, i, DT)
             if SHIFT > 0:
@@ -469,12 +469,16 @@ def _rows(
     col = u32(0)
     ex = 0.0  # its x (rms_norm_residual: its x + res)
     er = 0.0  # its residual
-    if EDGES:
-        # The chunks are 16-byte aligned (the arrays start on a 16-byte boundary but w, w_lead
-        # elements past one): they start col0 elements into the row; the row's elements
-        # before the first chunk and after the last go one a thread to the first threads
-        # (``edge_fetch``).
-        col0 = kaio.min((VEC - base % VEC) % VEC, n)
+    if EDGES or SHIFT > 0:
+        # EDGES: the chunks are 16-byte aligned (the arrays start on a 16-byte boundary but
+        # w, w_lead elements past one): they start col0 elements into the row. SHIFT: they
+        # start at the row's second chunk, whose x vector (``fetch_shifted``) is the first
+        # inside the row. The row's elements before the first chunk and after the last go
+        # one a thread to the first threads (``edge_fetch``).
+        if EDGES:
+            col0 = kaio.min((VEC - base % VEC) % VEC, n)
+        else:
+            col0 = u32(VEC)
         chunks = (n - col0) // VEC
         w_ok = (w_lead + col0) % VEC == 0
         inside, at, col, ex, er = edge_fetch(OP, x, res, base, n, col0, chunks * VEC, DT)
@@ -484,14 +488,14 @@ def _rows(
     total, top, seg_top = row_pass(0, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
                                    shift=0.0, scale=0.0, seg_scale=0.0, col0=col0, w_ok=w_ok,
                                    EDGES=EDGES, SHIFT=SHIFT, DT=DT)  # fmt: skip
-    if EDGES and OP == "rms_norm_residual" and inside:
+    if (EDGES or SHIFT > 0) and OP == "rms_norm_residual" and inside:
         ex = f32(DT(ex + er))  # normalize exactly what is stored
         res_out[at] = DT(ex)
-    if EDGES and OP == "softmax" and inside:
+    if (EDGES or SHIFT > 0) and OP == "softmax" and inside:
         top, total = merge_max_sum(top, total, ex, 1.0)
-    elif EDGES and OP == "layer_norm":
+    elif (EDGES or SHIFT > 0) and OP == "layer_norm":
         total += ex
-    elif EDGES:
+    elif EDGES or SHIFT > 0:
         total += ex * ex
     if OP == "softmax":
         top, total = block_max_sum(top, total, red0, red1)
@@ -499,27 +503,27 @@ def _rows(
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=top, scale=inv,
                  seg_scale=kaio.exp(seg_top - top) * inv, col0=col0, w_ok=w_ok, EDGES=EDGES,
                  SHIFT=SHIFT, DT=DT)  # fmt: skip
-        if EDGES and inside:
+        if (EDGES or SHIFT > 0) and inside:
             out[at] = DT(kaio.exp2_ftz((ex - top) * LOG2E) * inv)
     elif OP == "layer_norm":
         mean = block_sum(total, red0) / f32(n)
         sqdev, top, seg_top = row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
                                        shift=mean, scale=0.0, seg_scale=0.0, col0=col0,
                                        w_ok=w_ok, EDGES=EDGES, SHIFT=SHIFT, DT=DT)  # fmt: skip
-        if EDGES and inside:
+        if (EDGES or SHIFT > 0) and inside:
             sqdev += (ex - mean) * (ex - mean)
         scale = kaio.rsqrt(block_sum(sqdev, red1) / f32(n) + eps)
         row_pass(2, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=mean,
                  scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
                  SHIFT=SHIFT, DT=DT)  # fmt: skip
-        if EDGES and inside:
+        if (EDGES or SHIFT > 0) and inside:
             out[at] = DT((ex - mean) * scale * f32(w[col]) + f32(b[col]))
     else:
         scale = kaio.rsqrt(block_sum(total, red0) / f32(n) + eps)
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=0.0,
                  scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
                  SHIFT=SHIFT, DT=DT)  # fmt: skip
-        if EDGES and inside:
+        if (EDGES or SHIFT > 0) and inside:
             out[at] = DT(ex * scale * f32(w[col]))
 
 
