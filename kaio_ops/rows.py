@@ -127,23 +127,23 @@ def fetch_shifted(
     edge: DT[:, :],
     k: kaio.constexpr,
     src: DT[:],
-    i: u32,
+    base: u32,
     c: u32,
     chunks: u32,
     DT: kaio.constexpr,
 ):
-    """For chunk c (none past ``chunks``) of a row whose src[i] is SHIFT elements past a
-    16-byte boundary (never the row's first chunk, whose vector would start before the row):
-    raw[k] = src[i - SHIFT : i - SHIFT + VEC], the 16-byte vector around src[i]; edge[k] =
-    the next vector's first SHIFT elements, src[i + VEC - SHIFT : i + VEC], one a load, only
-    where the lane above holds no next vector (lane 31, the row's last chunk). Two flat
-    conditions, which ptxas turns into predicates (``realign`` puts the parts together after
-    all loads)."""
-    if c < chunks:
-        kaio.load_vector(raw[k], src, i - SHIFT)
-    if c < chunks and (kaio.lane_id() == 31 or c + 1 == chunks):
+    """For chunk c of a row whose chunks start at src[base], SHIFT elements past a 16-byte
+    boundary: raw[k] = the 16-byte vector around the chunk's first element, src[i - SHIFT :
+    i - SHIFT + VEC] (i = base + c VEC); on lane 31, edge[k] = the next vector's first SHIFT
+    elements, src[i + VEC - SHIFT : i + VEC] (the lane above holds the next vector, see
+    ``realign``). Past ``chunks`` the vector after the last chunk is loaded (the row's last
+    VEC elements are edges, so it lies in the row): no load is predicated on c, only lane
+    31's on one predicate (with a predicate a chunk, more than the SM's 7 held the loads
+    back)."""
+    kaio.load_vector(raw[k], src, base + kaio.min(c, chunks) * VEC - SHIFT)
+    if kaio.lane_id() == 31:
         for j in kaio.static_range(SHIFT):
-            edge[k, j] = src[i + VEC - SHIFT + j]
+            edge[k, j] = src[base + kaio.min(c + 1, chunks) * VEC - SHIFT + j]
 
 
 @kaio.gpu_func
@@ -153,22 +153,19 @@ def realign(
     raw: DT[:, :],
     edge: DT[:, :],
     k: kaio.constexpr,
-    c: u32,
-    chunks: u32,
     DT: kaio.constexpr,
 ):
-    """raw[k] = chunk c's elements, src[i : i + VEC], from what ``fetch_shifted`` loaded: its
-    vector's last VEC - SHIFT elements and the next vector's first SHIFT, which the lane
-    above loaded as its own (a warp shuffle) or edge holds. Every lane takes part; no branch
-    (past ``chunks`` raw is not read)."""
+    """raw[k] = the chunk's elements from what ``fetch_shifted`` loaded: its vector's last
+    VEC - SHIFT elements and the next vector's first SHIFT, which the lane above loaded as
+    its own (a warp shuffle; lane 31: edge). Every lane takes part."""
     up = kaio.local(DT, (SHIFT,))
     for j in kaio.static_range(SHIFT):
         up[j] = kaio.shfl_down(raw[k, j], 1)
-    from_edge = kaio.lane_id() == 31 or c + 1 == chunks
+    last_lane = kaio.lane_id() == 31
     for j in kaio.static_range(VEC - SHIFT):
         raw[k, j] = raw[k, j + SHIFT]
     for j in kaio.static_range(SHIFT):
-        raw[k, VEC - SHIFT + j] = kaio.select(from_edge, edge[k, j], up[j])
+        raw[k, VEC - SHIFT + j] = kaio.select(last_lane, edge[k, j], up[j])
 
 
 @kaio.gpu_func
@@ -358,9 +355,9 @@ def row_pass(
                 c = first + k * nt
                 i = base + c * VEC
                 if SHIFT > 0 and (OP != "rms_norm_residual" or PASS == 0):
-                    fetch_shifted(SHIFT, VEC, raw, edge, k, x, i, c, chunks, DT)
+                    fetch_shifted(SHIFT, VEC, raw, edge, k, x, base, c, chunks, DT)
                 if SHIFT > 0 and OP == "rms_norm_residual" and PASS == 0:
-                    fetch_shifted(SHIFT, VEC, rraw, redge, k, res, i, c, chunks, DT)
+                    fetch_shifted(SHIFT, VEC, rraw, redge, k, res, base, c, chunks, DT)
                 if c < chunks:
                     if OP == "rms_norm_residual" and PASS > 0:
                         fetch(VEC, raw, k, res_out, i, DT)
@@ -372,11 +369,10 @@ def row_pass(
                         take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, i, DT)
             if SHIFT > 0:
                 for k in kaio.static_range(REGS // VEC):
-                    c = first + k * nt
                     if OP != "rms_norm_residual" or PASS == 0:
-                        realign(SHIFT, VEC, raw, edge, k, c, chunks, DT)
+                        realign(SHIFT, VEC, raw, edge, k, DT)
                     if OP == "rms_norm_residual" and PASS == 0:
-                        realign(SHIFT, VEC, rraw, redge, k, c, chunks, DT)
+                        realign(SHIFT, VEC, rraw, redge, k, DT)
             if OP in LOADS_FIRST or SHIFT > 0:
                 for k in kaio.static_range(REGS // VEC):
                     c = first + k * nt
@@ -471,15 +467,16 @@ def _rows(
     er = 0.0  # its residual
     if EDGES or SHIFT > 0:
         # EDGES: the chunks are 16-byte aligned (the arrays start on a 16-byte boundary but
-        # w, w_lead elements past one): they start col0 elements into the row. SHIFT: they
-        # start at the row's second chunk, whose x vector (``fetch_shifted``) is the first
-        # inside the row. The row's elements before the first chunk and after the last go
-        # one a thread to the first threads (``edge_fetch``).
+        # w, w_lead elements past one): they start col0 elements into the row. SHIFT: all
+        # but the row's first and last, so that the x vectors around them
+        # (``fetch_shifted``) lie in the row. The row's elements before the first chunk and
+        # after the last go one a thread to the first threads (``edge_fetch``).
         if EDGES:
             col0 = kaio.min((VEC - base % VEC) % VEC, n)
+            chunks = (n - col0) // VEC
         else:
             col0 = u32(VEC)
-        chunks = (n - col0) // VEC
+            chunks = n // VEC - 2
         w_ok = (w_lead + col0) % VEC == 0
         inside, at, col, ex, er = edge_fetch(OP, x, res, base, n, col0, chunks * VEC, DT)
         base = base + col0
@@ -553,6 +550,7 @@ def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
     if (
         op in SHIFT_OPS
         and n % full == 0
+        and n >= 2 * full
         and x_lead % size == 0
         and res_lead in (None, x_lead)
         and not w_lead
