@@ -353,12 +353,12 @@ def row_pass(
             redge = kaio.local(DT, (REGS // VEC, VEC))
             for k in kaio.static_range(REGS // VEC):
                 c = first + k * nt
-                i = base + c * VEC
                 if SHIFT > 0 and (OP != "rms_norm_residual" or PASS == 0):
                     fetch_shifted(SHIFT, VEC, raw, edge, k, x, base, c, chunks, DT)
                 if SHIFT > 0 and OP == "rms_norm_residual" and PASS == 0:
                     fetch_shifted(SHIFT, VEC, rraw, redge, k, res, base, c, chunks, DT)
                 if c < chunks:
+                    i = base + c * VEC
                     if OP == "rms_norm_residual" and PASS > 0:
                         fetch(VEC, raw, k, res_out, i, DT)
                     elif SHIFT == 0:
