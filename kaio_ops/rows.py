@@ -78,6 +78,7 @@ EDGE_OPS = OPS
 # allocation): each thread loads x's aligned vector around its chunk and takes the next
 # vector's first SHIFT elements from the lane above (``fetch_shifted``, ``realign``).
 SHIFT_OPS = OPS
+EARLY_EDGE_WEIGHTS = True
 
 
 @kaio.gpu_func
@@ -236,6 +237,7 @@ def write_chunk(
     at: kaio.constexpr,
     w: DT[:],
     wraw: DT[:, :],
+    braw: DT[:, :],
     k: kaio.constexpr,
     b: DT[:],
     out: DT[:],
@@ -250,18 +252,20 @@ def write_chunk(
     DT: kaio.constexpr,
 ):
     """The output pass on the chunk xs[at : at + VEC] (row element col, array element i):
-    ``out_value``, times w (rms norms; for the ops in WEIGHTS_FIRST wraw[k] holds the
-    chunk's weights), times w plus b (layer norm, loaded by ``load_part`` with
-    ``w_vector``)."""
+    ``out_value``, times w (rms norms), times w plus b (layer norm); for the ops in
+    WEIGHTS_FIRST wraw[k] (braw[k]) holds the chunk's w (b), else they are loaded here
+    (``load_part`` with ``w_vector``)."""
     ov = kaio.local(f32, (VEC,))
     wv = kaio.local(f32, (VEC,))
     bv = kaio.local(f32, (VEC,))
-    if OP == "layer_norm":
-        load_part(EDGES, wv, w, col, w_vector, VEC, DT)
-        load_part(EDGES, bv, b, col, w_vector, VEC, DT)
-    elif OP in WEIGHTS_FIRST:
+    if OP in WEIGHTS_FIRST:
         for j in kaio.static_range(VEC):
             wv[j] = f32(wraw[k, j])
+            if OP == "layer_norm":
+                bv[j] = f32(braw[k, j])
+    elif OP == "layer_norm":
+        load_part(EDGES, wv, w, col, w_vector, VEC, DT)
+        load_part(EDGES, bv, b, col, w_vector, VEC, DT)
     elif OP != "softmax":
         load_f32(wv, 0, w, col, VEC, DT)
     if OP == "softmax" and cached:
@@ -380,16 +384,19 @@ def row_pass(
                         take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
         if PASS == 0 and OP == "softmax":
             top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
-        wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
+        wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's w and b (WEIGHTS_FIRST)
+        braw = kaio.local(DT, (REGS // VEC, VEC))
         per_group = (
             EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP
         )
         for g in kaio.static_range(0, REGS // VEC, per_group):
-            if PASS == 1 and OP in WEIGHTS_FIRST:
+            if OP in WEIGHTS_FIRST and (PASS == 2 or (PASS == 1 and OP != "layer_norm")):
                 for k in kaio.static_range(g, g + per_group):
                     c = first + k * nt
                     if c < chunks:
                         fetch_part(EDGES, VEC, wraw, k, w, col0 + c * VEC, w_ok, DT)
+                        if OP == "layer_norm":
+                            fetch_part(EDGES, VEC, braw, k, b, col0 + c * VEC, w_ok, DT)
             for k in kaio.static_range(g, g + per_group):
                 c = first + k * nt
                 if c < chunks:
@@ -398,7 +405,7 @@ def row_pass(
                     elif PASS == 0 or (PASS == 1 and OP == "layer_norm"):
                         total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
                     else:
-                        write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC,
+                        write_chunk(OP, VEC, xs, k * VEC, w, wraw, braw, k, b, out, base + c * VEC,
                                     col0 + c * VEC, shift, scale, s == 0, seg_scale, w_ok, EDGES,
                                     DT)  # fmt: skip
     return total, top, seg_top
@@ -465,6 +472,8 @@ def _rows(
     col = u32(0)
     ex = 0.0  # its x (rms_norm_residual: its x + res)
     er = 0.0  # its residual
+    ew = 0.0  # its w and b (SHIFT: loaded with x, EARLY_EDGE_WEIGHTS)
+    eb = 0.0
     if EDGES or SHIFT > 0:
         # EDGES: the chunks are 16-byte aligned (the arrays start on a 16-byte boundary but
         # w, w_lead elements past one): they start col0 elements into the row. SHIFT: all
@@ -479,6 +488,10 @@ def _rows(
             chunks = n // VEC - 2
         w_ok = (w_lead + col0) % VEC == 0
         inside, at, col, ex, er = edge_fetch(OP, x, res, base, n, col0, chunks * VEC, DT)
+        if SHIFT > 0 and EARLY_EDGE_WEIGHTS and inside and OP != "softmax":
+            ew = f32(w[col])
+            if OP == "layer_norm":
+                eb = f32(b[col])
         base = base + col0
     # pass 0: this thread's sum (softmax: its running max top and sum of exp(x - top), and
     # seg_top, the max of the segment whose exps xs keeps)
@@ -514,14 +527,20 @@ def _rows(
                  scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
                  SHIFT=SHIFT, DT=DT)  # fmt: skip
         if (EDGES or SHIFT > 0) and inside:
-            out[at] = DT((ex - mean) * scale * f32(w[col]) + f32(b[col]))
+            if SHIFT > 0 and EARLY_EDGE_WEIGHTS:
+                out[at] = DT((ex - mean) * scale * ew + eb)
+            else:
+                out[at] = DT((ex - mean) * scale * f32(w[col]) + f32(b[col]))
     else:
         scale = kaio.rsqrt(block_sum(total, red0) / f32(n) + eps)
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=0.0,
                  scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
                  SHIFT=SHIFT, DT=DT)  # fmt: skip
         if (EDGES or SHIFT > 0) and inside:
-            out[at] = DT(ex * scale * f32(w[col]))
+            if SHIFT > 0 and EARLY_EDGE_WEIGHTS:
+                out[at] = DT(ex * scale * ew)
+            else:
+                out[at] = DT(ex * scale * f32(w[col]))
 
 
 def block_size(n: int, vec: int) -> int:
