@@ -553,8 +553,10 @@ def block_size(n: int, vec: int) -> int:
 def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
     """``(VEC, EDGES, w_lead, SHIFT)`` for ``_rows`` on these operands: 16-byte chunks where
     every row and vector starts on a 16-byte boundary; else, for the ops in SHIFT_OPS when
-    only x (and the residual, as far) start SHIFT elements past one and rows are whole chunks,
-    chunks aligned with w and the outputs, x's realigned in registers (``fetch_shifted``);
+    only x (and the residual, as far) start SHIFT elements past one and rows are whole chunks
+    (two or more) on fewer than MAX_BLOCK threads, chunks aligned with w and the outputs, x's
+    realigned in registers (``fetch_shifted``; not capped at 128 registers, which cost
+    spills, see ``WIDE``);
     else, for the ops in EDGE_OPS when x (and the residual) start on one and b as far past one
     as w, chunks aligned in memory with the rows' edges apart (w_lead: w's elements past the
     boundary); else VEC 1."""
@@ -570,6 +572,7 @@ def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
         op in SHIFT_OPS
         and n % full == 0
         and n >= 2 * full
+        and block_size(n, full) < MAX_BLOCK
         and x_lead % size == 0
         and res_lead in (None, x_lead)
         and not w_lead
@@ -597,7 +600,7 @@ def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0
             _arrays.output_arg(x, o, (x.size,)) for o in (out, res_out if res is not None else out)
         ]
         threads = block_size(n, vec)
-        wide = threads == MAX_BLOCK and (vec == 1 or edges or shift > 0)  # _rows's launch_bounds
+        wide = threads == MAX_BLOCK and (vec == 1 or edges)  # see _rows's launch_bounds
         _rows[rows, threads, _arrays.stream_of(x)](
             flat, *args, *outs, n, eps, w_lead, OP=op, VEC=vec, EDGES=edges, SHIFT=shift,
             WIDE=wide, DT=x.dtype,
@@ -672,7 +675,8 @@ def softmax(x):
 
 def shipped():
     """(kernel, constexprs) of every specialization these ops launch: VEC 1 and EDGES also
-    WIDE (512-thread blocks), VEC > 1 is never (``_run``); SHIFT 1 .. VEC - 1."""
+    WIDE (512-thread blocks), VEC > 1 is never (``_run``; SHIFT 1 .. VEC - 1 only on rows
+    of fewer threads)."""
     for dtype in _arrays.FLOATS:
         full = widths(dtype)[-1]
         for op in OPS:
@@ -680,7 +684,7 @@ def shipped():
             if op in EDGE_OPS:
                 kinds += [(full, True, 0, False), (full, True, 0, True)]
             if op in SHIFT_OPS:
-                kinds += [(full, False, s, wide) for s in range(1, full) for wide in (False, True)]
+                kinds += [(full, False, shift, False) for shift in range(1, full)]
             for vec, edges, shift, wide in kinds:
                 yield _rows, {
                     "OP": op, "VEC": vec, "EDGES": edges, "SHIFT": shift, "WIDE": wide, "DT": dtype
