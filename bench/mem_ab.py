@@ -95,7 +95,8 @@ ROWS_VARIANTS = {
     "late": {"EARLY_EDGE_WEIGHTS = True": "EARLY_EDGE_WEIGHTS = False"},
     "LNW": {'WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")': "WEIGHTS_FIRST = OPS[:3]"},
     "R16": {"REGS = 32": "REGS = 16"},  # twice the threads a row, half the chunks a thread
-    "R8": {"REGS = 32": "REGS = 8"},  # four times (f16: 512 threads of one chunk, as Triton)
+    # four times (f16: 512 threads of one chunk, as Triton; SHIFT on 512 threads too)
+    "R8": {"REGS = 32": "REGS = 8", "and block_size(n, full) < MAX_BLOCK": "and n"},
 }
 
 
