@@ -87,12 +87,10 @@ def silu_cases(h: Harness) -> None:
 
 
 # rows.py variants: name -> {text in rows.py: its replacement}. "main": as on main (rows
-# whose x starts off a 16-byte boundary on the scalar path, VEC 1); "late": SHIFT's edge
-# elements' w and b loaded at the end, as EDGES does; "LNW": layer norm loads the output
-# pass's w and b before its first store; "R16", "R8": 16 or 8 elements a thread
+# whose x starts off a 16-byte boundary on the scalar path, VEC 1); "LNW": layer norm loads
+# the output pass's w and b before its first store; "R16", "R8": 16 or 8 elements a thread
 ROWS_VARIANTS = {
     "main": {"SHIFT_OPS = OPS": "SHIFT_OPS = ()"},
-    "late": {"EARLY_EDGE_WEIGHTS = True": "EARLY_EDGE_WEIGHTS = False"},
     "LNW": {'WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")': "WEIGHTS_FIRST = OPS[:3]"},
     "R16": {"REGS = 32": "REGS = 16"},  # twice the threads a row, half the chunks a thread
     # four times (f16: 512 threads of one chunk, as Triton; SHIFT on 512 threads too)
@@ -123,14 +121,12 @@ RMS = ("rms_norm", "rms_norm_residual")
 NORM_SOFTMAX = ("layer_norm", "softmax")
 F16 = torch.float16
 ROW_CASES = (
-    (("rms_norm",), "f16 +1", F16, (32768, 4096), 1, ("main", "late")),
-    (("rms_norm_residual",), "f16 +1", F16, (32768, 4096), 1, ("main", "late", "R16")),
-    (("layer_norm",), "f16 +1", F16, (32768, 4096), 1, ("main", "late", "LNW")),
-    (("softmax",), "f16 +1", F16, (32768, 4096), 1, ("main",)),
-    (RMS, "f32 +1", torch.float32, (16384, 4096), 1, ("late", "R8")),
-    (NORM_SOFTMAX, "f32 +1", torch.float32, (16384, 4096), 1, ("late", "LNW", "R8")),
-    (RMS + NORM_SOFTMAX, "f16 aligned", F16, (32768, 4096), 0, ("LNW",)),
-    (RMS + NORM_SOFTMAX, "bf16 +1", torch.bfloat16, (32768, 4096), 1, ()),
+    (RMS, "f32 +1", torch.float32, (16384, 4096), 1, ("main", "R16", "R8")),
+    (NORM_SOFTMAX, "f32 +1", torch.float32, (16384, 4096), 1, ("main", "R16", "R8", "LNW")),
+    (("rms_norm_residual",), "f16 +1", F16, (32768, 4096), 1, ("main", "R16")),
+    (RMS, "bf16 +1", torch.bfloat16, (32768, 4096), 1, ("main", "R16")),
+    (NORM_SOFTMAX, "bf16 +1", torch.bfloat16, (32768, 4096), 1, ("main", "R16")),
+    (RMS + NORM_SOFTMAX, "f16 +3", F16, (32768, 4096), 3, ("main",)),
 )
 
 
