@@ -78,6 +78,11 @@ EDGE_OPS = OPS
 # allocation): each thread loads x's aligned vector around its chunk and takes the next
 # vector's first SHIFT elements from the lane above (``fetch_shifted``, ``realign``).
 SHIFT_OPS = OPS
+# SHIFT's edge elements load their w and b with x, not after the output pass (H100,
+# layer_norm f16 [32768, 4096] +1: 218 µs -> 197, Triton 201): named here, not in the kernel,
+# whose source lines the PTX quotes (ptxas takes ASCII only). WARP_CHUNKS: a warp's chunks
+# follow one another, so that lane 31's next chunk is lane 0's next (a shuffle, not loads).
+WARP_CHUNKS = True
 
 
 @kaio.gpu_func
@@ -136,12 +141,13 @@ def fetch_shifted(
     boundary: raw[k] = the 16-byte vector around the chunk's first element, src[i - SHIFT :
     i - SHIFT + VEC] (i = base + c VEC); on lane 31, edge[k] = the next vector's first SHIFT
     elements, src[i + VEC - SHIFT : i + VEC] (the lane above holds the next vector, see
-    ``realign``). Past ``chunks`` the vector after the last chunk is loaded (the row's last
+    ``realign``; with WARP_CHUNKS lane 0 holds lane 31's, but for the thread's last chunk).
+    Past ``chunks`` the vector after the last chunk is loaded (the row's last
     VEC elements are edges, so it lies in the row): no load is predicated on c, only lane
     31's on one predicate (with a predicate a chunk, more than the SM's 7 held the loads
     back)."""
     kaio.load_vector(raw[k], src, base + kaio.min(c, chunks) * VEC - SHIFT)
-    if kaio.lane_id() == 31:
+    if (not WARP_CHUNKS or k == REGS // VEC - 1) and kaio.lane_id() == 31:
         for j in kaio.static_range(SHIFT):
             edge[k, j] = src[base + kaio.min(c + 1, chunks) * VEC - SHIFT + j]
 
@@ -158,14 +164,17 @@ def realign(
     """raw[k] = the chunk's elements from what ``fetch_shifted`` loaded: its vector's last
     VEC - SHIFT elements and the next vector's first SHIFT, which the lane above loaded as
     its own (a warp shuffle; lane 31: edge). Every lane takes part."""
+    lane = kaio.lane_id()
     up = kaio.local(DT, (SHIFT,))
     for j in kaio.static_range(SHIFT):
-        up[j] = kaio.shfl_down(raw[k, j], 1)
-    last_lane = kaio.lane_id() == 31
+        if WARP_CHUNKS and k < REGS // VEC - 1:  # lane 31's next: lane 0's next chunk
+            up[j] = kaio.shfl_idx(kaio.select(lane == 0, raw[k + 1, j], raw[k, j]), (lane + 1) % 32)
+        else:
+            up[j] = kaio.select(lane == 31, edge[k, j], kaio.shfl_down(raw[k, j], 1))
     for j in kaio.static_range(VEC - SHIFT):
         raw[k, j] = raw[k, j + SHIFT]
     for j in kaio.static_range(SHIFT):
-        raw[k, VEC - SHIFT + j] = kaio.select(last_lane, edge[k, j], up[j])
+        raw[k, VEC - SHIFT + j] = up[j]
 
 
 @kaio.gpu_func
@@ -284,20 +293,20 @@ def write_chunk(
 
 @kaio.gpu_func
 def exp_segment(
-    VEC: kaio.constexpr, xs: f32[:], first: u32, nt: u32, chunks: u32, top: f32, total: f32
+    VEC: kaio.constexpr, xs: f32[:], first: u32, step: u32, chunks: u32, top: f32, total: f32
 ):
-    """Softmax's pass 0 on the segment in xs (chunks first + k * nt): seg_top = its max over
+    """Softmax's pass 0 on the segment in xs (chunks first + k * step): seg_top = its max over
     this thread's chunks, xs = exp(xs - seg_top), and (seg_top, the sum of those) merged
     into the running pair (top, total). Returns ``(top, total, seg_top)``. One exp an
     element; the output pass scales the cached exps instead of computing them again."""
     seg_top = LOWEST  # finite, so a chunk of -inf gives exp(-inf) = 0, not NaN
     for k in kaio.static_range(REGS // VEC):
-        if first + k * nt < chunks:
+        if first + k * step < chunks:
             for j in kaio.static_range(VEC):
                 seg_top = kaio.max(seg_top, xs[k * VEC + j])
     s = 0.0
     for k in kaio.static_range(REGS // VEC):
-        if first + k * nt < chunks:
+        if first + k * step < chunks:
             for j in kaio.static_range(VEC):
                 e = kaio.exp2_ftz((xs[k * VEC + j] - seg_top) * LOG2E)
                 xs[k * VEC + j] = e
@@ -348,14 +357,18 @@ def row_pass(
     for s in range(segments):
         # Passes alternate direction, so each starts with the segment the last one left in xs
         seg = s if PASS % 2 == 0 else segments - 1 - s
-        first = seg * per + t
+        first = seg * per + t  # this thread's chunks: first + k step
+        step = nt
+        if SHIFT > 0 and WARP_CHUNKS:  # a warp's chunks follow one another
+            first = seg * per + (t - kaio.lane_id()) * (REGS // VEC) + kaio.lane_id()
+            step = u32(32)
         if PASS == 0 or s > 0:
             raw = kaio.local(DT, (REGS // VEC, VEC))
             rraw = kaio.local(DT, (REGS // VEC, VEC))  # res (rms_norm_residual, pass 0)
             edge = kaio.local(DT, (REGS // VEC, VEC))  # (fetch_shifted, the first SHIFT)
             redge = kaio.local(DT, (REGS // VEC, VEC))
             for k in kaio.static_range(REGS // VEC):
-                c = first + k * nt
+                c = first + k * step
                 if SHIFT > 0 and (OP != "rms_norm_residual" or PASS == 0):
                     fetch_shifted(SHIFT, VEC, raw, edge, k, x, base, c, chunks, DT)
                 if SHIFT > 0 and OP == "rms_norm_residual" and PASS == 0:
@@ -378,11 +391,11 @@ def row_pass(
                         realign(SHIFT, VEC, rraw, redge, k, DT)
             if OP in LOADS_FIRST or SHIFT > 0:
                 for k in kaio.static_range(REGS // VEC):
-                    c = first + k * nt
+                    c = first + k * step
                     if c < chunks:
                         take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
         if PASS == 0 and OP == "softmax":
-            top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
+            top, total, seg_top = exp_segment(VEC, xs, first, step, chunks, top, total)
         wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's w and b (WEIGHTS_FIRST)
         braw = kaio.local(DT, (REGS // VEC, VEC))
         per_group = (
@@ -391,13 +404,13 @@ def row_pass(
         for g in kaio.static_range(0, REGS // VEC, per_group):
             if OP in WEIGHTS_FIRST and (PASS == 2 or (PASS == 1 and OP != "layer_norm")):
                 for k in kaio.static_range(g, g + per_group):
-                    c = first + k * nt
+                    c = first + k * step
                     if c < chunks:
                         fetch_part(EDGES, VEC, wraw, k, w, col0 + c * VEC, w_ok, DT)
                         if OP == "layer_norm":
                             fetch_part(EDGES, VEC, braw, k, b, col0 + c * VEC, w_ok, DT)
             for k in kaio.static_range(g, g + per_group):
-                c = first + k * nt
+                c = first + k * step
                 if c < chunks:
                     if PASS == 0 and OP == "softmax":
                         pass  # done a segment at a time by exp_segment
@@ -471,8 +484,7 @@ def _rows(
     col = u32(0)
     ex = 0.0  # its x (rms_norm_residual: its x + res)
     er = 0.0  # its residual
-    ew = 0.0  # its w and b (SHIFT: loaded with x; at the end, they took 218 µs against 197
-    # for layer_norm f16 [32768, 4096] +1 on an H100)
+    ew = 0.0  # its w and b (SHIFT: loaded with x, see SHIFT_OPS)
     eb = 0.0
     if EDGES or SHIFT > 0:
         # EDGES: the chunks are 16-byte aligned (the arrays start on a 16-byte boundary but
