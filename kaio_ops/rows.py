@@ -82,9 +82,15 @@ EDGE_OPS = OPS
 SHIFT_OPS = OPS
 # SHIFT's edge elements load their w and b with x, not after the output pass (H100,
 # layer_norm f16 [32768, 4096] +1: 218 µs -> 197, Triton 201): named here, not in the kernel,
-# whose source lines the PTX quotes (ptxas takes ASCII only). WARP_CHUNKS: a warp's chunks
-# follow one another, so that lane 31's next chunk is lane 0's next (a shuffle, not loads).
-WARP_CHUNKS = True
+# whose source lines the PTX quotes (ptxas takes ASCII only).
+# Ops whose 16-bit SHIFT rows give a warp consecutive chunks, so that lane 31's next chunk
+# is lane 0's next (a shuffle, not loads); f32 rows: every op. The others take a thread's
+# chunks a block apart. Measured both ways on an H100 (µs, x +1 [32768, 4096] f16 / f32
+# [16384, 4096]): f16 rms_norm 189 / 185, rms_norm_residual 366 / 368, layer_norm 220 /
+# 197, softmax 209 / 201 (bf16 rms_norm 189 / 193, rms_norm_residual 366 / 369); f32
+# rms_norm_residual 366 / 372, layer_norm 190 / 191, softmax 186 / 190. ptxas orders the
+# shuffles and the loads differently from kernel to kernel, hence the table.
+WARP_CHUNK_OPS = ("rms_norm", "rms_norm_residual")
 
 
 @kaio.gpu_func
@@ -128,6 +134,7 @@ def load_part(
 
 @kaio.gpu_func
 def fetch_shifted(
+    OP: kaio.constexpr,
     SHIFT: kaio.constexpr,
     VEC: kaio.constexpr,
     raw: DT[:, :],
@@ -143,19 +150,22 @@ def fetch_shifted(
     boundary: raw[k] = the 16-byte vector around the chunk's first element, src[i - SHIFT :
     i - SHIFT + VEC] (i = base + c VEC); on lane 31, edge[k] = the next vector's first SHIFT
     elements, src[i + VEC - SHIFT : i + VEC] (the lane above holds the next vector, see
-    ``realign``; with WARP_CHUNKS lane 0 holds lane 31's, but for the thread's last chunk).
+    ``realign``; where a warp's chunks are consecutive, WARP_CHUNK_OPS, lane 0 holds lane
+    31's, but for the thread's last chunk).
     Past ``chunks`` the vector after the last chunk is loaded (the row's last
     VEC elements are edges, so it lies in the row): no load is predicated on c, only lane
     31's on one predicate (with a predicate a chunk, more than the SM's 7 held the loads
     back)."""
     kaio.load_vector(raw[k], src, base + kaio.min(c, chunks) * VEC - SHIFT)
-    if (not WARP_CHUNKS or k == REGS // VEC - 1) and kaio.lane_id() == 31:
-        for j in kaio.static_range(SHIFT):
-            edge[k, j] = src[base + kaio.min(c + 1, chunks) * VEC - SHIFT + j]
+    if k == REGS // VEC - 1 or not (VEC == 4 or OP in WARP_CHUNK_OPS):
+        if kaio.lane_id() == 31:
+            for j in kaio.static_range(SHIFT):
+                edge[k, j] = src[base + kaio.min(c + 1, chunks) * VEC - SHIFT + j]
 
 
 @kaio.gpu_func
 def realign(
+    OP: kaio.constexpr,
     SHIFT: kaio.constexpr,
     VEC: kaio.constexpr,
     raw: DT[:, :],
@@ -169,7 +179,7 @@ def realign(
     lane = kaio.lane_id()
     up = kaio.local(DT, (SHIFT,))
     for j in kaio.static_range(SHIFT):
-        if WARP_CHUNKS and k < REGS // VEC - 1:  # lane 31's next: lane 0's next chunk
+        if (VEC == 4 or OP in WARP_CHUNK_OPS) and k < REGS // VEC - 1:  # lane 0's next chunk
             up[j] = kaio.shfl_idx(kaio.select(lane == 0, raw[k + 1, j], raw[k, j]), (lane + 1) % 32)
         else:
             up[j] = kaio.select(lane == 31, edge[k, j], kaio.shfl_down(raw[k, j], 1))
@@ -361,7 +371,7 @@ def row_pass(
         seg = s if PASS % 2 == 0 else segments - 1 - s
         first = seg * per + t  # this thread's chunks: first + k step
         step = nt
-        if SHIFT > 0 and WARP_CHUNKS:  # a warp's chunks follow one another
+        if SHIFT > 0 and (VEC == 4 or OP in WARP_CHUNK_OPS):  # consecutive in a warp
             first = seg * per + (t - kaio.lane_id()) * (REGS // VEC) + kaio.lane_id()
             step = u32(32)
         if PASS == 0 or s > 0:
@@ -372,9 +382,9 @@ def row_pass(
             for k in kaio.static_range(REGS // VEC):
                 c = first + k * step
                 if SHIFT > 0 and (OP != "rms_norm_residual" or PASS == 0):
-                    fetch_shifted(SHIFT, VEC, raw, edge, k, x, base, c, chunks, DT)
+                    fetch_shifted(OP, SHIFT, VEC, raw, edge, k, x, base, c, chunks, DT)
                 if SHIFT > 0 and OP == "rms_norm_residual" and PASS == 0:
-                    fetch_shifted(SHIFT, VEC, rraw, redge, k, res, base, c, chunks, DT)
+                    fetch_shifted(OP, SHIFT, VEC, rraw, redge, k, res, base, c, chunks, DT)
                 if c < chunks:
                     i = base + c * VEC
                     if OP == "rms_norm_residual" and PASS > 0:
@@ -388,9 +398,9 @@ def row_pass(
             if SHIFT > 0:
                 for k in kaio.static_range(REGS // VEC):
                     if OP != "rms_norm_residual" or PASS == 0:
-                        realign(SHIFT, VEC, raw, edge, k, DT)
+                        realign(OP, SHIFT, VEC, raw, edge, k, DT)
                     if OP == "rms_norm_residual" and PASS == 0:
-                        realign(SHIFT, VEC, rraw, redge, k, DT)
+                        realign(OP, SHIFT, VEC, rraw, redge, k, DT)
             if OP in LOADS_FIRST or SHIFT > 0:
                 for k in kaio.static_range(REGS // VEC):
                     c = first + k * step
