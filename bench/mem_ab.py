@@ -87,16 +87,9 @@ def silu_cases(h: Harness) -> None:
 
 
 # rows.py variants: name -> {text in rows.py: its replacement}. "main": as on main (rows
-# whose x starts off a 16-byte boundary on the scalar path, VEC 1); "strided": SHIFT with a
-# thread's chunks a block apart (lane 31 loads the next vector's part); "LNW": layer norm loads
-# the output pass's w and b before its first store; "R16", "R8": 16 or 8 elements a thread
+# whose x starts off a 16-byte boundary on the scalar path, VEC 1)
 ROWS_VARIANTS = {
     "main": {"SHIFT_OPS = OPS": "SHIFT_OPS = ()"},
-    "strided": {"WARP_CHUNKS = True": "WARP_CHUNKS = False"},
-    "LNW": {'WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")': "WEIGHTS_FIRST = OPS[:3]"},
-    "R16": {"REGS = 32": "REGS = 16"},  # twice the threads a row, half the chunks a thread
-    # four times (f16: 512 threads of one chunk, as Triton; SHIFT on 512 threads too)
-    "R8": {"REGS = 32": "REGS = 8", "and block_size(n, full) < MAX_BLOCK": "and n"},
 }
 
 
@@ -123,13 +116,13 @@ RMS = ("rms_norm", "rms_norm_residual")
 NORM_SOFTMAX = ("layer_norm", "softmax")
 F16 = torch.float16
 ROW_CASES = (
-    (("rms_norm", "layer_norm", "softmax"), "f16 +1", F16, (32768, 4096), 1, ("strided",)),
-    (("rms_norm_residual",), "f16 +1", F16, (32768, 4096), 1, ("strided", "R16")),
-    (RMS, "f32 +1", torch.float32, (16384, 4096), 1, ("strided", "R16", "R8")),
-    (("layer_norm",), "f32 +1", torch.float32, (16384, 4096), 1, ("strided", "R16", "R8", "LNW")),
-    (("softmax",), "f32 +1", torch.float32, (16384, 4096), 1, ("strided", "R16", "R8")),
-    (RMS, "bf16 +1", torch.bfloat16, (32768, 4096), 1, ("strided",)),
-    (RMS + NORM_SOFTMAX, "f16 +3", F16, (32768, 4096), 3, ("strided",)),
+    (RMS, "f16 +1", F16, (32768, 4096), 1, ("main",)),
+    (NORM_SOFTMAX, "f16 +1", F16, (32768, 4096), 1, ("main",)),
+    (RMS, "bf16 +1", torch.bfloat16, (32768, 4096), 1, ("main",)),
+    (NORM_SOFTMAX, "bf16 +1", torch.bfloat16, (32768, 4096), 1, ("main",)),
+    (RMS, "f32 +1", torch.float32, (16384, 4096), 1, ("main",)),
+    (NORM_SOFTMAX, "f32 +1", torch.float32, (16384, 4096), 1, ("main",)),
+    (RMS + NORM_SOFTMAX, "f16 +3", F16, (32768, 4096), 3, ()),
 )
 
 

@@ -257,7 +257,6 @@ def write_chunk(
     at: kaio.constexpr,
     w: DT[:],
     wraw: DT[:, :],
-    braw: DT[:, :],
     k: kaio.constexpr,
     b: DT[:],
     out: DT[:],
@@ -272,20 +271,18 @@ def write_chunk(
     DT: kaio.constexpr,
 ):
     """The output pass on the chunk xs[at : at + VEC] (row element col, array element i):
-    ``out_value``, times w (rms norms), times w plus b (layer norm); for the ops in
-    WEIGHTS_FIRST wraw[k] (braw[k]) holds the chunk's w (b), else they are loaded here
-    (``load_part`` with ``w_vector``)."""
+    ``out_value``, times w (rms norms; for the ops in WEIGHTS_FIRST wraw[k] holds the
+    chunk's weights), times w plus b (layer norm, loaded by ``load_part`` with
+    ``w_vector``)."""
     ov = kaio.local(f32, (VEC,))
     wv = kaio.local(f32, (VEC,))
     bv = kaio.local(f32, (VEC,))
-    if OP in WEIGHTS_FIRST:
-        for j in kaio.static_range(VEC):
-            wv[j] = f32(wraw[k, j])
-            if OP == "layer_norm":
-                bv[j] = f32(braw[k, j])
-    elif OP == "layer_norm":
+    if OP == "layer_norm":
         load_part(EDGES, wv, w, col, w_vector, VEC, DT)
         load_part(EDGES, bv, b, col, w_vector, VEC, DT)
+    elif OP in WEIGHTS_FIRST:
+        for j in kaio.static_range(VEC):
+            wv[j] = f32(wraw[k, j])
     elif OP != "softmax":
         load_f32(wv, 0, w, col, VEC, DT)
     if OP == "softmax" and cached:
@@ -408,19 +405,16 @@ def row_pass(
                         take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
         if PASS == 0 and OP == "softmax":
             top, total, seg_top = exp_segment(VEC, xs, first, step, chunks, top, total)
-        wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's w and b (WEIGHTS_FIRST)
-        braw = kaio.local(DT, (REGS // VEC, VEC))
+        wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
         per_group = (
             EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP
         )
         for g in kaio.static_range(0, REGS // VEC, per_group):
-            if OP in WEIGHTS_FIRST and (PASS == 2 or (PASS == 1 and OP != "layer_norm")):
+            if PASS == 1 and OP in WEIGHTS_FIRST:
                 for k in kaio.static_range(g, g + per_group):
                     c = first + k * step
                     if c < chunks:
                         fetch_part(EDGES, VEC, wraw, k, w, col0 + c * VEC, w_ok, DT)
-                        if OP == "layer_norm":
-                            fetch_part(EDGES, VEC, braw, k, b, col0 + c * VEC, w_ok, DT)
             for k in kaio.static_range(g, g + per_group):
                 c = first + k * step
                 if c < chunks:
@@ -429,7 +423,7 @@ def row_pass(
                     elif PASS == 0 or (PASS == 1 and OP == "layer_norm"):
                         total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
                     else:
-                        write_chunk(OP, VEC, xs, k * VEC, w, wraw, braw, k, b, out, base + c * VEC,
+                        write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC,
                                     col0 + c * VEC, shift, scale, s == 0, seg_scale, w_ok, EDGES,
                                     DT)  # fmt: skip
     return total, top, seg_top
