@@ -78,11 +78,12 @@ EDGE_OPS = OPS
 # Ops whose rows take 16-byte chunks aligned with w and the outputs where x (and the
 # residual) start SHIFT elements past a 16-byte boundary (x one element past an
 # allocation): each thread loads x's aligned vector around its chunk and takes the next
-# vector's first SHIFT elements from the lane above (``fetch_shifted``, ``realign``).
+# vector's first SHIFT elements from the lane above (``fetch_shifted``, ``realign``); the
+# row's first and last chunk go one element a thread to the first threads, which load
+# their w and b with x (after the output pass, H100: layer_norm f16 [32768, 4096] +1
+# 218 µs against 197, Triton 201). Measurements are noted here, not in the kernel: the PTX
+# quotes its source lines, and ptxas takes ASCII only.
 SHIFT_OPS = OPS
-# SHIFT's edge elements load their w and b with x, not after the output pass (H100,
-# layer_norm f16 [32768, 4096] +1: 218 µs -> 197, Triton 201): named here, not in the kernel,
-# whose source lines the PTX quotes (ptxas takes ASCII only).
 # Ops whose 16-bit SHIFT rows give a warp consecutive chunks, so that lane 31's next chunk
 # is lane 0's next (a shuffle, not loads); f32 rows: every op. The others take a thread's
 # chunks a block apart. Measured both ways on an H100 (µs, x +1 [32768, 4096] f16 / f32
@@ -151,11 +152,10 @@ def fetch_shifted(
     i - SHIFT + VEC] (i = base + c VEC); on lane 31, edge[k] = the next vector's first SHIFT
     elements, src[i + VEC - SHIFT : i + VEC] (the lane above holds the next vector, see
     ``realign``; where a warp's chunks are consecutive, WARP_CHUNK_OPS, lane 0 holds lane
-    31's, but for the thread's last chunk).
-    Past ``chunks`` the vector after the last chunk is loaded (the row's last
-    VEC elements are edges, so it lies in the row): no load is predicated on c, only lane
-    31's on one predicate (with a predicate a chunk, more than the SM's 7 held the loads
-    back)."""
+    31's, but for the thread's last chunk). Past ``chunks`` the vector after the last chunk
+    is loaded (the row's last VEC elements are edges, so it lies in the row): no load is
+    predicated on c, only lane 31's on one predicate (with a predicate a chunk, more than
+    the SM's 7 held the loads back)."""
     kaio.load_vector(raw[k], src, base + kaio.min(c, chunks) * VEC - SHIFT)
     if k == REGS // VEC - 1 or not (VEC == 4 or OP in WARP_CHUNK_OPS):
         if kaio.lane_id() == 31:
@@ -572,12 +572,11 @@ def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
     """``(VEC, EDGES, w_lead, SHIFT)`` for ``_rows`` on these operands: 16-byte chunks where
     every row and vector starts on a 16-byte boundary; else, for the ops in SHIFT_OPS when
     only x (and the residual, as far) start SHIFT elements past one and rows are whole chunks
-    (two or more) on fewer than MAX_BLOCK threads, chunks aligned with w and the outputs, x's
-    realigned in registers (``fetch_shifted``; not capped at 128 registers, which cost
-    spills, see ``WIDE``);
-    else, for the ops in EDGE_OPS when x (and the residual) start on one and b as far past one
-    as w, chunks aligned in memory with the rows' edges apart (w_lead: w's elements past the
-    boundary); else VEC 1."""
+    (two or more) on fewer than MAX_BLOCK threads (so never capped at 128 registers, which
+    cost spills, see ``WIDE``), chunks aligned with w and the outputs, x's realigned in
+    registers (``fetch_shifted``); else, for the ops in EDGE_OPS when x (and the residual)
+    start on one and b as far past one as w, chunks aligned in memory with the rows' edges
+    apart (w_lead: w's elements past the boundary); else VEC 1."""
     vec = vector_width(*[a for a in (x, res, w, b) if a is not None], multiple_of=n)
     size = x.dtype.itemsize
     x_lead, res_lead, w_lead, b_lead = (
