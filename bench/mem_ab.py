@@ -4,9 +4,10 @@
 rows: ``kaio_ops.rows`` against variants of it (the module's text with constants replaced,
 imported from a temporary file; ``ROWS_VARIANTS``, "main": as on main) and Triton, on rows
 that do not start on a 16-byte boundary (``ROW_CASES``: x and the residual one or three
-elements past an allocation, w and b aligned: SHIFT, VEC 1 on main). --silu: also API.md's one-element-a-thread
-silu*gate kernel at other block sizes, with ``fastmath=True`` and with ld.global.nc loads,
-``examples/quickstart.py``'s four-elements-a-thread kernel, and Triton.
+elements past an allocation, w and b aligned: SHIFT, VEC 1 on main). --silu: also
+API.md's one-element-a-thread silu*gate kernel at other block sizes, with
+``fastmath=True`` and with ld.global.nc loads, ``examples/quickstart.py``'s
+four-elements-a-thread kernel, and Triton.
 """
 
 from __future__ import annotations
