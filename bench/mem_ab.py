@@ -3,10 +3,11 @@
 
 rows: ``kaio_ops.rows`` against variants of it (the module's text with constants replaced,
 imported from a temporary file; ``ROWS_VARIANTS``, "main": as on main) and Triton, on rows
-that do not start or end on a 16-byte boundary (``ROW_CASES``: x and the residual one element
-past an allocation, rows of 4095 elements). --silu: also API.md's one-element-a-thread
-silu*gate kernel at other block sizes, with ``fastmath=True`` and with ld.global.nc loads,
-``examples/quickstart.py``'s four-elements-a-thread kernel, and Triton.
+that do not start on a 16-byte boundary (``ROW_CASES``: x and the residual one or three
+elements past an allocation, w and b aligned: SHIFT, VEC 1 on main). --silu: also
+API.md's one-element-a-thread silu*gate kernel at other block sizes, with
+``fastmath=True`` and with ld.global.nc loads, ``examples/quickstart.py``'s
+four-elements-a-thread kernel, and Triton.
 """
 
 from __future__ import annotations
@@ -86,15 +87,10 @@ def silu_cases(h: Harness) -> None:
     )
 
 
-# rows.py variants: name -> {text in rows.py: its replacement}. "main": as on main (no
-# EDGES: VEC 1 on rows that do not start or end on a 16-byte boundary; each chunk's weights
-# just before its stores; no register cap for 512-thread blocks)
+# rows.py variants: name -> {text in rows.py: its replacement}. "main": as on main (rows
+# whose x starts off a 16-byte boundary on the scalar path, VEC 1)
 ROWS_VARIANTS = {
-    "main": {
-        "EDGE_OPS = OPS": "EDGE_OPS = ()",
-        "SCALAR_WEIGHTS_GROUP = 8": "SCALAR_WEIGHTS_GROUP = 1",
-        "kaio.launch_bounds(MAX_BLOCK)": "pass",
-    },
+    "main": {"SHIFT_OPS = OPS": "SHIFT_OPS = ()"},
 }
 
 
@@ -118,13 +114,16 @@ def _rows_variant(where: str, name: str, replacements: dict):
 # (ops, name, dtype, shape, offset, variants): x and the residual start ``offset`` elements
 # past an allocation (offset 1: not 16-byte aligned); rows of an odd length start on one
 RMS = ("rms_norm", "rms_norm_residual")
+NORM_SOFTMAX = ("layer_norm", "softmax")
+F16 = torch.float16
 ROW_CASES = (
-    (RMS, "f16 offset", torch.float16, (32768, 4096), 1, ("main",)),
-    (RMS, "f32 offset", torch.float32, (16384, 4096), 1, ("main",)),
-    (RMS + ("layer_norm", "softmax"), "f16 odd", torch.float16, (32768, 4095), 0, ("main",)),
-    (RMS, "f32 odd", torch.float32, (16384, 4095), 0, ("main",)),
-    # 512-thread blocks: main's scalar rms_norm_residual f16 (162 registers) cannot launch
-    (RMS, "f16 offset", torch.float16, (8192, 16384), 1, ("main",)),
+    (RMS, "f16 +1", F16, (32768, 4096), 1, ("main",)),
+    (NORM_SOFTMAX, "f16 +1", F16, (32768, 4096), 1, ("main",)),
+    (RMS, "bf16 +1", torch.bfloat16, (32768, 4096), 1, ("main",)),
+    (NORM_SOFTMAX, "bf16 +1", torch.bfloat16, (32768, 4096), 1, ("main",)),
+    (RMS, "f32 +1", torch.float32, (16384, 4096), 1, ("main",)),
+    (NORM_SOFTMAX, "f32 +1", torch.float32, (16384, 4096), 1, ("main",)),
+    (RMS + NORM_SOFTMAX, "f16 +3", F16, (32768, 4096), 3, ()),
 )
 
 

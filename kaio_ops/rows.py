@@ -1,8 +1,10 @@
 """Row ops: ``rms_norm``, ``rms_norm_residual``, ``layer_norm``, ``softmax``.
 
-One kernel, ``_rows``, specialized per op (``OP``), element type, ``VEC``, ``EDGES`` and
-``WIDE``; one block per row (rows: the last dimension). ``EDGES``: 16-byte chunks on rows
-that do not start or end on a 16-byte boundary in an array that does (``layout``);
+One kernel, ``_rows``, specialized per op (``OP``), element type, ``VEC``, ``EDGES``,
+``SHIFT`` and ``WIDE``; one block per row (rows: the last dimension). ``EDGES``: 16-byte
+chunks on rows that do not start or end on a 16-byte boundary in an array that does
+(``layout``); ``SHIFT``: 16-byte chunks aligned with w and the outputs on rows whose x
+starts SHIFT elements past a 16-byte boundary (x's vectors realigned in registers);
 ``WIDE``: launched with MAX_BLOCK threads. Each thread caches its part of the row in ``REGS``
 f32 registers, ``REGS // VEC`` chunks of ``VEC`` elements (one 16-byte access each when
 ``VEC > 1``), so a row is read from memory once when it fits in the block's registers (up to
@@ -73,6 +75,23 @@ EDGE_WEIGHTS_GROUP = 1
 # aligned in memory, the row's elements before the first and after the last go one a
 # thread to the first threads (``edge_fetch``).
 EDGE_OPS = OPS
+# Ops whose rows take 16-byte chunks aligned with w and the outputs where x (and the
+# residual) start SHIFT elements past a 16-byte boundary (x one element past an
+# allocation): each thread loads x's aligned vector around its chunk and takes the next
+# vector's first SHIFT elements from the lane above (``fetch_shifted``, ``realign``); the
+# row's first and last chunk go one element a thread to the first threads, which load
+# their w and b with x (after the output pass, H100: layer_norm f16 [32768, 4096] +1
+# 218 µs against 197, Triton 201). Measurements are noted here, not in the kernel: the PTX
+# quotes its source lines, and ptxas takes ASCII only.
+SHIFT_OPS = OPS
+# Ops whose 16-bit SHIFT rows give a warp consecutive chunks, so that lane 31's next chunk
+# is lane 0's next (a shuffle, not loads); f32 rows: every op. The others take a thread's
+# chunks a block apart. Measured both ways on an H100 (µs, x +1 [32768, 4096] f16 / f32
+# [16384, 4096]): f16 rms_norm 189 / 185, rms_norm_residual 366 / 368, layer_norm 220 /
+# 197, softmax 209 / 201 (bf16 rms_norm 189 / 193, rms_norm_residual 366 / 369); f32
+# rms_norm_residual 366 / 372, layer_norm 190 / 191, softmax 186 / 190. ptxas orders the
+# shuffles and the loads differently from kernel to kernel, hence the table.
+WARP_CHUNK_OPS = ("rms_norm", "rms_norm_residual")
 
 
 @kaio.gpu_func
@@ -112,6 +131,62 @@ def load_part(
             dst[j] = f32(src[u64(i) + j])
     else:
         load_f32(dst, 0, src, i, VEC, DT)
+
+
+@kaio.gpu_func
+def fetch_shifted(
+    OP: kaio.constexpr,
+    SHIFT: kaio.constexpr,
+    VEC: kaio.constexpr,
+    raw: DT[:, :],
+    edge: DT[:, :],
+    k: kaio.constexpr,
+    src: DT[:],
+    base: u32,
+    c: u32,
+    chunks: u32,
+    DT: kaio.constexpr,
+):
+    """For chunk c of a row whose chunks start at src[base], SHIFT elements past a 16-byte
+    boundary: raw[k] = the 16-byte vector around the chunk's first element, src[i - SHIFT :
+    i - SHIFT + VEC] (i = base + c VEC); on lane 31, edge[k] = the next vector's first SHIFT
+    elements, src[i + VEC - SHIFT : i + VEC] (the lane above holds the next vector, see
+    ``realign``; where a warp's chunks are consecutive, WARP_CHUNK_OPS, lane 0 holds lane
+    31's, but for the thread's last chunk). Past ``chunks`` the vector after the last chunk
+    is loaded (the row's last VEC elements are edges, so it lies in the row): no load is
+    predicated on c, only lane 31's on one predicate (with a predicate a chunk, more than
+    the SM's 7 held the loads back)."""
+    kaio.load_vector(raw[k], src, base + kaio.min(c, chunks) * VEC - SHIFT)
+    if k == REGS // VEC - 1 or not (VEC == 4 or OP in WARP_CHUNK_OPS):
+        if kaio.lane_id() == 31:
+            for j in kaio.static_range(SHIFT):
+                edge[k, j] = src[base + kaio.min(c + 1, chunks) * VEC - SHIFT + j]
+
+
+@kaio.gpu_func
+def realign(
+    OP: kaio.constexpr,
+    SHIFT: kaio.constexpr,
+    VEC: kaio.constexpr,
+    raw: DT[:, :],
+    edge: DT[:, :],
+    k: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """raw[k] = the chunk's elements from what ``fetch_shifted`` loaded: its vector's last
+    VEC - SHIFT elements and the next vector's first SHIFT, which the lane above loaded as
+    its own (a warp shuffle; lane 31: edge). Every lane takes part."""
+    lane = kaio.lane_id()
+    up = kaio.local(DT, (SHIFT,))
+    for j in kaio.static_range(SHIFT):
+        if (VEC == 4 or OP in WARP_CHUNK_OPS) and k < REGS // VEC - 1:  # lane 0's next chunk
+            up[j] = kaio.shfl_idx(kaio.select(lane == 0, raw[k + 1, j], raw[k, j]), (lane + 1) % 32)
+        else:
+            up[j] = kaio.select(lane == 31, edge[k, j], kaio.shfl_down(raw[k, j], 1))
+    for j in kaio.static_range(VEC - SHIFT):
+        raw[k, j] = raw[k, j + SHIFT]
+    for j in kaio.static_range(SHIFT):
+        raw[k, VEC - SHIFT + j] = up[j]
 
 
 @kaio.gpu_func
@@ -227,20 +302,20 @@ def write_chunk(
 
 @kaio.gpu_func
 def exp_segment(
-    VEC: kaio.constexpr, xs: f32[:], first: u32, nt: u32, chunks: u32, top: f32, total: f32
+    VEC: kaio.constexpr, xs: f32[:], first: u32, step: u32, chunks: u32, top: f32, total: f32
 ):
-    """Softmax's pass 0 on the segment in xs (chunks first + k * nt): seg_top = its max over
+    """Softmax's pass 0 on the segment in xs (chunks first + k * step): seg_top = its max over
     this thread's chunks, xs = exp(xs - seg_top), and (seg_top, the sum of those) merged
     into the running pair (top, total). Returns ``(top, total, seg_top)``. One exp an
     element; the output pass scales the cached exps instead of computing them again."""
     seg_top = LOWEST  # finite, so a chunk of -inf gives exp(-inf) = 0, not NaN
     for k in kaio.static_range(REGS // VEC):
-        if first + k * nt < chunks:
+        if first + k * step < chunks:
             for j in kaio.static_range(VEC):
                 seg_top = kaio.max(seg_top, xs[k * VEC + j])
     s = 0.0
     for k in kaio.static_range(REGS // VEC):
-        if first + k * nt < chunks:
+        if first + k * step < chunks:
             for j in kaio.static_range(VEC):
                 e = kaio.exp2_ftz((xs[k * VEC + j] - seg_top) * LOG2E)
                 xs[k * VEC + j] = e
@@ -269,6 +344,7 @@ def row_pass(
     col0: u32,
     w_ok: bool_,
     EDGES: kaio.constexpr,
+    SHIFT: kaio.constexpr,
     DT: kaio.constexpr,
 ):
     """One pass over this block's row (``chunks`` chunks of VEC from array element base, row
@@ -277,7 +353,9 @@ def row_pass(
     thread's ``(total, top, seg_top)``: its sum, and for softmax its running max (total
     then the sum of exp(x - top)) and the max of the segment left in xs; the output pass
     (``write_chunk``, with the row's ``shift``, ``scale`` and ``seg_scale``) returns them
-    unchanged."""
+    unchanged. With SHIFT, x and res start SHIFT elements past a 16-byte boundary: their
+    aligned vectors are loaded and realigned to the chunks (``fetch_shifted``, ``realign``).
+    """
     t = kaio.thread_idx_x()
     nt = kaio.block_dim_x()
     per = nt * (REGS // VEC)
@@ -288,29 +366,45 @@ def row_pass(
     for s in range(segments):
         # Passes alternate direction, so each starts with the segment the last one left in xs
         seg = s if PASS % 2 == 0 else segments - 1 - s
-        first = seg * per + t
+        first = seg * per + t  # this thread's chunks: first + k step
+        step = nt
+        if SHIFT > 0 and (VEC == 4 or OP in WARP_CHUNK_OPS):  # consecutive in a warp
+            first = seg * per + (t - kaio.lane_id()) * (REGS // VEC) + kaio.lane_id()
+            step = u32(32)
         if PASS == 0 or s > 0:
             raw = kaio.local(DT, (REGS // VEC, VEC))
             rraw = kaio.local(DT, (REGS // VEC, VEC))  # res (rms_norm_residual, pass 0)
+            edge = kaio.local(DT, (REGS // VEC, VEC))  # (fetch_shifted, the first SHIFT)
+            redge = kaio.local(DT, (REGS // VEC, VEC))
             for k in kaio.static_range(REGS // VEC):
-                c = first + k * nt
+                c = first + k * step
+                if SHIFT > 0 and (OP != "rms_norm_residual" or PASS == 0):
+                    fetch_shifted(OP, SHIFT, VEC, raw, edge, k, x, base, c, chunks, DT)
+                if SHIFT > 0 and OP == "rms_norm_residual" and PASS == 0:
+                    fetch_shifted(OP, SHIFT, VEC, rraw, redge, k, res, base, c, chunks, DT)
                 if c < chunks:
                     i = base + c * VEC
                     if OP == "rms_norm_residual" and PASS > 0:
                         fetch(VEC, raw, k, res_out, i, DT)
-                    else:
+                    elif SHIFT == 0:
                         fetch(VEC, raw, k, x, i, DT)
-                    if OP == "rms_norm_residual" and PASS == 0:
+                    if OP == "rms_norm_residual" and PASS == 0 and SHIFT == 0:
                         fetch(VEC, rraw, k, res, i, DT)
-                    if OP not in LOADS_FIRST:
+                    if OP not in LOADS_FIRST and SHIFT == 0:
                         take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, i, DT)
-            if OP in LOADS_FIRST:
+            if SHIFT > 0:
                 for k in kaio.static_range(REGS // VEC):
-                    c = first + k * nt
+                    if OP != "rms_norm_residual" or PASS == 0:
+                        realign(OP, SHIFT, VEC, raw, edge, k, DT)
+                    if OP == "rms_norm_residual" and PASS == 0:
+                        realign(OP, SHIFT, VEC, rraw, redge, k, DT)
+            if OP in LOADS_FIRST or SHIFT > 0:
+                for k in kaio.static_range(REGS // VEC):
+                    c = first + k * step
                     if c < chunks:
                         take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
         if PASS == 0 and OP == "softmax":
-            top, total, seg_top = exp_segment(VEC, xs, first, nt, chunks, top, total)
+            top, total, seg_top = exp_segment(VEC, xs, first, step, chunks, top, total)
         wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
         per_group = (
             EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP
@@ -318,11 +412,11 @@ def row_pass(
         for g in kaio.static_range(0, REGS // VEC, per_group):
             if PASS == 1 and OP in WEIGHTS_FIRST:
                 for k in kaio.static_range(g, g + per_group):
-                    c = first + k * nt
+                    c = first + k * step
                     if c < chunks:
                         fetch_part(EDGES, VEC, wraw, k, w, col0 + c * VEC, w_ok, DT)
             for k in kaio.static_range(g, g + per_group):
-                c = first + k * nt
+                c = first + k * step
                 if c < chunks:
                     if PASS == 0 and OP == "softmax":
                         pass  # done a segment at a time by exp_segment
@@ -376,6 +470,7 @@ def _rows(
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
     EDGES: kaio.constexpr,
+    SHIFT: kaio.constexpr,
     WIDE: kaio.constexpr,
     DT: kaio.constexpr,
 ):
@@ -395,58 +490,75 @@ def _rows(
     col = u32(0)
     ex = 0.0  # its x (rms_norm_residual: its x + res)
     er = 0.0  # its residual
-    if EDGES:
-        # The chunks are 16-byte aligned (the arrays start on a 16-byte boundary but w, w_lead
-        # elements past one): they start col0 elements into the row; the row's elements
-        # before the first chunk and after the last go one a thread to the first threads
-        # (``edge_fetch``).
-        col0 = kaio.min((VEC - base % VEC) % VEC, n)
-        chunks = (n - col0) // VEC
+    ew = 0.0  # its w and b (SHIFT: loaded with x, see SHIFT_OPS)
+    eb = 0.0
+    if EDGES or SHIFT > 0:
+        # EDGES: the chunks are 16-byte aligned (the arrays start on a 16-byte boundary but
+        # w, w_lead elements past one): they start col0 elements into the row. SHIFT: all
+        # but the row's first and last, so that the x vectors around them
+        # (``fetch_shifted``) lie in the row. The row's elements before the first chunk and
+        # after the last go one a thread to the first threads (``edge_fetch``).
+        if EDGES:
+            col0 = kaio.min((VEC - base % VEC) % VEC, n)
+            chunks = (n - col0) // VEC
+        else:
+            col0 = u32(VEC)
+            chunks = n // VEC - 2
         w_ok = (w_lead + col0) % VEC == 0
         inside, at, col, ex, er = edge_fetch(OP, x, res, base, n, col0, chunks * VEC, DT)
+        if SHIFT > 0 and inside and OP != "softmax":
+            ew = f32(w[col])
+            if OP == "layer_norm":
+                eb = f32(b[col])
         base = base + col0
     # pass 0: this thread's sum (softmax: its running max top and sum of exp(x - top), and
     # seg_top, the max of the segment whose exps xs keeps)
     total, top, seg_top = row_pass(0, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
                                    shift=0.0, scale=0.0, seg_scale=0.0, col0=col0, w_ok=w_ok,
-                                   EDGES=EDGES, DT=DT)  # fmt: skip
-    if EDGES and OP == "rms_norm_residual" and inside:
+                                   EDGES=EDGES, SHIFT=SHIFT, DT=DT)  # fmt: skip
+    if (EDGES or SHIFT > 0) and OP == "rms_norm_residual" and inside:
         ex = f32(DT(ex + er))  # normalize exactly what is stored
         res_out[at] = DT(ex)
-    if EDGES and OP == "softmax" and inside:
+    if (EDGES or SHIFT > 0) and OP == "softmax" and inside:
         top, total = merge_max_sum(top, total, ex, 1.0)
-    elif EDGES and OP == "layer_norm":
+    elif (EDGES or SHIFT > 0) and OP == "layer_norm":
         total += ex
-    elif EDGES:
+    elif EDGES or SHIFT > 0:
         total += ex * ex
     if OP == "softmax":
         top, total = block_max_sum(top, total, red0, red1)
         inv = 1.0 / total
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=top, scale=inv,
                  seg_scale=kaio.exp(seg_top - top) * inv, col0=col0, w_ok=w_ok, EDGES=EDGES,
-                 DT=DT)  # fmt: skip
-        if EDGES and inside:
+                 SHIFT=SHIFT, DT=DT)  # fmt: skip
+        if (EDGES or SHIFT > 0) and inside:
             out[at] = DT(kaio.exp2_ftz((ex - top) * LOG2E) * inv)
     elif OP == "layer_norm":
         mean = block_sum(total, red0) / f32(n)
         sqdev, top, seg_top = row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
                                        shift=mean, scale=0.0, seg_scale=0.0, col0=col0,
-                                       w_ok=w_ok, EDGES=EDGES, DT=DT)  # fmt: skip
-        if EDGES and inside:
+                                       w_ok=w_ok, EDGES=EDGES, SHIFT=SHIFT, DT=DT)  # fmt: skip
+        if (EDGES or SHIFT > 0) and inside:
             sqdev += (ex - mean) * (ex - mean)
         scale = kaio.rsqrt(block_sum(sqdev, red1) / f32(n) + eps)
         row_pass(2, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=mean,
                  scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
-                 DT=DT)  # fmt: skip
-        if EDGES and inside:
-            out[at] = DT((ex - mean) * scale * f32(w[col]) + f32(b[col]))
+                 SHIFT=SHIFT, DT=DT)  # fmt: skip
+        if (EDGES or SHIFT > 0) and inside:
+            if SHIFT > 0:
+                out[at] = DT((ex - mean) * scale * ew + eb)
+            else:
+                out[at] = DT((ex - mean) * scale * f32(w[col]) + f32(b[col]))
     else:
         scale = kaio.rsqrt(block_sum(total, red0) / f32(n) + eps)
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=0.0,
                  scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
-                 DT=DT)  # fmt: skip
-        if EDGES and inside:
-            out[at] = DT(ex * scale * f32(w[col]))
+                 SHIFT=SHIFT, DT=DT)  # fmt: skip
+        if (EDGES or SHIFT > 0) and inside:
+            if SHIFT > 0:
+                out[at] = DT(ex * scale * ew)
+            else:
+                out[at] = DT(ex * scale * f32(w[col]))
 
 
 def block_size(n: int, vec: int) -> int:
@@ -457,22 +569,38 @@ def block_size(n: int, vec: int) -> int:
 
 
 def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
-    """``(VEC, EDGES, w_lead)`` for ``_rows`` on these operands: 16-byte chunks where every
-    row and vector starts on a 16-byte boundary; else, for the ops in EDGE_OPS when x (and
-    the residual) start on one and b as far past one as w, chunks aligned in memory with the
-    rows' edges apart (w_lead: w's elements past the boundary); else VEC 1 (x one element
-    past an allocation, say: aligned chunks there would leave the outputs' chunks across
-    16-byte boundaries, a scalar store an element 16 bytes apart across a warp)."""
+    """``(VEC, EDGES, w_lead, SHIFT)`` for ``_rows`` on these operands: 16-byte chunks where
+    every row and vector starts on a 16-byte boundary; else, for the ops in SHIFT_OPS when
+    only x (and the residual, as far) start SHIFT elements past one and rows are whole chunks
+    (two or more) on fewer than MAX_BLOCK threads (so never capped at 128 registers, which
+    cost spills, see ``WIDE``), chunks aligned with w and the outputs, x's realigned in
+    registers (``fetch_shifted``); else, for the ops in EDGE_OPS when x (and the residual)
+    start on one and b as far past one as w, chunks aligned in memory with the rows' edges
+    apart (w_lead: w's elements past the boundary); else VEC 1."""
     vec = vector_width(*[a for a in (x, res, w, b) if a is not None], multiple_of=n)
     size = x.dtype.itemsize
     x_lead, res_lead, w_lead, b_lead = (
         a.ptr % VECTOR_BYTES if a is not None else None for a in (x, res, w, b)
     )
-    if vec > 1 or op not in EDGE_OPS or x_lead or res_lead or (w_lead or 0) % size:
-        return vec, False, 0
+    full = VECTOR_BYTES // size
+    if vec > 1:
+        return vec, False, 0, 0
+    if (
+        op in SHIFT_OPS
+        and n % full == 0
+        and n >= 2 * full
+        and block_size(n, full) < MAX_BLOCK
+        and x_lead % size == 0
+        and res_lead in (None, x_lead)
+        and not w_lead
+        and not b_lead
+    ):
+        return full, False, 0, x_lead // size
+    if op not in EDGE_OPS or x_lead or res_lead or (w_lead or 0) % size:
+        return vec, False, 0, 0
     if b_lead not in (None, w_lead):
-        return vec, False, 0
-    return VECTOR_BYTES // size, True, (w_lead or 0) // size
+        return vec, False, 0, 0
+    return full, True, (w_lead or 0) // size, 0
 
 
 def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0):
@@ -482,7 +610,7 @@ def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0
     n = x.shape[-1]
     rows = x.size // n if n else 0
     if rows:
-        vec, edges, w_lead = layout(op, n, x, res, w, b)
+        vec, edges, w_lead, shift = layout(op, n, x, res, w, b)
         flat = x.arg(x.size)
         args = [a.arg(a.size) if a is not None else flat for a in (res, w, b)]
         outs = [
@@ -491,8 +619,8 @@ def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0
         threads = block_size(n, vec)
         wide = threads == MAX_BLOCK and (vec == 1 or edges)  # see _rows's launch_bounds
         _rows[rows, threads, _arrays.stream_of(x)](
-            flat, *args, *outs, n, eps, w_lead, OP=op, VEC=vec, EDGES=edges, WIDE=wide,
-            DT=x.dtype,
+            flat, *args, *outs, n, eps, w_lead, OP=op, VEC=vec, EDGES=edges, SHIFT=shift,
+            WIDE=wide, DT=x.dtype,
         )  # fmt: skip
     return out if res is None else (out, res_out)
 
@@ -564,12 +692,17 @@ def softmax(x):
 
 def shipped():
     """(kernel, constexprs) of every specialization these ops launch: VEC 1 and EDGES also
-    WIDE (512-thread blocks), VEC > 1 is never (``_run``)."""
+    WIDE (512-thread blocks), VEC > 1 is never (``_run``; SHIFT 1 .. VEC - 1 only on rows
+    of fewer threads)."""
     for dtype in _arrays.FLOATS:
         full = widths(dtype)[-1]
         for op in OPS:
-            kinds = [(1, False, False), (1, False, True), (full, False, False)]
+            kinds = [(1, False, 0, False), (1, False, 0, True), (full, False, 0, False)]
             if op in EDGE_OPS:
-                kinds += [(full, True, False), (full, True, True)]
-            for vec, edges, wide in kinds:
-                yield _rows, {"OP": op, "VEC": vec, "EDGES": edges, "WIDE": wide, "DT": dtype}
+                kinds += [(full, True, 0, False), (full, True, 0, True)]
+            if op in SHIFT_OPS:
+                kinds += [(full, False, shift, False) for shift in range(1, full)]
+            for vec, edges, shift, wide in kinds:
+                yield _rows, {
+                    "OP": op, "VEC": vec, "EDGES": edges, "SHIFT": shift, "WIDE": wide, "DT": dtype
+                }  # fmt: skip

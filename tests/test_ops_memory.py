@@ -38,10 +38,10 @@ def rand(rng, shape, dtype, offset: bool = False, scale: float = 1.0):
     return misaligned(values) if offset else values
 
 
-def misaligned(values):
-    """A copy of ``values`` one element past a 16-byte boundary."""
-    buf = np.empty(values.size + 1, values.dtype)
-    out = buf[1:].reshape(values.shape)
+def misaligned(values, by: int = 1):
+    """A copy of ``values`` ``by`` elements past a 16-byte boundary."""
+    buf = np.empty(values.size + by, values.dtype)
+    out = buf[by:].reshape(values.shape)
     out[...] = values
     return out
 
@@ -120,15 +120,17 @@ def test_elementwise_sim(dtype, offset):
             check(kaio_ops.mul(x, row), f64(x) * f64(row), dtype)
 
 
-@pytest.mark.parametrize("offset", [False, True], ids=["aligned", "offset"])
+@pytest.mark.parametrize("offset", [0, 1, 3], ids=["aligned", "offset", "x offset"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_row_ops_sim(dtype, offset):
+    """offset: every array one element past a 16-byte boundary (VEC 1); "x offset": x and
+    the residual only, three elements (SHIFT on the rows of whole chunks)."""
     rng = np.random.default_rng(2)
     for shape in SHAPES:
         n = shape[-1]
-        x = rand(rng, shape, dtype, offset)
-        r = rand(rng, shape, dtype, offset)
-        w, b = rand(rng, n, dtype, offset), rand(rng, n, dtype, offset)
+        x = misaligned(rand(rng, shape, dtype), offset)
+        r = misaligned(rand(rng, shape, dtype), offset)
+        w, b = rand(rng, n, dtype, offset == 1), rand(rng, n, dtype, offset == 1)
         with kaio.simulate():
             check(kaio_ops.rms_norm(x, w), ref_rms(f64(x), f64(w)), dtype)
             out, s = kaio_ops.rms_norm_residual(x, r, w, eps=1e-5)
@@ -268,13 +270,23 @@ def test_vector_path_taken():
     with kaio.simulate():
         w = _arrays.Inputs("t").array(rand(rng, 64, np.float16), "w", ndim=1)
         w1 = _arrays.Inputs("t").array(rand(rng, 37, np.float32, offset=True), "w", ndim=1)
-    assert rows.layout("rms_norm", 37, x, w=row) == (4, True, 0)
-    assert rows.layout("rms_norm", 37, x, w=w1) == (4, True, 1)
-    assert rows.layout("rms_norm_residual", 37, x, y, row) == (4, True, 0)
-    assert rows.layout("softmax", 37, x) == (4, True, 0)
-    assert rows.layout("rms_norm", 64, aligned, w=w) == (8, False, 0)
-    assert rows.layout("rms_norm", 64, offset, w=w) == (1, False, 0)
-    assert rows.layout("layer_norm", 64, aligned, w=w, b=offset) == (1, False, 0)
+    assert rows.layout("rms_norm", 37, x, w=row) == (4, True, 0, 0)
+    assert rows.layout("rms_norm", 37, x, w=w1) == (4, True, 1, 0)
+    assert rows.layout("rms_norm_residual", 37, x, y, row) == (4, True, 0, 0)
+    assert rows.layout("softmax", 37, x) == (4, True, 0, 0)
+    assert rows.layout("rms_norm", 64, aligned, w=w) == (8, False, 0, 0)
+    assert rows.layout("layer_norm", 64, aligned, w=w, b=offset) == (1, False, 0, 0)
+    # x (and the residual) one element past a 16-byte boundary, w and b on one: chunks
+    # aligned with w and the outputs, x realigned (VEC, EDGES, w_lead, SHIFT)
+    assert rows.layout("rms_norm", 64, offset, w=w) == (8, False, 0, 1)
+    assert rows.layout("rms_norm_residual", 64, offset, offset, w) == (8, False, 0, 1)
+    assert rows.layout("layer_norm", 64, offset, w=w, b=w) == (8, False, 0, 1)
+    assert rows.layout("softmax", 64, offset) == (8, False, 0, 1)
+    assert rows.layout("rms_norm", 64, offset, w=offset) == (1, False, 0, 0)
+    assert rows.layout("rms_norm_residual", 64, offset, aligned, w) == (1, False, 0, 0)
+    assert rows.layout("softmax", 60, offset) == (1, False, 0, 0)
+    assert rows.layout("softmax", 8, offset) == (1, False, 0, 0)  # one chunk
+    assert rows.layout("softmax", 16384, offset) == (1, False, 0, 0)  # 512 threads
 
 
 def test_kernels_per_dtype_have_their_own_cache_keys():
@@ -336,7 +348,7 @@ def _shipped():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_shipped_specialization_assembles(arch):
     texts = [kernel.ptx(arch=arch, **constexprs) for kernel, constexprs in _shipped()]
-    assert len(texts) == 114
+    assert len(texts) == 182
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda text: assemble(text, arch), texts))
 
@@ -351,8 +363,12 @@ def test_cluster_softmax_assembles_for_sm_90_only():
 
 
 def test_vector_path_uses_16_byte_accesses():
-    ptx = rows._rows.ptx(arch="sm_90", OP="rms_norm", VEC=8, EDGES=False, WIDE=False, DT=kaio.bf16)
-    assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
+    for shift in (0, 3):
+        ptx = rows._rows.ptx(
+            arch="sm_90", OP="rms_norm", VEC=8, EDGES=False, SHIFT=shift, WIDE=False, DT=kaio.bf16
+        )
+        assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
+        assert ("shfl.sync.down" in ptx) == (shift > 0)
 
 
 # ---------------------------------------------------------------------------- GPU
@@ -414,13 +430,16 @@ def test_row_ops_gpu_vs_torch():
     torch = _torch()
     F = torch.nn.functional
     for dt in _torch_dtypes(torch):
-        # offset: x and the residual that many elements past an allocation; rows not on a
-        # 16-byte boundary take the rms norms' EDGES path (30001: in segments)
+        # offset: x and the residual that many elements past an allocation (w, b aligned):
+        # SHIFT where rows are whole chunks on fewer than 512 threads (4096), else VEC 1
+        # (16384, 40000 +5 and 30001 +3: 512-thread blocks, in segments); 1001 takes EDGES
         for shape, offset in [
             ((4096, 4096), 0),
             ((2, 300, 1001), 0),
             ((8, 100_000), 0),
             ((1000, 4096), 1),
+            ((8, 16384), 1),
+            ((8, 40_000), 5),
             ((8, 30_001), 3),
         ]:
             n = shape[-1]
@@ -434,7 +453,8 @@ def test_row_ops_gpu_vs_torch():
             assert torch.equal(s, s_ref)
             _torch_check(out, _torch_rms(s_ref.double(), wf), x)
             _torch_check(kaio_ops.layer_norm(x, w, b), F.layer_norm(xf, (n,), wf, bf, 1e-5), x)
-            _torch_check(kaio_ops.softmax(x * 8), torch.softmax(xf * 8, -1), x)
+            x8 = _misaligned(x * 8, offset)
+            _torch_check(kaio_ops.softmax(x8), torch.softmax(x8.double(), -1), x)
 
 
 @pytest.mark.gpu
