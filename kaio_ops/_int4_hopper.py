@@ -563,9 +563,6 @@ PSUM = 1
 # (434.3 against 437.9, a point that moves by 10% between passes).
 PDL = 2
 
-# int4_swap's TURNS: consumer warpgroups side by side issue their wgmmas in turn (take_turn).
-TURNS = 0
-
 # int4_swap's HEAD (SK): a stream-K tile's head part summed after the block's work items
 # (``sum_parts`` out of the main loop: ``wait_eq``'s spin inside it, which each lane leaves
 # on its own load, made ptxas keep the rings' state in vector registers, 16 R2UR a turn of
@@ -678,7 +675,7 @@ def swap_slice(
     lt: u32,
     more: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
     WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr, KW: kaio.constexpr,
-    LATE: kaio.constexpr = 0, TURNS: kaio.constexpr = 0, wg: u32 = 0, WG: kaio.constexpr = 1,
+    LATE: kaio.constexpr = 0,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: its words (``load_words``; with
     ``EARLY`` read during the slice before) made into the A fragments of its 4 steps (buffer
@@ -693,8 +690,7 @@ def swap_slice(
     the activations are still on their way. With ``KW`` warpgroups taking the tile's slices
     in turn, ``kt`` counts this warpgroup's slices and its stages are every ``KW``-th of
     both rings. ``LATE``: the words' stage is freed once the wgmmas are issued, off the path
-    from the fragments to the wgmmas (``free_words``). ``TURNS``: the ``WG`` warpgroups
-    issue their wgmmas in turn, warpgroup ``wg`` after ``wg - 1`` (``take_turn``)."""
+    from the fragments to the wgmmas (``free_words``)."""
     if not EARLY:
         load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
     pair = wr[WORD_ROWS, 0]
@@ -710,15 +706,11 @@ def swap_slice(
         free_words(bars, at[4], lt)
     s = at[0]
     kaio.mbarrier_wait(bars, (0, s), u32(at[1]))
-    if TURNS:
-        take_turn(bars, at, wg)
     kaio.wgmma_fence()
     for kk in kaio.static_range(BK // 16):
         db = kaio.smem_descriptor(sx, (s, 0, kk * 16), SW, 16, 1024)
         kaio.wgmma_f16(acc, af[BUF, kk], db, kt + kk > 0)
     kaio.wgmma_commit()
-    if TURNS:
-        pass_turn(bars, at, wg, lt, WG)
     if LATE:
         free_words(bars, at[4], lt)
     if EARLY and more:
@@ -734,28 +726,6 @@ def swap_slice(
             at[3] = at[2]
         at[2] = s
     advance_by(at, STAGES, KW)
-
-
-@kaio.gpu_func
-def take_turn(bars: u64[:, :], at: i32[:], wg: u32):
-    """Wait until the warpgroup before this one (``wg - 1``; warpgroup 0: the last one, a
-    slice before) has issued its wgmmas of this warpgroup's ``at[5]``-th slice: the tensor
-    cores then run each warpgroup's wgmmas of a slice back to back, not interleaved with the
-    others', and the warpgroups' dequantizations fall at different times. The turns are
-    barriers 1 .. WG of row 2 (``int4_swap``'s bars; its stage 0 is CL's)."""
-    back = i32(wg == 0)  # (warpgroup 0 waits for the last one's slice before)
-    g = at[5] - back
-    if g >= 0:
-        kaio.mbarrier_wait(bars, (2, 1 + wg), u32(g) & 1)
-
-
-@kaio.gpu_func
-def pass_turn(bars: u64[:, :], at: i32[:], wg: u32, lt: u32, WG: kaio.constexpr):
-    """The next warpgroup's turn (``take_turn``): each warp's arrival once its wgmmas of the
-    slice are issued; ``at[5]`` counts the warpgroup's slices."""
-    if lt % 32 == 0:
-        kaio.mbarrier_arrive(bars, (2, 1 + (wg + 1) * u32(wg + 1 < WG)))
-    at[5] += 1
 
 
 @kaio.gpu_func
@@ -843,7 +813,7 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    HEAD: kaio.constexpr, TURNS: kaio.constexpr,
+    HEAD: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -960,9 +930,6 @@ def int4_swap(
             for b in kaio.static_range(2):
                 kaio.mbarrier_init(bars, (5, b), (WG - 1) * 128)
                 kaio.mbarrier_init(bars, (6, b), 128)
-        if TURNS:  # (row 2's stages 1 .. WG: RING > WG)
-            for b in kaio.static_range(WG):
-                kaio.mbarrier_init(bars, (2, 1 + b), 4)
         kaio.fence_proxy_async()
     kaio.sync_threads()
     if MC:
@@ -980,9 +947,9 @@ def int4_swap(
         af = kaio.local(u32, (BUFS, BK // 16, 4))  # BUFS slices' A fragments
         # (a's ring stage, its phase, the stages of the slice before and of the one before
         # that, the words' stage read last); wpos: the words' stage to read next, its phase
-        at = kaio.local(i32, 6)  # (TURNS: at[5] the warpgroup's slices so far)
+        at = kaio.local(i32, 5)
         wpos = kaio.local(i32, 2)
-        for i in kaio.static_range(6):
+        for i in kaio.static_range(5):
             at[i] = 0
         wpos[0] = 0
         wpos[1] = 0
@@ -1010,7 +977,7 @@ def int4_swap(
                     more = not (last and kt + b == ck - 1)
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
                                more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE, TURNS, wg, WG)  # fmt: skip
+                               LATE)  # fmt: skip
             rest = ck % BUFS
             if rest:
                 kaio.wgmma_wait(0)
@@ -1020,7 +987,7 @@ def int4_swap(
                         more = not (last and kt == ck - 1)
                         swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
                                    more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE, TURNS, wg, WG)  # fmt: skip
+                               LATE)  # fmt: skip
             kaio.wgmma_wait(0)
             if BUFS > 1 and lt == 0:  # the tile's last slices, not freed in the loop
                 if BUFS == 3 and ck > 1:
@@ -1503,8 +1470,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
               "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
-              "HEAD": int(HEAD and wg == 2),
-              "TURNS": int(TURNS and wg > 1 and not kw)}  # fmt: skip
+              "HEAD": int(HEAD and wg == 2)}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1612,6 +1578,6 @@ def swap_specializations() -> list:
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 3,
                   "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
-                  "HEAD": i % 2, "TURNS": int(wg == 3 and bufs == 1)}  # fmt: skip
+                  "HEAD": i % 2}  # fmt: skip
         out.append((int4_swap, consts))
     return out
