@@ -563,10 +563,6 @@ PSUM = 1
 # (434.3 against 437.9, a point that moves by 10% between passes).
 PDL = 2
 
-# int4_swap's PREFETCH: the K slices of words and scales a block asks L2 for before its
-# dependency wait (``prefetch_words``); 0: none.
-PREFETCH = 0
-
 # int4_swap's HEAD (SK): a stream-K tile's head part summed after the block's work items
 # (``sum_parts`` out of the main loop: ``wait_eq``'s spin inside it, which each lane leaves
 # on its own load, made ptxas keep the rings' state in vector registers, 16 R2UR a turn of
@@ -811,14 +807,13 @@ def tile_top(r: u32, M: u32, BM: kaio.constexpr, CLAMP: kaio.constexpr) -> u32:
 @kaio.gpu_kernel
 def int4_swap(
     tx: kaio.tensormap, tw: kaio.tensormap, ts: kaio.tensormap, c: OUT[:, :], ws: f32[:, :],
-    counters: i32[:], wq: u32[:, :], sq: u32[:, :], M: u32, N: u32, K: u32, k_slice: u32,
-    dp_tiles: i32,
+    counters: i32[:], M: u32, N: u32, K: u32, k_slice: u32, dp_tiles: i32,
     WG: kaio.constexpr, BM: kaio.constexpr,
     STAGES: kaio.constexpr, SPLIT: kaio.constexpr, CL: kaio.constexpr, REGS: kaio.constexpr,
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    HEAD: kaio.constexpr, PREFETCH: kaio.constexpr,
+    HEAD: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -865,11 +860,7 @@ def int4_swap(
     that kernel (``kaio.grid_dependency_wait``) before any global memory is touched; with
     ``PDL`` 2 the kernel after it may then be placed too (``kaio.launch_dependents``: its
     blocks take the multiprocessors this grid leaves free and those of its blocks that
-    exit, and wait there for the whole grid). ``PREFETCH``: before that wait, the producer
-    warpgroup's first warp asks L2 for the words and scales (``wq``, ``sq``: the arrays of
-    ``tw``, ``ts``; the scales' f16 pairs as u32) of the block's first ``PREFETCH`` K slices
-    (``prefetch_words``): weights that the kernel before does not write, and an L2 prefetch
-    cannot go stale (L2 is where every SM's writes meet)."""
+    exit, and wait there for the whole grid)."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
@@ -943,10 +934,7 @@ def int4_swap(
     kaio.sync_threads()
     if MC:
         kaio.cluster_sync()  # the other block's barriers are ready before any copy or arrival
-    if PREFETCH and wg == WG and lt < 32 and segments > 0:
-        prefetch_words(wq, sq, sched, k_tiles, k_begin, grid_m, grid_n, mine, lt, N, BNW, MC,
-                       GROUP, SK, PREFETCH)  # fmt: skip
-    if PDL:  # (no global memory touched above but the prefetches)
+    if PDL:  # (no global memory touched above)
         kaio.grid_dependency_wait()
     if PDL == 2:
         kaio.launch_dependents()
@@ -1273,36 +1261,6 @@ def sum_parts(
 
 
 @kaio.gpu_func
-def prefetch_words(
-    wq: u32[:, :], sq: u32[:, :], sched: i32[:], k_tiles: i32, k_begin: u32, grid_m: u32,
-    grid_n: u32, mine: u32, lane: u32, N: u32, BNW: kaio.constexpr, MC: kaio.constexpr,
-    GROUP: kaio.constexpr, SK: kaio.constexpr, SLICES: kaio.constexpr,
-):  # fmt: skip
-    """Ask L2 for the words and scale rows of the first ``SLICES`` K slices of the block's
-    first work item (``BNW`` columns from its tile's first, those below N), one 128-byte
-    line a lane at a time (``prefetch.global.L2``: a lane's own address, where the bulk
-    prefetch takes one address a warp and ptxas loops over the lanes)."""
-    tile, kb, ke = work_item(sched, 0, k_tiles, SK)
-    origin = swap_origin(u32(tile), grid_m, grid_n, GROUP)
-    n0 = (tile_col(origin) * (1 + MC) + mine) * BNW
-    k0 = k_begin + u32(kb) * BK
-    rows = u32(kaio.min(ke - kb, SLICES)) * WORD_ROWS
-    LINES = BNW // 32  # a words' row: BNW u32 in 128-byte lines
-    for i in kaio.static_range((SLICES * WORD_ROWS * LINES + 31) // 32):
-        at = lane + 32 * i
-        n = n0 + 32 * (at % LINES)
-        if at // LINES < rows and n < N:
-            kaio.prefetch_l2(wq, (k0 // 8 + at // LINES, n))
-    groups = (rows * 8 + k0 % 128 + 127) // 128  # the scale rows the slices span
-    HALF = BNW // 64  # a scale row: BNW f16, as u32 pairs in 128-byte lines
-    for i in kaio.static_range(((SLICES + 3) // 2 * HALF + 31) // 32):
-        at = lane + 32 * i
-        n = n0 + 64 * (at % HALF)
-        if at // HALF < groups and n < N:
-            kaio.prefetch_l2(sq, (k0 // 128 + at // HALF, n // 2))
-
-
-@kaio.gpu_func
 def swap_origin(pid: u32, grid_m: u32, grid_n: u32, GROUP: kaio.constexpr) -> u64:
     """``_matmul_kernels.tile_origin`` (tile ``pid``'s row and column, packed) with
     ``GROUP`` tile rows a group (``_matmul_hopper.grouped``'s order) instead of ``GROUP_M``."""
@@ -1512,7 +1470,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
               "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
-              "HEAD": int(HEAD and wg == 2), "PREFETCH": PREFETCH * int(PDL > 0)}  # fmt: skip
+              "HEAD": int(HEAD and wg == 2)}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1568,9 +1526,8 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     if mc and not cl:
         grid = (2 * min(tiles, sms // 2), 1, split)
     shared = swap_shared_bytes(wg, bm, consts["STAGES"], cl, consts["WSTAGES"], kw)
-    words, scales = b.arg(dtype=u32), s.arg(s.shape[0], s.shape[1] // 2, dtype=u32)
     int4_swap[grid, 128 * wg + 128, _arrays.stream_of(a), shared](
-        *maps, target, ws, counters, words, scales, m, n, k, k_slice, dp_tiles, **consts
+        *maps, target, ws, counters, m, n, k, k_slice, dp_tiles, **consts
     )
     return finish(a, c, split, out_type) if split > 1 and not cl else c
 
@@ -1621,6 +1578,6 @@ def swap_specializations() -> list:
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 3,
                   "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
-                  "HEAD": i % 2, "PREFETCH": 8 * (i % 2)}  # fmt: skip
+                  "HEAD": i % 2}  # fmt: skip
         out.append((int4_swap, consts))
     return out
