@@ -499,6 +499,12 @@ SWAP_CASES = [
     # ONE_BUF_ROWS)
     (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 3, 0, 0, 0, 1), None),
     (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 1, 0, 0, 0, 1), None),
+    # PAIRS (config[14]): two slices a warpgroup's turn, their 8 wgmmas one group; 4 tiles
+    # on 2 blocks; cluster pairs of 3 slices each (the odd last alone); on 2 warpgroups'
+    # tiles with a K split of 3 through the workspace
+    (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), 2),
+    (40, 200, 384, "float16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 1, 0, 1, 1), None),
+    (70, 136, 384, "bfloat16", (2, 32, 4, 3, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), None),
     # three warpgroups' 40 x 192 tiles (2 x 2, the second column 8 wide) on 3 blocks
     (70, 200, 256, "float16", (3, 40, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1), 3),
     # CLAMP (every launch without CL): the last row tile moved up to end at row M - 1 (rows
@@ -789,7 +795,7 @@ def test_int4_swap_registers_can_be_granted():
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
                   "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M,
                   "KW": 0, "LATE": 0, "SK": 0, "CLAMP": 1, "PDL": 1, "PSUM": 0,
-                  "HEAD": 1}  # fmt: skip
+                  "HEAD": 1, "PAIRS": 0}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
