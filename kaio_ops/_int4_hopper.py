@@ -893,12 +893,11 @@ def int4_swap(
     both rings, which needs STAGES, WSTAGES and every block's slice count multiples of WG),
     their partial tiles summed at the tile's end through shared memory (``red``, after the
     barriers) by warpgroup 0, which stores the tile: a K split inside the block, two
-    warpgroups' latency on a tile that the grid has too few of to split otherwise (with
-    ``MC`` in pairs of tiles sharing a's rows too). ``CLAMP``: the last row tile ends at
-    row M - 1 (``tile_top``; not with ``CL``). ``SK``: the stream-K schedule of
-    ``_gemm_streamk`` (the first ``dp_tiles`` tiles whole, a block each in turn, then the
-    K steps of the others in equal runs, one a block: ``swap_schedule``), the parts of a
-    tile split between blocks summed
+    warpgroups' latency on a tile that the grid has too few of to split otherwise (no
+    multicast pairs). ``CLAMP``: the last row tile ends at row M - 1 (``tile_top``; not
+    with ``CL``). ``SK``: the stream-K schedule of ``_gemm_streamk`` (the first
+    ``dp_tiles`` tiles whole, a block each in turn, then the K steps of the others in equal
+    runs, one a block: ``swap_schedule``), the parts of a tile split between blocks summed
     by the tile's head (``publish_part``, ``sum_parts``: ``ws`` the other parts,
     ``counters`` zeroed, 4 WG a stream-K tile); no K split along z, no cluster, no ``KW``;
     with ``HEAD`` the head's part, always the block's last work item, summed after the loop
@@ -1466,6 +1465,8 @@ def k_split_problem(wg: int, bm: int, mc: int, stages: int, wstages: int, k: int
     stage of both rings) lacks in this configuration, or ""."""
     if wg < 2:
         return "2 or more consumer warpgroups"
+    if mc:
+        return "no multicast pairs"
     if bm % (2 * RED_CHUNK):  # whole chunks of a thread's partial tile (BM / 2 values)
         return f"BM ({bm}) a multiple of {2 * RED_CHUNK}"
     for what, v in (("STAGES", stages), ("WSTAGES", wstages), ("K / 64", k // BK)):

@@ -466,11 +466,6 @@ SWAP_CASES = [
     (50, 192, 256, "float16", (2, 32, 4, 1, 0, 0, 2, 2, 1, 0, 1), 2),
     (20, 136, 512, "bfloat16", (2, 64, 4, 2, 1, 0, 2, 2, 1, 0, 1), None),
     (33, 72, 768, None, (3, 96, 6, 1, 0, 0, 3, 2, 1, 0, 1), None),
-    # KW tiles in multicast pairs (MC: each block's producer copies half of a's rows into
-    # both): one pair with the second tile 8 columns wide; 5 tiles (an odd pair) on 2 pairs
-    # and a K split along z
-    (70, 200, 256, "float16", (2, 32, 4, 1, 0, 1, 2, 2, 0, 0, 1), 2),
-    (40, 520, 512, "bfloat16", (2, 32, 4, 2, 0, 1, 4, 2, 0, 0, 1), 4),
     # 3 consumer warpgroups side by side (192-column tiles, the route's 128 x 192 at 65-512
     # rows): 4 tiles on 2 blocks, the second column of tiles 8 columns wide
     (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0), 2),
@@ -538,13 +533,14 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
 
 def test_int4_swap_rejects_bad_k_split():
     """KW (the warpgroups take a tile's K slices in turn, each every WG-th ring stage)
-    refuses one warpgroup, tiles not in whole chunks of the sum, rings or
+    refuses one warpgroup, multicast pairs, tiles not in whole chunks of the sum, rings or
     slice counts that are no multiple of WG, and fewer than BUFS stages a warpgroup (a
     deadlock), each saying what to change."""
     from kaio_ops import _int4_hopper
 
     for config, k, why in (
         ((1, 64, 4, 1, 0, 0, 2, 2, 0, 0, 1), 256, "2 or more"),
+        ((2, 64, 4, 1, 0, 1, 2, 2, 0, 0, 1), 256, "multicast"),
         ((2, 48, 4, 1, 0, 0, 2, 2, 0, 0, 1), 256, "BM (48) a multiple of 32"),
         ((2, 64, 3, 1, 0, 0, 2, 2, 0, 0, 1), 256, "STAGES (3)"),
         ((2, 64, 4, 1, 0, 0, 3, 2, 0, 0, 1), 256, "WSTAGES (3)"),
