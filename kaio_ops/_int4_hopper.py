@@ -294,9 +294,13 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
         sk_cost, sk_wg, sk_rows = streamk_tiles(m, n, k, sms)
         if sk_cost < cost:
             return sk_wg, sk_rows, 0, 0, 0, 0, 0, bufs, int(sk_wg == 2), group, 0, 0, 1, 1
+    late = late_words(m, n, k, sms, wg, rows)
+    tiles = math.ceil(m / rows) * math.ceil(n / (64 * wg))
+    if wg == 3 and PAIRS_ROWS[0] <= rows <= PAIRS_ROWS[1] and swap_split(tiles, k, sms) == 1:
+        return wg, rows, 0, 0, cl, mc, 0, 2, early, group, kw, late, 0, 1, 1  # PAIRS
     if wg == 3 and ONE_BUF_ROWS[0] <= rows <= ONE_BUF_ROWS[1]:
         bufs = 1
-    return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw, late_words(m, n, k, sms, wg, rows)
+    return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw, late
 
 
 def late_words(m: int, n: int, k: int, sms: int, wg: int, rows: int) -> int:
@@ -407,6 +411,17 @@ THREE_ROW_COST = 144
 # (6144x4096 M=512 41.2, M=520 42.7; 10240x8192 M=300 81.9). BUFS 3 (two slices' wgmmas in flight),
 # routed before at 136-152 rows, lost to it (M=520, 10240x8192 M=300 above).
 ONE_BUF_ROWS = (128, 152)
+# Two slices a warpgroup's turn (PAIRS, ``swap_pair``: both slices' fragments, then their 8
+# wgmmas as one group) on three warpgroups' whole tiles (no K split) of PAIRS_ROWS rows, in
+# place of BUFS 1 (BUFS 2 under 128 rows). i4w rounds C and D of 2026-11-28 (H100, the
+# median of 5 interleaved passes against the route of before, faster in each pass):
+# 6144x4096 M=512 (128 rows) 38.5 / 38.2 against 38.8 / 38.6 µs, M=520 (136) 39.6 against
+# 40.1; 6144x8192 M=512 72.8 against 74.3; 10240x8192 M=256 (128) 68.9 against 69.7, M=192
+# (96, BUFS 2 before) 59.7 against 61.7. Slower on cluster pairs (6144x4096 M=272, 136 rows:
+# 26.8 against 26.2; M=300, 152 rows: 28.4 against 28.1) and on 152-row whole tiles
+# (10240x8192 M=300: 82.6 against 76.7; 76 accumulator, 32 fragment and 18 word registers a
+# thread leave ptxas no room at 128).
+PAIRS_ROWS = (96, 136)
 PAIR_KINDS = ((3, 0),)
 PAIR_ROWS = 50
 # (WG, KW): (a tile's time in 128-column tiles of as many rows, its fixed cost in rows,

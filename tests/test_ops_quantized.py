@@ -614,7 +614,7 @@ def test_int4_swap_plan_bands():
     sk = [(m, n, k) for m, n, k in ((300, 10240, 8192), (512, 10240, 8192), (1600, 6144, 4096),
           (1024, 10240, 8192), (512, 4096, 4096), (1024, 8192, 28672), (520, 4096, 14336),
           (256, 10240, 8192), (300, 28672, 4096), (600, 28672, 4096), (300, 57344, 8192),
-          (512, 28672, 4096)) if len(_int4_hopper.swap_plan(m, n, k, 132)) > 12]  # fmt: skip
+          (512, 28672, 4096)) if _int4_hopper.swap_plan(m, n, k, 132)[12:13] == (1,)]  # fmt: skip
     assert sk == [(512, 10240, 8192), (300, 28672, 4096), (600, 28672, 4096),
                   (300, 57344, 8192)]  # fmt: skip
     assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[1] == 152  # two row tiles of 152
@@ -635,10 +635,14 @@ def test_int4_swap_plan_bands():
     assert plan(1024, 8192, 8192)[1] == 2  # whole 256-row tiles: no BM x 192 weighed
     assert _int4_hopper.swap_plan(600, 57344, 8192, 132)[:2] == (3, 152)  # stream-K, not MC
     assert plan(600, 4096, 4096) == (1, 2, 152, 0, 0, g, 0)
-    # one fragment buffer on three warpgroups' tiles of 128-152 rows only, whole or pairs
-    bufs = {m: _int4_hopper.swap_plan(m, 6144, 4096, 132)[7] for m in (272, 300, 352, 512, 600)}
-    assert bufs == {272: 1, 300: 1, 352: 2, 512: 1, 600: 1}
-    assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[7] == 1
+    # one fragment buffer on three warpgroups' tiles of 128-152 rows, whole or pairs; two
+    # slices a turn (PAIRS, config[14], two buffers) on whole ones of 96-136 rows instead
+    plans = {m: _int4_hopper.swap_plan(m, 6144, 4096, 132) for m in (272, 300, 352, 512, 520, 600)}
+    assert {m: p[7] for m, p in plans.items()} == {272: 1, 300: 1, 352: 2, 512: 2, 520: 2, 600: 1}
+    assert {m: p[14:] for m, p in plans.items()} == {272: (), 300: (), 352: (), 512: (1,),
+                                                     520: (1,), 600: ()}  # fmt: skip
+    assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[7] == 1  # 152 rows
+    assert _int4_hopper.swap_plan(192, 10240, 8192, 132)[1::13] == (96, 1)
     assert _int4_hopper.swap_plan(1024, 6144, 4096, 132)[7] == 2  # (two warpgroups)
     assert _int4_hopper.swap_plan(300, 57344, 8192, 132)[7] == 2  # (stream-K)
 
@@ -1308,14 +1312,15 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
      (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (1024, 32768, 1024, "float16"),
      (120, 4096, 2048, "float16"), (200, 1024, 4096, "bfloat16"),
      (600, 4096, 2048, "float16"), (1500, 6144, 1024, "bfloat16"),
-     (600, 28672, 2048, "bfloat16"), (300, 6144, 4096, "float16")],
+     (600, 28672, 2048, "bfloat16"), (300, 6144, 4096, "float16"), (520, 6144, 4096, None)],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
     """M > 16 on sm_90 (the wgmma kernel: at 17 rows KW tiles of 32 x 64 in cluster pairs,
     at 40 rows of N = 10240 4 consumer warpgroups side by side and a workspace K split of 3,
     at 700 rows of N = 6144 176 x 192 tiles (three warpgroups; they cost least), at 250
     rows of N = 10240 3 consumer warpgroups on 128 x 192 tiles, the last column of tiles
-    partly past N, at 300 rows of 10240 x 8192 on 152 x 192 ones; at 600 rows of 28672 x
+    partly past N, two K slices a turn (PAIRS; 136 x 192 tiles at 520 rows of 6144 x 4096
+    too), at 300 rows of 10240 x 8192 on 152 x 192 ones; at 600 rows of 28672 x
     2048 the stream-K schedule on 152 x 192 tiles (SK: tiles split between blocks, summed by
     the tile's head; at 300 rows of 6144 x 4096 cluster pairs of 152 x 192 tiles); at 65-512
     rows two warpgroups sharing BM x 64 tiles, each every other K slice
