@@ -1510,6 +1510,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     two = int(bool(more[10])) if len(more) > 10 else 0  # PAIRS
     if bufs not in (1, 2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 1 to 3, got {bufs}")
+    if two and (bufs != 2 or early or kw or sk):
+        raise ValueError(f"int4_swap: PAIRS takes BUFS 2 and no EARLY, KW or SK, got {config}")
     stages = stages or swap_stages(wg, bm, kw)
     wstages = wstages or swap_word_stages(wg, bm, stages, kw)
     if sk and bm * wg * 256 > stages * bm * BK * 2 + wstages * word_stage_bytes(wg):
@@ -1542,7 +1544,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
               "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
-              "HEAD": int(HEAD and wg == 2), "PAIRS": int(bufs == 2) * two}  # fmt: skip
+              "HEAD": int(HEAD and wg == 2), "PAIRS": two}  # fmt: skip
     return split, k_slice, tiles, consts
 
 

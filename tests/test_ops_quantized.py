@@ -552,8 +552,9 @@ def test_int4_swap_rejects_bad_k_split():
 
 
 def test_int4_swap_rejects_bad_buffers():
-    """int4_swap's BUFS is 1 to 3, and 3 fragment buffers need 3 ring stages (a slice's
-    stage is freed two slices later): both refused with what to change."""
+    """int4_swap's BUFS is 1 to 3, 3 fragment buffers need 3 ring stages (a slice's stage
+    is freed two slices later), PAIRS takes two buffers and no EARLY: each refused with what
+    to change."""
     from kaio_ops import _int4_hopper
 
     with pytest.raises(ValueError, match="must be 1 to 3"):
@@ -561,6 +562,9 @@ def test_int4_swap_rejects_bad_buffers():
     with pytest.raises(ValueError, match="need 3 stages, got 2"):
         _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 2, 1, 0, 0, 2, 3), 132, f16)
     assert _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 3), 132, f16)
+    with pytest.raises(ValueError, match="PAIRS takes BUFS 2 and no EARLY"):  # (swap_pair)
+        _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 2, 1, 0, 0, 0, 0, 1, 1),
+                                      132, f16)  # fmt: skip
 
 
 def test_int4_swap_plan_bands():
