@@ -417,7 +417,10 @@ ONE_BUF_ROWS = (128, 152)
 # median of 5 interleaved passes against the route of before, faster in each pass):
 # 6144x4096 M=512 (128 rows) 38.5 / 38.2 against 38.8 / 38.6 µs, M=520 (136) 39.6 against
 # 40.1; 6144x8192 M=512 72.8 against 74.3; 10240x8192 M=256 (128) 68.9 against 69.7, M=192
-# (96, BUFS 2 before) 59.7 against 61.7. Slower on cluster pairs (6144x4096 M=272, 136 rows:
+# (96, BUFS 2 before) 59.7 against 61.7; round E, routed (3 passes, against the plans of
+# before): 6144x4096 M=400 (104 rows) 33.8 against 34.7, M=512 37.9 against 38.2, M=520 39.4
+# against 40.1; 6144x8192 M=512 72.1 against 73.0; 10240x8192 M=224 (112) 64.0 against 66.7,
+# M=272 (136) 71.1 against 72.4. Slower on cluster pairs (6144x4096 M=272, 136 rows:
 # 26.8 against 26.2; M=300, 152 rows: 28.4 against 28.1) and on 152-row whole tiles
 # (10240x8192 M=300: 82.6 against 76.7; 76 accumulator, 32 fragment and 18 word registers a
 # thread leave ptxas no room at 128).
