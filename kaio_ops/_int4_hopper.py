@@ -240,7 +240,9 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     ``takes_streamk`` and it costs less than the tiles above (``SK_TIME``); at 257-512 rows
     BM x 192 tiles in cluster pairs too (``PAIR_KINDS``); LATE (config[11]) on three
     warpgroups' tiles in one wave (``late_words``); one fragment buffer on three
-    warpgroups' tiles of ``ONE_BUF_ROWS`` rows (not on the stream-K schedule)."""
+    warpgroups' tiles of ``ONE_BUF_ROWS`` rows (not on the stream-K schedule), or on their
+    whole tiles (no K split) of ``PAIRS_ROWS`` rows two slices a warpgroup's turn (PAIRS,
+    config[14], with two buffers: ``swap_pair``)."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
@@ -924,7 +926,8 @@ def int4_swap(
     that kernel (``kaio.grid_dependency_wait``) before any global memory is touched; with
     ``PDL`` 2 the kernel after it may then be placed too (``kaio.launch_dependents``: its
     blocks take the multiprocessors this grid leaves free and those of its blocks that
-    exit, and wait there for the whole grid)."""
+    exit, and wait there for the whole grid). ``PAIRS`` (with ``BUFS`` 2): a warpgroup takes
+    its slices two a turn, their 8 wgmmas one group (``swap_pair``), an odd last one alone."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
