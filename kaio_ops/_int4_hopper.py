@@ -240,7 +240,9 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     ``takes_streamk`` and it costs less than the tiles above (``SK_TIME``); at 257-512 rows
     BM x 192 tiles in cluster pairs too (``PAIR_KINDS``); LATE (config[11]) on three
     warpgroups' tiles in one wave (``late_words``); one fragment buffer on three
-    warpgroups' tiles of ``ONE_BUF_ROWS`` rows (not on the stream-K schedule)."""
+    warpgroups' tiles of ``ONE_BUF_ROWS`` rows (not on the stream-K schedule), or on their
+    whole tiles (no K split) of ``PAIRS_ROWS`` rows two slices a warpgroup's turn (PAIRS,
+    config[14], with two buffers: ``swap_pair``)."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
@@ -294,9 +296,13 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
         sk_cost, sk_wg, sk_rows = streamk_tiles(m, n, k, sms)
         if sk_cost < cost:
             return sk_wg, sk_rows, 0, 0, 0, 0, 0, bufs, int(sk_wg == 2), group, 0, 0, 1, 1
+    late = late_words(m, n, k, sms, wg, rows)
+    tiles = math.ceil(m / rows) * math.ceil(n / (64 * wg))
+    if wg == 3 and PAIRS_ROWS[0] <= rows <= PAIRS_ROWS[1] and swap_split(tiles, k, sms) == 1:
+        return wg, rows, 0, 0, cl, mc, 0, 2, early, group, kw, late, 0, 1, 1  # PAIRS
     if wg == 3 and ONE_BUF_ROWS[0] <= rows <= ONE_BUF_ROWS[1]:
         bufs = 1
-    return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw, late_words(m, n, k, sms, wg, rows)
+    return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw, late
 
 
 def late_words(m: int, n: int, k: int, sms: int, wg: int, rows: int) -> int:
@@ -407,6 +413,20 @@ THREE_ROW_COST = 144
 # (6144x4096 M=512 41.2, M=520 42.7; 10240x8192 M=300 81.9). BUFS 3 (two slices' wgmmas in flight),
 # routed before at 136-152 rows, lost to it (M=520, 10240x8192 M=300 above).
 ONE_BUF_ROWS = (128, 152)
+# Two slices a warpgroup's turn (PAIRS, ``swap_pair``: both slices' fragments, then their 8
+# wgmmas as one group) on three warpgroups' whole tiles (no K split) of PAIRS_ROWS rows, in
+# place of BUFS 1 (BUFS 2 under 128 rows). i4w rounds C and D of 2026-11-28 (H100, the
+# median of 5 interleaved passes against the route of before, faster in each pass):
+# 6144x4096 M=512 (128 rows) 38.5 / 38.2 against 38.8 / 38.6 µs, M=520 (136) 39.6 against
+# 40.1; 6144x8192 M=512 72.8 against 74.3; 10240x8192 M=256 (128) 68.9 against 69.7, M=192
+# (96, BUFS 2 before) 59.7 against 61.7; round E, routed (3 passes, against the plans of
+# before): 6144x4096 M=400 (104 rows) 33.8 against 34.7, M=512 37.9 against 38.2, M=520 39.4
+# against 40.1; 6144x8192 M=512 72.1 against 73.0; 10240x8192 M=224 (112) 64.0 against 66.7,
+# M=272 (136) 71.1 against 72.4. Slower on cluster pairs (6144x4096 M=272, 136 rows:
+# 26.8 against 26.2; M=300, 152 rows: 28.4 against 28.1) and on 152-row whole tiles
+# (10240x8192 M=300: 82.6 against 76.7; 76 accumulator, 32 fragment and 18 word registers a
+# thread leave ptxas no room at 128).
+PAIRS_ROWS = (96, 136)
 PAIR_KINDS = ((3, 0),)
 PAIR_ROWS = 50
 # (WG, KW): (a tile's time in 128-column tiles of as many rows, its fixed cost in rows,
@@ -693,15 +713,7 @@ def swap_slice(
     from the fragments to the wgmmas (``free_words``)."""
     if not EARLY:
         load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
-    pair = wr[WORD_ROWS, 0]
-    scale = kaio.local(u32, 2)
-    scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
-    scale[1] = kaio.prmt(pair, pair, HIGH_TWICE)
-    for kk in kaio.static_range(BK // 16):
-        for r in kaio.static_range(4):  # (row g, k 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)
-            af[BUF, kk, r] = nibble_pair(
-                wr[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2)
-            )
+    make_fragments(af, wr, sel, BUF)
     if not LATE:
         free_words(bars, at[4], lt)
     s = at[0]
@@ -726,6 +738,60 @@ def swap_slice(
             at[3] = at[2]
         at[2] = s
     advance_by(at, STAGES, KW)
+
+
+@kaio.gpu_func
+def make_fragments(af: u32[:, :, :], wr: u32[:, :], sel: u32, BUF: kaio.constexpr):
+    """A slice's A fragments (buffer ``BUF`` of ``af``) from this lane's words and scales
+    ``wr`` (``load_words``): ``nibble_pair`` of byte ``sel`` of each word by its column's
+    scale."""
+    pair = wr[WORD_ROWS, 0]
+    scale = kaio.local(u32, 2)
+    scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
+    scale[1] = kaio.prmt(pair, pair, HIGH_TWICE)
+    for kk in kaio.static_range(BK // 16):
+        for r in kaio.static_range(4):  # (row g, k 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)
+            af[BUF, kk, r] = nibble_pair(
+                wr[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2)
+            )
+
+
+@kaio.gpu_func
+def swap_pair(
+    sw: u32[:, :, :], sc: u32[:, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :],
+    af: u32[:, :, :], wr: u32[:, :], wpos: i32[:], at: i32[:], kt: i32, nl: u32, sel: u32,
+    lt: u32, STAGES: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr,
+    KW: kaio.constexpr, LATE: kaio.constexpr,
+):  # fmt: skip
+    """Two 64-deep K slices (``kt``, ``kt + 1`` of the warpgroup's) as one turn (``PAIRS``):
+    both slices' fragments made (``af``'s two buffers), then their 8 wgmmas issued as one
+    group and waited for, both activations' stages freed: a turn's waits, fence and issue
+    set-up once for two slices, and the warpgroup's wgmmas twice as long a run while the
+    other warpgroups make theirs. ``LATE``: both words' stages freed after the issue."""
+    st = kaio.local(i32, 2)  # the slices' stages of a's ring
+    wst = kaio.local(i32, 2)  # and of the words' ring
+    for b in kaio.static_range(2):
+        load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
+        make_fragments(af, wr, sel, b)
+        wst[b] = at[4]
+        if not LATE:
+            free_words(bars, at[4], lt)
+        st[b] = at[0]
+        kaio.mbarrier_wait(bars, (0, st[b]), u32(at[1]))
+        advance_by(at, STAGES, KW)
+    kaio.wgmma_fence()
+    for b in kaio.static_range(2):
+        for kk in kaio.static_range(BK // 16):
+            db = kaio.smem_descriptor(sx, (st[b], 0, kk * 16), SW, 16, 1024)
+            kaio.wgmma_f16(acc, af[b, kk], db, kt + b + kk > 0)
+    kaio.wgmma_commit()
+    if LATE:
+        for b in kaio.static_range(2):
+            free_words(bars, wst[b], lt)
+    kaio.wgmma_wait(0)
+    if lt == 0:
+        for b in kaio.static_range(2):
+            free_stage(bars, st[b], MC)
 
 
 @kaio.gpu_func
@@ -813,7 +879,7 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    HEAD: kaio.constexpr,
+    HEAD: kaio.constexpr, PAIRS: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -860,7 +926,8 @@ def int4_swap(
     that kernel (``kaio.grid_dependency_wait``) before any global memory is touched; with
     ``PDL`` 2 the kernel after it may then be placed too (``kaio.launch_dependents``: its
     blocks take the multiprocessors this grid leaves free and those of its blocks that
-    exit, and wait there for the whole grid)."""
+    exit, and wait there for the whole grid). ``PAIRS`` (with ``BUFS`` 2): a warpgroup takes
+    its slices two a turn, their 8 wgmmas one group (``swap_pair``), an odd last one alone."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
@@ -971,8 +1038,13 @@ def int4_swap(
             ck = (ke - kb) // KSTEP  # this warpgroup's slices of the item
             # slices in groups of BUFS, the fragment buffers in turn; the last k_tiles %
             # BUFS slices after every wgmma is done (ptxas serializes all wgmmas if any
-            # path could redefine the registers of one in flight)
+            # path could redefine the registers of one in flight). PAIRS: two slices a
+            # turn (``swap_pair``, BUFS 2), an odd last one alone (as BUFS 1's)
             for kt in range(0, ck - (BUFS - 1), BUFS):
+                if PAIRS:
+                    swap_pair(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
+                              STAGES, MC, WSTAGES, KSTEP, LATE)  # fmt: skip
+                    continue
                 for b in kaio.static_range(BUFS):
                     more = not (last and kt + b == ck - 1)
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
@@ -985,11 +1057,16 @@ def int4_swap(
                     if b < rest:
                         kt = ck - rest + b
                         more = not (last and kt == ck - 1)
-                        swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
-                                   more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE)  # fmt: skip
+                        if PAIRS:  # (one slice, its wgmmas waited for: BUFS 1's)
+                            swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel,
+                                       lt, more, b, STAGES, MC, WSTAGES, 1, EARLY, KSTEP,
+                                       LATE)  # fmt: skip
+                        else:
+                            swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel,
+                                       lt, more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
+                                       LATE)  # fmt: skip
             kaio.wgmma_wait(0)
-            if BUFS > 1 and lt == 0:  # the tile's last slices, not freed in the loop
+            if BUFS > 1 and not PAIRS and lt == 0:  # the tile's last slices, not yet freed
                 if BUFS == 3 and ck > 1:
                     free_stage(bars, at[3], MC)
                 free_stage(bars, at[2], MC)
@@ -1436,8 +1513,11 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     kw = int(bool(more[6])) if len(more) > 6 else 0
     late = int(bool(more[7])) if len(more) > 7 else 0
     sk = more[8] if len(more) > 8 else 0
+    two = int(bool(more[10])) if len(more) > 10 else 0  # PAIRS
     if bufs not in (1, 2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 1 to 3, got {bufs}")
+    if two and (bufs != 2 or early or kw or sk):
+        raise ValueError(f"int4_swap: PAIRS takes BUFS 2 and no EARLY, KW or SK, got {config}")
     stages = stages or swap_stages(wg, bm, kw)
     wstages = wstages or swap_word_stages(wg, bm, stages, kw)
     if sk and bm * wg * 256 > stages * bm * BK * 2 + wstages * word_stage_bytes(wg):
@@ -1470,14 +1550,14 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
               "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
-              "HEAD": int(HEAD and wg == 2)}  # fmt: skip
+              "HEAD": int(HEAD and wg == 2), "PAIRS": two}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
 def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     """``a @ W`` rounded to ``out_type`` by ``int4_swap`` (operands as ``launch``) with ``config``
     = (WG, BM, STAGES, split[, CL[, MC[, WSTAGES[, BUFS[, EARLY[, GROUP[, KW[, LATE[,
-    SK[, SPREAD]]]]]]]]]]]; 0: as
+    SK[, SPREAD[, PAIRS]]]]]]]]]]]]; 0: as
     many stages as fit, ``GROUP_M`` tile rows a group,
     ``swap_split``'s split): a persistent grid of at most ``sms`` blocks along x, the K split
     along z summed by ``finish``, or with ``CL`` (and a split of 2 to 8; CL 1 and a split past 2
@@ -1490,7 +1570,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     issued; with ``SK`` the stream-K schedule (``sum_parts``), SPREAD
     (default 1) whole waves of tiles shared besides the last partial one (``_gemm_streamk.
     share``), the parts of split tiles in a workspace of ``share``'s slots a stream-K
-    tile."""
+    tile; with ``PAIRS`` (and BUFS 2) two slices a warpgroup's turn (``swap_pair``)."""
     from kaio_ops import _arrays
     from kaio_ops._gemm_streamk import share
     from kaio_ops.linear import _counters, _placeholder
@@ -1578,6 +1658,6 @@ def swap_specializations() -> list:
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 3,
                   "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
-                  "HEAD": i % 2}  # fmt: skip
+                  "HEAD": i % 2, "PAIRS": int(i == 4)}  # fmt: skip
         out.append((int4_swap, consts))
     return out

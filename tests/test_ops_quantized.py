@@ -494,6 +494,12 @@ SWAP_CASES = [
     # ONE_BUF_ROWS)
     (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 3, 0, 0, 0, 1), None),
     (40, 200, 512, "float16", (3, 40, 0, 2, 1, 0, 0, 1, 0, 0, 0, 1), None),
+    # PAIRS (config[14]): two slices a warpgroup's turn, their 8 wgmmas one group; 4 tiles
+    # on 2 blocks; cluster pairs of 3 slices each (the odd last alone); on 2 warpgroups'
+    # tiles with a K split of 3 through the workspace
+    (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), 2),
+    (40, 200, 384, "float16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 1, 0, 1, 1), None),
+    (70, 136, 384, "bfloat16", (2, 32, 4, 3, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), None),
     # three warpgroups' 40 x 192 tiles (2 x 2, the second column 8 wide) on 3 blocks
     (70, 200, 256, "float16", (3, 40, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1), 3),
     # CLAMP (every launch without CL): the last row tile moved up to end at row M - 1 (rows
@@ -546,8 +552,9 @@ def test_int4_swap_rejects_bad_k_split():
 
 
 def test_int4_swap_rejects_bad_buffers():
-    """int4_swap's BUFS is 1 to 3, and 3 fragment buffers need 3 ring stages (a slice's
-    stage is freed two slices later): both refused with what to change."""
+    """int4_swap's BUFS is 1 to 3, 3 fragment buffers need 3 ring stages (a slice's stage
+    is freed two slices later), PAIRS takes two buffers and no EARLY: each refused with what
+    to change."""
     from kaio_ops import _int4_hopper
 
     with pytest.raises(ValueError, match="must be 1 to 3"):
@@ -555,6 +562,9 @@ def test_int4_swap_rejects_bad_buffers():
     with pytest.raises(ValueError, match="need 3 stages, got 2"):
         _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 2, 1, 0, 0, 2, 3), 132, f16)
     assert _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 3), 132, f16)
+    with pytest.raises(ValueError, match="PAIRS takes BUFS 2 and no EARLY"):  # (swap_pair)
+        _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 2, 1, 0, 0, 0, 0, 1, 1),
+                                      132, f16)  # fmt: skip
 
 
 def test_int4_swap_plan_bands():
@@ -608,7 +618,7 @@ def test_int4_swap_plan_bands():
     sk = [(m, n, k) for m, n, k in ((300, 10240, 8192), (512, 10240, 8192), (1600, 6144, 4096),
           (1024, 10240, 8192), (512, 4096, 4096), (1024, 8192, 28672), (520, 4096, 14336),
           (256, 10240, 8192), (300, 28672, 4096), (600, 28672, 4096), (300, 57344, 8192),
-          (512, 28672, 4096)) if len(_int4_hopper.swap_plan(m, n, k, 132)) > 12]  # fmt: skip
+          (512, 28672, 4096)) if _int4_hopper.swap_plan(m, n, k, 132)[12:13] == (1,)]  # fmt: skip
     assert sk == [(512, 10240, 8192), (300, 28672, 4096), (600, 28672, 4096),
                   (300, 57344, 8192)]  # fmt: skip
     assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[1] == 152  # two row tiles of 152
@@ -629,10 +639,14 @@ def test_int4_swap_plan_bands():
     assert plan(1024, 8192, 8192)[1] == 2  # whole 256-row tiles: no BM x 192 weighed
     assert _int4_hopper.swap_plan(600, 57344, 8192, 132)[:2] == (3, 152)  # stream-K, not MC
     assert plan(600, 4096, 4096) == (1, 2, 152, 0, 0, g, 0)
-    # one fragment buffer on three warpgroups' tiles of 128-152 rows only, whole or pairs
-    bufs = {m: _int4_hopper.swap_plan(m, 6144, 4096, 132)[7] for m in (272, 300, 352, 512, 600)}
-    assert bufs == {272: 1, 300: 1, 352: 2, 512: 1, 600: 1}
-    assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[7] == 1
+    # one fragment buffer on three warpgroups' tiles of 128-152 rows, whole or pairs; two
+    # slices a turn (PAIRS, config[14], two buffers) on whole ones of 96-136 rows instead
+    plans = {m: _int4_hopper.swap_plan(m, 6144, 4096, 132) for m in (272, 300, 352, 512, 520, 600)}
+    assert {m: p[7] for m, p in plans.items()} == {272: 1, 300: 1, 352: 2, 512: 2, 520: 2, 600: 1}
+    assert {m: p[14:] for m, p in plans.items()} == {272: (), 300: (), 352: (), 512: (1,),
+                                                     520: (1,), 600: ()}  # fmt: skip
+    assert _int4_hopper.swap_plan(300, 10240, 8192, 132)[7] == 1  # 152 rows
+    assert _int4_hopper.swap_plan(192, 10240, 8192, 132)[1::13] == (96, 1)
     assert _int4_hopper.swap_plan(1024, 6144, 4096, 132)[7] == 2  # (two warpgroups)
     assert _int4_hopper.swap_plan(300, 57344, 8192, 132)[7] == 2  # (stream-K)
 
@@ -785,7 +799,7 @@ def test_int4_swap_registers_can_be_granted():
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
                   "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M,
                   "KW": 0, "LATE": 0, "SK": 0, "CLAMP": 1, "PDL": 1, "PSUM": 0,
-                  "HEAD": 1}  # fmt: skip
+                  "HEAD": 1, "PAIRS": 0}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
@@ -1302,14 +1316,15 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
      (100, 8192, 4096, None), (256, 8192, 2048, "float16"), (1024, 32768, 1024, "float16"),
      (120, 4096, 2048, "float16"), (200, 1024, 4096, "bfloat16"),
      (600, 4096, 2048, "float16"), (1500, 6144, 1024, "bfloat16"),
-     (600, 28672, 2048, "bfloat16"), (300, 6144, 4096, "float16")],
+     (600, 28672, 2048, "bfloat16"), (300, 6144, 4096, "float16"), (520, 6144, 4096, None)],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
     """M > 16 on sm_90 (the wgmma kernel: at 17 rows KW tiles of 32 x 64 in cluster pairs,
     at 40 rows of N = 10240 4 consumer warpgroups side by side and a workspace K split of 3,
     at 700 rows of N = 6144 176 x 192 tiles (three warpgroups; they cost least), at 250
     rows of N = 10240 3 consumer warpgroups on 128 x 192 tiles, the last column of tiles
-    partly past N, at 300 rows of 10240 x 8192 on 152 x 192 ones; at 600 rows of 28672 x
+    partly past N, two K slices a turn (PAIRS; 136 x 192 tiles at 520 rows of 6144 x 4096
+    too), at 300 rows of 10240 x 8192 on 152 x 192 ones; at 600 rows of 28672 x
     2048 the stream-K schedule on 152 x 192 tiles (SK: tiles split between blocks, summed by
     the tile's head; at 300 rows of 6144 x 4096 cluster pairs of 152 x 192 tiles); at 65-512
     rows two warpgroups sharing BM x 64 tiles, each every other K slice
