@@ -448,6 +448,130 @@ def gemv_rows(out: dict) -> None:
             _plan.clear()
 
 
+def _generated_functions(op) -> list:
+    """The generated functions a planned call of ``op`` may run (its plans' replays and
+    their fast paths), whose globals hold the plan's ``launch_kernel``."""
+    from kaio_ops import _plan
+
+    found = []
+    for replay in _plan.plans_of(op).values():
+        if replay is None:
+            continue
+        found.append(replay)
+        found += [f for f in getattr(replay, "fasts", {}).values() if f is not None]
+    return found
+
+
+class _Swapped:
+    """``launch_kernel`` in an op's generated functions swapped for ``stand_in`` while a
+    batch runs (``with``), the real call put back after."""
+
+    def __init__(self, op, stand_in):
+        self.op, self.stand_in = op, stand_in
+
+    def __enter__(self):
+        self.saved = [(f.__globals__, f.__globals__["launch_kernel"])
+                      for f in _generated_functions(self.op)]  # fmt: skip
+        for env, _ in self.saved:
+            env["launch_kernel"] = self.stand_in
+
+    def __exit__(self, *exc):
+        for env, real in self.saved:
+            env["launch_kernel"] = real
+
+
+def _captured_launches(op, args: tuple) -> tuple[list, object]:
+    """(each launch of one planned call of ``op``: ``(config, function, kernelParams)``
+    over a private copy of its parameter buffer, the call's result, kept alive by the
+    caller so that the addresses in the copies stay the call's)."""
+    from kaio.runtime.launcher import argument_values
+
+    launches = []
+
+    def capture(config, function, params, extra):
+        _handle, pointers = argument_values(function, params)
+        base, end = min(pointers), max(pointers) + 128  # 128: the widest entry (a map)
+        copy = (ctypes.c_uint8 * (end - base))()
+        ctypes.memmove(copy, base, end - base)
+        at = ctypes.addressof(copy)
+        array = (ctypes.c_void_p * len(pointers))(*(at + p - base for p in pointers))
+        launches.append((config, function, ctypes.byref(array), copy, array))
+        return real(config, function, params, extra)
+
+    functions = _generated_functions(op)
+    real = functions[0].__globals__["launch_kernel"]
+    with _Swapped(op, capture):
+        result = op(*args)
+    return [(c, f, p) for c, f, p, *_ in launches], (result, launches)
+
+
+def split_rows(out: dict) -> None:
+    """Where a planned op call's host time goes, behind the GPU spinner in interleaved
+    rounds (``launch_overhead.Bench``): the whole call; the same call with its driver calls
+    swapped for a native call of a C function that does nothing (``fegetround``: the
+    call's Python side); and the call's own launches alone, through the same native
+    ``cuLaunchKernelEx`` with copies of the parameter buffers one planned call filled (the
+    driver's side). Each op's result is first compared with torch's."""
+    import torch
+
+    from bench.launch_overhead import OP_BATCH, OP_SPIN_MS, SPIN_MS, Bench, _check_pair, op_pairs
+    from kaio.runtime import launcher, native
+
+    libm = ctypes.CDLL(None)
+    nothing = native.trampoline(ctypes.cast(libm.fegetround, ctypes.c_void_p).value)
+    if nothing is None or libm.fegetround() != 0:
+        print(f"  split: no native no-op ({native.status()})")
+        return
+    launch = launcher.raw_launch_kernel()
+
+    class SwappingBench(Bench):
+        swaps: dict = {}
+
+        def batch(self, launch_one, behind_spinner: bool) -> float:
+            swap = self.swaps.get(launch_one)
+            if swap is None:
+                return super().batch(launch_one, behind_spinner)
+            with swap:
+                return super().batch(launch_one, behind_spinner)
+
+    bench = SwappingBench(OP_BATCH, OP_SPIN_MS * SPIN_MS)
+    names = set(SPLIT_OPS)
+    keep = []
+    for label, op, args, _spelled, torch_call in op_pairs():
+        if op.__name__ not in names:
+            continue
+        _check_pair(torch, label, op, args, torch_call)
+        op(*args), op(*args)  # the fast path armed
+        launches, kept = _captured_launches(op, args)
+        keep.append(kept)
+
+        def driver(launches=launches):
+            for config, function, params in launches:
+                launch(config, function, params, None)
+
+        def python(op=op, args=args):
+            return op(*args)
+
+        bench.swaps[python] = _Swapped(op, nothing)
+        bench.row(f"{op.__name__}: whole call", lambda op=op, args=args: op(*args))
+        bench.row(f"{op.__name__}: Python side (no-op driver call)", python)
+        bench.row(f"{op.__name__}: its {len(launches)} launch(es) alone, raw native", driver)
+    rows = bench.run()
+    out["split"] = rows
+    out["split_late"] = bench.late
+    print(f"  {'op':<28} {'whole':>8} {'python':>8} {'driver':>8} {'sum':>8}  (host us a call)")
+    for name in SPLIT_OPS:
+        found = [v["host_us"] for k, v in rows.items() if k.startswith(name + ":")]
+        if len(found) == 3:
+            whole, python, driver = found
+            print(f"  {name:<28} {whole:8.2f} {python:8.2f} {driver:8.2f} {python + driver:8.2f}")
+    print(f"  batches that outlasted the spinner: {bench.late}")
+    del keep
+
+
+SPLIT_OPS = ("rms_norm", "rms_norm_residual", "flash_attention_decode", "matmul_fp8", "add")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results as JSON to this file")
@@ -459,11 +583,18 @@ def main() -> None:
         "plans": plan_rows,
         "dispatch": dispatch_rows,
         "gemv": gemv_rows,
+        "split": split_rows,
     }
     parser.add_argument(
         "--only", choices=sorted(groups), action="append", help="run only these groups"
     )
+    parser.add_argument("--batches", type=int, help="batches a row of the spinner's groups")
+    parser.add_argument("--spin-ms", type=float, help="GPU spin a batch (the spinner's groups)")
     args = parser.parse_args()
+    import bench.launch_overhead as overhead
+
+    overhead.BATCHES = args.batches or overhead.BATCHES
+    overhead.SPIN_MS = args.spin_ms or overhead.SPIN_MS
     dev = kaio.device()
     print(f"{dev.name} ({dev.arch})")
     out: dict = {"device": dev.name}
