@@ -505,6 +505,31 @@ def _captured_launches(op, args: tuple) -> tuple[list, object]:
     return [(c, f, p) for c, f, p, *_ in launches], (result, launches)
 
 
+def _allocations_a_call(op, args: tuple, calls: int = 10) -> float:
+    """How many outputs a call of ``op`` allocates (``A<j>()`` or ``EMPTY_LIKE``, counted
+    in its generated functions), over ``calls`` calls whose results are dropped: 0 where
+    its plan hands the dropped outputs out again."""
+    count = [0]
+    saved = []
+    for f in _generated_functions(op):
+        env = f.__globals__
+        for name in [n for n in env if re.fullmatch(r"A\d+|EMPTY_LIKE", n)]:
+            saved.append((env, name, env[name]))
+
+            def counted(*a, real=env[name], **k):
+                count[0] += 1
+                return real(*a, **k)
+
+            env[name] = counted
+    try:
+        for _ in range(calls):
+            op(*args)
+    finally:
+        for env, name, real in saved:
+            env[name] = real
+    return count[0] / calls
+
+
 def split_rows(out: dict) -> None:
     """Where a planned op call's host time goes, behind the GPU spinner in interleaved
     rounds (``launch_overhead.Bench``): the whole call; the same call with its driver calls
@@ -542,6 +567,9 @@ def split_rows(out: dict) -> None:
             continue
         _check_pair(torch, label, op, args, torch_call)
         op(*args), op(*args)  # the fast path armed
+        made = _allocations_a_call(op, args)
+        out.setdefault("allocations_a_call", {})[op.__name__] = made
+        print(f"  {op.__name__}: {made:.2f} outputs allocated a call (not handed out again)")
         launches, kept = _captured_launches(op, args)
         keep.append(kept)
 
