@@ -530,6 +530,45 @@ def _allocations_a_call(op, args: tuple, calls: int = 10) -> float:
     return count[0] / calls
 
 
+def _context_rows(bench, driver, tensors: tuple) -> None:
+    """What torch's accessors cost between launches, as a plan's call makes them: the raw
+    launch ``driver`` followed by 4 ``data_ptr()`` calls, 4 ``_use_count()`` calls, one
+    ``TensorGuards`` check of the tensors, ``torch.is_inference_mode_enabled()``, or 4
+    calls of a Python builtin (``len``)."""
+    import torch
+
+    from kaio_ops._plan import tensor_check
+
+    x = tensors[0]
+    check = tensor_check(list(tensors))
+    inference = torch.is_inference_mode_enabled
+
+    def data_ptrs():
+        driver()
+        x.data_ptr(), x.data_ptr(), x.data_ptr(), x.data_ptr()
+
+    def use_counts():
+        driver()
+        x._use_count(), x._use_count(), x._use_count(), x._use_count()
+
+    def guards():
+        driver()
+        check(*tensors)
+
+    def mode():
+        driver()
+        inference()
+
+    def builtins():
+        driver()
+        len(tensors), len(tensors), len(tensors), len(tensors)
+
+    for label, row in (("4 x.data_ptr()", data_ptrs), ("4 x._use_count()", use_counts),
+                       (f"TensorGuards of {len(tensors)}", guards),
+                       ("is_inference_mode_enabled()", mode), ("4 len()", builtins)):  # fmt: skip
+        bench.row(f"context: the launch + {label}", row)
+
+
 def split_rows(out: dict) -> None:
     """Where a planned op call's host time goes, behind the GPU spinner in interleaved
     rounds (``launch_overhead.Bench``): the whole call; the same call with its driver calls
@@ -584,6 +623,8 @@ def split_rows(out: dict) -> None:
         bench.row(f"{op.__name__}: whole call", lambda op=op, args=args: op(*args))
         bench.row(f"{op.__name__}: Python side (no-op driver call)", python)
         bench.row(f"{op.__name__}: its {len(launches)} launch(es) alone, raw native", driver)
+        if op.__name__ == "rms_norm":
+            _context_rows(bench, driver, args)
     rows = bench.run()
     out["split"] = rows
     out["split_late"] = bench.late
