@@ -240,8 +240,8 @@ def first_tiles(
 ) -> tuple[u32, u32]:  # fmt: skip
     """The forward kernels' start: the Q, K (rows of WK) and V (rows of WV) tiles zeroed,
     then query rows q0 .. q0 + ROWS and the first key tile of split ``split`` copied in
-    (``load_rows``), K waited for and V in flight; returns the split's key tiles
-    (t_begin, t_end), the causal mask's last tile of the query tile included."""
+    (``load_rows``), Q and K waited for and V in flight; returns the split's key tiles
+    (t_begin, t_end), with ``causal`` none past the query tile's last row."""
     zero_tile(q_s, ROWS, WK)
     zero_tile(k_s, 64, WK)
     zero_tile(v_s, 64, WV)
