@@ -554,6 +554,13 @@ def reuse_step_rows(bench: Bench, x, y, out) -> None:
     table = {(GRID, 256): subscripted[GRID, 256]}
     bench.row("the subscript alone: add[grid, 256]", lambda: subscripted[GRID, 256])
     bench.row("a dict's subscript alone: table[grid, 256]", lambda: table[GRID, 256])
+    # the same launch found through the dict instead of the kernel's subscript (beside
+    # kaio_rows' add[grid, 256](...) and the launch taken after a first launch)
+    check_poisoned(out, x, y, lambda: table[GRID, 256](x, y, out, N))
+    bench.row(
+        "kaio launch through a dict's subscript: table[grid, 256](...)",
+        lambda: table[GRID, 256](x, y, out, N),
+    )
 
 
 def _generated(header: str, body: list[str], env: dict):
