@@ -448,13 +448,23 @@ def gemv_rows(out: dict) -> None:
             _plan.clear()
 
 
+def native_no_op():
+    """A native builtin (``kaio.runtime.native``) that takes a launch's four arguments and
+    does nothing (it calls ``fegetround``, which returns 0 under the default rounding),
+    for timing a call's Python side alone; None where there is none."""
+    from kaio.runtime import native
+
+    libm = ctypes.CDLL(None)
+    nothing = native.trampoline(ctypes.cast(libm.fegetround, ctypes.c_void_p).value)
+    return nothing if nothing is not None and libm.fegetround() == 0 else None
+
+
 def _generated_functions(op) -> list:
     """The generated functions a planned call of ``op`` may run (its plans' replays and
-    their fast paths), whose globals hold the plan's ``launch_kernel``."""
-    from kaio_ops import _plan
-
+    their fast paths), whose globals hold the plan's ``launch_kernel`` (``op._plans``:
+    whichever source tree the op comes from, ``bench/host_ab.py``)."""
     found = []
-    for replay in _plan.plans_of(op).values():
+    for replay in op._plans.values():
         if replay is None:
             continue
         found.append(replay)
@@ -462,7 +472,7 @@ def _generated_functions(op) -> list:
     return found
 
 
-class _Swapped:
+class Swapped:
     """``launch_kernel`` in an op's generated functions swapped for ``stand_in`` while a
     batch runs (``with``), the real call put back after."""
 
@@ -500,7 +510,7 @@ def _captured_launches(op, args: tuple) -> tuple[list, object]:
 
     functions = _generated_functions(op)
     real = functions[0].__globals__["launch_kernel"]
-    with _Swapped(op, capture):
+    with Swapped(op, capture):
         result = op(*args)
     return [(c, f, p) for c, f, p, *_ in launches], (result, launches)
 
@@ -581,24 +591,12 @@ def split_rows(out: dict) -> None:
     from bench.launch_overhead import OP_BATCH, OP_SPIN_MS, SPIN_MS, Bench, _check_pair, op_pairs
     from kaio.runtime import launcher, native
 
-    libm = ctypes.CDLL(None)
-    nothing = native.trampoline(ctypes.cast(libm.fegetround, ctypes.c_void_p).value)
-    if nothing is None or libm.fegetround() != 0:
+    nothing = native_no_op()
+    if nothing is None:
         print(f"  split: no native no-op ({native.status()})")
         return
     launch = launcher.raw_launch_kernel()
-
-    class SwappingBench(Bench):
-        swaps: dict = {}
-
-        def batch(self, launch_one, behind_spinner: bool) -> float:
-            swap = self.swaps.get(launch_one)
-            if swap is None:
-                return super().batch(launch_one, behind_spinner)
-            with swap:
-                return super().batch(launch_one, behind_spinner)
-
-    bench = SwappingBench(OP_BATCH, OP_SPIN_MS * SPIN_MS)
+    bench = Bench(OP_BATCH, OP_SPIN_MS * SPIN_MS)
     names = set(SPLIT_OPS)
     keep = []
     for label, op, args, _spelled, torch_call in op_pairs():
@@ -616,12 +614,12 @@ def split_rows(out: dict) -> None:
             for config, function, params in launches:
                 launch(config, function, params, None)
 
-        def python(op=op, args=args):
-            return op(*args)
-
-        bench.swaps[python] = _Swapped(op, nothing)
         bench.row(f"{op.__name__}: whole call", lambda op=op, args=args: op(*args))
-        bench.row(f"{op.__name__}: Python side (no-op driver call)", python)
+        bench.row(
+            f"{op.__name__}: Python side (no-op driver call)",
+            lambda op=op, args=args: op(*args),
+            around=Swapped(op, nothing),
+        )
         bench.row(f"{op.__name__}: its {len(launches)} launch(es) alone, raw native", driver)
         if op.__name__ == "rms_norm":
             _context_rows(bench, driver, args)
