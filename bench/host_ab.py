@@ -231,9 +231,9 @@ def main() -> None:
         return
     rows, failed = [], {}
     if args.python_only:
+        trees[1].use()  # (host_parts imports kaio: the new tree's)
         from bench.host_parts import Swapped, native_no_op
 
-        trees[1].use()
         nothing = native_no_op()
         trees[1].done()
         if nothing is None:
