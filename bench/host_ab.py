@@ -3,7 +3,12 @@ interleaved rounds behind a GPU spinner (``bench/launch_overhead.py``'s method a
 beside torch eager doing the same work: an A/B of a change to the op-call path.
 
     python bench/host_ab.py BASE_TREE NEW_TREE --ops rms_norm matmul_fp8 [--batches 10] [--cpu-time]
+    python bench/host_ab.py BASE_TREE NEW_TREE --ops rms_norm --python-only
     python bench/host_ab.py BASE_TREE NEW_TREE --launch
+
+``--python-only``: the ops' Python side alone, each plan's driver call swapped for a native
+call of a C function that does nothing while its batches run (``host_parts.Swapped``): the
+part of a call a change to the op-call path changes, without the driver's time and noise.
 
 ``--launch``: the bare launch of ``launch_overhead``'s 4-argument ``add`` instead, each tree
 compiling its own copy: the subscript spelled each call and the launch taken after a first
@@ -185,6 +190,12 @@ def main() -> None:
     p.add_argument("--spin-ms", type=float, default=4.0)
     p.add_argument("--json", default=None)
     p.add_argument(
+        "--python-only",
+        action="store_true",
+        help="the ops' Python side alone: each plan's driver call swapped for a native no-op "
+        "(bench/host_parts.py's), no torch rows",
+    )
+    p.add_argument(
         "--cpu-time",
         action="store_true",
         help="time the batches by the thread's CPU time (a busy host's waits for a core left out)",
@@ -219,6 +230,14 @@ def main() -> None:
                 json.dump({"device": torch.cuda.get_device_name(), "rows": times}, f, indent=1)
         return
     rows, failed = [], {}
+    if args.python_only:
+        trees[1].use()  # (host_parts imports kaio: the new tree's)
+        from bench.host_parts import Swapped, native_no_op
+
+        nothing = native_no_op()
+        trees[1].done()
+        if nothing is None:
+            raise SystemExit("--python-only: no native no-op call on this host")
     for which, tree in zip(("base", "new"), trees, strict=True):
         tree.use()
         extra = {"linear_turns": _turns, "add_chain": _chain}
@@ -232,12 +251,15 @@ def main() -> None:
                 failed[f"{which} {label}"] = f"{type(e).__name__}: {e}"[:300]
                 print(f"  {which} {label}: failed: {failed[f'{which} {label}']}", flush=True)
                 continue
-            bench.row(f"{which} {label}", lambda op=op, a=op_args: op(*a))
+            around = Swapped(op, nothing) if args.python_only else None
+            bench.row(f"{which} {label}", lambda op=op, a=op_args: op(*a), around=around)
             if which == "new":
-                bench.row(f"torch {spelled} [{label}]", torch_call)
+                if not args.python_only:
+                    bench.row(f"torch {spelled} [{label}]", torch_call)
                 rows.append((label, spelled))
         tree.done()
     clock = "the thread's CPU time" if args.cpu_time else "wall time"
+    clock += ", the Python side alone" if args.python_only else ""
     print(f"{torch.cuda.get_device_name()}: host µs a call ({clock}), median of {args.batches} "
           "batches")  # fmt: skip
     times = bench.run()
@@ -246,10 +268,11 @@ def main() -> None:
     for label, spelled in rows:
         base = times.get(f"base {label}", {}).get("host_us")
         new = times[f"new {label}"]["host_us"]
-        eager = times[f"torch {spelled} [{label}]"]["host_us"]
+        eager = times.get(f"torch {spelled} [{label}]", {}).get("host_us", 0.0)
         report.append({"op": label, "base_us": base, "new_us": new, "torch_us": eager})
         ratio = f"{new / base:8.3f}" if base else f"{'-':>8}"
-        print(f"{label:<64} {base or 0:7.2f} {new:7.2f} {ratio} {eager:7.2f} {eager / new:9.2f}")
+        peer = f"{eager:7.2f} {eager / new:9.2f}" if eager else ""
+        print(f"{label:<64} {base or 0:7.2f} {new:7.2f} {ratio} {peer}")
     print(f"batches that outlasted the spinner: {bench.late}")
     if args.json:
         with open(args.json, "w") as f:

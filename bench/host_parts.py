@@ -448,6 +448,197 @@ def gemv_rows(out: dict) -> None:
             _plan.clear()
 
 
+def native_no_op():
+    """A native builtin (``kaio.runtime.native``) that takes a launch's four arguments and
+    does nothing (it calls ``fegetround``, which returns 0 under the default rounding),
+    for timing a call's Python side alone; None where there is none."""
+    from kaio.runtime import native
+
+    libm = ctypes.CDLL(None)
+    nothing = native.trampoline(ctypes.cast(libm.fegetround, ctypes.c_void_p).value)
+    return nothing if nothing is not None and libm.fegetround() == 0 else None
+
+
+def _generated_functions(op) -> list:
+    """The generated functions a planned call of ``op`` may run (its plans' replays and
+    their fast paths), whose globals hold the plan's ``launch_kernel`` (``op._plans``:
+    whichever source tree the op comes from, ``bench/host_ab.py``)."""
+    found = []
+    for replay in op._plans.values():
+        if replay is None:
+            continue
+        found.append(replay)
+        found += [f for f in getattr(replay, "fasts", {}).values() if f is not None]
+    return found
+
+
+class Swapped:
+    """``launch_kernel`` in an op's generated functions swapped for ``stand_in`` while a
+    batch runs (``with``), the real call put back after."""
+
+    def __init__(self, op, stand_in):
+        self.op, self.stand_in = op, stand_in
+
+    def __enter__(self):
+        self.saved = [(f.__globals__, f.__globals__["launch_kernel"])
+                      for f in _generated_functions(self.op)]  # fmt: skip
+        for env, _ in self.saved:
+            env["launch_kernel"] = self.stand_in
+
+    def __exit__(self, *exc):
+        for env, real in self.saved:
+            env["launch_kernel"] = real
+
+
+def _captured_launches(op, args: tuple) -> tuple[list, object]:
+    """(each launch of one planned call of ``op``: ``(config, function, kernelParams)``
+    over a private copy of its parameter buffer, the call's result, kept alive by the
+    caller so that the addresses in the copies stay the call's)."""
+    from kaio.runtime.launcher import argument_values
+
+    launches = []
+
+    def capture(config, function, params, extra):
+        _handle, pointers = argument_values(function, params)
+        base, end = min(pointers), max(pointers) + 128  # 128: the widest entry (a map)
+        copy = (ctypes.c_uint8 * (end - base))()
+        ctypes.memmove(copy, base, end - base)
+        at = ctypes.addressof(copy)
+        array = (ctypes.c_void_p * len(pointers))(*(at + p - base for p in pointers))
+        launches.append((config, function, ctypes.byref(array), copy, array))
+        return real(config, function, params, extra)
+
+    functions = _generated_functions(op)
+    real = functions[0].__globals__["launch_kernel"]
+    with Swapped(op, capture):
+        result = op(*args)
+    return [(c, f, p) for c, f, p, *_ in launches], (result, launches)
+
+
+def _allocations_a_call(op, args: tuple, calls: int = 10) -> float:
+    """How many outputs a call of ``op`` allocates (``A<j>()`` or ``EMPTY_LIKE``, counted
+    in its generated functions), over ``calls`` calls whose results are dropped: 0 where
+    its plan hands the dropped outputs out again."""
+    count = [0]
+    saved = []
+    for f in _generated_functions(op):
+        env = f.__globals__
+        for name in [n for n in env if re.fullmatch(r"A\d+|EMPTY_LIKE", n)]:
+            saved.append((env, name, env[name]))
+
+            def counted(*a, real=env[name], **k):
+                count[0] += 1
+                return real(*a, **k)
+
+            env[name] = counted
+    try:
+        for _ in range(calls):
+            op(*args)
+    finally:
+        for env, name, real in saved:
+            env[name] = real
+    return count[0] / calls
+
+
+def _context_rows(bench, driver, tensors: tuple) -> None:
+    """What torch's accessors cost between launches, as a plan's call makes them: the raw
+    launch ``driver`` followed by 4 ``data_ptr()`` calls, 4 ``_use_count()`` calls, one
+    ``TensorGuards`` check of the tensors, ``torch.is_inference_mode_enabled()``, or 4
+    calls of a Python builtin (``len``)."""
+    import torch
+
+    from kaio_ops._plan import tensor_check
+
+    x = tensors[0]
+    check = tensor_check(list(tensors))
+    inference = torch.is_inference_mode_enabled
+
+    def data_ptrs():
+        driver()
+        x.data_ptr(), x.data_ptr(), x.data_ptr(), x.data_ptr()
+
+    def use_counts():
+        driver()
+        x._use_count(), x._use_count(), x._use_count(), x._use_count()
+
+    def guards():
+        driver()
+        check(*tensors)
+
+    def mode():
+        driver()
+        inference()
+
+    def builtins():
+        driver()
+        len(tensors), len(tensors), len(tensors), len(tensors)
+
+    for label, row in (("4 x.data_ptr()", data_ptrs), ("4 x._use_count()", use_counts),
+                       (f"TensorGuards of {len(tensors)}", guards),
+                       ("is_inference_mode_enabled()", mode), ("4 len()", builtins)):  # fmt: skip
+        bench.row(f"context: the launch + {label}", row)
+
+
+def split_rows(out: dict) -> None:
+    """Where a planned op call's host time goes, behind the GPU spinner in interleaved
+    rounds (``launch_overhead.Bench``): the whole call; the same call with its driver calls
+    swapped for a native call of a C function that does nothing (``fegetround``: the
+    call's Python side); and the call's own launches alone, through the same native
+    ``cuLaunchKernelEx`` with copies of the parameter buffers one planned call filled (the
+    driver's side). Each op's result is first compared with torch's."""
+    import torch
+
+    from bench.launch_overhead import OP_BATCH, OP_SPIN_MS, SPIN_MS, Bench, _check_pair, op_pairs
+    from kaio.runtime import launcher, native
+
+    nothing = native_no_op()
+    if nothing is None:
+        print(f"  split: no native no-op ({native.status()})")
+        return
+    launch = launcher.raw_launch_kernel()
+    bench = Bench(OP_BATCH, OP_SPIN_MS * SPIN_MS)
+    names = set(SPLIT_OPS)
+    keep = []
+    for label, op, args, _spelled, torch_call in op_pairs():
+        if op.__name__ not in names:
+            continue
+        _check_pair(torch, label, op, args, torch_call)
+        op(*args), op(*args)  # the fast path armed
+        made = _allocations_a_call(op, args)
+        out.setdefault("allocations_a_call", {})[op.__name__] = made
+        print(f"  {op.__name__}: {made:.2f} outputs allocated a call (not handed out again)")
+        launches, kept = _captured_launches(op, args)
+        keep.append(kept)
+
+        def driver(launches=launches):
+            for config, function, params in launches:
+                launch(config, function, params, None)
+
+        bench.row(f"{op.__name__}: whole call", lambda op=op, args=args: op(*args))
+        bench.row(
+            f"{op.__name__}: Python side (no-op driver call)",
+            lambda op=op, args=args: op(*args),
+            around=Swapped(op, nothing),
+        )
+        bench.row(f"{op.__name__}: its {len(launches)} launch(es) alone, raw native", driver)
+        if op.__name__ == "rms_norm":
+            _context_rows(bench, driver, args)
+    rows = bench.run()
+    out["split"] = rows
+    out["split_late"] = bench.late
+    print(f"  {'op':<28} {'whole':>8} {'python':>8} {'driver':>8} {'sum':>8}  (host us a call)")
+    for name in SPLIT_OPS:
+        found = [v["host_us"] for k, v in rows.items() if k.startswith(name + ":")]
+        if len(found) == 3:
+            whole, python, driver = found
+            print(f"  {name:<28} {whole:8.2f} {python:8.2f} {driver:8.2f} {python + driver:8.2f}")
+    print(f"  batches that outlasted the spinner: {bench.late}")
+    del keep
+
+
+SPLIT_OPS = ("rms_norm", "rms_norm_residual", "flash_attention_decode", "matmul_fp8", "add")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results as JSON to this file")
@@ -459,11 +650,18 @@ def main() -> None:
         "plans": plan_rows,
         "dispatch": dispatch_rows,
         "gemv": gemv_rows,
+        "split": split_rows,
     }
     parser.add_argument(
         "--only", choices=sorted(groups), action="append", help="run only these groups"
     )
+    parser.add_argument("--batches", type=int, help="batches a row of the spinner's groups")
+    parser.add_argument("--spin-ms", type=float, help="GPU spin a batch (the spinner's groups)")
     args = parser.parse_args()
+    import bench.launch_overhead as overhead
+
+    overhead.BATCHES = args.batches or overhead.BATCHES
+    overhead.SPIN_MS = args.spin_ms or overhead.SPIN_MS
     dev = kaio.device()
     print(f"{dev.name} ({dev.arch})")
     out: dict = {"device": dev.name}

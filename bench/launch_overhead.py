@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import ctypes
 import json
 import os
@@ -184,13 +185,18 @@ class Bench:
         self.spinner = Spinner(spin_ms)
         self.batch_size = batch
         self.rows: dict = {}  # name -> launch_one
+        self.around: dict = {}  # name -> a context entered around each of its batches
         self.keep: list = []  # ctypes buffers that raw rows' launches point into
         self.late = 0  # batches that outlasted the spinner
 
-    def row(self, name: str, launch_one) -> None:
+    def row(self, name: str, launch_one, around=None) -> None:
+        """A row timing ``launch_one``; ``around``: a context manager entered around each
+        of its batches (a stand-in swapped in while they run)."""
         launch_one()  # warm up (and build any launcher)
         kaio.synchronize()
         self.rows[name] = launch_one
+        if around is not None:
+            self.around[name] = around
 
     def batch(self, launch_one, behind_spinner: bool) -> float:
         """Host microseconds per launch over one batch."""
@@ -209,8 +215,9 @@ class Bench:
         samples = {name: ([], []) for name in self.rows}
         for i in range(BATCHES):  # every other round in the reverse order: no row always first
             for name, launch_one in list(self.rows.items())[:: 1 - 2 * (i % 2)]:
-                samples[name][0].append(self.batch(launch_one, True))
-                samples[name][1].append(self.batch(launch_one, False))
+                with self.around.get(name, contextlib.nullcontext()):
+                    samples[name][0].append(self.batch(launch_one, True))
+                    samples[name][1].append(self.batch(launch_one, False))
         results = {}
         for name, (host, free) in samples.items():
             results[name] = {"host_us": statistics.median(host), "free_us": statistics.median(free)}
@@ -554,6 +561,13 @@ def reuse_step_rows(bench: Bench, x, y, out) -> None:
     table = {(GRID, 256): subscripted[GRID, 256]}
     bench.row("the subscript alone: add[grid, 256]", lambda: subscripted[GRID, 256])
     bench.row("a dict's subscript alone: table[grid, 256]", lambda: table[GRID, 256])
+    # the same launch found through the dict instead of the kernel's subscript (beside
+    # kaio_rows' add[grid, 256](...) and the launch taken after a first launch)
+    check_poisoned(out, x, y, lambda: table[GRID, 256](x, y, out, N))
+    bench.row(
+        "kaio launch through a dict's subscript: table[grid, 256](...)",
+        lambda: table[GRID, 256](x, y, out, N),
+    )
 
 
 def _generated(header: str, body: list[str], env: dict):

@@ -232,6 +232,36 @@ def next_tiles(
     kaio.cp_async_wait_all()
 
 
+@kaio.gpu_func
+def first_tiles(
+    q_s: f32[:, :], k_s: f32[:, :], v_s: f32[:, :], q: f32[:, :], k: f32[:, :], v: f32[:, :],
+    q0: u32, split: u32, Sk: u32, tiles_per_split: u32, causal: u32, vec: u32,
+    WK: kaio.constexpr, WV: kaio.constexpr, DP: kaio.constexpr,
+) -> tuple[u32, u32]:  # fmt: skip
+    """The forward kernels' start: the Q, K (rows of WK) and V (rows of WV) tiles zeroed,
+    then query rows q0 .. q0 + ROWS and the first key tile of split ``split`` copied in
+    (``load_rows``), Q and K waited for and V in flight; returns the split's key tiles
+    (t_begin, t_end), with ``causal`` none past the query tile's last row."""
+    zero_tile(q_s, ROWS, WK)
+    zero_tile(k_s, 64, WK)
+    zero_tile(v_s, 64, WV)
+    kaio.sync_threads()
+
+    n_tiles = (Sk + 63) // 64
+    if causal != 0:
+        n_tiles = kaio.min(n_tiles, (q0 + ROWS + 63) // 64)
+    t_begin = split * tiles_per_split
+    t_end = kaio.min(t_begin + tiles_per_split, n_tiles)
+    load_rows(q_s, q, q0, vec, ROWS, DP)
+    load_rows(k_s, k, t_begin * 64, vec, 64, DP)
+    kaio.cp_async_commit()
+    load_rows(v_s, v, t_begin * 64, vec, 64, DP)
+    kaio.cp_async_commit()
+    kaio.cp_async_wait(1)
+    kaio.sync_threads()
+    return t_begin, t_end
+
+
 @kaio.gpu_kernel(block_size=NT)
 def flash_fwd(
     q: f32[:, :], k: f32[:, :], v: f32[:, :], out: f32[:, :], lse: f32[:],
@@ -253,23 +283,8 @@ def flash_fwd(
     k_s = kaio.shared_dynamic(f32, (64, W), ROWS * W * 4)
     v_s = kaio.shared_dynamic(f32, (64, W), (ROWS + 64) * W * 4)
     p_s = kaio.shared_dynamic(f32, (ROWS, 68), (ROWS + 128) * W * 4)
-    zero_tile(q_s, ROWS, W)
-    zero_tile(k_s, 64, W)
-    zero_tile(v_s, 64, W)
-    kaio.sync_threads()
-
-    n_tiles = (Sk + 63) // 64
-    if causal != 0:
-        n_tiles = kaio.min(n_tiles, (q0 + ROWS + 63) // 64)
-    t_begin = split * tiles_per_split
-    t_end = kaio.min(t_begin + tiles_per_split, n_tiles)
-    load_rows(q_s, q, q0, vec, ROWS, DP)
-    load_rows(k_s, k, t_begin * 64, vec, 64, DP)
-    kaio.cp_async_commit()
-    load_rows(v_s, v, t_begin * 64, vec, 64, DP)
-    kaio.cp_async_commit()
-    kaio.cp_async_wait(1)
-    kaio.sync_threads()
+    t_begin, t_end = first_tiles(q_s, k_s, v_s, q, k, v, q0, split, Sk, tiles_per_split, causal,
+                                 vec, W, W, DP)  # fmt: skip
 
     m = kaio.local(f32, 4)
     l = kaio.local(f32, 4)
@@ -360,23 +375,8 @@ def flash_fwd_mma(
     v_s = kaio.shared_dynamic(f32, (64, WV), (ROWS + 64) * WK * 4)
     p_s = kaio.shared_dynamic(f32, (ROWS, 68), (ROWS + 64) * WK * 4 + 64 * WV * 4)
     top_s = kaio.shared_dynamic(f32, (2, ROWS), (ROWS + 64) * WK * 4 + (64 * WV + ROWS * 68) * 4)
-    zero_tile(q_s, ROWS, WK)
-    zero_tile(k_s, 64, WK)
-    zero_tile(v_s, 64, WV)
-    kaio.sync_threads()
-
-    n_tiles = (Sk + 63) // 64
-    if causal != 0:
-        n_tiles = kaio.min(n_tiles, (q0 + ROWS + 63) // 64)
-    t_begin = split * tiles_per_split
-    t_end = kaio.min(t_begin + tiles_per_split, n_tiles)
-    load_rows(q_s, q, q0, vec, ROWS, DP)
-    load_rows(k_s, k, t_begin * 64, vec, 64, DP)
-    kaio.cp_async_commit()
-    load_rows(v_s, v, t_begin * 64, vec, 64, DP)
-    kaio.cp_async_commit()
-    kaio.cp_async_wait(1)
-    kaio.sync_threads()
+    t_begin, t_end = first_tiles(q_s, k_s, v_s, q, k, v, q0, split, Sk, tiles_per_split, causal,
+                                 vec, WK, WV, DP)  # fmt: skip
 
     m = kaio.local(f32, 2)
     l = kaio.local(f32, 2)  # this thread's part of its rows' sums

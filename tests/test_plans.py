@@ -12,6 +12,8 @@ import importlib
 import itertools
 import math
 import os
+import re
+import struct
 import subprocess
 import sys
 import types
@@ -40,7 +42,6 @@ class FakeGPU:
     def __init__(self, monkeypatch):
         self.calls: list = []
         self.devices: dict = {}
-        self.handles: dict = {}
         self.next_ptr = itertools.count(0x10_0000, 0x1_0000)
         self.stream = None  # the stream ops launch on (None: the default one)
         # launchers built in earlier tests keep the launch function they were built with
@@ -83,7 +84,11 @@ class FakeGPU:
         return self.devices[ordinal]
 
     def load(self, spec, dev, arch):
-        handle = self.handles.setdefault(id(spec), 0x1000 + len(self.handles))
+        if id(spec) not in _HANDLES:  # (the spec kept: its id stays its own)
+            handle = 0x1000 + len(_HANDLES)
+            _HANDLES[id(spec)] = spec, handle
+            _FORMATS[handle] = launcher_mod.param_format(spec.function.params)[0]
+        handle = _HANDLES[id(spec)][1]
         return types.SimpleNamespace(
             handle=handle,
             device=dev,
@@ -101,7 +106,6 @@ class FakeGPU:
     def launch(self, config, func, params, extra):
         cfg = config._obj
         handle, pointers = launcher_mod.argument_values(func, params)
-        end = max(pointers) + 4 - pointers[0]  # the last parameter: at least 4 bytes here
         self.calls.append(
             (
                 handle,
@@ -109,11 +113,23 @@ class FakeGPU:
                 tuple(cfg.block),
                 cfg.shared,
                 cfg.stream or 0,
-                ctypes.string_at(pointers[0], end),
+                self.parameters(handle, pointers),
                 current.ordinal,
             )
         )
         return 0
+
+    def parameters(self, handle: int, pointers: list) -> bytes:
+        """The parameter bytes the driver would read: each parameter at its kernelParams
+        pointer (wherever the buffer keeps it), laid out as the kernel's format, padding
+        zero."""
+        fmt = _FORMATS[handle]
+        entries = re.findall(r"(\d*)([a-zA-Z?])", fmt)
+        sizes = [struct.calcsize(f"={count}{code}") for count, code in entries if code != "x"]
+        laid = bytearray(struct.calcsize(fmt))
+        for at, size, pointer in zip(launcher_mod.entry_offsets(fmt), sizes, pointers, strict=True):
+            laid[at : at + size] = ctypes.string_at(pointer, size)
+        return bytes(laid)
 
     def array(self, shape, dtype=f32, device=0, strides=None, offset=0):
         """A fake array on fake GPU ``device`` (strides in elements; default row-major)."""
@@ -150,6 +166,10 @@ class FakeGPU:
 
 
 _ACTIVE: list = [None]  # the FakeGPU of the running test
+# the kernel handle of each specialization, the same on every fake GPU (launchers keep
+# theirs from test to test): id -> (spec, handle); and each handle's parameter format
+_HANDLES: dict = {}
+_FORMATS: dict = {}
 
 
 def _launch(config, func, params, extra):
@@ -1881,3 +1901,17 @@ def test_a_plan_keeps_its_small_workspace_between_calls(fake, monkeypatch):
     del twin
     gc.collect()
     assert log[3:] == [("free", 0xA000)]
+
+
+def test_a_plan_writes_each_address_once(fake):
+    """rms_norm's kernel takes x in three parameters and its output in two: a call of its
+    plan writes each of the three addresses once, into a word the parameters holding it
+    point to, and the driver reads what the unplanned launch passes."""
+    x, w = fake.array((2, 64)), fake.array((64,))
+    planned, unplanned, _ = fake.run(kaio_ops.rms_norm, x, w)
+    assert planned == unplanned
+    x2 = fake.array((2, 64))
+    planned, unplanned, _ = fake.run(kaio_ops.rms_norm, x2, w)
+    assert planned == unplanned and x2.ptr.to_bytes(8, "little") in planned[0][5]
+    (replay,) = _plan.plans_of(kaio_ops.rms_norm).values()
+    assert len(re.findall(r"words\[\d+\] = ", replay.source)) == 3

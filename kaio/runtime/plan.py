@@ -219,12 +219,17 @@ class CallPlan:
             lines.append(f"home = {launcher.home_test(env['DEV'], 'DEV', env)}")
         for i, (prepared, sources) in enumerate(self.steps):
             # a parameter buffer holds every constant entry from when it is made: a call
-            # writes only the addresses of its arrays (8-byte entries at 8-byte offsets) and
-            # the maps over them (128 bytes at 64-byte offsets), not the whole format
+            # writes only the addresses of its arrays and the maps over them (128 bytes at
+            # 64-byte offsets), not the whole format. Each distinct address (a source and
+            # an offset into it) is one word after the packed parameters, which the
+            # kernelParams entry of every parameter holding that address points to: a call
+            # writes it once (rms_norm passes x three times, decode q twice)
             # a map is encoded again only where its buffer holds another address's map
             # (``mapped``: the address each map of the buffer was last encoded for)
             writes, maps = [], 0
-            offsets, values = prepared.offsets, list(prepared.values)
+            offsets, values = list(prepared.offsets), list(prepared.values)
+            packed = -(-struct.calcsize(prepared.fmt) // 8)  # words the parameters take
+            words: dict = {}  # (source, offset) -> its word
             for k, (source, add) in sources.items():
                 if source in constants and k not in prepared.maps:
                     values[prepared.arrays[k]] = constants[source] + add
@@ -242,12 +247,17 @@ class CallPlan:
                         f"    mapped[{maps}] = at",
                     ]
                     maps += 1
-                else:
-                    writes.append(f"words[{offsets[prepared.arrays[k]] // 8}] = {where}")
+                    continue
+                word = words.get((source, add))
+                if word is None:
+                    word = words[source, add] = packed + len(words)
+                    writes.append(f"words[{word}] = {where}")
+                offsets[prepared.arrays[k]] = 8 * word
             filled = struct.pack(prepared.fmt, *values)
+            size = 8 * (packed + len(words))
 
-            def new(filled=filled, offsets=offsets, maps=maps) -> tuple:
-                slot = _filled_slot(filled, offsets)
+            def new(filled=filled, offsets=offsets, size=size, maps=maps) -> tuple:
+                slot = _filled_slot(filled, offsets, size)
                 return (*slot, [None] * maps) if maps else slot
 
             free = env[f"free{i}"] = [new()]
@@ -291,11 +301,12 @@ class CallPlan:
         return ["    " + line for line in lines]
 
 
-def _filled_slot(filled: bytes, offsets: list[int]) -> tuple:
-    """A parameter buffer holding ``filled`` (the packed parameters), as ``(bytes view,
-    the same as 8-byte words, the kernelParams argument)``: its size rounded up to whole
-    words (the driver reads each parameter at its offset, nothing past the last)."""
-    view, params = parameter_slot(-(-len(filled) // 8) * 8, offsets)
+def _filled_slot(filled: bytes, offsets: list[int], size: int) -> tuple:
+    """A parameter buffer of ``size`` bytes (whole words) starting with ``filled`` (the
+    packed parameters), as ``(bytes view, the same as 8-byte words, the kernelParams
+    argument)``: kernelParams points to each parameter at its offset in ``offsets`` (the
+    driver reads each there, nothing else)."""
+    view, params = parameter_slot(size, offsets)
     buf = view.cast("B")  # ctypes' "<B" takes no slice assignment
     buf[: len(filled)] = filled
     return buf, buf.cast("Q"), params
