@@ -1,0 +1,133 @@
+"""Programmatic dependent launch for the decode kernels (dec, issue 34, fifteenth pass):
+kernel time as bench/decode.py counts it (a CUDA graph of calls over input sets in turn,
+the events around a replay / the calls) of the routed call against copies of its kernels
+with ``kaio.grid_dependency_wait()`` first (PDL 1) and also ``kaio.launch_dependents()``
+after the key loop (PDL 2), beside SDPA's default on the contiguous cache; each variant
+checked against the routed call first (the same bits).
+
+    python3 bench/decode_pdl.py warm [SECONDS]   # compile in parallel processes
+    python3 bench/decode_pdl.py [SECONDS]        # time (CASES: BxL[p],...)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import decode_probe as P  # noqa: E402
+import torch  # noqa: E402
+
+from kaio_ops import decode  # noqa: E402
+
+_FWD_START = (
+    "    # Q first: its copies are in flight while the length is read (the K/V copies need it)\n"
+)
+_FWD_LOOP_END = (
+    "    # the warps' partial results, relative to their own maxima, through shared memory (the\n"
+)
+_FOLD_START = "    SPECT = (STAGES - 1) // FOLD * FOLD * SPEC  # tiles copied before the sort\n"
+_FOLD_LOOP_END = "    red_o = kaio.shared_dynamic(f32, (WARPS * 16, DP), 0)  # over kv_s\n"
+WAIT = "    kaio.grid_dependency_wait()\n"
+TRIGGER = "    kaio.launch_dependents()\n"
+EDITS = {  # variant: edits of kaio_ops/_decode.py (both kernels)
+    "pdl1": {_FWD_START: WAIT + _FWD_START, _FOLD_START: _FOLD_START + WAIT},
+    "pdl2": {
+        _FWD_START: WAIT + _FWD_START,
+        _FOLD_START: _FOLD_START + WAIT,
+        _FWD_LOOP_END: TRIGGER + _FWD_LOOP_END,
+        _FOLD_LOOP_END: TRIGGER + _FOLD_LOOP_END,
+    },
+}
+CASES = os.environ.get("CASES", "64x4096p,16x4096p,1x4096,1x4096p")
+CALLS = 8
+
+
+def kernels(name: str) -> dict:
+    """{DECODE, FOLDED}: the variant's copies (``decode_probe.decode_variant``)."""
+    if name == "routed":
+        return {"DECODE": P.ORIG["DECODE"], "FOLDED": P.ORIG["FOLDED"]}
+    edits = EDITS[name]
+    return {
+        "DECODE": P.decode_variant(name, edits, "decode_fwd"),
+        "FOLDED": P.decode_variant(name, edits, "decode_folded"),
+    }
+
+
+def use(name: str) -> None:
+    for attr, kernel in kernels(name).items():
+        setattr(decode, attr, kernel)
+
+
+def case_calls(paged: bool, lens, name: str):
+    """One call a set of kaio with variant ``name``."""
+
+    def call(q, k, v, kc, vc, table):
+        use(name)
+        if paged:
+            return decode._decode("pdl", q, kc, vc, lens, table, None)[0]
+        return decode._decode("pdl", q, k, v, lens, None, None)[0]
+
+    return call
+
+
+def parse(case: str) -> tuple:
+    b, rest = case.split("x")
+    paged = rest.endswith("p")
+    return int(b), int(rest.rstrip("p")), paged
+
+
+def run(budget: float) -> None:
+    names = ["routed", *EDITS]
+    for case in CASES.split(","):
+        if P.time.time() - P.T0 > budget:
+            print(f"{case}: out of time", flush=True)
+            break
+        b, length, paged = parse(case)
+        sets = P.make_sets(b, length, paged=paged)
+        lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+        label = f"B{b} L{length}{' paged' if paged else ''}"
+        outs = {n: case_calls(paged, lens, n)(*sets[0]).clone() for n in names}
+        ref = P.check(sets, lens, contiguous=not paged)
+        same = {n: bool(torch.equal(outs[n], outs["routed"])) for n in names}
+        print(f"{label}: routed error vs f32 SDPA {ref:.2e}; same bits {same}", flush=True)
+        calls = len(sets) * -(-CALLS // len(sets))
+        fns = {n: [functools.partial(case_calls(paged, lens, n), *s) for s in sets] for n in names}
+        fns["SDPA"] = [
+            lambda s=s: P.sdpa(s[0], s[1], s[2], enable_gqa=True) for s in sets
+        ]  # fmt: skip
+        graphs = {n: P.graph_of_calls(f, calls) for n, f in fns.items()}
+        for order in (list(graphs), list(graphs)[::-1]):
+            for n in order:
+                us = P.graph_events(graphs[n], calls)
+                print(f"{label} {n}: graph of {calls}: {us:.2f} us a call", flush=True)
+        use("routed")
+        del graphs, fns, sets
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args and args[0] == "warm":
+        # one process a (case, variant): their first calls compile (the disk cache keeps
+        # them); the variants' module files made here first
+        import subprocess
+
+        for name in EDITS:
+            kernels(name)
+        procs = []
+        for case in CASES.split(","):
+            for name in ["routed", *EDITS]:
+                code = (
+                    "import decode_pdl as D, torch; "
+                    f"b, L, p = D.parse('{case}'); s = D.P.make_sets(b, L, paged=p)[0]; "
+                    "lens = torch.full((b,), L, device='cuda', dtype=torch.int32); "
+                    f"D.case_calls(p, lens, '{name}')(*s); torch.cuda.synchronize()"
+                )
+                here = os.path.dirname(os.path.abspath(__file__))
+                procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=here))
+        for p in procs:
+            p.wait()
+    else:
+        run(float(args[0]) if args else 40)
