@@ -32,11 +32,73 @@ _FOLD_START = "    SPECT = (STAGES - 1) // FOLD * FOLD * SPEC  # tiles copied be
 _FOLD_LOOP_END = "    red_o = kaio.shared_dynamic(f32, (WARPS * 16, DP), 0)  # over kv_s\n"
 WAIT = "    kaio.grid_dependency_wait()\n"
 TRIGGER = "    kaio.launch_dependents()\n"
+_FWD_DEF = "@kaio.gpu_kernel\ndef decode_fwd(\n"
+PREFETCH_FN = '''@kaio.gpu_func
+def prefetch_firsts(
+    k: DT[:],
+    v: DT[:],
+    key0: u32,
+    keys: kaio.constexpr,
+    b: u32,
+    kvh: u32,
+    block_table: i32[:],
+    capacity: u32,
+    max_pages: u32,
+    kv_heads: u32,
+    shift: u32,
+    pages: u32,
+    tid: u32,
+    DP: kaio.constexpr,
+    PAGED: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """L2 prefetches of the K and V rows of keys key0 .. key0 + keys of sequence b, head
+    kvh (a hint, before the wait: the table may be stale, its pages clamped to the pool)."""
+    for i in kaio.static_range(keys // THREADS):
+        key = key0 + tid + i * THREADS
+        if key < capacity:
+            at = cache_row(
+                key, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, DP, PAGED
+            )
+            kaio.prefetch_l2(k, at, DP * 2)
+            kaio.prefetch_l2(v, at, DP * 2)
+
+
+'''
+# decode_fwd's first tiles (one split: 0 ..; several: the capacity's run of split x), and
+# decode_folded's two sequences' first tiles as uniform lengths pair them (p, batch - 1 - p)
+FWD_PREFETCH = """    if SPEC:
+        first = kaio.block_idx_x() * BN
+    else:
+        run = ((capacity + BN - 1) // BN + kaio.grid_dim_x() - 1) // kaio.grid_dim_x()
+        first = kaio.block_idx_x() * run * BN
+    prefetch_firsts(
+        k, v, first, (STAGES - 1) * BN, kaio.block_idx_y() // chunks // kv_heads,
+        kaio.block_idx_y() // chunks % kv_heads, block_table, capacity, max_pages, kv_heads,
+        shift, pages, kaio.thread_idx_x(), DP, PAGED, DT,
+    )  # fmt: skip
+"""
+FOLD_PREFETCH = """    for f in kaio.static_range(2):
+        pseq = kaio.block_idx_y() // kv_heads
+        other = kaio.select(batch - 1 - pseq > pseq, batch - 1 - pseq, pseq)
+        pseq = kaio.select(f == 0, pseq, other)
+        prefetch_firsts(
+            k, v, 0, BN, pseq, kaio.block_idx_y() % kv_heads, block_table, capacity, max_pages,
+            kv_heads, shift, pages, kaio.thread_idx_x(), DP, True, DT,
+        )  # fmt: skip
+"""
 EDITS = {  # variant: edits of kaio_ops/_decode.py (both kernels)
     "pdl1": {_FWD_START: WAIT + _FWD_START, _FOLD_START: _FOLD_START + WAIT},
     "pdl2": {
         _FWD_START: WAIT + _FWD_START,
         _FOLD_START: _FOLD_START + WAIT,
+        _FWD_LOOP_END: TRIGGER + _FWD_LOOP_END,
+        _FOLD_LOOP_END: TRIGGER + _FOLD_LOOP_END,
+    },
+    "pdl3": {
+        _FWD_DEF: PREFETCH_FN + _FWD_DEF,
+        _FWD_START: FWD_PREFETCH + WAIT + _FWD_START,
+        _FOLD_START: _FOLD_START + FOLD_PREFETCH + WAIT,
         _FWD_LOOP_END: TRIGGER + _FWD_LOOP_END,
         _FOLD_LOOP_END: TRIGGER + _FOLD_LOOP_END,
     },
