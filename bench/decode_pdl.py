@@ -1,9 +1,10 @@
 """Programmatic dependent launch for the decode kernels (dec, issue 34, fifteenth pass):
 kernel time as bench/decode.py counts it (a CUDA graph of calls over input sets in turn,
 the events around a replay / the calls) of the routed call against copies of its kernels
-with ``kaio.grid_dependency_wait()`` first (PDL 1) and also ``kaio.launch_dependents()``
-after the key loop (PDL 2), beside SDPA's default on the contiguous cache; each variant
-checked against the routed call first (the same bits).
+with ``kaio.grid_dependency_wait()`` first and ``kaio.launch_dependents()`` after the key
+loop (pdl2), with L2 prefetches of the first tiles before the wait (pdl3), with the trigger
+first and up to PF_TILES tiles prefetched (pdl4), beside SDPA's default on the contiguous
+cache; each variant checked against the routed call first (the same bits).
 
     python3 bench/decode_pdl.py warm [SECONDS]   # compile in parallel processes
     python3 bench/decode_pdl.py [SECONDS]        # time (CASES: BxL[p],...)
@@ -38,6 +39,7 @@ def prefetch_firsts(
     k: DT[:],
     v: DT[:],
     key0: u32,
+    end: u32,
     keys: kaio.constexpr,
     b: u32,
     kvh: u32,
@@ -52,11 +54,12 @@ def prefetch_firsts(
     PAGED: kaio.constexpr,
     DT: kaio.constexpr,
 ):
-    """L2 prefetches of the K and V rows of keys key0 .. key0 + keys of sequence b, head
-    kvh (a hint, before the wait: the table may be stale, its pages clamped to the pool)."""
+    """L2 prefetches of the K and V rows of keys key0 .. key0 + keys (those under end) of
+    sequence b, head kvh (a hint, before the wait: the table may be stale, its pages
+    clamped to the pool)."""
     for i in kaio.static_range(keys // THREADS):
         key = key0 + tid + i * THREADS
-        if key < capacity:
+        if key < end:
             at = cache_row(
                 key, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, DP, PAGED
             )
@@ -73,7 +76,7 @@ FWD_PREFETCH = """    if SPEC:
         run = ((capacity + BN - 1) // BN + kaio.grid_dim_x() - 1) // kaio.grid_dim_x()
         first = kaio.block_idx_x() * run * BN
     prefetch_firsts(
-        k, v, first, (STAGES - 1) * BN, kaio.block_idx_y() // chunks // kv_heads,
+        k, v, first, capacity, (STAGES - 1) * BN, kaio.block_idx_y() // chunks // kv_heads,
         kaio.block_idx_y() // chunks % kv_heads, block_table, capacity, max_pages, kv_heads,
         shift, pages, kaio.thread_idx_x(), DP, PAGED, DT,
     )  # fmt: skip
@@ -83,12 +86,28 @@ FOLD_PREFETCH = """    for f in kaio.static_range(2):
         other = kaio.select(batch - 1 - pseq > pseq, batch - 1 - pseq, pseq)
         pseq = kaio.select(f == 0, pseq, other)
         prefetch_firsts(
-            k, v, 0, BN, pseq, kaio.block_idx_y() % kv_heads, block_table, capacity, max_pages,
+            k, v, 0, capacity, BN, pseq, kaio.block_idx_y() % kv_heads, block_table, capacity,
+            max_pages,
             kv_heads, shift, pages, kaio.thread_idx_x(), DP, True, DT,
         )  # fmt: skip
 """
+# pdl4: decode_fwd's first PF_TILES tiles of its run by the length (read as a hint)
+PF_TILES = 8
+FWD_PREFETCH_RUN = f"""    hint_b = kaio.block_idx_y() // chunks // kv_heads
+    hint = u32(kaio.min(kaio.max(seq_lens[hint_b], 0), i32(capacity)))
+    first = u32(0)
+    end = hint
+    if not SPEC:
+        run = ((hint + BN - 1) // BN + kaio.grid_dim_x() - 1) // kaio.grid_dim_x()
+        first = kaio.block_idx_x() * run * BN
+        end = kaio.min(first + run * BN, hint)
+    prefetch_firsts(
+        k, v, first, end, {PF_TILES} * BN, hint_b, kaio.block_idx_y() // chunks % kv_heads,
+        block_table, capacity, max_pages, kv_heads, shift, pages, kaio.thread_idx_x(), DP,
+        PAGED, DT,
+    )  # fmt: skip
+"""
 EDITS = {  # variant: edits of kaio_ops/_decode.py (both kernels)
-    "pdl1": {_FWD_START: WAIT + _FWD_START, _FOLD_START: _FOLD_START + WAIT},
     "pdl2": {
         _FWD_START: WAIT + _FWD_START,
         _FOLD_START: _FOLD_START + WAIT,
@@ -102,8 +121,13 @@ EDITS = {  # variant: edits of kaio_ops/_decode.py (both kernels)
         _FWD_LOOP_END: TRIGGER + _FWD_LOOP_END,
         _FOLD_LOOP_END: TRIGGER + _FOLD_LOOP_END,
     },
+    "pdl4": {  # the trigger first, more prefetched
+        _FWD_DEF: PREFETCH_FN + _FWD_DEF,
+        _FWD_START: FWD_PREFETCH_RUN + TRIGGER + WAIT + _FWD_START,
+        _FOLD_START: _FOLD_START + FOLD_PREFETCH + TRIGGER + WAIT,
+    },
 }
-CASES = os.environ.get("CASES", "64x4096p,16x4096p,1x4096,1x4096p")
+CASES = os.environ.get("CASES", "1x4096,64x4096p,1x4096p,16x4096p")
 CALLS = 8
 
 
