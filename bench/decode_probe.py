@@ -1405,6 +1405,8 @@ def warm_one(i):
     kernel, c = WARM_LIST()[i]
     if kernel is decode.DECODE:  # (lists made before decode_fwd had SORT)
         c = {"SORT": 0, **c}
+    if kernel in (decode.DECODE, decode.FOLDED):  # (lists made before PDL: an H100's)
+        c = {"PDL": decode.PDL, **c}
     try:
         kernel.resources(**c)  # compiled, loaded, its cubin in the disk cache
     except Exception as e:  # noqa: BLE001

@@ -104,6 +104,76 @@ def paged_row(page: u32, key: u32, kvh: u32, kv_heads: u32, shift: u32, pages: u
 
 
 @kaio.gpu_func
+def prefetch_keys(
+    k: DT[:],
+    v: DT[:],
+    key0: u32,
+    end: u32,
+    b: u32,
+    kvh: u32,
+    block_table: i32[:],
+    capacity: u32,
+    max_pages: u32,
+    kv_heads: u32,
+    shift: u32,
+    pages: u32,
+    tid: u32,
+    KEYS: kaio.constexpr,
+    DP: kaio.constexpr,
+    PAGED: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """L2 prefetches of the K and V rows of keys key0 .. key0 + KEYS (those under end) of
+    sequence b, K/V head kvh, a row a thread at a time. Made before the wait of a
+    programmatic dependent launch (PDL), while the kernel before may still write the
+    cache, the table or the lengths: a prefetch is a hint that L2 (where that kernel's
+    writes land) serves coherently, and a stale table entry only names another page of
+    the pool (clamped)."""
+    for i in kaio.static_range(-(-KEYS // THREADS)):
+        key = key0 + tid + i * THREADS
+        if tid + i * THREADS < KEYS and key < end:
+            at = cache_row(
+                key, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, DP, PAGED
+            )
+            kaio.prefetch_l2(k, at, DP * 2)
+            kaio.prefetch_l2(v, at, DP * 2)
+
+
+@kaio.gpu_func
+def prefetch_run(
+    k: DT[:],
+    v: DT[:],
+    b: u32,
+    kvh: u32,
+    seq_lens: i32[:],
+    block_table: i32[:],
+    capacity: u32,
+    max_pages: u32,
+    kv_heads: u32,
+    shift: u32,
+    pages: u32,
+    tid: u32,
+    split: u32,
+    splits: u32,
+    KEYS: kaio.constexpr,
+    DP: kaio.constexpr,
+    PAGED: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """``prefetch_keys`` of ``decode_fwd``'s first KEYS keys: split ``split``'s run of the
+    length's key tiles (one split: all of them), sequence b's length read as a hint
+    (clamped to the capacity). (SPEC with several splits, not routed, takes other tiles.)"""
+    hint = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
+    per = ((hint + BN - 1) // BN + splits - 1) // splits
+    first = split * per * BN
+    end = kaio.min(first + per * BN, hint)
+    prefetch_keys(
+        k, v, first, end, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid,
+        KEYS, DP, PAGED, DT,
+    )  # fmt: skip
+
+
+@kaio.gpu_func
 def page_ids(
     pg: u32[:, :],
     j: kaio.constexpr,
@@ -492,6 +562,7 @@ def decode_fwd(
     SYNC1: kaio.constexpr,
     OWN: kaio.constexpr,
     SORT: kaio.constexpr,
+    PDL: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -518,7 +589,12 @@ def decode_fwd(
     (one split with ``SPEC`` over a paged cache): the SORT table slots after those copied
     before the length are visited in pool order where every query row sees all their
     keys (``sort_keys``: the order of unmasked keys does not change the attention), so
-    that the blocks, sweeping the pool together, read neighbouring pages at once."""
+    that the blocks, sweeping the pool together, read neighbouring pages at once. ``PDL``
+    (sm_90): launched with programmatic dependent launch, waiting for the kernel before it
+    (``grid_dependency_wait``) before any load, the next kernel allowed to start once every
+    block is past its key loop (``launch_dependents``); with PDL 2, L2 prefetches of the
+    block's first STAGES - 1 key tiles (its run by the length read as a hint) before the
+    wait."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -548,6 +624,13 @@ def decode_fwd(
     sort_at = (2 * STAGES * BN + ROWS) * DP * 2 + 2 * WARPS * 16 * 4 if SORT else 0
     sort_s = kaio.shared_dynamic(u32, (SORT if SORT else 1,), sort_at)  # SORT: sorted pages
 
+    if PDL == 2:
+        prefetch_run(
+            k, v, b, kvh, seq_lens, block_table, capacity, max_pages, kv_heads, shift, pages,
+            tid, split, splits, (STAGES - 1) * BN, DP, PAGED, DT,
+        )  # fmt: skip
+    if PDL:
+        kaio.grid_dependency_wait()
     # Q first: its copies are in flight while the length is read (the K/V copies need it)
     load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True, DT)
     kaio.cp_async_commit()
@@ -683,6 +766,8 @@ def decode_fwd(
         if not (SYNC1 or OWN):
             kaio.sync_threads()  # this stage is free
 
+    if PDL:
+        kaio.launch_dependents()  # (the next kernel's blocks may take the SMs this one leaves)
     # the warps' partial results, relative to their own maxima, through shared memory (the
     # columns of row r XOR-ed with r % 4 * 8: a store's 8 rows x 4 column pairs fall on 16
     # banks, not 4)
@@ -933,6 +1018,7 @@ def decode_folded(
     PAIR: kaio.constexpr,
     SPEC: kaio.constexpr,
     DT: kaio.constexpr,
+    PDL: kaio.constexpr,
 ):
     """Attention of the 4 query rows of one K/V group (head ``block y % kv_heads``) of
     each of FOLD (2) sequences: 8 rows, the mma's N, the keys in M as ``decode_fwd``'s
@@ -951,7 +1037,8 @@ def decode_folded(
     that give each sequence as many) are each sequence's first keys in turn (tile j:
     sequence j % FOLD's keys (j // FOLD) * BN on), copied once the lengths are known but
     before the sort, so that the sort runs while they are in flight; the walk in pool
-    order takes the other table slots."""
+    order takes the other table slots. ``PDL``: as ``decode_fwd``'s; PDL 2 prefetches the
+    first tile of each sequence of the pair that uniform lengths give."""
     kaio.launch_bounds(THREADS, 3)
     SPECT = (STAGES - 1) // FOLD * FOLD * SPEC  # tiles copied before the sort
     SB = 9  # a sort key's bits of table slot, under its sequence's
@@ -973,6 +1060,15 @@ def decode_folded(
     if PAIR:
         seqs[0] = p
         seqs[1] = kaio.select(batch - 1 - p > p, batch - 1 - p, batch)
+    if PDL == 2:
+        for f in kaio.static_range(FOLD):
+            row = kaio.min(seqs[f], batch - 1)
+            prefetch_keys(
+                k, v, 0, capacity, row, kvh, block_table, capacity, max_pages, kv_heads, shift,
+                pages, tid, BN, DP, True, DT,
+            )  # fmt: skip
+    if PDL:
+        kaio.grid_dependency_wait()
     R = SORT // THREADS
     entry = kaio.local(u32, R)  # this thread's table slots, then sort keys
     fold_loads(
@@ -1089,6 +1185,8 @@ def decode_folded(
         probs_as_b(pb, s, lane, DT)
         key_values(o, pb, kv_s, krow + BN, bcol, lane, DP, DT)  # O^T += V^T P^T
 
+    if PDL:
+        kaio.launch_dependents()  # (the next kernel's blocks may take the SMs this one leaves)
     kaio.cp_async_wait_all()
     kaio.sync_threads()
     red_o = kaio.shared_dynamic(f32, (WARPS * 16, DP), 0)  # over kv_s

@@ -784,11 +784,11 @@ def assembled() -> list:
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
         tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own, "SORT": sort}
-        return {**base, "SPEC": spec, **flags, **tile}
+        return {**base, "SPEC": spec, **flags, **tile, "PDL": decode.PDL}
 
     def folded(sort, pair, dt):
         flags = {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": sort, "PAIR": pair}
-        return {**flags, "SPEC": decode.FOLD_SPEC, "DT": dt}
+        return {**flags, "SPEC": decode.FOLD_SPEC, "DT": dt, "PDL": decode.PDL}
 
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
@@ -815,7 +815,8 @@ def assembled() -> list:
 def _assemble(index: int) -> None:
     kernel, constexprs = assembled()[index]
     for arch in ("sm_80", "sm_90") if constexprs.get("CL", 1) == 1 else ("sm_90",):
-        report = assemble(kernel.ptx(arch=arch, **constexprs), arch)
+        pdl = {"PDL": 0} if arch == "sm_80" and "PDL" in constexprs else {}  # (sm_90's)
+        report = assemble(kernel.ptx(arch=arch, **{**constexprs, **pdl}), arch)
         if arch == "sm_90":  # H100/H200: every kernel fits its registers
             spills = re.search(r"(\d+) bytes spill stores", report)
             assert spills and spills[1] == "0", (kernel.pyfunc.__name__, constexprs, report)
