@@ -104,6 +104,16 @@ def paged_row(page: u32, key: u32, kvh: u32, kv_heads: u32, shift: u32, pages: u
 
 
 @kaio.gpu_func
+def hint_at(arr: i32[:], index: u32) -> u32:
+    """arr[index], read at L2 (``ld.global.cg``) as a hint before a programmatic dependent
+    launch's wait: the kernel before may still write it, and a line left in L1 could serve
+    a read after the wait a stale value."""
+    got = kaio.local(i32, 1)
+    kaio.load_vector(got, arr, index, 0, "cg")
+    return u32(got[0])
+
+
+@kaio.gpu_func
 def prefetch_keys(
     k: DT[:],
     v: DT[:],
@@ -128,13 +138,15 @@ def prefetch_keys(
     programmatic dependent launch (PDL), while the kernel before may still write the
     cache, the table or the lengths: a prefetch is a hint that L2 (where that kernel's
     writes land) serves coherently, and a stale table entry only names another page of
-    the pool (clamped)."""
+    the pool (clamped); the table is read at L2 (``hint_at``)."""
     for i in kaio.static_range(-(-KEYS // THREADS)):
         key = key0 + tid + i * THREADS
         if tid + i * THREADS < KEYS and key < end:
-            at = cache_row(
-                key, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, DP, PAGED
-            )
+            if PAGED:
+                page = hint_at(block_table, b * max_pages + (key >> shift))
+                at = paged_row(page, key, kvh, kv_heads, shift, pages, DP)
+            else:
+                at = ((b * kv_heads + kvh) * capacity + key) * DP
             kaio.prefetch_l2(k, at, DP * 2)
             kaio.prefetch_l2(v, at, DP * 2)
 
@@ -163,7 +175,7 @@ def prefetch_run(
     """``prefetch_keys`` of ``decode_fwd``'s first KEYS keys: split ``split``'s run of the
     length's key tiles (one split: all of them), sequence b's length read as a hint
     (clamped to the capacity). (SPEC with several splits, not routed, takes other tiles.)"""
-    hint = u32(kaio.min(kaio.max(seq_lens[b], 0), i32(capacity)))
+    hint = u32(kaio.min(kaio.max(i32(hint_at(seq_lens, b)), 0), i32(capacity)))
     per = ((hint + BN - 1) // BN + splits - 1) // splits
     first = split * per * BN
     end = kaio.min(first + per * BN, hint)
