@@ -1056,6 +1056,46 @@ def test_gpu_decode_step_in_a_cuda_graph(page_size, first, replays):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [None, 16])
+@pytest.mark.parametrize("b, capacity", [(1, 4096), (16, 1024), (64, 2048)])
+def test_gpu_decode_reads_what_the_kernels_before_wrote(b, capacity, page_size):
+    """Calls queued right behind kernels that write every input they read (the lengths,
+    the table, q, the cache) and right behind each other, with no host synchronization:
+    programmatic dependent launch (``decode.PDL`` on sm_90) lets a call start, prefetch
+    and read hints before the kernel before it ends, so its output must still be that of
+    the new values. B1: the cluster merge; B16 at 1k keys: one split (paged: SORT); B64
+    at 2k: two waves (paged: the folded walk)."""
+    import torch
+
+    h, hkv, d = 32, 8, 128
+    lens = [capacity - 7 * i % 500 for i in range(b)]
+    q, k_cache, v_cache, seq_lens, table = _gpu_case(
+        b, h, hkv, 1, d, capacity, lens, page_size, "float16", seed=b
+    )
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    base = seq_lens.clone()
+    pages = None if table is None else table.flatten().clone()
+    outs, inputs = [], []
+    for i in range(3):
+        torch.clamp(base - 37 * i, min=0, out=seq_lens)  # (kernels: not copies)
+        if table is not None:  # another permutation of the same pages
+            perm = torch.randperm(pages.numel(), device="cuda", generator=gen)
+            torch.index_select(pages, 0, perm, out=table.view(-1))
+        for x in (q, k_cache, v_cache):
+            x.normal_(generator=gen)
+        outs += [kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)]
+        outs += [kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)]
+        now = [x.clone() for x in (q, k_cache, v_cache, seq_lens)]
+        inputs.append((*now, None if table is None else table.clone()))
+    torch.cuda.synchronize()
+    for i, (qi, ki, vi, li, ti) in enumerate(inputs):
+        assert li.tolist() == [max(0, n - 37 * i) for n in lens]
+        ref = _sdpa_reference(qi, ki, vi, li.tolist(), ti)
+        assert (outs[2 * i].double() - ref).abs().max().item() < 5e-3, i
+        assert torch.equal(outs[2 * i + 1], outs[2 * i])  # right behind the same call
+
+
+@pytest.mark.gpu
 def test_gpu_fused_merge_captured_on_a_stream_first_seen_capturing(monkeypatch):
     """The fused merge (splits merged by the last block, FUSED: a paged cache of 8192 keys,
     4 sequences, 4 splits, on sm_90 too) captured into a CUDA graph on a stream first seen
