@@ -8,7 +8,7 @@ trigger before the wait, 8 tiles prefetched, line prefetches in place of the bul
 first variant (the same bits) and f32 SDPA.
 
     python3 bench/decode_pdl.py warm [SECONDS]   # compile in parallel processes
-    python3 bench/decode_pdl.py [SECONDS]        # time (CASES: BxL[p],...)
+    python3 bench/decode_pdl.py [SECONDS]        # time (CASES: BxL[p],...; PDL_VARIANTS)
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ VARIANTS = {
     "PDL 2, 8 tiles": (2, [(_FWD_KEYS, _FWD_KEYS.replace("(STAGES - 1) * BN", "8 * BN"))]),
     "PDL 2, lines": (2, [(_BULK, _LINES)]),
 }
+if os.environ.get("PDL_VARIANTS"):  # only these (comma-separated names)
+    VARIANTS = {n: VARIANTS[n] for n in os.environ["PDL_VARIANTS"].split(",")}
 CASES = os.environ.get("CASES", "1x4096,64x4096p,1x4096p,16x1024p")
 CALLS = 8
 
