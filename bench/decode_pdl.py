@@ -51,8 +51,8 @@ _AT_WAIT = [(_TRIGGER, ""), (_TRIGGER, ""), (_WAIT, "@W@"), (_WAIT, "@W@")]
 _AT_WAIT += [("@W@", _WAIT + _TRIGGER)] * 2  # the trigger right after the wait
 VARIANTS["PDL 2, trigger at wait"] = (2, _AT_WAIT)
 VARIANTS["PDL 2, trigger at wait, 8 tiles"] = (2, _AT_WAIT + VARIANTS["PDL 2, 8 tiles"][1])
-if os.environ.get("PDL_VARIANTS"):  # only these (comma-separated names)
-    VARIANTS = {n: VARIANTS[n] for n in os.environ["PDL_VARIANTS"].split(",")}
+if os.environ.get("PDL_VARIANTS"):  # only these (names separated by ";")
+    VARIANTS = {n: VARIANTS[n] for n in os.environ["PDL_VARIANTS"].split(";")}
 CASES = os.environ.get("CASES", "1x4096,64x4096p,1x4096p,16x1024p")
 CALLS = 8
 
