@@ -157,7 +157,6 @@ def prefetch_run(
     v: DT[:],
     b: u32,
     kvh: u32,
-    seq_lens: i32[:],
     block_table: i32[:],
     capacity: u32,
     max_pages: u32,
@@ -172,13 +171,13 @@ def prefetch_run(
     PAGED: kaio.constexpr,
     DT: kaio.constexpr,
 ):
-    """``prefetch_keys`` of ``decode_fwd``'s first KEYS keys: split ``split``'s run of the
-    length's key tiles (one split: all of them), sequence b's length read as a hint
-    (clamped to the capacity). (SPEC with several splits, not routed, takes other tiles.)"""
-    hint = u32(kaio.min(kaio.max(i32(hint_at(seq_lens, b)), 0), i32(capacity)))
-    per = ((hint + BN - 1) // BN + splits - 1) // splits
+    """``prefetch_keys`` of ``decode_fwd``'s first KEYS keys as a full cache would give them:
+    split ``split``'s run of the capacity's key tiles (one split: all of them). No length is
+    read: its load would stand before the wait. (SPEC with several splits, not routed, takes
+    other tiles.)"""
+    per = ((capacity + BN - 1) // BN + splits - 1) // splits
     first = split * per * BN
-    end = kaio.min(first + per * BN, hint)
+    end = kaio.min(first + per * BN, capacity)
     prefetch_keys(
         k, v, first, end, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid,
         KEYS, DP, PAGED, DT,
@@ -602,11 +601,12 @@ def decode_fwd(
     before the length are visited in pool order where every query row sees all their
     keys (``sort_keys``: the order of unmasked keys does not change the attention), so
     that the blocks, sweeping the pool together, read neighbouring pages at once. ``PDL``
-    (sm_90): launched with programmatic dependent launch, waiting for the kernel before it
-    (``grid_dependency_wait``) before any load, the next kernel allowed to start once every
-    block is past its key loop (``launch_dependents``); with PDL 2, L2 prefetches of the
-    block's first STAGES - 1 key tiles (its run by the length read as a hint) before the
-    wait."""
+    (sm_90): launched with programmatic dependent launch: L2 prefetches of the block's
+    first STAGES - 1 key tiles (``prefetch_run``), then the wait for the kernel before it
+    (``grid_dependency_wait``) before any load; the next kernel may launch
+    (``launch_dependents``) once every block is past its key loop (PDL 1) or its wait (PDL
+    2: its blocks then take the SMs that this grid leaves free or that its blocks leave,
+    while it runs)."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -636,13 +636,14 @@ def decode_fwd(
     sort_at = (2 * STAGES * BN + ROWS) * DP * 2 + 2 * WARPS * 16 * 4 if SORT else 0
     sort_s = kaio.shared_dynamic(u32, (SORT if SORT else 1,), sort_at)  # SORT: sorted pages
 
-    if PDL == 2:
-        prefetch_run(
-            k, v, b, kvh, seq_lens, block_table, capacity, max_pages, kv_heads, shift, pages,
-            tid, split, splits, (STAGES - 1) * BN, DP, PAGED, DT,
-        )  # fmt: skip
     if PDL:
+        prefetch_run(
+            k, v, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid, split,
+            splits, (STAGES - 1) * BN, DP, PAGED, DT,
+        )  # fmt: skip
         kaio.grid_dependency_wait()
+        if PDL == 2:
+            kaio.launch_dependents()  # (the next kernel's blocks may take the SMs left free)
     # Q first: its copies are in flight while the length is read (the K/V copies need it)
     load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True, DT)
     kaio.cp_async_commit()
@@ -778,7 +779,7 @@ def decode_fwd(
         if not (SYNC1 or OWN):
             kaio.sync_threads()  # this stage is free
 
-    if PDL:
+    if PDL == 1:
         kaio.launch_dependents()  # (the next kernel's blocks may take the SMs this one leaves)
     # the warps' partial results, relative to their own maxima, through shared memory (the
     # columns of row r XOR-ed with r % 4 * 8: a store's 8 rows x 4 column pairs fall on 16
@@ -1049,8 +1050,8 @@ def decode_folded(
     that give each sequence as many) are each sequence's first keys in turn (tile j:
     sequence j % FOLD's keys (j // FOLD) * BN on), copied once the lengths are known but
     before the sort, so that the sort runs while they are in flight; the walk in pool
-    order takes the other table slots. ``PDL``: as ``decode_fwd``'s; PDL 2 prefetches the
-    first tile of each sequence of the pair that uniform lengths give."""
+    order takes the other table slots. ``PDL``: as ``decode_fwd``'s, the prefetches those of
+    each sequence's first tile of the pair that uniform lengths give."""
     kaio.launch_bounds(THREADS, 3)
     SPECT = (STAGES - 1) // FOLD * FOLD * SPEC  # tiles copied before the sort
     SB = 9  # a sort key's bits of table slot, under its sequence's
@@ -1072,15 +1073,16 @@ def decode_folded(
     if PAIR:
         seqs[0] = p
         seqs[1] = kaio.select(batch - 1 - p > p, batch - 1 - p, batch)
-    if PDL == 2:
+    if PDL:
         for f in kaio.static_range(FOLD):
             row = kaio.min(seqs[f], batch - 1)
             prefetch_keys(
                 k, v, 0, capacity, row, kvh, block_table, capacity, max_pages, kv_heads, shift,
                 pages, tid, BN, DP, True, DT,
             )  # fmt: skip
-    if PDL:
         kaio.grid_dependency_wait()
+        if PDL == 2:
+            kaio.launch_dependents()  # (the next kernel's blocks may take the SMs left free)
     R = SORT // THREADS
     entry = kaio.local(u32, R)  # this thread's table slots, then sort keys
     fold_loads(
@@ -1197,7 +1199,7 @@ def decode_folded(
         probs_as_b(pb, s, lane, DT)
         key_values(o, pb, kv_s, krow + BN, bcol, lane, DP, DT)  # O^T += V^T P^T
 
-    if PDL:
+    if PDL == 1:
         kaio.launch_dependents()  # (the next kernel's blocks may take the SMs this one leaves)
     kaio.cp_async_wait_all()
     kaio.sync_threads()

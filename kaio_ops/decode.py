@@ -150,11 +150,12 @@ FOLD_PAIR = 256
 # to 230.4; L8192 700.5 to 707.4 against 700.8 to 707.7; L2048 178.4 to 179.6 against
 # 178.8 to 180.0
 FOLD_SPEC = 1
-# programmatic dependent launch of decode_fwd and decode_folded (sm_90): each waits for the
-# kernel before it in the stream before any load and lets the next one start once its blocks
-# are past their key loops; PDL 2 also prefetches its first key tiles into L2 before that
-# wait. Measured on an H100 (kernel time: a CUDA graph of calls; dec, fifteenth pass)
-PDL = 2
+# programmatic dependent launch of decode_fwd and decode_folded (sm_90): each prefetches its
+# first key tiles into L2, then waits for the kernel before it in the stream before any
+# load, and lets the next one launch once its blocks are past their key loops (PDL 1) or
+# their wait (PDL 2). Measured on an H100 (kernel time: a CUDA graph of calls; dec,
+# fifteenth pass)
+PDL = 1
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
