@@ -1408,7 +1408,7 @@ def warm_one(i):
     if kernel is decode.DECODE:  # (lists made before decode_fwd had SORT)
         c = {"SORT": 0, **c}
     if kernel in (decode.DECODE, decode.FOLDED):  # (lists made before PDL: an H100's)
-        c = {"PDL": decode.PDL, **c}
+        c = {"PDL": int(decode.PDL), **c}
     try:
         kernel.resources(**c)  # compiled, loaded, its cubin in the disk cache
     except Exception as e:  # noqa: BLE001

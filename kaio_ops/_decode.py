@@ -134,29 +134,27 @@ def prefetch_keys(
     DT: kaio.constexpr,
 ):
     """L2 prefetches of the K and V rows of keys key0 .. key0 + KEYS (those under end) of
-    sequence b, K/V head kvh, in few bulk prefetches: a contiguous cache's rows at once
-    (thread 0), a paged cache's pages a thread each, the kvh-th of each page's kv_heads
-    equal slices (the blocks of the sequence's K/V heads together bring whole pages).
-    Made before the wait of a programmatic dependent launch (PDL), while the kernel before
-    may still write the cache, the table or the lengths: a prefetch is a hint that L2
-    (where that kernel's writes land) serves coherently, and a stale table entry only
-    names another page of the pool (clamped); the table is read at L2 (``hint_at``)."""
-    n = kaio.min(key0 + KEYS, kaio.max(end, key0)) - key0
+    sequence b, K/V head kvh: a contiguous cache's rows at once (thread 0), a paged cache's
+    a row a thread at a time (the head's rows of a page are apart). Made before the wait
+    of a programmatic dependent launch (PDL), while the kernel before may still write the
+    cache, the table or the lengths: a prefetch is a hint that L2 (where that kernel's
+    writes land) serves coherently, and a stale table entry only names another page of
+    the pool (clamped); the table is read at L2 (``hint_at``). (A paged block's prefetch
+    of one slice of each page, the blocks of a sequence's K/V heads bringing whole pages
+    together, measured slower at B = 1.)"""
     if PAGED:
-        size = u32(DP * 2) << shift  # bytes of a slice: a page's rows of one head's size
-        first = key0 >> shift
-        count = kaio.select(n > 0, (key0 + n - 1 >> shift) - first + 1, 0)  # pages
-        for i in kaio.static_range(-(-(KEYS // 16 + 1) // THREADS)):  # (pages of 16 or more)
-            j = tid + i * THREADS
-            if j < count:
-                page = kaio.min(hint_at(block_table, b * max_pages + first + j), pages - 1)
-                at = ((page * kv_heads + kvh) << shift) * DP
-                kaio.prefetch_l2(k, at, size)
-                kaio.prefetch_l2(v, at, size)
-    elif tid == 0 and n > 0:
+        for i in kaio.static_range(-(-KEYS // THREADS)):
+            key = key0 + tid + i * THREADS
+            if tid + i * THREADS < KEYS and key < end:
+                page = hint_at(block_table, b * max_pages + (key >> shift))
+                at = paged_row(page, key, kvh, kv_heads, shift, pages, DP)
+                kaio.prefetch_l2(k, at, DP * 2)
+                kaio.prefetch_l2(v, at, DP * 2)
+    elif tid == 0 and end > key0:
+        nbytes = (kaio.min(key0 + KEYS, end) - key0) * DP * 2
         at = ((b * kv_heads + kvh) * capacity + key0) * DP
-        kaio.prefetch_l2(k, at, n * DP * 2)
-        kaio.prefetch_l2(v, at, n * DP * 2)
+        kaio.prefetch_l2(k, at, nbytes)
+        kaio.prefetch_l2(v, at, nbytes)
 
 
 @kaio.gpu_func

@@ -150,12 +150,17 @@ FOLD_PAIR = 256
 # to 230.4; L8192 700.5 to 707.4 against 700.8 to 707.7; L2048 178.4 to 179.6 against
 # 178.8 to 180.0
 FOLD_SPEC = 1
-# programmatic dependent launch of decode_fwd and decode_folded (sm_90): each prefetches its
-# first key tiles into L2, then waits for the kernel before it in the stream before any
-# load, and lets the next one launch once its blocks are past their key loops (PDL 1) or
-# their wait (PDL 2). Measured on an H100 (kernel time: a CUDA graph of calls; dec,
-# fifteenth pass)
-PDL = 1
+# programmatic dependent launch of decode_fwd and decode_folded (sm_90, ``pdls``): each
+# prefetches its first key tiles into L2, then waits for the kernel before it in the stream
+# before any load, and lets the next one launch once its blocks are past their key loops
+# (PDL 1) or, in a grid of one split and a block a multiprocessor at most (PDL_AT_WAIT),
+# past their wait (PDL 2). Measured on an H100 (kernel time: a CUDA graph of calls; dec,
+# fifteenth pass, against no PDL): B16 L1024 paged 24.8 us (PDL 2) and 25.1 to 25.3 (PDL 1)
+# against 25.9 (SDPA 26.5); B64 L4096 paged (decode_folded) 351.7 to 352.1 (PDL 1) against
+# 352.3 to 353.3 (PDL 2: 353.4 to 353.5; SDPA 352.0 to 352.3); B1 L4096 (clusters) 9.7 to
+# 9.9 (PDL 1) against 10.3 (PDL 2: 11.1 to 11.3)
+PDL = True
+PDL_AT_WAIT = True
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -377,7 +382,7 @@ def plan_grid(
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
-        consts["PDL"] = pdls(like)
+        consts["PDL"] = pdls(like)  # (a cluster grid: several splits)
         key = (like.device, tuple(sorted(consts.items())), shared)
         have = _RESIDENT.get(key)
         if have is None:
@@ -389,11 +394,14 @@ def plan_grid(
     return plain
 
 
-def pdls(like) -> int:
-    """``decode_fwd``'s and ``decode_folded``'s PDL for a call on ``like``'s GPU: PDL on sm_90
-    (and in the simulator, where the wait, the trigger and the prefetches do nothing), 0
-    before (griddepcontrol is sm_90's)."""
-    return PDL if _hopper(like) else 0
+def pdls(like, alone: bool = False) -> int:
+    """``decode_fwd``'s and ``decode_folded``'s PDL for a call on ``like``'s GPU (PDL: on
+    sm_90, and in the simulator, where the wait, the trigger and the prefetches do nothing;
+    griddepcontrol is sm_90's): 2 for a grid of one split and at most a block a
+    multiprocessor (``alone``, PDL_AT_WAIT), else 1; 0 off or before sm_90."""
+    if not (PDL and _hopper(like)):
+        return 0
+    return 2 if alone and PDL_AT_WAIT else 1
 
 
 def speculates(paged: bool, splits: int = 1) -> int:
@@ -685,7 +693,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
         SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages, own),
-        OWN=own, SORT=sort, PDL=pdls(qa),
+        OWN=own, SORT=sort, PDL=pdls(qa, alone),
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -823,11 +831,12 @@ def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
 
 
 def _with_pdl(pairs):
-    """Each (kernel, constexprs) of ``pairs`` with PDL 0 (before sm_90) and PDL (sm_90);
-    a cluster grid's (sm_90) with PDL only."""
+    """Each (kernel, constexprs) of ``pairs`` with every PDL ``pdls`` may give it: 0 (before
+    sm_90) and 1, and 2 for a grid of one split (DIRECT); a cluster grid's (sm_90) 1."""
     for kernel, constexprs in pairs:
-        for pdl in sorted({PDL, 0 if constexprs.get("CL", 1) == 1 else PDL}):
-            yield kernel, {**constexprs, "PDL": pdl}
+        pdl = (0, 1, 2) if constexprs.get("DIRECT") else (0, 1)
+        for p in pdl if constexprs.get("CL", 1) == 1 else (1,):
+            yield kernel, {**constexprs, "PDL": p}
 
 
 def shipped():

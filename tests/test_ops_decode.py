@@ -383,6 +383,22 @@ def test_sort_keys_in_simulator(n):
     assert np.array_equal(dst, np.sort(src))
 
 
+def test_programmatic_dependent_launch_route(monkeypatch):
+    # PDL 2 (the trigger right after the wait) in a grid of one split and a block a
+    # multiprocessor at most, PDL 1 (after the key loop) elsewhere, 0 when off; the simulator
+    # (no GPU: planned as sm_90) runs them (its wait, trigger and prefetches do nothing)
+    like = types.SimpleNamespace(device=None)
+    assert decode.pdls(like, alone=True) == 2 and decode.pdls(like) == 1
+    monkeypatch.setattr(decode, "PDL_AT_WAIT", False)
+    assert decode.pdls(like, alone=True) == 1
+    monkeypatch.setattr(decode, "PDL", False)
+    assert decode.pdls(like, alone=True) == decode.pdls(like) == 0
+    shipped = list(decode.shipped())
+    assert {c["PDL"] for k, c in shipped if k is decode.DECODE and c["DIRECT"]} == {0, 1, 2}
+    assert {c["PDL"] for k, c in shipped if k is decode.DECODE and c["CL"] > 1} == {1}
+    assert {c["PDL"] for k, c in shipped if k is decode.FOLDED} == {0, 1}
+
+
 def test_sorted_walk_route():
     # SORT: one split over pages of 16, from 128 pages a sequence (64 in a grid of one
     # wave), a power of two of slots
@@ -784,11 +800,11 @@ def assembled() -> list:
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
         tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own, "SORT": sort}
-        return {**base, "SPEC": spec, **flags, **tile, "PDL": decode.PDL}
+        return {**base, "SPEC": spec, **flags, **tile, "PDL": 2 if merge == "direct" else 1}
 
     def folded(sort, pair, dt):
         flags = {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": sort, "PAIR": pair}
-        return {**flags, "SPEC": decode.FOLD_SPEC, "DT": dt, "PDL": decode.PDL}
+        return {**flags, "SPEC": decode.FOLD_SPEC, "DT": dt, "PDL": 1}
 
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
