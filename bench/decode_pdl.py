@@ -1,12 +1,11 @@
 """Programmatic dependent launch for the decode kernels (dec, issue 34, fifteenth pass):
 kernel time as bench/decode.py counts it (a CUDA graph of calls over input sets in turn,
-the events around a replay / the calls) of the routed call (``decode.pdls``: each block's
-first key tiles prefetched into L2, the wait for the kernel before, the next kernel let
-launch after the key loop, or right after the wait in a grid of one split and a block a
-multiprocessor at most), of it with the next kernel let launch after the key loop in every
-grid (``PDL_AT_WAIT`` off) and without PDL (``PDL`` off: the kernels before), beside SDPA's
-default on the contiguous cache; each checked against the first (the same bits) and f32
-SDPA. Two passes, the second in reverse order.
+the events around a replay / the calls) of the routed call (``decode.pdls``: in a grid of
+one split and a block a multiprocessor at most, each block's first key tiles prefetched
+into L2, the wait for the kernel before, the next kernel let launch) and of it without PDL
+(``decode.PDL`` off: the kernels before), beside SDPA's default on the contiguous cache;
+each checked against the first (the same bits) and f32 SDPA. Two passes, the second in
+reverse order.
 
     python3 bench/decode_pdl.py warm              # compile in parallel processes
     python3 bench/decode_pdl.py [SECONDS]         # time (CASES: BxL[p],...)
@@ -26,12 +25,8 @@ import torch  # noqa: E402
 
 from kaio_ops import decode  # noqa: E402
 
-VARIANTS = {  # name: decode's (PDL, PDL_AT_WAIT)
-    "routed": (True, True),
-    "PDL 1 everywhere": (True, False),
-    "no PDL": (False, False),
-}
-CASES = os.environ.get("CASES", "1x4096,64x4096p,1x4096p,16x4096p,64x1024p,16x1024p")
+VARIANTS = {"routed": True, "no PDL": False}  # name: decode.PDL
+CASES = os.environ.get("CASES", "16x1024,16x4096,16x1024p,16x32768p")
 CALLS = 8
 
 
@@ -43,7 +38,7 @@ def parse(case: str) -> tuple:
 
 def kaio_call(paged: bool, lens, name: str, q, k, v, kc, vc, table):
     """The routed call with variant ``name``'s settings on one input set."""
-    decode.PDL, decode.PDL_AT_WAIT = VARIANTS[name]
+    decode.PDL = VARIANTS[name]
     if paged:
         return decode._decode("pdl", q, kc, vc, lens, table, None)[0]
     return decode._decode("pdl", q, k, v, lens, None, None)[0]
@@ -67,7 +62,7 @@ def time_case(case: str) -> None:
         for n in order:
             us = P.graph_events(graphs[n], calls)
             print(f"{label} {n}: graph of {calls}: {us:.2f} us a call", flush=True)
-    decode.PDL, decode.PDL_AT_WAIT = VARIANTS["routed"]
+    decode.PDL = VARIANTS["routed"]
 
 
 def warm() -> None:

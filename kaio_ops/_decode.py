@@ -609,10 +609,9 @@ def decode_fwd(
     that the blocks, sweeping the pool together, read neighbouring pages at once. ``PDL``
     (sm_90): launched with programmatic dependent launch: L2 prefetches of the block's
     first STAGES - 1 key tiles (``prefetch_run``), then the wait for the kernel before it
-    (``grid_dependency_wait``) before any load; the next kernel may launch
-    (``launch_dependents``) once every block is past its key loop (PDL 1) or its wait (PDL
-    2: its blocks then take the SMs that this grid leaves free or that its blocks leave,
-    while it runs)."""
+    (``grid_dependency_wait``) before any load, then the next kernel let launch
+    (``launch_dependents``): its blocks take the SMs that this grid's blocks leave while
+    the others still run."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -648,8 +647,7 @@ def decode_fwd(
             splits, (STAGES - 1) * BN, DP, PAGED, DT,
         )  # fmt: skip
         kaio.grid_dependency_wait()
-        if PDL == 2:
-            kaio.launch_dependents()  # (the next kernel's blocks may take the SMs left free)
+        kaio.launch_dependents()  # (the next kernel's blocks may take the SMs left free)
     # Q first: its copies are in flight while the length is read (the K/V copies need it)
     load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True, DT)
     kaio.cp_async_commit()
@@ -785,8 +783,6 @@ def decode_fwd(
         if not (SYNC1 or OWN):
             kaio.sync_threads()  # this stage is free
 
-    if PDL == 1:
-        kaio.launch_dependents()  # (the next kernel's blocks may take the SMs this one leaves)
     # the warps' partial results, relative to their own maxima, through shared memory (the
     # columns of row r XOR-ed with r % 4 * 8: a store's 8 rows x 4 column pairs fall on 16
     # banks, not 4)
@@ -1037,7 +1033,6 @@ def decode_folded(
     PAIR: kaio.constexpr,
     SPEC: kaio.constexpr,
     DT: kaio.constexpr,
-    PDL: kaio.constexpr,
 ):
     """Attention of the 4 query rows of one K/V group (head ``block y % kv_heads``) of
     each of FOLD (2) sequences: 8 rows, the mma's N, the keys in M as ``decode_fwd``'s
@@ -1056,8 +1051,7 @@ def decode_folded(
     that give each sequence as many) are each sequence's first keys in turn (tile j:
     sequence j % FOLD's keys (j // FOLD) * BN on), copied once the lengths are known but
     before the sort, so that the sort runs while they are in flight; the walk in pool
-    order takes the other table slots. ``PDL``: as ``decode_fwd``'s, the prefetches those of
-    each sequence's first tile of the pair that uniform lengths give."""
+    order takes the other table slots."""
     kaio.launch_bounds(THREADS, 3)
     SPECT = (STAGES - 1) // FOLD * FOLD * SPEC  # tiles copied before the sort
     SB = 9  # a sort key's bits of table slot, under its sequence's
@@ -1079,16 +1073,6 @@ def decode_folded(
     if PAIR:
         seqs[0] = p
         seqs[1] = kaio.select(batch - 1 - p > p, batch - 1 - p, batch)
-    if PDL:
-        for f in kaio.static_range(FOLD):
-            row = kaio.min(seqs[f], batch - 1)
-            prefetch_keys(
-                k, v, 0, capacity, row, kvh, block_table, capacity, max_pages, kv_heads, shift,
-                pages, tid, BN, DP, True, DT,
-            )  # fmt: skip
-        kaio.grid_dependency_wait()
-        if PDL == 2:
-            kaio.launch_dependents()  # (the next kernel's blocks may take the SMs left free)
     R = SORT // THREADS
     entry = kaio.local(u32, R)  # this thread's table slots, then sort keys
     fold_loads(
@@ -1205,8 +1189,6 @@ def decode_folded(
         probs_as_b(pb, s, lane, DT)
         key_values(o, pb, kv_s, krow + BN, bcol, lane, DP, DT)  # O^T += V^T P^T
 
-    if PDL == 1:
-        kaio.launch_dependents()  # (the next kernel's blocks may take the SMs this one leaves)
     kaio.cp_async_wait_all()
     kaio.sync_threads()
     red_o = kaio.shared_dynamic(f32, (WARPS * 16, DP), 0)  # over kv_s

@@ -150,17 +150,18 @@ FOLD_PAIR = 256
 # to 230.4; L8192 700.5 to 707.4 against 700.8 to 707.7; L2048 178.4 to 179.6 against
 # 178.8 to 180.0
 FOLD_SPEC = 1
-# programmatic dependent launch of decode_fwd and decode_folded (sm_90, ``pdls``): each
-# prefetches its first key tiles into L2, then waits for the kernel before it in the stream
-# before any load, and lets the next one launch once its blocks are past their key loops
-# (PDL 1) or, in a grid of one split and a block a multiprocessor at most (PDL_AT_WAIT),
-# past their wait (PDL 2). Measured on an H100 (kernel time: a CUDA graph of calls; dec,
-# fifteenth pass, against no PDL): B16 L1024 paged 24.8 us (PDL 2) and 25.1 to 25.3 (PDL 1)
-# against 25.9 (SDPA 26.5); B64 L4096 paged (decode_folded) 351.7 to 352.1 (PDL 1) against
-# 352.3 to 353.3 (PDL 2: 353.4 to 353.5; SDPA 352.0 to 352.3); B1 L4096 (clusters) 9.7 to
-# 9.9 (PDL 1) against 10.3 (PDL 2: 11.1 to 11.3)
+# programmatic dependent launch of decode_fwd (sm_90) in a grid of one split and at most a
+# block a multiprocessor (``pdls``): each block prefetches its first key tiles into L2, waits
+# for the kernel before it in the stream before any load, then lets the next one launch, so
+# that the next call's blocks take the SMs this one's blocks leave while the others still
+# run. Measured on an H100 (kernel time: a CUDA graph of calls; dec, fifteenth pass, rounds
+# C and D, against none): B16 L1024 paged 24.8 and 25.2 us against 25.9 (SDPA 26.3 to
+# 26.5), B16 L4096 paged 90.1 against 90.6 (SDPA 90.8 to 90.9). Elsewhere slower (round
+# D): B1 L4096 (clusters) 10.2 to 10.5 against 9.9, paged 11.2 to 11.6 against 10.8; B64
+# L4096 paged (decode_folded) 353.6 to 354.0 against 352.6 to 352.8; B64 L1024 paged (two
+# waves) 93.0 to 93.1 against 92.7; the next kernel let launch after the key loop instead
+# of after the wait, B16 L1024 paged 27.1 (round D)
 PDL = True
-PDL_AT_WAIT = True
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -382,7 +383,7 @@ def plan_grid(
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
-        consts["PDL"] = pdls(like)  # (a cluster grid: several splits)
+        consts["PDL"] = 0  # (several splits)
         key = (like.device, tuple(sorted(consts.items())), shared)
         have = _RESIDENT.get(key)
         if have is None:
@@ -394,14 +395,11 @@ def plan_grid(
     return plain
 
 
-def pdls(like, alone: bool = False) -> int:
-    """``decode_fwd``'s and ``decode_folded``'s PDL for a call on ``like``'s GPU (PDL: on
-    sm_90, and in the simulator, where the wait, the trigger and the prefetches do nothing;
-    griddepcontrol is sm_90's): 2 for a grid of one split and at most a block a
-    multiprocessor (``alone``, PDL_AT_WAIT), else 1; 0 off or before sm_90."""
-    if not (PDL and _hopper(like)):
-        return 0
-    return 2 if alone and PDL_AT_WAIT else 1
+def pdls(like, alone: bool) -> int:
+    """``decode_fwd``'s PDL for a call on ``like``'s GPU: 1 (PDL) in a grid of one split and
+    at most a block a multiprocessor (``alone``) on sm_90, and in the simulator (where the
+    wait, the trigger and the prefetches do nothing); else 0 (griddepcontrol is sm_90's)."""
+    return int(PDL and alone and _hopper(like))
 
 
 def speculates(paged: bool, splits: int = 1) -> int:
@@ -739,7 +737,7 @@ def _decode_folded(qa, cache, lens, batch, heads, group, sq, d, scale, fold) -> 
         *flat, cache.table_arg(qa), lens.arg(batch), out_flat, lse_flat, batch, heads, group,
         sq, cache.kv_heads, *cache.geometry(), math.log2(math.e) * float(scale),
         DP=d, STAGES=FOLD_STAGES, FOLD=fold, SORT=sort, PAIR=pair, SPEC=FOLD_SPEC,
-        DT=qa.dtype, PDL=pdls(qa),
+        DT=qa.dtype,
     )  # fmt: skip
     return out, lse
 
@@ -831,12 +829,12 @@ def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
 
 
 def _with_pdl(pairs):
-    """Each (kernel, constexprs) of ``pairs`` with every PDL ``pdls`` may give it: 0 (before
-    sm_90) and 1, and 2 for a grid of one split (DIRECT); a cluster grid's (sm_90) 1."""
+    """Each (kernel, constexprs) of ``pairs`` with every PDL ``pdls`` may give it: 0, and 1
+    for a grid of one split (DIRECT, CL 1)."""
     for kernel, constexprs in pairs:
-        pdl = (0, 1, 2) if constexprs.get("DIRECT") else (0, 1)
-        for p in pdl if constexprs.get("CL", 1) == 1 else (1,):
-            yield kernel, {**constexprs, "PDL": p}
+        direct = constexprs["DIRECT"] and constexprs["CL"] == 1
+        for pdl in (0, 1) if direct else (0,):
+            yield kernel, {**constexprs, "PDL": pdl}
 
 
 def shipped():
@@ -861,8 +859,7 @@ def shipped():
                 for pair in (0, 64, 128, 256):
                     if pair <= FOLD_PAIR and 2 * pair <= sort:
                         flags = {"DP": dp, "STAGES": FOLD_STAGES, "FOLD": FOLD_SEQS, "SORT": sort}
-                        flags |= {"PAIR": pair, "SPEC": FOLD_SPEC, "DT": dtype}
-                        yield from _with_pdl([(FOLDED, flags)])
+                        yield FOLDED, {**flags, "PAIR": pair, "SPEC": FOLD_SPEC, "DT": dtype}
         for paged in (False, True):
             for vec in (1, 8):
                 yield APPEND, {"PAGED": paged, "VEC": vec, "DT": dtype}

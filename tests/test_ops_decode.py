@@ -384,19 +384,15 @@ def test_sort_keys_in_simulator(n):
 
 
 def test_programmatic_dependent_launch_route(monkeypatch):
-    # PDL 2 (the trigger right after the wait) in a grid of one split and a block a
-    # multiprocessor at most, PDL 1 (after the key loop) elsewhere, 0 when off; the simulator
-    # (no GPU: planned as sm_90) runs them (its wait, trigger and prefetches do nothing)
+    # PDL in a grid of one split and a block a multiprocessor at most, on sm_90 (and in the
+    # simulator, no GPU: planned as sm_90, its wait, trigger and prefetches doing nothing)
     like = types.SimpleNamespace(device=None)
-    assert decode.pdls(like, alone=True) == 2 and decode.pdls(like) == 1
-    monkeypatch.setattr(decode, "PDL_AT_WAIT", False)
-    assert decode.pdls(like, alone=True) == 1
+    assert decode.pdls(like, alone=True) == 1 and decode.pdls(like, alone=False) == 0
     monkeypatch.setattr(decode, "PDL", False)
-    assert decode.pdls(like, alone=True) == decode.pdls(like) == 0
-    shipped = list(decode.shipped())
-    assert {c["PDL"] for k, c in shipped if k is decode.DECODE and c["DIRECT"]} == {0, 1, 2}
-    assert {c["PDL"] for k, c in shipped if k is decode.DECODE and c["CL"] > 1} == {1}
-    assert {c["PDL"] for k, c in shipped if k is decode.FOLDED} == {0, 1}
+    assert decode.pdls(like, alone=True) == 0
+    shipped = [c for k, c in decode.shipped() if k is decode.DECODE]
+    assert {c["PDL"] for c in shipped if c["DIRECT"] and c["CL"] == 1} == {0, 1}
+    assert {c["PDL"] for c in shipped if not c["DIRECT"]} == {0}
 
 
 def test_sorted_walk_route():
@@ -800,11 +796,11 @@ def assembled() -> list:
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
         tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own, "SORT": sort}
-        return {**base, "SPEC": spec, **flags, **tile, "PDL": 2 if merge == "direct" else 1}
+        return {**base, "SPEC": spec, **flags, **tile, "PDL": int(merge == "direct")}
 
     def folded(sort, pair, dt):
         flags = {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": sort, "PAIR": pair}
-        return {**flags, "SPEC": decode.FOLD_SPEC, "DT": dt, "PDL": 1}
+        return {**flags, "SPEC": decode.FOLD_SPEC, "DT": dt}
 
     return [
         (decode.DECODE, fwd(64, 4, True, "fused")),
@@ -1079,8 +1075,8 @@ def test_gpu_decode_reads_what_the_kernels_before_wrote(b, capacity, page_size):
     the table, q, the cache) and right behind each other, with no host synchronization:
     programmatic dependent launch (``decode.PDL`` on sm_90) lets a call start, prefetch
     and read hints before the kernel before it ends, so its output must still be that of
-    the new values. B1: the cluster merge; B16 at 1k keys: one split (paged: SORT); B64
-    at 2k: two waves (paged: the folded walk)."""
+    the new values. B16 at 1k keys: one split, with PDL (paged: SORT); without it B1 (the
+    cluster merge) and B64 at 2k (two waves; paged: the folded walk)."""
     import torch
 
     h, hkv, d = 32, 8, 128
