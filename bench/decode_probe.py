@@ -1405,10 +1405,8 @@ WARM_LIST = warm_list
 
 def warm_one(i):
     kernel, c = WARM_LIST()[i]
-    if kernel is decode.DECODE:  # (lists made before decode_fwd had SORT)
-        c = {"SORT": 0, **c}
-    if kernel in (decode.DECODE, decode.FOLDED):  # (lists made before PDL: an H100's)
-        c = {"PDL": int(decode.PDL), **c}
+    if kernel is decode.DECODE:  # (lists made before decode_fwd had SORT and PDL)
+        c = {"SORT": 0, "PDL": 0, **c}
     try:
         kernel.resources(**c)  # compiled, loaded, its cubin in the disk cache
     except Exception as e:  # noqa: BLE001
