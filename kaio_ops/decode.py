@@ -154,13 +154,13 @@ FOLD_SPEC = 1
 # block a multiprocessor (``pdls``): each block prefetches its first key tiles into L2, waits
 # for the kernel before it in the stream before any load, then lets the next one launch, so
 # that the next call's blocks take the SMs this one's blocks leave while the others still
-# run. Measured on an H100 (kernel time: a CUDA graph of calls; dec, fifteenth pass, rounds
-# C and D, against none): B16 L1024 paged 24.8 and 25.2 us against 25.9 (SDPA 26.3 to
-# 26.5), B16 L4096 paged 90.1 against 90.6 (SDPA 90.8 to 90.9). Elsewhere slower (round
+# run. Measured on an H100 (kernel time: a CUDA graph of calls; dec, fifteenth pass, round
+# D, against none): B16 L1024 paged 25.2 us against 25.9 (SDPA 26.3; round C, with whole
+# pages' slices prefetched, 24.8 against 25.9), B16 L4096 paged 90.1 against 90.6 (SDPA
+# 90.8 to 90.9). Elsewhere slower (the next kernel let launch after the key loop, round
 # D): B1 L4096 (clusters) 10.2 to 10.5 against 9.9, paged 11.2 to 11.6 against 10.8; B64
 # L4096 paged (decode_folded) 353.6 to 354.0 against 352.6 to 352.8; B64 L1024 paged (two
-# waves) 93.0 to 93.1 against 92.7; the next kernel let launch after the key loop instead
-# of after the wait, B16 L1024 paged 27.1 (round D)
+# waves) 93.0 to 93.1 against 92.7; and B16 L1024 paged so 27.1
 PDL = True
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
