@@ -384,15 +384,20 @@ def test_sort_keys_in_simulator(n):
 
 
 def test_programmatic_dependent_launch_route(monkeypatch):
-    # PDL in a grid of one split and a block a multiprocessor at most, on sm_90 (and in the
-    # simulator, no GPU: planned as sm_90, its wait, trigger and prefetches doing nothing)
+    # PDL in a grid of one split and a block a multiprocessor at most over a paged cache of
+    # up to 4k keys, on sm_90 (and in the simulator, no GPU: planned as sm_90, its wait,
+    # trigger and prefetches doing nothing)
     like = types.SimpleNamespace(device=None)
-    assert decode.pdls(like, alone=True) == 1 and decode.pdls(like, alone=False) == 0
+    paged = types.SimpleNamespace(paged=True, capacity=4096)
+    assert decode.pdls(like, paged, alone=True) == 1
+    assert decode.pdls(like, paged, alone=False) == 0
+    for other in ({"capacity": 8192}, {"paged": False}):
+        assert decode.pdls(like, types.SimpleNamespace(**{**vars(paged), **other}), True) == 0
     monkeypatch.setattr(decode, "PDL", False)
-    assert decode.pdls(like, alone=True) == 0
+    assert decode.pdls(like, paged, alone=True) == 0
     shipped = [c for k, c in decode.shipped() if k is decode.DECODE]
-    assert {c["PDL"] for c in shipped if c["DIRECT"] and c["CL"] == 1} == {0, 1}
-    assert {c["PDL"] for c in shipped if not c["DIRECT"]} == {0}
+    assert {c["PDL"] for c in shipped if c["DIRECT"] and c["PAGED"]} == {0, 1}
+    assert {c["PDL"] for c in shipped if not (c["DIRECT"] and c["PAGED"])} == {0}
 
 
 def test_sorted_walk_route():
@@ -796,7 +801,7 @@ def assembled() -> list:
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
         tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own, "SORT": sort}
-        return {**base, "SPEC": spec, **flags, **tile, "PDL": int(merge == "direct")}
+        return {**base, "SPEC": spec, **flags, **tile, "PDL": int(merge == "direct" and paged)}
 
     def folded(sort, pair, dt):
         flags = {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": sort, "PAIR": pair}
