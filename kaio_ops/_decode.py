@@ -114,51 +114,7 @@ def hint_at(arr: i32[:], index: u32) -> u32:
 
 
 @kaio.gpu_func
-def prefetch_keys(
-    k: DT[:],
-    v: DT[:],
-    key0: u32,
-    end: u32,
-    b: u32,
-    kvh: u32,
-    block_table: i32[:],
-    capacity: u32,
-    max_pages: u32,
-    kv_heads: u32,
-    shift: u32,
-    pages: u32,
-    tid: u32,
-    KEYS: kaio.constexpr,
-    DP: kaio.constexpr,
-    PAGED: kaio.constexpr,
-    DT: kaio.constexpr,
-):
-    """L2 prefetches of the K and V rows of keys key0 .. key0 + KEYS (those under end) of
-    sequence b, K/V head kvh: a contiguous cache's rows at once (thread 0), a paged cache's
-    a row a thread at a time (the head's rows of a page are apart). Made before the wait
-    of a programmatic dependent launch (PDL), while the kernel before may still write the
-    cache, the table or the lengths: a prefetch is a hint that L2 (where that kernel's
-    writes land) serves coherently, and a stale table entry only names another page of
-    the pool (clamped); the table is read at L2 (``hint_at``). (A paged block's prefetch
-    of one slice of each page, the blocks of a sequence's K/V heads bringing whole pages
-    together, measured slower at B = 1.)"""
-    if PAGED:
-        for i in kaio.static_range(-(-KEYS // THREADS)):
-            key = key0 + tid + i * THREADS
-            if tid + i * THREADS < KEYS and key < end:
-                page = hint_at(block_table, b * max_pages + (key >> shift))
-                at = paged_row(page, key, kvh, kv_heads, shift, pages, DP)
-                kaio.prefetch_l2(k, at, DP * 2)
-                kaio.prefetch_l2(v, at, DP * 2)
-    elif tid == 0 and end > key0:
-        nbytes = (kaio.min(key0 + KEYS, end) - key0) * DP * 2
-        at = ((b * kv_heads + kvh) * capacity + key0) * DP
-        kaio.prefetch_l2(k, at, nbytes)
-        kaio.prefetch_l2(v, at, nbytes)
-
-
-@kaio.gpu_func
-def prefetch_run(
+def prefetch_firsts(
     k: DT[:],
     v: DT[:],
     b: u32,
@@ -170,24 +126,26 @@ def prefetch_run(
     shift: u32,
     pages: u32,
     tid: u32,
-    split: u32,
-    splits: u32,
     KEYS: kaio.constexpr,
     DP: kaio.constexpr,
-    PAGED: kaio.constexpr,
     DT: kaio.constexpr,
 ):
-    """``prefetch_keys`` of ``decode_fwd``'s first KEYS keys as a full cache would give them:
-    split ``split``'s run of the capacity's key tiles (one split: all of them). No length is
-    read: its load would stand before the wait. (SPEC with several splits, not routed, takes
-    other tiles.)"""
-    per = ((capacity + BN - 1) // BN + splits - 1) // splits
-    first = split * per * BN
-    end = kaio.min(first + per * BN, capacity)
-    prefetch_keys(
-        k, v, first, end, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid,
-        KEYS, DP, PAGED, DT,
-    )  # fmt: skip
+    """L2 prefetches of the K and V rows of sequence b's first KEYS keys (under the
+    capacity), K/V head kvh, in a paged cache, a row a thread at a time (a head's rows of a
+    page lie apart). Made before the wait of a programmatic dependent launch (PDL), while
+    the kernel before may still write the cache, the table or the lengths: a prefetch is a
+    hint that L2 (where that kernel's writes land) serves coherently, and a stale table
+    entry only names another page of the pool (clamped); the table is read at L2
+    (``hint_at``), no length at all (its load would stand before the wait). (A block's
+    prefetch of one slice of each page, the blocks of a sequence's K/V heads bringing whole
+    pages together, measured slower at B = 1.)"""
+    for i in kaio.static_range(-(-KEYS // THREADS)):
+        key = tid + i * THREADS
+        if key < KEYS and key < capacity:
+            page = hint_at(block_table, b * max_pages + (key >> shift))
+            at = paged_row(page, key, kvh, kv_heads, shift, pages, DP)
+            kaio.prefetch_l2(k, at, DP * 2)
+            kaio.prefetch_l2(v, at, DP * 2)
 
 
 @kaio.gpu_func
@@ -607,11 +565,11 @@ def decode_fwd(
     before the length are visited in pool order where every query row sees all their
     keys (``sort_keys``: the order of unmasked keys does not change the attention), so
     that the blocks, sweeping the pool together, read neighbouring pages at once. ``PDL``
-    (sm_90): launched with programmatic dependent launch: L2 prefetches of the block's
-    first STAGES - 1 key tiles (``prefetch_run``), then the wait for the kernel before it
-    (``grid_dependency_wait``) before any load, then the next kernel let launch
-    (``launch_dependents``): its blocks take the SMs that this grid's blocks leave while
-    the others still run."""
+    (sm_90; one split over a paged cache): launched with programmatic dependent launch: L2
+    prefetches of the block's first STAGES - 1 key tiles (``prefetch_firsts``), then the
+    wait for the kernel before it (``grid_dependency_wait``) before any load, then the next
+    kernel let launch (``launch_dependents``): its blocks take the SMs that this grid's
+    blocks leave while the others still run."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -641,10 +599,10 @@ def decode_fwd(
     sort_at = (2 * STAGES * BN + ROWS) * DP * 2 + 2 * WARPS * 16 * 4 if SORT else 0
     sort_s = kaio.shared_dynamic(u32, (SORT if SORT else 1,), sort_at)  # SORT: sorted pages
 
-    if PDL:
-        prefetch_run(
-            k, v, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid, split,
-            splits, (STAGES - 1) * BN, DP, PAGED, DT,
+    if PDL:  # (one split over a paged cache: its first tiles are 0 ..)
+        prefetch_firsts(
+            k, v, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid,
+            (STAGES - 1) * BN, DP, DT,
         )  # fmt: skip
         kaio.grid_dependency_wait()
         kaio.launch_dependents()  # (the next kernel's blocks may take the SMs left free)
