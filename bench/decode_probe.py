@@ -128,6 +128,7 @@ ORIG_PAGE_SPEC = getattr(decode, "PAGE_SPEC", False)
 ORIG_FOLD = getattr(decode, "FOLD_SEQS", 0)
 ORIG_PAIR = getattr(decode, "FOLD_PAIR", 0)
 ORIG_FOLD_SPEC = getattr(decode, "FOLD_SPEC", 0)
+ORIG_PDL = getattr(decode, "PDL", 0)
 ORIG_BANDWIDTH = getattr(decode, "CLUSTER_BANDWIDTH", False)
 ORIG_PAGE_FNS = {
     n: getattr(decode, n) for n in ("page_splits", "page_stages") if hasattr(decode, n)
@@ -165,6 +166,7 @@ def restore():
     decode.FOLD_SEQS = ORIG_FOLD
     decode.FOLD_PAIR = ORIG_PAIR
     decode.FOLD_SPEC = ORIG_FOLD_SPEC
+    decode.PDL = ORIG_PDL
     for n, f in ORIG_PAGE_FNS.items():
         setattr(decode, n, f)
 
@@ -1403,8 +1405,8 @@ WARM_LIST = warm_list
 
 def warm_one(i):
     kernel, c = WARM_LIST()[i]
-    if kernel is decode.DECODE:  # (lists made before decode_fwd had SORT)
-        c = {"SORT": 0, **c}
+    if kernel is decode.DECODE:  # (lists made before decode_fwd had SORT and PDL)
+        c = {"SORT": 0, "PDL": 0, **c}
     try:
         kernel.resources(**c)  # compiled, loaded, its cubin in the disk cache
     except Exception as e:  # noqa: BLE001

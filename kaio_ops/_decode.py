@@ -104,6 +104,51 @@ def paged_row(page: u32, key: u32, kvh: u32, kv_heads: u32, shift: u32, pages: u
 
 
 @kaio.gpu_func
+def hint_at(arr: i32[:], index: u32) -> u32:
+    """arr[index], read at L2 (``ld.global.cg``) as a hint before a programmatic dependent
+    launch's wait: the kernel before may still write it, and a line left in L1 could serve
+    a read after the wait a stale value."""
+    got = kaio.local(i32, 1)
+    kaio.load_vector(got, arr, index, 0, "cg")
+    return u32(got[0])
+
+
+@kaio.gpu_func
+def prefetch_firsts(
+    k: DT[:],
+    v: DT[:],
+    b: u32,
+    kvh: u32,
+    block_table: i32[:],
+    capacity: u32,
+    max_pages: u32,
+    kv_heads: u32,
+    shift: u32,
+    pages: u32,
+    tid: u32,
+    KEYS: kaio.constexpr,
+    DP: kaio.constexpr,
+    DT: kaio.constexpr,
+):
+    """L2 prefetches of the K and V rows of sequence b's first KEYS keys (under the
+    capacity), K/V head kvh, in a paged cache, a row a thread at a time (a head's rows of a
+    page lie apart). Made before the wait of a programmatic dependent launch (PDL), while
+    the kernel before may still write the cache, the table or the lengths: a prefetch is a
+    hint that L2 (where that kernel's writes land) serves coherently, and a stale table
+    entry only names another page of the pool (clamped); the table is read at L2
+    (``hint_at``), no length at all (its load would stand before the wait). (A block's
+    prefetch of one slice of each page, the blocks of a sequence's K/V heads bringing whole
+    pages together, measured slower at B = 1.)"""
+    for i in kaio.static_range(-(-KEYS // THREADS)):
+        key = tid + i * THREADS
+        if key < KEYS and key < capacity:
+            page = hint_at(block_table, b * max_pages + (key >> shift))
+            at = paged_row(page, key, kvh, kv_heads, shift, pages, DP)
+            kaio.prefetch_l2(k, at, DP * 2)
+            kaio.prefetch_l2(v, at, DP * 2)
+
+
+@kaio.gpu_func
 def page_ids(
     pg: u32[:, :],
     j: kaio.constexpr,
@@ -492,6 +537,7 @@ def decode_fwd(
     SYNC1: kaio.constexpr,
     OWN: kaio.constexpr,
     SORT: kaio.constexpr,
+    PDL: kaio.constexpr,
 ):
     """Attention of the 16 * MT query rows (row chunk) of one K/V group over the key tiles
     of split ``block x``: out / lse (``DIRECT``, one split) or part / part_lse (row-major
@@ -518,7 +564,12 @@ def decode_fwd(
     (one split with ``SPEC`` over a paged cache): the SORT table slots after those copied
     before the length are visited in pool order where every query row sees all their
     keys (``sort_keys``: the order of unmasked keys does not change the attention), so
-    that the blocks, sweeping the pool together, read neighbouring pages at once."""
+    that the blocks, sweeping the pool together, read neighbouring pages at once. ``PDL``
+    (sm_90; one split over a paged cache): launched with programmatic dependent launch: L2
+    prefetches of the block's first STAGES - 1 key tiles (``prefetch_firsts``), then the
+    wait for the kernel before it (``grid_dependency_wait``) before any load, then the next
+    kernel let launch (``launch_dependents``): its blocks take the SMs that this grid's
+    blocks leave while the others still run."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -548,6 +599,13 @@ def decode_fwd(
     sort_at = (2 * STAGES * BN + ROWS) * DP * 2 + 2 * WARPS * 16 * 4 if SORT else 0
     sort_s = kaio.shared_dynamic(u32, (SORT if SORT else 1,), sort_at)  # SORT: sorted pages
 
+    if PDL:  # (one split over a paged cache: its first tiles are 0 ..)
+        prefetch_firsts(
+            k, v, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid,
+            (STAGES - 1) * BN, DP, DT,
+        )  # fmt: skip
+        kaio.grid_dependency_wait()
+        kaio.launch_dependents()  # (the next kernel's blocks may take the SMs left free)
     # Q first: its copies are in flight while the length is read (the K/V copies need it)
     load_tile(q_s, q, q_row0 * DP, row0, nrows, DP, tid, ROWS, DP, THREADS, True, DT)
     kaio.cp_async_commit()

@@ -150,6 +150,22 @@ FOLD_PAIR = 256
 # to 230.4; L8192 700.5 to 707.4 against 700.8 to 707.7; L2048 178.4 to 179.6 against
 # 178.8 to 180.0
 FOLD_SPEC = 1
+# programmatic dependent launch of decode_fwd (sm_90) in a grid of one split and at most a
+# block a multiprocessor over a paged cache of up to PDL_KEYS keys (``pdls``): each block
+# prefetches its first key tiles into L2, waits for the kernel before it in the stream
+# before any load, then lets the next one launch, so that the next call's blocks take the
+# SMs this one's blocks leave while the others still run. Measured on an H100 (kernel time:
+# a CUDA graph of calls; dec, fifteenth pass, against none): B16 L1024 paged 24.9 to 25.2
+# us against 25.8 to 25.9 (rounds D and E; SDPA 26.3 to 26.4), B16 L4096 paged 90.1
+# against 90.6 (round D; SDPA 90.8 to 90.9). Slower elsewhere: B16 L32768 paged 703.9 to
+# 704.1 against 699.8 (round E: the blocks of a sequence's K/V heads no longer start
+# together, most likely), B16 L1024 contiguous 25.8 against 25.6 (B16 L4096 contiguous
+# 88.3 against 88.9: not routed, the two disagree); with the next kernel let launch after
+# the key loop (round D) B1 L4096 (clusters) 10.2 to 10.5 against 9.9, paged 11.2 to 11.6
+# against 10.8, B64 L4096 paged (decode_folded) 353.6 to 354.0 against 352.6 to 352.8, B64
+# L1024 paged (two waves) 93.0 to 93.1 against 92.7, B16 L1024 paged 27.1
+PDL = True
+PDL_KEYS = 4096
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -371,6 +387,7 @@ def plan_grid(
         if dev is None or not CLUSTER_CHECK:
             return cl, stages, cl, shared
         consts |= {"PW": int(PAGE_WINDOW and paged), "SPEC": speculates(paged, cl)}
+        consts["PDL"] = 0  # (several splits)
         key = (like.device, tuple(sorted(consts.items())), shared)
         have = _RESIDENT.get(key)
         if have is None:
@@ -380,6 +397,15 @@ def plan_grid(
         if have >= blocks:
             return cl, stages, cl, shared
     return plain
+
+
+def pdls(like, cache: _Cache, alone: bool) -> int:
+    """``decode_fwd``'s PDL for a call on ``like``'s GPU over ``cache``: 1 (PDL) in a grid
+    of one split and at most a block a multiprocessor (``alone``) over a paged cache of up
+    to PDL_KEYS keys, on sm_90 and in the simulator (where the wait, the trigger and the
+    prefetches do nothing); else 0 (griddepcontrol is sm_90's)."""
+    fits = cache.paged and cache.capacity <= PDL_KEYS
+    return int(PDL and alone and fits and _hopper(like))
 
 
 def speculates(paged: bool, splits: int = 1) -> int:
@@ -671,7 +697,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
         SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages, own),
-        OWN=own, SORT=sort,
+        OWN=own, SORT=sort, PDL=pdls(qa, cache, alone),
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
@@ -808,6 +834,15 @@ def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
             yield DECODE, {**flags, "STAGES": stages, "CL": cl, "SYNC1": sync1, "OWN": own}
 
 
+def _with_pdl(pairs):
+    """Each (kernel, constexprs) of ``pairs`` with every PDL ``pdls`` may give it: 0, and 1
+    for a grid of one split (DIRECT, CL 1) over a paged cache."""
+    for kernel, constexprs in pairs:
+        direct = constexprs["DIRECT"] and constexprs["CL"] == 1 and constexprs["PAGED"]
+        for pdl in (0, 1) if direct else (0,):
+            yield kernel, {**constexprs, "PDL": pdl}
+
+
 def shipped():
     """(kernel, constexprs) of every specialization these ops launch."""
     for dtype in (f16, bf16):
@@ -815,7 +850,7 @@ def shipped():
             for mt in (1, 2, 4):
                 for paged in (False, True):
                     for swap in sorted({0, swaps(8 if mt == 1 else 16, dp)}):
-                        yield from _shipped_fwd(dtype, dp, mt, paged, swap)
+                        yield from _with_pdl(_shipped_fwd(dtype, dp, mt, paged, swap))
         for dp in DIMS:
             for mt in (1, 2, 4):
                 yield MERGE, {"DP": dp, "MT": mt, "DT": dtype}

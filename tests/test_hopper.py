@@ -157,6 +157,15 @@ def prefetched_copy(src: f32[:, :], out: f32[:, :]):
         out[t, c] = src[t, c]
 
 
+@kaio.gpu_kernel(block_size=32)
+def prefetched_runs(src: f32[:], out: f32[:], at: u32):
+    """Thread t asks for the 64 bytes of src from element at + 16 t in L2 (a compile-time
+    size: cp.async.bulk.prefetch.L2), then copies element at + t to out."""
+    t = kaio.thread_idx_x()
+    kaio.prefetch_l2(src, at + 16 * t, 64)
+    out[t] = src[at + t]
+
+
 @kaio.gpu_kernel(block_size=128)
 def dependent_step(src: f32[:], out: f32[:], n: u32):
     """out = src + 1, launched while the kernel before it may still run (programmatic
@@ -911,6 +920,20 @@ def test_bulk_prefetch_is_a_hint():
     assert "cp.async.bulk.prefetch.L2.global [" in prefetched_copy.ptx(arch="sm_90", backend="llvm")
     with pytest.raises(kaio.CompileError, match=r"prefetch_l2\(\) needs sm_90"):
         prefetched_copy.ptx(arch="sm_80")
+
+
+def test_bulk_prefetch_needs_16_byte_alignment():
+    """A bulk L2 prefetch of a compile-time size needs a 16-byte aligned address (not one
+    aligned to its size), in bounds."""
+    buf = np.zeros(1024, np.float32)
+    src = buf[(-buf.ctypes.data % 64) // 4 :][:600]  # starts on 64 bytes
+    out = np.full(32, np.nan, np.float32)
+    prefetched_runs.sim[1](src, out, np.uint32(4))  # 16 bytes past 64-byte boundaries
+    np.testing.assert_array_equal(out, src[4:36])
+    with pytest.raises(kaio.SimulationError, match="multiple of 16 bytes"):
+        prefetched_runs.sim[1](src, out, np.uint32(2))
+    with pytest.raises(kaio.SimulationError, match="out-of-bounds L2 prefetch"):
+        prefetched_runs.sim[1](src[:500], out, np.uint32(4))
 
 
 def test_grid_dependency_controls():

@@ -383,6 +383,23 @@ def test_sort_keys_in_simulator(n):
     assert np.array_equal(dst, np.sort(src))
 
 
+def test_programmatic_dependent_launch_route(monkeypatch):
+    # PDL in a grid of one split and a block a multiprocessor at most over a paged cache of
+    # up to 4k keys, on sm_90 (and in the simulator, no GPU: planned as sm_90, its wait,
+    # trigger and prefetches doing nothing)
+    like = types.SimpleNamespace(device=None)
+    paged = types.SimpleNamespace(paged=True, capacity=4096)
+    assert decode.pdls(like, paged, alone=True) == 1
+    assert decode.pdls(like, paged, alone=False) == 0
+    for other in ({"capacity": 8192}, {"paged": False}):
+        assert decode.pdls(like, types.SimpleNamespace(**{**vars(paged), **other}), True) == 0
+    monkeypatch.setattr(decode, "PDL", False)
+    assert decode.pdls(like, paged, alone=True) == 0
+    shipped = [c for k, c in decode.shipped() if k is decode.DECODE]
+    assert {c["PDL"] for c in shipped if c["DIRECT"] and c["PAGED"]} == {0, 1}
+    assert {c["PDL"] for c in shipped if not (c["DIRECT"] and c["PAGED"])} == {0}
+
+
 def test_sorted_walk_route():
     # SORT: one split over pages of 16, from 128 pages a sequence (64 in a grid of one
     # wave), a power of two of slots
@@ -784,7 +801,7 @@ def assembled() -> list:
         base = {"DP": dp, "MT": mt, "PAGED": paged, "DT": dt, "STAGES": stages, "PW": pw}
         spec = decode.speculates(paged) if merge == "direct" else 0
         tile = {"SWAP": swap, "SYNC1": decode.stage_syncs(stages, own), "OWN": own, "SORT": sort}
-        return {**base, "SPEC": spec, **flags, **tile}
+        return {**base, "SPEC": spec, **flags, **tile, "PDL": int(merge == "direct" and paged)}
 
     def folded(sort, pair, dt):
         flags = {"DP": 128, "STAGES": 3, "FOLD": 2, "SORT": sort, "PAIR": pair}
@@ -815,7 +832,8 @@ def assembled() -> list:
 def _assemble(index: int) -> None:
     kernel, constexprs = assembled()[index]
     for arch in ("sm_80", "sm_90") if constexprs.get("CL", 1) == 1 else ("sm_90",):
-        report = assemble(kernel.ptx(arch=arch, **constexprs), arch)
+        pdl = {"PDL": 0} if arch == "sm_80" and "PDL" in constexprs else {}  # (sm_90's)
+        report = assemble(kernel.ptx(arch=arch, **{**constexprs, **pdl}), arch)
         if arch == "sm_90":  # H100/H200: every kernel fits its registers
             spills = re.search(r"(\d+) bytes spill stores", report)
             assert spills and spills[1] == "0", (kernel.pyfunc.__name__, constexprs, report)
@@ -1052,6 +1070,46 @@ def test_gpu_decode_step_in_a_cuda_graph(page_size, first, replays):
             got = _gather_torch(k_cache, bi, n, table)[:, n - sq :]
             assert torch.equal(got, k_new[bi])
         assert torch.equal(step(), out)  # eager (appending the same rows again): same bits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [None, 16])
+@pytest.mark.parametrize("b, capacity", [(1, 4096), (16, 1024), (64, 2048)])
+def test_gpu_decode_reads_what_the_kernels_before_wrote(b, capacity, page_size):
+    """Calls queued right behind kernels that write every input they read (the lengths,
+    the table, q, the cache) and right behind each other, with no host synchronization:
+    programmatic dependent launch (``decode.PDL`` on sm_90) lets a call start, prefetch
+    and read hints before the kernel before it ends, so its output must still be that of
+    the new values. B16 at 1k keys: one split, with PDL (paged: SORT); without it B1 (the
+    cluster merge) and B64 at 2k (two waves; paged: the folded walk)."""
+    import torch
+
+    h, hkv, d = 32, 8, 128
+    lens = [capacity - 7 * i % 500 for i in range(b)]
+    q, k_cache, v_cache, seq_lens, table = _gpu_case(
+        b, h, hkv, 1, d, capacity, lens, page_size, "float16", seed=b
+    )
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    base = seq_lens.clone()
+    pages = None if table is None else table.flatten().clone()
+    outs, inputs = [], []
+    for i in range(3):
+        torch.clamp(base - 37 * i, min=0, out=seq_lens)  # (kernels: not copies)
+        if table is not None:  # another permutation of the same pages
+            perm = torch.randperm(pages.numel(), device="cuda", generator=gen)
+            torch.index_select(pages, 0, perm, out=table.view(-1))
+        for x in (q, k_cache, v_cache):
+            x.normal_(generator=gen)
+        outs += [kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)]
+        outs += [kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)]
+        now = [x.clone() for x in (q, k_cache, v_cache, seq_lens)]
+        inputs.append((*now, None if table is None else table.clone()))
+    torch.cuda.synchronize()
+    for i, (qi, ki, vi, li, ti) in enumerate(inputs):
+        assert li.tolist() == [max(0, n - 37 * i) for n in lens]
+        ref = _sdpa_reference(qi, ki, vi, li.tolist(), ti)
+        assert (outs[2 * i].double() - ref).abs().max().item() < 5e-3, i
+        assert torch.equal(outs[2 * i + 1], outs[2 * i])  # right behind the same call
 
 
 @pytest.mark.gpu

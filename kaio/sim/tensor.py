@@ -50,11 +50,14 @@ def _read_frag(m, frag: Frag, lanes) -> np.ndarray:
 # --------------------------------------------------------------------------- byte spans
 
 
-def _span(m, ins: Instr, arr, idx_vals: list, nbytes: int, what: str, lanes=None, needed=None):
+def _span(
+    m, ins: Instr, arr, idx_vals: list, nbytes: int, what: str, lanes=None, needed=None, align=0
+):
     """The ``nbytes`` starting at ``arr[idx]`` for ``lanes`` (None: the active lanes), as
     ``(lanes, index, keys)``: a NumPy index of shape (lanes, k) into the storage, and the
     flat element keys for the race detector. Raises for elements out of bounds (only the
-    first ``needed[lane]`` elements are checked when given) and for misaligned addresses."""
+    first ``needed[lane]`` elements are checked when given) and for addresses that are not
+    a multiple of ``align`` bytes (0: of nbytes)."""
     st = m.storage(arr)
     size = st.data.itemsize
     k = nbytes // size
@@ -81,7 +84,7 @@ def _span(m, ins: Instr, arr, idx_vals: list, nbytes: int, what: str, lanes=None
     else:
         lead = ix[0]
         address = (key - lead * st.size) * size
-    misaligned = address % nbytes != 0
+    misaligned = address % (align or nbytes) != 0
     if misaligned.any():
         j = int(np.argmax(misaligned))
         lane = j if lanes is None else int(lanes[j])
@@ -89,7 +92,7 @@ def _span(m, ins: Instr, arr, idx_vals: list, nbytes: int, what: str, lanes=None
         raise SimulationError(
             f"{m.where(ins)}: misaligned {nbytes}-byte {what} of {arr.space} array "
             f"'{arr.name}' at index [{index}] by {m.describe(lane)}: the address must be a "
-            f"multiple of {nbytes} bytes{m.source(ins)}"
+            f"multiple of {align or nbytes} bytes{m.source(ins)}"
         )
     steps = np.arange(k)
     inside = steps[None, :] < count[:, None]
@@ -134,9 +137,12 @@ def st_vec(m, ins: Instr, vals: list):
 
 
 def prefetch_l2(m, ins: Instr, vals: list):
-    """A hint with no effect on values: only the bounds of ``array[idx...]`` are checked."""
+    """A hint with no effect on values: only the bounds of ``array[idx...]`` are checked, and
+    a bulk prefetch's 16-byte alignment (cp.async.bulk.prefetch.L2)."""
     arr = ins.args[0]
-    _span(m, ins, arr, vals, ins.attrs.get("bulk") or m.storage(arr).data.itemsize, "L2 prefetch")
+    bulk = ins.attrs.get("bulk")
+    nbytes = bulk or m.storage(arr).data.itemsize
+    _span(m, ins, arr, vals, nbytes, "L2 prefetch", align=16 if bulk else 0)
 
 
 # --------------------------------------------------------------------------- warp-wide

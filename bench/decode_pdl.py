@@ -1,0 +1,96 @@
+"""Programmatic dependent launch for the decode kernels (dec, issue 34, fifteenth pass):
+kernel time as bench/decode.py counts it (a CUDA graph of calls over input sets in turn,
+the events around a replay / the calls) of the routed call (``decode.pdls``: in a grid of
+one split and a block a multiprocessor at most over a paged cache of up to 4k keys, each
+block's first key tiles prefetched into L2, the wait for the kernel before, the next kernel
+let launch) and of it without PDL
+(``decode.PDL`` off: the kernels before), beside SDPA's default on the contiguous cache;
+each checked against the first (the same bits) and f32 SDPA. Two passes, the second in
+reverse order.
+
+    python3 bench/decode_pdl.py warm              # compile in parallel processes
+    python3 bench/decode_pdl.py [SECONDS]         # time (CASES: BxL[p],...)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import decode_probe as P  # noqa: E402
+import torch  # noqa: E402
+
+from kaio_ops import decode  # noqa: E402
+
+VARIANTS = {"routed": True, "no PDL": False}  # name: decode.PDL
+CASES = os.environ.get("CASES", "16x1024p,16x4096p,16x2048p")
+CALLS = 8
+
+
+def parse(case: str) -> tuple:
+    """(B, L, paged) of a case "BxL" (contiguous) or "BxLp" (paged)."""
+    b, rest = case.split("x")
+    return int(b), int(rest.rstrip("p")), rest.endswith("p")
+
+
+def kaio_call(paged: bool, lens, name: str, q, k, v, kc, vc, table):
+    """The routed call with variant ``name``'s settings on one input set."""
+    decode.PDL = VARIANTS[name]
+    if paged:
+        return decode._decode("pdl", q, kc, vc, lens, table, None)[0]
+    return decode._decode("pdl", q, k, v, lens, None, None)[0]
+
+
+def time_case(case: str) -> None:
+    b, length, paged = parse(case)
+    sets = P.make_sets(b, length, paged=paged)
+    lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+    label = f"B{b} L{length}{' paged' if paged else ''}"
+    outs = {n: kaio_call(paged, lens, n, *sets[0]).clone() for n in VARIANTS}
+    err = P.check(sets, lens, contiguous=not paged)
+    same = {n: bool(torch.equal(outs[n], outs["routed"])) for n in VARIANTS}
+    print(f"{label}: error vs f32 SDPA {err:.2e}; the same bits as routed: {same}")
+    calls = len(sets) * -(-CALLS // len(sets))
+    call = functools.partial(kaio_call, paged, lens)
+    fns = {n: [functools.partial(call, n, *s) for s in sets] for n in VARIANTS}
+    fns["SDPA"] = [functools.partial(P.sdpa, s[0], s[1], s[2], enable_gqa=True) for s in sets]
+    graphs = {n: P.graph_of_calls(f, calls) for n, f in fns.items()}
+    for order in (list(graphs), list(graphs)[::-1]):
+        for n in order:
+            us = P.graph_events(graphs[n], calls)
+            print(f"{label} {n}: graph of {calls}: {us:.2f} us a call", flush=True)
+    decode.PDL = VARIANTS["routed"]
+
+
+def warm() -> None:
+    """Each (case, variant)'s first call in a process of its own, all at once (the disk
+    cache keeps what they compile)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    procs = []
+    for case in CASES.split(","):
+        for name in VARIANTS:
+            code = (
+                "import decode_pdl as D, torch; "
+                f"b, L, paged = D.parse('{case}'); s = D.P.make_sets(b, L, paged=paged)[0]; "
+                "lens = torch.full((b,), L, device='cuda', dtype=torch.int32); "
+                f"D.kaio_call(paged, lens, '{name}', *s); torch.cuda.synchronize()"
+            )
+            procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=here))
+    for proc in procs:
+        proc.wait()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["warm"]:
+        warm()
+    else:
+        budget = float(sys.argv[1]) if len(sys.argv) > 1 else 40
+        for case in CASES.split(","):
+            if P.time.time() - P.T0 > budget:
+                print(f"{case}: out of time")
+                break
+            time_case(case)
