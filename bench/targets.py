@@ -292,7 +292,14 @@ NOTES: tuple[Note, ...] = (
     ),
 )
 
-OPEN_GAPS: tuple[str, ...] = ()
+OPEN_GAPS: tuple[str, ...] = (
+    "**Decode over sorted pages, racecheck warnings** (issue 34): compute-sanitizer racecheck "
+    "reports 16-17 warnings (0 errors) in `test_gpu_sorted_pages_against_sdpa[4096-1-float16-256]` "
+    "(B 1, 4096 keys, pages of 256): cp.async writes of a K/V stage (`kaio_ops/_decode.py`, "
+    "`copy_key`) against ldmatrix reads of it, on merged main and on 048da83 alike (H100, "
+    "2026-11-28). The results match SDPA; whether a warp refills a stage that another lane of it "
+    "still reads, or racecheck cannot see the warp-level ordering, is not yet known.",
+)
 
 # (suite pattern, op pattern, family): ops of one family share a plot; an op matching none is
 # in a family named after its suite's title
