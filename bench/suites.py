@@ -22,7 +22,9 @@ the suites over those cards (indexes among the cards this process sees; the same
 runs two suites at a time on one card): ``assign`` puts the longest expected suite first onto
 the least loaded card, each card runs its suites one after the other in the table's order, one
 process each with CUDA_VISIBLE_DEVICES set to its card, and the cards run side by side, each
-with the whole budget. results.json records the card each suite ran on and the cards' names.
+with the whole budget. The suites that time the host (``Suite.alone``: launch, compile) run
+first, on the first card, before the others start. results.json records the card each suite
+ran on and the cards' names.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class Suite:
     full: tuple[str, ...] = ()  # extra arguments of a full run
     quick: tuple[str, ...] | None = ()  # extra arguments with --quick; None: not in a quick run
     expect: tuple[float, float] = (60.0, 30.0)  # seconds it usually needs (full, quick)
+    alone: bool = False  # times the host: with several cards, run before the others start
 
     @property
     def path(self) -> Path:
@@ -107,8 +110,8 @@ SUITES: tuple[Suite, ...] = (
     Suite("decode", "decode.py", "Decode attention", (), None, (150, 0)),
     Suite("quantized", "quantized.py", "Quantized matmul", (), ("--quick",), (20, 15)),
     Suite("fp8", "fp8.py", "FP8 matmul", (), None, (40, 0)),  # quick: bench/fp8.py --quick
-    Suite("launch", "launch_overhead.py", "Launch overhead", (), ("--skip-cold",), (110, 25)),
-    Suite("compile", "compile_time.py", "Compile time", (), ("--runs", "9"), (20, 10)),
+    Suite("launch", "launch_overhead.py", "Launch overhead", (), ("--skip-cold",), (110, 25), True),
+    Suite("compile", "compile_time.py", "Compile time", (), ("--runs", "9"), (20, 10), True),
     Suite("sim", "sim_speed.py", "Simulator speed", (), ("--n", str(1 << 18)), (15, 10)),
     Suite("gguf", "gguf.py", "GGUF quantizers", (), None, (55, 0)),
     Suite(
@@ -504,13 +507,18 @@ def run_all(
             results[s.name] = _not_run(s, "skipped", why=why)
         elif s not in present:
             results[s.name] = _not_run(s, "missing")
-    plan = assign([s.expect[quick] for s in present], len(cards))
+    # host-timing suites first, on the first card while the others are idle: the other cards'
+    # suites load the host (the launch rows of 2026-11-28's four-card run: 5.54 µs against 4.67)
+    first = [s for s in present if s.alone and len(cards) > 1]
+    rest = [s for s in present if s not in first]
+    plan = assign([s.expect[quick] for s in rest], len(cards))
     with (
         tempfile.TemporaryDirectory(prefix="kaio-bench-") as tmp,
         ThreadPoolExecutor(len(cards)) as pool,
     ):
+        results.update(run_card(first, cards[0], deadline, quick, Path(tmp), log))
         runs = [
-            pool.submit(run_card, [present[i] for i in picked], card, deadline, quick,
+            pool.submit(run_card, [rest[i] for i in picked], card, deadline, quick,
                         Path(tmp), log)
             for picked, card in zip(plan, cards, strict=True)
         ]  # fmt: skip

@@ -158,6 +158,29 @@ def test_suites_spread_over_cards_run_side_by_side(tmp_path, monkeypatch):
     assert "[2/2] d on gpu 0: ok" in log and "on gpus 0,1" in log
 
 
+def test_host_timing_suites_run_alone_before_the_others(tmp_path, monkeypatch):
+    """With several cards, a suite marked ``alone`` runs on the first card before any other
+    suite starts; on one card it keeps its place in the table."""
+    (tmp_path / "where.py").write_text(SCRIPTS["where.py"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
+    s = suites.Suite
+    table = (
+        s("a", str(tmp_path / "where.py"), "a", expect=(2, 2)),
+        s("h", str(tmp_path / "where.py"), "h", expect=(1, 1), alone=True),
+        s("b", str(tmp_path / "where.py"), "b", expect=(2, 2)),
+    )
+    path = suites.run_all(
+        tmp_path / "out", gpus=["0", "1"], budget=60, suites=table, echo=False, probe=False
+    )
+    got = json.loads(path.read_text())["suites"]
+    h = got["h"]["data"]
+    assert got["h"]["gpu"] == "0" and h["device"] == "6"
+    assert all(h["end"] <= got[n]["data"]["start"] for n in "ab")
+    one = suites.run_all(tmp_path / "one", budget=60, suites=table, echo=False, probe=False)
+    ran = json.loads(one.read_text())["suites"]
+    assert ran["a"]["data"]["end"] <= ran["h"]["data"]["start"] <= ran["b"]["data"]["start"]
+
+
 def test_a_suite_without_time_is_not_started(fake_suites, tmp_path):
     path = suites.run_all(
         tmp_path / "out", only=["good"], budget=0, suites=fake_suites, echo=False, probe=False
