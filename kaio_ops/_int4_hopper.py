@@ -1057,14 +1057,10 @@ def int4_swap(
                     if b < rest:
                         kt = ck - rest + b
                         more = not (last and kt == ck - 1)
-                        if PAIRS:  # (one slice, its wgmmas waited for: BUFS 1's)
-                            swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel,
-                                       lt, more, b, STAGES, MC, WSTAGES, 1, EARLY, KSTEP,
-                                       LATE)  # fmt: skip
-                        else:
-                            swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel,
-                                       lt, more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                                       LATE)  # fmt: skip
+                        # (PAIRS: one slice, its wgmmas waited for: BUFS 1's)
+                        swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
+                                   more, b, STAGES, MC, WSTAGES, 1 if PAIRS else BUFS, EARLY,
+                                   KSTEP, LATE)  # fmt: skip
             kaio.wgmma_wait(0)
             if BUFS > 1 and not PAIRS and lt == 0:  # the tile's last slices, not yet freed
                 if BUFS == 3 and ck > 1:
