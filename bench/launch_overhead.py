@@ -392,7 +392,10 @@ def native_rows(bench: Bench, ctypes_calls: tuple, arguments: tuple, x, y, out) 
 
 def check_poisoned(out, x, y, launch_one) -> None:
     """Raise unless ``launch_one()`` writes ``x + y`` into ``out`` (NaN before), all
-    ``DeviceArray``s."""
+    ``DeviceArray``s; launched once before, so that the launch checked is the one a loop
+    repeats (a native front's, say)."""
+    launch_one()
+    kaio.synchronize()
     out.copy_from_host(np.full(N, np.nan, np.float32))
     launch_one()
     kaio.synchronize()
@@ -593,6 +596,8 @@ def plan_row(bench: Bench, x, y, out, label: str = "") -> None:
 def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
     subscripted, prebound = new_add(), new_add()
     launch = prebound[GRID, 256]
+    if kind == "DeviceArray":
+        check_poisoned(out, x, y, lambda: subscripted[GRID, 256](x, y, out, N))
     bench.row(f"kaio add[grid, 256](...), {kind}", lambda: subscripted[GRID, 256](x, y, out, N))
     bench.row(f"kaio pre-bound launch(...), {kind}", lambda: launch(x, y, out, N))
     later = new_add()
@@ -603,6 +608,33 @@ def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
     bench.row(f"kaio launch taken after a first launch, {kind}", lambda: direct(x, y, out, N))
     if kind == "DeviceArray":
         reuse_rows(bench, x, y, out)
+        front_rows(bench, x, y, out)
+
+
+def front_rows(bench: Bench, x, y, out) -> None:
+    """kaio's launches without the launchers' native fronts (``launcher.LAUNCH_FRONTS``
+    off: the generated Python launch as before them), beside ``kaio_rows``' own; each
+    checked first on a poisoned output."""
+    from kaio.runtime import launcher
+
+    saved = launcher.LAUNCH_FRONTS
+    launcher.LAUNCH_FRONTS = False
+    try:
+        subscripted, later = new_add(), new_add()
+        check_poisoned(out, x, y, lambda: subscripted[GRID, 256](x, y, out, N))
+        bench.row(
+            "kaio add[grid, 256](...), DeviceArray, no native front",
+            lambda: subscripted[GRID, 256](x, y, out, N),
+        )
+        later[GRID, 256](x, y, out, N)
+        direct = later[GRID, 256]
+        check_poisoned(out, x, y, lambda: direct(x, y, out, N))
+        bench.row(
+            "kaio launch taken after a first launch, DeviceArray, no native front",
+            lambda: direct(x, y, out, N),
+        )
+    finally:
+        launcher.LAUNCH_FRONTS = saved
 
 
 def reuse_rows(bench: Bench, x, y, out) -> None:

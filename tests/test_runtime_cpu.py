@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import struct
 import sys
@@ -857,9 +858,10 @@ def test_native_call_refuses_what_ctypes_would_not_pass_as_a_pointer(tmp_path, m
         with pytest.raises(TypeError):
             memcmp(*wrong)
     monkeypatch.setattr(module, "_disk_cache", DiskCache(str(tmp_path)))
-    first = native._load()  # compiled, then cached
+    ir = native._ir(*native._layout())
+    first = native._load(ir)  # compiled, then cached
     monkeypatch.setattr(native, "_compile", lambda ir: pytest.fail("compiled again"))
-    again = native._load()
+    again = native._load(ir)
     assert ctypes.string_at(first, 16) == ctypes.string_at(again, 16) and first != again
 
 
@@ -988,3 +990,121 @@ def test_direct_launch_hands_other_calls_to_its_fallback(fake_driver):
         ((x, y, out, 2.5), {}),
     ]
     assert len(calls) == 1
+
+
+@contextlib.contextmanager
+def set_to(flag: list, value):
+    """``flag[0]`` (a module's one-item list) set to ``value`` for the block."""
+    saved, flag[0] = flag[0], value
+    try:
+        yield
+    finally:
+        flag[0] = saved
+
+
+@pytest.fixture
+def unmoved():
+    """No thread has made a device other than GPU 0 current (``device.moved``)."""
+    from kaio.runtime import device as device_mod
+
+    with set_to(device_mod.moved, False):
+        yield
+
+
+def test_a_native_front_launches_the_last_arguments_and_hands_the_rest_back(
+    fake_driver, monkeypatch, unmoved
+):
+    """A launcher whose launches reuse their parameters, on GPU 0, hands out a native front
+    (``native.launch_front``) when the driver call is a C function (here a ctypes callback
+    that records the launch): the arguments launched last launch again with no Python (no
+    parameter buffer taken off the free list); new arguments, keywords, a ``simulate()``
+    block, a recording, a thread on another GPU, another binding's configuration and a
+    failed driver call go to ``direct``, which launches what it was given; a buffer packed
+    again is forgotten by the front first, so arguments taking turns launch their own."""
+    from kaio.runtime import device as device_mod
+    from kaio.runtime import launch as launch_mod
+    from kaio.runtime import launcher as launcher_mod
+    from kaio.runtime import native
+    from kaio.sim import mode
+
+    calls, loaded = fake_driver
+    failing = [0]  # the next driver calls that fail
+
+    def driver_call(config, function, params, extra):
+        cfg = launcher_mod.LaunchConfigStruct.from_address(config)
+        pointers = (ctypes.c_void_p * 7).from_address(params)
+        calls.append(
+            (
+                function,
+                cfg.stream or 0,
+                struct.unpack("=QqQqQqI", ctypes.string_at(pointers[0], 52)),
+            )
+        )
+        if failing[0]:
+            failing[0] -= 1
+            return 700
+        return 0
+
+    c_driver = ctypes.PYFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * 4)(driver_call)
+    monkeypatch.setattr(launcher_mod, "raw_launch_kernel", lambda: c_driver)
+    if not native.fronts(3, launcher_mod._WRAPPER):
+        pytest.skip(f"no native front here: {native._why_not}")
+    monkeypatch.setattr(launcher_mod, "REUSED_BUFFERS", 1)
+    dev = loaded.device
+    x, y, out = (fake_device_array(dev, p, (8,), (4,)) for p in (0x1000, 0x2000, 0x3000))
+    bind = build(add, add.specialize({}, ("C", "C", "C")), loaded, (x, y, out, 8))
+    env = bind.__globals__
+    taken = []
+    take = env["take"]
+    env["take"] = lambda: (taken.append(1), take())[1]
+    fallen = []
+    first = bind(GRID, BLOCK, 0, 0)
+    direct = first.make_direct(lambda *a, **k: fallen.append((a, k)))
+    assert isinstance(direct, functools.partial)
+
+    def launched(*args, stream=0, python: bool):
+        before = len(taken)
+        assert direct(*args) is None
+        assert len(taken) == before + python  # the Python path takes a buffer
+        assert calls[-1][0] == 0xF00 and calls[-1][1] == stream
+        return calls[-1][2]
+
+    n = 8
+    expect = (0x1000, 8, 0x2000, 8, 0x3000, 8, 8)
+    assert launched(x, y, out, n, python=True) == expect
+    assert launched(x, y, out, n, python=False) == expect
+    assert driver.last_launched_slot(0)[0] == "add"
+    driver.last_launched_slot(0)[0] = "other"
+    assert launched(x, y, out, n, python=False) == expect
+    assert driver.last_launched_slot(0)[0] == "add"
+    # arguments taking turns (one buffer): each launches its own
+    for _ in range(2):
+        assert launched(y, x, out, n, python=True) == (0x2000, 8, 0x1000, 8, 0x3000, 8, 8)
+        assert launched(x, y, out, n, python=True) == expect
+    thousand = int("1000")
+    assert launched(x, y, out, thousand, python=True)[-1] == 1000
+    assert launched(x, y, out, thousand, python=False)[-1] == 1000
+    assert launched(x, y, out, 1000, python=True)[-1] == 1000  # equal, not the same: Python
+    assert launched(x, y, out, 9, python=True)[-1] == 9
+    # the guards: a simulate() block or a recording anywhere, a thread that moved
+    count = len(calls)
+    for flag in (mode.anywhere, launch_mod.recordings):
+        with set_to(flag, 1):
+            direct(x, y, out, 9)
+    direct(x, y, out, n=9)
+    direct(x._info, y, out, 9)  # an ArgInfo is not the array it describes
+    assert len(calls) == count and len(fallen) == 4 and fallen[2] == ((x, y, out), {"n": 9})
+    with set_to(device_mod.moved, True):
+        assert launched(x, y, out, 9, python=True)[-1] == 9
+    # another binding (stream): the same buffer, its own configuration
+    other = bind(GRID, BLOCK, 0, 0x99).make_direct(lambda *a, **k: fallen.append((a, k)))
+    assert other(x, y, out, 9) is None and calls[-1][1] == 0x99
+    assert launched(x, y, out, 9, python=True)[-1] == 9
+    assert launched(x, y, out, 9, python=False)[-1] == 9
+    # a failed driver call: the front hands the call to Python, which launches again
+    failing[0] = 2
+    with pytest.raises(CudaError, match="launching add"):
+        direct(x, y, out, 9)
+    assert len(calls) == count + 6 and len(fallen) == 4  # the front's call, then Python's
+    failing[0] = 1
+    assert launched(x, y, out, 9, python=True)[-1] == 9

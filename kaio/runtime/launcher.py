@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import os
 import re
 import struct
@@ -314,6 +315,10 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
 # that buffer as it is (``reuse_lines``); KAIO_REUSE_PACKED=0 turns it off
 REUSE_PACKED = os.environ.get("KAIO_REUSE_PACKED", "1") != "0"
 REUSED_BUFFERS = 2  # the parameter buffers a launcher that reuses them takes in turn
+# A launcher that reuses its parameters on GPU 0 gets a native front where it can
+# (``front_lines``); bench/launch_overhead.py turns it off for its A/B
+LAUNCH_FRONTS = True
+_WRAPPER = (DeviceArray, "_info", ArgInfo)  # a DeviceArray stands for its ArgInfo
 _INT_KINDS = frozenset(("i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64"))
 
 
@@ -353,14 +358,16 @@ def reuse_keys(abi: list, constexprs: list) -> list[tuple[str, str]]:
     return keys + [(f"a{k} is {{key}}", f"a{k}") for k in constexprs]
 
 
-def reuse_lines(keys: list, conditions: list[str], entries: list[str]) -> list[str]:
+def reuse_lines(keys: list, conditions: list[str], entries: list[str], fronted: bool) -> list[str]:
     """The lines of a ``reusable`` launch from taking its parameter buffer (``slot``: the
     bytes, the ``kernelParams`` argument, and ``k``, what the bytes were packed for) to
     ``params``: when every argument is the one the buffer remembers (``keys``), nothing else;
     otherwise the signature's ``conditions`` (MISMATCH, the buffer given back), the packing
     of ``entries`` (a failure forgets what the buffer held: ``FORGOTTEN``) and what the
     buffer now holds remembered. A buffer is written and read only by the thread that took
-    it off the free list."""
+    it off the free list. ``fronted`` (the launcher has a native front, ``front_lines``):
+    ``k`` also holds ``params`` and the binding's ``CONFIG``, and the front's memo is made
+    to forget a buffer before it is packed again."""
     same = " and ".join(test.format(key=f"k[{j}]") for j, (test, _) in enumerate(keys))
     lines = [
         "try:",
@@ -375,6 +382,9 @@ def reuse_lines(keys: list, conditions: list[str], entries: list[str]) -> list[s
     ]
     for condition in conditions:
         lines += [f"    if {condition}:", "        give(slot)", "        MISMATCH"]
+    if fronted:  # no front launches from this buffer while it changes
+        lines += ["    if MEMO[0][-2] is params:", "        MEMO[0] = UNKNOWN"]
+    stored = "".join(stored + ", " for _, stored in keys) + ("params, CONFIG" if fronted else "")
     return lines + [
         "    try:",
         f"        pack(buf, 0, {', '.join(entries)})",
@@ -382,8 +392,19 @@ def reuse_lines(keys: list, conditions: list[str], entries: list[str]) -> list[s
         "        slot[2] = FORGOTTEN",
         "        give(slot)",
         "        MISMATCH",
-        f"    slot[2] = ({''.join(stored + ', ' for _, stored in keys)})",
+        f"    slot[2] = k = ({stored})",
     ]
+
+
+def front_target(launch_kernel) -> int | None:
+    """The address of the C function ``launch_kernel`` calls, for a launcher's native front
+    (``native.launch_front``): libcuda's ``cuLaunchKernelEx`` behind kaio's native builtin,
+    a ctypes function pointer's own (a C stand-in in tests); None for anything else."""
+    if launch_kernel is _raw_launch and _raw_target is not None:
+        return _raw_target
+    if isinstance(launch_kernel, ctypes._CFuncPtr):
+        return ctypes.cast(launch_kernel, ctypes.c_void_p).value
+    return None
 
 
 MISSING = object()  # a parameter of a launcher's ``direct`` function the call did not pass
@@ -437,6 +458,7 @@ def launch_config(grid, block, shared: int, stream, pdl: bool = False) -> Launch
 
 
 _raw_launch = None
+_raw_target = None  # cuLaunchKernelEx's address, once _raw_launch is the native builtin
 
 
 def raw_launch_kernel():
@@ -447,11 +469,12 @@ def raw_launch_kernel():
     configuration is a struct filled once. The call is a builtin made by
     ``kaio.runtime.native`` where it can be (a call through ctypes costs more than the rest
     of a launch's Python), else ``ctypes_launch_kernel()``."""
-    global _raw_launch
+    global _raw_launch, _raw_target
     if _raw_launch is None:
         ctypes_call = ctypes_launch_kernel()
         address = ctypes.cast(ctypes_call, ctypes.c_void_p).value
-        _raw_launch = native.trampoline(address, "cuLaunchKernelEx") or ctypes_call
+        native_call = native.trampoline(address, "cuLaunchKernelEx")
+        _raw_launch, _raw_target = (native_call, address) if native_call else (ctypes_call, None)
     return _raw_launch
 
 
@@ -548,6 +571,39 @@ def argument_values(function, params) -> tuple[int, list[int]]:
     ``raw_launch_kernel`` gets them (for fakes of the driver in tests)."""
     handle = ctypes.cast(function, ctypes.c_void_p).value
     return handle, [] if params is None else list(params._obj)
+
+
+def front_setup(env: dict, loaded, count: int) -> bool:
+    """Whether a reusing launcher (``count`` keys) of ``loaded`` gets a native front, and if
+    so what its generated code needs in ``env``: ``front(direct, CONFIG, LAST)``, the front
+    of a binding's ``direct`` (``native.launch_front``) as a ``functools.partial`` (which
+    takes attributes); ``MEMO``, the front's memo of the arguments last launched (one per
+    launcher: its bindings share the parameter buffers, and each memo names its binding's
+    ``CONFIG``); ``UNKNOWN``, a memo that matches no call. Only GPU 0's launches have one:
+    there a launch knows it runs on its GPU from ``device.moved`` alone (a guard), where
+    others read the thread's current device. The other guards: no ``simulate()`` block
+    and no call plan being recorded."""
+    target = front_target(env["launch_kernel"])
+    if not LAUNCH_FRONTS or target is None or loaded.device.ordinal != 0:
+        return False
+    from kaio.runtime.launch import recordings
+    from kaio.sim.mode import anywhere
+
+    guards = ((anywhere, 0), (recordings, 0), (moved, False))
+    if not native.fronts(len(guards), _WRAPPER):
+        return False
+    unknown = (MISSING,) * count + (None, None)
+    memo = env["MEMO"] = [unknown]
+    env["UNKNOWN"] = unknown
+    function, name = env["FUNC"], loaded.name
+
+    def front(direct, config, last):
+        made = native.launch_front(target, direct, memo, config, function, last, name, guards,
+                                   _WRAPPER)  # fmt: skip
+        return direct if made is None else functools.partial(made)
+
+    env["front"] = front
+    return True
 
 
 def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
@@ -652,6 +708,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         free = env["free"] = [new_slot()]
         env["take"], env["give"] = free.pop, free.append
     env["new_slot"] = new_slot
+    fronted = reused and front_setup(env, loaded, len(keys))
     call = "launch_kernel(CONFIG, FUNC, params, None)"
     elsewhere = "elsewhere(CONFIG, FUNC, params)"
     has_arrays = any(kind in ("C", "A") for _, kind in abi)
@@ -674,7 +731,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         *([] if has_arrays else ["if not home:", "    MISMATCH"]),
     ]
     if reused:
-        body += reuse_lines(keys, conditions, entries)
+        body += reuse_lines(keys, conditions, entries, fronted)
     else:
         for condition in conditions:
             body += [f"if {condition}:", "    MISMATCH"]
@@ -707,6 +764,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         f"            rc = {elsewhere}",
         "else:",
         f"    rc = {elsewhere}",
+        *(["MEMO[0] = k if k[-1] is CONFIG else (*k[:-1], CONFIG)"] if fronted else []),
         "give(slot)",
         "if rc:",
         "    fail(rc, stream)",
@@ -750,7 +808,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         f"                return fallback(*given(({named}), more), **kwargs)",
         *spelled_direct("            ", f"return fallback({named})", "return None"),
         "",
-        "        return direct",
+        f"        return {'front(direct, CONFIG, LAST)' if fronted else 'direct'}",
         "",
         "    launch.make_direct = make_direct",
         "    return launch",
