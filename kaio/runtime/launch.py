@@ -5,15 +5,15 @@ recent first (``kernel[config]`` hands out its ``call``, a plain function, which
 faster than the object; once a launcher is bound, the first one's ``direct`` function, or its
 native front (``launcher.front_setup``): that launch with the ``Launch``'s checks in front and
 no call in between, which hands any call it does not take to ``_rest``; ``call`` calls it too):
-a call whose arguments one of them takes packs and launches in a few microseconds. Otherwise it binds the launchers other configurations built since, and failing
-those takes the slow path (``_build``): validate every argument (``LaunchError`` naming the
-parameter), pick the array layouts ('C' contiguous, 'A' strided), specialize the kernel and
-load it on the GPU its arrays are on (all on one; the current device for a kernel without
-arrays), and build a launcher for this signature. Inside ``with kaio.simulate():`` launches go
-to the CPU simulator instead. While the calling thread records a call plan
-(``kaio.runtime.plan.recording``; ``recordings`` counts them process-wide, so other launches
-pay one global read), each launch goes to its recorder, which prepares it and launches it
-as above.
+a call whose arguments one of them takes packs and launches in a few microseconds. Otherwise it
+binds the launchers other configurations built since, and failing those takes the slow path
+(``_build``): validate every argument (``LaunchError`` naming the parameter), pick the array
+layouts ('C' contiguous, 'A' strided), specialize the kernel and load it on the GPU its arrays
+are on (all on one; the current device for a kernel without arrays), and build a launcher for
+this signature. Inside ``with kaio.simulate():`` launches go to the CPU simulator instead. While
+the calling thread records a call plan (``kaio.runtime.plan.recording``; ``recordings`` counts
+them process-wide, so other launches pay one global read), each launch goes to its recorder,
+which prepares it and launches it as above.
 """
 
 from __future__ import annotations
