@@ -1,4 +1,4 @@
-"""A C function called from Python without ctypes: ``trampoline(address)``.
+"""C functions called from Python without ctypes: ``trampoline(address)``, ``launch_front``.
 
 kaio launches a kernel by calling libcuda's ``cuLaunchKernelEx(config, function,
 kernelParams, extra)`` with four ctypes ``byref`` objects made once (``launcher.py``). A call
@@ -19,10 +19,20 @@ directory, the same trust model: ``cache.py``), so llvmlite is imported once per
 once per process; a process maps the cached bytes executable (``mmap``, ``mprotect``) and
 makes the builtin with ``PyCFunction_NewEx``.
 
+``launch_front(...)`` makes a second kind of builtin from the same machinery: the front of a
+launcher whose launches reuse their parameters (``launcher.front_setup``). It tests that a
+call's positional arguments are the ones launched last (a memo the Python launch publishes:
+each argument by identity, a ``DeviceArray`` by its ``ArgInfo``), that three module flags
+hold their resting values, and calls ``cuLaunchKernelEx`` itself; any other call goes to the
+Python launch it fronts, as it was made (``PyObject_Vectorcall``). Its ``self`` is a tuple of
+the objects it reads, so it holds them; the object layouts it reads (a tuple's items, a
+list's item array, an object's slot) are probed on live objects like the rest.
+
 Where any of that is not possible (llvmlite missing and nothing cached, not CPython on x86-64
-Linux, objects laid out otherwise than probed), ``trampoline`` returns None and the launches
-keep calling through ctypes. The builtin keeps no state and touches no reference count but
-its result's, so any thread may call it.
+Linux, a free-threaded build, objects laid out otherwise than probed), ``trampoline`` returns
+None and the launches keep calling through ctypes (and ``launch_front`` None: no front). The
+trampoline keeps no state and touches no reference count but its result's, so any thread may
+call it; a front holds the GIL from its first test to its return.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import mmap
 import os
 import struct
 import sys
+import sysconfig
 from collections.abc import Callable
 
 __all__ = ["trampoline", "status"]
@@ -336,6 +347,8 @@ def _supported() -> str | None:
         return f"{sys.implementation.name} is not CPython"
     if sys.platform != "linux" or os.uname().machine != "x86_64":
         return f"{sys.platform} {os.uname().machine} (only x86-64 Linux is done)"
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):  # a front's tests and launch are one step
+        return "a free-threaded build (no GIL)"
     return None
 
 
