@@ -63,7 +63,9 @@ The bound ``launch`` also has ``make_direct(fallback)``: the same launch as a fu
 arguments themselves (``direct(a0, a1, ...)``, what ``kernel[config]`` hands out once a
 launcher is bound: one parameter per kernel parameter, so no tuple is made and unpacked per
 call), which passes keywords, a missing or an extra argument, simulated launches, recorded
-ones and arguments of another signature to ``fallback`` (the ``Launch``'s own function).
+ones and arguments of another signature to ``fallback`` (the ``Launch``'s own function). On
+GPU 0, a launcher that reuses its parameters hands out a native front of ``direct`` instead
+(``front_setup``): the last arguments launched again from C, every other call to ``direct``.
 A kernel compiled in debug mode also passes its error record's address as the last parameter
 and, after each launch, synchronizes the stream and raises ``kaio.OutOfBoundsError`` when a
 thread failed a bounds check (``kaio.runtime.debug``).
