@@ -593,11 +593,15 @@ def plan_row(bench: Bench, x, y, out, label: str = "") -> None:
     bench.row(f"kaio call plan replay (CallPlan.run){label}", lambda: run(pointers))
 
 
-def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
+def kaio_rows(bench: Bench, x, y, out, kind: str, reuse: bool = True) -> None:
+    """kaio's launches of ``add`` with ``kind`` arrays: the subscript spelled each call,
+    pre-bound, taken after a first launch; for ``DeviceArray``s also without the native
+    fronts, and (``reuse``) with the parameters reused or not."""
     subscripted, prebound = new_add(), new_add()
     launch = prebound[GRID, 256]
     if kind == "DeviceArray":
         check_poisoned(out, x, y, lambda: subscripted[GRID, 256](x, y, out, N))
+        check_poisoned(out, x, y, lambda: launch(x, y, out, N))
     bench.row(f"kaio add[grid, 256](...), {kind}", lambda: subscripted[GRID, 256](x, y, out, N))
     bench.row(f"kaio pre-bound launch(...), {kind}", lambda: launch(x, y, out, N))
     later = new_add()
@@ -607,7 +611,8 @@ def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
         check_poisoned(out, x, y, lambda: direct(x, y, out, N))
     bench.row(f"kaio launch taken after a first launch, {kind}", lambda: direct(x, y, out, N))
     if kind == "DeviceArray":
-        reuse_rows(bench, x, y, out)
+        if reuse:
+            reuse_rows(bench, x, y, out)
         front_rows(bench, x, y, out)
 
 
@@ -620,12 +625,16 @@ def front_rows(bench: Bench, x, y, out) -> None:
     saved = launcher.LAUNCH_FRONTS
     launcher.LAUNCH_FRONTS = False
     try:
-        subscripted, later = new_add(), new_add()
+        subscripted, later, prebound = new_add(), new_add(), new_add()
         check_poisoned(out, x, y, lambda: subscripted[GRID, 256](x, y, out, N))
         bench.row(
             "kaio add[grid, 256](...), DeviceArray, no native front",
             lambda: subscripted[GRID, 256](x, y, out, N),
         )
+        launch = prebound[GRID, 256]
+        check_poisoned(out, x, y, lambda: launch(x, y, out, N))
+        bench.row("kaio pre-bound launch(...), DeviceArray, no native front",
+                  lambda: launch(x, y, out, N))  # fmt: skip
         later[GRID, 256](x, y, out, N)
         direct = later[GRID, 256]
         check_poisoned(out, x, y, lambda: direct(x, y, out, N))
@@ -712,6 +721,18 @@ def main_steps(bench: Bench, results: dict) -> None:
     step_rows(bench, x, y, out)
     reuse_step_rows(bench, x, y, out)
     kaio_rows(bench, x, y, out, "DeviceArray")
+    results["rows"] = bench.run()
+    if not np.array_equal(out.numpy(), np.full(N, 3, np.float32)):
+        raise AssertionError("a launched kernel computed a wrong result")
+
+
+def main_front(bench: Bench, results: dict) -> None:
+    """kaio's bare launches with and without the launchers' native fronts (``front_rows``),
+    beside the raw native driver call: the A/B of the front in one process."""
+    x = kaio.to_device(np.ones(N, np.float32))
+    y, out = kaio.to_device(np.full(N, 2, np.float32)), kaio.empty((N,), f32)
+    floor_rows(bench, x, y, out)
+    kaio_rows(bench, x, y, out, "DeviceArray", reuse=False)
     results["rows"] = bench.run()
     if not np.array_equal(out.numpy(), np.full(N, 3, np.float32)):
         raise AssertionError("a launched kernel computed a wrong result")
@@ -1010,9 +1031,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--rows",
-        choices=("all", "launch", "ops", "steps"),
+        choices=("all", "launch", "ops", "steps", "front"),
         default="all",
-        help="which rows to measure (steps: the bare launch built up one step at a time)",
+        help="which rows to measure (steps: the bare launch built up one step at a time; "
+        "front: with and without the native launch fronts)",
     )
     parser.add_argument(
         "--no-empty-like",
@@ -1048,7 +1070,9 @@ def main() -> None:
     bench, results, errors = Bench(), {}, {}
     groups = [lambda: main_rows(bench, results), lambda: op_rows(results)]
     steps = [lambda: main_steps(bench, results)]
-    groups = {"all": groups, "launch": groups[:1], "ops": groups[1:], "steps": steps}[args.rows]
+    front = [lambda: main_front(bench, results)]
+    groups = {"all": groups, "launch": groups[:1], "ops": groups[1:], "steps": steps,
+              "front": front}[args.rows]  # fmt: skip
     if not args.skip_cold:
         groups.append(lambda: cold_rows(results))
     for group in groups:
