@@ -733,9 +733,54 @@ def main_front(bench: Bench, results: dict) -> None:
     y, out = kaio.to_device(np.full(N, 2, np.float32)), kaio.empty((N,), f32)
     floor_rows(bench, x, y, out)
     kaio_rows(bench, x, y, out, "DeviceArray", reuse=False)
+    checks = guard_rows(bench)
     results["rows"] = bench.run()
     if not np.array_equal(out.numpy(), np.full(N, 3, np.float32)):
         raise AssertionError("a launched kernel computed a wrong result")
+    if not all(check() for check in checks):
+        raise AssertionError("a launched kernel computed a wrong result (torch)")
+
+
+def guard_rows(bench: Bench) -> list:
+    """kaio's launches of torch tensors with and without the launchers' torch guards
+    (``launcher.TORCH_GUARDS``); returns checks of the outputs for after the timing."""
+    import torch
+
+    from kaio.runtime import launcher
+
+    tx, ty = torch.rand(N, device="cuda"), torch.rand(N, device="cuda")
+    saved = launcher.TORCH_GUARDS
+    try:
+        checks = []
+        for guarded in (True, False):
+            launcher.TORCH_GUARDS = guarded
+            checks.append(_torch_rows(bench, tx, ty, "" if guarded else ", no torch guard"))
+    finally:
+        launcher.TORCH_GUARDS = saved
+    return checks
+
+
+def _torch_rows(bench: Bench, tx, ty, word: str):
+    """The subscripted launch and the launch taken after a first launch of torch tensors,
+    each checked first on a poisoned output; returns a check of the output."""
+    import torch
+
+    tout = torch.empty(N, device="cuda")
+    subscripted, later = new_add(), new_add()
+    later[GRID, 256](tx, ty, tout, N)
+    direct = later[GRID, 256]
+    rows = {
+        f"kaio add[grid, 256](...), torch{word}": lambda: subscripted[GRID, 256](tx, ty, tout, N),
+        f"kaio launch taken after a first launch, torch{word}": lambda: direct(tx, ty, tout, N),
+    }
+    for name, launch_one in rows.items():
+        launch_one()
+        tout.fill_(float("nan"))
+        launch_one()
+        if not torch.equal(tout, tx + ty):
+            raise AssertionError("a launch of torch tensors computed a wrong result")
+        bench.row(name, launch_one)
+    return lambda: bool(torch.equal(tout, tx + ty))
 
 
 def op_pairs():

@@ -23,7 +23,13 @@ from kaio.runtime.arginfo import ArgInfo, RawArray, c_strides
 from kaio.runtime.arguments import NUMPY_HINT, check_array, check_scalar, describe
 from kaio.runtime.cache import DiskCache, cache_dir, cache_key, cached
 from kaio.runtime.device import current
-from kaio.runtime.launcher import bf16_bits, launch_abi, merge_entries, param_format
+from kaio.runtime.launcher import (
+    bf16_bits,
+    build_launcher,
+    launch_abi,
+    merge_entries,
+    param_format,
+)
 
 
 @kaio.gpu_kernel(block_size=256)
@@ -1108,3 +1114,59 @@ def test_a_native_front_launches_the_last_arguments_and_hands_the_rest_back(
     assert len(calls) == count + 6 and len(fallen) == 4  # the front's call, then Python's
     failing[0] = 1
     assert launched(x, y, out, 9, python=True)[-1] == 9
+
+
+def test_a_launch_of_torch_tensors_checks_them_at_once(fake_driver, monkeypatch):
+    """A launcher of torch tensors checks them with one guard of the last launch's shapes
+    (``launcher.guard_setup``): a hit reads each tensor's address alone and packs the
+    guard's dims; anything the guard refuses takes the tensors' own checks (a new shape
+    launches what it was given, a wrong dtype nothing), and two launches in a row with new
+    shapes make a guard of those. CPU tensors here, the fake GPU made their device (-1)."""
+    torch = pytest.importorskip("torch")
+    from kaio.runtime import launcher as launcher_mod
+
+    calls, loaded = fake_driver
+    loaded.device.ordinal = -1
+    x, y = torch.rand(8), torch.rand(8)
+    out = torch.empty(16)[::2]
+
+    def build_cpu(args):  # describe() refuses CPU tensors: their ArgInfos made here
+        infos = {k: ArgInfo(t.data_ptr(), tuple(t.shape), t.stride(), f32, -1)
+                 for k, t in enumerate(args[:3])}  # fmt: skip
+        loaded.params = add.specialize({}, ("C", "C", "A")).function.params
+        return build_launcher(add, add.specialize({}, ("C", "C", "A")), loaded, args, infos)
+
+    bind = build_cpu((x, y, out, 8))
+    assert "hit = g[0](a0, a1, a2)" in bind.source
+    launch = bind(GRID, BLOCK, 0, 0)
+    guards = bind.__globals__["GUARD"]
+    first = guards[0]
+    assert first[1:] == ((8,), (8,), (8, 2))
+
+    def launched() -> tuple:
+        return struct.unpack("=QqQqQqqI", calls[-1][5][:60])
+
+    def pointers(*tensors) -> tuple:
+        return tuple(t.data_ptr() for t in tensors)
+
+    for _ in range(2):
+        assert launch((x, y, out, 8)) and guards[0] is first
+        assert launched() == (x.data_ptr(), 8, y.data_ptr(), 8, out.data_ptr(), 8, 2, 8)
+    guards[0] = (first[0], (8,), (8,), (8, 5))  # a hit packs the guard's dims
+    assert launch((x, y, out, 8)) and launched()[5:7] == (8, 5)
+    guards[0] = first
+    x2, y2, out2 = torch.rand(12), torch.rand(12), torch.empty(36)[::3]
+    for turn in range(3):  # new shapes: own checks, then a guard of them from the second
+        assert launch((x2, y2, out2, 12))
+        got = launched()
+        assert got[::2][:3] == pointers(x2, y2, out2) and got[1::2] == (12, 12, 12, 12)
+        assert got[-2] == 3 and (guards[0][1:] == ((12,), (12,), (12, 3))) == (turn > 0)
+    n = len(calls)
+    assert not launch((x2.half(), y2, out2, 12))  # a wrong dtype: nothing launched
+    assert not launch((x2, y2, x2, 12))  # contiguous where the launcher has 'A'
+    assert not launch((x2, y2, out2, -1))  # u32 cannot hold -1
+    assert len(calls) == n
+    w = torch.rand(12, requires_grad=True)  # refused by the guard, taken by its own checks
+    assert launch((w, y2, out2, 12)) and launched()[0] == w.data_ptr()
+    monkeypatch.setattr(launcher_mod, "TORCH_GUARDS", False)
+    assert "GUARD" not in build_cpu((x, y, out, 8)).source

@@ -88,7 +88,7 @@ from kaio.errors import CudaError, LaunchError
 from kaio.kernel import constexpr_value_key, same_constexpr
 from kaio.runtime import native
 from kaio.runtime.arginfo import ArgInfo, RawArray
-from kaio.runtime.arguments import describe, is_cupy, is_torch
+from kaio.runtime.arguments import describe, is_cupy, is_torch, tensor_check
 from kaio.runtime.device import Device, current, moved, visiting
 from kaio.runtime.driver import cuda_error, last_launched_slot, libcuda
 from kaio.runtime.memory import DeviceArray
@@ -320,6 +320,9 @@ REUSED_BUFFERS = 2  # the parameter buffers a launcher that reuses them takes in
 # A launcher that reuses its parameters on GPU 0 gets a native front where it can
 # (``front_lines``); bench/launch_overhead.py turns it off for its A/B
 LAUNCH_FRONTS = True
+# A launcher of torch tensors tests them with one check of the last launch's shapes where
+# torch has it (``guard_setup``); bench/launch_overhead.py turns it off for its A/B
+TORCH_GUARDS = True
 _WRAPPER = (DeviceArray, "_info", ArgInfo)  # a DeviceArray stands for its ArgInfo
 _INT_KINDS = frozenset(("i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64"))
 
@@ -575,6 +578,80 @@ def argument_values(function, params) -> tuple[int, list[int]]:
     return handle, [] if params is None else list(params._obj)
 
 
+def guard_setup(env: dict, tensors: list, args: tuple, has_arrays: bool, abi: list) -> bool:
+    """Whether a launcher that packs on every launch, all of whose arrays are torch tensors
+    (``tensors``: their positions and layouts), tests them with one check of the last
+    launch's shapes (``guard_tests``), and if so what its code needs in ``env``:
+    ``GUARD[0]``, ``(check, the dims of each tensor...)`` (its shape, and its strides for
+    an 'A' layout: what the check has them be); ``SEEN[0]``, the shapes of the last launch
+    the guard refused; ``guard(*tensors)``, a new guard (``arguments.tensor_check``)."""
+    arrays = [k for k, kind in abi if kind in ("C", "A")]
+    if not TORCH_GUARDS or not has_arrays or [k for k, _ in tensors] != arrays:
+        return False
+
+    def guard(*given):
+        dims = [tuple(t.shape) + (tuple(t.stride()) if kind == "A" else ())
+                for t, (_, kind) in zip(given, tensors, strict=True)]  # fmt: skip
+        return (tensor_check(list(given)) or _refuses, *dims)
+
+    first = guard(*(args[k] for k, _ in tensors))
+    if first[0] is _refuses:  # no such check in this torch
+        return False
+    env["GUARD"], env["SEEN"], env["guard"] = [first], [None], guard
+    return True
+
+
+def _refuses(*tensors) -> bool:
+    """The guard of a launcher whose check could not be made: it refuses everything."""
+    return False
+
+
+def guard_tests(tensors: list, conditions: list[str]) -> list[str]:
+    """The lines of a guarded launch (``guard_setup``) up to its packing: ``hit`` when the
+    tensors pass the guard's check, else their own conditions; the other ``conditions``
+    (constexprs) either way."""
+    checked = ", ".join(f"a{k}" for k, _ in tensors)
+    own = [c for c in conditions if c.startswith(tuple(f"type(a{k}) " for k, _ in tensors))]
+    lines = ["g = GUARD[0]", f"hit = g[0]({checked})", "if not hit:"]
+    for condition in own:
+        lines += [f"    if {condition}:", "        MISMATCH"]
+    for condition in conditions:
+        if condition not in own:
+            lines += [f"if {condition}:", "    MISMATCH"]
+    return lines
+
+
+def guard_packing(tensors: list, abi: list, entries: list[str]) -> list[str]:
+    """The packing of a guarded launch: on a ``hit`` each tensor's dims come from the guard
+    (its address alone is read), else ``entries`` as they are."""
+    hit = list(entries)
+    guarded = {k: j for j, (k, _) in enumerate(tensors, 1)}
+    for i, (k, _) in enumerate(abi):
+        if k in guarded:
+            hit[i] = f"a{k}.data_ptr(), *g[{guarded[k]}]"
+    return [
+        "if hit:",
+        f"    pack(buf, 0, {', '.join(hit)})",
+        "else:",
+        f"    pack(buf, 0, {', '.join(entries)})",
+    ]
+
+
+def guard_renewal(tensors: list) -> list[str]:
+    """After a guarded launch's packing missed the guard: a second miss in a row with the
+    same shapes (and strides) makes a guard of them, so a launch whose shapes change every
+    time makes none."""
+    key = ", ".join(f"s{k}" + (f", a{k}.stride()" if kind == "A" else "") for k, kind in tensors)
+    return [
+        "if not hit:",
+        f"    key = ({key},)",
+        "    if key == SEEN[0]:",
+        f"        GUARD[0] = guard({', '.join(f'a{k}' for k, _ in tensors)})",
+        "    else:",
+        "        SEEN[0] = key",
+    ]
+
+
 def front_setup(env: dict, loaded, count: int) -> bool:
     """Whether a reusing launcher (``count`` keys) of ``loaded`` gets a native front, and if
     so what its generated code needs in ``env``: ``front(direct, CONFIG, LAST)``, the front
@@ -648,6 +725,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "elsewhere": launcher_elsewhere(loaded.device),
     }
     conditions, entries = [], []
+    tensors: list[tuple[int, str]] = []  # torch arrays: (position, layout)
     runs: dict[int, int] = {}  # first entry -> entries packed as one ArgInfo bytes entry
     entry = 0
     abi = launch_abi(kernel, spec.layouts, loaded.params)
@@ -657,6 +735,8 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
             condition, values, whole = array_code(k, args[k], infos[k], kind, env)
             conditions.append(condition)
             entries.append(values)
+            if is_torch(args[k]):
+                tensors.append((k, kind))
             count = 1 + len(infos[k].shape) * (2 if kind == "A" else 1)
             if whole:
                 runs[entry] = count
@@ -732,8 +812,11 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         # current device
         *([] if has_arrays else ["if not home:", "    MISMATCH"]),
     ]
+    guarded = not reused and record is None and guard_setup(env, tensors, args, has_arrays, abi)
     if reused:
         body += reuse_lines(keys, conditions, entries, fronted)
+    elif guarded:
+        body += guard_tests(tensors, conditions)
     else:
         for condition in conditions:
             body += [f"if {condition}:", "    MISMATCH"]
@@ -744,16 +827,20 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         *(["refuse_capture(stream)"] if record is not None else []),
     ]
     if not reused:
+        packing = [f"pack(buf, 0, {', '.join(entries)})"]
+        if guarded:
+            packing = guard_packing(tensors, abi, entries)
         body += [
             "try:",
             "    buf, params = slot = take()",
             "except IndexError:",
             "    buf, params = slot = new_slot()",
             "try:",
-            f"    pack(buf, 0, {', '.join(entries)})",
+            *("    " + line for line in packing),
             "except PACK_ERRORS:",
             "    give(slot)",
             "    MISMATCH",
+            *(guard_renewal(tensors) if guarded else []),
         ]
     body += [
         "if home:",
