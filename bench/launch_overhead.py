@@ -698,6 +698,7 @@ def main_rows(bench: Bench, results: dict) -> None:
         tout = torch.empty(N, device="cuda")
         kaio_rows(bench, tx, ty, tout, "torch")
         checks.append(lambda: bool(torch.equal(tout, tx + ty)))
+        checks += guard_rows(bench, (False,))
     try:
         import cupy as cp
     except ImportError:
@@ -741,9 +742,10 @@ def main_front(bench: Bench, results: dict) -> None:
         raise AssertionError("a launched kernel computed a wrong result (torch)")
 
 
-def guard_rows(bench: Bench) -> list:
-    """kaio's launches of torch tensors with and without the launchers' torch guards
-    (``launcher.TORCH_GUARDS``); returns checks of the outputs for after the timing."""
+def guard_rows(bench: Bench, modes: tuple = (True, False)) -> list:
+    """kaio's launches of torch tensors with and without (``modes``) the launchers' torch
+    guards (``launcher.TORCH_GUARDS``); returns checks of the outputs for after the
+    timing."""
     import torch
 
     from kaio.runtime import launcher
@@ -752,7 +754,7 @@ def guard_rows(bench: Bench) -> list:
     saved = launcher.TORCH_GUARDS
     try:
         checks = []
-        for guarded in (True, False):
+        for guarded in modes:
             launcher.TORCH_GUARDS = guarded
             checks.append(_torch_rows(bench, tx, ty, "" if guarded else ", no torch guard"))
     finally:
