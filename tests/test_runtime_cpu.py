@@ -1114,6 +1114,19 @@ def test_a_native_front_launches_the_last_arguments_and_hands_the_rest_back(
     assert len(calls) == count + 6 and len(fallen) == 4  # the front's call, then Python's
     failing[0] = 1
     assert launched(x, y, out, 9, python=True)[-1] == 9
+    # two buffers, each with its memo: arguments taking turns launch from the front
+    monkeypatch.setattr(launcher_mod, "REUSED_BUFFERS", 2)
+    bind = build(add, add.specialize({}, ("C", "C", "C")), loaded, (x, y, out, 8))
+    take = bind.__globals__["take"]
+    bind.__globals__["take"] = lambda: (taken.append(1), take())[1]
+    direct = bind(GRID, BLOCK, 0, 0).make_direct(lambda *a, **k: fallen.append((a, k)))
+    turned = (0x2000, 8, 0x1000, 8, 0x3000, 8, 8)
+    for turn in range(3):
+        assert launched(x, y, out, n, python=turn == 0) == expect
+        assert launched(y, x, out, n, python=turn == 0) == turned
+    assert launched(x, x, out, n, python=True)[:4] == (0x1000, 8, 0x1000, 8)  # a third set
+    assert launched(y, x, out, n, python=False) == turned  # its buffer kept
+    assert launched(x, y, out, n, python=True) == expect  # packed again: forgotten first
 
 
 def test_a_launch_of_torch_tensors_checks_them_at_once(fake_driver, monkeypatch):

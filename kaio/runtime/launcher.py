@@ -370,15 +370,16 @@ def reuse_lines(keys: list, conditions: list[str], entries: list[str], fronted: 
     otherwise the signature's ``conditions`` (MISMATCH, the buffer given back), the packing
     of ``entries`` (a failure forgets what the buffer held: ``FORGOTTEN``) and what the
     buffer now holds remembered. A buffer is written and read only by the thread that took
-    it off the free list. ``fronted`` (the launcher has a native front, ``front_lines``):
-    ``k`` also holds ``params`` and the binding's ``CONFIG``, and the front's memo is made
-    to forget a buffer before it is packed again."""
+    it off the free list. ``fronted`` (the launcher has a native front, ``front_setup``):
+    ``k`` also holds ``params`` and the binding's ``CONFIG``, and the buffer's memo ``m``
+    (the front's, for the launcher's first buffers) forgets it before it is packed again."""
     same = " and ".join(test.format(key=f"k[{j}]") for j, (test, _) in enumerate(keys))
+    taken = "buf, params, k, m" if fronted else "buf, params, k"
     lines = [
         "try:",
-        "    buf, params, k = slot = take()",
+        f"    {taken} = slot = take()",
         "except IndexError:",
-        "    buf, params, k = slot = new_slot()",
+        f"    {taken} = slot = new_slot()",
         "try:",
         f"    same = {same}",
         "except AttributeError:  # an array of another kind",
@@ -388,7 +389,7 @@ def reuse_lines(keys: list, conditions: list[str], entries: list[str], fronted: 
     for condition in conditions:
         lines += [f"    if {condition}:", "        give(slot)", "        MISMATCH"]
     if fronted:  # no front launches from this buffer while it changes
-        lines += ["    if MEMO[0][-2] is params:", "        MEMO[0] = UNKNOWN"]
+        lines += ["    m[0] = UNKNOWN"]
     stored = "".join(stored + ", " for _, stored in keys) + ("params, CONFIG" if fronted else "")
     return lines + [
         "    try:",
@@ -656,9 +657,10 @@ def front_setup(env: dict, loaded, count: int) -> bool:
     """Whether a reusing launcher (``count`` keys) of ``loaded`` gets a native front, and if
     so what its generated code needs in ``env``: ``front(direct, CONFIG, LAST)``, the front
     of a binding's ``direct`` (``native.launch_front``) as a ``functools.partial`` (which
-    takes attributes); ``MEMO``, the front's memo of the arguments last launched (one per
-    launcher: its bindings share the parameter buffers, and each memo names its binding's
-    ``CONFIG``); ``UNKNOWN``, a memo that matches no call. Only GPU 0's launches have one:
+    takes attributes), reading ``MEMOS`` (set by the caller once the buffers are made: the
+    memo of each of the launcher's first buffers, a one-item list of what it was last
+    launched with and the ``CONFIG`` of the binding that did, which its bindings share with
+    the buffers); ``UNKNOWN``, a memo that matches no call. Only GPU 0's launches have one:
     there a launch knows it runs on its GPU from ``device.moved`` alone (a guard), where
     others read the thread's current device. The other guards: no ``simulate()`` block
     and no call plan being recorded."""
@@ -671,14 +673,12 @@ def front_setup(env: dict, loaded, count: int) -> bool:
     guards = ((anywhere, 0), (recordings, 0), (moved, False))
     if not native.fronts(len(guards), _WRAPPER):
         return False
-    unknown = (MISSING,) * count + (None, None)
-    memo = env["MEMO"] = [unknown]
-    env["UNKNOWN"] = unknown
+    env["UNKNOWN"] = (MISSING,) * count + (None, None)
     function, name = env["FUNC"], loaded.name
 
     def front(direct, config, last):
-        made = native.launch_front(target, direct, memo, config, function, last, name, guards,
-                                   _WRAPPER)  # fmt: skip
+        made = native.launch_front(target, direct, env["MEMOS"], config, function, last, name,
+                                   guards, _WRAPPER)  # fmt: skip
         return direct if made is None else functools.partial(made)
 
     env["front"] = front
@@ -779,9 +779,11 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     reused = bool(keys)
 
     env["FORGOTTEN"] = (MISSING,) * len(keys)  # what a new buffer was packed for: nothing
+    fronted = reused and front_setup(env, loaded, len(keys))
 
     def new_slot():
-        return [*parameter_slot(size, offsets), *([env["FORGOTTEN"]] if keys else [])]
+        slot = [*parameter_slot(size, offsets), *([env["FORGOTTEN"]] if keys else [])]
+        return slot + [[env["UNKNOWN"]]] if fronted else slot
 
     if reused:
         free = env["free"] = collections.deque(new_slot() for _ in range(REUSED_BUFFERS))
@@ -790,7 +792,8 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         free = env["free"] = [new_slot()]
         env["take"], env["give"] = free.pop, free.append
     env["new_slot"] = new_slot
-    fronted = reused and front_setup(env, loaded, len(keys))
+    if fronted:  # the memos of the first buffers are the front's
+        env["MEMOS"] = tuple(slot[3] for slot in free)
     call = "launch_kernel(CONFIG, FUNC, params, None)"
     elsewhere = "elsewhere(CONFIG, FUNC, params)"
     has_arrays = any(kind in ("C", "A") for _, kind in abi)
@@ -853,7 +856,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         f"            rc = {elsewhere}",
         "else:",
         f"    rc = {elsewhere}",
-        *(["MEMO[0] = k if k[-1] is CONFIG else (*k[:-1], CONFIG)"] if fronted else []),
+        *(["m[0] = k if k[-1] is CONFIG else (*k[:-1], CONFIG)"] if fronted else []),
         "give(slot)",
         "if rc:",
         "    fail(rc, stream)",

@@ -109,7 +109,7 @@ def _ir(payload: int, type_offset: int, value_offset: int) -> str:
 
 
 # the items of a launch front's ``self`` (a tuple), in this order, then its guards' pairs
-_FRONT = ("fallback", "memo", "config", "function", "last", "name", "wrapper", "wrapped",
+_FRONT = ("fallback", "memos", "config", "function", "last", "name", "wrapper", "wrapped",
           "byref_type", "none", "calls")  # fmt: skip
 # the C functions a front calls, one 8-byte word each of its "calls" item (a bytes object)
 _FRONT_CALLS = ("target", "incref", "set_item", "vectorcall")
@@ -143,30 +143,42 @@ def _front_ir(guards: int, offsets: dict) -> str:
     lines += [f"  %table = getelementptr i8, ptr %calls, i64 {o['payload']}"]
     for name, offset in call.items():
         lines += load(f"fn.{name}", "table", offset)
-    # the memo: (keys..., the parameters' byref, the configuration's byref), the list's item 0
-    lines += load("memo.array", "memo", o["list_items"])
-    lines += ["  %memo.tuple = load ptr, ptr %memo.array"]
-    lines += load("memo.size", "memo.tuple", o["size"], "i64")
+    # the memos: a tuple of one-item lists, each item (keys..., params byref, config byref)
+    lines += load("memos.count", "memos", o["size"], "i64")
     lines += [
-        f"  %keys = getelementptr i8, ptr %memo.tuple, i64 {o['tuple_items']}",
+        f"  %memos.items = getelementptr i8, ptr %memos, i64 {o['tuple_items']}",
         "  %expected = add i64 %nargs, 2",
-        "  %counted = icmp eq i64 %memo.size, %expected",
         "  %positional = icmp eq ptr %kwnames, null",
-        "  %fits = and i1 %counted, %positional",
-        f"  br i1 %fits, label %{'guard0' if guards else 'loop'}, label %miss",
+        f"  br i1 %positional, label %{'guard0' if guards else 'scan'}, label %miss",
     ]
     for g in range(guards):  # each guard list's item 0 the object wanted, by identity
         lines += [f"guard{g}:"] + load(f"g{g}.array", f"g{g}.list", o["list_items"])
         lines += [
             f"  %g{g}.item = load ptr, ptr %g{g}.array",
             f"  %g{g}.same = icmp eq ptr %g{g}.item, %g{g}.want",
-            f"  br i1 %g{g}.same, label %{f'guard{g + 1}' if g + 1 < guards else 'loop'}, "
+            f"  br i1 %g{g}.same, label %{f'guard{g + 1}' if g + 1 < guards else 'scan'}, "
             "label %miss",
         ]
     last = f"guard{guards - 1}" if guards else "entry"
     lines += [
+        "scan:",  # each memo in turn: the first whose keys are the arguments launches
+        f"  %m = phi i64 [ 0, %{last} ], [ %m.next, %other ]",
+        "  %memos.more = icmp ult i64 %m, %memos.count",
+        "  br i1 %memos.more, label %memo.read, label %miss",
+        "memo.read:",
+        "  %list.at = getelementptr ptr, ptr %memos.items, i64 %m",
+        "  %list = load ptr, ptr %list.at",
+        *load("memo.array", "list", o["list_items"]),
+        "  %memo.tuple = load ptr, ptr %memo.array",
+        *load("memo.size", "memo.tuple", o["size"], "i64"),
+        f"  %keys = getelementptr i8, ptr %memo.tuple, i64 {o['tuple_items']}",
+        "  %counted = icmp eq i64 %memo.size, %expected",
+        "  br i1 %counted, label %loop, label %other",
+        "other:",
+        "  %m.next = add i64 %m, 1",
+        "  br label %scan",
         "loop:",
-        f"  %i = phi i64 [ 0, %{last} ], [ %i.next, %next ]",
+        "  %i = phi i64 [ 0, %memo.read ], [ %i.next, %next ]",
         "  %more = icmp ult i64 %i, %nargs",
         "  br i1 %more, label %body, label %launch",
         "body:",
@@ -186,7 +198,7 @@ def _front_ir(guards: int, offsets: dict) -> str:
         "  %key.at = getelementptr ptr, ptr %keys, i64 %i",
         "  %key = load ptr, ptr %key.at",
         "  %same = icmp eq ptr %value, %key",
-        "  br i1 %same, label %next, label %miss",
+        "  br i1 %same, label %next, label %other",
         "next:",
         "  %i.next = add i64 %i, 1",
         "  br label %loop",
@@ -196,11 +208,11 @@ def _front_ir(guards: int, offsets: dict) -> str:
         "  %config.key.at = getelementptr ptr, ptr %params.obj.at, i64 1",
         "  %config.key = load ptr, ptr %config.key.at",
         "  %config.same = icmp eq ptr %config.key, %config",
-        "  br i1 %config.same, label %typed, label %miss",
+        "  br i1 %config.same, label %typed, label %other",
         "typed:",
         *load("params.type", "params.obj", o["type"]),
         "  %params.byref = icmp eq ptr %params.type, %byref_type",
-        "  br i1 %params.byref, label %call, label %miss",
+        "  br i1 %params.byref, label %call, label %other",
         "call:",
         *load("params", "params.obj", o["value"]),
         *load("config.pointer", "config", o["value"]),
@@ -438,7 +450,7 @@ def fronts(guards: int, wrapper: tuple[type, str, type]) -> bool:
 def launch_front(
     target: int,
     fallback: Callable,
-    memo: list,
+    memos: tuple,
     config,
     function,
     last: list,
@@ -449,8 +461,9 @@ def launch_front(
     """A builtin ``front(*args, **kwargs)`` that launches the last arguments again with no
     Python in between, and hands every other call to ``fallback`` as it was made.
 
-    ``memo[0]`` is a tuple ``(keys..., params, config)``. When the call has one positional
-    argument a key, each argument is its key by identity (``wrapper``, ``(type, slot,
+    ``memos`` is a tuple of one-item lists, each item a tuple ``(keys..., params,
+    config)``. When, for one of them, the call has one positional argument a key, each
+    argument is its key by identity (``wrapper``, ``(type, slot,
     wrapped type)``: an instance of the type stands for the object in its slot, and an
     object of the wrapped type is never taken itself), every guard ``(list, value)`` has
     ``list[0] is value``, and the memo's ``config`` is ``config``, the front calls the C
@@ -458,7 +471,7 @@ def launch_front(
     ``function`` and ``params`` (``byref``s) and NULL; on success it sets ``last[0] = name``
     and returns None. A failed call goes to ``fallback`` too, which launches again and
     explains. The front keeps the GIL throughout, so no Python code runs between its tests
-    and its launch; it holds ``fallback``, ``memo`` and the rest. None where there can be no
+    and its launch; it holds ``fallback``, ``memos`` and the rest. None where there can be no
     front (``status()`` and ``_why_not`` say why)."""
     code = _front_code(len(guards), wrapper)
     if code is None:
@@ -473,7 +486,7 @@ def launch_front(
     )
     byref_type = type(ctypes.byref(ctypes.c_char()))
     kind, _, wrapped = wrapper
-    state = (fallback, memo, config, function, last, name, kind, wrapped, byref_type, None,
+    state = (fallback, memos, config, function, last, name, kind, wrapped, byref_type, None,
              calls, *(part for guard in guards for part in guard))  # fmt: skip
     return _builtin(code, "front", _METH_FASTCALL | _METH_KEYWORDS, state)
 
