@@ -593,10 +593,10 @@ def plan_row(bench: Bench, x, y, out, label: str = "") -> None:
     bench.row(f"kaio call plan replay (CallPlan.run){label}", lambda: run(pointers))
 
 
-def kaio_rows(bench: Bench, x, y, out, kind: str, reuse: bool = True) -> None:
+def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
     """kaio's launches of ``add`` with ``kind`` arrays: the subscript spelled each call,
-    pre-bound, taken after a first launch; for ``DeviceArray``s also without the native
-    fronts, and (``reuse``) with the parameters reused or not."""
+    pre-bound, taken after a first launch; for ``DeviceArray``s also with the parameters
+    reused or not, and without the native fronts."""
     subscripted, prebound = new_add(), new_add()
     launch = prebound[GRID, 256]
     if kind == "DeviceArray":
@@ -611,8 +611,7 @@ def kaio_rows(bench: Bench, x, y, out, kind: str, reuse: bool = True) -> None:
         check_poisoned(out, x, y, lambda: direct(x, y, out, N))
     bench.row(f"kaio launch taken after a first launch, {kind}", lambda: direct(x, y, out, N))
     if kind == "DeviceArray":
-        if reuse:
-            reuse_rows(bench, x, y, out)
+        reuse_rows(bench, x, y, out)
         front_rows(bench, x, y, out)
 
 
@@ -642,8 +641,23 @@ def front_rows(bench: Bench, x, y, out) -> None:
             "kaio launch taken after a first launch, DeviceArray, no native front",
             lambda: direct(x, y, out, N),
         )
+        bench.row("two kaio launches, arguments taking turns, no native front",
+                  _taking_turns(new_add(), x, y, out))  # fmt: skip
     finally:
         launcher.LAUNCH_FRONTS = saved
+
+
+def _taking_turns(kernel, x, y, out):
+    """Two launches of ``kernel``'s launch taken after a first launch, the arrays of the
+    second the first's taking turns (x + y, then y + x)."""
+    kernel[GRID, 256](x, y, out, N)
+    direct = kernel[GRID, 256]
+
+    def alternate():
+        direct(x, y, out, N)
+        direct(y, x, out, N)
+
+    return alternate
 
 
 def reuse_rows(bench: Bench, x, y, out) -> None:
@@ -662,17 +676,9 @@ def reuse_rows(bench: Bench, x, y, out) -> None:
             bench.row(
                 f"kaio launch, DeviceArray, parameters {word}", lambda d=direct: d(x, y, out, N)
             )
-            turns = new_add()
-            turns[GRID, 256](x, y, out, N)
-            pair = turns[GRID, 256]
-
-            def alternate(d=pair):
-                d(x, y, out, N)
-                d(y, x, out, N)
-
             bench.row(
                 f"two kaio launches, arguments taking turns, {word}",
-                alternate,
+                _taking_turns(new_add(), x, y, out),
             )
     finally:
         launcher.REUSE_PACKED = saved
@@ -733,7 +739,7 @@ def main_front(bench: Bench, results: dict) -> None:
     x = kaio.to_device(np.ones(N, np.float32))
     y, out = kaio.to_device(np.full(N, 2, np.float32)), kaio.empty((N,), f32)
     floor_rows(bench, x, y, out)
-    kaio_rows(bench, x, y, out, "DeviceArray", reuse=False)
+    kaio_rows(bench, x, y, out, "DeviceArray")
     checks = guard_rows(bench)
     results["rows"] = bench.run()
     if not np.array_equal(out.numpy(), np.full(N, 3, np.float32)):
