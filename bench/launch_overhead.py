@@ -405,29 +405,31 @@ def check_poisoned(out, x, y, launch_one) -> None:
 
 def ctypes_rows(bench: Bench, x, y, out) -> None:
     """kaio's launches with the driver called through ctypes
-    (``launcher.ctypes_launch_kernel``, as before ``kaio.runtime.native``): the A/B of the
-    native call in one process; each checked first on a poisoned output."""
+    (``launcher.ctypes_launch_kernel``, as before ``kaio.runtime.native``), so without the
+    native fronts: the A/B of the native call in one process; each checked first on a
+    poisoned output."""
     from kaio.runtime import launcher
 
-    saved = launcher._raw_launch
+    saved = launcher._raw_launch, launcher.LAUNCH_FRONTS
     launcher._raw_launch = launcher.ctypes_launch_kernel()
+    launcher.LAUNCH_FRONTS = False
     try:
         subscripted, later = new_add(), new_add()
         check_poisoned(out, x, y, lambda: subscripted[GRID, 256](x, y, out, N))
         bench.row(
-            "kaio add[grid, 256](...), DeviceArray, ctypes call",
+            "kaio add[grid, 256](...), DeviceArray, ctypes call, no native front",
             lambda: subscripted[GRID, 256](x, y, out, N),
         )
         later[GRID, 256](x, y, out, N)
         direct = later[GRID, 256]
         check_poisoned(out, x, y, lambda: direct(x, y, out, N))
         bench.row(
-            "kaio launch taken after a first launch, DeviceArray, ctypes call",
+            "kaio launch taken after a first launch, DeviceArray, ctypes call, no native front",
             lambda: direct(x, y, out, N),
         )
         plan_row(bench, x, y, out, ", ctypes call")
     finally:
-        launcher._raw_launch = saved
+        launcher._raw_launch, launcher.LAUNCH_FRONTS = saved
 
 
 def step_rows(bench: Bench, x, y, out) -> None:
