@@ -318,7 +318,7 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
 REUSE_PACKED = os.environ.get("KAIO_REUSE_PACKED", "1") != "0"
 REUSED_BUFFERS = 2  # the parameter buffers a launcher that reuses them takes in turn
 # A launcher that reuses its parameters on GPU 0 gets a native front where it can
-# (``front_lines``); bench/launch_overhead.py turns it off for its A/B
+# (``front_setup``); bench/launch_overhead.py turns it off for its A/B
 LAUNCH_FRONTS = True
 # A launcher of torch tensors tests them with one check of the last launch's shapes where
 # torch has it (``guard_setup``); bench/launch_overhead.py turns it off for its A/B
@@ -579,7 +579,7 @@ def argument_values(function, params) -> tuple[int, list[int]]:
     return handle, [] if params is None else list(params._obj)
 
 
-def guard_setup(env: dict, tensors: list, args: tuple, has_arrays: bool, abi: list) -> bool:
+def guard_setup(env: dict, tensors: list, args: tuple, abi: list) -> bool:
     """Whether a launcher that packs on every launch, all of whose arrays are torch tensors
     (``tensors``: their positions and layouts), tests them with one check of the last
     launch's shapes (``guard_tests``), and if so what its code needs in ``env``:
@@ -587,7 +587,7 @@ def guard_setup(env: dict, tensors: list, args: tuple, has_arrays: bool, abi: li
     an 'A' layout: what the check has them be); ``SEEN[0]``, the shapes of the last launch
     the guard refused; ``guard(*tensors)``, a new guard (``arguments.tensor_check``)."""
     arrays = [k for k, kind in abi if kind in ("C", "A")]
-    if not TORCH_GUARDS or not has_arrays or [k for k, _ in tensors] != arrays:
+    if not TORCH_GUARDS or not tensors or [k for k, _ in tensors] != arrays:
         return False
 
     def guard(*given):
@@ -815,7 +815,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         # current device
         *([] if has_arrays else ["if not home:", "    MISMATCH"]),
     ]
-    guarded = not reused and record is None and guard_setup(env, tensors, args, has_arrays, abi)
+    guarded = not reused and record is None and guard_setup(env, tensors, args, abi)
     if reused:
         body += reuse_lines(keys, conditions, entries, fronted)
     elif guarded:
