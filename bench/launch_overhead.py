@@ -392,7 +392,10 @@ def native_rows(bench: Bench, ctypes_calls: tuple, arguments: tuple, x, y, out) 
 
 def check_poisoned(out, x, y, launch_one) -> None:
     """Raise unless ``launch_one()`` writes ``x + y`` into ``out`` (NaN before), all
-    ``DeviceArray``s."""
+    ``DeviceArray``s; launched once before, so that the launch checked is the one a loop
+    repeats (a native front's, say)."""
+    launch_one()
+    kaio.synchronize()
     out.copy_from_host(np.full(N, np.nan, np.float32))
     launch_one()
     kaio.synchronize()
@@ -402,29 +405,31 @@ def check_poisoned(out, x, y, launch_one) -> None:
 
 def ctypes_rows(bench: Bench, x, y, out) -> None:
     """kaio's launches with the driver called through ctypes
-    (``launcher.ctypes_launch_kernel``, as before ``kaio.runtime.native``): the A/B of the
-    native call in one process; each checked first on a poisoned output."""
+    (``launcher.ctypes_launch_kernel``, as before ``kaio.runtime.native``), so without the
+    native fronts: the A/B of the native call in one process; each checked first on a
+    poisoned output."""
     from kaio.runtime import launcher
 
-    saved = launcher._raw_launch
+    saved = launcher._raw_launch, launcher.LAUNCH_FRONTS
     launcher._raw_launch = launcher.ctypes_launch_kernel()
+    launcher.LAUNCH_FRONTS = False
     try:
         subscripted, later = new_add(), new_add()
         check_poisoned(out, x, y, lambda: subscripted[GRID, 256](x, y, out, N))
         bench.row(
-            "kaio add[grid, 256](...), DeviceArray, ctypes call",
+            "kaio add[grid, 256](...), DeviceArray, ctypes call, no native front",
             lambda: subscripted[GRID, 256](x, y, out, N),
         )
         later[GRID, 256](x, y, out, N)
         direct = later[GRID, 256]
         check_poisoned(out, x, y, lambda: direct(x, y, out, N))
         bench.row(
-            "kaio launch taken after a first launch, DeviceArray, ctypes call",
+            "kaio launch taken after a first launch, DeviceArray, ctypes call, no native front",
             lambda: direct(x, y, out, N),
         )
         plan_row(bench, x, y, out, ", ctypes call")
     finally:
-        launcher._raw_launch = saved
+        launcher._raw_launch, launcher.LAUNCH_FRONTS = saved
 
 
 def step_rows(bench: Bench, x, y, out) -> None:
@@ -591,8 +596,14 @@ def plan_row(bench: Bench, x, y, out, label: str = "") -> None:
 
 
 def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
+    """kaio's launches of ``add`` with ``kind`` arrays: the subscript spelled each call,
+    pre-bound, taken after a first launch; for ``DeviceArray``s also with the parameters
+    reused or not, and without the native fronts."""
     subscripted, prebound = new_add(), new_add()
     launch = prebound[GRID, 256]
+    if kind == "DeviceArray":
+        check_poisoned(out, x, y, lambda: subscripted[GRID, 256](x, y, out, N))
+        check_poisoned(out, x, y, lambda: launch(x, y, out, N))
     bench.row(f"kaio add[grid, 256](...), {kind}", lambda: subscripted[GRID, 256](x, y, out, N))
     bench.row(f"kaio pre-bound launch(...), {kind}", lambda: launch(x, y, out, N))
     later = new_add()
@@ -603,6 +614,52 @@ def kaio_rows(bench: Bench, x, y, out, kind: str) -> None:
     bench.row(f"kaio launch taken after a first launch, {kind}", lambda: direct(x, y, out, N))
     if kind == "DeviceArray":
         reuse_rows(bench, x, y, out)
+        front_rows(bench, x, y, out)
+
+
+def front_rows(bench: Bench, x, y, out) -> None:
+    """kaio's launches without the launchers' native fronts (``launcher.LAUNCH_FRONTS``
+    off: the generated Python launch as before them), beside ``kaio_rows``' own; each
+    checked first on a poisoned output."""
+    from kaio.runtime import launcher
+
+    saved = launcher.LAUNCH_FRONTS
+    launcher.LAUNCH_FRONTS = False
+    try:
+        subscripted, later, prebound = new_add(), new_add(), new_add()
+        check_poisoned(out, x, y, lambda: subscripted[GRID, 256](x, y, out, N))
+        bench.row(
+            "kaio add[grid, 256](...), DeviceArray, no native front",
+            lambda: subscripted[GRID, 256](x, y, out, N),
+        )
+        launch = prebound[GRID, 256]
+        check_poisoned(out, x, y, lambda: launch(x, y, out, N))
+        bench.row("kaio pre-bound launch(...), DeviceArray, no native front",
+                  lambda: launch(x, y, out, N))  # fmt: skip
+        later[GRID, 256](x, y, out, N)
+        direct = later[GRID, 256]
+        check_poisoned(out, x, y, lambda: direct(x, y, out, N))
+        bench.row(
+            "kaio launch taken after a first launch, DeviceArray, no native front",
+            lambda: direct(x, y, out, N),
+        )
+        bench.row("two kaio launches, arguments taking turns, no native front",
+                  _taking_turns(new_add(), x, y, out))  # fmt: skip
+    finally:
+        launcher.LAUNCH_FRONTS = saved
+
+
+def _taking_turns(kernel, x, y, out):
+    """Two launches of ``kernel``'s launch taken after a first launch, the arrays of the
+    second the first's taking turns (x + y, then y + x)."""
+    kernel[GRID, 256](x, y, out, N)
+    direct = kernel[GRID, 256]
+
+    def alternate():
+        direct(x, y, out, N)
+        direct(y, x, out, N)
+
+    return alternate
 
 
 def reuse_rows(bench: Bench, x, y, out) -> None:
@@ -621,17 +678,9 @@ def reuse_rows(bench: Bench, x, y, out) -> None:
             bench.row(
                 f"kaio launch, DeviceArray, parameters {word}", lambda d=direct: d(x, y, out, N)
             )
-            turns = new_add()
-            turns[GRID, 256](x, y, out, N)
-            pair = turns[GRID, 256]
-
-            def alternate(d=pair):
-                d(x, y, out, N)
-                d(y, x, out, N)
-
             bench.row(
                 f"two kaio launches, arguments taking turns, {word}",
-                alternate,
+                _taking_turns(new_add(), x, y, out),
             )
     finally:
         launcher.REUSE_PACKED = saved
@@ -657,6 +706,7 @@ def main_rows(bench: Bench, results: dict) -> None:
         tout = torch.empty(N, device="cuda")
         kaio_rows(bench, tx, ty, tout, "torch")
         checks.append(lambda: bool(torch.equal(tout, tx + ty)))
+        checks += guard_rows(bench, (False,))
     try:
         import cupy as cp
     except ImportError:
@@ -683,6 +733,64 @@ def main_steps(bench: Bench, results: dict) -> None:
     results["rows"] = bench.run()
     if not np.array_equal(out.numpy(), np.full(N, 3, np.float32)):
         raise AssertionError("a launched kernel computed a wrong result")
+
+
+def main_front(bench: Bench, results: dict) -> None:
+    """kaio's bare launches with and without the launchers' native fronts (``front_rows``),
+    beside the raw native driver call: the A/B of the front in one process."""
+    x = kaio.to_device(np.ones(N, np.float32))
+    y, out = kaio.to_device(np.full(N, 2, np.float32)), kaio.empty((N,), f32)
+    floor_rows(bench, x, y, out)
+    kaio_rows(bench, x, y, out, "DeviceArray")
+    checks = guard_rows(bench)
+    results["rows"] = bench.run()
+    if not np.array_equal(out.numpy(), np.full(N, 3, np.float32)):
+        raise AssertionError("a launched kernel computed a wrong result")
+    if not all(check() for check in checks):
+        raise AssertionError("a launched kernel computed a wrong result (torch)")
+
+
+def guard_rows(bench: Bench, modes: tuple = (True, False)) -> list:
+    """kaio's launches of torch tensors with and without (``modes``) the launchers' torch
+    guards (``launcher.TORCH_GUARDS``); returns checks of the outputs for after the
+    timing."""
+    import torch
+
+    from kaio.runtime import launcher
+
+    tx, ty = torch.rand(N, device="cuda"), torch.rand(N, device="cuda")
+    saved = launcher.TORCH_GUARDS
+    try:
+        checks = []
+        for guarded in modes:
+            launcher.TORCH_GUARDS = guarded
+            checks.append(_torch_rows(bench, tx, ty, "" if guarded else ", no torch guard"))
+    finally:
+        launcher.TORCH_GUARDS = saved
+    return checks
+
+
+def _torch_rows(bench: Bench, tx, ty, word: str):
+    """The subscripted launch and the launch taken after a first launch of torch tensors,
+    each checked first on a poisoned output; returns a check of the output."""
+    import torch
+
+    tout = torch.empty(N, device="cuda")
+    subscripted, later = new_add(), new_add()
+    later[GRID, 256](tx, ty, tout, N)
+    direct = later[GRID, 256]
+    rows = {
+        f"kaio add[grid, 256](...), torch{word}": lambda: subscripted[GRID, 256](tx, ty, tout, N),
+        f"kaio launch taken after a first launch, torch{word}": lambda: direct(tx, ty, tout, N),
+    }
+    for name, launch_one in rows.items():
+        launch_one()
+        tout.fill_(float("nan"))
+        launch_one()
+        if not torch.equal(tout, tx + ty):
+            raise AssertionError("a launch of torch tensors computed a wrong result")
+        bench.row(name, launch_one)
+    return lambda: bool(torch.equal(tout, tx + ty))
 
 
 def op_pairs():
@@ -978,9 +1086,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--rows",
-        choices=("all", "launch", "ops", "steps"),
+        choices=("all", "launch", "ops", "steps", "front"),
         default="all",
-        help="which rows to measure (steps: the bare launch built up one step at a time)",
+        help="which rows to measure (steps: the bare launch built up one step at a time; "
+        "front: with and without the native launch fronts)",
     )
     parser.add_argument(
         "--no-empty-like",
@@ -1016,7 +1125,9 @@ def main() -> None:
     bench, results, errors = Bench(), {}, {}
     groups = [lambda: main_rows(bench, results), lambda: op_rows(results)]
     steps = [lambda: main_steps(bench, results)]
-    groups = {"all": groups, "launch": groups[:1], "ops": groups[1:], "steps": steps}[args.rows]
+    front = [lambda: main_front(bench, results)]
+    groups = {"all": groups, "launch": groups[:1], "ops": groups[1:], "steps": steps,
+              "front": front}[args.rows]  # fmt: skip
     if not args.skip_cold:
         groups.append(lambda: cold_rows(results))
     for group in groups:

@@ -80,6 +80,7 @@ from collections.abc import Callable
 
 from kaio import DeviceArray, sim
 from kaio.runtime import CallPlan, RawArray, compile_function, current, recording, recordings
+from kaio.runtime.arguments import tensor_check as _tensor_check
 from kaio_ops import _arrays
 
 __all__ = ["MAX_PLANS", "MISS", "clear", "planned", "plans_of"]
@@ -770,26 +771,13 @@ def _held_workspaces(env: dict, scratch: list, inputs: int, recycled: list) -> l
 
 
 def tensor_check(tensors: list, outputs: list = ()) -> Callable | None:
-    """``check(*tensors, *outputs)``: True when each tensor has the Python type, dispatch
-    keys, dtype, device, shape, strides and ``requires_grad`` that the tensor in its place
-    in ``tensors`` has, then each of ``outputs`` (signatures, ``_signature``) the one in its
-    place there (torch's ``TensorGuards``, the check torch.compile's guards make: one C call for
-    every tensor, a fraction of reading those accessors one by one); False for anything else
-    in a place, a non-tensor included. The dispatch keys are read under the thread's
-    dispatch state (inference mode, autocast), so a check made in one state refuses every
-    tensor in another where their keys differ. None where this torch has no such check."""
-    try:
-        from torch._C._dynamo.guards import TensorGuards
-
-        return TensorGuards(
-            *tensors,
-            *(like for like, _, _ in outputs),
-            dynamic_dims_sizes=[list(t.shape) for t in tensors] + [list(s) for _, s, _ in outputs],
-            dynamic_dims_strides=[list(t.stride()) for t in tensors]
-            + [list(s) for _, _, s in outputs],
-        ).check
-    except Exception:  # noqa: BLE001 (an older or newer torch: the plans' key path only)
-        return None
+    """``check(*tensors, *outputs)``: ``kaio.runtime.arguments.tensor_check`` of ``tensors``,
+    then of each of ``outputs`` (signatures, ``_signature``) as the one in its place there."""
+    return _tensor_check(
+        [*tensors, *(like for like, _, _ in outputs)],
+        [list(t.shape) for t in tensors] + [list(s) for _, s, _ in outputs],
+        [list(t.stride()) for t in tensors] + [list(s) for _, _, s in outputs],
+    )
 
 
 def _fast(

@@ -1572,9 +1572,10 @@ def test_a_plan_on_gpu_0_knows_it_is_home_until_a_thread_moves(fake, monkeypatch
 
 def test_a_subscript_hands_out_the_direct_launch_once_a_launcher_is_bound(fake):
     """After its first launch, ``kernel[config]`` gives the first launcher's ``direct``
-    function (the launch without the ``Launch`` in between): it launches what the ``Launch``
-    launches, and hands keywords, other signatures (their checks), the simulator and
-    recordings to the ``Launch``."""
+    function (the launch without the ``Launch`` in between), which a ``kernel[config]``
+    kept from before calls too: it launches what the ``Launch`` launches, and hands
+    keywords, other signatures (their checks), the simulator and recordings to the
+    ``Launch``."""
 
     @kaio.gpu_kernel(block_size=256)
     def copy(x: f32[:], out: f32[:], n: kaio.u32):
@@ -1587,11 +1588,14 @@ def test_a_subscript_hands_out_the_direct_launch_once_a_launcher_is_bound(fake):
     first(x, out, 512)
     direct = copy[2, 256]
     assert direct is not first and direct.launch is first.launch and direct.config is first.config
+    assert first.launch._entry is direct  # what the kept function calls
     fake.calls = []
     direct(x, out, 512)
     first(x, out, 512)
     direct(x, out=out, n=512)  # keywords: through the Launch
-    assert len(fake.calls) == 3 and fake.calls[0] == fake.calls[1] == fake.calls[2]
+    first(x, out=out, n=512)
+    assert len(fake.calls) == 4 and all(call == fake.calls[0] for call in fake.calls)
+    fake.calls = fake.calls[:3]
     with pytest.raises(kaio.LaunchError, match="'out'"):
         direct(x, fake.array((512,), f16), 512)
     x2 = np.arange(512, dtype=np.float32)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import struct
 import sys
@@ -22,7 +23,13 @@ from kaio.runtime.arginfo import ArgInfo, RawArray, c_strides
 from kaio.runtime.arguments import NUMPY_HINT, check_array, check_scalar, describe
 from kaio.runtime.cache import DiskCache, cache_dir, cache_key, cached
 from kaio.runtime.device import current
-from kaio.runtime.launcher import bf16_bits, launch_abi, merge_entries, param_format
+from kaio.runtime.launcher import (
+    bf16_bits,
+    build_launcher,
+    launch_abi,
+    merge_entries,
+    param_format,
+)
 
 
 @kaio.gpu_kernel(block_size=256)
@@ -857,9 +864,10 @@ def test_native_call_refuses_what_ctypes_would_not_pass_as_a_pointer(tmp_path, m
         with pytest.raises(TypeError):
             memcmp(*wrong)
     monkeypatch.setattr(module, "_disk_cache", DiskCache(str(tmp_path)))
-    first = native._load()  # compiled, then cached
+    ir = native._ir(*native._layout())
+    first = native._load(ir)  # compiled, then cached
     monkeypatch.setattr(native, "_compile", lambda ir: pytest.fail("compiled again"))
-    again = native._load()
+    again = native._load(ir)
     assert ctypes.string_at(first, 16) == ctypes.string_at(again, 16) and first != again
 
 
@@ -988,3 +996,190 @@ def test_direct_launch_hands_other_calls_to_its_fallback(fake_driver):
         ((x, y, out, 2.5), {}),
     ]
     assert len(calls) == 1
+
+
+@contextlib.contextmanager
+def set_to(flag: list, value):
+    """``flag[0]`` (a module's one-item list) set to ``value`` for the block."""
+    saved, flag[0] = flag[0], value
+    try:
+        yield
+    finally:
+        flag[0] = saved
+
+
+@pytest.fixture
+def unmoved():
+    """No thread has made a device other than GPU 0 current (``device.moved``)."""
+    from kaio.runtime import device as device_mod
+
+    with set_to(device_mod.moved, False):
+        yield
+
+
+def test_a_native_front_launches_the_last_arguments_and_hands_the_rest_back(
+    fake_driver, monkeypatch, unmoved
+):
+    """A launcher whose launches reuse their parameters, on GPU 0, hands out a native front
+    (``native.launch_front``) when the driver call is a C function (here a ctypes callback
+    that records the launch): the arguments launched last launch again with no Python (no
+    parameter buffer taken off the free list); new arguments, keywords, a ``simulate()``
+    block, a recording, a thread on another GPU, another binding's configuration and a
+    failed driver call go to ``direct``, which launches what it was given; a buffer packed
+    again is forgotten by the front first, so arguments taking turns launch their own."""
+    from kaio.runtime import device as device_mod
+    from kaio.runtime import launch as launch_mod
+    from kaio.runtime import launcher as launcher_mod
+    from kaio.runtime import native
+    from kaio.sim import mode
+
+    calls, loaded = fake_driver
+    failing = [0]  # the next driver calls that fail
+
+    def driver_call(config, function, params, extra):
+        cfg = launcher_mod.LaunchConfigStruct.from_address(config)
+        pointers = (ctypes.c_void_p * 7).from_address(params)
+        calls.append(
+            (
+                function,
+                cfg.stream or 0,
+                struct.unpack("=QqQqQqI", ctypes.string_at(pointers[0], 52)),
+            )
+        )
+        if failing[0]:
+            failing[0] -= 1
+            return 700
+        return 0
+
+    c_driver = ctypes.PYFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * 4)(driver_call)
+    monkeypatch.setattr(launcher_mod, "raw_launch_kernel", lambda: c_driver)
+    if not native.fronts(3, launcher_mod._WRAPPER):
+        pytest.skip(f"no native front here: {native._why_not}")
+    monkeypatch.setattr(launcher_mod, "REUSED_BUFFERS", 1)
+    dev = loaded.device
+    x, y, out = (fake_device_array(dev, p, (8,), (4,)) for p in (0x1000, 0x2000, 0x3000))
+    bind = build(add, add.specialize({}, ("C", "C", "C")), loaded, (x, y, out, 8))
+    env = bind.__globals__
+    taken = []
+    take = env["take"]
+    env["take"] = lambda: (taken.append(1), take())[1]
+    fallen = []
+    first = bind(GRID, BLOCK, 0, 0)
+    direct = first.make_direct(lambda *a, **k: fallen.append((a, k)))
+    assert isinstance(direct, functools.partial)
+
+    def launched(*args, stream=0, python: bool):
+        before = len(taken)
+        assert direct(*args) is None
+        assert len(taken) == before + python  # the Python path takes a buffer
+        assert calls[-1][0] == 0xF00 and calls[-1][1] == stream
+        return calls[-1][2]
+
+    n = 8
+    expect = (0x1000, 8, 0x2000, 8, 0x3000, 8, 8)
+    assert launched(x, y, out, n, python=True) == expect
+    assert launched(x, y, out, n, python=False) == expect
+    assert driver.last_launched_slot(0)[0] == "add"
+    driver.last_launched_slot(0)[0] = "other"
+    assert launched(x, y, out, n, python=False) == expect
+    assert driver.last_launched_slot(0)[0] == "add"
+    # arguments taking turns (one buffer): each launches its own
+    for _ in range(2):
+        assert launched(y, x, out, n, python=True) == (0x2000, 8, 0x1000, 8, 0x3000, 8, 8)
+        assert launched(x, y, out, n, python=True) == expect
+    thousand = int("1000")
+    assert launched(x, y, out, thousand, python=True)[-1] == 1000
+    assert launched(x, y, out, thousand, python=False)[-1] == 1000
+    assert launched(x, y, out, 1000, python=True)[-1] == 1000  # equal, not the same: Python
+    assert launched(x, y, out, 9, python=True)[-1] == 9
+    # the guards: a simulate() block or a recording anywhere, a thread that moved
+    count = len(calls)
+    for flag in (mode.anywhere, launch_mod.recordings):
+        with set_to(flag, 1):
+            direct(x, y, out, 9)
+    direct(x, y, out, n=9)
+    direct(x._info, y, out, 9)  # an ArgInfo is not the array it describes
+    assert len(calls) == count and len(fallen) == 4 and fallen[2] == ((x, y, out), {"n": 9})
+    with set_to(device_mod.moved, True):
+        assert launched(x, y, out, 9, python=True)[-1] == 9
+    # another binding (stream): the same buffer, its own configuration
+    other = bind(GRID, BLOCK, 0, 0x99).make_direct(lambda *a, **k: fallen.append((a, k)))
+    assert other(x, y, out, 9) is None and calls[-1][1] == 0x99
+    assert launched(x, y, out, 9, python=True)[-1] == 9
+    assert launched(x, y, out, 9, python=False)[-1] == 9
+    # a failed driver call: the front hands the call to Python, which launches again
+    failing[0] = 2
+    with pytest.raises(CudaError, match="launching add"):
+        direct(x, y, out, 9)
+    assert len(calls) == count + 6 and len(fallen) == 4  # the front's call, then Python's
+    failing[0] = 1
+    assert launched(x, y, out, 9, python=True)[-1] == 9
+    # two buffers, each with its memo: arguments taking turns launch from the front
+    monkeypatch.setattr(launcher_mod, "REUSED_BUFFERS", 2)
+    bind = build(add, add.specialize({}, ("C", "C", "C")), loaded, (x, y, out, 8))
+    take = bind.__globals__["take"]
+    bind.__globals__["take"] = lambda: (taken.append(1), take())[1]
+    direct = bind(GRID, BLOCK, 0, 0).make_direct(lambda *a, **k: fallen.append((a, k)))
+    turned = (0x2000, 8, 0x1000, 8, 0x3000, 8, 8)
+    for turn in range(3):
+        assert launched(x, y, out, n, python=turn == 0) == expect
+        assert launched(y, x, out, n, python=turn == 0) == turned
+    assert launched(x, x, out, n, python=True)[:4] == (0x1000, 8, 0x1000, 8)  # a third set
+    assert launched(y, x, out, n, python=False) == turned  # its buffer kept
+    assert launched(x, y, out, n, python=True) == expect  # packed again: forgotten first
+
+
+def test_a_launch_of_torch_tensors_checks_them_at_once(fake_driver, monkeypatch):
+    """A launcher of torch tensors checks them with one guard of the last launch's shapes
+    (``launcher.guard_setup``): a hit reads each tensor's address alone and packs the
+    guard's dims; anything the guard refuses takes the tensors' own checks (a new shape
+    launches what it was given, a wrong dtype nothing), and two launches in a row with new
+    shapes make a guard of those. CPU tensors here, the fake GPU made their device (-1)."""
+    torch = pytest.importorskip("torch")
+    from kaio.runtime import launcher as launcher_mod
+
+    calls, loaded = fake_driver
+    loaded.device.ordinal = -1
+    x, y = torch.rand(8), torch.rand(8)
+    out = torch.empty(16)[::2]
+
+    def build_cpu(args):  # describe() refuses CPU tensors: their ArgInfos made here
+        infos = {k: ArgInfo(t.data_ptr(), tuple(t.shape), t.stride(), f32, -1)
+                 for k, t in enumerate(args[:3])}  # fmt: skip
+        loaded.params = add.specialize({}, ("C", "C", "A")).function.params
+        return build_launcher(add, add.specialize({}, ("C", "C", "A")), loaded, args, infos)
+
+    bind = build_cpu((x, y, out, 8))
+    assert "hit = g[0](a0, a1, a2)" in bind.source
+    launch = bind(GRID, BLOCK, 0, 0)
+    guards = bind.__globals__["GUARD"]
+    first = guards[0]
+    assert first[1:] == ((8,), (8,), (8, 2))
+
+    def launched() -> tuple:
+        return struct.unpack("=QqQqQqqI", calls[-1][5][:60])
+
+    def pointers(*tensors) -> tuple:
+        return tuple(t.data_ptr() for t in tensors)
+
+    for _ in range(2):
+        assert launch((x, y, out, 8)) and guards[0] is first
+        assert launched() == (x.data_ptr(), 8, y.data_ptr(), 8, out.data_ptr(), 8, 2, 8)
+    guards[0] = (first[0], (8,), (8,), (8, 5))  # a hit packs the guard's dims
+    assert launch((x, y, out, 8)) and launched()[5:7] == (8, 5)
+    guards[0] = first
+    x2, y2, out2 = torch.rand(12), torch.rand(12), torch.empty(36)[::3]
+    for turn in range(3):  # new shapes: own checks, then a guard of them from the second
+        assert launch((x2, y2, out2, 12))
+        got = launched()
+        assert got[::2][:3] == pointers(x2, y2, out2) and got[1::2] == (12, 12, 12, 12)
+        assert got[-2] == 3 and (guards[0][1:] == ((12,), (12,), (12, 3))) == (turn > 0)
+    n = len(calls)
+    assert not launch((x2.half(), y2, out2, 12))  # a wrong dtype: nothing launched
+    assert not launch((x2, y2, x2, 12))  # contiguous where the launcher has 'A'
+    assert not launch((x2, y2, out2, -1))  # u32 cannot hold -1
+    assert len(calls) == n
+    w = torch.rand(12, requires_grad=True)  # refused by the guard, taken by its own checks
+    assert launch((w, y2, out2, 12)) and launched()[0] == w.data_ptr()
+    monkeypatch.setattr(launcher_mod, "TORCH_GUARDS", False)
+    assert "GUARD" not in build_cpu((x, y, out, 8)).source

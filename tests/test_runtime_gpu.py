@@ -360,6 +360,40 @@ def test_launches_with_the_last_arguments_and_new_ones():
     np.testing.assert_array_equal(other.numpy(), 2 * hy)
 
 
+def test_threads_launching_one_configuration_each_launch_what_they_give():
+    """Threads launching one ``kernel[config]`` at once, each with its own arrays and
+    count, two argument sets taking turns, each set twice in a row (the second launch from
+    the last arguments: on GPU 0, from the launcher's native front, whose memo changes
+    hands between threads all the time): every round's outputs, poisoned before it, hold
+    what that thread's launches computed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads, rounds, size = 8, 10, 4096
+    launch = add[size // 256, 256]
+
+    def work(t: int) -> bool:
+        n = 1024 + 256 * t
+        hx, hy = rng_f32(size, 10 + t), rng_f32(size, 40 + t)
+        x, y = kaio.to_device(hx), kaio.to_device(hy)
+        outs = (kaio.empty((size,), f32), kaio.empty((size,), f32))
+        for _ in range(rounds):
+            for out in outs:
+                out.copy_from_host(np.full(size, np.nan, np.float32))
+            for _ in range(2):
+                launch(x, y, outs[0], n)
+            for _ in range(2):
+                launch(y, y, outs[1], n)
+            kaio.synchronize()
+            for out, want in zip(outs, (hx + hy, 2 * hy), strict=True):
+                got = out.numpy()
+                np.testing.assert_array_equal(got[:n], want[:n])
+                assert np.isnan(got[n:]).all()
+        return True
+
+    with ThreadPoolExecutor(threads) as pool:
+        assert all(pool.map(work, range(threads)))
+
+
 def test_launch_on_torch_stream():
     torch = pytest.importorskip("torch")
     n = 1 << 16

@@ -77,6 +77,28 @@ def is_cupy(obj) -> bool:
     )
 
 
+def tensor_check(tensors: list, shapes: list | None = None, strides: list | None = None):
+    """``check(*tensors)``: True when each tensor has the Python type, dispatch keys, dtype,
+    device, shape, strides and ``requires_grad`` that the tensor in its place in ``tensors``
+    has (its shape and strides: ``shapes[i]``, ``strides[i]`` where given), False for
+    anything else in a place, a non-tensor included (torch's ``TensorGuards``, the check
+    torch.compile's guards make: one C call for every tensor, a fraction of reading those
+    accessors one by one; it keeps no tensor). The dispatch keys are read under the
+    thread's dispatch state (inference mode, autocast), so a check made in one state
+    refuses every tensor in another where their keys differ. None where this torch has no
+    such check, or for anything it cannot check."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        return TensorGuards(
+            *tensors,
+            dynamic_dims_sizes=shapes or [list(t.shape) for t in tensors],
+            dynamic_dims_strides=strides or [list(t.stride()) for t in tensors],
+        ).check
+    except Exception:  # noqa: BLE001 (an older or newer torch, a stand-in: no check)
+        return None
+
+
 _torch_dtypes: dict = {}  # torch dtype object -> kaio scalar type (None: no kaio type)
 
 

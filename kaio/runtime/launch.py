@@ -2,18 +2,18 @@
 
 A ``Launch`` holds the kernel's launchers (see ``launcher.py``) bound to its configuration, most
 recent first (``kernel[config]`` hands out its ``call``, a plain function, which the host calls
-faster than the object; once a launcher is bound, the first one's ``direct`` function: that
-launch with the ``Launch``'s checks in front and no call in between, which hands any call it
-does not take to ``call``): a call whose arguments one of them takes packs and launches in a
-few microseconds. Otherwise it binds the launchers other configurations built since, and failing
-those takes the slow path (``_build``): validate every argument (``LaunchError`` naming the
-parameter), pick the array layouts ('C' contiguous, 'A' strided), specialize the kernel and
-load it on the GPU its arrays are on (all on one; the current device for a kernel without
-arrays), and build a launcher for this signature. Inside ``with kaio.simulate():`` launches go
-to the CPU simulator instead. While the calling thread records a call plan
-(``kaio.runtime.plan.recording``; ``recordings`` counts them process-wide, so other launches
-pay one global read), each launch goes to its recorder, which prepares it and launches it
-as above.
+faster than the object; once a launcher is bound, the first one's ``direct`` function, or its
+native front (``launcher.front_setup``): that launch with the ``Launch``'s checks in front and
+no call in between, which hands any call it does not take to ``_rest``; ``call`` calls it too):
+a call whose arguments one of them takes packs and launches in a few microseconds. Otherwise it
+binds the launchers other configurations built since, and failing those takes the slow path
+(``_build``): validate every argument (``LaunchError`` naming the parameter), pick the array
+layouts ('C' contiguous, 'A' strided), specialize the kernel and load it on the GPU its arrays
+are on (all on one; the current device for a kernel without arrays), and build a launcher for
+this signature. Inside ``with kaio.simulate():`` launches go to the CPU simulator instead. While
+the calling thread records a call plan (``kaio.runtime.plan.recording``; ``recordings`` counts
+them process-wide, so other launches pay one global read), each launch goes to its recorder,
+which prepares it and launches it as above.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ recordings = [0]
 class Launch:
     """A kernel bound to a launch configuration; calling it launches (or simulates) it."""
 
-    __slots__ = ("kernel", "config", "_stream", "_bound", "_bindings", "_first", "call")
+    __slots__ = ("kernel", "config", "_stream", "_bound", "_bindings", "_first", "_entry", "call")
 
     def __init__(self, kernel, config: LaunchConfig):
         self.kernel = kernel
@@ -54,6 +54,7 @@ class Launch:
         self._bindings: dict = {}  # launcher -> its launch function bound to this config
         self._bound: list = []  # those functions, in the kernel's launcher order
         self._first = _declines  # _bound[0]: the call that launches most often, tried alone
+        self._entry = self.__call__  # what ``call`` calls: _bound[0]'s direct function, if any
         self.call = _call_of(self)
 
     def __call__(self, *args, **kwargs) -> None:
@@ -76,6 +77,14 @@ class Launch:
             return current.recorder.launch(self, args)
         if not self._first(args):
             self._launch_others(args)
+        return None
+
+    def _rest(self, *args, **kwargs) -> None:
+        """A call the first bound launcher's direct function does not take: keywords, a
+        ``simulate()`` block, a recording, another signature."""
+        if kwargs or SIMULATING[0] or recordings[0]:
+            return self._call_with_keywords(args, kwargs)
+        self._launch_others(args)
         return None
 
     def _launch_others(self, args: tuple) -> None:
@@ -112,24 +121,26 @@ class Launch:
         self._bound = list(self._bindings.values())
         self._first = self._bound[0] if self._bound else _declines
         make_direct = getattr(self._first, "make_direct", None)
-        entry = self.call if make_direct is None else make_direct(self.call)
-        entry.launch, entry.kernel, entry.config = self, self.kernel, self.config
+        if make_direct is None:
+            entry, self._entry = self.call, self.__call__
+        else:
+            entry = self._entry = make_direct(self._rest)
+            entry.launch, entry.kernel, entry.config = self, self.kernel, self.config
         subscripts = getattr(self.kernel, "_launches", {})
         for key in [k for k, f in subscripts.items() if getattr(f, "launch", None) is self]:
             subscripts[key] = entry
 
 
 def _call_of(launch: Launch):
-    """``launch(*args)`` as a plain function (what ``kernel[config]`` returns): calling a
-    function costs the host less than calling an object's ``__call__``. It carries
-    ``launch`` (the ``Launch``), ``kernel`` and ``config``."""
+    """``launch(*args)`` as a plain function (what ``kernel[config]`` returns before a
+    launcher is bound): calling a function costs the host less than calling an object's
+    ``__call__``. It calls the first bound launcher's direct function (a native front where
+    it has one) once there is one, so a ``kernel[config]`` kept from before the first launch
+    launches the way a new subscript does. It carries ``launch`` (the ``Launch``),
+    ``kernel`` and ``config``."""
 
     def call(*args, **kwargs) -> None:
-        if kwargs or SIMULATING[0] or recordings[0]:
-            return launch._call_with_keywords(args, kwargs)
-        if not launch._first(args):
-            launch._launch_others(args)
-        return None
+        return launch._entry(*args, **kwargs)
 
     call.launch, call.kernel, call.config = launch, launch.kernel, launch.config
     return call

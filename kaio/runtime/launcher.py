@@ -63,7 +63,9 @@ The bound ``launch`` also has ``make_direct(fallback)``: the same launch as a fu
 arguments themselves (``direct(a0, a1, ...)``, what ``kernel[config]`` hands out once a
 launcher is bound: one parameter per kernel parameter, so no tuple is made and unpacked per
 call), which passes keywords, a missing or an extra argument, simulated launches, recorded
-ones and arguments of another signature to ``fallback`` (the ``Launch``'s own function).
+ones and arguments of another signature to ``fallback`` (the ``Launch``'s own function). On
+GPU 0, a launcher that reuses its parameters hands out a native front of ``direct`` instead
+(``front_setup``): the last arguments launched again from C, every other call to ``direct``.
 A kernel compiled in debug mode also passes its error record's address as the last parameter
 and, after each launch, synchronizes the stream and raises ``kaio.OutOfBoundsError`` when a
 thread failed a bounds check (``kaio.runtime.debug``).
@@ -73,6 +75,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import os
 import re
 import struct
@@ -85,7 +88,7 @@ from kaio.errors import CudaError, LaunchError
 from kaio.kernel import constexpr_value_key, same_constexpr
 from kaio.runtime import native
 from kaio.runtime.arginfo import ArgInfo, RawArray
-from kaio.runtime.arguments import describe, is_cupy, is_torch
+from kaio.runtime.arguments import describe, is_cupy, is_torch, tensor_check
 from kaio.runtime.device import Device, current, moved, visiting
 from kaio.runtime.driver import cuda_error, last_launched_slot, libcuda
 from kaio.runtime.memory import DeviceArray
@@ -314,6 +317,13 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
 # that buffer as it is (``reuse_lines``); KAIO_REUSE_PACKED=0 turns it off
 REUSE_PACKED = os.environ.get("KAIO_REUSE_PACKED", "1") != "0"
 REUSED_BUFFERS = 2  # the parameter buffers a launcher that reuses them takes in turn
+# A launcher that reuses its parameters on GPU 0 gets a native front where it can
+# (``front_setup``); bench/launch_overhead.py turns it off for its A/B
+LAUNCH_FRONTS = True
+# A launcher of torch tensors tests them with one check of the last launch's shapes where
+# torch has it (``guard_setup``); bench/launch_overhead.py turns it off for its A/B
+TORCH_GUARDS = True
+_WRAPPER = (DeviceArray, "_info", ArgInfo)  # a DeviceArray stands for its ArgInfo
 _INT_KINDS = frozenset(("i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64"))
 
 
@@ -353,20 +363,23 @@ def reuse_keys(abi: list, constexprs: list) -> list[tuple[str, str]]:
     return keys + [(f"a{k} is {{key}}", f"a{k}") for k in constexprs]
 
 
-def reuse_lines(keys: list, conditions: list[str], entries: list[str]) -> list[str]:
+def reuse_lines(keys: list, conditions: list[str], entries: list[str], fronted: bool) -> list[str]:
     """The lines of a ``reusable`` launch from taking its parameter buffer (``slot``: the
     bytes, the ``kernelParams`` argument, and ``k``, what the bytes were packed for) to
     ``params``: when every argument is the one the buffer remembers (``keys``), nothing else;
     otherwise the signature's ``conditions`` (MISMATCH, the buffer given back), the packing
     of ``entries`` (a failure forgets what the buffer held: ``FORGOTTEN``) and what the
     buffer now holds remembered. A buffer is written and read only by the thread that took
-    it off the free list."""
+    it off the free list. ``fronted`` (the launcher has a native front, ``front_setup``):
+    ``k`` also holds ``params`` and the binding's ``CONFIG``, and the buffer's memo ``m``
+    (the front's, for the launcher's first buffers) forgets it before it is packed again."""
     same = " and ".join(test.format(key=f"k[{j}]") for j, (test, _) in enumerate(keys))
+    taken = "buf, params, k, m" if fronted else "buf, params, k"
     lines = [
         "try:",
-        "    buf, params, k = slot = take()",
+        f"    {taken} = slot = take()",
         "except IndexError:",
-        "    buf, params, k = slot = new_slot()",
+        f"    {taken} = slot = new_slot()",
         "try:",
         f"    same = {same}",
         "except AttributeError:  # an array of another kind",
@@ -375,6 +388,9 @@ def reuse_lines(keys: list, conditions: list[str], entries: list[str]) -> list[s
     ]
     for condition in conditions:
         lines += [f"    if {condition}:", "        give(slot)", "        MISMATCH"]
+    if fronted:  # no front launches from this buffer while it changes
+        lines += ["    m[0] = UNKNOWN"]
+    stored = "".join(stored + ", " for _, stored in keys) + ("params, CONFIG" if fronted else "")
     return lines + [
         "    try:",
         f"        pack(buf, 0, {', '.join(entries)})",
@@ -382,8 +398,19 @@ def reuse_lines(keys: list, conditions: list[str], entries: list[str]) -> list[s
         "        slot[2] = FORGOTTEN",
         "        give(slot)",
         "        MISMATCH",
-        f"    slot[2] = ({''.join(stored + ', ' for _, stored in keys)})",
+        f"    slot[2] = k = ({stored})",
     ]
+
+
+def front_target(launch_kernel) -> int | None:
+    """The address of the C function ``launch_kernel`` calls, for a launcher's native front
+    (``native.launch_front``): libcuda's ``cuLaunchKernelEx`` behind kaio's native builtin,
+    a ctypes function pointer's own (a C stand-in in tests); None for anything else."""
+    if launch_kernel is _raw_launch and _raw_target is not None:
+        return _raw_target
+    if isinstance(launch_kernel, ctypes._CFuncPtr):
+        return ctypes.cast(launch_kernel, ctypes.c_void_p).value
+    return None
 
 
 MISSING = object()  # a parameter of a launcher's ``direct`` function the call did not pass
@@ -437,6 +464,7 @@ def launch_config(grid, block, shared: int, stream, pdl: bool = False) -> Launch
 
 
 _raw_launch = None
+_raw_target = None  # cuLaunchKernelEx's address, once _raw_launch is the native builtin
 
 
 def raw_launch_kernel():
@@ -447,11 +475,12 @@ def raw_launch_kernel():
     configuration is a struct filled once. The call is a builtin made by
     ``kaio.runtime.native`` where it can be (a call through ctypes costs more than the rest
     of a launch's Python), else ``ctypes_launch_kernel()``."""
-    global _raw_launch
+    global _raw_launch, _raw_target
     if _raw_launch is None:
         ctypes_call = ctypes_launch_kernel()
         address = ctypes.cast(ctypes_call, ctypes.c_void_p).value
-        _raw_launch = native.trampoline(address, "cuLaunchKernelEx") or ctypes_call
+        native_call = native.trampoline(address, "cuLaunchKernelEx")
+        _raw_launch, _raw_target = (native_call, address) if native_call else (ctypes_call, None)
     return _raw_launch
 
 
@@ -550,6 +579,112 @@ def argument_values(function, params) -> tuple[int, list[int]]:
     return handle, [] if params is None else list(params._obj)
 
 
+def guard_setup(env: dict, tensors: list, args: tuple, abi: list) -> bool:
+    """Whether a launcher that packs on every launch, all of whose arrays are torch tensors
+    (``tensors``: their positions and layouts), tests them with one check of the last
+    launch's shapes (``guard_tests``), and if so what its code needs in ``env``:
+    ``GUARD[0]``, ``(check, the dims of each tensor...)`` (its shape, and its strides for
+    an 'A' layout: what the check has them be); ``SEEN[0]``, the shapes of the last launch
+    the guard refused; ``guard(*tensors)``, a new guard (``arguments.tensor_check``)."""
+    arrays = [k for k, kind in abi if kind in ("C", "A")]
+    if not TORCH_GUARDS or not tensors or [k for k, _ in tensors] != arrays:
+        return False
+
+    def guard(*given):
+        dims = [tuple(t.shape) + (tuple(t.stride()) if kind == "A" else ())
+                for t, (_, kind) in zip(given, tensors, strict=True)]  # fmt: skip
+        return (tensor_check(list(given)) or _refuses, *dims)
+
+    first = guard(*(args[k] for k, _ in tensors))
+    if first[0] is _refuses:  # no such check in this torch
+        return False
+    env["GUARD"], env["SEEN"], env["guard"] = [first], [None], guard
+    return True
+
+
+def _refuses(*tensors) -> bool:
+    """The guard of a launcher whose check could not be made: it refuses everything."""
+    return False
+
+
+def guard_tests(tensors: list, conditions: list[str]) -> list[str]:
+    """The lines of a guarded launch (``guard_setup``) up to its packing: ``hit`` when the
+    tensors pass the guard's check, else their own conditions; the other ``conditions``
+    (constexprs) either way."""
+    checked = ", ".join(f"a{k}" for k, _ in tensors)
+    own = [c for c in conditions if c.startswith(tuple(f"type(a{k}) " for k, _ in tensors))]
+    lines = ["g = GUARD[0]", f"hit = g[0]({checked})", "if not hit:"]
+    for condition in own:
+        lines += [f"    if {condition}:", "        MISMATCH"]
+    for condition in conditions:
+        if condition not in own:
+            lines += [f"if {condition}:", "    MISMATCH"]
+    return lines
+
+
+def guard_packing(tensors: list, abi: list, entries: list[str]) -> list[str]:
+    """The packing of a guarded launch: on a ``hit`` each tensor's dims come from the guard
+    (its address alone is read), else ``entries`` as they are."""
+    hit = list(entries)
+    guarded = {k: j for j, (k, _) in enumerate(tensors, 1)}
+    for i, (k, _) in enumerate(abi):
+        if k in guarded:
+            hit[i] = f"a{k}.data_ptr(), *g[{guarded[k]}]"
+    return [
+        "if hit:",
+        f"    pack(buf, 0, {', '.join(hit)})",
+        "else:",
+        f"    pack(buf, 0, {', '.join(entries)})",
+    ]
+
+
+def guard_renewal(tensors: list) -> list[str]:
+    """After a guarded launch's packing missed the guard: a second miss in a row with the
+    same shapes (and strides) makes a guard of them, so a launch whose shapes change every
+    time makes none."""
+    key = ", ".join(f"s{k}" + (f", a{k}.stride()" if kind == "A" else "") for k, kind in tensors)
+    return [
+        "if not hit:",
+        f"    key = ({key},)",
+        "    if key == SEEN[0]:",
+        f"        GUARD[0] = guard({', '.join(f'a{k}' for k, _ in tensors)})",
+        "    else:",
+        "        SEEN[0] = key",
+    ]
+
+
+def front_setup(env: dict, loaded, count: int) -> bool:
+    """Whether a reusing launcher (``count`` keys) of ``loaded`` gets a native front, and if
+    so what its generated code needs in ``env``: ``front(direct, CONFIG, LAST)``, the front
+    of a binding's ``direct`` (``native.launch_front``) as a ``functools.partial`` (which
+    takes attributes), reading ``MEMOS`` (set by the caller once the buffers are made: the
+    memo of each of the launcher's first buffers, a one-item list of what it was last
+    launched with and the ``CONFIG`` of the binding that did, which its bindings share with
+    the buffers); ``UNKNOWN``, a memo that matches no call. Only GPU 0's launches have one:
+    there a launch knows it runs on its GPU from ``device.moved`` alone (a guard), where
+    others read the thread's current device. The other guards: no ``simulate()`` block
+    and no call plan being recorded."""
+    target = front_target(env["launch_kernel"])
+    if not LAUNCH_FRONTS or target is None or loaded.device.ordinal != 0:
+        return False
+    from kaio.runtime.launch import recordings
+    from kaio.sim.mode import anywhere
+
+    guards = ((anywhere, 0), (recordings, 0), (moved, False))
+    if not native.fronts(len(guards), _WRAPPER):
+        return False
+    env["UNKNOWN"] = (MISSING,) * count + (None, None)
+    function, name = env["FUNC"], loaded.name
+
+    def front(direct, config, last):
+        made = native.launch_front(target, direct, env["MEMOS"], config, function, last, name,
+                                   guards, _WRAPPER)  # fmt: skip
+        return direct if made is None else functools.partial(made)
+
+    env["front"] = front
+    return True
+
+
 def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     """``bind(grid, block, shared, stream) -> launch(args) -> bool`` for arguments with the
     signature of ``args`` (all parameters, in order), launching ``spec`` as ``loaded``;
@@ -590,6 +725,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         "elsewhere": launcher_elsewhere(loaded.device),
     }
     conditions, entries = [], []
+    tensors: list[tuple[int, str]] = []  # torch arrays: (position, layout)
     runs: dict[int, int] = {}  # first entry -> entries packed as one ArgInfo bytes entry
     entry = 0
     abi = launch_abi(kernel, spec.layouts, loaded.params)
@@ -599,6 +735,8 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
             condition, values, whole = array_code(k, args[k], infos[k], kind, env)
             conditions.append(condition)
             entries.append(values)
+            if is_torch(args[k]):
+                tensors.append((k, kind))
             count = 1 + len(infos[k].shape) * (2 if kind == "A" else 1)
             if whole:
                 runs[entry] = count
@@ -641,9 +779,11 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     reused = bool(keys)
 
     env["FORGOTTEN"] = (MISSING,) * len(keys)  # what a new buffer was packed for: nothing
+    fronted = reused and front_setup(env, loaded, len(keys))
 
     def new_slot():
-        return [*parameter_slot(size, offsets), *([env["FORGOTTEN"]] if keys else [])]
+        slot = [*parameter_slot(size, offsets), *([env["FORGOTTEN"]] if keys else [])]
+        return slot + [[env["UNKNOWN"]]] if fronted else slot
 
     if reused:
         free = env["free"] = collections.deque(new_slot() for _ in range(REUSED_BUFFERS))
@@ -652,6 +792,8 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         free = env["free"] = [new_slot()]
         env["take"], env["give"] = free.pop, free.append
     env["new_slot"] = new_slot
+    if fronted:  # the memos of the first buffers are the front's
+        env["MEMOS"] = tuple(slot[3] for slot in free)
     call = "launch_kernel(CONFIG, FUNC, params, None)"
     elsewhere = "elsewhere(CONFIG, FUNC, params)"
     has_arrays = any(kind in ("C", "A") for _, kind in abi)
@@ -673,8 +815,11 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         # current device
         *([] if has_arrays else ["if not home:", "    MISMATCH"]),
     ]
+    guarded = not reused and record is None and guard_setup(env, tensors, args, abi)
     if reused:
-        body += reuse_lines(keys, conditions, entries)
+        body += reuse_lines(keys, conditions, entries, fronted)
+    elif guarded:
+        body += guard_tests(tensors, conditions)
     else:
         for condition in conditions:
             body += [f"if {condition}:", "    MISMATCH"]
@@ -685,16 +830,20 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         *(["refuse_capture(stream)"] if record is not None else []),
     ]
     if not reused:
+        packing = [f"pack(buf, 0, {', '.join(entries)})"]
+        if guarded:
+            packing = guard_packing(tensors, abi, entries)
         body += [
             "try:",
             "    buf, params = slot = take()",
             "except IndexError:",
             "    buf, params = slot = new_slot()",
             "try:",
-            f"    pack(buf, 0, {', '.join(entries)})",
+            *("    " + line for line in packing),
             "except PACK_ERRORS:",
             "    give(slot)",
             "    MISMATCH",
+            *(guard_renewal(tensors) if guarded else []),
         ]
     body += [
         "if home:",
@@ -707,6 +856,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         f"            rc = {elsewhere}",
         "else:",
         f"    rc = {elsewhere}",
+        *(["m[0] = k if k[-1] is CONFIG else (*k[:-1], CONFIG)"] if fronted else []),
         "give(slot)",
         "if rc:",
         "    fail(rc, stream)",
@@ -750,7 +900,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         f"                return fallback(*given(({named}), more), **kwargs)",
         *spelled_direct("            ", f"return fallback({named})", "return None"),
         "",
-        "        return direct",
+        f"        return {'front(direct, CONFIG, LAST)' if fronted else 'direct'}",
         "",
         "    launch.make_direct = make_direct",
         "    return launch",

@@ -1,4 +1,4 @@
-"""A C function called from Python without ctypes: ``trampoline(address)``.
+"""C functions called from Python without ctypes: ``trampoline(address)``, ``launch_front``.
 
 kaio launches a kernel by calling libcuda's ``cuLaunchKernelEx(config, function,
 kernelParams, extra)`` with four ctypes ``byref`` objects made once (``launcher.py``). A call
@@ -19,10 +19,20 @@ directory, the same trust model: ``cache.py``), so llvmlite is imported once per
 once per process; a process maps the cached bytes executable (``mmap``, ``mprotect``) and
 makes the builtin with ``PyCFunction_NewEx``.
 
+``launch_front(...)`` makes a second kind of builtin from the same machinery: the front of a
+launcher whose launches reuse their parameters (``launcher.front_setup``). It tests that a
+call's positional arguments are the ones launched last (a memo the Python launch publishes:
+each argument by identity, a ``DeviceArray`` by its ``ArgInfo``), that three module flags
+hold their resting values, and calls ``cuLaunchKernelEx`` itself; any other call goes to the
+Python launch it fronts, as it was made (``PyObject_Vectorcall``). Its ``self`` is a tuple of
+the objects it reads, so it holds them; the object layouts it reads (a tuple's items, a
+list's item array, an object's slot) are probed on live objects like the rest.
+
 Where any of that is not possible (llvmlite missing and nothing cached, not CPython on x86-64
-Linux, objects laid out otherwise than probed), ``trampoline`` returns None and the launches
-keep calling through ctypes. The builtin keeps no state and touches no reference count but
-its result's, so any thread may call it.
+Linux, a free-threaded build, objects laid out otherwise than probed), ``trampoline`` returns
+None and the launches keep calling through ctypes (and ``launch_front`` None: no front). The
+trampoline keeps no state and touches no reference count but its result's, so any thread may
+call it; a front holds the GIL from its first test to its return.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import mmap
 import os
 import struct
 import sys
+import sysconfig
 from collections.abc import Callable
 
 __all__ = ["trampoline", "status"]
@@ -92,6 +103,139 @@ def _ir(payload: int, type_offset: int, value_offset: int) -> str:
         "bad:",
         "  %ignored = call i32 %bad_argument()",
         "  ret ptr null",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# the items of a launch front's ``self`` (a tuple), in this order, then its guards' pairs
+_FRONT = ("fallback", "memos", "config", "function", "last", "name", "wrapper", "wrapped",
+          "byref_type", "none", "calls")  # fmt: skip
+# the C functions a front calls, one 8-byte word each of its "calls" item (a bytes object)
+_FRONT_CALLS = ("target", "incref", "set_item", "vectorcall")
+_METH_KEYWORDS = 0x0002
+
+
+def _front_ir(guards: int, offsets: dict) -> str:
+    """A launch front's LLVM IR: ``PyObject *front(PyObject *self, PyObject *const *args,
+    Py_ssize_t nargs, PyObject *kwnames)`` (METH_FASTCALL | METH_KEYWORDS), ``self`` a tuple
+    (``_FRONT``, then ``guards`` pairs of a list and the object its item 0 must be).
+    ``offsets``: the object layouts (``_layout``, ``_containers``, the wrapper's slot)."""
+    o = offsets
+    item = {name: i for i, name in enumerate(_FRONT)}
+    call = {name: 8 * i for i, name in enumerate(_FRONT_CALLS)}
+    lines = [
+        "define ptr @front(ptr %self, ptr %args, i64 %nargs, ptr %kwnames) {",
+        "entry:",
+        f"  %items = getelementptr i8, ptr %self, i64 {o['tuple_items']}",
+    ]
+
+    def load(name: str, base: str, offset: int, kind: str = "ptr") -> list[str]:
+        return [
+            f"  %{name}.at = getelementptr i8, ptr %{base}, i64 {offset}",
+            f"  %{name} = load {kind}, ptr %{name}.at",
+        ]
+
+    guard_items = [(f"g{g}.{part}", len(_FRONT) + 2 * g + j)
+                   for g in range(guards) for j, part in enumerate(("list", "want"))]  # fmt: skip
+    for name, i in [*item.items(), *guard_items]:
+        lines += load(name, "items", 8 * i)
+    lines += [f"  %table = getelementptr i8, ptr %calls, i64 {o['payload']}"]
+    for name, offset in call.items():
+        lines += load(f"fn.{name}", "table", offset)
+    # the memos: a tuple of one-item lists, each item (keys..., params byref, config byref)
+    lines += load("memos.count", "memos", o["size"], "i64")
+    lines += [
+        f"  %memos.items = getelementptr i8, ptr %memos, i64 {o['tuple_items']}",
+        "  %expected = add i64 %nargs, 2",
+        "  %positional = icmp eq ptr %kwnames, null",
+        f"  br i1 %positional, label %{'guard0' if guards else 'scan'}, label %miss",
+    ]
+    for g in range(guards):  # each guard list's item 0 the object wanted, by identity
+        lines += [f"guard{g}:"] + load(f"g{g}.array", f"g{g}.list", o["list_items"])
+        lines += [
+            f"  %g{g}.item = load ptr, ptr %g{g}.array",
+            f"  %g{g}.same = icmp eq ptr %g{g}.item, %g{g}.want",
+            f"  br i1 %g{g}.same, label %{f'guard{g + 1}' if g + 1 < guards else 'scan'}, "
+            "label %miss",
+        ]
+    last = f"guard{guards - 1}" if guards else "entry"
+    lines += [
+        "scan:",  # each memo in turn: the first whose keys are the arguments launches
+        f"  %m = phi i64 [ 0, %{last} ], [ %m.next, %other ]",
+        "  %memos.more = icmp ult i64 %m, %memos.count",
+        "  br i1 %memos.more, label %memo.read, label %miss",
+        "memo.read:",
+        "  %list.at = getelementptr ptr, ptr %memos.items, i64 %m",
+        "  %list = load ptr, ptr %list.at",
+        *load("memo.array", "list", o["list_items"]),
+        "  %memo.tuple = load ptr, ptr %memo.array",
+        *load("memo.size", "memo.tuple", o["size"], "i64"),
+        f"  %keys = getelementptr i8, ptr %memo.tuple, i64 {o['tuple_items']}",
+        "  %counted = icmp eq i64 %memo.size, %expected",
+        "  br i1 %counted, label %loop, label %other",
+        "other:",
+        "  %m.next = add i64 %m, 1",
+        "  br label %scan",
+        "loop:",
+        "  %i = phi i64 [ 0, %memo.read ], [ %i.next, %next ]",
+        "  %more = icmp ult i64 %i, %nargs",
+        "  br i1 %more, label %body, label %launch",
+        "body:",
+        "  %arg.at = getelementptr ptr, ptr %args, i64 %i",
+        "  %arg = load ptr, ptr %arg.at",
+        *load("type", "arg", o["type"]),
+        "  %is.wrapper = icmp eq ptr %type, %wrapper",
+        "  br i1 %is.wrapper, label %unwrap, label %bare",
+        "unwrap:",  # a wrapper stands for the object in its slot
+        *load("inner", "arg", o["slot"]),
+        "  br label %compare",
+        "bare:",  # a wrapped object itself is never a key's match
+        "  %is.wrapped = icmp eq ptr %type, %wrapped",
+        "  br i1 %is.wrapped, label %miss, label %compare",
+        "compare:",
+        "  %value = phi ptr [ %inner, %unwrap ], [ %arg, %bare ]",
+        "  %key.at = getelementptr ptr, ptr %keys, i64 %i",
+        "  %key = load ptr, ptr %key.at",
+        "  %same = icmp eq ptr %value, %key",
+        "  br i1 %same, label %next, label %other",
+        "next:",
+        "  %i.next = add i64 %i, 1",
+        "  br label %loop",
+        "launch:",
+        "  %params.obj.at = getelementptr ptr, ptr %keys, i64 %nargs",
+        "  %params.obj = load ptr, ptr %params.obj.at",
+        "  %config.key.at = getelementptr ptr, ptr %params.obj.at, i64 1",
+        "  %config.key = load ptr, ptr %config.key.at",
+        "  %config.same = icmp eq ptr %config.key, %config",
+        "  br i1 %config.same, label %typed, label %other",
+        "typed:",
+        *load("params.type", "params.obj", o["type"]),
+        "  %params.byref = icmp eq ptr %params.type, %byref_type",
+        "  br i1 %params.byref, label %call, label %other",
+        "call:",
+        *load("params", "params.obj", o["value"]),
+        *load("config.pointer", "config", o["value"]),
+        *load("function.pointer", "function", o["value"]),
+        "  %rc = call i32 %fn.target(ptr %config.pointer, ptr %function.pointer, "
+        "ptr %params, ptr null)",
+        "  %failed = icmp ne i32 %rc, 0",  # the fallback launches again and explains
+        "  br i1 %failed, label %miss, label %noted",
+        "noted:",
+        *load("last.array", "last", o["list_items"]),
+        "  %last.item = load ptr, ptr %last.array",
+        "  %named = icmp eq ptr %last.item, %name",
+        "  br i1 %named, label %done, label %note",
+        "note:",  # last[0] = name
+        "  call void %fn.incref(ptr %name)",
+        "  %ignored = call i32 %fn.set_item(ptr %last, i64 0, ptr %name)",
+        "  br label %done",
+        "done:",
+        "  call void %fn.incref(ptr %none)",
+        "  ret ptr %none",
+        "miss:",
+        "  %result = call ptr %fn.vectorcall(ptr %fallback, ptr %args, i64 %nargs, ptr %kwnames)",
+        "  ret ptr %result",
         "}",
     ]
     return "\n".join(lines) + "\n"
@@ -164,6 +308,34 @@ def _layout() -> tuple[int, int, int]:
     return payload, type_offset, _byref_value_offset()
 
 
+def _containers() -> tuple[int, int, int]:
+    """(a tuple's first item, a list's item array pointer, a sized object's length) offsets
+    in this interpreter, each checked on a live object."""
+    probe, items = (object(), object()), [object()]
+    tuple_items = tuple.__basicsize__  # PyTupleObject: the sized header, then ob_item[]
+    if ctypes.c_void_p.from_address(id(probe) + tuple_items).value != id(probe[0]):
+        raise RuntimeError("tuples are laid out otherwise")
+    size = object.__basicsize__  # PyVarObject: the object header, then ob_size
+    if ctypes.c_ssize_t.from_address(id(probe) + size).value != len(probe):
+        raise RuntimeError("sized objects are laid out otherwise")
+    list_items = size + 8  # PyListObject: the sized header, then ob_item
+    array = ctypes.c_void_p.from_address(id(items) + list_items).value
+    if ctypes.c_void_p.from_address(array).value != id(items[0]):
+        raise RuntimeError("lists are laid out otherwise")
+    return tuple_items, list_items, size
+
+
+def slot_offset(cls: type, name: str) -> int:
+    """Where an instance of ``cls`` (a class with ``__slots__``) keeps its slot ``name``,
+    found on a new instance holding a probe there and no other slot set."""
+    obj, probe = cls.__new__(cls), object()
+    setattr(obj, name, probe)
+    for offset in range(0, sys.getsizeof(obj) - 7, 8):
+        if ctypes.c_void_p.from_address(id(obj) + offset).value == id(probe):
+            return offset
+    raise RuntimeError(f"no slot {name!r} found in {cls.__name__} objects")
+
+
 class _MethodDef(ctypes.Structure):
     """CPython's ``PyMethodDef``."""
 
@@ -175,8 +347,8 @@ class _MethodDef(ctypes.Structure):
     ]
 
 
-_code: int | None = None  # the address of the loaded machine code, once loaded
-_why_not: str | None = None  # why there is none, once that is known
+_codes: dict[str, int] = {}  # builtin -> the address of its machine code, once loaded
+_why_not: dict[str, str] = {}  # code -> why there is none, once that is known
 _kept: list = []  # method definitions the builtins point to: alive as long as the process
 
 
@@ -187,19 +359,50 @@ def _supported() -> str | None:
         return f"{sys.implementation.name} is not CPython"
     if sys.platform != "linux" or os.uname().machine != "x86_64":
         return f"{sys.platform} {os.uname().machine} (only x86-64 Linux is done)"
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):  # a front's tests and launch are one step
+        return "a free-threaded build (no GIL)"
     return None
 
 
-def _load() -> int:
-    """The address of the trampoline's machine code: from the disk cache, else compiled
-    (llvmlite) and cached."""
+def _load(ir: str) -> int:
+    """The address of ``ir``'s machine code: from the disk cache, else compiled (llvmlite)
+    and cached."""
     from kaio.runtime.cache import cached
     from kaio.runtime.module import disk_cache
 
-    ir = _ir(*_layout())
     key = "trampoline-" + hashlib.sha256(f"{ir}|{os.uname().machine}".encode()).hexdigest()
     code, _ = cached(disk_cache(), key, lambda: _compile(ir))
     return _executable(code)
+
+
+def _loaded(name: str, make_ir: Callable[[], str]) -> int | None:
+    """The address of the machine code of ``name`` (``make_ir()``'s, loaded once), or None
+    where there can be none (``_why_not[name]`` says why)."""
+    if name not in _codes and name not in _why_not:
+        why = _supported()
+        if why is None:
+            try:
+                _codes[name] = _load(make_ir())
+            except Exception as e:  # noqa: BLE001 (no llvmlite, an odd layout: use ctypes)
+                why = f"{type(e).__name__}: {e}"
+        if why is not None:
+            _why_not[name] = why
+    return _codes.get(name)
+
+
+def _builtin(code: int, name: str, flags: int, state: object) -> Callable:
+    """A builtin function ``name`` running ``code`` with ``state`` as its ``self``."""
+    definition = _MethodDef(name.encode(), code, flags, None)
+    _kept.append(definition)
+    new = ctypes.pythonapi.PyCFunction_NewEx
+    new.restype = ctypes.py_object
+    new.argtypes = [ctypes.POINTER(_MethodDef), ctypes.py_object, ctypes.py_object]
+    return new(ctypes.byref(definition), state, None)  # the builtin holds its state
+
+
+def _address(function) -> int:
+    """The address of a function of ``ctypes.pythonapi``."""
+    return ctypes.cast(function, ctypes.c_void_p).value
 
 
 def trampoline(address: int, name: str = "call") -> Callable | None:
@@ -207,15 +410,8 @@ def trampoline(address: int, name: str = "call") -> Callable | None:
     void *, void *)`` at ``address`` with each argument's pointer (a ``ctypes.byref``'s, NULL
     for None), keeping the GIL; None where the trampoline cannot be had (``status()`` says
     why)."""
-    global _code, _why_not
-    if _code is None and _why_not is None:
-        _why_not = _supported()
-        if _why_not is None:
-            try:
-                _code = _load()
-            except Exception as e:  # noqa: BLE001 (no llvmlite, an odd layout: use ctypes)
-                _why_not = f"{type(e).__name__}: {e}"
-    if _code is None:
+    code = _loaded("trampoline", lambda: _ir(*_layout()))
+    if code is None:
         return None
     api = ctypes.pythonapi
     table = struct.pack(
@@ -223,17 +419,80 @@ def trampoline(address: int, name: str = "call") -> Callable | None:
         address,
         id(None),
         id(type(ctypes.byref(ctypes.c_char()))),
-        ctypes.cast(api.PyLong_FromLong, ctypes.c_void_p).value,
-        ctypes.cast(api.PyErr_BadArgument, ctypes.c_void_p).value,
+        _address(api.PyLong_FromLong),
+        _address(api.PyErr_BadArgument),
     )
-    definition = _MethodDef(name.encode(), _code, _METH_FASTCALL, None)
-    _kept.append(definition)
-    new = ctypes.pythonapi.PyCFunction_NewEx
-    new.restype = ctypes.py_object
-    new.argtypes = [ctypes.POINTER(_MethodDef), ctypes.py_object, ctypes.py_object]
-    return new(ctypes.byref(definition), table, None)  # the builtin holds the table
+    return _builtin(code, name, _METH_FASTCALL, table)
+
+
+def _front_code(guards: int, wrapper: tuple[type, str, type]) -> int | None:
+    """The address of the machine code of a launch front with ``guards`` guards and
+    ``wrapper`` (``launch_front``), or None where there can be none."""
+    kind, slot, _ = wrapper
+
+    def ir() -> str:
+        payload, type_offset, value_offset = _layout()
+        tuple_items, list_items, size = _containers()
+        offsets = dict(payload=payload, type=type_offset, value=value_offset, size=size,
+                       tuple_items=tuple_items, list_items=list_items,
+                       slot=slot_offset(kind, slot))  # fmt: skip
+        return _front_ir(guards, offsets)
+
+    return _loaded(f"front {guards} {kind.__qualname__}.{slot}", ir)
+
+
+def fronts(guards: int, wrapper: tuple[type, str, type]) -> bool:
+    """Whether ``launch_front`` can make fronts with these ``guards`` (a count) and
+    ``wrapper`` in this process."""
+    return _front_code(guards, wrapper) is not None
+
+
+def launch_front(
+    target: int,
+    fallback: Callable,
+    memos: tuple,
+    config,
+    function,
+    last: list,
+    name: str,
+    guards: tuple,
+    wrapper: tuple[type, str, type],
+) -> Callable | None:
+    """A builtin ``front(*args, **kwargs)`` that launches the last arguments again with no
+    Python in between, and hands every other call to ``fallback`` as it was made.
+
+    ``memos`` is a tuple of one-item lists, each item a tuple ``(keys..., params,
+    config)``. When, for one of them, the call has one positional argument a key, each
+    argument is its key by identity (``wrapper``, ``(type, slot,
+    wrapped type)``: an instance of the type stands for the object in its slot, and an
+    object of the wrapped type is never taken itself), every guard ``(list, value)`` has
+    ``list[0] is value``, and the memo's ``config`` is ``config``, the front calls the C
+    function at ``target`` (``cuLaunchKernelEx``) with the pointers of ``config``,
+    ``function`` and ``params`` (``byref``s) and NULL; on success it sets ``last[0] = name``
+    and returns None. A failed call goes to ``fallback`` too, which launches again and
+    explains. The front keeps the GIL throughout, so no Python code runs between its tests
+    and its launch; it holds ``fallback``, ``memos`` and the rest. None where there can be no
+    front (``status()`` and ``_why_not`` say why)."""
+    code = _front_code(len(guards), wrapper)
+    if code is None:
+        return None
+    api = ctypes.pythonapi
+    calls = struct.pack(
+        f"={len(_FRONT_CALLS)}Q",
+        target,
+        _address(api.Py_IncRef),
+        _address(api.PyList_SetItem),
+        _address(api.PyObject_Vectorcall),
+    )
+    byref_type = type(ctypes.byref(ctypes.c_char()))
+    kind, _, wrapped = wrapper
+    state = (fallback, memos, config, function, last, name, kind, wrapped, byref_type, None,
+             calls, *(part for guard in guards for part in guard))  # fmt: skip
+    return _builtin(code, "front", _METH_FASTCALL | _METH_KEYWORDS, state)
 
 
 def status() -> str:
     """How the launches call the driver: ``"native"``, or ``"ctypes (<why>)"``."""
-    return "native" if _code is not None else f"ctypes ({_why_not or 'not tried yet'})"
+    if "trampoline" in _codes:
+        return "native"
+    return f"ctypes ({_why_not.get('trampoline', 'not tried yet')})"
