@@ -500,6 +500,10 @@ SWAP_CASES = [
     (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), 2),
     (40, 200, 384, "float16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 1, 0, 1, 1), None),
     (70, 136, 384, "bfloat16", (2, 32, 4, 3, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), None),
+    # PAIRS with KW (each warpgroup two of its slices a turn, every other stage of both
+    # rings): 6 tiles on 2 blocks, LATE; with SK's parts of 1-6 slices (an odd last alone)
+    (50, 192, 512, "float16", (2, 32, 4, 1, 0, 0, 4, 2, 0, 0, 1, 1, 0, 1, 1), 2),
+    (70, 200, 384, "bfloat16", (2, 32, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1, 1), 5),
     # three warpgroups' 40 x 192 tiles (2 x 2, the second column 8 wide) on 3 blocks
     (70, 200, 256, "float16", (3, 40, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1), 3),
     # CLAMP (every launch without CL): the last row tile moved up to end at row M - 1 (rows
@@ -553,8 +557,8 @@ def test_int4_swap_rejects_bad_k_split():
 
 def test_int4_swap_rejects_bad_buffers():
     """int4_swap's BUFS is 1 to 3, 3 fragment buffers need 3 ring stages (a slice's stage
-    is freed two slices later), PAIRS takes two buffers and no EARLY: each refused with what
-    to change."""
+    is freed two slices later), PAIRS takes two buffers and no EARLY, and with LATE two
+    words' stages a warpgroup (a turn holds both): each refused with what to change."""
     from kaio_ops import _int4_hopper
 
     with pytest.raises(ValueError, match="must be 1 to 3"):
@@ -564,6 +568,9 @@ def test_int4_swap_rejects_bad_buffers():
     assert _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 3), 132, f16)
     with pytest.raises(ValueError, match="PAIRS takes BUFS 2 and no EARLY"):  # (swap_pair)
         _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 2, 1, 0, 0, 0, 0, 1, 1),
+                                      132, f16)  # fmt: skip
+    with pytest.raises(ValueError, match="PAIRS with LATE needs 2 words' stages"):  # (KW: 4)
+        _int4_hopper.swap_launch_plan(64, 128, 256, (2, 64, 4, 1, 0, 0, 2, 2, 0, 0, 1, 1, 0, 1, 1),
                                       132, f16)  # fmt: skip
 
 
