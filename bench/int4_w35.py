@@ -110,18 +110,17 @@ def prewarm(args, pts: list) -> None:
     from bench.int4_wgmma import compile_swaps
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    todo = []
+    todo, plain = [], []  # the routed plans (with each --off variant), the --configs
     for n, k, ms in pts:
         for m in ms:
-            cfgs = configs(args.configs, m, n, k)
+            plain += [(m, n, k, c) for c in configs(args.configs, m, n, k)]
             if m < _int4_hopper.DEQUANT_M and not args.no_route:
-                cfgs.append(_int4_hopper.swap_plan(m, n, k, sms))
-            todo += [(m, n, k, c) for c in cfgs]
+                todo.append((m, n, k, _int4_hopper.swap_plan(m, n, k, sms)))
     if args.warm_tests:  # tests/test_ops_quantized.py::test_gpu_int4_wgmma's routed builds
         for m, n, k, out in TEST_POINTS:
             todo.append((m, n, k, _int4_hopper.swap_plan(m, n, k, sms), out))
     variants = ({}, *({name: value} for name, value in offs(args)))
-    for e in compile_swaps(todo, args.prewarm, variants):
+    for e in compile_swaps(todo, args.prewarm, variants, plain):
         print("prewarm:", e, flush=True)
 
 

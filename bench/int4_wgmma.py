@@ -328,19 +328,20 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
     log({"prewarm": len(points), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
 
 
-def compile_swaps(points: list, workers: int, variants: tuple = ({},)) -> list:
+def compile_swaps(points: list, workers: int, variants: tuple = ({},), plain: list = ()) -> list:
     """Compile ``int4_swap`` for every ``(m, n, k, config[, out])`` of ``points`` (``out``
     the output type's name, f16 if left out), each with every constexpr override of
-    ``variants``, in ``workers`` processes at once; the errors, as text."""
+    ``variants``, and those of ``plain`` as they are, in ``workers`` processes at once; the
+    errors, as text."""
     import concurrent.futures
     import multiprocessing
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     todo = {}
-    for m, n, k, cfg, *out in points:
+    for i, (m, n, k, cfg, *out) in enumerate([*points, *plain]):
         consts = _int4_hopper.swap_launch_plan(m, n, k, cfg, sms, kaio.f16)[3]
         consts["OUT"] = out[0] if out else "f16"
-        for v in variants:
+        for v in variants if i < len(points) else ({},):
             todo[str(sorted({**consts, **v}.items()))] = {**consts, **v}
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
