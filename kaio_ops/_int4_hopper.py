@@ -596,6 +596,11 @@ HEAD = 1
 # 0: each map fetched by its first TMA copy. Not measured yet.
 TMAP = 0
 
+# int4_swap's LEAD (with PAIRS): each work item's first K slice alone, then the pairs (the
+# tensor cores' first wgmmas one slice's fragments in, not two); 0: pairs from the first.
+# Not measured yet.
+LEAD = 0
+
 
 def run(a, b, s, out_type):
     """``a @ W`` rounded to ``out_type`` for operands that this module ``takes``:
@@ -883,7 +888,7 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    HEAD: kaio.constexpr, PAIRS: kaio.constexpr, TMAP: kaio.constexpr,
+    HEAD: kaio.constexpr, PAIRS: kaio.constexpr, TMAP: kaio.constexpr, LEAD: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -933,7 +938,8 @@ def int4_swap(
     exit, and wait there for the whole grid). ``PAIRS`` (with ``BUFS`` 2): a warpgroup takes
     its slices two a turn, their 8 wgmmas one group (``swap_pair``), an odd last one alone.
     ``TMAP``: thread 0 prefetches the three tensor maps into the TMA unit's cache first
-    (before the PDL wait: the maps are the launch's own)."""
+    (before the PDL wait: the maps are the launch's own). ``LEAD`` (with ``PAIRS``): a work
+    item's first slice alone, then the pairs."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
@@ -1049,8 +1055,14 @@ def int4_swap(
             # slices in groups of BUFS, the fragment buffers in turn; the last k_tiles %
             # BUFS slices after every wgmma is done (ptxas serializes all wgmmas if any
             # path could redefine the registers of one in flight). PAIRS: two slices a
-            # turn (``swap_pair``, BUFS 2), an odd last one alone (as BUFS 1's)
-            for kt in range(0, ck - (BUFS - 1), BUFS):
+            # turn (``swap_pair``, BUFS 2), an odd last one alone (as BUFS 1's); with LEAD
+            # the item's first slice alone too (its wgmmas start one slice's fragments in)
+            lead = i32(0)
+            if PAIRS and LEAD and ck > 0:
+                swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, 0, nl, sel, lt, True, 0,
+                           STAGES, MC, WSTAGES, 1, EARLY, KSTEP, LATE)  # fmt: skip
+                lead = 1
+            for kt in range(lead, ck - (BUFS - 1), BUFS):
                 if PAIRS:
                     swap_pair(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
                               STAGES, MC, WSTAGES, KSTEP, LATE)  # fmt: skip
@@ -1060,7 +1072,7 @@ def int4_swap(
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
                                more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
                                LATE)  # fmt: skip
-            rest = ck % BUFS
+            rest = (ck - lead) % BUFS
             if rest:
                 kaio.wgmma_wait(0)
                 for b in kaio.static_range(BUFS - 1):
@@ -1558,7 +1570,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
               "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
-              "HEAD": int(HEAD and wg == 2), "PAIRS": two, "TMAP": TMAP}  # fmt: skip
+              "HEAD": int(HEAD and wg == 2), "PAIRS": two, "TMAP": TMAP,
+              "LEAD": LEAD * two}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1667,6 +1680,7 @@ def swap_specializations() -> list:
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 3,
                   "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
-                  "HEAD": i % 2, "PAIRS": int(i == 4), "TMAP": int(i == 5)}  # fmt: skip
+                  "HEAD": i % 2, "PAIRS": int(i == 4), "TMAP": int(i == 5),
+                  "LEAD": int(i == 4)}  # fmt: skip
         out.append((int4_swap, consts))
     return out

@@ -535,6 +535,22 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
     assert np.abs(ref).max() > 10  # a real product
 
 
+@pytest.mark.parametrize(
+    "m, n, k, out_dtype, config, sms",
+    [  # PAIRS with LEAD (the first slice alone, a pair, the last alone), 3 and KW 2 warpgroups
+        (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), 2),
+        (50, 192, 768, "float16", (2, 32, 4, 1, 0, 0, 4, 2, 0, 0, 1, 1, 0, 1, 1), 2),
+    ],
+)
+def test_int4_swap_lead_in_simulator(m, n, k, out_dtype, config, sms, poisoned, monkeypatch):
+    """``LEAD``: each work item's first slice alone before the pairs, as above."""
+    from kaio_ops import _int4_hopper
+
+    monkeypatch.setattr(_int4_hopper, "LEAD", 1)
+    assert _int4_hopper.swap_launch_plan(m, n, k, config, sms, f16)[3]["LEAD"] == 1
+    test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned)
+
+
 def test_int4_swap_rejects_bad_k_split():
     """KW (the warpgroups take a tile's K slices in turn, each every WG-th ring stage)
     refuses one warpgroup, multicast pairs, tiles not in whole chunks of the sum, rings or
@@ -806,7 +822,7 @@ def test_int4_swap_registers_can_be_granted():
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
                   "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M,
                   "KW": 0, "LATE": 0, "SK": 0, "CLAMP": 1, "PDL": 1, "PSUM": 0,
-                  "HEAD": 1, "PAIRS": 0, "TMAP": 0}  # fmt: skip
+                  "HEAD": 1, "PAIRS": 0, "TMAP": 0, "LEAD": 0}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
