@@ -330,19 +330,26 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
 
 def compile_swaps(points: list, workers: int, variants: tuple = ({},), plain: list = ()) -> list:
     """Compile ``int4_swap`` for every ``(m, n, k, config[, out])`` of ``points`` (``out``
-    the output type's name, f16 if left out), each with every constexpr override of
-    ``variants``, and those of ``plain`` as they are, in ``workers`` processes at once; the
-    errors, as text."""
+    the output type's name, f16 if left out), once with each of ``variants`` (module
+    switches of ``_int4_hopper`` set as ``swap_launch_plan`` reads them: {} for none), and
+    those of ``plain`` as they are, in ``workers`` processes at once; the errors, as text."""
     import concurrent.futures
     import multiprocessing
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     todo = {}
     for i, (m, n, k, cfg, *out) in enumerate([*points, *plain]):
-        consts = _int4_hopper.swap_launch_plan(m, n, k, cfg, sms, kaio.f16)[3]
-        consts["OUT"] = out[0] if out else "f16"
         for v in variants if i < len(points) else ({},):
-            todo[str(sorted({**consts, **v}.items()))] = {**consts, **v}
+            before = {name: getattr(_int4_hopper, name) for name in v}
+            for name, value in v.items():
+                setattr(_int4_hopper, name, value)
+            try:
+                consts = _int4_hopper.swap_launch_plan(m, n, k, cfg, sms, kaio.f16)[3]
+            finally:
+                for name, value in before.items():
+                    setattr(_int4_hopper, name, value)
+            consts["OUT"] = out[0] if out else "f16"
+            todo[str(sorted(consts.items()))] = consts
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         return [e for e in pool.map(_warm, todo.values()) if e]
