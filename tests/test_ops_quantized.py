@@ -536,18 +536,27 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
 
 
 @pytest.mark.parametrize(
-    "m, n, k, out_dtype, config, sms",
+    "m, n, k, out_dtype, config, sms, switches",
     [  # PAIRS with LEAD (the first slice alone, a pair, the last alone), 3 and KW 2 warpgroups
-        (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), 2),
-        (50, 192, 768, "float16", (2, 32, 4, 1, 0, 0, 4, 2, 0, 0, 1, 1, 0, 1, 1), 2),
+        (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), 2, {"LEAD": 1}),
+        (50, 192, 768, "float16", (2, 32, 4, 1, 0, 0, 4, 2, 0, 0, 1, 1, 0, 1, 1), 2, {"LEAD": 1}),
+        # HEAD 2: three warpgroups' stream-K tiles (PAIRS, LEAD) summed by the head after the
+        # block's items, runs of 2-3 slices (parts of 1-3)
+        (70, 200, 384, "float16", (3, 32, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1, 1), 5,
+         {"HEAD": 2, "LEAD": 1}),
     ],
-)
-def test_int4_swap_lead_in_simulator(m, n, k, out_dtype, config, sms, poisoned, monkeypatch):
-    """``LEAD``: each work item's first slice alone before the pairs, as above."""
+)  # fmt: skip
+def test_int4_swap_switches_in_simulator(
+    m, n, k, out_dtype, config, sms, switches, poisoned, monkeypatch
+):
+    """``LEAD`` (each work item's first slice alone before the pairs) and ``HEAD`` 2 (on
+    three warpgroups too), as above."""
     from kaio_ops import _int4_hopper
 
-    monkeypatch.setattr(_int4_hopper, "LEAD", 1)
-    assert _int4_hopper.swap_launch_plan(m, n, k, config, sms, f16)[3]["LEAD"] == 1
+    for name, value in switches.items():
+        monkeypatch.setattr(_int4_hopper, name, value)
+    consts = _int4_hopper.swap_launch_plan(m, n, k, config, sms, f16)[3]
+    assert all(consts[name] == 1 for name in switches)
     test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned)
 
 
