@@ -589,8 +589,7 @@ PDL = 2
 # two slices), on two warpgroups' tiles (three warpgroups' spill with it); 0: in the loop.
 # int4w rounds D and E of 2026-11-27 (H100, against HEAD0 in the same passes): 10240x8192
 # M=512 123.9 against 124.7 µs (faster in 4 of 4 passes), M=384 107.5 against 110.7 (3 of
-# 4). HEAD 2: on three warpgroups' stream-K tiles too (their 24 bytes of spill outside the
-# slice loop), not measured yet.
+# 4).
 HEAD = 1
 
 # int4_swap's TMAP: the tensor maps prefetched (``prefetch_tensormap``) before the PDL wait;
@@ -771,17 +770,16 @@ def swap_pair(
     sw: u32[:, :, :], sc: u32[:, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :],
     af: u32[:, :, :], wr: u32[:, :], wpos: i32[:], at: i32[:], kt: i32, nl: u32, sel: u32,
     lt: u32, STAGES: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr,
-    KW: kaio.constexpr, LATE: kaio.constexpr, RUN: kaio.constexpr = 2,
+    KW: kaio.constexpr, LATE: kaio.constexpr,
 ):  # fmt: skip
-    """Two (``RUN``) 64-deep K slices (``kt``, ``kt + 1``, ... of the warpgroup's) as one
-    turn (``PAIRS``): every slice's fragments made (``af``'s buffers), then their 4 ``RUN``
-    wgmmas issued as one group and waited for, their activations' stages freed: a turn's
-    waits, fence and issue set-up once for the run, and the warpgroup's wgmmas ``RUN`` times
-    as long a run while the other warpgroups make theirs. ``LATE``: the words' stages freed
-    after the issue."""
-    st = kaio.local(i32, RUN)  # the slices' stages of a's ring
-    wst = kaio.local(i32, RUN)  # and of the words' ring
-    for b in kaio.static_range(RUN):
+    """Two 64-deep K slices (``kt``, ``kt + 1`` of the warpgroup's) as one turn (``PAIRS``):
+    both slices' fragments made (``af``'s two buffers), then their 8 wgmmas issued as one
+    group and waited for, both activations' stages freed: a turn's waits, fence and issue
+    set-up once for two slices, and the warpgroup's wgmmas twice as long a run while the
+    other warpgroups make theirs. ``LATE``: both words' stages freed after the issue."""
+    st = kaio.local(i32, 2)  # the slices' stages of a's ring
+    wst = kaio.local(i32, 2)  # and of the words' ring
+    for b in kaio.static_range(2):
         load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
         make_fragments(af, wr, sel, b)
         wst[b] = at[4]
@@ -791,17 +789,17 @@ def swap_pair(
         kaio.mbarrier_wait(bars, (0, st[b]), u32(at[1]))
         advance_by(at, STAGES, KW)
     kaio.wgmma_fence()
-    for b in kaio.static_range(RUN):
+    for b in kaio.static_range(2):
         for kk in kaio.static_range(BK // 16):
             db = kaio.smem_descriptor(sx, (st[b], 0, kk * 16), SW, 16, 1024)
             kaio.wgmma_f16(acc, af[b, kk], db, kt + b + kk > 0)
     kaio.wgmma_commit()
     if LATE:
-        for b in kaio.static_range(RUN):
+        for b in kaio.static_range(2):
             free_words(bars, wst[b], lt)
     kaio.wgmma_wait(0)
     if lt == 0:
-        for b in kaio.static_range(RUN):
+        for b in kaio.static_range(2):
             free_stage(bars, st[b], MC)
 
 
@@ -1065,9 +1063,9 @@ def int4_swap(
                            STAGES, MC, WSTAGES, 1, EARLY, KSTEP, LATE)  # fmt: skip
                 lead = 1
             for kt in range(lead, ck - (BUFS - 1), BUFS):
-                if PAIRS:  # (BUFS slices a turn)
+                if PAIRS:
                     swap_pair(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
-                              STAGES, MC, WSTAGES, KSTEP, LATE, BUFS)  # fmt: skip
+                              STAGES, MC, WSTAGES, KSTEP, LATE)  # fmt: skip
                     continue
                 for b in kaio.static_range(BUFS):
                     more = not (last and kt + b == ck - 1)
@@ -1536,16 +1534,14 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     two = int(bool(more[10])) if len(more) > 10 else 0  # PAIRS
     if bufs not in (1, 2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 1 to 3, got {bufs}")
-    if two and (bufs < 2 or early):
-        raise ValueError(f"int4_swap: PAIRS takes BUFS 2 or 3 and no EARLY, got {config}")
+    if two and (bufs != 2 or early):
+        raise ValueError(f"int4_swap: PAIRS takes BUFS 2 and no EARLY, got {config}")
     stages = stages or swap_stages(wg, bm, kw)
     wstages = wstages or swap_word_stages(wg, bm, stages, kw)
     if sk and bm * wg * 256 > stages * bm * BK * 2 + wstages * word_stage_bytes(wg):
         raise ValueError(f"int4_swap: SK: a tile's f32 part does not fit the rings, {config}")
-    if two and late and wstages < bufs * (wg if kw else 1):  # (a turn's words' stages held)
-        raise ValueError(
-            f"int4_swap: PAIRS with LATE needs BUFS words' stages a warpgroup, {config}"
-        )
+    if two and late and wstages < 2 * (wg if kw else 1):  # (both words' stages held a turn)
+        raise ValueError(f"int4_swap: PAIRS with LATE needs 2 words' stages a warpgroup, {config}")
     if stages < bufs:  # a slice's stage is freed BUFS - 1 slices later
         raise ValueError(f"int4_swap: {bufs} fragment buffers need {bufs} stages, got {stages}")
     problem = kw and k_split_problem(wg, bm, mc, stages, wstages, k, bufs)
@@ -1574,7 +1570,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
               "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
-              "HEAD": int(HEAD >= wg - 1 > 0), "PAIRS": two, "TMAP": TMAP,
+              "HEAD": int(HEAD and wg == 2), "PAIRS": two, "TMAP": TMAP,
               "LEAD": LEAD * two}  # fmt: skip
     return split, k_slice, tiles, consts
 
@@ -1595,7 +1591,7 @@ def launch_swap(a, b, s, out_type, config: tuple, sms: int | None = None):
     issued; with ``SK`` the stream-K schedule (``sum_parts``), SPREAD
     (default 1) whole waves of tiles shared besides the last partial one (``_gemm_streamk.
     share``), the parts of split tiles in a workspace of ``share``'s slots a stream-K
-    tile; with ``PAIRS`` BUFS (2 or 3) slices a warpgroup's turn (``swap_pair``)."""
+    tile; with ``PAIRS`` (and BUFS 2) two slices a warpgroup's turn (``swap_pair``)."""
     from kaio_ops import _arrays
     from kaio_ops._gemm_streamk import share
     from kaio_ops.linear import _counters, _placeholder

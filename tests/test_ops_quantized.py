@@ -500,8 +500,6 @@ SWAP_CASES = [
     (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), 2),
     (40, 200, 384, "float16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 1, 0, 1, 1), None),
     (70, 136, 384, "bfloat16", (2, 32, 4, 3, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), None),
-    # PAIRS with BUFS 3 (three slices a turn): 10 slices (three runs, the last alone), LATE
-    (40, 200, 640, "float16", (3, 32, 0, 1, 0, 0, 3, 3, 0, 0, 0, 1, 0, 1, 1), 2),
     # PAIRS with KW (each warpgroup two of its slices a turn, every other stage of both
     # rings): 6 tiles on 2 blocks, LATE; with SK's parts of 1-6 slices (an odd last alone)
     (50, 192, 512, "float16", (2, 32, 4, 1, 0, 0, 4, 2, 0, 0, 1, 1, 0, 1, 1), 2),
@@ -538,28 +536,18 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
 
 
 @pytest.mark.parametrize(
-    "m, n, k, out_dtype, config, sms, switches",
+    "m, n, k, out_dtype, config, sms",
     [  # PAIRS with LEAD (the first slice alone, a pair, the last alone), 3 and KW 2 warpgroups
-        (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), 2, {"LEAD": 1}),
-        (50, 192, 768, "float16", (2, 32, 4, 1, 0, 0, 4, 2, 0, 0, 1, 1, 0, 1, 1), 2, {"LEAD": 1}),
-        (40, 200, 512, "float16", (3, 32, 0, 1, 0, 0, 3, 3, 0, 0, 0, 1, 0, 1, 1), 2, {"LEAD": 1}),
-        # HEAD 2: three warpgroups' stream-K tiles (PAIRS, LEAD) summed by the head after the
-        # block's items, runs of 2-3 slices (parts of 1-3)
-        (70, 200, 384, "float16", (3, 32, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1, 1), 5,
-         {"HEAD": 2, "LEAD": 1}),
+        (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), 2),
+        (50, 192, 768, "float16", (2, 32, 4, 1, 0, 0, 4, 2, 0, 0, 1, 1, 0, 1, 1), 2),
     ],
-)  # fmt: skip
-def test_int4_swap_switches_in_simulator(
-    m, n, k, out_dtype, config, sms, switches, poisoned, monkeypatch
-):
-    """``LEAD`` (each work item's first slice alone before the pairs) and ``HEAD`` 2 (on
-    three warpgroups too), as above."""
+)
+def test_int4_swap_lead_in_simulator(m, n, k, out_dtype, config, sms, poisoned, monkeypatch):
+    """``LEAD``: each work item's first slice alone before the pairs, as above."""
     from kaio_ops import _int4_hopper
 
-    for name, value in switches.items():
-        monkeypatch.setattr(_int4_hopper, name, value)
-    consts = _int4_hopper.swap_launch_plan(m, n, k, config, sms, f16)[3]
-    assert all(consts[name] == 1 for name in switches)
+    monkeypatch.setattr(_int4_hopper, "LEAD", 1)
+    assert _int4_hopper.swap_launch_plan(m, n, k, config, sms, f16)[3]["LEAD"] == 1
     test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned)
 
 
@@ -585,9 +573,8 @@ def test_int4_swap_rejects_bad_k_split():
 
 def test_int4_swap_rejects_bad_buffers():
     """int4_swap's BUFS is 1 to 3, 3 fragment buffers need 3 ring stages (a slice's stage
-    is freed two slices later), PAIRS takes two or three buffers and no EARLY, and with LATE
-    BUFS words' stages a warpgroup (a turn holds them all): each refused with what to
-    change."""
+    is freed two slices later), PAIRS takes two buffers and no EARLY, and with LATE two
+    words' stages a warpgroup (a turn holds both): each refused with what to change."""
     from kaio_ops import _int4_hopper
 
     with pytest.raises(ValueError, match="must be 1 to 3"):
@@ -595,10 +582,10 @@ def test_int4_swap_rejects_bad_buffers():
     with pytest.raises(ValueError, match="need 3 stages, got 2"):
         _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 2, 1, 0, 0, 2, 3), 132, f16)
     assert _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 3), 132, f16)
-    with pytest.raises(ValueError, match="PAIRS takes BUFS 2 or 3 and no EARLY"):  # (swap_pair)
+    with pytest.raises(ValueError, match="PAIRS takes BUFS 2 and no EARLY"):  # (swap_pair)
         _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 2, 1, 0, 0, 0, 0, 1, 1),
                                       132, f16)  # fmt: skip
-    with pytest.raises(ValueError, match="PAIRS with LATE needs BUFS words' stages"):  # (KW: 4)
+    with pytest.raises(ValueError, match="PAIRS with LATE needs 2 words' stages"):  # (KW: 4)
         _int4_hopper.swap_launch_plan(64, 128, 256, (2, 64, 4, 1, 0, 0, 2, 2, 0, 0, 1, 1, 0, 1, 1),
                                       132, f16)  # fmt: skip
 
