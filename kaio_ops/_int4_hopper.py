@@ -1534,14 +1534,14 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     two = int(bool(more[10])) if len(more) > 10 else 0  # PAIRS
     if bufs not in (1, 2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 1 to 3, got {bufs}")
-    if two and (bufs != 2 or early):
-        raise ValueError(f"int4_swap: PAIRS takes BUFS 2 and no EARLY, got {config}")
+    if two and (bufs != 2 or early or kw or sk):
+        raise ValueError(f"int4_swap: PAIRS takes BUFS 2 and no EARLY, KW or SK, got {config}")
     stages = stages or swap_stages(wg, bm, kw)
     wstages = wstages or swap_word_stages(wg, bm, stages, kw)
     if sk and bm * wg * 256 > stages * bm * BK * 2 + wstages * word_stage_bytes(wg):
         raise ValueError(f"int4_swap: SK: a tile's f32 part does not fit the rings, {config}")
-    if two and late and wstages < 2 * (wg if kw else 1):  # (both words' stages held a turn)
-        raise ValueError(f"int4_swap: PAIRS with LATE needs 2 words' stages a warpgroup, {config}")
+    if two and late and wstages < 2:  # (a turn holds both slices' words' stages)
+        raise ValueError(f"int4_swap: PAIRS with LATE needs 2 words' stages, got {config}")
     if stages < bufs:  # a slice's stage is freed BUFS - 1 slices later
         raise ValueError(f"int4_swap: {bufs} fragment buffers need {bufs} stages, got {stages}")
     problem = kw and k_split_problem(wg, bm, mc, stages, wstages, k, bufs)

@@ -500,10 +500,6 @@ SWAP_CASES = [
     (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), 2),
     (40, 200, 384, "float16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 1, 0, 1, 1), None),
     (70, 136, 384, "bfloat16", (2, 32, 4, 3, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), None),
-    # PAIRS with KW (each warpgroup two of its slices a turn, every other stage of both
-    # rings): 6 tiles on 2 blocks, LATE; with SK's parts of 1-6 slices (an odd last alone)
-    (50, 192, 512, "float16", (2, 32, 4, 1, 0, 0, 4, 2, 0, 0, 1, 1, 0, 1, 1), 2),
-    (70, 200, 384, "bfloat16", (2, 32, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1, 1), 5),
     # three warpgroups' 40 x 192 tiles (2 x 2, the second column 8 wide) on 3 blocks
     (70, 200, 256, "float16", (3, 40, 4, 1, 0, 0, 4, 2, 0, 0, 0, 0, 1, 1), 3),
     # CLAMP (every launch without CL): the last row tile moved up to end at row M - 1 (rows
@@ -537,9 +533,10 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
 
 @pytest.mark.parametrize(
     "m, n, k, out_dtype, config, sms",
-    [  # PAIRS with LEAD (the first slice alone, a pair, the last alone), 3 and KW 2 warpgroups
-        (40, 200, 256, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), 2),
-        (50, 192, 768, "float16", (2, 32, 4, 1, 0, 0, 4, 2, 0, 0, 1, 1, 0, 1, 1), 2),
+    [  # PAIRS with LEAD: the first slice alone, the pairs, the last alone (4 tiles on 2
+        # blocks); cluster pairs of 3 slices each (one alone and a pair)
+        (40, 200, 512, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), 2),
+        (40, 200, 384, "bfloat16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 1, 0, 1, 1), None),
     ],
 )
 def test_int4_swap_lead_in_simulator(m, n, k, out_dtype, config, sms, poisoned, monkeypatch):
@@ -573,8 +570,8 @@ def test_int4_swap_rejects_bad_k_split():
 
 def test_int4_swap_rejects_bad_buffers():
     """int4_swap's BUFS is 1 to 3, 3 fragment buffers need 3 ring stages (a slice's stage
-    is freed two slices later), PAIRS takes two buffers and no EARLY, and with LATE two
-    words' stages a warpgroup (a turn holds both): each refused with what to change."""
+    is freed two slices later), PAIRS takes two buffers and no EARLY, KW or SK, and with
+    LATE two words' stages (a turn holds both): each refused with what to change."""
     from kaio_ops import _int4_hopper
 
     with pytest.raises(ValueError, match="must be 1 to 3"):
@@ -582,11 +579,11 @@ def test_int4_swap_rejects_bad_buffers():
     with pytest.raises(ValueError, match="need 3 stages, got 2"):
         _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 2, 1, 0, 0, 2, 3), 132, f16)
     assert _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 3), 132, f16)
-    with pytest.raises(ValueError, match="PAIRS takes BUFS 2 and no EARLY"):  # (swap_pair)
+    with pytest.raises(ValueError, match="PAIRS takes BUFS 2 and no EARLY, KW or SK"):
         _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 2, 1, 0, 0, 0, 0, 1, 1),
                                       132, f16)  # fmt: skip
-    with pytest.raises(ValueError, match="PAIRS with LATE needs 2 words' stages"):  # (KW: 4)
-        _int4_hopper.swap_launch_plan(64, 128, 256, (2, 64, 4, 1, 0, 0, 2, 2, 0, 0, 1, 1, 0, 1, 1),
+    with pytest.raises(ValueError, match="PAIRS with LATE needs 2 words' stages"):
+        _int4_hopper.swap_launch_plan(64, 384, 256, (3, 64, 4, 1, 0, 0, 1, 2, 0, 0, 0, 1, 0, 1, 1),
                                       132, f16)  # fmt: skip
 
 
