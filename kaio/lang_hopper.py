@@ -358,11 +358,11 @@ _define(
 # ---------------------------------------------------------------- TMA, fences, registers
 
 
-def _tensor_map(ctx, v, node, name: str = "tma_load_2d") -> Var:
+def _tensor_map(ctx, v, node) -> Var:
     if isinstance(v, Var) and any(p.value is v and p.role == "tensormap" for p in ctx.params):
         return v
     ctx.error(
-        f"kaio.{name}() needs a tensor map: a kernel parameter annotated kaio.tensormap "
+        "kaio.tma_load_2d() needs a tensor map: a kernel parameter annotated kaio.tensormap "
         "(pass a kaio.tensor_map_2d(array, box, swizzle) at launch)",
         node,
     )
@@ -402,17 +402,6 @@ _define(
     "(a 16-bit mask), completing the bytes on each one's bars[i] (.multicast::cluster). The "
     "blocks fetch the box from L2 once. sm_90.",
     lambda ctx, args, node: _tma_load_2d(ctx, args, node, "tma_load_2d_multicast"),
-)
-
-_define(
-    "prefetch_tensormap",
-    "prefetch_tensormap(tmap): start fetching the tensor map parameter tmap into the TMA "
-    "unit's descriptor cache (prefetch.tensormap), so that the first tma_load_2d of it does "
-    "not wait for it; a hint, no value changed. The map is the launch's own, never written "
-    "by another kernel: it may be prefetched before grid_dependency_wait(). sm_90.",
-    lambda ctx, args, node: ctx.b.emit(
-        "tma_prefetch", None, (_tensor_map(ctx, args[0], node, "prefetch_tensormap"),)
-    ),
 )
 
 

@@ -592,10 +592,6 @@ PDL = 2
 # 4).
 HEAD = 1
 
-# int4_swap's TMAP: the tensor maps prefetched (``prefetch_tensormap``) before the PDL wait;
-# 0: each map fetched by its first TMA copy. Not measured yet.
-TMAP = 0
-
 # int4_swap's LEAD (with PAIRS): each work item's first K slice alone, then the pairs (the
 # tensor cores' first wgmmas one slice's fragments in, not two); 0: pairs from the first.
 # Not measured yet.
@@ -888,7 +884,7 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    HEAD: kaio.constexpr, PAIRS: kaio.constexpr, TMAP: kaio.constexpr, LEAD: kaio.constexpr,
+    HEAD: kaio.constexpr, PAIRS: kaio.constexpr, LEAD: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -936,10 +932,8 @@ def int4_swap(
     ``PDL`` 2 the kernel after it may then be placed too (``kaio.launch_dependents``: its
     blocks take the multiprocessors this grid leaves free and those of its blocks that
     exit, and wait there for the whole grid). ``PAIRS`` (with ``BUFS`` 2): a warpgroup takes
-    its slices two a turn, their 8 wgmmas one group (``swap_pair``), an odd last one alone.
-    ``TMAP``: thread 0 prefetches the three tensor maps into the TMA unit's cache first
-    (before the PDL wait: the maps are the launch's own). ``LEAD`` (with ``PAIRS``): a work
-    item's first slice alone, then the pairs."""
+    its slices two a turn, their 8 wgmmas one group (``swap_pair``), an odd last one alone;
+    with ``LEAD`` a work item's first slice alone too, then the pairs."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
@@ -998,10 +992,6 @@ def int4_swap(
     swap_schedule(sched, first, step, my_tiles, dp_tiles, grid_m * grid_n, k_tiles, SK)
     segments = swap_segments(sched, k_tiles, SK)  # tiles, or (SK) parts of tiles
     if t == 0:
-        if TMAP:
-            kaio.prefetch_tensormap(tx)
-            kaio.prefetch_tensormap(tw)
-            kaio.prefetch_tensormap(ts)
         for i in kaio.static_range(STAGES):
             kaio.mbarrier_init(bars, (0, i), 1)
             kaio.mbarrier_init(bars, (1, i), COLS * (1 + MC))
@@ -1570,7 +1560,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
               "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
-              "HEAD": int(HEAD and wg == 2), "PAIRS": two, "TMAP": TMAP,
+              "HEAD": int(HEAD and wg == 2), "PAIRS": two,
               "LEAD": LEAD * two}  # fmt: skip
     return split, k_slice, tiles, consts
 
@@ -1640,8 +1630,7 @@ def swap_specializations() -> list:
     multicast (also in a cluster with a K split), one and three fragment buffers, the next
     slice's words read early, warpgroups taking a tile's K slices in turn (``KW``), the
     words' stage freed after the wgmmas (``LATE``), the stream-K schedule (``SK``), with and
-    without programmatic dependent launch (``PDL`` 0 to 2), PAIRS, the tensor maps prefetched
-    (``TMAP``)."""
+    without programmatic dependent launch (``PDL`` 0 to 2), PAIRS with LEAD."""
     out = []
     plain = (  # without multicast
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -1680,7 +1669,7 @@ def swap_specializations() -> list:
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 3,
                   "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
-                  "HEAD": i % 2, "PAIRS": int(i == 4), "TMAP": int(i == 5),
+                  "HEAD": i % 2, "PAIRS": int(i == 4),
                   "LEAD": int(i == 4)}  # fmt: skip
         out.append((int4_swap, consts))
     return out

@@ -49,13 +49,11 @@ def load_box(
 
 @kaio.gpu_kernel(block_size=128)
 def tma_tile(tmap: kaio.tensormap, out: f16[:, :], row: i32, col: i32, R: kaio.constexpr):
-    """One TMA box into a shared tile (its map prefetched first), then every thread copies the
-    raw tile out."""
+    """One TMA box into a shared tile, then every thread copies the raw tile out."""
     tile = kaio.shared(f16, (R, 64))
     bars = kaio.shared(u64, (1,))
     t = kaio.thread_idx_x()
     if t == 0:
-        kaio.prefetch_tensormap(tmap)
         kaio.mbarrier_init(bars, 0, 1)
     kaio.sync_threads()
     if t == 0:
@@ -177,11 +175,6 @@ def dependent_step(src: f32[:], out: f32[:], n: u32):
     i = kaio.block_idx_x() * 128 + kaio.thread_idx_x()
     if i < n:
         out[i] = src[i] + 1.0
-
-
-@kaio.gpu_kernel(block_size=32)
-def prefetch_not_a_map(out: f32[:]):
-    kaio.prefetch_tensormap(out)
 
 
 @kaio.gpu_kernel(block_size=32)
@@ -959,19 +952,6 @@ def test_grid_dependency_controls():
     np.testing.assert_array_equal(out, src + 1)
     with pytest.raises(kaio.CompileError, match=r"launch_dependents\(\) needs sm_90"):
         dependent_step.ptx(arch="sm_80")
-
-
-def test_prefetch_tensormap_lowers_to_prefetch_tensormap():
-    """``prefetch_tensormap`` is ``prefetch.tensormap`` of the map's generic address (the
-    one TMA copies read) by both backends, nothing in the simulator (``tma_tile``'s copies
-    are checked above), sm_90 only, and takes only a tensor map parameter."""
-    for backend in ("ptx", "llvm"):
-        ptx = tma_tile.ptx(arch="sm_90", backend=backend, R=32)
-        assert re.search(r"prefetch\.tensormap \[%rd\d+\];", ptx), backend
-    with pytest.raises(kaio.CompileError, match=r"prefetch_tensormap\(\) needs sm_90"):
-        tma_tile.ptx(arch="sm_80", R=32)
-    with pytest.raises(kaio.CompileError, match=r"prefetch_tensormap\(\) needs a tensor map"):
-        prefetch_not_a_map.ptx(arch="sm_90")
 
 
 def test_bulk_store_misuse_is_reported():

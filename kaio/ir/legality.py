@@ -202,7 +202,6 @@ _ONE_FEATURE = (
     ("mbarrier_try_wait", "", "mbarrier_wait", ""),
     ("mbarrier_wait", "", "mbarrier_wait", ""),
     ("tma_load", "", "tma", "tma_load_2d"),
-    ("tma_prefetch", "", "tma", "prefetch_tensormap"),
     ("mbarrier_arrive_cluster", "", "cluster", ""),
     ("bulk_store", "", "bulk_copy", ""),
     ("ld_vec", "l2", "l2_fetch_size", "load_vector"),

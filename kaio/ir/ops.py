@@ -82,7 +82,6 @@ SIGNATURES: dict[str, tuple[str, str]] = {
     "mbarrier_try_wait": ("A idx u32", "bool_"),
     "tma_load": ("A idx u64 I I A idx", "none"),
     "tma_load_multicast": ("A idx u64 I I A idx u32", "none"),
-    "tma_prefetch": ("u64", "none"),
     "bulk_store": ("A idx A idx u32", "none"),
     "bulk_prefetch": ("A idx u32", "none"),
     "dsmem_load": ("A idx u32", "elem"),
@@ -264,9 +263,6 @@ OPS: dict[str, OpInfo] = {
         False,
         "(shared, *idx, map u64, c0 i32, c1 i32, bar, *idx, ctas u32): tma_load into the same "
         "address and barrier of each cluster block in the ctas mask",
-    ),
-    "tma_prefetch": OpInfo(
-        "special", "none", False, "(map u64): fetch the tensor map into the TMA unit's cache"
     ),
     "mbarrier_arrive_cluster": OpInfo(
         "special", "none", False, "(bar, *idx, rank u32): arrive once on block rank's barrier"

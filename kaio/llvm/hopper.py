@@ -272,12 +272,6 @@ def lower_tma_load(g, ins: Instr) -> None:
     _statement(g, text, ["r", "l", "r", "r", "r", "h"], args, collective=False)
 
 
-@LOWERING.register("tma_prefetch")
-def lower_tma_prefetch(g, ins: Instr) -> None:
-    """``prefetch.tensormap [map]`` (the map's generic address, as ``tma_load``'s)."""
-    _statement(g, "prefetch.tensormap [$0];", ["l"], [g.value(ins.args[0])], collective=False)
-
-
 @LOWERING.register("mbarrier_arrive_cluster")
 def lower_mbarrier_arrive_cluster(g, ins: Instr) -> None:
     """``mapa`` of the barrier's address to block ``rank``'s, then

@@ -216,12 +216,6 @@ def lower_tma_load(e, ins: Instr) -> None:
     e.line(f"{TMA_LOAD}.multicast::cluster {d}, {src}, {b}, {mask}")
 
 
-@LOWERING.register("tma_prefetch")
-def lower_tma_prefetch(e, ins: Instr) -> None:
-    """``prefetch.tensormap [map]`` (the map's generic address, as ``tma_load``'s)."""
-    e.line(f"prefetch.tensormap [{e.param_address(ins.args[0])}]")
-
-
 @LOWERING.register("mbarrier_arrive_cluster")
 def lower_mbarrier_arrive_cluster(e, ins: Instr) -> None:
     """``mapa`` of the barrier's address to block ``rank``'s, then

@@ -700,7 +700,6 @@ SEMANTICS = {
     "fence_proxy_async": fence_proxy_async,
     "bulk_store": bulk_store,
     "bulk_prefetch": no_op,
-    "tma_prefetch": no_op,
     "bulk_commit": no_op,
     "bulk_wait": no_op,
     "setmaxnreg": no_op,
