@@ -594,8 +594,11 @@ HEAD = 1
 
 # int4_swap's LEAD (with PAIRS): each work item's first K slice alone, then the pairs (the
 # tensor cores' first wgmmas one slice's fragments in, not two); 0: pairs from the first.
-# Not measured yet.
-LEAD = 0
+# i4w round B of 2026-11-28 (H100, 5 interleaved passes against LEAD 0 in the same passes,
+# medians): 6144x4096 M=400 / 512 / 520 33.8 / 37.6 / 38.8 against 33.9 / 37.7 / 39.2 µs
+# (faster in 5 / 4 / 5 passes), 6144x8192 M=512 71.8 against 72.0 (4), 10240x8192 M=272
+# 70.7 against 71.2 (5); 128 x 192 PAIRS tiles at 6144x4096 M=1024 73.3 against 73.7 (4).
+LEAD = 1
 
 
 def run(a, b, s, out_type):

@@ -539,12 +539,14 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
         (40, 200, 384, "bfloat16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 1, 0, 1, 1), None),
     ],
 )
-def test_int4_swap_lead_in_simulator(m, n, k, out_dtype, config, sms, poisoned, monkeypatch):
-    """``LEAD``: each work item's first slice alone before the pairs, as above."""
+@pytest.mark.parametrize("lead", [0, 1])
+def test_int4_swap_lead_in_simulator(m, n, k, out_dtype, config, sms, lead, poisoned, monkeypatch):
+    """PAIRS with ``LEAD`` (each work item's first slice alone before the pairs, routed) and
+    without it (the pairs from the first slice), as above."""
     from kaio_ops import _int4_hopper
 
-    monkeypatch.setattr(_int4_hopper, "LEAD", 1)
-    assert _int4_hopper.swap_launch_plan(m, n, k, config, sms, f16)[3]["LEAD"] == 1
+    monkeypatch.setattr(_int4_hopper, "LEAD", lead)
+    assert _int4_hopper.swap_launch_plan(m, n, k, config, sms, f16)[3]["LEAD"] == lead
     test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned)
 
 
@@ -1339,21 +1341,20 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
      (600, 28672, 2048, "bfloat16"), (300, 6144, 4096, "float16"), (520, 6144, 4096, None)],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
-    """M > 16 on sm_90 (the wgmma kernel: at 17 rows KW tiles of 32 x 64 in cluster pairs,
-    at 40 rows of N = 10240 4 consumer warpgroups side by side and a workspace K split of 3,
-    at 700 rows of N = 6144 176 x 192 tiles (three warpgroups; they cost least), at 250
-    rows of N = 10240 3 consumer warpgroups on 128 x 192 tiles, the last column of tiles
-    partly past N, two K slices a turn (PAIRS; 136 x 192 tiles at 520 rows of 6144 x 4096
-    too), at 300 rows of 10240 x 8192 on 152 x 192 ones; at 600 rows of 28672 x
-    2048 the stream-K schedule on 152 x 192 tiles (SK: tiles split between blocks, summed by
-    the tile's head; at 300 rows of 6144 x 4096 cluster pairs of 152 x 192 tiles); at 65-512
-    rows two warpgroups sharing BM x 64 tiles, each every other K slice
-    (KW: a cluster pair's K split at 120 and 200 rows; 128-row tiles at 100 rows, 256 at 256,
-    160 at 300; 128-row tiles and a K split of 4 through the workspace at 200 rows of N =
-    1024), 256-row tiles past 512 rows (multicast pairs of 256 rows in
-    groups of 4 rows at N = 32768; balanced row tiles, as many as cost least: 600 rows in
-    four of 152, 1500 in eight of 192 x 128, not KW tiles), every M up to 4096; elsewhere
-    the other paths): every
+    """M > 16 on sm_90 (the wgmma kernel: at 17 rows KW tiles of 32 x 64 in cluster pairs, at 40
+    rows of N = 10240 4 consumer warpgroups side by side and a workspace K split of 3, at
+    700 rows of N = 6144 176 x 192 tiles (three warpgroups; they cost least), at 250 rows of
+    N = 10240 3 consumer warpgroups on 128 x 192 tiles, the last column of tiles partly past
+    N, two K slices a turn (PAIRS, a tile's first slice alone: LEAD; 136 x 192 tiles at 520
+    rows of 6144 x 4096 too), at 300 rows of 10240 x 8192 on 152 x 192 ones; at 600 rows of
+    28672 x 2048 the stream-K schedule on 152 x 192 tiles (SK: tiles split between blocks,
+    summed by the tile's head; at 300 rows of 6144 x 4096 cluster pairs of 152 x 192 tiles);
+    at 65-512 rows two warpgroups sharing BM x 64 tiles, each every other K slice (KW: a
+    cluster pair's K split at 120 and 200 rows; 128-row tiles at 100 rows, 256 at 256, 160
+    at 300; 128-row tiles and a K split of 4 through the workspace at 200 rows of N = 1024),
+    256-row tiles past 512 rows (multicast pairs of 256 rows in groups of 4 rows at N =
+    32768; balanced row tiles, as many as cost least: 600 rows in four of 152, 1500 in eight
+    of 192 x 128, not KW tiles), every M up to 4096; elsewhere the other paths): every
     element against float64 products within the f32 sums' slack plus the output's rounding,
     and the same bits on a second call (a race would move them)."""
     import torch
