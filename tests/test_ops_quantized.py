@@ -539,14 +539,19 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
         (40, 200, 384, "bfloat16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 1, 0, 1, 1), None),
     ],
 )
-@pytest.mark.parametrize("lead", [0, 1])
-def test_int4_swap_lead_in_simulator(m, n, k, out_dtype, config, sms, lead, poisoned, monkeypatch):
+@pytest.mark.parametrize("lead, halves", [(0, 0), (1, 1)])
+def test_int4_swap_lead_in_simulator(
+    m, n, k, out_dtype, config, sms, lead, halves, poisoned, monkeypatch
+):
     """PAIRS with ``LEAD`` (each work item's first slice alone before the pairs, routed) and
-    without it (the pairs from the first slice), as above."""
+    without it (the pairs from the first slice); the scales' halves packed (``HALVES``), as
+    above."""
     from kaio_ops import _int4_hopper
 
     monkeypatch.setattr(_int4_hopper, "LEAD", lead)
-    assert _int4_hopper.swap_launch_plan(m, n, k, config, sms, f16)[3]["LEAD"] == lead
+    monkeypatch.setattr(_int4_hopper, "HALVES", halves)
+    consts = _int4_hopper.swap_launch_plan(m, n, k, config, sms, f16)[3]
+    assert (consts["LEAD"], consts["HALVES"]) == (lead, halves)
     test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned)
 
 
@@ -821,7 +826,7 @@ def test_int4_swap_registers_can_be_granted():
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
                   "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M,
                   "KW": 0, "LATE": 0, "SK": 0, "CLAMP": 1, "PDL": 1, "PSUM": 0,
-                  "HEAD": 1, "PAIRS": 0, "LEAD": 0}  # fmt: skip
+                  "HEAD": 1, "PAIRS": 0, "LEAD": 0, "HALVES": 0}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
