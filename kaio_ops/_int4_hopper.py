@@ -600,11 +600,6 @@ HEAD = 1
 # 70.7 against 71.2 (5); 128 x 192 PAIRS tiles at 6144x4096 M=1024 73.3 against 73.7 (4).
 LEAD = 1
 
-# int4_swap's HALVES: a column's scale in both halves of the multiply's f16 pair packed from
-# its half (ptxas reads it in the HMUL2 itself, .H0_H0 / .H1_H1: 2 PRMT fewer a slice); 0:
-# by prmt. Not measured yet.
-HALVES = 0
-
 
 def run(a, b, s, out_type):
     """``a @ W`` rounded to ``out_type`` for operands that this module ``takes``:
@@ -708,7 +703,7 @@ def swap_slice(
     lt: u32,
     more: bool_, BUF: kaio.constexpr, STAGES: kaio.constexpr, MC: kaio.constexpr,
     WSTAGES: kaio.constexpr, BUFS: kaio.constexpr, EARLY: kaio.constexpr, KW: kaio.constexpr,
-    LATE: kaio.constexpr = 0, HALVES: kaio.constexpr = 0,
+    LATE: kaio.constexpr = 0,
 ):  # fmt: skip
     """One 64-deep K slice of a consumer warpgroup: its words (``load_words``; with
     ``EARLY`` read during the slice before) made into the A fragments of its 4 steps (buffer
@@ -726,7 +721,7 @@ def swap_slice(
     from the fragments to the wgmmas (``free_words``)."""
     if not EARLY:
         load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
-    make_fragments(af, wr, sel, BUF, HALVES)
+    make_fragments(af, wr, sel, BUF)
     if not LATE:
         free_words(bars, at[4], lt)
     s = at[0]
@@ -754,44 +749,41 @@ def swap_slice(
 
 
 @kaio.gpu_func
-def make_fragments(
-    af: u32[:, :, :], wr: u32[:, :], sel: u32, BUF: kaio.constexpr, HALVES: kaio.constexpr = 0
-):
+def make_fragments(af: u32[:, :, :], wr: u32[:, :], sel: u32, BUF: kaio.constexpr):
     """A slice's A fragments (buffer ``BUF`` of ``af``) from this lane's words and scales
     ``wr`` (``load_words``): ``nibble_pair`` of byte ``sel`` of each word by its column's
-    scale, in both halves of an f16 pair (``prmt``; ``HALVES``: packed from the scale's
-    half, which ptxas reads in the multiply itself, ``.H0_H0``, no instruction)."""
-    scale = kaio.local(f16x2, 2)
-    if HALVES:
-        halves = kaio.bitcast(wr[WORD_ROWS, 0], f16x2)
-        scale[0] = f16x2(kaio.low(halves))
-        scale[1] = f16x2(kaio.high(halves))
-    else:
-        pair = wr[WORD_ROWS, 0]
-        scale[0] = kaio.bitcast(kaio.prmt(pair, pair, LOW_TWICE), f16x2)
-        scale[1] = kaio.bitcast(kaio.prmt(pair, pair, HIGH_TWICE), f16x2)
+    scale."""
+    pair = wr[WORD_ROWS, 0]
+    scale = kaio.local(u32, 2)
+    scale[0] = kaio.prmt(pair, pair, LOW_TWICE)
+    scale[1] = kaio.prmt(pair, pair, HIGH_TWICE)
     for kk in kaio.static_range(BK // 16):
         for r in kaio.static_range(4):  # (row g, k 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)
-            af[BUF, kk, r] = nibble_pair(wr[2 * kk + r // 2, r % 2], sel, scale[r % 2])
+            af[BUF, kk, r] = nibble_pair(
+                wr[2 * kk + r // 2, r % 2], sel, kaio.bitcast(scale[r % 2], f16x2)
+            )
 
 
 @kaio.gpu_func
 def swap_pair(
     sw: u32[:, :, :], sc: u32[:, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :],
     af: u32[:, :, :], wr: u32[:, :], wpos: i32[:], at: i32[:], kt: i32, nl: u32, sel: u32,
-    lt: u32, STAGES: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr,
-    KW: kaio.constexpr, LATE: kaio.constexpr, HALVES: kaio.constexpr = 0,
+    lt: u32, more: bool_, STAGES: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr,
+    KW: kaio.constexpr, LATE: kaio.constexpr, EARLY: kaio.constexpr = 0,
 ):  # fmt: skip
     """Two 64-deep K slices (``kt``, ``kt + 1`` of the warpgroup's) as one turn (``PAIRS``):
     both slices' fragments made (``af``'s two buffers), then their 8 wgmmas issued as one
     group and waited for, both activations' stages freed: a turn's waits, fence and issue
     set-up once for two slices, and the warpgroup's wgmmas twice as long a run while the
-    other warpgroups make theirs. ``LATE``: both words' stages freed after the issue."""
+    other warpgroups make theirs. ``LATE``: both words' stages freed after the issue.
+    ``EARLY``: the first slice's words were read during the turn before, and (``more``:
+    another slice follows) the next slice's are read while this turn's wgmmas run."""
     st = kaio.local(i32, 2)  # the slices' stages of a's ring
     wst = kaio.local(i32, 2)  # and of the words' ring
     for b in kaio.static_range(2):
-        load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
-        make_fragments(af, wr, sel, b, HALVES)
+        if b == 1 or not EARLY:
+            load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
+        make_fragments(af, wr, sel, b)
         wst[b] = at[4]
         if not LATE:
             free_words(bars, at[4], lt)
@@ -807,6 +799,8 @@ def swap_pair(
     if LATE:
         for b in kaio.static_range(2):
             free_words(bars, wst[b], lt)
+    if EARLY and more:
+        load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
     kaio.wgmma_wait(0)
     if lt == 0:
         for b in kaio.static_range(2):
@@ -898,7 +892,7 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    HEAD: kaio.constexpr, PAIRS: kaio.constexpr, LEAD: kaio.constexpr, HALVES: kaio.constexpr,
+    HEAD: kaio.constexpr, PAIRS: kaio.constexpr, LEAD: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -947,8 +941,7 @@ def int4_swap(
     blocks take the multiprocessors this grid leaves free and those of its blocks that
     exit, and wait there for the whole grid). ``PAIRS`` (with ``BUFS`` 2): a warpgroup takes
     its slices two a turn, their 8 wgmmas one group (``swap_pair``), an odd last one alone;
-    with ``LEAD`` a work item's first slice alone too, then the pairs. ``HALVES``: the
-    scales' halves packed twice for the multiply (``make_fragments``), not by ``prmt``."""
+    with ``LEAD`` a work item's first slice alone too, then the pairs."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
@@ -1064,19 +1057,21 @@ def int4_swap(
             # the item's first slice alone too (its wgmmas start one slice's fragments in)
             lead = i32(0)
             if PAIRS and LEAD and ck > 0:
-                swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, 0, nl, sel, lt, True, 0,
-                           STAGES, MC, WSTAGES, 1, EARLY, KSTEP, LATE, HALVES)  # fmt: skip
+                more = not (last and ck == 1)
+                swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, 0, nl, sel, lt, more, 0,
+                           STAGES, MC, WSTAGES, 1, EARLY, KSTEP, LATE)  # fmt: skip
                 lead = 1
             for kt in range(lead, ck - (BUFS - 1), BUFS):
                 if PAIRS:
-                    swap_pair(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
-                              STAGES, MC, WSTAGES, KSTEP, LATE, HALVES)  # fmt: skip
+                    more = not (last and kt + 1 == ck - 1)
+                    swap_pair(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt, more,
+                              STAGES, MC, WSTAGES, KSTEP, LATE, EARLY)  # fmt: skip
                     continue
                 for b in kaio.static_range(BUFS):
                     more = not (last and kt + b == ck - 1)
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
                                more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
-                               LATE, HALVES)  # fmt: skip
+                               LATE)  # fmt: skip
             rest = (ck - lead) % BUFS
             if rest:
                 kaio.wgmma_wait(0)
@@ -1087,7 +1082,7 @@ def int4_swap(
                         # (PAIRS: one slice, its wgmmas waited for: BUFS 1's)
                         swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
                                    more, b, STAGES, MC, WSTAGES, 1 if PAIRS else BUFS, EARLY,
-                                   KSTEP, LATE, HALVES)  # fmt: skip
+                                   KSTEP, LATE)  # fmt: skip
             kaio.wgmma_wait(0)
             if BUFS > 1 and not PAIRS and lt == 0:  # the tile's last slices, not yet freed
                 if BUFS == 3 and ck > 1:
@@ -1539,8 +1534,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     two = int(bool(more[10])) if len(more) > 10 else 0  # PAIRS
     if bufs not in (1, 2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 1 to 3, got {bufs}")
-    if two and (bufs != 2 or early or kw or sk):
-        raise ValueError(f"int4_swap: PAIRS takes BUFS 2 and no EARLY, KW or SK, got {config}")
+    if two and (bufs != 2 or kw or sk):
+        raise ValueError(f"int4_swap: PAIRS takes BUFS 2 and no KW or SK, got {config}")
     stages = stages or swap_stages(wg, bm, kw)
     wstages = wstages or swap_word_stages(wg, bm, stages, kw)
     if sk and bm * wg * 256 > stages * bm * BK * 2 + wstages * word_stage_bytes(wg):
@@ -1576,7 +1571,7 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
               "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
               "HEAD": int(HEAD and wg == 2), "PAIRS": two,
-              "LEAD": LEAD * two, "HALVES": HALVES}  # fmt: skip
+              "LEAD": LEAD * two}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1645,8 +1640,7 @@ def swap_specializations() -> list:
     multicast (also in a cluster with a K split), one and three fragment buffers, the next
     slice's words read early, warpgroups taking a tile's K slices in turn (``KW``), the
     words' stage freed after the wgmmas (``LATE``), the stream-K schedule (``SK``), with and
-    without programmatic dependent launch (``PDL`` 0 to 2), PAIRS with LEAD, the scales'
-    halves packed (``HALVES``)."""
+    without programmatic dependent launch (``PDL`` 0 to 2), PAIRS with LEAD."""
     out = []
     plain = (  # without multicast
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -1686,6 +1680,6 @@ def swap_specializations() -> list:
                   "CLAMP": 1 - cl, "PDL": i % 3,
                   "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
                   "HEAD": i % 2, "PAIRS": int(i == 4),
-                  "LEAD": int(i == 4), "HALVES": int(i == 3)}  # fmt: skip
+                  "LEAD": int(i == 4)}  # fmt: skip
         out.append((int4_swap, consts))
     return out
