@@ -768,21 +768,18 @@ def make_fragments(af: u32[:, :, :], wr: u32[:, :], sel: u32, BUF: kaio.constexp
 def swap_pair(
     sw: u32[:, :, :], sc: u32[:, :], sx: f16[:, :, :], bars: u64[:, :], acc: f32[:, :, :],
     af: u32[:, :, :], wr: u32[:, :], wpos: i32[:], at: i32[:], kt: i32, nl: u32, sel: u32,
-    lt: u32, more: bool_, STAGES: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr,
-    KW: kaio.constexpr, LATE: kaio.constexpr, EARLY: kaio.constexpr = 0,
+    lt: u32, STAGES: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr,
+    KW: kaio.constexpr, LATE: kaio.constexpr,
 ):  # fmt: skip
     """Two 64-deep K slices (``kt``, ``kt + 1`` of the warpgroup's) as one turn (``PAIRS``):
     both slices' fragments made (``af``'s two buffers), then their 8 wgmmas issued as one
     group and waited for, both activations' stages freed: a turn's waits, fence and issue
     set-up once for two slices, and the warpgroup's wgmmas twice as long a run while the
-    other warpgroups make theirs. ``LATE``: both words' stages freed after the issue.
-    ``EARLY``: the first slice's words were read during the turn before, and (``more``:
-    another slice follows) the next slice's are read while this turn's wgmmas run."""
+    other warpgroups make theirs. ``LATE``: both words' stages freed after the issue."""
     st = kaio.local(i32, 2)  # the slices' stages of a's ring
     wst = kaio.local(i32, 2)  # and of the words' ring
     for b in kaio.static_range(2):
-        if b == 1 or not EARLY:
-            load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
+        load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
         make_fragments(af, wr, sel, b)
         wst[b] = at[4]
         if not LATE:
@@ -799,8 +796,6 @@ def swap_pair(
     if LATE:
         for b in kaio.static_range(2):
             free_words(bars, wst[b], lt)
-    if EARLY and more:
-        load_words(sw, sc, bars, wr, wpos, at, nl, WSTAGES, KW)
     kaio.wgmma_wait(0)
     if lt == 0:
         for b in kaio.static_range(2):
@@ -1057,15 +1052,13 @@ def int4_swap(
             # the item's first slice alone too (its wgmmas start one slice's fragments in)
             lead = i32(0)
             if PAIRS and LEAD and ck > 0:
-                more = not (last and ck == 1)
-                swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, 0, nl, sel, lt, more, 0,
+                swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, 0, nl, sel, lt, True, 0,
                            STAGES, MC, WSTAGES, 1, EARLY, KSTEP, LATE)  # fmt: skip
                 lead = 1
             for kt in range(lead, ck - (BUFS - 1), BUFS):
                 if PAIRS:
-                    more = not (last and kt + 1 == ck - 1)
-                    swap_pair(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt, more,
-                              STAGES, MC, WSTAGES, KSTEP, LATE, EARLY)  # fmt: skip
+                    swap_pair(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
+                              STAGES, MC, WSTAGES, KSTEP, LATE)  # fmt: skip
                     continue
                 for b in kaio.static_range(BUFS):
                     more = not (last and kt + b == ck - 1)
@@ -1534,8 +1527,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     two = int(bool(more[10])) if len(more) > 10 else 0  # PAIRS
     if bufs not in (1, 2, 3):
         raise ValueError(f"int4_swap: BUFS (fragment buffers) must be 1 to 3, got {bufs}")
-    if two and (bufs != 2 or kw or sk):
-        raise ValueError(f"int4_swap: PAIRS takes BUFS 2 and no KW or SK, got {config}")
+    if two and (bufs != 2 or early or kw or sk):
+        raise ValueError(f"int4_swap: PAIRS takes BUFS 2 and no EARLY, KW or SK, got {config}")
     stages = stages or swap_stages(wg, bm, kw)
     wstages = wstages or swap_word_stages(wg, bm, stages, kw)
     if sk and bm * wg * 256 > stages * bm * BK * 2 + wstages * word_stage_bytes(wg):
