@@ -242,7 +242,7 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     warpgroups' tiles in one wave (``late_words``); one fragment buffer on three
     warpgroups' tiles of ``ONE_BUF_ROWS`` rows (not on the stream-K schedule), or on their
     whole tiles (no K split) of ``PAIRS_ROWS`` rows two slices a warpgroup's turn (PAIRS,
-    config[14], with two buffers: ``swap_pair``)."""
+    config[14], with two buffers: ``swap_pair``; a work item's first slice alone: ``LEAD``)."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
@@ -597,7 +597,9 @@ HEAD = 1
 # i4w round B of 2026-11-28 (H100, 5 interleaved passes against LEAD 0 in the same passes,
 # medians): 6144x4096 M=400 / 512 / 520 33.8 / 37.6 / 38.8 against 33.9 / 37.7 / 39.2 µs
 # (faster in 5 / 4 / 5 passes), 6144x8192 M=512 71.8 against 72.0 (4), 10240x8192 M=272
-# 70.7 against 71.2 (5); 128 x 192 PAIRS tiles at 6144x4096 M=1024 73.3 against 73.7 (4).
+# 70.7 against 71.2 (5); 128 x 192 PAIRS tiles at 6144x4096 M=1024 73.3 against 73.7 (4);
+# round C (H100, 3 passes): M=512 / 520 38.3 / 39.3 against 38.5 / 40.1; round E (H200, 3
+# passes): M=512 / 520 37.5 / 39.1 against 37.8 / 39.2, 10240x8192 M=272 70.5 against 70.8.
 LEAD = 1
 
 
