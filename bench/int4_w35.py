@@ -4,14 +4,15 @@ of ``REPS`` calls with the int4 words rotated over enough copies to cover 200 MB
 ``bench/int4_wgmma.py --swap``), every result checked against the f32 product.
 
 Usage: ``python bench/int4_w35.py time --points 4096x4096@1024/4096,... [--configs
-"2,256,0,0,0,0,0,2,1;512=2,128,0,1,0,0,0,2,1"] [--prewarm N [--warm-tests]] [--raw] [--kmm]
+"2,256,0,0,0,0,0,2,1;512=2,128,0,1,0,0,0,2,1+LEAD:1"] [--prewarm N [--warm-tests]] [--raw] [--kmm]
 [--no-route] [--repeat R] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES,
-split, CL, MC, WSTAGES, BUFS, EARLY, GROUP, KW), ``M=`` before one for that M only, ``NxK@M=``
-for that point only; ``--prewarm N``: compile every build first in N processes
-(``--warm-tests``: the int4 GPU tests' too; ``--prewarm-only``: then stop); ``--raw``: the
-words go to wgmma undecoded (no dequantization: the pipeline's own limit, results not
-checked); ``--kmm``: also ``kaio_ops.matmul`` on the f16 weight; ``--repeat R``: R passes
-over the kernels of a point, each timed once a pass (``pass_order``), the median kept.
+split, CL, MC, WSTAGES, BUFS, EARLY, GROUP, KW, ...), ``M=`` before one for that M only,
+``NxK@M=`` for that point only, ``+NAME:V`` after one: launched with ``_int4_hopper.NAME``
+V; ``--prewarm N``: compile every build first in N processes (``--warm-tests``: the int4 GPU
+tests' too; ``--prewarm-only``: then stop); ``--raw``: the words go to wgmma undecoded (no
+dequantization: the pipeline's own limit, results not checked); ``--kmm``: also
+``kaio_ops.matmul`` on the f16 weight; ``--repeat R``: R passes over the kernels of a point,
+each timed once a pass (``pass_order``), the median kept.
 ``prof --points P --configs C``: one call of each inside an NVTX range "prof" (for ``ncu
 --nvtx --nvtx-include prof/``). ``names --points P --configs C``: each kernel's name, grid,
 block, registers and shared memory as torch.profiler sees one call (``--out F``: the trace
@@ -34,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kaio  # noqa: E402
 import kaio_ops  # noqa: E402
-from bench.int4_wgmma import graph_time, operand  # noqa: E402
+from bench.int4_wgmma import graph_time, operand, swap_consts  # noqa: E402
 from bench.quantized import int4_bytes, int4_inputs  # noqa: E402
 from kaio_ops import _int4_hopper  # noqa: E402
 
@@ -73,14 +74,13 @@ def offs(args) -> list:
     return out
 
 
-def launch_off(ops: list, config: tuple, name: str, value: int = 0):
-    """``launch_swap`` of ``config`` with ``_int4_hopper``'s switch ``name`` at ``value``."""
-    before = getattr(_int4_hopper, name)
-    setattr(_int4_hopper, name, value)
-    try:
+def launch_with(ops: list, config: tuple, switches: dict):
+    """``launch_swap`` of ``config`` with ``_int4_hopper``'s module switches set as
+    ``switches`` says (name: value)."""
+    from bench.int4_wgmma import switched
+
+    with switched(switches):
         return _int4_hopper.launch_swap(*ops, kaio.f16, config)
-    finally:
-        setattr(_int4_hopper, name, before)
 
 
 def points(text: str) -> list:
@@ -94,14 +94,22 @@ def points(text: str) -> list:
 
 
 def configs(text: str, m: int, n: int = 0, k: int = 0) -> list:
-    """``a,b,...;M=c,d,...;NxK@M=e,f,...`` as tuples of ints: every entry without ``=``,
-    those with ``M=`` at M = ``m``, those with ``NxK@M=`` at that point only."""
+    """``a,b,...;M=c,d,...;NxK@M=e,f,...+NAME:V`` as (tuple of ints, {module switch:
+    value}): every entry without ``=``, those with ``M=`` at M = ``m``, those with ``NxK@M=``
+    at that point only; ``+NAME:V`` after a config: launched with ``_int4_hopper.NAME`` V."""
     out = []
     for c in text.split(";"):
         only, _, c = c.rpartition("=")
         if c and only in ("", str(m), f"{n}x{k}@{m}"):
-            out.append(tuple(int(x) for x in c.split(",")))
+            c, *sets = c.split("+")
+            switches = {name: int(v) for name, _, v in (s.partition(":") for s in sets)}
+            out.append((tuple(int(x) for x in c.split(",")), switches))
     return out
+
+
+def config_name(config: tuple, switches: dict) -> str:
+    """A config's key in the records: its numbers, then ``+NAME:V`` a switch."""
+    return ",".join(map(str, config)) + "".join(f"+{k}:{v}" for k, v in switches.items())
 
 
 def prewarm(args, pts: list) -> None:
@@ -110,18 +118,17 @@ def prewarm(args, pts: list) -> None:
     from bench.int4_wgmma import compile_swaps
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    todo = []
+    todo, plain = [], []  # the routed plans (with each --off variant), the --configs
     for n, k, ms in pts:
         for m in ms:
-            cfgs = configs(args.configs, m, n, k)
+            plain += [(m, n, k, c, sw) for c, sw in configs(args.configs, m, n, k)]
             if m < _int4_hopper.DEQUANT_M and not args.no_route:
-                cfgs.append(_int4_hopper.swap_plan(m, n, k, sms))
-            todo += [(m, n, k, c) for c in cfgs]
+                todo.append((m, n, k, _int4_hopper.swap_plan(m, n, k, sms)))
     if args.warm_tests:  # tests/test_ops_quantized.py::test_gpu_int4_wgmma's routed builds
         for m, n, k, out in TEST_POINTS:
             todo.append((m, n, k, _int4_hopper.swap_plan(m, n, k, sms), out))
     variants = ({}, *({name: value} for name, value in offs(args)))
-    for e in compile_swaps(todo, args.prewarm, variants):
+    for e in compile_swaps(todo, args.prewarm, variants, plain):
         print("prewarm:", e, flush=True)
 
 
@@ -240,14 +247,12 @@ def main() -> None:
             for name, value in offs(args):  # the routed plan, a switch set (read anew)
                 plan = _int4_hopper.swap_plan(m, n, k, sms)
                 fns[f"route {name}{value}"] = lambda i, name=name, value=value, plan=plan: (
-                    launch_off(ops[i], plan, name, value)
+                    launch_with(ops[i], plan, {name: value})
                 )
             if args.kmm:
                 fns["kaio f16"] = lambda i: kaio_ops.matmul(a, weights[i][2], out_dtype=f16)
-            for c in cfgs:
-                fns[",".join(map(str, c))] = lambda i, c=c: _int4_hopper.launch_swap(
-                    *ops[i], kaio.f16, c
-                )
+            for c, sw in cfgs:
+                fns[config_name(c, sw)] = lambda i, c=c, sw=sw: launch_with(ops[i], c, sw)
             if args.mode == "names":
                 print(f"{n}x{k} M={m}", flush=True)
                 kernel_names(fns, (args.out or "trace") + ".json")
@@ -265,13 +270,13 @@ def main() -> None:
             rec = {"n": n, "k": k, "m": m, "tag": args.tag, "us": {}, "err": {}, "res": {}}
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             routed = _int4_hopper.swap_plan(m, n, k, sms)
-            for c in cfgs + ([routed] if m < _int4_hopper.DEQUANT_M else []):
+            for c, sw in cfgs + ([(routed, {})] if m < _int4_hopper.DEQUANT_M else []):
                 try:
-                    consts = _int4_hopper.swap_launch_plan(m, n, k, c, sms, kaio.f16)[3]
+                    consts = swap_consts(m, n, k, c, sms, sw)
                     res = _int4_hopper.int4_swap.resources(**consts)
-                    rec["res"][",".join(map(str, c))] = str(res)
+                    rec["res"][config_name(c, sw)] = str(res)
                 except Exception as e:  # noqa: BLE001
-                    rec["res"][",".join(map(str, c))] = f"{type(e).__name__}: {str(e)[:200]}"
+                    rec["res"][config_name(c, sw)] = f"{type(e).__name__}: {str(e)[:200]}"
             for key, fn in list(fns.items()):
                 try:
                     got = fn(0).float()

@@ -24,6 +24,7 @@ Usage: ``python bench/int4_wgmma.py [--out DIR] [--budget SECONDS] [--ms 16,64,.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -328,20 +329,42 @@ def prewarm(log, shapes, workers: int, variants: bool = True) -> None:
     log({"prewarm": len(points), "seconds": round(time.time() - t, 1), "errors": errors[:5]})
 
 
-def compile_swaps(points: list, workers: int, variants: tuple = ({},)) -> list:
+@contextlib.contextmanager
+def switched(switches: dict):
+    """``_int4_hopper``'s module switches (name: value) set inside the block."""
+    before = {name: getattr(_int4_hopper, name) for name in switches}
+    for name, value in switches.items():
+        setattr(_int4_hopper, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(_int4_hopper, name, value)
+
+
+def swap_consts(m: int, n: int, k: int, config: tuple, sms: int, switches: dict) -> dict:
+    """``int4_swap``'s constexprs for ``config`` at ``m x n x k`` (f16 out) with
+    ``_int4_hopper``'s module ``switches`` set, as ``launch_swap`` reads them."""
+    with switched(switches):
+        return _int4_hopper.swap_launch_plan(m, n, k, config, sms, kaio.f16)[3]
+
+
+def compile_swaps(points: list, workers: int, variants: tuple = ({},), plain: list = ()) -> list:
     """Compile ``int4_swap`` for every ``(m, n, k, config[, out])`` of ``points`` (``out``
-    the output type's name, f16 if left out), each with every constexpr override of
-    ``variants``, in ``workers`` processes at once; the errors, as text."""
+    the output type's name, f16 if left out), once with each of ``variants`` (module
+    switches of ``_int4_hopper``: ``swap_consts``; {} for none), and every ``(m, n, k,
+    config, switches)`` of ``plain``, in ``workers`` processes at once; the errors, as
+    text."""
     import concurrent.futures
     import multiprocessing
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     todo = {}
-    for m, n, k, cfg, *out in points:
-        consts = _int4_hopper.swap_launch_plan(m, n, k, cfg, sms, kaio.f16)[3]
+    builds = [(p, v) for p in points for v in variants] + [(p[:4], p[4]) for p in plain]
+    for (m, n, k, cfg, *out), v in builds:
+        consts = swap_consts(m, n, k, cfg, sms, v)
         consts["OUT"] = out[0] if out else "f16"
-        for v in variants:
-            todo[str(sorted({**consts, **v}.items()))] = {**consts, **v}
+        todo[str(sorted(consts.items()))] = consts
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         return [e for e in pool.map(_warm, todo.values()) if e]

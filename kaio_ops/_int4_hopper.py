@@ -242,7 +242,7 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     warpgroups' tiles in one wave (``late_words``); one fragment buffer on three
     warpgroups' tiles of ``ONE_BUF_ROWS`` rows (not on the stream-K schedule), or on their
     whole tiles (no K split) of ``PAIRS_ROWS`` rows two slices a warpgroup's turn (PAIRS,
-    config[14], with two buffers: ``swap_pair``)."""
+    config[14], with two buffers: ``swap_pair``; a work item's first slice alone: ``LEAD``)."""
     _, wg, bm, cl, mc, bufs, early = next(row for row in SWAP_PLANS if m <= row[0])
     step = 16 if mc else 8
     bm = bm or min(256, -(-m // step) * step)
@@ -592,6 +592,16 @@ PDL = 2
 # 4).
 HEAD = 1
 
+# int4_swap's LEAD (with PAIRS): each work item's first K slice alone, then the pairs (the
+# tensor cores' first wgmmas one slice's fragments in, not two); 0: pairs from the first.
+# i4w round B of 2026-11-28 (H100, 5 interleaved passes against LEAD 0 in the same passes,
+# medians): 6144x4096 M=400 / 512 / 520 33.8 / 37.6 / 38.8 against 33.9 / 37.7 / 39.2 µs
+# (faster in 5 / 4 / 5 passes), 6144x8192 M=512 71.8 against 72.0 (4), 10240x8192 M=272
+# 70.7 against 71.2 (5); 128 x 192 PAIRS tiles at 6144x4096 M=1024 73.3 against 73.7 (4);
+# round C (H100, 3 passes): M=512 / 520 38.3 / 39.3 against 38.5 / 40.1; round E (H200, 3
+# passes): M=512 / 520 37.5 / 39.1 against 37.8 / 39.2, 10240x8192 M=272 70.5 against 70.8.
+LEAD = 1
+
 
 def run(a, b, s, out_type):
     """``a @ W`` rounded to ``out_type`` for operands that this module ``takes``:
@@ -879,7 +889,7 @@ def int4_swap(
     OUT: kaio.constexpr, MC: kaio.constexpr, WSTAGES: kaio.constexpr, BUFS: kaio.constexpr,
     EARLY: kaio.constexpr, GROUP: kaio.constexpr, KW: kaio.constexpr, LATE: kaio.constexpr,
     SK: kaio.constexpr, CLAMP: kaio.constexpr, PDL: kaio.constexpr, PSUM: kaio.constexpr,
-    HEAD: kaio.constexpr, PAIRS: kaio.constexpr,
+    HEAD: kaio.constexpr, PAIRS: kaio.constexpr, LEAD: kaio.constexpr,
 ):  # fmt: skip
     """c = a @ W as C^T = W^T a^T, the Marlin / Machete design on wgmma: a persistent block
     computes ``BM x 64 WG`` tiles of c (BM rows of a, 64 WG columns of W) with ``WG`` consumer
@@ -927,7 +937,8 @@ def int4_swap(
     ``PDL`` 2 the kernel after it may then be placed too (``kaio.launch_dependents``: its
     blocks take the multiprocessors this grid leaves free and those of its blocks that
     exit, and wait there for the whole grid). ``PAIRS`` (with ``BUFS`` 2): a warpgroup takes
-    its slices two a turn, their 8 wgmmas one group (``swap_pair``), an odd last one alone."""
+    its slices two a turn, their 8 wgmmas one group (``swap_pair``), an odd last one alone;
+    with ``LEAD`` a work item's first slice alone too, then the pairs."""
     kaio.launch_bounds(WG * 128 + 128, 1)
     if CL:
         kaio.cluster_dims(SPLIT * (1 + MC))
@@ -1039,8 +1050,14 @@ def int4_swap(
             # slices in groups of BUFS, the fragment buffers in turn; the last k_tiles %
             # BUFS slices after every wgmma is done (ptxas serializes all wgmmas if any
             # path could redefine the registers of one in flight). PAIRS: two slices a
-            # turn (``swap_pair``, BUFS 2), an odd last one alone (as BUFS 1's)
-            for kt in range(0, ck - (BUFS - 1), BUFS):
+            # turn (``swap_pair``, BUFS 2), an odd last one alone (as BUFS 1's); with LEAD
+            # the item's first slice alone too (its wgmmas start one slice's fragments in)
+            lead = i32(0)
+            if PAIRS and LEAD and ck > 0:
+                swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, 0, nl, sel, lt, True, 0,
+                           STAGES, MC, WSTAGES, 1, EARLY, KSTEP, LATE)  # fmt: skip
+                lead = 1
+            for kt in range(lead, ck - (BUFS - 1), BUFS):
                 if PAIRS:
                     swap_pair(sw, sc, sx, bars, acc, af, wr, wpos, at, kt, nl, sel, lt,
                               STAGES, MC, WSTAGES, KSTEP, LATE)  # fmt: skip
@@ -1050,7 +1067,7 @@ def int4_swap(
                     swap_slice(sw, sc, sx, bars, acc, af, wr, wpos, at, kt + b, nl, sel, lt,
                                more, b, STAGES, MC, WSTAGES, BUFS, EARLY, KSTEP,
                                LATE)  # fmt: skip
-            rest = ck % BUFS
+            rest = (ck - lead) % BUFS
             if rest:
                 kaio.wgmma_wait(0)
                 for b in kaio.static_range(BUFS - 1):
@@ -1518,6 +1535,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
     wstages = wstages or swap_word_stages(wg, bm, stages, kw)
     if sk and bm * wg * 256 > stages * bm * BK * 2 + wstages * word_stage_bytes(wg):
         raise ValueError(f"int4_swap: SK: a tile's f32 part does not fit the rings, {config}")
+    if two and late and wstages < 2:  # (a turn holds both slices' words' stages)
+        raise ValueError(f"int4_swap: PAIRS with LATE needs 2 words' stages, got {config}")
     if stages < bufs:  # a slice's stage is freed BUFS - 1 slices later
         raise ValueError(f"int4_swap: {bufs} fragment buffers need {bufs} stages, got {stages}")
     problem = kw and k_split_problem(wg, bm, mc, stages, wstages, k, bufs)
@@ -1546,7 +1565,8 @@ def swap_launch_plan(m: int, n: int, k: int, config: tuple, sms: int, out_type) 
               "WSTAGES": wstages, "BUFS": bufs, "EARLY": early, "GROUP": group,
               "KW": kw, "LATE": late, "SK": sk, "CLAMP": 1 - cl, "PDL": PDL,
               "PSUM": int(PSUM and cl and split == 2 and not mc and not kw),
-              "HEAD": int(HEAD and wg == 2), "PAIRS": two}  # fmt: skip
+              "HEAD": int(HEAD and wg == 2), "PAIRS": two,
+              "LEAD": LEAD * two}  # fmt: skip
     return split, k_slice, tiles, consts
 
 
@@ -1615,7 +1635,7 @@ def swap_specializations() -> list:
     multicast (also in a cluster with a K split), one and three fragment buffers, the next
     slice's words read early, warpgroups taking a tile's K slices in turn (``KW``), the
     words' stage freed after the wgmmas (``LATE``), the stream-K schedule (``SK``), with and
-    without programmatic dependent launch (``PDL`` 0 to 2)."""
+    without programmatic dependent launch (``PDL`` 0 to 2), PAIRS with LEAD."""
     out = []
     plain = (  # without multicast
         (1, 8, 2, 1, f32, 0, 2, 0),
@@ -1654,6 +1674,7 @@ def swap_specializations() -> list:
                   "SK": int(len(plain) - 2 <= i < len(plain)),
                   "CLAMP": 1 - cl, "PDL": i % 3,
                   "PSUM": int(cl == 1 and split == 2 and not mc and not kw),
-                  "HEAD": i % 2, "PAIRS": int(i == 4)}  # fmt: skip
+                  "HEAD": i % 2, "PAIRS": int(i == 4),
+                  "LEAD": int(i == 4)}  # fmt: skip
         out.append((int4_swap, consts))
     return out

@@ -531,6 +531,25 @@ def test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned):
     assert np.abs(ref).max() > 10  # a real product
 
 
+@pytest.mark.parametrize(
+    "m, n, k, out_dtype, config, sms",
+    [  # PAIRS with LEAD: the first slice alone, the pairs, the last alone (4 tiles on 2
+        # blocks); cluster pairs of 3 slices each (one alone and a pair)
+        (40, 200, 512, "float16", (3, 32, 0, 1, 0, 0, 2, 2, 0, 0, 0, 1, 0, 1, 1), 2),
+        (40, 200, 384, "bfloat16", (3, 40, 0, 2, 1, 0, 0, 2, 0, 0, 0, 1, 0, 1, 1), None),
+    ],
+)
+@pytest.mark.parametrize("lead", [0, 1])
+def test_int4_swap_lead_in_simulator(m, n, k, out_dtype, config, sms, lead, poisoned, monkeypatch):
+    """PAIRS with ``LEAD`` (each work item's first slice alone before the pairs, routed) and
+    without it (the pairs from the first slice), as above."""
+    from kaio_ops import _int4_hopper
+
+    monkeypatch.setattr(_int4_hopper, "LEAD", lead)
+    assert _int4_hopper.swap_launch_plan(m, n, k, config, sms, f16)[3]["LEAD"] == lead
+    test_int4_wgmma_in_simulator(m, n, k, out_dtype, config, sms, poisoned)
+
+
 def test_int4_swap_rejects_bad_k_split():
     """KW (the warpgroups take a tile's K slices in turn, each every WG-th ring stage)
     refuses one warpgroup, multicast pairs, tiles not in whole chunks of the sum, rings or
@@ -553,8 +572,8 @@ def test_int4_swap_rejects_bad_k_split():
 
 def test_int4_swap_rejects_bad_buffers():
     """int4_swap's BUFS is 1 to 3, 3 fragment buffers need 3 ring stages (a slice's stage
-    is freed two slices later), PAIRS takes two buffers and no EARLY: each refused with what
-    to change."""
+    is freed two slices later), PAIRS takes two buffers and no EARLY, KW or SK, and with
+    LATE two words' stages (a turn holds both): each refused with what to change."""
     from kaio_ops import _int4_hopper
 
     with pytest.raises(ValueError, match="must be 1 to 3"):
@@ -562,8 +581,11 @@ def test_int4_swap_rejects_bad_buffers():
     with pytest.raises(ValueError, match="need 3 stages, got 2"):
         _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 2, 1, 0, 0, 2, 3), 132, f16)
     assert _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 3), 132, f16)
-    with pytest.raises(ValueError, match="PAIRS takes BUFS 2 and no EARLY"):  # (swap_pair)
+    with pytest.raises(ValueError, match="PAIRS takes BUFS 2 and no EARLY, KW or SK"):
         _int4_hopper.swap_launch_plan(64, 128, 256, (1, 64, 3, 1, 0, 0, 2, 2, 1, 0, 0, 0, 0, 1, 1),
+                                      132, f16)  # fmt: skip
+    with pytest.raises(ValueError, match="PAIRS with LATE needs 2 words' stages"):
+        _int4_hopper.swap_launch_plan(64, 384, 256, (3, 64, 4, 1, 0, 0, 1, 2, 0, 0, 0, 1, 0, 1, 1),
                                       132, f16)  # fmt: skip
 
 
@@ -799,7 +821,7 @@ def test_int4_swap_registers_can_be_granted():
                   "CL": 0, "REGS": _int4_hopper.swap_registers(wg), "OUT": f16, "MC": 0,
                   "WSTAGES": 4, "BUFS": 2, "EARLY": 1, "GROUP": _int4_hopper.GROUP_M,
                   "KW": 0, "LATE": 0, "SK": 0, "CLAMP": 1, "PDL": 1, "PSUM": 0,
-                  "HEAD": 1, "PAIRS": 0}  # fmt: skip
+                  "HEAD": 1, "PAIRS": 0, "LEAD": 0}  # fmt: skip
         report = assemble(_int4_hopper.int4_swap.ptx(arch="sm_90", **consts), "sm_90a")
         assert " 0 bytes spill stores" in report, (consts, report)
         _assert_registers_balance(report, consts)
@@ -1319,21 +1341,20 @@ def test_gpu_int4_multi_tile(m, monkeypatch):
      (600, 28672, 2048, "bfloat16"), (300, 6144, 4096, "float16"), (520, 6144, 4096, None)],
 )  # fmt: skip
 def test_gpu_int4_wgmma(m, n, k, out_dtype):
-    """M > 16 on sm_90 (the wgmma kernel: at 17 rows KW tiles of 32 x 64 in cluster pairs,
-    at 40 rows of N = 10240 4 consumer warpgroups side by side and a workspace K split of 3,
-    at 700 rows of N = 6144 176 x 192 tiles (three warpgroups; they cost least), at 250
-    rows of N = 10240 3 consumer warpgroups on 128 x 192 tiles, the last column of tiles
-    partly past N, two K slices a turn (PAIRS; 136 x 192 tiles at 520 rows of 6144 x 4096
-    too), at 300 rows of 10240 x 8192 on 152 x 192 ones; at 600 rows of 28672 x
-    2048 the stream-K schedule on 152 x 192 tiles (SK: tiles split between blocks, summed by
-    the tile's head; at 300 rows of 6144 x 4096 cluster pairs of 152 x 192 tiles); at 65-512
-    rows two warpgroups sharing BM x 64 tiles, each every other K slice
-    (KW: a cluster pair's K split at 120 and 200 rows; 128-row tiles at 100 rows, 256 at 256,
-    160 at 300; 128-row tiles and a K split of 4 through the workspace at 200 rows of N =
-    1024), 256-row tiles past 512 rows (multicast pairs of 256 rows in
-    groups of 4 rows at N = 32768; balanced row tiles, as many as cost least: 600 rows in
-    four of 152, 1500 in eight of 192 x 128, not KW tiles), every M up to 4096; elsewhere
-    the other paths): every
+    """M > 16 on sm_90 (the wgmma kernel: at 17 rows KW tiles of 32 x 64 in cluster pairs, at 40
+    rows of N = 10240 4 consumer warpgroups side by side and a workspace K split of 3, at
+    700 rows of N = 6144 176 x 192 tiles (three warpgroups; they cost least), at 250 rows of
+    N = 10240 3 consumer warpgroups on 128 x 192 tiles, the last column of tiles partly past
+    N, two K slices a turn (PAIRS, a tile's first slice alone: LEAD; 136 x 192 tiles at 520
+    rows of 6144 x 4096 too), at 300 rows of 10240 x 8192 on 152 x 192 ones; at 600 rows of
+    28672 x 2048 the stream-K schedule on 152 x 192 tiles (SK: tiles split between blocks,
+    summed by the tile's head; at 300 rows of 6144 x 4096 cluster pairs of 152 x 192 tiles);
+    at 65-512 rows two warpgroups sharing BM x 64 tiles, each every other K slice (KW: a
+    cluster pair's K split at 120 and 200 rows; 128-row tiles at 100 rows, 256 at 256, 160
+    at 300; 128-row tiles and a K split of 4 through the workspace at 200 rows of N = 1024),
+    256-row tiles past 512 rows (multicast pairs of 256 rows in groups of 4 rows at N =
+    32768; balanced row tiles, as many as cost least: 600 rows in four of 152, 1500 in eight
+    of 192 x 128, not KW tiles), every M up to 4096; elsewhere the other paths): every
     element against float64 products within the f32 sums' slack plus the output's rounding,
     and the same bits on a second call (a race would move them)."""
     import torch
