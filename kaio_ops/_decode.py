@@ -738,7 +738,9 @@ def decode_fwd(
             dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP, DT)  # S = Q K^T
             masked_softmax(s, m, l, o, masked, t * BN + kpart * KW, limit, lane, scale_log2, KW, DP)
             acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
-        if not (SYNC1 or OWN):
+        if OWN:  # this warp's rows of the stage are free (its next copies into them may
+            kaio.sync_warp()  # land as soon as issued: after every lane's reads of them)
+        elif not SYNC1:
             kaio.sync_threads()  # this stage is free
 
     # the warps' partial results, relative to their own maxima, through shared memory (the
