@@ -17,7 +17,8 @@ keys are the M dimension and the query rows N (``key_scores``: S^T = K Q^T;
 ``key_values``: O^T += V^T P^T, P^T transposed across the lanes by ``probs_as_b``), half the
 mma and half the accumulators of 16 query rows in M. The key tiles take two barriers of the
 block each, one at 3 stages (``SYNC1``), or none where each warp copies and waits for its
-own 16 keys (``OWN``, ``load_own``).
+own 16 keys (``OWN``, ``load_own``: two of the warp, one after the wait, one after its lanes'
+reads, before their next copies over them).
 
 Lengths are read on the GPU: ``seq_lens[b]`` (clamped to 0 .. capacity) fixes the key tiles,
 split evenly over the grid's x blocks (in runs; with ``SPEC``, every splits-th tile a
@@ -738,7 +739,9 @@ def decode_fwd(
             dot_rows_at(s, qf, kv_s, krow, bcol, lane, KW // 8, 0, DP, DT)  # S = Q K^T
             masked_softmax(s, m, l, o, masked, t * BN + kpart * KW, limit, lane, scale_log2, KW, DP)
             acc_rows_at(o, s, kv_s, krow + BN, acol, lane, KW // 8, DP, DT)  # O += P V
-        if not (SYNC1 or OWN):
+        if OWN:  # this warp's rows of the stage are free (its next copies into them may
+            kaio.sync_warp()  # land as soon as issued: after every lane's reads of them)
+        elif not SYNC1:
             kaio.sync_threads()  # this stage is free
 
     # the warps' partial results, relative to their own maxima, through shared memory (the

@@ -141,6 +141,27 @@ def cp_async_unwaited(src: f32[:], out: f32[:]):
     out[t] = tile[t]
 
 
+@kaio.gpu_kernel(block_size=32)
+def cp_async_refill(src: f32[:], out: f32[:], SYNC: kaio.constexpr):
+    """A warp's ring slot refilled by cp.async after its lanes read it: lane t reads lane
+    t + 1's element, then copies src[t] over its own. The copy may land as soon as it is
+    issued, so only a sync_warp in between (SYNC) orders the neighbour's read before it; a
+    barrier after the issue (as a ring's for another slot) does not."""
+    t = kaio.thread_idx_x()
+    tile = kaio.shared(f32, 32)
+    tile[t] = f32(t)
+    kaio.sync_warp()
+    out[t] = tile[(t + 1) % 32]
+    if SYNC:
+        kaio.sync_warp()
+    kaio.cp_async(tile, t, src, t, 4)
+    kaio.cp_async_commit()
+    kaio.sync_warp()
+    kaio.cp_async_wait(0)
+    kaio.sync_warp()
+    out[t] += tile[(t + 1) % 32]
+
+
 @kaio.gpu_kernel(block_size=64)
 def swizzled(out: i32[:, :], ROWS: kaio.constexpr, COLS: kaio.constexpr, WIDE: kaio.constexpr):
     """The physical column of every [row, col] of a ROWS x COLS tile (f16, or f32 if WIDE)."""
@@ -377,6 +398,19 @@ def test_unwaited_copy_reads_old_shared_memory_in_simulator():
     out = np.zeros(32, np.float32)
     cp_async_unwaited.sim[1](src, out)
     assert np.isnan(out).all()  # fresh shared memory is poison until the wait lands the copy
+
+
+def test_cp_async_over_another_lanes_read_is_a_race_in_simulator():
+    """The race detector checks a copy's write when it is issued (not only at the wait that
+    lands it): a read of the slot by another lane before it needs a barrier in between."""
+    src = RNG.standard_normal(32).astype(np.float32)
+    with pytest.raises(
+        kaio.SimulationError, match=r"(?s)race on 'tile\w*'\[0\].*writes it.*read it"
+    ):
+        cp_async_refill.sim[1](src, np.zeros(32, np.float32), SYNC=False)
+    out = np.full(32, np.nan, np.float32)
+    cp_async_refill.sim[1](src, out, SYNC=True)
+    np.testing.assert_array_equal(out, (np.arange(1, 33, dtype=np.float32) % 32) + np.roll(src, -1))
 
 
 @pytest.mark.parametrize(

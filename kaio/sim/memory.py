@@ -351,12 +351,16 @@ class RaceTracker:
         self.epoch[slot][key] = m.warp_epoch[m.warp_of_lane[cur]]
         self.at[slot][key] = code
 
-    def access(self, m, ins: Instr, key, lanes, write: bool, generic: bool = True) -> None:
+    def access(
+        self, m, ins: Instr, key, lanes, write: bool, generic: bool = True, record: bool = True
+    ) -> None:
         """Check and record one load or store by the active lanes (``lanes``: their lane
         indices, None for all active). ``generic=False``: an access by the asynchronous proxy
         on behalf of ``lanes`` (a ``wgmma`` or ``bulk_store`` read, a TMA copy's write),
         checked for races with ordinary accesses but not recorded as an ordinary access for
-        the proxy-fence check."""
+        the proxy-fence check. ``record=False``: checked only (a ``cp_async``'s write when
+        issued: its bytes may land from then on, so the accesses before it must be ordered
+        before the issue; it is recorded at the wait that completes it)."""
         cur = m.lane_index if lanes is None else lanes
         for slot in ("w", "r1", "r2") if write else ("w",):
             hit = self._conflict(m, slot, key, cur)
@@ -364,6 +368,8 @@ class RaceTracker:
                 k = int(np.argmax(hit))
                 prev = int(self.lane[slot][key[k]])
                 self._report(m, ins, int(key[k]), int(cur[k]), write, prev, slot)
+        if not record:
+            return
         code = m.instr_code(ins)
         if write:
             order = np.argsort(key, kind="stable")
@@ -467,11 +473,14 @@ class AliasedView:
         first = block * self.core.size + self.base + flat * self.per
         return (first[:, None] + np.arange(self.per)).reshape(-1)
 
-    def access(self, m, ins: Instr, key, lanes, write: bool, generic: bool = True) -> None:
+    def access(
+        self, m, ins: Instr, key, lanes, write: bool, generic: bool = True, record: bool = True
+    ) -> None:
         """``RaceTracker.access`` of the bytes of elements ``key``."""
         cur = m.lane_index if lanes is None else lanes
         self.core.view = self
-        self.core.access(m, ins, self._units(key), np.repeat(cur, self.per), write, generic)
+        units = self._units(key)
+        self.core.access(m, ins, units, np.repeat(cur, self.per), write, generic, record)
 
     def check_fenced(
         self, m, ins: Instr, keys: np.ndarray, what: str, writes: bool = False

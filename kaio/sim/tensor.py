@@ -9,7 +9,9 @@ checked for bounds and for the alignment the hardware needs.
 ``cp.async`` is simulated as the hardware allows it to behave at its latest: the source is
 read when the copy is issued, the destination is written only when a ``cp_async_wait`` of the
 issuing thread completes the copy's group. Reading the destination earlier sees the old bytes
-(poison in fresh shared memory), and the race detector sees the write at the wait.
+(poison in fresh shared memory). The race detector checks the write when the copy is issued
+(on the GPU its bytes may land from then on: another thread's earlier access must be ordered
+before the issue) and records it at the wait.
 """
 
 from __future__ import annotations
@@ -102,13 +104,13 @@ def _span(
     return lanes, index, keys
 
 
-def _track(m, ins: Instr, arr, keys: np.ndarray, lanes, write: bool) -> None:
+def _track(m, ins: Instr, arr, keys: np.ndarray, lanes, write: bool, record: bool = True) -> None:
     tracker = m.storage(arr).tracker
     if tracker is None:
         return
     cur = m.lane_index if lanes is None else lanes
     for j in range(keys.shape[1]):
-        tracker.access(m, ins, keys[:, j], cur, write)
+        tracker.access(m, ins, keys[:, j], cur, write, record=record)
 
 
 def _bytes_of(values: np.ndarray, nbytes: int) -> np.ndarray:
@@ -324,7 +326,8 @@ def _async_state(m) -> AsyncCopies:
 
 def cp_async(m, ins: Instr, vals: list):
     """Issue ``nbytes`` from global to shared: the source is read now (only its first
-    ``src_bytes``; the rest is zeros), the destination is written at the completing wait."""
+    ``src_bytes``; the rest is zeros), the destination is written at the completing wait
+    (and checked for races now)."""
     dst = ins.args[0]
     src = ins.args[1 + dst.ndim]
     nbytes = ins.attrs["bytes"]
@@ -350,6 +353,7 @@ def cp_async(m, ins: Instr, vals: list):
         keep = np.arange(nbytes)[None, :] < src_bytes[reading][:, None]
         data[reading] = np.where(keep, raw, 0)
     _, index, keys = _span(m, ins, dst, dst_vals, nbytes, "cp_async write", lanes=lanes)
+    _track(m, ins, dst, keys, lanes, write=True, record=False)  # (recorded at the wait)
     state = _async_state(m)
     group = state.committed[lanes].copy()
     state.pending.append(_Copy(lanes, group, dst, index, keys, data))
