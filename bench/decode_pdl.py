@@ -10,6 +10,9 @@ reverse order.
 
     python3 bench/decode_pdl.py warm              # compile in parallel processes
     python3 bench/decode_pdl.py [SECONDS]         # time (CASES: BxL[p],...)
+
+VARIANTS (names of SETTINGS, comma-separated) picks what is timed beside SDPA; "PDL any
+grid" (decode_fwd's PDL in a one-split grid of several waves) only where it changes a call.
 """
 
 from __future__ import annotations
@@ -23,10 +26,26 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import decode_probe as P  # noqa: E402
 import torch  # noqa: E402
+from decode_probe import HKV  # noqa: E402
 
 from kaio_ops import decode  # noqa: E402
 
-VARIANTS = {"routed": True, "no PDL": False}  # name: decode.PDL
+ORIG_PDLS = decode.pdls
+
+
+def pdl_any_grid(like, cache, alone: bool) -> int:
+    """``decode.pdls`` in every grid of one split, however many waves (the next kernel let
+    launch right after the wait: its blocks take the SMs this grid's last wave leaves)."""
+    return ORIG_PDLS(like, cache, True)
+
+
+# name: the decode settings it changes (VARIANTS picks them; the first is the baseline)
+SETTINGS = {
+    "routed": {},
+    "no PDL": {"PDL": False},
+    "PDL any grid": {"pdls": pdl_any_grid},
+}
+VARIANTS = os.environ.get("VARIANTS", "routed,no PDL").split(",")
 CASES = os.environ.get("CASES", "16x1024p,16x4096p,16x2048p")
 CALLS = 8
 
@@ -39,10 +58,23 @@ def parse(case: str) -> tuple:
 
 def kaio_call(paged: bool, lens, name: str, q, k, v, kc, vc, table):
     """The routed call with variant ``name``'s settings on one input set."""
-    decode.PDL = VARIANTS[name]
-    if paged:
-        return decode._decode("pdl", q, kc, vc, lens, table, None)[0]
-    return decode._decode("pdl", q, k, v, lens, None, None)[0]
+    before = {key: getattr(decode, key) for key in SETTINGS[name]}
+    for key, value in SETTINGS[name].items():
+        setattr(decode, key, value)
+    try:
+        if paged:
+            return decode._decode("pdl", q, kc, vc, lens, table, None)[0]
+        return decode._decode("pdl", q, k, v, lens, None, None)[0]
+    finally:
+        for key, value in before.items():
+            setattr(decode, key, value)
+
+
+def variants(b: int, paged: bool) -> list:
+    """VARIANTS that change a call of ``b`` sequences (PDL any grid: only where a call's
+    grid has more blocks than multiprocessors, over a paged cache)."""
+    many = b * HKV > torch.cuda.get_device_properties(0).multi_processor_count
+    return [n for n in VARIANTS if n != "PDL any grid" or (paged and many)]
 
 
 def time_case(case: str) -> None:
@@ -50,20 +82,20 @@ def time_case(case: str) -> None:
     sets = P.make_sets(b, length, paged=paged)
     lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
     label = f"B{b} L{length}{' paged' if paged else ''}"
-    outs = {n: kaio_call(paged, lens, n, *sets[0]).clone() for n in VARIANTS}
+    names = variants(b, paged)
+    outs = {n: kaio_call(paged, lens, n, *sets[0]).clone() for n in names}
     err = P.check(sets, lens, contiguous=not paged)
-    same = {n: bool(torch.equal(outs[n], outs["routed"])) for n in VARIANTS}
-    print(f"{label}: error vs f32 SDPA {err:.2e}; the same bits as routed: {same}")
+    same = {n: bool(torch.equal(outs[n], outs[names[0]])) for n in names}
+    print(f"{label}: error vs f32 SDPA {err:.2e}; the same bits as {names[0]}: {same}")
     calls = len(sets) * -(-CALLS // len(sets))
     call = functools.partial(kaio_call, paged, lens)
-    fns = {n: [functools.partial(call, n, *s) for s in sets] for n in VARIANTS}
+    fns = {n: [functools.partial(call, n, *s) for s in sets] for n in names}
     fns["SDPA"] = [functools.partial(P.sdpa, s[0], s[1], s[2], enable_gqa=True) for s in sets]
     graphs = {n: P.graph_of_calls(f, calls) for n, f in fns.items()}
     for order in (list(graphs), list(graphs)[::-1]):
         for n in order:
             us = P.graph_events(graphs[n], calls)
             print(f"{label} {n}: graph of {calls}: {us:.2f} us a call", flush=True)
-    decode.PDL = VARIANTS["routed"]
 
 
 def warm() -> None:
@@ -72,7 +104,8 @@ def warm() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     procs = []
     for case in CASES.split(","):
-        for name in VARIANTS:
+        b, _, paged = parse(case)
+        for name in variants(b, paged):
             code = (
                 "import decode_pdl as D, torch; "
                 f"b, L, paged = D.parse('{case}'); s = D.P.make_sets(b, L, paged=paged)[0]; "
