@@ -5,14 +5,15 @@ one split and a block a multiprocessor at most over a paged cache of up to 4k ke
 block's first key tiles prefetched into L2, the wait for the kernel before, the next kernel
 let launch) and of it without PDL
 (``decode.PDL`` off: the kernels before), beside SDPA's default on the contiguous cache;
-each checked against the first (the same bits) and f32 SDPA. Two passes, the second in
+each checked against f32 SDPA and called twice (the same bits). Two passes, the second in
 reverse order.
 
     python3 bench/decode_pdl.py warm              # compile in parallel processes
     python3 bench/decode_pdl.py [SECONDS]         # time (CASES: BxL[p],...)
 
-VARIANTS (names of SETTINGS, comma-separated) picks what is timed beside SDPA; "PDL any
-grid" (decode_fwd's PDL in a one-split grid of several waves) only where it changes a call.
+VARIANTS (names of SETTINGS, comma-separated) picks what is timed beside SDPA, each only
+where it changes a call: "PDL any grid" (decode_fwd's PDL in a one-split grid of several
+waves), "unfolded" (decode_fwd where decode_folded is routed; "unfolded PDL" with PDL).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ SETTINGS = {
     "routed": {},
     "no PDL": {"PDL": False},
     "PDL any grid": {"pdls": pdl_any_grid},
+    "unfolded": {"FOLD_SEQS": 0},
+    "unfolded PDL": {"FOLD_SEQS": 0, "pdls": pdl_any_grid},
 }
 VARIANTS = os.environ.get("VARIANTS", "routed,no PDL").split(",")
 CASES = os.environ.get("CASES", "16x1024p,16x4096p,16x2048p")
@@ -70,11 +73,35 @@ def kaio_call(paged: bool, lens, name: str, q, k, v, kc, vc, table):
             setattr(decode, key, value)
 
 
-def variants(b: int, paged: bool) -> list:
-    """VARIANTS that change a call of ``b`` sequences (PDL any grid: only where a call's
-    grid has more blocks than multiprocessors, over a paged cache)."""
-    many = b * HKV > torch.cuda.get_device_properties(0).multi_processor_count
-    return [n for n in VARIANTS if n != "PDL any grid" or (paged and many)]
+def variants(b: int, length: int, paged: bool) -> list:
+    """VARIANTS that change a call of ``b`` sequences of ``length`` keys: "no PDL" where
+    the routed call has PDL, "PDL any grid" where decode_fwd's grid over a paged cache of
+    up to PDL_KEYS has more blocks than multiprocessors, "unfolded" (decode_fwd) where
+    decode_folded runs."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    pages = length // 16  # (the suite's pages of 16)
+    fold_pages = decode.FOLD_MIN_PAGES <= pages <= decode.FOLD_SORT // max(decode.FOLD_SEQS, 1)
+    folded = paged and b * HKV > 2 * sms and fold_pages
+    pdl_keys = paged and length <= decode.PDL_KEYS
+    applies = {
+        "no PDL": pdl_keys and b * HKV <= sms,
+        "PDL any grid": pdl_keys and b * HKV > sms and not folded,
+        "unfolded": folded,
+        "unfolded PDL": folded,
+    }
+    return [n for n in VARIANTS if applies.get(n, True)]
+
+
+def reference(inputs, lens):
+    """f32 SDPA over the contiguous cache of one input set, a few sequences at a time."""
+    q, k, v = inputs[:3]
+    mask = torch.arange(k.shape[2], device="cuda")[None] < lens[:, None]
+    step = max(1, (1 << 28) // (k[0].numel() * q.shape[1] // HKV))
+    return torch.cat([
+        P.sdpa(q[i:i + step].float(), k[i:i + step].float(), v[i:i + step].float(),
+               attn_mask=mask[i:i + step, None, None], enable_gqa=True)
+        for i in range(0, q.shape[0], step)
+    ])  # fmt: skip
 
 
 def time_case(case: str) -> None:
@@ -82,11 +109,14 @@ def time_case(case: str) -> None:
     sets = P.make_sets(b, length, paged=paged)
     lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
     label = f"B{b} L{length}{' paged' if paged else ''}"
-    names = variants(b, paged)
+    names = variants(b, length, paged)
     outs = {n: kaio_call(paged, lens, n, *sets[0]).clone() for n in names}
-    err = P.check(sets, lens, contiguous=not paged)
-    same = {n: bool(torch.equal(outs[n], outs[names[0]])) for n in names}
-    print(f"{label}: error vs f32 SDPA {err:.2e}; the same bits as {names[0]}: {same}")
+    again = {n: kaio_call(paged, lens, n, *sets[0]) for n in names}
+    ref = reference(sets[0], lens)
+    for n in names:
+        err = ((outs[n].float() - ref).norm() / ref.norm()).item()
+        same = bool(torch.equal(outs[n], again[n]))
+        print(f"{label} {n}: error vs f32 SDPA {err:.2e}, the same bits twice: {same}")
     calls = len(sets) * -(-CALLS // len(sets))
     call = functools.partial(kaio_call, paged, lens)
     fns = {n: [functools.partial(call, n, *s) for s in sets] for n in names}
@@ -104,8 +134,8 @@ def warm() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     procs = []
     for case in CASES.split(","):
-        b, _, paged = parse(case)
-        for name in variants(b, paged):
+        b, length, paged = parse(case)
+        for name in variants(b, length, paged):
             code = (
                 "import decode_pdl as D, torch; "
                 f"b, L, paged = D.parse('{case}'); s = D.P.make_sets(b, L, paged=paged)[0]; "
