@@ -12,8 +12,7 @@ reverse order.
     python3 bench/decode_pdl.py [SECONDS]         # time (CASES: BxL[p],...)
 
 VARIANTS (names of SETTINGS, comma-separated) picks what is timed beside SDPA, each only
-where it changes a call: "PDL any grid" (decode_fwd's PDL in a one-split grid of several
-waves), "unfolded" (decode_fwd where decode_folded is routed; "unfolded PDL" with PDL).
+where it changes a call.
 """
 
 from __future__ import annotations
@@ -31,22 +30,10 @@ from decode_probe import HKV  # noqa: E402
 
 from kaio_ops import decode  # noqa: E402
 
-ORIG_PDLS = decode.pdls
-
-
-def pdl_any_grid(like, cache, alone: bool) -> int:
-    """``decode.pdls`` in every grid of one split, however many waves (the next kernel let
-    launch right after the wait: its blocks take the SMs this grid's last wave leaves)."""
-    return ORIG_PDLS(like, cache, True)
-
-
 # name: the decode settings it changes (VARIANTS picks them; the first is the baseline)
 SETTINGS = {
     "routed": {},
     "no PDL": {"PDL": False},
-    "PDL any grid": {"pdls": pdl_any_grid},
-    "unfolded": {"FOLD_SEQS": 0},
-    "unfolded PDL": {"FOLD_SEQS": 0, "pdls": pdl_any_grid},
 }
 VARIANTS = os.environ.get("VARIANTS", "routed,no PDL").split(",")
 CASES = os.environ.get("CASES", "16x1024p,16x4096p,16x2048p")
@@ -75,20 +62,12 @@ def kaio_call(paged: bool, lens, name: str, q, k, v, kc, vc, table):
 
 def variants(b: int, length: int, paged: bool) -> list:
     """VARIANTS that change a call of ``b`` sequences of ``length`` keys: "no PDL" where
-    the routed call has PDL, "PDL any grid" where decode_fwd's grid over a paged cache of
-    up to PDL_KEYS has more blocks than multiprocessors, "unfolded" (decode_fwd) where
-    decode_folded runs."""
+    the routed call has PDL (decode_fwd, one split, over a paged cache of up to PDL_KEYS;
+    the suite's pages of 16 and one new token: decode_folded from FOLD_MIN_PAGES pages a
+    sequence where the grid takes more than two waves)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    pages = length // 16  # (the suite's pages of 16)
-    fold_pages = decode.FOLD_MIN_PAGES <= pages <= decode.FOLD_SORT // max(decode.FOLD_SEQS, 1)
-    folded = paged and b * HKV > 2 * sms and fold_pages
-    pdl_keys = paged and length <= decode.PDL_KEYS
-    applies = {
-        "no PDL": pdl_keys and b * HKV <= sms,
-        "PDL any grid": pdl_keys and b * HKV > sms and not folded,
-        "unfolded": folded,
-        "unfolded PDL": folded,
-    }
+    folded = b * HKV > 2 * sms and length // 16 >= decode.FOLD_MIN_PAGES
+    applies = {"no PDL": paged and length <= decode.PDL_KEYS and not folded}
     return [n for n in VARIANTS if applies.get(n, True)]
 
 

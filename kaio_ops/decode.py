@@ -150,14 +150,17 @@ FOLD_PAIR = 256
 # to 230.4; L8192 700.5 to 707.4 against 700.8 to 707.7; L2048 178.4 to 179.6 against
 # 178.8 to 180.0
 FOLD_SPEC = 1
-# programmatic dependent launch of decode_fwd (sm_90) in a grid of one split and at most a
-# block a multiprocessor over a paged cache of up to PDL_KEYS keys (``pdls``): each block
-# prefetches its first key tiles into L2, waits for the kernel before it in the stream
-# before any load, then lets the next one launch, so that the next call's blocks take the
-# SMs this one's blocks leave while the others still run. Measured on an H100 (kernel time:
-# a CUDA graph of calls; dec, fifteenth pass, against none): B16 L1024 paged 24.9 to 25.2
-# us against 25.8 to 25.9 (rounds D and E; SDPA 26.3 to 26.4), B16 L4096 paged 90.1
-# against 90.6 (round D; SDPA 90.8 to 90.9). Slower elsewhere: B16 L32768 paged 703.9 to
+# programmatic dependent launch of decode_fwd (sm_90) in a grid of one split (one wave or
+# several) over a paged cache of up to PDL_KEYS keys (``pdls``): each block prefetches its
+# first key tiles into L2, waits for the kernel before it in the stream before any load,
+# then lets the next one launch, so that the next call's blocks take the SMs this one's
+# blocks leave while the others still run. Measured on an H100 (kernel time: a CUDA graph
+# of calls; dec, fifteenth pass, against none): B16 L1024 paged 24.9 to 25.2 us against
+# 25.8 to 25.9 (rounds D and E; SDPA 26.3 to 26.4), B16 L4096 paged 90.1 against 90.6
+# (round D; SDPA 90.8 to 90.9); sixteenth pass, round A (two processes): B16 L1024 paged
+# 25.1 to 25.2 against 25.8 to 25.9, B16 L4096 90.0 to 90.1 against 90.0 to 90.3, B64
+# L1024 paged (two waves) 91.7 to 92.5 against 92.4 to 92.6 (SDPA 92.2 to 92.7), B16
+# L2048 47.3 to 47.6 against 47.3. Slower elsewhere: B16 L32768 paged 703.9 to
 # 704.1 against 699.8 (round E: the blocks of a sequence's K/V heads no longer start
 # together, most likely), B16 L1024 contiguous 25.8 against 25.6 (B16 L4096 contiguous
 # 88.3 against 88.9: not routed, the two disagree); with the next kernel let launch after
@@ -399,13 +402,13 @@ def plan_grid(
     return plain
 
 
-def pdls(like, cache: _Cache, alone: bool) -> int:
+def pdls(like, cache: _Cache, direct: bool) -> int:
     """``decode_fwd``'s PDL for a call on ``like``'s GPU over ``cache``: 1 (PDL) in a grid
-    of one split and at most a block a multiprocessor (``alone``) over a paged cache of up
-    to PDL_KEYS keys, on sm_90 and in the simulator (where the wait, the trigger and the
-    prefetches do nothing); else 0 (griddepcontrol is sm_90's)."""
+    of one split (``direct``; one wave or several) over a paged cache of up to PDL_KEYS
+    keys, on sm_90 and in the simulator (where the wait, the trigger and the prefetches do
+    nothing); else 0 (griddepcontrol is sm_90's)."""
     fits = cache.paged and cache.capacity <= PDL_KEYS
-    return int(PDL and alone and fits and _hopper(like))
+    return int(PDL and direct and fits and _hopper(like))
 
 
 def speculates(paged: bool, splits: int = 1) -> int:
@@ -697,7 +700,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
         SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages, own),
-        OWN=own, SORT=sort, PDL=pdls(qa, cache, alone),
+        OWN=own, SORT=sort, PDL=pdls(qa, cache, direct),
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](
