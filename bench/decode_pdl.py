@@ -30,10 +30,20 @@ from decode_probe import HKV  # noqa: E402
 
 from kaio_ops import decode  # noqa: E402
 
+ROUTED_PDLS = decode.pdls
+
+
+def pdl_no_prefetch(like, cache, direct: bool) -> int:
+    """``decode.pdls``' PDL as 2: the wait and the trigger without the L2 prefetches of the
+    first tiles (an experiment: decode_fwd's PDL 2)."""
+    return 2 * ROUTED_PDLS(like, cache, direct)
+
+
 # name: the decode settings it changes (VARIANTS picks them; the first is the baseline)
 SETTINGS = {
     "routed": {},
     "no PDL": {"PDL": False},
+    "PDL no prefetch": {"pdls": pdl_no_prefetch},
 }
 VARIANTS = os.environ.get("VARIANTS", "routed,no PDL").split(",")
 CASES = os.environ.get("CASES", "16x1024p,16x4096p,16x2048p")
@@ -67,7 +77,8 @@ def variants(b: int, length: int, paged: bool) -> list:
     sequence where the grid takes more than two waves)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     folded = b * HKV > 2 * sms and length // 16 >= decode.FOLD_MIN_PAGES
-    applies = {"no PDL": paged and length <= decode.PDL_KEYS and not folded}
+    pdl = paged and length <= decode.PDL_KEYS and not folded
+    applies = {"no PDL": pdl, "PDL no prefetch": pdl}
     return [n for n in VARIANTS if applies.get(n, True)]
 
 
