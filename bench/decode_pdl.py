@@ -1,12 +1,11 @@
-"""Programmatic dependent launch for the decode kernels (dec, issue 34, fifteenth pass):
-kernel time as bench/decode.py counts it (a CUDA graph of calls over input sets in turn,
-the events around a replay / the calls) of the routed call (``decode.pdls``: in a grid of
-one split and a block a multiprocessor at most over a paged cache of up to 4k keys, each
+"""Programmatic dependent launch for the decode kernels (dec, issue 34, fifteenth and
+sixteenth passes): kernel time as bench/decode.py counts it (a CUDA graph of calls over
+input sets in turn, the events around a replay / the calls) of the routed call
+(``decode.pdls``: in a grid of one split over a paged cache of up to PDL_KEYS keys, each
 block's first key tiles prefetched into L2, the wait for the kernel before, the next kernel
-let launch) and of it without PDL
-(``decode.PDL`` off: the kernels before), beside SDPA's default on the contiguous cache;
-each checked against f32 SDPA and called twice (the same bits). Two passes, the second in
-reverse order.
+let launch) and of it without PDL (``decode.PDL`` off), beside SDPA's default on the
+contiguous cache; each checked against f32 SDPA and called twice (the same bits). Two
+passes, the second in reverse order.
 
     python3 bench/decode_pdl.py warm              # compile in parallel processes
     python3 bench/decode_pdl.py [SECONDS]         # time (CASES: BxL[p],...)
@@ -30,20 +29,10 @@ from decode_probe import HKV  # noqa: E402
 
 from kaio_ops import decode  # noqa: E402
 
-ROUTED_PDLS = decode.pdls
-
-
-def pdl_no_prefetch(like, cache, direct: bool) -> int:
-    """``decode.pdls``' PDL as 2: the wait and the trigger without the L2 prefetches of the
-    first tiles (an experiment: decode_fwd's PDL 2)."""
-    return 2 * ROUTED_PDLS(like, cache, direct)
-
-
 # name: the decode settings it changes (VARIANTS picks them; the first is the baseline)
 SETTINGS = {
     "routed": {},
     "no PDL": {"PDL": False},
-    "PDL no prefetch": {"pdls": pdl_no_prefetch},
 }
 VARIANTS = os.environ.get("VARIANTS", "routed,no PDL").split(",")
 CASES = os.environ.get("CASES", "16x1024p,16x4096p,16x2048p")
@@ -77,8 +66,7 @@ def variants(b: int, length: int, paged: bool) -> list:
     sequence where the grid takes more than two waves)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     folded = b * HKV > 2 * sms and length // 16 >= decode.FOLD_MIN_PAGES
-    pdl = paged and length <= decode.PDL_KEYS and not folded
-    applies = {"no PDL": pdl, "PDL no prefetch": pdl}
+    applies = {"no PDL": paged and length <= decode.PDL_KEYS and not folded}
     return [n for n in VARIANTS if applies.get(n, True)]
 
 

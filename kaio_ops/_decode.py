@@ -569,8 +569,7 @@ def decode_fwd(
     prefetches of the block's first STAGES - 1 key tiles (``prefetch_firsts``), then the
     wait for the kernel before it (``grid_dependency_wait``) before any load, then the next
     kernel let launch (``launch_dependents``): its blocks take the SMs that this grid's
-    blocks leave while the others still run. (PDL 2: the same without the prefetches, an
-    experiment of bench/decode_pdl.py.)"""
+    blocks leave while the others still run."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -601,11 +600,10 @@ def decode_fwd(
     sort_s = kaio.shared_dynamic(u32, (SORT if SORT else 1,), sort_at)  # SORT: sorted pages
 
     if PDL:  # (one split over a paged cache: its first tiles are 0 ..)
-        if PDL == 1:
-            prefetch_firsts(
-                k, v, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid,
-                (STAGES - 1) * BN, DP, DT,
-            )  # fmt: skip
+        prefetch_firsts(
+            k, v, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid,
+            (STAGES - 1) * BN, DP, DT,
+        )  # fmt: skip
         kaio.grid_dependency_wait()
         kaio.launch_dependents()  # (the next kernel's blocks may take the SMs left free)
     # Q first: its copies are in flight while the length is read (the K/V copies need it)

@@ -155,18 +155,20 @@ FOLD_SPEC = 1
 # first key tiles into L2, waits for the kernel before it in the stream before any load,
 # then lets the next one launch, so that the next call's blocks take the SMs this one's
 # blocks leave while the others still run. Measured on an H100 (kernel time: a CUDA graph
-# of calls; dec, fifteenth pass, against none): B16 L1024 paged 24.9 to 25.2 us against
-# 25.8 to 25.9 (rounds D and E; SDPA 26.3 to 26.4), B16 L4096 paged 90.1 against 90.6
-# (round D; SDPA 90.8 to 90.9); sixteenth pass, round A (two processes): B16 L1024 paged
-# 25.1 to 25.2 against 25.8 to 25.9, B16 L4096 90.0 to 90.1 against 90.0 to 90.3, B64
-# L1024 paged (two waves) 91.7 to 92.5 against 92.4 to 92.6 (SDPA 92.2 to 92.7), B16
-# L2048 47.3 to 47.6 against 47.3. Slower elsewhere: B16 L32768 paged 703.9 to
-# 704.1 against 699.8 (round E: the blocks of a sequence's K/V heads no longer start
-# together, most likely), B16 L1024 contiguous 25.8 against 25.6 (B16 L4096 contiguous
-# 88.3 against 88.9: not routed, the two disagree); with the next kernel let launch after
-# the key loop (round D) B1 L4096 (clusters) 10.2 to 10.5 against 9.9, paged 11.2 to 11.6
-# against 10.8, B64 L4096 paged (decode_folded) 353.6 to 354.0 against 352.6 to 352.8, B64
-# L1024 paged (two waves) 93.0 to 93.1 against 92.7, B16 L1024 paged 27.1
+# of calls, against none; dec, sixteenth pass, rounds A to C, two processes each): B16
+# paged at 1k keys 25.0 to 25.2 us against 25.8 to 25.9 (SDPA 26.3 to 26.5), 1.5k 36.2 to
+# 36.3 against 36.4 to 36.6, 3k 68.4 to 68.6 against 68.6 to 69.0, 4k 90.0 to 90.1 against
+# 90.0 to 90.3 (fifteenth pass 90.1 against 90.6), 2k 47.2 to 47.6 against 47.1 to 47.6
+# (the one length where it is no faster: on average 0.04 to 0.24 us slower in 6 of 8
+# processes, 0.03 to 0.05 faster in 2; SDPA 47.4 to 47.9); B64 L1024 paged (two waves)
+# 91.7 to 92.5 against 92.4 to 92.8 (SDPA 92.2 to 92.7). Without the prefetches slower
+# (B16 L1024 25.4 to 25.5, B64 L1024 92.1 to 92.3). Slower elsewhere: B16 L32768 paged
+# 703.9 to 704.1 against 699.8 (fifteenth pass, round E: the blocks of a sequence's K/V
+# heads no longer start together, most likely), B16 L1024 contiguous 25.8 against 25.6
+# (B16 L4096 contiguous 88.3 against 88.9: not routed, the two disagree); with the next
+# kernel let launch after the key loop (fifteenth pass, round D) B1 L4096 (clusters) 10.2
+# to 10.5 against 9.9, paged 11.2 to 11.6 against 10.8, B64 L4096 paged (decode_folded)
+# 353.6 to 354.0 against 352.6 to 352.8, B16 L1024 paged 27.1
 PDL = True
 PDL_KEYS = 4096
 
