@@ -29,10 +29,20 @@ from decode_probe import HKV  # noqa: E402
 
 from kaio_ops import decode  # noqa: E402
 
+ROUTED_PDLS = decode.pdls
+
+
+def pdl_split_grids(like, cache, direct: bool) -> int:
+    """``decode.pdls``' PDL in grids of several splits too (an experiment: each split
+    prefetches the first tiles of the cache, not its own)."""
+    return ROUTED_PDLS(like, cache, True)
+
+
 # name: the decode settings it changes (VARIANTS picks them; the first is the baseline)
 SETTINGS = {
     "routed": {},
     "no PDL": {"PDL": False},
+    "PDL split grids": {"pdls": pdl_split_grids, "PDL_KEYS": 1 << 30},
 }
 VARIANTS = os.environ.get("VARIANTS", "routed,no PDL").split(",")
 CASES = os.environ.get("CASES", "16x1024p,16x4096p,16x2048p")
@@ -63,10 +73,15 @@ def variants(b: int, length: int, paged: bool) -> list:
     """VARIANTS that change a call of ``b`` sequences of ``length`` keys: "no PDL" where
     the routed call has PDL (decode_fwd, one split, over a paged cache of up to PDL_KEYS;
     the suite's pages of 16 and one new token: decode_folded from FOLD_MIN_PAGES pages a
-    sequence where the grid takes more than two waves)."""
+    sequence where the grid takes more than two waves), "PDL split grids" where it has
+    several splits over a paged cache."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     folded = b * HKV > 2 * sms and length // 16 >= decode.FOLD_MIN_PAGES
-    applies = {"no PDL": paged and length <= decode.PDL_KEYS and not folded}
+    split = b * HKV < decode.FULL * sms  # (several splits: B1 .. B8)
+    applies = {
+        "no PDL": paged and length <= decode.PDL_KEYS and not (folded or split),
+        "PDL split grids": paged and split,
+    }
     return [n for n in VARIANTS if applies.get(n, True)]
 
 
