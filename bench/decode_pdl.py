@@ -11,7 +11,8 @@ passes, the second in reverse order.
     python3 bench/decode_pdl.py [SECONDS]         # time (CASES: BxL[p],...)
 
 VARIANTS (names of SETTINGS, comma-separated) picks what is timed beside SDPA, each only
-where it changes a call.
+where it changes a call; ONE_CALL=1 also times one call a graph (bench/decode.py's ", one
+call a graph": a graph per input set, the events around each replay).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ SETTINGS = {
 VARIANTS = os.environ.get("VARIANTS", "routed,no PDL").split(",")
 CASES = os.environ.get("CASES", "16x1024p,16x4096p,16x2048p")
 CALLS = 8
+ONE_CALL = bool(os.environ.get("ONE_CALL"))  # also time one call a graph
 
 
 def parse(case: str) -> tuple:
@@ -115,10 +117,28 @@ def time_case(case: str) -> None:
     fns = {n: [functools.partial(call, n, *s) for s in sets] for n in names}
     fns["SDPA"] = [functools.partial(P.sdpa, s[0], s[1], s[2], enable_gqa=True) for s in sets]
     graphs = {n: P.graph_of_calls(f, calls) for n, f in fns.items()}
+    ones = {n: [P.captured(c) for c in f] for n, f in fns.items()} if ONE_CALL else {}
     for order in (list(graphs), list(graphs)[::-1]):
         for n in order:
             us = P.graph_events(graphs[n], calls)
-            print(f"{label} {n}: graph of {calls}: {us:.2f} us a call", flush=True)
+            one = f"; one call a graph: {one_call(ones[n]):.2f} us" if ones else ""
+            print(f"{label} {n}: graph of {calls}: {us:.2f} us a call{one}", flush=True)
+
+
+def one_call(graphs: list, n: int = 24) -> float:
+    """Median µs from event to event around each replay of ``graphs`` (a call's graph per
+    input set, in turn: bench/decode.py's "one call a graph"), queued behind a GPU spin."""
+    torch.cuda.synchronize()
+    times = []
+    torch.cuda._sleep(int(3e-3 * 2e9))
+    for i in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graphs[i % len(graphs)].replay()
+        end.record()
+        times.append((start, end))
+    torch.cuda.synchronize()
+    return 1e3 * P.statistics.median(a.elapsed_time(z) for a, z in times)
 
 
 def warm() -> None:
