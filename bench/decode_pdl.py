@@ -1,11 +1,12 @@
 """Programmatic dependent launch for the decode kernels (dec, issue 34, fifteenth and
 sixteenth passes): kernel time as bench/decode.py counts it (a CUDA graph of calls over
 input sets in turn, the events around a replay / the calls) of the routed call
-(``decode.pdls``: in a grid of one split over a paged cache of up to PDL_KEYS keys, each
-block's first key tiles prefetched into L2, the wait for the kernel before, the next kernel
-let launch) and of it without PDL (``decode.PDL`` off), beside SDPA's default on the
-contiguous cache; each checked against f32 SDPA and called twice (the same bits). Two
-passes, the second in reverse order.
+(``decode.pdls``: in a grid of one split over a paged cache of up to PDL_KEYS keys, one
+wave, or several on a GPU of memory under PDL_WAVES_BANDWIDTH; each block's first key
+tiles prefetched into L2, the wait for the kernel before, the next kernel let launch) and
+of it without PDL (``decode.PDL`` off), beside SDPA's default on the contiguous cache;
+each checked against f32 SDPA and called twice (the same bits). Two passes, the second in
+reverse order.
 
     python3 bench/decode_pdl.py warm              # compile in parallel processes
     python3 bench/decode_pdl.py [SECONDS]         # time (CASES: BxL[p],...)
@@ -30,20 +31,11 @@ from decode_probe import HKV  # noqa: E402
 
 from kaio_ops import decode  # noqa: E402
 
-ROUTED_PDLS = decode.pdls
-
-
-def pdl_split_grids(like, cache, direct: bool) -> int:
-    """``decode.pdls``' PDL in grids of several splits too (an experiment: each split
-    prefetches the first tiles of the cache, not its own)."""
-    return ROUTED_PDLS(like, cache, True)
-
-
 # name: the decode settings it changes (VARIANTS picks them; the first is the baseline)
 SETTINGS = {
     "routed": {},
     "no PDL": {"PDL": False},
-    "PDL split grids": {"pdls": pdl_split_grids, "PDL_KEYS": 1 << 30},
+    "PDL two waves": {"PDL_WAVES_BANDWIDTH": 1e30},  # (on any GPU)
 }
 VARIANTS = os.environ.get("VARIANTS", "routed,no PDL").split(",")
 CASES = os.environ.get("CASES", "16x1024p,16x4096p,16x2048p")
@@ -75,15 +67,13 @@ def variants(b: int, length: int, paged: bool) -> list:
     """VARIANTS that change a call of ``b`` sequences of ``length`` keys: "no PDL" where
     the routed call has PDL (decode_fwd, one split, over a paged cache of up to PDL_KEYS;
     the suite's pages of 16 and one new token: decode_folded from FOLD_MIN_PAGES pages a
-    sequence where the grid takes more than two waves), "PDL split grids" where it has
-    several splits over a paged cache."""
+    sequence where the grid takes more than two waves), "PDL two waves" where that grid
+    has more blocks than multiprocessors (PDL there whatever the GPU's memory)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     folded = b * HKV > 2 * sms and length // 16 >= decode.FOLD_MIN_PAGES
     split = b * HKV < decode.FULL * sms  # (several splits: B1 .. B8)
-    applies = {
-        "no PDL": paged and length <= decode.PDL_KEYS and not (folded or split),
-        "PDL split grids": paged and split,
-    }
+    pdl = paged and length <= decode.PDL_KEYS and not (folded or split)
+    applies = {"no PDL": pdl, "PDL two waves": pdl and b * HKV > sms}
     return [n for n in VARIANTS if applies.get(n, True)]
 
 
