@@ -1,15 +1,19 @@
-"""Programmatic dependent launch for the decode kernels (dec, issue 34, fifteenth pass):
-kernel time as bench/decode.py counts it (a CUDA graph of calls over input sets in turn,
-the events around a replay / the calls) of the routed call (``decode.pdls``: in a grid of
-one split and a block a multiprocessor at most over a paged cache of up to 4k keys, each
-block's first key tiles prefetched into L2, the wait for the kernel before, the next kernel
-let launch) and of it without PDL
-(``decode.PDL`` off: the kernels before), beside SDPA's default on the contiguous cache;
-each checked against the first (the same bits) and f32 SDPA. Two passes, the second in
+"""Programmatic dependent launch for the decode kernels (dec, issue 34, fifteenth and
+sixteenth passes): kernel time as bench/decode.py counts it (a CUDA graph of calls over
+input sets in turn, the events around a replay / the calls) of the routed call
+(``decode.pdls``: in a grid of one split over a paged cache of up to PDL_KEYS keys, one
+wave, or several on a GPU of memory under PDL_WAVES_BANDWIDTH; each block's first key
+tiles prefetched into L2, the wait for the kernel before, the next kernel let launch) and
+of it without PDL (``decode.PDL`` off), beside SDPA's default on the contiguous cache;
+each checked against f32 SDPA and called twice (the same bits). Two passes, the second in
 reverse order.
 
     python3 bench/decode_pdl.py warm              # compile in parallel processes
     python3 bench/decode_pdl.py [SECONDS]         # time (CASES: BxL[p],...)
+
+VARIANTS (names of SETTINGS, comma-separated) picks what is timed beside SDPA, each only
+where it changes a call; ONE_CALL=1 also times one call a graph (bench/decode.py's ", one
+call a graph": a graph per input set, the events around each replay).
 """
 
 from __future__ import annotations
@@ -23,12 +27,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import decode_probe as P  # noqa: E402
 import torch  # noqa: E402
+from decode_probe import HKV  # noqa: E402
 
 from kaio_ops import decode  # noqa: E402
 
-VARIANTS = {"routed": True, "no PDL": False}  # name: decode.PDL
+# name: the decode settings it changes (VARIANTS picks them; the first is the baseline)
+SETTINGS = {
+    "routed": {},
+    "no PDL": {"PDL": False},
+    "PDL two waves": {"PDL_WAVES_BANDWIDTH": 1e30},  # (on any GPU)
+}
+VARIANTS = os.environ.get("VARIANTS", "routed,no PDL").split(",")
 CASES = os.environ.get("CASES", "16x1024p,16x4096p,16x2048p")
 CALLS = 8
+ONE_CALL = bool(os.environ.get("ONE_CALL"))  # also time one call a graph
 
 
 def parse(case: str) -> tuple:
@@ -39,10 +51,42 @@ def parse(case: str) -> tuple:
 
 def kaio_call(paged: bool, lens, name: str, q, k, v, kc, vc, table):
     """The routed call with variant ``name``'s settings on one input set."""
-    decode.PDL = VARIANTS[name]
-    if paged:
-        return decode._decode("pdl", q, kc, vc, lens, table, None)[0]
-    return decode._decode("pdl", q, k, v, lens, None, None)[0]
+    before = {key: getattr(decode, key) for key in SETTINGS[name]}
+    for key, value in SETTINGS[name].items():
+        setattr(decode, key, value)
+    try:
+        if paged:
+            return decode._decode("pdl", q, kc, vc, lens, table, None)[0]
+        return decode._decode("pdl", q, k, v, lens, None, None)[0]
+    finally:
+        for key, value in before.items():
+            setattr(decode, key, value)
+
+
+def variants(b: int, length: int, paged: bool) -> list:
+    """VARIANTS that change a call of ``b`` sequences of ``length`` keys: "no PDL" where
+    the routed call has PDL (decode_fwd, one split, over a paged cache of up to PDL_KEYS;
+    the suite's pages of 16 and one new token: decode_folded from FOLD_MIN_PAGES pages a
+    sequence where the grid takes more than two waves), "PDL two waves" where that grid
+    has more blocks than multiprocessors (PDL there whatever the GPU's memory)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    folded = b * HKV > 2 * sms and length // 16 >= decode.FOLD_MIN_PAGES
+    split = b * HKV < decode.FULL * sms  # (several splits: B1 .. B8)
+    pdl = paged and length <= decode.PDL_KEYS and not (folded or split)
+    applies = {"no PDL": pdl, "PDL two waves": pdl and b * HKV > sms}
+    return [n for n in VARIANTS if applies.get(n, True)]
+
+
+def reference(inputs, lens):
+    """f32 SDPA over the contiguous cache of one input set, a few sequences at a time."""
+    q, k, v = inputs[:3]
+    mask = torch.arange(k.shape[2], device="cuda")[None] < lens[:, None]
+    step = max(1, (1 << 28) // (k[0].numel() * q.shape[1] // HKV))
+    return torch.cat([
+        P.sdpa(q[i:i + step].float(), k[i:i + step].float(), v[i:i + step].float(),
+               attn_mask=mask[i:i + step, None, None], enable_gqa=True)
+        for i in range(0, q.shape[0], step)
+    ])  # fmt: skip
 
 
 def time_case(case: str) -> None:
@@ -50,20 +94,41 @@ def time_case(case: str) -> None:
     sets = P.make_sets(b, length, paged=paged)
     lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
     label = f"B{b} L{length}{' paged' if paged else ''}"
-    outs = {n: kaio_call(paged, lens, n, *sets[0]).clone() for n in VARIANTS}
-    err = P.check(sets, lens, contiguous=not paged)
-    same = {n: bool(torch.equal(outs[n], outs["routed"])) for n in VARIANTS}
-    print(f"{label}: error vs f32 SDPA {err:.2e}; the same bits as routed: {same}")
+    names = variants(b, length, paged)
+    outs = {n: kaio_call(paged, lens, n, *sets[0]).clone() for n in names}
+    again = {n: kaio_call(paged, lens, n, *sets[0]) for n in names}
+    ref = reference(sets[0], lens)
+    for n in names:
+        err = ((outs[n].float() - ref).norm() / ref.norm()).item()
+        same = bool(torch.equal(outs[n], again[n]))
+        print(f"{label} {n}: error vs f32 SDPA {err:.2e}, the same bits twice: {same}")
     calls = len(sets) * -(-CALLS // len(sets))
     call = functools.partial(kaio_call, paged, lens)
-    fns = {n: [functools.partial(call, n, *s) for s in sets] for n in VARIANTS}
+    fns = {n: [functools.partial(call, n, *s) for s in sets] for n in names}
     fns["SDPA"] = [functools.partial(P.sdpa, s[0], s[1], s[2], enable_gqa=True) for s in sets]
     graphs = {n: P.graph_of_calls(f, calls) for n, f in fns.items()}
+    ones = {n: [P.captured(c) for c in f] for n, f in fns.items()} if ONE_CALL else {}
     for order in (list(graphs), list(graphs)[::-1]):
         for n in order:
             us = P.graph_events(graphs[n], calls)
-            print(f"{label} {n}: graph of {calls}: {us:.2f} us a call", flush=True)
-    decode.PDL = VARIANTS["routed"]
+            one = f"; one call a graph: {one_call(ones[n]):.2f} us" if ones else ""
+            print(f"{label} {n}: graph of {calls}: {us:.2f} us a call{one}", flush=True)
+
+
+def one_call(graphs: list, n: int = 24) -> float:
+    """Median µs from event to event around each replay of ``graphs`` (a call's graph per
+    input set, in turn: bench/decode.py's "one call a graph"), queued behind a GPU spin."""
+    torch.cuda.synchronize()
+    times = []
+    torch.cuda._sleep(int(3e-3 * 2e9))
+    for i in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graphs[i % len(graphs)].replay()
+        end.record()
+        times.append((start, end))
+    torch.cuda.synchronize()
+    return 1e3 * P.statistics.median(a.elapsed_time(z) for a, z in times)
 
 
 def warm() -> None:
@@ -72,7 +137,8 @@ def warm() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     procs = []
     for case in CASES.split(","):
-        for name in VARIANTS:
+        b, length, paged = parse(case)
+        for name in variants(b, length, paged):
             code = (
                 "import decode_pdl as D, torch; "
                 f"b, L, paged = D.parse('{case}'); s = D.P.make_sets(b, L, paged=paged)[0]; "

@@ -150,22 +150,36 @@ FOLD_PAIR = 256
 # to 230.4; L8192 700.5 to 707.4 against 700.8 to 707.7; L2048 178.4 to 179.6 against
 # 178.8 to 180.0
 FOLD_SPEC = 1
-# programmatic dependent launch of decode_fwd (sm_90) in a grid of one split and at most a
-# block a multiprocessor over a paged cache of up to PDL_KEYS keys (``pdls``): each block
-# prefetches its first key tiles into L2, waits for the kernel before it in the stream
-# before any load, then lets the next one launch, so that the next call's blocks take the
-# SMs this one's blocks leave while the others still run. Measured on an H100 (kernel time:
-# a CUDA graph of calls; dec, fifteenth pass, against none): B16 L1024 paged 24.9 to 25.2
-# us against 25.8 to 25.9 (rounds D and E; SDPA 26.3 to 26.4), B16 L4096 paged 90.1
-# against 90.6 (round D; SDPA 90.8 to 90.9). Slower elsewhere: B16 L32768 paged 703.9 to
-# 704.1 against 699.8 (round E: the blocks of a sequence's K/V heads no longer start
-# together, most likely), B16 L1024 contiguous 25.8 against 25.6 (B16 L4096 contiguous
-# 88.3 against 88.9: not routed, the two disagree); with the next kernel let launch after
-# the key loop (round D) B1 L4096 (clusters) 10.2 to 10.5 against 9.9, paged 11.2 to 11.6
-# against 10.8, B64 L4096 paged (decode_folded) 353.6 to 354.0 against 352.6 to 352.8, B64
-# L1024 paged (two waves) 93.0 to 93.1 against 92.7, B16 L1024 paged 27.1
+# programmatic dependent launch of decode_fwd (sm_90) in a grid of one split (one wave;
+# several on a GPU of memory under PDL_WAVES_BANDWIDTH) over a paged cache of up to
+# PDL_KEYS keys (``pdls``): each block prefetches its first key tiles into L2, waits for
+# the kernel before it in the stream before any load, then lets the next one launch, so
+# that the next call's blocks take the SMs this one's blocks leave while the others still
+# run. Measured on an H100 (kernel time: a CUDA graph of calls, against none; dec,
+# sixteenth pass, rounds A to C, two processes each): B16 paged at 1k keys 25.0 to 25.2 us
+# against 25.8 to 25.9 (SDPA 26.3 to 26.5), 1.5k 36.2 to 36.3 against 36.4 to 36.6, 3k
+# 68.4 to 68.6 against 68.6 to 69.0, 4k 90.0 to 90.1 against 90.0 to 90.3 (fifteenth pass
+# 90.1 against 90.6), 2k 47.2 to 47.6 against 47.1 to 47.6 (the one length where it is no
+# faster: on average 0.04 to 0.24 us slower in 6 of 8 processes, 0.03 to 0.05 faster in 2;
+# SDPA 47.4 to 47.9); B64 L1024 paged (two waves) 91.7 to 92.5 against 92.4 to 92.8 (SDPA
+# 92.2 to 92.7). Without the prefetches slower (B16 L1024 25.4 to 25.5, B64 L1024 92.1 to
+# 92.3). Slower elsewhere: B16 L32768 paged 703.9 to 704.1 against 699.8 (fifteenth pass,
+# round E: the blocks of a sequence's K/V heads no longer start together, most likely),
+# B16 L1024 contiguous 25.8 against 25.6 (B16 L4096 contiguous 88.3 against 88.9: not
+# routed, the two disagree); with the next kernel let launch after the key loop (fifteenth
+# pass, round D) B1 L4096 (clusters) 10.2 to 10.5 against 9.9, paged 11.2 to 11.6 against
+# 10.8, B64 L4096 paged (decode_folded) 353.6 to 354.0 against 352.6 to 352.8, B16 L1024
+# paged 27.1. On an H200 (round E) B16 L1024 paged ties (19.1 to 19.2 against 19.1 to
+# 19.3), and one call a graph (a graph of one call, events around its replay) takes 2.0 to
+# 3.0 us more with PDL than without (B16 L1024 paged 24.3 to 24.5 against 22.2, SDPA 23.1
+# to 23.3; B64 L1024 paged 71.3 to 71.5 against 68.5 to 68.6, SDPA 68.8 to 68.9)
 PDL = True
 PDL_KEYS = 4096
+# PDL in a one-split grid of several waves (B64 L1024 paged) only on GPUs whose memory peak
+# is under this (bytes/s): on an H100 (3.35 TB/s) 91.7 to 92.5 us against 92.4 to 92.8 in
+# four processes, on an H200 (4.8 TB/s) 65.4 to 65.5 against 64.8 to 64.9 (SDPA 65.1 to
+# 65.4; dec, sixteenth pass, round E)
+PDL_WAVES_BANDWIDTH = 4e12
 
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
@@ -399,13 +413,17 @@ def plan_grid(
     return plain
 
 
-def pdls(like, cache: _Cache, alone: bool) -> int:
+def pdls(like, cache: _Cache, direct: bool, alone: bool) -> int:
     """``decode_fwd``'s PDL for a call on ``like``'s GPU over ``cache``: 1 (PDL) in a grid
-    of one split and at most a block a multiprocessor (``alone``) over a paged cache of up
-    to PDL_KEYS keys, on sm_90 and in the simulator (where the wait, the trigger and the
-    prefetches do nothing); else 0 (griddepcontrol is sm_90's)."""
+    of one split (``direct``) over a paged cache of up to PDL_KEYS keys, on sm_90 and in the
+    simulator (where the wait, the trigger and the prefetches do nothing), where the grid
+    has at most a block a multiprocessor (``alone``) or the GPU's memory is slower than
+    PDL_WAVES_BANDWIDTH (the simulator plans as for an H100); else 0 (griddepcontrol is
+    sm_90's)."""
     fits = cache.paged and cache.capacity <= PDL_KEYS
-    return int(PDL and alone and fits and _hopper(like))
+    peak = memory_bandwidth(like)
+    waves = direct and (peak is None or peak < PDL_WAVES_BANDWIDTH)
+    return int(PDL and (alone or waves) and fits and _hopper(like))
 
 
 def speculates(paged: bool, splits: int = 1) -> int:
@@ -697,7 +715,7 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
         DP=d, MT=mt, PAGED=cache.paged, STAGES=stages, DIRECT=direct, FUSED=fused, CL=cl,
         DT=qa.dtype, PW=int(PAGE_WINDOW and cache.paged),
         SPEC=speculates(cache.paged, splits), SWAP=swap, SYNC1=stage_syncs(stages, own),
-        OWN=own, SORT=sort, PDL=pdls(qa, cache, alone),
+        OWN=own, SORT=sort, PDL=pdls(qa, cache, direct, alone),
     )  # fmt: skip
     if not (direct or fused or cl > 1):
         MERGE[blocks, dk.THREADS, stream, merge_shared(mt)](

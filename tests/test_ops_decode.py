@@ -384,17 +384,23 @@ def test_sort_keys_in_simulator(n):
 
 
 def test_programmatic_dependent_launch_route(monkeypatch):
-    # PDL in a grid of one split and a block a multiprocessor at most over a paged cache of
-    # up to 4k keys, on sm_90 (and in the simulator, no GPU: planned as sm_90, its wait,
-    # trigger and prefetches doing nothing)
+    # PDL in a grid of one split over a paged cache of up to 4k keys, on sm_90 (and in the
+    # simulator, no GPU: planned as sm_90 of an H100's memory, its wait, trigger and
+    # prefetches doing nothing): one wave, or several where the memory is slower than
+    # PDL_WAVES_BANDWIDTH
     like = types.SimpleNamespace(device=None)
     paged = types.SimpleNamespace(paged=True, capacity=4096)
-    assert decode.pdls(like, paged, alone=True) == 1
-    assert decode.pdls(like, paged, alone=False) == 0
+    assert decode.pdls(like, paged, direct=True, alone=True) == 1
+    assert decode.pdls(like, paged, direct=True, alone=False) == 1  # (as an H100)
+    assert decode.pdls(like, paged, direct=False, alone=False) == 0
+    monkeypatch.setattr(decode, "memory_bandwidth", lambda _: 4.8e12)  # an H200
+    assert decode.pdls(like, paged, direct=True, alone=False) == 0
+    assert decode.pdls(like, paged, direct=True, alone=True) == 1
     for other in ({"capacity": 8192}, {"paged": False}):
-        assert decode.pdls(like, types.SimpleNamespace(**{**vars(paged), **other}), True) == 0
+        changed = types.SimpleNamespace(**{**vars(paged), **other})
+        assert decode.pdls(like, changed, True, True) == 0
     monkeypatch.setattr(decode, "PDL", False)
-    assert decode.pdls(like, paged, alone=True) == 0
+    assert decode.pdls(like, paged, direct=True, alone=True) == 0
     shipped = [c for k, c in decode.shipped() if k is decode.DECODE]
     assert {c["PDL"] for c in shipped if c["DIRECT"] and c["PAGED"]} == {0, 1}
     assert {c["PDL"] for c in shipped if not (c["DIRECT"] and c["PAGED"])} == {0}
@@ -1074,13 +1080,14 @@ def test_gpu_decode_step_in_a_cuda_graph(page_size, first, replays):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [None, 16])
-@pytest.mark.parametrize("b, capacity", [(1, 4096), (16, 1024), (64, 2048)])
+@pytest.mark.parametrize("b, capacity", [(1, 4096), (16, 1024), (64, 1024), (64, 2048)])
 def test_gpu_decode_reads_what_the_kernels_before_wrote(b, capacity, page_size):
     """Calls queued right behind kernels that write every input they read (the lengths,
     the table, q, the cache) and right behind each other, with no host synchronization:
     programmatic dependent launch (``decode.PDL`` on sm_90) lets a call start, prefetch
     and read hints before the kernel before it ends, so its output must still be that of
-    the new values. B16 at 1k keys: one split, with PDL (paged: SORT); without it B1 (the
+    the new values. B16 at 1k keys: one split, with PDL (paged: SORT); B64 at 1k: one
+    split in two waves (paged: with PDL on an H100, not an H200); without it B1 (the
     cluster merge) and B64 at 2k (two waves; paged: the folded walk)."""
     import torch
 
