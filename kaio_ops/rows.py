@@ -474,7 +474,10 @@ def _rows(
     WIDE: kaio.constexpr,
     DT: kaio.constexpr,
 ):
-    if WIDE:
+    if WIDE and SHIFT > 0:
+        # one block an SM: else ptxas aimed at two (64 registers) and spilled (layer_norm)
+        kaio.launch_bounds(MAX_BLOCK, 1)
+    elif WIDE:
         # at most 128 registers a thread, so that MAX_BLOCK threads fit (the scalar
         # rms_norm_residual f16 takes 162: its rows past 8192 elements failed to launch)
         kaio.launch_bounds(MAX_BLOCK)
@@ -490,7 +493,7 @@ def _rows(
     col = u32(0)
     ex = 0.0  # its x (rms_norm_residual: its x + res)
     er = 0.0  # its residual
-    ew = 0.0  # its w and b (SHIFT: loaded with x, see SHIFT_OPS)
+    ew = 0.0  # its w and b (loaded with x, see SHIFT_OPS)
     eb = 0.0
     if EDGES or SHIFT > 0:
         # EDGES: the chunks are 16-byte aligned (the arrays start on a 16-byte boundary but
@@ -506,7 +509,7 @@ def _rows(
             chunks = n // VEC - 2
         w_ok = (w_lead + col0) % VEC == 0
         inside, at, col, ex, er = edge_fetch(OP, x, res, base, n, col0, chunks * VEC, DT)
-        if SHIFT > 0 and inside and OP != "softmax":
+        if OP != "softmax" and inside:  # its w and b with x (see SHIFT_OPS)
             ew = f32(w[col])
             if OP == "layer_norm":
                 eb = f32(b[col])
@@ -545,20 +548,14 @@ def _rows(
                  scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
                  SHIFT=SHIFT, DT=DT)  # fmt: skip
         if (EDGES or SHIFT > 0) and inside:
-            if SHIFT > 0:
-                out[at] = DT((ex - mean) * scale * ew + eb)
-            else:
-                out[at] = DT((ex - mean) * scale * f32(w[col]) + f32(b[col]))
+            out[at] = DT((ex - mean) * scale * ew + eb)
     else:
         scale = kaio.rsqrt(block_sum(total, red0) / f32(n) + eps)
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=0.0,
                  scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
                  SHIFT=SHIFT, DT=DT)  # fmt: skip
         if (EDGES or SHIFT > 0) and inside:
-            if SHIFT > 0:
-                out[at] = DT(ex * scale * ew)
-            else:
-                out[at] = DT(ex * scale * f32(w[col]))
+            out[at] = DT(ex * scale * ew)
 
 
 def block_size(n: int, vec: int) -> int:
@@ -572,9 +569,8 @@ def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
     """``(VEC, EDGES, w_lead, SHIFT)`` for ``_rows`` on these operands: 16-byte chunks where
     every row and vector starts on a 16-byte boundary; else, for the ops in SHIFT_OPS when
     only x (and the residual, as far) start SHIFT elements past one and rows are whole chunks
-    (two or more) on fewer than MAX_BLOCK threads (so never capped at 128 registers, which
-    cost spills, see ``WIDE``), chunks aligned with w and the outputs, x's realigned in
-    registers (``fetch_shifted``); else, for the ops in EDGE_OPS when x (and the residual)
+    (two or more), chunks aligned with w and the outputs, x's realigned in registers
+    (``fetch_shifted``); else, for the ops in EDGE_OPS when x (and the residual)
     start on one and b as far past one as w, chunks aligned in memory with the rows' edges
     apart (w_lead: w's elements past the boundary); else VEC 1."""
     vec = vector_width(*[a for a in (x, res, w, b) if a is not None], multiple_of=n)
@@ -589,7 +585,6 @@ def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
         op in SHIFT_OPS
         and n % full == 0
         and n >= 2 * full
-        and block_size(n, full) < MAX_BLOCK
         and x_lead % size == 0
         and res_lead in (None, x_lead)
         and not w_lead
@@ -617,7 +612,7 @@ def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0
             _arrays.output_arg(x, o, (x.size,)) for o in (out, res_out if res is not None else out)
         ]
         threads = block_size(n, vec)
-        wide = threads == MAX_BLOCK and (vec == 1 or edges)  # see _rows's launch_bounds
+        wide = threads == MAX_BLOCK and (vec == 1 or edges or shift > 0)  # see _rows
         _rows[rows, threads, _arrays.stream_of(x)](
             flat, *args, *outs, n, eps, w_lead, OP=op, VEC=vec, EDGES=edges, SHIFT=shift,
             WIDE=wide, DT=x.dtype,
@@ -691,9 +686,8 @@ def softmax(x):
 
 
 def shipped():
-    """(kernel, constexprs) of every specialization these ops launch: VEC 1 and EDGES also
-    WIDE (512-thread blocks), VEC > 1 is never (``_run``; SHIFT 1 .. VEC - 1 only on rows
-    of fewer threads)."""
+    """(kernel, constexprs) of every specialization these ops launch: VEC 1, EDGES and SHIFT
+    (1 .. VEC - 1) also WIDE (512-thread blocks), the aligned VEC > 1 never (``_run``)."""
     for dtype in _arrays.FLOATS:
         full = widths(dtype)[-1]
         for op in OPS:
@@ -701,7 +695,7 @@ def shipped():
             if op in EDGE_OPS:
                 kinds += [(full, True, 0, False), (full, True, 0, True)]
             if op in SHIFT_OPS:
-                kinds += [(full, False, shift, False) for shift in range(1, full)]
+                kinds += [(full, False, s, wide) for s in range(1, full) for wide in (False, True)]
             for vec, edges, shift, wide in kinds:
                 yield _rows, {
                     "OP": op, "VEC": vec, "EDGES": edges, "SHIFT": shift, "WIDE": wide, "DT": dtype
