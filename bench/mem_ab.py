@@ -155,6 +155,7 @@ ROW_CASES = (
     (WEIGHTED, "f16 +1", F16, (4096, 32768), 1, ("main",)),
     (WEIGHTED, "f16", F16, (32768, 4095), 0, ("main",)),
     (WEIGHTED, "f32", F32, (16384, 4095), 0, ("main",)),
+    (RMS + NORM_SOFTMAX, "f16 aligned", F16, (8192, 16384), 0, ()),
 )
 
 
