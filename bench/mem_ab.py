@@ -109,9 +109,43 @@ _EDGES_LATE = {
         "                out[at] = DT(ex * scale * f32(w[col]))\n"
     ),
 }
+# "packed2": the row kept in registers as DT (16-bit rows: two elements a register), softmax
+# without its cached exps on 16-bit rows, under launch_bounds(512, 2) (two blocks an SM)
+_PACKED = {
+    "xs = kaio.local(f32, (REGS,))": "xs = kaio.local(DT, (REGS,))",
+    "xs: f32[:]": "xs: DT[:]",
+    "xs[k * VEC + j] = f32(raw[k, j])": "xs[k * VEC + j] = raw[k, j]",
+    "rv[j] = xs[k * VEC + j] + f32(rraw[k, j])": "rv[j] = f32(raw[k, j]) + f32(rraw[k, j])",
+    "xs[k * VEC + j] = f32(DT(rv[j]))": "xs[k * VEC + j] = DT(rv[j])",
+    "total += xs[at + j]\n": "total += f32(xs[at + j])\n",
+    "total += xs[at + j] * xs[at + j]": "total += f32(xs[at + j]) * f32(xs[at + j])",
+    "d = xs[at + j] - shift": "d = f32(xs[at + j]) - shift",
+    "v = out_value(OP, xs[at + j], shift, scale)": (
+        "v = out_value(OP, f32(xs[at + j]), shift, scale)"
+    ),
+    "ov[j] = xs[at + j] * seg_scale": "ov[j] = f32(xs[at + j]) * seg_scale",
+    'if OP == "softmax" and cached:': 'if OP == "softmax" and VEC == 4 and cached:',
+    "    total: f32,\n    shift: f32,\n) -> f32:": (
+        "    total: f32,\n    shift: f32,\n    DT: kaio.constexpr,\n) -> f32:"
+    ),
+    "accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)": (
+        "accumulate(PASS, OP, VEC, xs, k * VEC, total, shift, DT)"
+    ),
+    "top: f32, total: f32\n": "top: f32, total: f32, DT: kaio.constexpr\n",
+    "exp_segment(VEC, xs, first, step, chunks, top, total)": (
+        "exp_segment(VEC, xs, first, step, chunks, top, total, DT)"
+    ),
+    "kaio.max(seg_top, xs[k * VEC + j])": "kaio.max(seg_top, f32(xs[k * VEC + j]))",
+    "(xs[k * VEC + j] - seg_top)": "(f32(xs[k * VEC + j]) - seg_top)",
+    "                xs[k * VEC + j] = e\n": (
+        "                if VEC == 4:\n                    xs[k * VEC + j] = e\n"
+    ),
+    "kaio.launch_bounds(MAX_BLOCK, 1)": "kaio.launch_bounds(MAX_BLOCK, 2)",
+}
 ROWS_VARIANTS = {
     "main": {"SHIFT_OPS = OPS": "SHIFT_OPS = ()", **_EDGES_LATE},
     "lb512": {"kaio.launch_bounds(MAX_BLOCK, 1)": "kaio.launch_bounds(MAX_BLOCK)"},
+    "packed2": _PACKED,
 }
 
 
@@ -139,7 +173,7 @@ NORM_SOFTMAX = ("layer_norm", "softmax")
 WEIGHTED = RMS + ("layer_norm",)  # the ops with w (softmax: no edge weights; past 16384
 # elements on sm_90 a cluster of blocks)
 F16, F32 = torch.float16, torch.float32
-WIDE = ("main", "lb512")
+WIDE = ("main", "lb512", "packed2")
 ROW_CASES = (
     (RMS, "f16 +1", F16, (32768, 4096), 1, ("main",)),
     (NORM_SOFTMAX, "f16 +1", F16, (32768, 4096), 1, ("main",)),
