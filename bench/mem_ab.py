@@ -90,8 +90,8 @@ def silu_cases(h: Harness) -> None:
 
 # rows.py variants: name -> {text in rows.py: its replacement}. "main": as on main (rows
 # whose x starts off a 16-byte boundary on the scalar path, VEC 1; with EDGES, the edge
-# elements' w and b loaded after the output pass); "lb512": SHIFT kernels of 512 threads
-# under launch_bounds(512) alone (ptxas's choice of registers)
+# elements' w and b loaded after the output pass); "flat": 16-bit rows on 512 threads kept
+# in registers as f32 (PACKED_OPS empty)
 _EDGES_LATE = {
     '        if OP != "softmax" and inside:  # its w and b with x (see SHIFT_OPS)\n': (
         '        if SHIFT > 0 and inside and OP != "softmax":\n'
@@ -109,43 +109,15 @@ _EDGES_LATE = {
         "                out[at] = DT(ex * scale * f32(w[col]))\n"
     ),
 }
-# "packed2": the row kept in registers as DT (16-bit rows: two elements a register), softmax
-# without its cached exps on 16-bit rows, under launch_bounds(512, 2) (two blocks an SM)
-_PACKED = {
-    "xs = kaio.local(f32, (REGS,))": "xs = kaio.local(DT, (REGS,))",
-    "xs: f32[:]": "xs: DT[:]",
-    "xs[k * VEC + j] = f32(raw[k, j])": "xs[k * VEC + j] = raw[k, j]",
-    "rv[j] = xs[k * VEC + j] + f32(rraw[k, j])": "rv[j] = f32(raw[k, j]) + f32(rraw[k, j])",
-    "xs[k * VEC + j] = f32(DT(rv[j]))": "xs[k * VEC + j] = DT(rv[j])",
-    "total += xs[at + j]\n": "total += f32(xs[at + j])\n",
-    "total += xs[at + j] * xs[at + j]": "total += f32(xs[at + j]) * f32(xs[at + j])",
-    "d = xs[at + j] - shift": "d = f32(xs[at + j]) - shift",
-    "v = out_value(OP, xs[at + j], shift, scale)": (
-        "v = out_value(OP, f32(xs[at + j]), shift, scale)"
-    ),
-    "ov[j] = xs[at + j] * seg_scale": "ov[j] = f32(xs[at + j]) * seg_scale",
-    'if OP == "softmax" and cached:': 'if OP == "softmax" and VEC == 4 and cached:',
-    "    total: f32,\n    shift: f32,\n) -> f32:": (
-        "    total: f32,\n    shift: f32,\n    DT: kaio.constexpr,\n) -> f32:"
-    ),
-    "accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)": (
-        "accumulate(PASS, OP, VEC, xs, k * VEC, total, shift, DT)"
-    ),
-    "top: f32, total: f32\n": "top: f32, total: f32, DT: kaio.constexpr\n",
-    "exp_segment(VEC, xs, first, step, chunks, top, total)": (
-        "exp_segment(VEC, xs, first, step, chunks, top, total, DT)"
-    ),
-    "kaio.max(seg_top, xs[k * VEC + j])": "kaio.max(seg_top, f32(xs[k * VEC + j]))",
-    "(xs[k * VEC + j] - seg_top)": "(f32(xs[k * VEC + j]) - seg_top)",
-    "                xs[k * VEC + j] = e\n": (
-        "                if VEC == 4:\n                    xs[k * VEC + j] = e\n"
-    ),
-    "kaio.launch_bounds(MAX_BLOCK, 1)": "kaio.launch_bounds(MAX_BLOCK, 2)",
-}
+FLAT = {'PACKED_OPS = ("rms_norm", "layer_norm", "softmax")': "PACKED_OPS = ()"}
 ROWS_VARIANTS = {
-    "main": {"SHIFT_OPS = OPS": "SHIFT_OPS = ()", **_EDGES_LATE},
-    "lb512": {"kaio.launch_bounds(MAX_BLOCK, 1)": "kaio.launch_bounds(MAX_BLOCK)"},
-    "packed2": _PACKED,
+    "main": {
+        "SHIFT_OPS = OPS": "SHIFT_OPS = ()",
+        "wide = threads == MAX_BLOCK  #": "wide = threads == MAX_BLOCK and (vec == 1 or edges)  #",
+        **_EDGES_LATE,
+        **FLAT,
+    },
+    "flat": FLAT,
     "warp": {'WARP_CHUNK_OPS = ("rms_norm", "rms_norm_residual")': "WARP_CHUNK_OPS = OPS"},
 }
 
@@ -175,7 +147,9 @@ WEIGHTED = RMS + ("layer_norm",)  # the ops with w (softmax: no edge weights; pa
 # elements on sm_90 a cluster of blocks)
 # "warp" (every op with a warp's chunks consecutive, WARP_CHUNK_OPS) at every shift of f16
 F16, F32 = torch.float16, torch.float32
-WIDE = ("main", "lb512", "packed2")
+ALL = RMS + NORM_SOFTMAX
+PACKED = ("rms_norm", "layer_norm", "softmax")  # rows.PACKED_OPS
+WIDE = ("main", "flat")
 ROW_CASES = (
     (RMS, "f16 +1", F16, (32768, 4096), 1, ("main",)),
     (NORM_SOFTMAX, "f16 +1", F16, (32768, 4096), 1, ("main", "warp")),
@@ -184,15 +158,20 @@ ROW_CASES = (
     (RMS, "f32 +1", F32, (16384, 4096), 1, ("main",)),
     (NORM_SOFTMAX, "f32 +1", F32, (16384, 4096), 1, ("main",)),
     (RMS, "f16 +3", F16, (32768, 4096), 3, ()),
-    (RMS, "f16 +1", F16, (8192, 16384), 1, WIDE),
-    (NORM_SOFTMAX, "f16 +1", F16, (8192, 16384), 1, WIDE),
-    (RMS, "f32 +1", F32, (4096, 16384), 1, WIDE),
-    (NORM_SOFTMAX, "f32 +1", F32, (4096, 16384), 1, WIDE),
+    *((NORM_SOFTMAX, f"f16 +{k}", F16, (32768, 4096), k, ("warp",)) for k in range(2, 8)),
+    # 512 threads a row
+    (ALL, "f16 +1", F16, (8192, 16384), 1, WIDE),
+    (PACKED, "bf16 +1", torch.bfloat16, (8192, 16384), 1, WIDE),
+    (PACKED, "f16 +7", F16, (8192, 16384), 7, WIDE),
+    (ALL, "f16 aligned", F16, (8192, 16384), 0, WIDE),
+    (ALL, "f32 +1", F32, (4096, 16384), 1, ("main",)),
+    (ALL, "f32 aligned", F32, (4096, 16384), 0, ("main",)),
+    (PACKED, "f16 +0", F16, (8192, 16383), 0, WIDE),
+    (PACKED, "f16 +1", F16, (8192, 16383), 1, WIDE),
     (WEIGHTED, "f16 +1", F16, (4096, 32768), 1, ("main",)),
+    # EDGES
     (WEIGHTED, "f16", F16, (32768, 4095), 0, ("main",)),
     (WEIGHTED, "f32", F32, (16384, 4095), 0, ("main",)),
-    (RMS + NORM_SOFTMAX, "f16 aligned", F16, (8192, 16384), 0, ()),
-    *((NORM_SOFTMAX, f"f16 +{k}", F16, (32768, 4096), k, ("warp",)) for k in range(2, 8)),
 )
 
 

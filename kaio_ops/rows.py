@@ -92,6 +92,13 @@ SHIFT_OPS = OPS
 # rms_norm_residual 366 / 372, layer_norm 190 / 191, softmax 186 / 190. ptxas orders the
 # shuffles and the loads differently from kernel to kernel, hence the table.
 WARP_CHUNK_OPS = ("rms_norm", "rms_norm_residual")
+# Ops whose 16-bit rows on MAX_BLOCK threads (``WIDE``) keep their part of the row in
+# registers as DT, two elements a register, not f32 (``XT``), under launch bounds of two
+# blocks an SM: 64 registers a thread, against 80 to 128 (one block an SM). Softmax then
+# computes its exps again in the output pass. Measured on an H100, f16 [8192, 16384] x +1
+# (µs; f32 in registers / DT, Triton): rms_norm 258 / 187, 195; layer_norm 297 / 208, 207;
+# softmax 277 / 192, 201. rms_norm_residual spilled (72 bytes) and lost: 372 / 434, 362.
+PACKED_OPS = ("rms_norm", "layer_norm", "softmax")
 
 
 @kaio.gpu_func
@@ -194,23 +201,24 @@ def take_chunk(
     PASS: kaio.constexpr,
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
-    xs: f32[:],
+    xs: XT[:],
     raw: DT[:, :],
     rraw: DT[:, :],
     k: kaio.constexpr,
     res_out: DT[:],
     i: u32,
     DT: kaio.constexpr,
+    XT: kaio.constexpr,
 ):
-    """xs[k VEC : (k + 1) VEC] = the fetched chunk k in f32 (for rms_norm_residual in pass 0:
+    """xs[k VEC : (k + 1) VEC] = the fetched chunk k in XT (for rms_norm_residual in pass 0:
     x + res, rounded to DT and stored to res_out at i)."""
     for j in kaio.static_range(VEC):
-        xs[k * VEC + j] = f32(raw[k, j])
+        xs[k * VEC + j] = XT(raw[k, j])
     if OP == "rms_norm_residual" and PASS == 0:
         rv = kaio.local(f32, (VEC,))
         for j in kaio.static_range(VEC):
-            rv[j] = xs[k * VEC + j] + f32(rraw[k, j])
-            xs[k * VEC + j] = f32(DT(rv[j]))  # normalize exactly what is stored
+            rv[j] = f32(xs[k * VEC + j]) + f32(rraw[k, j])
+            xs[k * VEC + j] = XT(DT(rv[j]))  # normalize exactly what is stored
         store_f32(res_out, i, rv, 0, VEC, DT)
 
 
@@ -219,20 +227,21 @@ def accumulate(
     PASS: kaio.constexpr,
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
-    xs: f32[:],
+    xs: XT[:],
     at: kaio.constexpr,
     total: f32,
     shift: f32,
+    XT: kaio.constexpr,
 ) -> f32:
     """``total`` plus pass PASS's sum over the chunk xs[at : at + VEC]: of x (layer norm's
     pass 0), x * x (rms norms), (x - shift)^2 (layer norm's pass 1: shift is the mean)."""
     for j in kaio.static_range(VEC):
         if PASS == 0 and OP == "layer_norm":
-            total += xs[at + j]
+            total += f32(xs[at + j])
         elif PASS == 0:
-            total += xs[at + j] * xs[at + j]
+            total += f32(xs[at + j]) * f32(xs[at + j])
         else:
-            d = xs[at + j] - shift
+            d = f32(xs[at + j]) - shift
             total += d * d
     return total
 
@@ -253,7 +262,7 @@ def out_value(OP: kaio.constexpr, x: f32, shift: f32, scale: f32) -> f32:
 def write_chunk(
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
-    xs: f32[:],
+    xs: XT[:],
     at: kaio.constexpr,
     w: DT[:],
     wraw: DT[:, :],
@@ -269,6 +278,7 @@ def write_chunk(
     w_vector: bool_,
     EDGES: kaio.constexpr,
     DT: kaio.constexpr,
+    XT: kaio.constexpr,
 ):
     """The output pass on the chunk xs[at : at + VEC] (row element col, array element i):
     ``out_value``, times w (rms norms; for the ops in WEIGHTS_FIRST wraw[k] holds the
@@ -285,12 +295,12 @@ def write_chunk(
             wv[j] = f32(wraw[k, j])
     elif OP != "softmax":
         load_f32(wv, 0, w, col, VEC, DT)
-    if OP == "softmax" and cached:
+    if OP == "softmax" and XT == f32 and cached:
         for j in kaio.static_range(VEC):
             ov[j] = xs[at + j] * seg_scale
     else:
         for j in kaio.static_range(VEC):
-            v = out_value(OP, xs[at + j], shift, scale)
+            v = out_value(OP, f32(xs[at + j]), shift, scale)
             if OP == "layer_norm":
                 ov[j] = v * wv[j] + bv[j]
             elif OP == "softmax":
@@ -302,7 +312,14 @@ def write_chunk(
 
 @kaio.gpu_func
 def exp_segment(
-    VEC: kaio.constexpr, xs: f32[:], first: u32, step: u32, chunks: u32, top: f32, total: f32
+    VEC: kaio.constexpr,
+    xs: XT[:],
+    first: u32,
+    step: u32,
+    chunks: u32,
+    top: f32,
+    total: f32,
+    XT: kaio.constexpr,
 ):
     """Softmax's pass 0 on the segment in xs (chunks first + k * step): seg_top = its max over
     this thread's chunks, xs = exp(xs - seg_top), and (seg_top, the sum of those) merged
@@ -312,13 +329,14 @@ def exp_segment(
     for k in kaio.static_range(REGS // VEC):
         if first + k * step < chunks:
             for j in kaio.static_range(VEC):
-                seg_top = kaio.max(seg_top, xs[k * VEC + j])
+                seg_top = kaio.max(seg_top, f32(xs[k * VEC + j]))
     s = 0.0
     for k in kaio.static_range(REGS // VEC):
         if first + k * step < chunks:
             for j in kaio.static_range(VEC):
-                e = kaio.exp2_ftz((xs[k * VEC + j] - seg_top) * LOG2E)
-                xs[k * VEC + j] = e
+                e = kaio.exp2_ftz((f32(xs[k * VEC + j]) - seg_top) * LOG2E)
+                if XT == f32:
+                    xs[k * VEC + j] = e
                 s += e
     top, total = merge_max_sum(top, total, seg_top, s)
     return top, total, seg_top
@@ -329,7 +347,7 @@ def row_pass(
     PASS: kaio.constexpr,
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
-    xs: f32[:],
+    xs: XT[:],
     x: DT[:],
     res: DT[:],
     res_out: DT[:],
@@ -346,6 +364,7 @@ def row_pass(
     EDGES: kaio.constexpr,
     SHIFT: kaio.constexpr,
     DT: kaio.constexpr,
+    XT: kaio.constexpr,
 ):
     """One pass over this block's row (``chunks`` chunks of VEC from array element base, row
     element col0; with EDGES the weights' chunks are 16-byte aligned only when ``w_ok``): the
@@ -391,7 +410,7 @@ def row_pass(
                     if OP == "rms_norm_residual" and PASS == 0 and SHIFT == 0:
                         fetch(VEC, rraw, k, res, i, DT)
                     if OP not in LOADS_FIRST and SHIFT == 0:
-                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, i, DT)
+                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, i, DT, XT)
             if SHIFT > 0:
                 for k in kaio.static_range(REGS // VEC):
                     if OP != "rms_norm_residual" or PASS == 0:
@@ -402,9 +421,9 @@ def row_pass(
                 for k in kaio.static_range(REGS // VEC):
                     c = first + k * step
                     if c < chunks:
-                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
+                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT, XT)
         if PASS == 0 and OP == "softmax":
-            top, total, seg_top = exp_segment(VEC, xs, first, step, chunks, top, total)
+            top, total, seg_top = exp_segment(VEC, xs, first, step, chunks, top, total, XT)
         wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
         per_group = (
             EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP
@@ -421,11 +440,11 @@ def row_pass(
                     if PASS == 0 and OP == "softmax":
                         pass  # done a segment at a time by exp_segment
                     elif PASS == 0 or (PASS == 1 and OP == "layer_norm"):
-                        total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
+                        total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift, XT)
                     else:
                         write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC,
                                     col0 + c * VEC, shift, scale, s == 0, seg_scale, w_ok, EDGES,
-                                    DT)  # fmt: skip
+                                    DT, XT)  # fmt: skip
     return total, top, seg_top
 
 
@@ -474,16 +493,20 @@ def _rows(
     WIDE: kaio.constexpr,
     DT: kaio.constexpr,
 ):
-    if WIDE and SHIFT > 0:
-        # one block an SM: else ptxas aimed at two (64 registers) and spilled (layer_norm)
-        kaio.launch_bounds(MAX_BLOCK, 1)
-    elif WIDE:
+    if WIDE and DT != f32 and OP in PACKED_OPS:
+        kaio.launch_bounds(MAX_BLOCK, 2)  # two blocks an SM: at most 64 registers a thread
+    elif WIDE and (VEC == 1 or EDGES):
         # at most 128 registers a thread, so that MAX_BLOCK threads fit (the scalar
         # rms_norm_residual f16 takes 162: its rows past 8192 elements failed to launch)
         kaio.launch_bounds(MAX_BLOCK)
+    elif WIDE:
+        # the same, asking for one block an SM: else ptxas aimed at two (64 registers) and
+        # spilled (SHIFT layer_norm)
+        kaio.launch_bounds(MAX_BLOCK, 1)
     red0 = kaio.shared(f32, (32,))
     red1 = kaio.shared(f32, (32,))
-    xs = kaio.local(f32, (REGS,))
+    XT = DT if WIDE and OP in PACKED_OPS else f32  # see PACKED_OPS
+    xs = kaio.local(XT, (REGS,))
     base = kaio.block_idx_x() * n
     chunks = n // VEC
     col0 = u32(0)  # the row element at array element base
@@ -518,7 +541,7 @@ def _rows(
     # seg_top, the max of the segment whose exps xs keeps)
     total, top, seg_top = row_pass(0, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
                                    shift=0.0, scale=0.0, seg_scale=0.0, col0=col0, w_ok=w_ok,
-                                   EDGES=EDGES, SHIFT=SHIFT, DT=DT)  # fmt: skip
+                                   EDGES=EDGES, SHIFT=SHIFT, DT=DT, XT=XT)  # fmt: skip
     if (EDGES or SHIFT > 0) and OP == "rms_norm_residual" and inside:
         ex = f32(DT(ex + er))  # normalize exactly what is stored
         res_out[at] = DT(ex)
@@ -533,27 +556,28 @@ def _rows(
         inv = 1.0 / total
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=top, scale=inv,
                  seg_scale=kaio.exp(seg_top - top) * inv, col0=col0, w_ok=w_ok, EDGES=EDGES,
-                 SHIFT=SHIFT, DT=DT)  # fmt: skip
+                 SHIFT=SHIFT, DT=DT, XT=XT)  # fmt: skip
         if (EDGES or SHIFT > 0) and inside:
             out[at] = DT(kaio.exp2_ftz((ex - top) * LOG2E) * inv)
     elif OP == "layer_norm":
         mean = block_sum(total, red0) / f32(n)
         sqdev, top, seg_top = row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
                                        shift=mean, scale=0.0, seg_scale=0.0, col0=col0,
-                                       w_ok=w_ok, EDGES=EDGES, SHIFT=SHIFT, DT=DT)  # fmt: skip
+                                       w_ok=w_ok, EDGES=EDGES, SHIFT=SHIFT, DT=DT,
+                                       XT=XT)  # fmt: skip
         if (EDGES or SHIFT > 0) and inside:
             sqdev += (ex - mean) * (ex - mean)
         scale = kaio.rsqrt(block_sum(sqdev, red1) / f32(n) + eps)
         row_pass(2, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=mean,
                  scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
-                 SHIFT=SHIFT, DT=DT)  # fmt: skip
+                 SHIFT=SHIFT, DT=DT, XT=XT)  # fmt: skip
         if (EDGES or SHIFT > 0) and inside:
             out[at] = DT((ex - mean) * scale * ew + eb)
     else:
         scale = kaio.rsqrt(block_sum(total, red0) / f32(n) + eps)
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=0.0,
                  scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
-                 SHIFT=SHIFT, DT=DT)  # fmt: skip
+                 SHIFT=SHIFT, DT=DT, XT=XT)  # fmt: skip
         if (EDGES or SHIFT > 0) and inside:
             out[at] = DT(ex * scale * ew)
 
@@ -612,7 +636,7 @@ def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0
             _arrays.output_arg(x, o, (x.size,)) for o in (out, res_out if res is not None else out)
         ]
         threads = block_size(n, vec)
-        wide = threads == MAX_BLOCK and (vec == 1 or edges or shift > 0)  # see _rows
+        wide = threads == MAX_BLOCK  # see _rows's launch_bounds
         _rows[rows, threads, _arrays.stream_of(x)](
             flat, *args, *outs, n, eps, w_lead, OP=op, VEC=vec, EDGES=edges, SHIFT=shift,
             WIDE=wide, DT=x.dtype,
@@ -691,7 +715,7 @@ def shipped():
     for dtype in _arrays.FLOATS:
         full = widths(dtype)[-1]
         for op in OPS:
-            kinds = [(1, False, 0, False), (1, False, 0, True), (full, False, 0, False)]
+            kinds = [(vec, False, 0, wide) for vec in (1, full) for wide in (False, True)]
             if op in EDGE_OPS:
                 kinds += [(full, True, 0, False), (full, True, 0, True)]
             if op in SHIFT_OPS:

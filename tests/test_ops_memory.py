@@ -351,11 +351,11 @@ def _shipped():
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_shipped_specialization_assembles(arch):
-    """Every specialization assembles; on sm_90 the SHIFT kernels (also under the 512-thread
-    launch bounds, WIDE) do not spill."""
+    """Every specialization assembles; on sm_90 the SHIFT kernels that keep the row in f32
+    registers (also under the 512-thread launch bounds, WIDE) do not spill."""
     shipped = list(_shipped())
     texts = [kernel.ptx(arch=arch, **constexprs) for kernel, constexprs in shipped]
-    assert len(texts) == 250
+    assert len(texts) == 262
     with ThreadPoolExecutor(4) as pool:
         reports = list(pool.map(lambda text: assemble(text, arch), texts))
     spilled = [
@@ -363,6 +363,7 @@ def test_every_shipped_specialization_assembles(arch):
         for (_, constexprs), report in zip(shipped, reports, strict=True)
         if arch == "sm_90"
         and constexprs.get("SHIFT")
+        and not (constexprs["WIDE"] and constexprs["OP"] in rows.PACKED_OPS)
         and re.search(r"(\d+) bytes spill stores", report)[1] != "0"
     ]
     assert not spilled
