@@ -90,8 +90,7 @@ def silu_cases(h: Harness) -> None:
 
 # rows.py variants: name -> {text in rows.py: its replacement}. "main": as on main (rows
 # whose x starts off a 16-byte boundary on the scalar path, VEC 1; with EDGES, the edge
-# elements' w and b loaded after the output pass); "flat": 16-bit rows on 512 threads kept
-# in registers as f32 (PACKED_OPS empty)
+# elements' w and b loaded after the output pass, no PACKED)
 _EDGES_LATE = {
     '        if OP != "softmax" and inside:  # its w and b with x (see SHIFT_OPS)\n': (
         '        if SHIFT > 0 and inside and OP != "softmax":\n'
@@ -109,15 +108,12 @@ _EDGES_LATE = {
         "                out[at] = DT(ex * scale * f32(w[col]))\n"
     ),
 }
-FLAT = {'PACKED_OPS = ("rms_norm", "layer_norm", "softmax")': "PACKED_OPS = ()"}
 ROWS_VARIANTS = {
     "main": {
         "SHIFT_OPS = OPS": "SHIFT_OPS = ()",
-        "wide = threads == MAX_BLOCK  #": "wide = threads == MAX_BLOCK and (vec == 1 or edges)  #",
+        "packed = threads == MAX_BLOCK and": "packed = False and",
         **_EDGES_LATE,
-        **FLAT,
     },
-    "flat": FLAT,
     "warp": {'WARP_CHUNK_OPS = ("rms_norm", "rms_norm_residual")': "WARP_CHUNK_OPS = OPS"},
 }
 
@@ -149,7 +145,7 @@ WEIGHTED = RMS + ("layer_norm",)  # the ops with w (softmax: no edge weights; pa
 F16, F32 = torch.float16, torch.float32
 ALL = RMS + NORM_SOFTMAX
 PACKED = ("rms_norm", "layer_norm", "softmax")  # rows.PACKED_OPS
-WIDE = ("main", "flat")
+WIDE = ("main",)
 ROW_CASES = (
     (RMS, "f16 +1", F16, (32768, 4096), 1, ("main",)),
     (NORM_SOFTMAX, "f16 +1", F16, (32768, 4096), 1, ("main", "warp")),

@@ -92,13 +92,23 @@ SHIFT_OPS = OPS
 # rms_norm_residual 366 / 372, layer_norm 190 / 191, softmax 186 / 190. ptxas orders the
 # shuffles and the loads differently from kernel to kernel, hence the table.
 WARP_CHUNK_OPS = ("rms_norm", "rms_norm_residual")
-# Ops whose 16-bit rows on MAX_BLOCK threads (``WIDE``) keep their part of the row in
-# registers as DT, two elements a register, not f32 (``XT``), under launch bounds of two
-# blocks an SM: 64 registers a thread, against 80 to 128 (one block an SM). Softmax then
-# computes its exps again in the output pass. Measured on an H100, f16 [8192, 16384] x +1
-# (µs; f32 in registers / DT, Triton): rms_norm 258 / 187, 195; layer_norm 297 / 208, 207;
-# softmax 277 / 192, 201. rms_norm_residual spilled (72 bytes) and lost: 372 / 434, 362.
-PACKED_OPS = ("rms_norm", "layer_norm", "softmax")
+# The ops whose 16-bit rows on MAX_BLOCK threads keep their part of the row in registers as
+# DT, two elements a register, not f32 (``PACKED``), under launch bounds of two blocks an
+# SM (64 registers a thread, against 80 to 128: one block an SM), by the rows' layout
+# (``kind``). Softmax then computes its exps again in the output pass. Measured on an H100
+# (µs, f16 [8192, 16384], f32 in registers / DT, Triton): x +1 rms_norm 259 / 187, 195;
+# layer_norm 301 / 208, 207; softmax 278 / 192, 201 (bf16 and x +7 likewise, but layer_norm
+# and softmax +7 at 263 and 236 against Triton's 211 and 207: spills); aligned rms_norm 220
+# / 184, 183; softmax 235 / 183, 183; rows of 16383 (EDGES) rms_norm 264 / 196, softmax 271
+# / 191; x +1 and 16383 (VEC 1) layer_norm 302 / 275, softmax 361 / 246. Not packed where
+# it did not pay: rms_norm_residual (+1: 373 / 434, spills), aligned layer_norm (185 / 186),
+# EDGES layer_norm (228 / 243), VEC 1 rms_norm (309 / 307).
+PACKED_OPS = {
+    "shift": ("rms_norm", "layer_norm", "softmax"),
+    "aligned": ("rms_norm", "softmax"),
+    "edges": ("rms_norm", "softmax"),
+    "scalar": ("layer_norm", "softmax"),
+}
 
 
 @kaio.gpu_func
@@ -491,9 +501,10 @@ def _rows(
     EDGES: kaio.constexpr,
     SHIFT: kaio.constexpr,
     WIDE: kaio.constexpr,
+    PACKED: kaio.constexpr,
     DT: kaio.constexpr,
 ):
-    if WIDE and DT != f32 and OP in PACKED_OPS:
+    if PACKED:
         kaio.launch_bounds(MAX_BLOCK, 2)  # two blocks an SM: at most 64 registers a thread
     elif WIDE and (VEC == 1 or EDGES):
         # at most 128 registers a thread, so that MAX_BLOCK threads fit (the scalar
@@ -505,7 +516,7 @@ def _rows(
         kaio.launch_bounds(MAX_BLOCK, 1)
     red0 = kaio.shared(f32, (32,))
     red1 = kaio.shared(f32, (32,))
-    XT = DT if WIDE and OP in PACKED_OPS else f32  # see PACKED_OPS
+    XT = DT if PACKED else f32  # the type of the row in registers, see PACKED_OPS
     xs = kaio.local(XT, (REGS,))
     base = kaio.block_idx_x() * n
     chunks = n // VEC
@@ -622,6 +633,15 @@ def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
     return full, True, (w_lead or 0) // size, 0
 
 
+def launch_flags(op: str, vec: int, edges: bool, shift: int, size: int, threads: int):
+    """``(WIDE, PACKED)`` for ``_rows``: launched with MAX_BLOCK threads under launch bounds
+    (all but the aligned rows that keep f32 registers: there the bounds cost, H100, f32
+    [4096, 16384] layer_norm 188 -> 216 µs); the row kept as DT (PACKED_OPS)."""
+    kind = "scalar" if vec == 1 else "edges" if edges else "shift" if shift else "aligned"
+    packed = threads == MAX_BLOCK and size == 2 and op in PACKED_OPS[kind]
+    return threads == MAX_BLOCK and (kind != "aligned" or packed), packed
+
+
 def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0):
     """Launch ``_rows`` for ``op``; returns out (and the new residual for the residual op)."""
     out = _arrays.output(x)
@@ -635,11 +655,10 @@ def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0
         outs = [
             _arrays.output_arg(x, o, (x.size,)) for o in (out, res_out if res is not None else out)
         ]
-        threads = block_size(n, vec)
-        wide = threads == MAX_BLOCK  # see _rows's launch_bounds
-        _rows[rows, threads, _arrays.stream_of(x)](
+        wide, packed = launch_flags(op, vec, edges, shift, x.dtype.itemsize, block_size(n, vec))
+        _rows[rows, block_size(n, vec), _arrays.stream_of(x)](
             flat, *args, *outs, n, eps, w_lead, OP=op, VEC=vec, EDGES=edges, SHIFT=shift,
-            WIDE=wide, DT=x.dtype,
+            WIDE=wide, PACKED=packed, DT=x.dtype,
         )  # fmt: skip
     return out if res is None else (out, res_out)
 
@@ -710,17 +729,23 @@ def softmax(x):
 
 
 def shipped():
-    """(kernel, constexprs) of every specialization these ops launch: VEC 1, EDGES and SHIFT
-    (1 .. VEC - 1) also WIDE (512-thread blocks), the aligned VEC > 1 never (``_run``)."""
+    """(kernel, constexprs) of every specialization these ops launch (``_run``): each layout
+    (VEC 1, aligned VEC > 1, EDGES, SHIFT 1 .. VEC - 1) on fewer than MAX_BLOCK threads and on
+    MAX_BLOCK (``launch_flags``)."""
     for dtype in _arrays.FLOATS:
         full = widths(dtype)[-1]
         for op in OPS:
-            kinds = [(vec, False, 0, wide) for vec in (1, full) for wide in (False, True)]
+            kinds = [(1, False, 0), (full, False, 0)]
             if op in EDGE_OPS:
-                kinds += [(full, True, 0, False), (full, True, 0, True)]
+                kinds.append((full, True, 0))
             if op in SHIFT_OPS:
-                kinds += [(full, False, s, wide) for s in range(1, full) for wide in (False, True)]
-            for vec, edges, shift, wide in kinds:
-                yield _rows, {
-                    "OP": op, "VEC": vec, "EDGES": edges, "SHIFT": shift, "WIDE": wide, "DT": dtype
-                }  # fmt: skip
+                kinds += [(full, False, shift) for shift in range(1, full)]
+            for vec, edges, shift in kinds:
+                flags = {
+                    launch_flags(op, vec, edges, shift, dtype.itemsize, t) for t in (1, MAX_BLOCK)
+                }
+                for wide, packed in sorted(flags):
+                    yield _rows, {
+                        "OP": op, "VEC": vec, "EDGES": edges, "SHIFT": shift, "WIDE": wide,
+                        "PACKED": packed, "DT": dtype,
+                    }  # fmt: skip

@@ -352,10 +352,10 @@ def _shipped():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_shipped_specialization_assembles(arch):
     """Every specialization assembles; on sm_90 the SHIFT kernels that keep the row in f32
-    registers (also under the 512-thread launch bounds, WIDE) do not spill."""
+    registers (not PACKED; also under the 512-thread launch bounds, WIDE) do not spill."""
     shipped = list(_shipped())
     texts = [kernel.ptx(arch=arch, **constexprs) for kernel, constexprs in shipped]
-    assert len(texts) == 262
+    assert len(texts) == 254
     with ThreadPoolExecutor(4) as pool:
         reports = list(pool.map(lambda text: assemble(text, arch), texts))
     spilled = [
@@ -363,7 +363,7 @@ def test_every_shipped_specialization_assembles(arch):
         for (_, constexprs), report in zip(shipped, reports, strict=True)
         if arch == "sm_90"
         and constexprs.get("SHIFT")
-        and not (constexprs["WIDE"] and constexprs["OP"] in rows.PACKED_OPS)
+        and not constexprs["PACKED"]
         and re.search(r"(\d+) bytes spill stores", report)[1] != "0"
     ]
     assert not spilled
@@ -379,10 +379,11 @@ def test_cluster_softmax_assembles_for_sm_90_only():
 
 
 def test_vector_path_uses_16_byte_accesses():
-    for shift in (0, 3):
+    for shift, packed in [(0, False), (3, False), (3, True)]:  # packed: 512 threads
         ptx = rows._rows.ptx(
-            arch="sm_90", OP="rms_norm", VEC=8, EDGES=False, SHIFT=shift, WIDE=False, DT=kaio.bf16
-        )
+            arch="sm_90", OP="rms_norm", VEC=8, EDGES=False, SHIFT=shift, WIDE=packed,
+            PACKED=packed, DT=kaio.bf16,
+        )  # fmt: skip
         assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
         assert ("shfl.sync.down" in ptx) == (shift > 0)
 
