@@ -115,6 +115,12 @@ ROWS_VARIANTS = {
         **_EDGES_LATE,
     },
     "warp": {'WARP_CHUNK_OPS = ("rms_norm", "rms_norm_residual")': "WARP_CHUNK_OPS = OPS"},
+    "g1": {
+        "EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP": (
+            "1 if XT != f32 else EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 "
+            "else SCALAR_WEIGHTS_GROUP"
+        )
+    },
 }
 
 
@@ -141,11 +147,12 @@ RMS = ("rms_norm", "rms_norm_residual")
 NORM_SOFTMAX = ("layer_norm", "softmax")
 WEIGHTED = RMS + ("layer_norm",)  # the ops with w (softmax: no edge weights; past 16384
 # elements on sm_90 a cluster of blocks)
-# "warp" (every op with a warp's chunks consecutive, WARP_CHUNK_OPS) at every shift of f16
+# "warp": every op with a warp's chunks consecutive (WARP_CHUNK_OPS); "g1": PACKED rows'
+# weights loaded a chunk at a time (WEIGHTS_FIRST)
 F16, F32 = torch.float16, torch.float32
 ALL = RMS + NORM_SOFTMAX
 PACKED = ("rms_norm", "layer_norm", "softmax")  # rows.PACKED_OPS
-WIDE = ("main",)
+WIDE = ("main", "g1", "warp")
 ROW_CASES = (
     (RMS, "f16 +1", F16, (32768, 4096), 1, ("main",)),
     (NORM_SOFTMAX, "f16 +1", F16, (32768, 4096), 1, ("main", "warp")),
