@@ -115,12 +115,6 @@ ROWS_VARIANTS = {
         **_EDGES_LATE,
     },
     "warp": {'WARP_CHUNK_OPS = ("rms_norm", "rms_norm_residual")': "WARP_CHUNK_OPS = OPS"},
-    "g1": {
-        "EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP": (
-            "1 if XT != f32 else EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 "
-            "else SCALAR_WEIGHTS_GROUP"
-        )
-    },
 }
 
 
@@ -147,12 +141,10 @@ RMS = ("rms_norm", "rms_norm_residual")
 NORM_SOFTMAX = ("layer_norm", "softmax")
 WEIGHTED = RMS + ("layer_norm",)  # the ops with w (softmax: no edge weights; past 16384
 # elements on sm_90 a cluster of blocks)
-# "warp": every op with a warp's chunks consecutive (WARP_CHUNK_OPS); "g1": PACKED rows'
-# weights loaded a chunk at a time (WEIGHTS_FIRST)
+# "warp": every op with a warp's chunks consecutive (WARP_CHUNK_OPS)
 F16, F32 = torch.float16, torch.float32
 ALL = RMS + NORM_SOFTMAX
 PACKED = ("rms_norm", "layer_norm", "softmax")  # rows.PACKED_OPS
-WIDE = ("main", "g1", "warp")
 ROW_CASES = (
     (RMS, "f16 +1", F16, (32768, 4096), 1, ("main",)),
     (NORM_SOFTMAX, "f16 +1", F16, (32768, 4096), 1, ("main", "warp")),
@@ -163,14 +155,16 @@ ROW_CASES = (
     (RMS, "f16 +3", F16, (32768, 4096), 3, ()),
     *((NORM_SOFTMAX, f"f16 +{k}", F16, (32768, 4096), k, ("warp",)) for k in range(2, 8)),
     # 512 threads a row
-    (ALL, "f16 +1", F16, (8192, 16384), 1, WIDE),
-    (PACKED, "bf16 +1", torch.bfloat16, (8192, 16384), 1, WIDE),
-    (PACKED, "f16 +7", F16, (8192, 16384), 7, WIDE),
-    (ALL, "f16 aligned", F16, (8192, 16384), 0, WIDE),
+    (ALL, "f16 +1", F16, (8192, 16384), 1, ("main",)),
+    (PACKED, "bf16 +1", torch.bfloat16, (8192, 16384), 1, ("main",)),
+    (PACKED, "f16 +7", F16, (8192, 16384), 7, ("main",)),
+    (ALL, "f16 aligned", F16, (8192, 16384), 0, ("main",)),
+    (PACKED, "bf16 aligned", torch.bfloat16, (8192, 16384), 0, ("main",)),
+    (PACKED, "bf16 +0", torch.bfloat16, (8192, 16383), 0, ("main",)),
     (ALL, "f32 +1", F32, (4096, 16384), 1, ("main",)),
     (ALL, "f32 aligned", F32, (4096, 16384), 0, ("main",)),
-    (PACKED, "f16 +0", F16, (8192, 16383), 0, WIDE),
-    (PACKED, "f16 +1", F16, (8192, 16383), 1, WIDE),
+    (PACKED, "f16 +0", F16, (8192, 16383), 0, ("main",)),
+    (PACKED, "f16 +1", F16, (8192, 16383), 1, ("main",)),
     (WEIGHTED, "f16 +1", F16, (4096, 32768), 1, ("main",)),
     # EDGES
     (WEIGHTED, "f16", F16, (32768, 4095), 0, ("main",)),

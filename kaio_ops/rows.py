@@ -66,7 +66,8 @@ LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")
 # thread, rms_norm f32 195 -> 215 µs; 8, against one a chunk, on rows one element past an
 # allocation, H100: rms_norm f16 275 -> 253 µs, rms_norm_residual f16 498 -> 440, f32
 # 407 -> 370); one with EDGES (all of a segment's, the scalar loads where w is not aligned
-# with the chunks held 40 more registers, rms_norm f16 120, and took 247 µs against 201).
+# with the chunks held 40 more registers, rms_norm f16 120, and took 247 µs against 201);
+# one on PACKED rows (64 registers: H100, bf16 [8192, 16384] x +1 rms_norm 199 -> 189 µs).
 WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")
 SCALAR_WEIGHTS_GROUP = 8
 EDGE_WEIGHTS_GROUP = 1
@@ -90,7 +91,9 @@ SHIFT_OPS = OPS
 # [16384, 4096]): f16 rms_norm 189 / 185, rms_norm_residual 366 / 368, layer_norm 220 /
 # 197, softmax 209 / 201 (bf16 rms_norm 189 / 193, rms_norm_residual 366 / 369); f32
 # rms_norm_residual 366 / 372, layer_norm 190 / 191, softmax 186 / 190. ptxas orders the
-# shuffles and the loads differently from kernel to kernel, hence the table.
+# shuffles and the loads differently from kernel to kernel, hence the table. PACKED rows:
+# every op (lane 31 loads only for its last chunk, fewer registers: H100, [8192, 16384]
+# layer_norm bf16 +1 230 -> 204 µs, f16 +7 261 -> 204, softmax f16 +7 236 -> 195).
 WARP_CHUNK_OPS = ("rms_norm", "rms_norm_residual")
 # The ops whose 16-bit rows on MAX_BLOCK threads keep their part of the row in registers as
 # DT, two elements a register, not f32 (``PACKED``), under launch bounds of two blocks an
@@ -163,18 +166,20 @@ def fetch_shifted(
     c: u32,
     chunks: u32,
     DT: kaio.constexpr,
+    XT: kaio.constexpr,
 ):
     """For chunk c of a row whose chunks start at src[base], SHIFT elements past a 16-byte
     boundary: raw[k] = the 16-byte vector around the chunk's first element, src[i - SHIFT :
     i - SHIFT + VEC] (i = base + c VEC); on lane 31, edge[k] = the next vector's first SHIFT
     elements, src[i + VEC - SHIFT : i + VEC] (the lane above holds the next vector, see
-    ``realign``; where a warp's chunks are consecutive, WARP_CHUNK_OPS, lane 0 holds lane
-    31's, but for the thread's last chunk). Past ``chunks`` the vector after the last chunk
+    ``realign``; where a warp's chunks are consecutive, WARP_CHUNK_OPS, f32 rows and rows
+    kept in registers as XT = DT (PACKED), lane 0 holds lane 31's, but for the thread's last
+    chunk). Past ``chunks`` the vector after the last chunk
     is loaded (the row's last VEC elements are edges, so it lies in the row): no load is
     predicated on c, only lane 31's on one predicate (with a predicate a chunk, more than
     the SM's 7 held the loads back)."""
     kaio.load_vector(raw[k], src, base + kaio.min(c, chunks) * VEC - SHIFT)
-    if k == REGS // VEC - 1 or not (VEC == 4 or OP in WARP_CHUNK_OPS):
+    if k == REGS // VEC - 1 or not (VEC == 4 or OP in WARP_CHUNK_OPS or XT != f32):
         if kaio.lane_id() == 31:
             for j in kaio.static_range(SHIFT):
                 edge[k, j] = src[base + kaio.min(c + 1, chunks) * VEC - SHIFT + j]
@@ -189,6 +194,7 @@ def realign(
     edge: DT[:, :],
     k: kaio.constexpr,
     DT: kaio.constexpr,
+    XT: kaio.constexpr,
 ):
     """raw[k] = the chunk's elements from what ``fetch_shifted`` loaded: its vector's last
     VEC - SHIFT elements and the next vector's first SHIFT, which the lane above loaded as
@@ -196,7 +202,7 @@ def realign(
     lane = kaio.lane_id()
     up = kaio.local(DT, (SHIFT,))
     for j in kaio.static_range(SHIFT):
-        if (VEC == 4 or OP in WARP_CHUNK_OPS) and k < REGS // VEC - 1:  # lane 0's next chunk
+        if (VEC == 4 or OP in WARP_CHUNK_OPS or XT != f32) and k < REGS // VEC - 1:  # lane 0's
             up[j] = kaio.shfl_idx(kaio.select(lane == 0, raw[k + 1, j], raw[k, j]), (lane + 1) % 32)
         else:
             up[j] = kaio.select(lane == 31, edge[k, j], kaio.shfl_down(raw[k, j], 1))
@@ -397,7 +403,7 @@ def row_pass(
         seg = s if PASS % 2 == 0 else segments - 1 - s
         first = seg * per + t  # this thread's chunks: first + k step
         step = nt
-        if SHIFT > 0 and (VEC == 4 or OP in WARP_CHUNK_OPS):  # consecutive in a warp
+        if SHIFT > 0 and (VEC == 4 or OP in WARP_CHUNK_OPS or XT != f32):  # consecutive
             first = seg * per + (t - kaio.lane_id()) * (REGS // VEC) + kaio.lane_id()
             step = u32(32)
         if PASS == 0 or s > 0:
@@ -408,9 +414,9 @@ def row_pass(
             for k in kaio.static_range(REGS // VEC):
                 c = first + k * step
                 if SHIFT > 0 and (OP != "rms_norm_residual" or PASS == 0):
-                    fetch_shifted(OP, SHIFT, VEC, raw, edge, k, x, base, c, chunks, DT)
+                    fetch_shifted(OP, SHIFT, VEC, raw, edge, k, x, base, c, chunks, DT, XT)
                 if SHIFT > 0 and OP == "rms_norm_residual" and PASS == 0:
-                    fetch_shifted(OP, SHIFT, VEC, rraw, redge, k, res, base, c, chunks, DT)
+                    fetch_shifted(OP, SHIFT, VEC, rraw, redge, k, res, base, c, chunks, DT, XT)
                 if c < chunks:
                     i = base + c * VEC
                     if OP == "rms_norm_residual" and PASS > 0:
@@ -424,9 +430,9 @@ def row_pass(
             if SHIFT > 0:
                 for k in kaio.static_range(REGS // VEC):
                     if OP != "rms_norm_residual" or PASS == 0:
-                        realign(OP, SHIFT, VEC, raw, edge, k, DT)
+                        realign(OP, SHIFT, VEC, raw, edge, k, DT, XT)
                     if OP == "rms_norm_residual" and PASS == 0:
-                        realign(OP, SHIFT, VEC, rraw, redge, k, DT)
+                        realign(OP, SHIFT, VEC, rraw, redge, k, DT, XT)
             if OP in LOADS_FIRST or SHIFT > 0:
                 for k in kaio.static_range(REGS // VEC):
                     c = first + k * step
@@ -436,7 +442,13 @@ def row_pass(
             top, total, seg_top = exp_segment(VEC, xs, first, step, chunks, top, total, XT)
         wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
         per_group = (
-            EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP
+            1
+            if XT != f32
+            else EDGE_WEIGHTS_GROUP
+            if EDGES
+            else REGS // VEC
+            if VEC > 1
+            else SCALAR_WEIGHTS_GROUP
         )
         for g in kaio.static_range(0, REGS // VEC, per_group):
             if PASS == 1 and OP in WEIGHTS_FIRST:
