@@ -115,6 +115,10 @@ ROWS_VARIANTS = {
         **_EDGES_LATE,
     },
     "warp": {'WARP_CHUNK_OPS = ("rms_norm", "rms_norm_residual")': "WARP_CHUNK_OPS = OPS"},
+    "packed+": {  # PACKED also VEC 1 rms_norm and EDGES layer_norm
+        '"edges": ("rms_norm", "softmax"),': '"edges": ("rms_norm", "layer_norm", "softmax"),',
+        '"scalar": ("layer_norm", "softmax"),': '"scalar": ("rms_norm", "layer_norm", "softmax"),',
+    },
 }
 
 
@@ -160,11 +164,12 @@ ROW_CASES = (
     (PACKED, "f16 +7", F16, (8192, 16384), 7, ("main",)),
     (ALL, "f16 aligned", F16, (8192, 16384), 0, ("main",)),
     (PACKED, "bf16 aligned", torch.bfloat16, (8192, 16384), 0, ("main",)),
-    (PACKED, "bf16 +0", torch.bfloat16, (8192, 16383), 0, ("main",)),
+    (PACKED, "bf16 +0", torch.bfloat16, (8192, 16383), 0, ("main", "packed+")),
     (ALL, "f32 +1", F32, (4096, 16384), 1, ("main",)),
     (ALL, "f32 aligned", F32, (4096, 16384), 0, ("main",)),
-    (PACKED, "f16 +0", F16, (8192, 16383), 0, ("main",)),
-    (PACKED, "f16 +1", F16, (8192, 16383), 1, ("main",)),
+    (PACKED, "f16 +0", F16, (8192, 16383), 0, ("main", "packed+")),
+    (PACKED, "f16 +1", F16, (8192, 16383), 1, ("main", "packed+")),
+    (PACKED, "bf16 +1", torch.bfloat16, (8192, 16383), 1, ("main", "packed+")),
     (WEIGHTED, "f16 +1", F16, (4096, 32768), 1, ("main",)),
     # EDGES
     (WEIGHTED, "f16", F16, (32768, 4095), 0, ("main",)),
