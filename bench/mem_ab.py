@@ -108,13 +108,21 @@ _EDGES_LATE = {
         "                out[at] = DT(ex * scale * f32(w[col]))\n"
     ),
 }
+# 16-bit layer_norm and softmax rows of f32 registers with a thread's chunks a block apart
+# at every shift (WARP_CHUNK_SHIFTS)
+STRIDED = {
+    '"layer_norm": range(3, 8),\n    "softmax": range(4, 8),': (
+        '"layer_norm": (),\n    "softmax": (),'
+    )
+}
 ROWS_VARIANTS = {
     "main": {
         "SHIFT_OPS = OPS": "SHIFT_OPS = ()",
         "packed = threads == MAX_BLOCK and": "packed = False and",
         **_EDGES_LATE,
+        **STRIDED,
     },
-    "warp": {'WARP_CHUNK_OPS = ("rms_norm", "rms_norm_residual")': "WARP_CHUNK_OPS = OPS"},
+    "strided": STRIDED,
     "packed+": {  # PACKED also VEC 1 rms_norm and EDGES layer_norm
         '"edges": ("rms_norm", "softmax"),': '"edges": ("rms_norm", "layer_norm", "softmax"),',
         '"scalar": ("layer_norm", "softmax"),': '"scalar": ("rms_norm", "layer_norm", "softmax"),',
@@ -145,19 +153,18 @@ RMS = ("rms_norm", "rms_norm_residual")
 NORM_SOFTMAX = ("layer_norm", "softmax")
 WEIGHTED = RMS + ("layer_norm",)  # the ops with w (softmax: no edge weights; past 16384
 # elements on sm_90 a cluster of blocks)
-# "warp": every op with a warp's chunks consecutive (WARP_CHUNK_OPS)
 F16, F32 = torch.float16, torch.float32
 ALL = RMS + NORM_SOFTMAX
 PACKED = ("rms_norm", "layer_norm", "softmax")  # rows.PACKED_OPS
 ROW_CASES = (
     (RMS, "f16 +1", F16, (32768, 4096), 1, ("main",)),
-    (NORM_SOFTMAX, "f16 +1", F16, (32768, 4096), 1, ("main", "warp")),
+    (NORM_SOFTMAX, "f16 +1", F16, (32768, 4096), 1, ("main",)),
     (RMS, "bf16 +1", torch.bfloat16, (32768, 4096), 1, ("main",)),
     (NORM_SOFTMAX, "bf16 +1", torch.bfloat16, (32768, 4096), 1, ("main",)),
     (RMS, "f32 +1", F32, (16384, 4096), 1, ("main",)),
     (NORM_SOFTMAX, "f32 +1", F32, (16384, 4096), 1, ("main",)),
     (RMS, "f16 +3", F16, (32768, 4096), 3, ()),
-    *((NORM_SOFTMAX, f"f16 +{k}", F16, (32768, 4096), k, ("warp",)) for k in range(2, 8)),
+    *((NORM_SOFTMAX, f"f16 +{k}", F16, (32768, 4096), k, ("strided",)) for k in range(2, 8)),
     # 512 threads a row
     (ALL, "f16 +1", F16, (8192, 16384), 1, ("main",)),
     (PACKED, "bf16 +1", torch.bfloat16, (8192, 16384), 1, ("main",)),

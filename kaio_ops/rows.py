@@ -85,16 +85,25 @@ EDGE_OPS = OPS
 # 218 µs against 197, Triton 201). Measurements are noted here, not in the kernel: the PTX
 # quotes its source lines, and ptxas takes ASCII only.
 SHIFT_OPS = OPS
-# Ops whose 16-bit SHIFT rows give a warp consecutive chunks, so that lane 31's next chunk
-# is lane 0's next (a shuffle, not loads); f32 rows: every op. The others take a thread's
-# chunks a block apart. Measured both ways on an H100 (µs, x +1 [32768, 4096] f16 / f32
-# [16384, 4096]): f16 rms_norm 189 / 185, rms_norm_residual 366 / 368, layer_norm 220 /
-# 197, softmax 209 / 201 (bf16 rms_norm 189 / 193, rms_norm_residual 366 / 369); f32
-# rms_norm_residual 366 / 372, layer_norm 190 / 191, softmax 186 / 190. ptxas orders the
-# shuffles and the loads differently from kernel to kernel, hence the table. PACKED rows:
-# every op (lane 31 loads only for its last chunk, fewer registers: H100, [8192, 16384]
-# layer_norm bf16 +1 230 -> 204 µs, f16 +7 261 -> 204, softmax f16 +7 236 -> 195).
-WARP_CHUNK_OPS = ("rms_norm", "rms_norm_residual")
+# The shifts at which an op's 16-bit SHIFT rows give a warp consecutive chunks, so that lane
+# 31's next chunk is lane 0's next (a shuffle, not loads); f32 rows and PACKED rows: every
+# op and shift. The others take a thread's chunks a block apart. Measured both ways (µs,
+# warp / block apart): H100, x +1 [32768, 4096] f16 / f32 [16384, 4096]: f16 rms_norm 189 /
+# 185, rms_norm_residual 366 / 368, layer_norm 220 / 197, softmax 209 / 201 (bf16 rms_norm
+# 189 / 193, rms_norm_residual 366 / 369); f32 rms_norm_residual 366 / 372, layer_norm 190
+# / 191, softmax 186 / 190; H200, f16 [32768, 4096] layer_norm +2 .. +7: 193 / 167, 166 /
+# 182, 168 / 208, 170 / 208, 170 / 242, 184 / 251; softmax 184 / 179, 186 / 179, 163 / 180,
+# 164 / 228, 165 / 213, 180 / 239; PACKED [8192, 16384] (H100): layer_norm bf16 +1 204 /
+# 230, f16 +7 204 / 261, softmax f16 +7 195 / 236 (lane 31's loads only for its last chunk:
+# fewer registers). ptxas orders the shuffles and the loads differently from kernel to
+# kernel, hence the table.
+WARP_CHUNK_SHIFTS = {
+    "rms_norm": range(1, 8),
+    "rms_norm_residual": range(1, 8),
+    "layer_norm": range(3, 8),
+    "softmax": range(4, 8),
+}
+WARP_CHUNKS = tuple((op, shift) for op, shifts in WARP_CHUNK_SHIFTS.items() for shift in shifts)
 # The ops whose 16-bit rows on MAX_BLOCK threads keep their part of the row in registers as
 # DT, two elements a register, not f32 (``PACKED``), under launch bounds of two blocks an
 # SM (64 registers a thread, against 80 to 128: one block an SM), by the rows' layout
@@ -172,14 +181,13 @@ def fetch_shifted(
     boundary: raw[k] = the 16-byte vector around the chunk's first element, src[i - SHIFT :
     i - SHIFT + VEC] (i = base + c VEC); on lane 31, edge[k] = the next vector's first SHIFT
     elements, src[i + VEC - SHIFT : i + VEC] (the lane above holds the next vector, see
-    ``realign``; where a warp's chunks are consecutive, WARP_CHUNK_OPS, f32 rows and rows
-    kept in registers as XT = DT (PACKED), lane 0 holds lane 31's, but for the thread's last
-    chunk). Past ``chunks`` the vector after the last chunk
+    ``realign``; where a warp's chunks are consecutive, WARP_CHUNK_SHIFTS, lane 0 holds
+    lane 31's, but for the thread's last chunk). Past ``chunks`` the vector after the last chunk
     is loaded (the row's last VEC elements are edges, so it lies in the row): no load is
     predicated on c, only lane 31's on one predicate (with a predicate a chunk, more than
     the SM's 7 held the loads back)."""
     kaio.load_vector(raw[k], src, base + kaio.min(c, chunks) * VEC - SHIFT)
-    if k == REGS // VEC - 1 or not (VEC == 4 or OP in WARP_CHUNK_OPS or XT != f32):
+    if k == REGS // VEC - 1 or not (VEC == 4 or XT != f32 or (OP, SHIFT) in WARP_CHUNKS):
         if kaio.lane_id() == 31:
             for j in kaio.static_range(SHIFT):
                 edge[k, j] = src[base + kaio.min(c + 1, chunks) * VEC - SHIFT + j]
@@ -202,7 +210,8 @@ def realign(
     lane = kaio.lane_id()
     up = kaio.local(DT, (SHIFT,))
     for j in kaio.static_range(SHIFT):
-        if (VEC == 4 or OP in WARP_CHUNK_OPS or XT != f32) and k < REGS // VEC - 1:  # lane 0's
+        if (VEC == 4 or XT != f32 or (OP, SHIFT) in WARP_CHUNKS) and k < REGS // VEC - 1:
+            # lane 31's next chunk is lane 0's next one
             up[j] = kaio.shfl_idx(kaio.select(lane == 0, raw[k + 1, j], raw[k, j]), (lane + 1) % 32)
         else:
             up[j] = kaio.select(lane == 31, edge[k, j], kaio.shfl_down(raw[k, j], 1))
@@ -403,7 +412,7 @@ def row_pass(
         seg = s if PASS % 2 == 0 else segments - 1 - s
         first = seg * per + t  # this thread's chunks: first + k step
         step = nt
-        if SHIFT > 0 and (VEC == 4 or OP in WARP_CHUNK_OPS or XT != f32):  # consecutive
+        if SHIFT > 0 and (VEC == 4 or XT != f32 or (OP, SHIFT) in WARP_CHUNKS):  # consecutive
             first = seg * per + (t - kaio.lane_id()) * (REGS // VEC) + kaio.lane_id()
             step = u32(32)
         if PASS == 0 or s > 0:
