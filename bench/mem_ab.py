@@ -5,7 +5,8 @@ rows: ``kaio_ops.rows`` against variants of it (the module's text with constants
 imported from a temporary file; ``ROWS_VARIANTS``, "main": as on main) and Triton, on rows
 that do not start or end on a 16-byte boundary (``ROW_CASES``: x and the residual one or
 three elements past an allocation, w and b aligned: SHIFT, VEC 1 on main; rows of 4095
-elements: EDGES). --cases: only the row cases whose name contains one of these. --silu: also
+elements: EDGES). --cases: only the row cases whose name contains one of these (is one:
+"=NAME"). --silu: also
 API.md's one-element-a-thread silu*gate kernel at other block sizes, with
 ``fastmath=True`` and with ld.global.nc loads, ``examples/quickstart.py``'s
 four-elements-a-thread kernel, and Triton.
@@ -165,6 +166,10 @@ ROW_CASES = (
     (NORM_SOFTMAX, "f32 +1", F32, (16384, 4096), 1, ("main",)),
     (RMS, "f16 +3", F16, (32768, 4096), 3, ()),
     *((NORM_SOFTMAX, f"f16 +{k}", F16, (32768, 4096), k, ("strided",)) for k in range(2, 8)),
+    *(
+        (NORM_SOFTMAX, f"bf16 +{k}", torch.bfloat16, (32768, 4096), k, ("strided",))
+        for k in (3, 5, 7)
+    ),
     # 512 threads a row
     (ALL, "f16 +1", F16, (8192, 16384), 1, ("main",)),
     (PACKED, "bf16 +1", torch.bfloat16, (8192, 16384), 1, ("main",)),
@@ -188,11 +193,17 @@ def _case_name(case) -> str:
     return f"{case[1]} {list(case[3])}"
 
 
-def selected(names) -> list:
-    """Indices of the ROW_CASES whose name (dtype, offset, shape) contains one of ``names``
-    (all without)."""
+def _matches(pattern: str, name: str) -> bool:
+    return pattern[1:] == name if pattern.startswith("=") else pattern in name
+
+
+def selected(patterns) -> list:
+    """Indices of the ROW_CASES whose name (dtype, offset, shape) contains one of
+    ``patterns`` (is one, where it starts with "="; all without)."""
     return [
-        i for i, c in enumerate(ROW_CASES) if not names or any(o in _case_name(c) for o in names)
+        i
+        for i, c in enumerate(ROW_CASES)
+        if not patterns or any(_matches(p, _case_name(c)) for p in patterns)
     ]
 
 
