@@ -114,7 +114,8 @@ WARP_CHUNKS = tuple((op, shift) for op, shifts in WARP_CHUNK_SHIFTS.items() for 
 # / 184, 183; softmax 235 / 183, 183; rows of 16383 (EDGES) rms_norm 264 / 196, softmax 271
 # / 191; x +1 and 16383 (VEC 1) layer_norm 302 / 275, softmax 361 / 246. Not packed where
 # it did not pay: rms_norm_residual (+1: 373 / 434, spills), aligned layer_norm (185 / 186),
-# EDGES layer_norm (228 / 243), VEC 1 rms_norm (309 / 307).
+# EDGES layer_norm (228 / 243; H200 222 / 239), VEC 1 rms_norm (309 / 307; its weights a
+# chunk at a time, H200: 276 / 582).
 PACKED_OPS = {
     "shift": ("rms_norm", "layer_norm", "softmax"),
     "aligned": ("rms_norm", "softmax"),
