@@ -109,13 +109,13 @@ WARP_CHUNKS = tuple((op, shift) for op, shifts in WARP_CHUNK_SHIFTS.items() for 
 # SM (64 registers a thread, against 80 to 128: one block an SM), by the rows' layout
 # (``kind``). Softmax then computes its exps again in the output pass. Measured on an H100
 # (µs, f16 [8192, 16384], f32 in registers / DT, Triton): x +1 rms_norm 259 / 187, 195;
-# layer_norm 301 / 208, 207; softmax 278 / 192, 201 (bf16 and x +7 likewise, but layer_norm
-# and softmax +7 at 263 and 236 against Triton's 211 and 207: spills); aligned rms_norm 220
-# / 184, 183; softmax 235 / 183, 183; rows of 16383 (EDGES) rms_norm 264 / 196, softmax 271
-# / 191; x +1 and 16383 (VEC 1) layer_norm 302 / 275, softmax 361 / 246. Not packed where
-# it did not pay: rms_norm_residual (+1: 373 / 434, spills), aligned layer_norm (185 / 186),
-# EDGES layer_norm (228 / 243; H200 222 / 239), VEC 1 rms_norm (309 / 307; its weights a
-# chunk at a time, H200: 276 / 582).
+# layer_norm 301 / 208, 207; softmax 278 / 192, 201 (bf16 and x +7 likewise; layer_norm and
+# softmax +7 spilled, see WARP_CHUNK_SHIFTS); aligned rms_norm 220 / 184, 183; softmax 235
+# / 183, 183; rows of 16383 (EDGES) rms_norm 264 / 196, softmax 271 / 191; x +1 and 16383
+# (VEC 1) layer_norm 302 / 275, softmax 361 / 246. Not packed where it did not pay:
+# rms_norm_residual (+1: 372 / 434, spills), aligned layer_norm (185 / 186), EDGES
+# layer_norm (228 / 243; H200 222 / 239), VEC 1 rms_norm (309 / 307; its weights a chunk
+# at a time, H200: 276 / 582).
 PACKED_OPS = {
     "shift": ("rms_norm", "layer_norm", "softmax"),
     "aligned": ("rms_norm", "softmax"),
