@@ -1,19 +1,20 @@
 """Row ops: ``rms_norm``, ``rms_norm_residual``, ``layer_norm``, ``softmax``.
 
 One kernel, ``_rows``, specialized per op (``OP``), element type, ``VEC``, ``EDGES``,
-``SHIFT``, ``WIDE`` and ``PACKED``; one block per row (rows: the last dimension). ``EDGES``: 16-byte
-chunks on rows that do not start or end on a 16-byte boundary in an array that does
-(``layout``); ``SHIFT``: 16-byte chunks aligned with w and the outputs on rows whose x
-starts SHIFT elements past a 16-byte boundary (x's vectors realigned in registers);
-``WIDE``: launched with MAX_BLOCK threads (under launch bounds, ``launch_flags``);
-``PACKED``: 16-bit rows on MAX_BLOCK threads that keep the row in registers as DT
-(``PACKED_OPS``). Each thread caches its part of the row in ``REGS`` f32 (or DT) registers, ``REGS // VEC`` chunks of ``VEC`` elements (one 16-byte access each when
-``VEC > 1``), so a row is read from memory once when it fits in the block's registers (up to
-16384 elements with MAX_BLOCK = 512 threads; 1024-thread blocks would cap the kernels at 64
-registers a thread, which the driver's compilation can exceed). Softmax sends longer rows
-to a cluster of blocks on sm_90 (``kaio_ops._long_rows``). Otherwise longer rows are walked
-in segments of that size; passes alternate direction, so each starts with the segment the
-previous pass left in registers and reads the others again. The passes:
+``SHIFT``, ``WIDE`` and ``PACKED``; one block per row (rows: the last dimension).
+``EDGES``: 16-byte chunks on rows that do not start or end on a 16-byte boundary in an
+array that does (``layout``); ``SHIFT``: 16-byte chunks aligned with w and the outputs on
+rows whose x starts SHIFT elements past a 16-byte boundary (x's vectors realigned in
+registers); ``WIDE``: launched with MAX_BLOCK threads (under launch bounds,
+``launch_flags``); ``PACKED``: 16-bit rows on MAX_BLOCK threads that keep the row in
+registers as DT (``PACKED_OPS``). Each thread caches its part of the row in ``REGS`` f32
+(or DT) registers, ``REGS // VEC`` chunks of ``VEC`` elements (one 16-byte access each
+when ``VEC > 1``), so a row is read from memory once when it fits in the block's registers
+(up to 16384 elements with MAX_BLOCK = 512 threads; 1024-thread blocks would cap the
+kernels at 64 registers a thread, which the driver's compilation can exceed). Softmax
+sends longer rows to a cluster of blocks on sm_90 (``kaio_ops._long_rows``). Otherwise
+longer rows are walked in segments of that size; passes alternate direction, so each
+starts with the segment the previous pass left in registers and reads the others again. The passes:
 
 - pass 0 loads (rms_norm_residual adds the residual and stores the sum here; softmax and
   the rms norms issue all of a segment's loads before converting any, see ``LOADS_FIRST``)
