@@ -1,10 +1,12 @@
 """A/B of the memory-bound kernels in one process: python bench/mem_ab.py [--silu]
-[--out results.json].
+[--prewarm N] [--cases NAME ...] [--out results.json].
 
 rows: ``kaio_ops.rows`` against variants of it (the module's text with constants replaced,
 imported from a temporary file; ``ROWS_VARIANTS``, "main": as on main) and Triton, on rows
-that do not start on a 16-byte boundary (``ROW_CASES``: x and the residual one or three
-elements past an allocation, w and b aligned: SHIFT, VEC 1 on main). --silu: also
+that do not start or end on a 16-byte boundary (``ROW_CASES``: x and the residual one or
+three elements past an allocation, w and b aligned: SHIFT, VEC 1 on main; rows of 4095
+elements: EDGES). --cases: only the row cases whose name contains one of these (is one:
+"=NAME"). --silu: also
 API.md's one-element-a-thread silu*gate kernel at other block sizes, with
 ``fastmath=True`` and with ld.global.nc loads, ``examples/quickstart.py``'s
 four-elements-a-thread kernel, and Triton.
@@ -88,9 +90,41 @@ def silu_cases(h: Harness) -> None:
 
 
 # rows.py variants: name -> {text in rows.py: its replacement}. "main": as on main (rows
-# whose x starts off a 16-byte boundary on the scalar path, VEC 1)
+# whose x starts off a 16-byte boundary on the scalar path, VEC 1; with EDGES, the edge
+# elements' w and b loaded after the output pass, no PACKED, layer_norm and softmax
+# strided); "strided": 16-bit layer_norm and softmax with a thread's chunks a block apart
+_EDGES_LATE = {
+    '        if OP != "softmax" and inside:  # its w and b with x (see SHIFT_OPS)\n': (
+        '        if SHIFT > 0 and inside and OP != "softmax":\n'
+    ),
+    "            out[at] = DT((ex - mean) * scale * ew + eb)\n": (
+        "            if SHIFT > 0:\n"
+        "                out[at] = DT((ex - mean) * scale * ew + eb)\n"
+        "            else:\n"
+        "                out[at] = DT((ex - mean) * scale * f32(w[col]) + f32(b[col]))\n"
+    ),
+    "            out[at] = DT(ex * scale * ew)\n": (
+        "            if SHIFT > 0:\n"
+        "                out[at] = DT(ex * scale * ew)\n"
+        "            else:\n"
+        "                out[at] = DT(ex * scale * f32(w[col]))\n"
+    ),
+}
+# 16-bit layer_norm and softmax rows of f32 registers with a thread's chunks a block apart
+# at every shift (WARP_CHUNK_SHIFTS)
+STRIDED = {
+    '"layer_norm": range(3, 8),\n    "softmax": range(4, 8),': (
+        '"layer_norm": (),\n    "softmax": (),'
+    )
+}
 ROWS_VARIANTS = {
-    "main": {"SHIFT_OPS = OPS": "SHIFT_OPS = ()"},
+    "main": {
+        "SHIFT_OPS = OPS": "SHIFT_OPS = ()",
+        "packed = threads == MAX_BLOCK and": "packed = False and",
+        **_EDGES_LATE,
+        **STRIDED,
+    },
+    "strided": STRIDED,
 }
 
 
@@ -115,16 +149,59 @@ def _rows_variant(where: str, name: str, replacements: dict):
 # past an allocation (offset 1: not 16-byte aligned); rows of an odd length start on one
 RMS = ("rms_norm", "rms_norm_residual")
 NORM_SOFTMAX = ("layer_norm", "softmax")
-F16 = torch.float16
+WEIGHTED = RMS + ("layer_norm",)  # the ops with w (softmax: no edge weights; past 16384
+# elements on sm_90 a cluster of blocks)
+F16, F32 = torch.float16, torch.float32
+ALL = RMS + NORM_SOFTMAX
+PACKED = ("rms_norm", "layer_norm", "softmax")  # rows.PACKED_OPS
 ROW_CASES = (
     (RMS, "f16 +1", F16, (32768, 4096), 1, ("main",)),
     (NORM_SOFTMAX, "f16 +1", F16, (32768, 4096), 1, ("main",)),
     (RMS, "bf16 +1", torch.bfloat16, (32768, 4096), 1, ("main",)),
     (NORM_SOFTMAX, "bf16 +1", torch.bfloat16, (32768, 4096), 1, ("main",)),
-    (RMS, "f32 +1", torch.float32, (16384, 4096), 1, ("main",)),
-    (NORM_SOFTMAX, "f32 +1", torch.float32, (16384, 4096), 1, ("main",)),
-    (RMS + NORM_SOFTMAX, "f16 +3", F16, (32768, 4096), 3, ()),
+    (RMS, "f32 +1", F32, (16384, 4096), 1, ("main",)),
+    (NORM_SOFTMAX, "f32 +1", F32, (16384, 4096), 1, ("main",)),
+    (RMS, "f16 +3", F16, (32768, 4096), 3, ()),
+    *((NORM_SOFTMAX, f"f16 +{k}", F16, (32768, 4096), k, ("strided",)) for k in range(2, 8)),
+    *(
+        (NORM_SOFTMAX, f"bf16 +{k}", torch.bfloat16, (32768, 4096), k, ("strided",))
+        for k in (3, 5, 7)
+    ),
+    # 512 threads a row
+    (ALL, "f16 +1", F16, (8192, 16384), 1, ("main",)),
+    (PACKED, "bf16 +1", torch.bfloat16, (8192, 16384), 1, ("main",)),
+    (PACKED, "f16 +7", F16, (8192, 16384), 7, ("main",)),
+    (ALL, "f16 aligned", F16, (8192, 16384), 0, ("main",)),
+    (PACKED, "bf16 aligned", torch.bfloat16, (8192, 16384), 0, ("main",)),
+    (PACKED, "bf16 +0", torch.bfloat16, (8192, 16383), 0, ("main",)),
+    (ALL, "f32 +1", F32, (4096, 16384), 1, ("main",)),
+    (ALL, "f32 aligned", F32, (4096, 16384), 0, ("main",)),
+    (PACKED, "f16 +0", F16, (8192, 16383), 0, ("main",)),
+    (PACKED, "f16 +1", F16, (8192, 16383), 1, ("main",)),
+    (PACKED, "bf16 +1", torch.bfloat16, (8192, 16383), 1, ("main",)),
+    (WEIGHTED, "f16 +1", F16, (4096, 32768), 1, ("main",)),
+    # EDGES
+    (WEIGHTED, "f16", F16, (32768, 4095), 0, ("main",)),
+    (WEIGHTED, "f32", F32, (16384, 4095), 0, ("main",)),
 )
+
+
+def _case_name(case) -> str:
+    return f"{case[1]} {list(case[3])}"
+
+
+def _matches(pattern: str, name: str) -> bool:
+    return pattern[1:] == name if pattern.startswith("=") else pattern in name
+
+
+def selected(patterns) -> list:
+    """Indices of the ROW_CASES whose name (dtype, offset, shape) contains one of
+    ``patterns`` (is one, where it starts with "="; all without)."""
+    return [
+        i
+        for i, c in enumerate(ROW_CASES)
+        if not patterns or any(_matches(p, _case_name(c)) for p in patterns)
+    ]
 
 
 def _residual(x, r):
@@ -192,9 +269,9 @@ def _warm(where: str, case: int) -> str:
         return f"{type(e).__name__}: {e}"[:200]
 
 
-def prewarm(where: str, workers: int) -> None:
-    """Every case's kernels compiled in ``workers`` processes at once (``_warm``): the timed
-    run then loads them from the disk caches."""
+def prewarm(where: str, workers: int, cases: list) -> None:
+    """The kernels of ``cases`` (indices into ROW_CASES) compiled in ``workers`` processes at
+    once (``_warm``): the timed run then loads them from the disk caches."""
     import concurrent.futures
     import multiprocessing
     import time
@@ -202,15 +279,15 @@ def prewarm(where: str, workers: int) -> None:
     t = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        jobs = [pool.submit(_warm, where, case) for case in range(len(ROW_CASES))]
+        jobs = [pool.submit(_warm, where, case) for case in cases]
         errors = [e for e in (job.result() for job in jobs) if e]
-    print(f"prewarm: {len(ROW_CASES)} cases in {time.time() - t:.1f} s {errors}", flush=True)
+    print(f"prewarm: {len(cases)} cases in {time.time() - t:.1f} s {errors}", flush=True)
 
 
-def row_cases(h: Harness, where: str) -> None:
-    """Every case of ROW_CASES: the shipped rows module, its variants and Triton."""
+def row_cases(h: Harness, where: str, cases: list) -> None:
+    """The ``cases`` of ROW_CASES: the shipped rows module, its variants and Triton."""
     mods = {k: _rows_variant(where, k, v) for k, v in ROWS_VARIANTS.items()}
-    for ops, name, dt, shape, offset, variants in ROW_CASES:
+    for ops, name, dt, shape, offset, variants in (ROW_CASES[i] for i in cases):
         n = shape[0] * shape[1]
         size = torch.tensor([], dtype=dt).element_size()
 
@@ -236,17 +313,19 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--silu", action="store_true", help="also the silu*gate user kernel")
     p.add_argument("--prewarm", type=int, default=0, help="compile in this many processes first")
+    p.add_argument("--cases", nargs="*", help="the row cases whose name contains one of these")
     args, _ = p.parse_known_args()
+    cases = selected(args.cases)
     # the variants' files at one path for every process (their kernels' cache keys)
     where = os.path.join(tempfile.gettempdir(), f"mem_ab_variants_{os.getpid()}")
     os.makedirs(where, exist_ok=True)
     if args.prewarm:
-        prewarm(where, args.prewarm)
+        prewarm(where, args.prewarm, cases)
     h = Harness.from_args("memory-bound A/B: silu*gate user kernel, rows variants")
     print(f"GPU: {h.meta['gpu']}; copy bandwidth {h.copy_bandwidth():.0f} GB/s", flush=True)
     if args.silu:
         silu_cases(h)
-    row_cases(h, where)
+    row_cases(h, where, cases)
     h.copy_bandwidth()
     h.finish()
     print(h.table())

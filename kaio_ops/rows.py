@@ -1,18 +1,20 @@
 """Row ops: ``rms_norm``, ``rms_norm_residual``, ``layer_norm``, ``softmax``.
 
 One kernel, ``_rows``, specialized per op (``OP``), element type, ``VEC``, ``EDGES``,
-``SHIFT`` and ``WIDE``; one block per row (rows: the last dimension). ``EDGES``: 16-byte
-chunks on rows that do not start or end on a 16-byte boundary in an array that does
-(``layout``); ``SHIFT``: 16-byte chunks aligned with w and the outputs on rows whose x
-starts SHIFT elements past a 16-byte boundary (x's vectors realigned in registers);
-``WIDE``: launched with MAX_BLOCK threads. Each thread caches its part of the row in ``REGS``
-f32 registers, ``REGS // VEC`` chunks of ``VEC`` elements (one 16-byte access each when
-``VEC > 1``), so a row is read from memory once when it fits in the block's registers (up to
-16384 elements with MAX_BLOCK = 512 threads; 1024-thread blocks would cap the kernels at 64
-registers a thread, which the driver's compilation can exceed). Softmax sends longer rows
-to a cluster of blocks on sm_90 (``kaio_ops._long_rows``). Otherwise longer rows are walked
-in segments of that size; passes alternate direction, so each starts with the segment the
-previous pass left in registers and reads the others again. The passes:
+``SHIFT``, ``WIDE`` and ``PACKED``; one block per row (rows: the last dimension).
+``EDGES``: 16-byte chunks on rows that do not start or end on a 16-byte boundary in an
+array that does (``layout``); ``SHIFT``: 16-byte chunks aligned with w and the outputs on
+rows whose x starts SHIFT elements past a 16-byte boundary (x's vectors realigned in
+registers); ``WIDE``: launched with MAX_BLOCK threads (under launch bounds,
+``launch_flags``); ``PACKED``: 16-bit rows on MAX_BLOCK threads that keep the row in
+registers as DT (``PACKED_OPS``). Each thread caches its part of the row in ``REGS`` f32
+(or DT) registers, ``REGS // VEC`` chunks of ``VEC`` elements (one 16-byte access each
+when ``VEC > 1``), so a row is read from memory once when it fits in the block's registers
+(up to 16384 elements with MAX_BLOCK = 512 threads; 1024-thread blocks would cap the
+kernels at 64 registers a thread, which the driver's compilation can exceed). Softmax
+sends longer rows to a cluster of blocks on sm_90 (``kaio_ops._long_rows``). Otherwise
+longer rows are walked in segments of that size; passes alternate direction, so each
+starts with the segment the previous pass left in registers and reads the others again. The passes:
 
 - pass 0 loads (rms_norm_residual adds the residual and stores the sum here; softmax and
   the rms norms issue all of a segment's loads before converting any, see ``LOADS_FIRST``)
@@ -66,7 +68,8 @@ LOADS_FIRST = ("softmax", "rms_norm", "rms_norm_residual")
 # thread, rms_norm f32 195 -> 215 µs; 8, against one a chunk, on rows one element past an
 # allocation, H100: rms_norm f16 275 -> 253 µs, rms_norm_residual f16 498 -> 440, f32
 # 407 -> 370); one with EDGES (all of a segment's, the scalar loads where w is not aligned
-# with the chunks held 40 more registers, rms_norm f16 120, and took 247 µs against 201).
+# with the chunks held 40 more registers, rms_norm f16 120, and took 247 µs against 201);
+# one on PACKED rows (64 registers: H100, bf16 [8192, 16384] x +1 rms_norm 199 -> 189 µs).
 WEIGHTS_FIRST = ("rms_norm", "rms_norm_residual")
 SCALAR_WEIGHTS_GROUP = 8
 EDGE_WEIGHTS_GROUP = 1
@@ -84,14 +87,43 @@ EDGE_OPS = OPS
 # 218 µs against 197, Triton 201). Measurements are noted here, not in the kernel: the PTX
 # quotes its source lines, and ptxas takes ASCII only.
 SHIFT_OPS = OPS
-# Ops whose 16-bit SHIFT rows give a warp consecutive chunks, so that lane 31's next chunk
-# is lane 0's next (a shuffle, not loads); f32 rows: every op. The others take a thread's
-# chunks a block apart. Measured both ways on an H100 (µs, x +1 [32768, 4096] f16 / f32
-# [16384, 4096]): f16 rms_norm 189 / 185, rms_norm_residual 366 / 368, layer_norm 220 /
-# 197, softmax 209 / 201 (bf16 rms_norm 189 / 193, rms_norm_residual 366 / 369); f32
-# rms_norm_residual 366 / 372, layer_norm 190 / 191, softmax 186 / 190. ptxas orders the
-# shuffles and the loads differently from kernel to kernel, hence the table.
-WARP_CHUNK_OPS = ("rms_norm", "rms_norm_residual")
+# The shifts at which an op's 16-bit SHIFT rows give a warp consecutive chunks, so that lane
+# 31's next chunk is lane 0's next (a shuffle, not loads); f32 rows and PACKED rows: every
+# op and shift. The others take a thread's chunks a block apart. Measured both ways (µs,
+# warp / block apart): H100, x +1 [32768, 4096] f16 / f32 [16384, 4096]: f16 rms_norm 189 /
+# 185, rms_norm_residual 366 / 368, layer_norm 220 / 197, softmax 209 / 201 (bf16 rms_norm
+# 189 / 193, rms_norm_residual 366 / 369); f32 rms_norm_residual 366 / 372, layer_norm 190
+# / 191, softmax 186 / 190; H200, f16 [32768, 4096] layer_norm +2 .. +7: 193 / 167, 166 /
+# 182, 168 / 208, 170 / 208, 170 / 242, 184 / 251; softmax 184 / 179, 186 / 179, 163 / 180,
+# 164 / 228, 165 / 213, 180 / 239; PACKED [8192, 16384] (H100): layer_norm bf16 +1 204 /
+# 230, f16 +7 204 / 261, softmax f16 +7 195 / 236 (lane 31's loads only for its last chunk:
+# fewer registers). ptxas orders the shuffles and the loads differently from kernel to
+# kernel, hence the table.
+WARP_CHUNK_SHIFTS = {
+    "rms_norm": range(1, 8),
+    "rms_norm_residual": range(1, 8),
+    "layer_norm": range(3, 8),
+    "softmax": range(4, 8),
+}
+WARP_CHUNKS = tuple((op, shift) for op, shifts in WARP_CHUNK_SHIFTS.items() for shift in shifts)
+# The ops whose 16-bit rows on MAX_BLOCK threads keep their part of the row in registers as
+# DT, two elements a register, not f32 (``PACKED``), under launch bounds of two blocks an
+# SM (64 registers a thread, against 80 to 128: one block an SM), by the rows' layout
+# (``kind``). Softmax then computes its exps again in the output pass. Measured on an H100
+# (µs, f16 [8192, 16384], f32 in registers / DT, Triton): x +1 rms_norm 259 / 187, 195;
+# layer_norm 301 / 208, 207; softmax 278 / 192, 201 (bf16 and x +7 likewise; layer_norm and
+# softmax +7 spilled, see WARP_CHUNK_SHIFTS); aligned rms_norm 220 / 184, 183; softmax 235
+# / 183, 183; rows of 16383 (EDGES) rms_norm 264 / 196, softmax 271 / 191; x +1 and 16383
+# (VEC 1) layer_norm 302 / 275, softmax 361 / 246. Not packed where it did not pay:
+# rms_norm_residual (+1: 372 / 434, spills), aligned layer_norm (185 / 186), EDGES
+# layer_norm (228 / 243; H200 222 / 239), VEC 1 rms_norm (309 / 307; its weights a chunk
+# at a time, H200: 276 / 582).
+PACKED_OPS = {
+    "shift": ("rms_norm", "layer_norm", "softmax"),
+    "aligned": ("rms_norm", "softmax"),
+    "edges": ("rms_norm", "softmax"),
+    "scalar": ("layer_norm", "softmax"),
+}
 
 
 @kaio.gpu_func
@@ -146,18 +178,19 @@ def fetch_shifted(
     c: u32,
     chunks: u32,
     DT: kaio.constexpr,
+    XT: kaio.constexpr,
 ):
     """For chunk c of a row whose chunks start at src[base], SHIFT elements past a 16-byte
     boundary: raw[k] = the 16-byte vector around the chunk's first element, src[i - SHIFT :
     i - SHIFT + VEC] (i = base + c VEC); on lane 31, edge[k] = the next vector's first SHIFT
     elements, src[i + VEC - SHIFT : i + VEC] (the lane above holds the next vector, see
-    ``realign``; where a warp's chunks are consecutive, WARP_CHUNK_OPS, lane 0 holds lane
-    31's, but for the thread's last chunk). Past ``chunks`` the vector after the last chunk
+    ``realign``; where a warp's chunks are consecutive, WARP_CHUNK_SHIFTS, lane 0 holds
+    lane 31's, but for the thread's last chunk). Past ``chunks`` the vector after the last chunk
     is loaded (the row's last VEC elements are edges, so it lies in the row): no load is
     predicated on c, only lane 31's on one predicate (with a predicate a chunk, more than
     the SM's 7 held the loads back)."""
     kaio.load_vector(raw[k], src, base + kaio.min(c, chunks) * VEC - SHIFT)
-    if k == REGS // VEC - 1 or not (VEC == 4 or OP in WARP_CHUNK_OPS):
+    if k == REGS // VEC - 1 or not (VEC == 4 or XT != f32 or (OP, SHIFT) in WARP_CHUNKS):
         if kaio.lane_id() == 31:
             for j in kaio.static_range(SHIFT):
                 edge[k, j] = src[base + kaio.min(c + 1, chunks) * VEC - SHIFT + j]
@@ -172,6 +205,7 @@ def realign(
     edge: DT[:, :],
     k: kaio.constexpr,
     DT: kaio.constexpr,
+    XT: kaio.constexpr,
 ):
     """raw[k] = the chunk's elements from what ``fetch_shifted`` loaded: its vector's last
     VEC - SHIFT elements and the next vector's first SHIFT, which the lane above loaded as
@@ -179,7 +213,8 @@ def realign(
     lane = kaio.lane_id()
     up = kaio.local(DT, (SHIFT,))
     for j in kaio.static_range(SHIFT):
-        if (VEC == 4 or OP in WARP_CHUNK_OPS) and k < REGS // VEC - 1:  # lane 0's next chunk
+        if (VEC == 4 or XT != f32 or (OP, SHIFT) in WARP_CHUNKS) and k < REGS // VEC - 1:
+            # lane 31's next chunk is lane 0's next one
             up[j] = kaio.shfl_idx(kaio.select(lane == 0, raw[k + 1, j], raw[k, j]), (lane + 1) % 32)
         else:
             up[j] = kaio.select(lane == 31, edge[k, j], kaio.shfl_down(raw[k, j], 1))
@@ -194,23 +229,24 @@ def take_chunk(
     PASS: kaio.constexpr,
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
-    xs: f32[:],
+    xs: XT[:],
     raw: DT[:, :],
     rraw: DT[:, :],
     k: kaio.constexpr,
     res_out: DT[:],
     i: u32,
     DT: kaio.constexpr,
+    XT: kaio.constexpr,
 ):
-    """xs[k VEC : (k + 1) VEC] = the fetched chunk k in f32 (for rms_norm_residual in pass 0:
+    """xs[k VEC : (k + 1) VEC] = the fetched chunk k in XT (for rms_norm_residual in pass 0:
     x + res, rounded to DT and stored to res_out at i)."""
     for j in kaio.static_range(VEC):
-        xs[k * VEC + j] = f32(raw[k, j])
+        xs[k * VEC + j] = XT(raw[k, j])
     if OP == "rms_norm_residual" and PASS == 0:
         rv = kaio.local(f32, (VEC,))
         for j in kaio.static_range(VEC):
-            rv[j] = xs[k * VEC + j] + f32(rraw[k, j])
-            xs[k * VEC + j] = f32(DT(rv[j]))  # normalize exactly what is stored
+            rv[j] = f32(xs[k * VEC + j]) + f32(rraw[k, j])
+            xs[k * VEC + j] = XT(DT(rv[j]))  # normalize exactly what is stored
         store_f32(res_out, i, rv, 0, VEC, DT)
 
 
@@ -219,20 +255,21 @@ def accumulate(
     PASS: kaio.constexpr,
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
-    xs: f32[:],
+    xs: XT[:],
     at: kaio.constexpr,
     total: f32,
     shift: f32,
+    XT: kaio.constexpr,
 ) -> f32:
     """``total`` plus pass PASS's sum over the chunk xs[at : at + VEC]: of x (layer norm's
     pass 0), x * x (rms norms), (x - shift)^2 (layer norm's pass 1: shift is the mean)."""
     for j in kaio.static_range(VEC):
         if PASS == 0 and OP == "layer_norm":
-            total += xs[at + j]
+            total += f32(xs[at + j])
         elif PASS == 0:
-            total += xs[at + j] * xs[at + j]
+            total += f32(xs[at + j]) * f32(xs[at + j])
         else:
-            d = xs[at + j] - shift
+            d = f32(xs[at + j]) - shift
             total += d * d
     return total
 
@@ -253,7 +290,7 @@ def out_value(OP: kaio.constexpr, x: f32, shift: f32, scale: f32) -> f32:
 def write_chunk(
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
-    xs: f32[:],
+    xs: XT[:],
     at: kaio.constexpr,
     w: DT[:],
     wraw: DT[:, :],
@@ -269,6 +306,7 @@ def write_chunk(
     w_vector: bool_,
     EDGES: kaio.constexpr,
     DT: kaio.constexpr,
+    XT: kaio.constexpr,
 ):
     """The output pass on the chunk xs[at : at + VEC] (row element col, array element i):
     ``out_value``, times w (rms norms; for the ops in WEIGHTS_FIRST wraw[k] holds the
@@ -285,12 +323,12 @@ def write_chunk(
             wv[j] = f32(wraw[k, j])
     elif OP != "softmax":
         load_f32(wv, 0, w, col, VEC, DT)
-    if OP == "softmax" and cached:
+    if OP == "softmax" and XT == f32 and cached:
         for j in kaio.static_range(VEC):
             ov[j] = xs[at + j] * seg_scale
     else:
         for j in kaio.static_range(VEC):
-            v = out_value(OP, xs[at + j], shift, scale)
+            v = out_value(OP, f32(xs[at + j]), shift, scale)
             if OP == "layer_norm":
                 ov[j] = v * wv[j] + bv[j]
             elif OP == "softmax":
@@ -302,7 +340,14 @@ def write_chunk(
 
 @kaio.gpu_func
 def exp_segment(
-    VEC: kaio.constexpr, xs: f32[:], first: u32, step: u32, chunks: u32, top: f32, total: f32
+    VEC: kaio.constexpr,
+    xs: XT[:],
+    first: u32,
+    step: u32,
+    chunks: u32,
+    top: f32,
+    total: f32,
+    XT: kaio.constexpr,
 ):
     """Softmax's pass 0 on the segment in xs (chunks first + k * step): seg_top = its max over
     this thread's chunks, xs = exp(xs - seg_top), and (seg_top, the sum of those) merged
@@ -312,13 +357,14 @@ def exp_segment(
     for k in kaio.static_range(REGS // VEC):
         if first + k * step < chunks:
             for j in kaio.static_range(VEC):
-                seg_top = kaio.max(seg_top, xs[k * VEC + j])
+                seg_top = kaio.max(seg_top, f32(xs[k * VEC + j]))
     s = 0.0
     for k in kaio.static_range(REGS // VEC):
         if first + k * step < chunks:
             for j in kaio.static_range(VEC):
-                e = kaio.exp2_ftz((xs[k * VEC + j] - seg_top) * LOG2E)
-                xs[k * VEC + j] = e
+                e = kaio.exp2_ftz((f32(xs[k * VEC + j]) - seg_top) * LOG2E)
+                if XT == f32:
+                    xs[k * VEC + j] = e
                 s += e
     top, total = merge_max_sum(top, total, seg_top, s)
     return top, total, seg_top
@@ -329,7 +375,7 @@ def row_pass(
     PASS: kaio.constexpr,
     OP: kaio.constexpr,
     VEC: kaio.constexpr,
-    xs: f32[:],
+    xs: XT[:],
     x: DT[:],
     res: DT[:],
     res_out: DT[:],
@@ -346,6 +392,7 @@ def row_pass(
     EDGES: kaio.constexpr,
     SHIFT: kaio.constexpr,
     DT: kaio.constexpr,
+    XT: kaio.constexpr,
 ):
     """One pass over this block's row (``chunks`` chunks of VEC from array element base, row
     element col0; with EDGES the weights' chunks are 16-byte aligned only when ``w_ok``): the
@@ -368,7 +415,7 @@ def row_pass(
         seg = s if PASS % 2 == 0 else segments - 1 - s
         first = seg * per + t  # this thread's chunks: first + k step
         step = nt
-        if SHIFT > 0 and (VEC == 4 or OP in WARP_CHUNK_OPS):  # consecutive in a warp
+        if SHIFT > 0 and (VEC == 4 or XT != f32 or (OP, SHIFT) in WARP_CHUNKS):  # consecutive
             first = seg * per + (t - kaio.lane_id()) * (REGS // VEC) + kaio.lane_id()
             step = u32(32)
         if PASS == 0 or s > 0:
@@ -379,9 +426,9 @@ def row_pass(
             for k in kaio.static_range(REGS // VEC):
                 c = first + k * step
                 if SHIFT > 0 and (OP != "rms_norm_residual" or PASS == 0):
-                    fetch_shifted(OP, SHIFT, VEC, raw, edge, k, x, base, c, chunks, DT)
+                    fetch_shifted(OP, SHIFT, VEC, raw, edge, k, x, base, c, chunks, DT, XT)
                 if SHIFT > 0 and OP == "rms_norm_residual" and PASS == 0:
-                    fetch_shifted(OP, SHIFT, VEC, rraw, redge, k, res, base, c, chunks, DT)
+                    fetch_shifted(OP, SHIFT, VEC, rraw, redge, k, res, base, c, chunks, DT, XT)
                 if c < chunks:
                     i = base + c * VEC
                     if OP == "rms_norm_residual" and PASS > 0:
@@ -391,23 +438,29 @@ def row_pass(
                     if OP == "rms_norm_residual" and PASS == 0 and SHIFT == 0:
                         fetch(VEC, rraw, k, res, i, DT)
                     if OP not in LOADS_FIRST and SHIFT == 0:
-                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, i, DT)
+                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, i, DT, XT)
             if SHIFT > 0:
                 for k in kaio.static_range(REGS // VEC):
                     if OP != "rms_norm_residual" or PASS == 0:
-                        realign(OP, SHIFT, VEC, raw, edge, k, DT)
+                        realign(OP, SHIFT, VEC, raw, edge, k, DT, XT)
                     if OP == "rms_norm_residual" and PASS == 0:
-                        realign(OP, SHIFT, VEC, rraw, redge, k, DT)
+                        realign(OP, SHIFT, VEC, rraw, redge, k, DT, XT)
             if OP in LOADS_FIRST or SHIFT > 0:
                 for k in kaio.static_range(REGS // VEC):
                     c = first + k * step
                     if c < chunks:
-                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT)
+                        take_chunk(PASS, OP, VEC, xs, raw, rraw, k, res_out, base + c * VEC, DT, XT)
         if PASS == 0 and OP == "softmax":
-            top, total, seg_top = exp_segment(VEC, xs, first, step, chunks, top, total)
+            top, total, seg_top = exp_segment(VEC, xs, first, step, chunks, top, total, XT)
         wraw = kaio.local(DT, (REGS // VEC, VEC))  # the output pass's weights (WEIGHTS_FIRST)
         per_group = (
-            EDGE_WEIGHTS_GROUP if EDGES else REGS // VEC if VEC > 1 else SCALAR_WEIGHTS_GROUP
+            1
+            if XT != f32
+            else EDGE_WEIGHTS_GROUP
+            if EDGES
+            else REGS // VEC
+            if VEC > 1
+            else SCALAR_WEIGHTS_GROUP
         )
         for g in kaio.static_range(0, REGS // VEC, per_group):
             if PASS == 1 and OP in WEIGHTS_FIRST:
@@ -421,11 +474,11 @@ def row_pass(
                     if PASS == 0 and OP == "softmax":
                         pass  # done a segment at a time by exp_segment
                     elif PASS == 0 or (PASS == 1 and OP == "layer_norm"):
-                        total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift)
+                        total = accumulate(PASS, OP, VEC, xs, k * VEC, total, shift, XT)
                     else:
                         write_chunk(OP, VEC, xs, k * VEC, w, wraw, k, b, out, base + c * VEC,
                                     col0 + c * VEC, shift, scale, s == 0, seg_scale, w_ok, EDGES,
-                                    DT)  # fmt: skip
+                                    DT, XT)  # fmt: skip
     return total, top, seg_top
 
 
@@ -472,15 +525,23 @@ def _rows(
     EDGES: kaio.constexpr,
     SHIFT: kaio.constexpr,
     WIDE: kaio.constexpr,
+    PACKED: kaio.constexpr,
     DT: kaio.constexpr,
 ):
-    if WIDE:
+    if PACKED:
+        kaio.launch_bounds(MAX_BLOCK, 2)  # two blocks an SM: at most 64 registers a thread
+    elif WIDE and (VEC == 1 or EDGES):
         # at most 128 registers a thread, so that MAX_BLOCK threads fit (the scalar
         # rms_norm_residual f16 takes 162: its rows past 8192 elements failed to launch)
         kaio.launch_bounds(MAX_BLOCK)
+    elif WIDE:
+        # the same, asking for one block an SM: else ptxas aimed at two (64 registers) and
+        # spilled (SHIFT layer_norm)
+        kaio.launch_bounds(MAX_BLOCK, 1)
     red0 = kaio.shared(f32, (32,))
     red1 = kaio.shared(f32, (32,))
-    xs = kaio.local(f32, (REGS,))
+    XT = DT if PACKED else f32  # the type of the row in registers, see PACKED_OPS
+    xs = kaio.local(XT, (REGS,))
     base = kaio.block_idx_x() * n
     chunks = n // VEC
     col0 = u32(0)  # the row element at array element base
@@ -490,7 +551,7 @@ def _rows(
     col = u32(0)
     ex = 0.0  # its x (rms_norm_residual: its x + res)
     er = 0.0  # its residual
-    ew = 0.0  # its w and b (SHIFT: loaded with x, see SHIFT_OPS)
+    ew = 0.0  # its w and b (loaded with x, see SHIFT_OPS)
     eb = 0.0
     if EDGES or SHIFT > 0:
         # EDGES: the chunks are 16-byte aligned (the arrays start on a 16-byte boundary but
@@ -506,7 +567,7 @@ def _rows(
             chunks = n // VEC - 2
         w_ok = (w_lead + col0) % VEC == 0
         inside, at, col, ex, er = edge_fetch(OP, x, res, base, n, col0, chunks * VEC, DT)
-        if SHIFT > 0 and inside and OP != "softmax":
+        if OP != "softmax" and inside:  # its w and b with x (see SHIFT_OPS)
             ew = f32(w[col])
             if OP == "layer_norm":
                 eb = f32(b[col])
@@ -515,7 +576,7 @@ def _rows(
     # seg_top, the max of the segment whose exps xs keeps)
     total, top, seg_top = row_pass(0, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
                                    shift=0.0, scale=0.0, seg_scale=0.0, col0=col0, w_ok=w_ok,
-                                   EDGES=EDGES, SHIFT=SHIFT, DT=DT)  # fmt: skip
+                                   EDGES=EDGES, SHIFT=SHIFT, DT=DT, XT=XT)  # fmt: skip
     if (EDGES or SHIFT > 0) and OP == "rms_norm_residual" and inside:
         ex = f32(DT(ex + er))  # normalize exactly what is stored
         res_out[at] = DT(ex)
@@ -530,35 +591,30 @@ def _rows(
         inv = 1.0 / total
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=top, scale=inv,
                  seg_scale=kaio.exp(seg_top - top) * inv, col0=col0, w_ok=w_ok, EDGES=EDGES,
-                 SHIFT=SHIFT, DT=DT)  # fmt: skip
+                 SHIFT=SHIFT, DT=DT, XT=XT)  # fmt: skip
         if (EDGES or SHIFT > 0) and inside:
             out[at] = DT(kaio.exp2_ftz((ex - top) * LOG2E) * inv)
     elif OP == "layer_norm":
         mean = block_sum(total, red0) / f32(n)
         sqdev, top, seg_top = row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks,
                                        shift=mean, scale=0.0, seg_scale=0.0, col0=col0,
-                                       w_ok=w_ok, EDGES=EDGES, SHIFT=SHIFT, DT=DT)  # fmt: skip
+                                       w_ok=w_ok, EDGES=EDGES, SHIFT=SHIFT, DT=DT,
+                                       XT=XT)  # fmt: skip
         if (EDGES or SHIFT > 0) and inside:
             sqdev += (ex - mean) * (ex - mean)
         scale = kaio.rsqrt(block_sum(sqdev, red1) / f32(n) + eps)
         row_pass(2, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=mean,
                  scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
-                 SHIFT=SHIFT, DT=DT)  # fmt: skip
+                 SHIFT=SHIFT, DT=DT, XT=XT)  # fmt: skip
         if (EDGES or SHIFT > 0) and inside:
-            if SHIFT > 0:
-                out[at] = DT((ex - mean) * scale * ew + eb)
-            else:
-                out[at] = DT((ex - mean) * scale * f32(w[col]) + f32(b[col]))
+            out[at] = DT((ex - mean) * scale * ew + eb)
     else:
         scale = kaio.rsqrt(block_sum(total, red0) / f32(n) + eps)
         row_pass(1, OP, VEC, xs, x, res, res_out, w, b, out, base, chunks, shift=0.0,
                  scale=scale, seg_scale=0.0, col0=col0, w_ok=w_ok, EDGES=EDGES,
-                 SHIFT=SHIFT, DT=DT)  # fmt: skip
+                 SHIFT=SHIFT, DT=DT, XT=XT)  # fmt: skip
         if (EDGES or SHIFT > 0) and inside:
-            if SHIFT > 0:
-                out[at] = DT(ex * scale * ew)
-            else:
-                out[at] = DT(ex * scale * f32(w[col]))
+            out[at] = DT(ex * scale * ew)
 
 
 def block_size(n: int, vec: int) -> int:
@@ -572,9 +628,8 @@ def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
     """``(VEC, EDGES, w_lead, SHIFT)`` for ``_rows`` on these operands: 16-byte chunks where
     every row and vector starts on a 16-byte boundary; else, for the ops in SHIFT_OPS when
     only x (and the residual, as far) start SHIFT elements past one and rows are whole chunks
-    (two or more) on fewer than MAX_BLOCK threads (so never capped at 128 registers, which
-    cost spills, see ``WIDE``), chunks aligned with w and the outputs, x's realigned in
-    registers (``fetch_shifted``); else, for the ops in EDGE_OPS when x (and the residual)
+    (two or more), chunks aligned with w and the outputs, x's realigned in registers
+    (``fetch_shifted``); else, for the ops in EDGE_OPS when x (and the residual)
     start on one and b as far past one as w, chunks aligned in memory with the rows' edges
     apart (w_lead: w's elements past the boundary); else VEC 1."""
     vec = vector_width(*[a for a in (x, res, w, b) if a is not None], multiple_of=n)
@@ -589,7 +644,6 @@ def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
         op in SHIFT_OPS
         and n % full == 0
         and n >= 2 * full
-        and block_size(n, full) < MAX_BLOCK
         and x_lead % size == 0
         and res_lead in (None, x_lead)
         and not w_lead
@@ -601,6 +655,15 @@ def layout(op: str, n: int, x: _arrays.Operand, res=None, w=None, b=None):
     if b_lead not in (None, w_lead):
         return vec, False, 0, 0
     return full, True, (w_lead or 0) // size, 0
+
+
+def launch_flags(op: str, vec: int, edges: bool, shift: int, size: int, threads: int):
+    """``(WIDE, PACKED)`` for ``_rows``: launched with MAX_BLOCK threads under launch bounds
+    (all but the aligned rows that keep f32 registers: there the bounds cost, H100, f32
+    [4096, 16384] layer_norm 188 -> 216 µs); the row kept as DT (PACKED_OPS)."""
+    kind = "scalar" if vec == 1 else "edges" if edges else "shift" if shift else "aligned"
+    packed = threads == MAX_BLOCK and size == 2 and op in PACKED_OPS[kind]
+    return threads == MAX_BLOCK and (kind != "aligned" or packed), packed
 
 
 def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0):
@@ -616,11 +679,10 @@ def _run(op: str, x: _arrays.Operand, res=None, w=None, b=None, eps: float = 0.0
         outs = [
             _arrays.output_arg(x, o, (x.size,)) for o in (out, res_out if res is not None else out)
         ]
-        threads = block_size(n, vec)
-        wide = threads == MAX_BLOCK and (vec == 1 or edges)  # see _rows's launch_bounds
-        _rows[rows, threads, _arrays.stream_of(x)](
+        wide, packed = launch_flags(op, vec, edges, shift, x.dtype.itemsize, block_size(n, vec))
+        _rows[rows, block_size(n, vec), _arrays.stream_of(x)](
             flat, *args, *outs, n, eps, w_lead, OP=op, VEC=vec, EDGES=edges, SHIFT=shift,
-            WIDE=wide, DT=x.dtype,
+            WIDE=wide, PACKED=packed, DT=x.dtype,
         )  # fmt: skip
     return out if res is None else (out, res_out)
 
@@ -691,18 +753,23 @@ def softmax(x):
 
 
 def shipped():
-    """(kernel, constexprs) of every specialization these ops launch: VEC 1 and EDGES also
-    WIDE (512-thread blocks), VEC > 1 is never (``_run``; SHIFT 1 .. VEC - 1 only on rows
-    of fewer threads)."""
+    """(kernel, constexprs) of every specialization these ops launch (``_run``): each layout
+    (VEC 1, aligned VEC > 1, EDGES, SHIFT 1 .. VEC - 1) on fewer than MAX_BLOCK threads and on
+    MAX_BLOCK (``launch_flags``)."""
     for dtype in _arrays.FLOATS:
         full = widths(dtype)[-1]
         for op in OPS:
-            kinds = [(1, False, 0, False), (1, False, 0, True), (full, False, 0, False)]
+            kinds = [(1, False, 0), (full, False, 0)]
             if op in EDGE_OPS:
-                kinds += [(full, True, 0, False), (full, True, 0, True)]
+                kinds.append((full, True, 0))
             if op in SHIFT_OPS:
-                kinds += [(full, False, shift, False) for shift in range(1, full)]
-            for vec, edges, shift, wide in kinds:
-                yield _rows, {
-                    "OP": op, "VEC": vec, "EDGES": edges, "SHIFT": shift, "WIDE": wide, "DT": dtype
-                }  # fmt: skip
+                kinds += [(full, False, shift) for shift in range(1, full)]
+            for vec, edges, shift in kinds:
+                flags = {
+                    launch_flags(op, vec, edges, shift, dtype.itemsize, t) for t in (1, MAX_BLOCK)
+                }
+                for wide, packed in sorted(flags):
+                    yield _rows, {
+                        "OP": op, "VEC": vec, "EDGES": edges, "SHIFT": shift, "WIDE": wide,
+                        "PACKED": packed, "DT": dtype,
+                    }  # fmt: skip

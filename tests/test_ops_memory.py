@@ -6,6 +6,7 @@ gpu) the GPU against torch at real sizes."""
 from __future__ import annotations
 
 import math
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import ml_dtypes
@@ -159,12 +160,15 @@ def test_rope_sim(dtype):
             check(out, ref_rope(f64(x), f64(cos), f64(sin), interleaved), dtype)
 
 
-@pytest.mark.parametrize("n, offset", [(4500, False), (4501, False), (4616, False), (4501, True)])
+@pytest.mark.parametrize(
+    "n, offset", [(4500, False), (4501, False), (4616, False), (4501, True), (4616, True)]
+)
 def test_rows_longer_than_a_block_sim(monkeypatch, n, offset):
     """Rows past what the block's registers hold are walked in segments (64 threads here:
     2048 elements a segment), also for softmax with a large offset and masked (-inf) entries;
     4616: 16-byte chunks (VEC 4), the last segment partly filled; 4501: chunks with the rows'
-    edges apart (EDGES); offset: x one element past a 16-byte boundary (VEC 1)."""
+    edges apart (EDGES); offset: x one element past a 16-byte boundary (4501: VEC 1; 4616:
+    SHIFT, 64 threads a row: WIDE)."""
     monkeypatch.setattr(rows, "MAX_BLOCK", 64)
     rng = np.random.default_rng(4)
     x = rand(rng, (2, n), np.float32, scale=4) + np.float32(30)
@@ -286,7 +290,7 @@ def test_vector_path_taken():
     assert rows.layout("rms_norm_residual", 64, offset, aligned, w) == (1, False, 0, 0)
     assert rows.layout("softmax", 60, offset) == (1, False, 0, 0)
     assert rows.layout("softmax", 8, offset) == (1, False, 0, 0)  # one chunk
-    assert rows.layout("softmax", 16384, offset) == (1, False, 0, 0)  # 512 threads
+    assert rows.layout("softmax", 16384, offset) == (8, False, 0, 1)  # 512 threads: WIDE
 
 
 def test_kernels_per_dtype_have_their_own_cache_keys():
@@ -347,10 +351,22 @@ def _shipped():
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_shipped_specialization_assembles(arch):
-    texts = [kernel.ptx(arch=arch, **constexprs) for kernel, constexprs in _shipped()]
-    assert len(texts) == 182
+    """Every specialization assembles; on sm_90 the SHIFT kernels that keep the row in f32
+    registers (not PACKED; also under the 512-thread launch bounds, WIDE) do not spill."""
+    shipped = list(_shipped())
+    texts = [kernel.ptx(arch=arch, **constexprs) for kernel, constexprs in shipped]
+    assert len(texts) == 254
     with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda text: assemble(text, arch), texts))
+        reports = list(pool.map(lambda text: assemble(text, arch), texts))
+    spilled = [
+        constexprs
+        for (_, constexprs), report in zip(shipped, reports, strict=True)
+        if arch == "sm_90"
+        and constexprs.get("SHIFT")
+        and not constexprs["PACKED"]
+        and re.search(r"(\d+) bytes spill stores", report)[1] != "0"
+    ]
+    assert not spilled
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
@@ -363,10 +379,11 @@ def test_cluster_softmax_assembles_for_sm_90_only():
 
 
 def test_vector_path_uses_16_byte_accesses():
-    for shift in (0, 3):
+    for shift, packed in [(0, False), (3, False), (3, True)]:  # packed: 512 threads
         ptx = rows._rows.ptx(
-            arch="sm_90", OP="rms_norm", VEC=8, EDGES=False, SHIFT=shift, WIDE=False, DT=kaio.bf16
-        )
+            arch="sm_90", OP="rms_norm", VEC=8, EDGES=False, SHIFT=shift, WIDE=packed,
+            PACKED=packed, DT=kaio.bf16,
+        )  # fmt: skip
         assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
         assert ("shfl.sync.down" in ptx) == (shift > 0)
 
@@ -431,8 +448,8 @@ def test_row_ops_gpu_vs_torch():
     F = torch.nn.functional
     for dt in _torch_dtypes(torch):
         # offset: x and the residual that many elements past an allocation (w, b aligned):
-        # SHIFT where rows are whole chunks on fewer than 512 threads (4096), else VEC 1
-        # (16384, 40000 +5 and 30001 +3: 512-thread blocks, in segments); 1001 takes EDGES
+        # SHIFT where rows are whole chunks (4096; 16384: 512-thread blocks; 40000 +5: in
+        # segments), else VEC 1 (30001 +3: in segments); 1001 takes EDGES
         for shape, offset in [
             ((4096, 4096), 0),
             ((2, 300, 1001), 0),
