@@ -1011,9 +1011,10 @@ def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tu
     "twelfth pass"), 1 with them ("W4A16 decode, M 9-16, tenth pass", measured at M = 1). At M =
     9-16 the swapped mma and DEQ 6 (x's halves as they are loaded: no prmt for x, two n8 tiles of x
     a k-step), blocks of 8, x with the words while every tile has an SM (149 registers), x 3 loads
-    ahead (124 registers: 16 warps an SM) up to two tiles an SM; between, main's blocks of 4 (no
-    swap) while they fit the SMs at once, three an SM (151 registers; N = 10240, with ``halves``:
-    "eleventh pass"), then blocks of 4 swapped with x 3 loads ahead (124 registers, four an SM) up
+    ahead (124 registers: 16 warps an SM) up to two tiles an SM; between, blocks of 4 with x with
+    the words while they fit the SMs at once, three an SM (153 registers; N = 10240, with
+    ``halves``: "eleventh pass"; swapped: "W4A16 decode, fourteenth pass"), then blocks of 4 with
+    x 3 loads ahead (124 registers, four an SM) up
     to four tiles an SM (N = 14336), blocks of 3 (five an SM, 15 warps) up to five (N = 20480;
     ``qkv`` keeps blocks of 4; "W4A16 decode, M 9-16, tenth pass"; launched with ``PDL`` 4: "twelfth
     pass"), past that each block two column blocks (``CS`` 2, N = 28672; ``qkv`` takes CS 1) with
@@ -1052,7 +1053,7 @@ def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tu
     if tiles <= 2 * sms or tiles > 10 * sms:
         return 8, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 3 * sms:
-        return 4, {**LOADS_16, **halves(4, groups, 8)}
+        return 4, {**SWAPPED_16, **halves(4, groups, 8)}
     if tiles <= 4 * sms:
         return 4, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 5 * sms:

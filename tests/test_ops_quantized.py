@@ -248,8 +248,9 @@ def test_int4_decode_tuned_in_simulator(m, n, k, warps, tune, poisoned):
 # with the words' rings (ASYNC) and with x's shared rings too (XS); plan's (WARPS 0) at 4.5
 # tiles an SM: blocks of 3 warps; at 6.5: blocks of 4 over two column blocks, the last one
 # partial, TAIL 2; at 2.5: blocks of 8 with the words' rings (M = 5, the last tile partial)
-# and main's blocks of 4 (M = 13), TAIL 2 (K long enough for halves); programmatic
-# dependent launch (PDL 3: the first groups' L2 prefetches before the wait)
+# and blocks of 4 swapped, x with the words (M = 13 with TAIL 2, K long enough for halves;
+# M = 9 without); programmatic dependent launch (PDL 3: the first groups' L2 prefetches
+# before the wait)
 TAIL_PLANS = [
     (16, 32 * 7, 128 * 5, 4, 3, {"TAIL": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3}),
     (12, 220, 128 * 9, 4, 3, {"TAIL": 2, "CS": 2, "SWAP": 2, "DEQ": 6, "XLEAD": 3, "PDL": 3}),
@@ -260,6 +261,7 @@ TAIL_PLANS = [
     (12, 404, 128 * 7, 0, 2, {}),
     (5, 156, 128 * 65, 0, 2, {}),
     (13, 160, 128 * 65, 0, 2, {}),
+    (9, 160, 128 * 7, 0, 2, {}),
     (6, 220, 128 * 33, 0, 2, {}),
 ]
 
@@ -306,24 +308,22 @@ def test_int4_decode_ring_plans_in_simulator(m, n, k, monkeypatch, poisoned):
 
 
 def test_int4_decode_warps_route():
-    """plan: at M <= 8 blocks of 16 warps while each tile has an SM, 8 while the tiles fit
-    two a SM (PDL 3), then the shared rings with DEQ 6 and x 3 loads ahead in blocks of 8 up
-    to three tiles a SM, blocks of 4 with x with the words (LOADS_8, PDL 3) up to four where
-    the last partial round is split, else the rings in blocks of 4 (PDL 1), of 4 taking two
-    column blocks past ten, the
-    last partial round split over K up to four tiles a SM where each warp keeps four groups
-    of its half (TAIL 2: K = 8192 in blocks of 8, not 4096; 4096 in blocks of 4); at M = 9-16
-    the swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an SM,
-    else 3 loads ahead) up to two tiles a SM, main's blocks of 4 up to three (TAIL 2 and
-    PDL 1 with eight groups a warp of a half: K = 8192), swapped blocks of 4
-    up to four, swapped blocks of 3 up to five (PDL 4), then swapped blocks of 4 taking two column
-    blocks each (the last partial
-    round split over K: TAIL 2), past ten those blocks sharing x through shared rings
-    with the words' rings (without XS, as qkv plans: blocks of 8, x 3 loads ahead), x by the
-    read-only path and the words not allocated in L1 but past ten, with programmatic
+    """plan: at M <= 8 blocks of 16 warps while each tile has an SM, 8 while the tiles fit two a SM
+    (PDL 3), then the shared rings with DEQ 6 and x 3 loads ahead in blocks of 8 up to three
+    tiles a SM, blocks of 4 with x with the words (LOADS_8, PDL 3) up to four where the last
+    partial round is split, else the rings in blocks of 4 (PDL 1), of 4 taking two column blocks
+    past ten, the last partial round split over K up to four tiles a SM where each warp keeps
+    four groups of its half (TAIL 2: K = 8192 in blocks of 8, not 4096; 4096 in blocks of 4); at
+    M = 9-16 the swapped mma with DEQ 6 in blocks of 8 (x with the words while each tile has an
+    SM, else 3 loads ahead) up to two tiles a SM, blocks of 4 with x with the words up to three
+    (TAIL 2 and PDL 1 with eight groups a warp of a half: K = 8192), blocks of 4 with x 3 loads
+    ahead up to four, blocks of 3 up to five (PDL 4), then blocks of 4 taking two column blocks
+    each (the last partial round split over K: TAIL 2), past ten those blocks sharing x through
+    shared rings with the words' rings (without XS, as qkv plans: blocks of 8, x 3 loads ahead),
+    x by the read-only path and the words not allocated in L1 but past ten, with programmatic
     dependent launch (PDL 3, the wait alone with the TAIL split) (the H100 measurements of
-    docs/performance.md); the default past 16 rows; and each plan is a listed
-    specialization (ptxas checks those)."""
+    docs/performance.md); the default past 16 rows; and each plan is a listed specialization
+    (ptxas checks those)."""
     plan = _int4_decode.plan
     loads = {"XC": 3, "WC": 6, "PDL": 3}
     swapped, lead = {"SWAP": 2, "DEQ": 6, **loads}, {"SWAP": 2, "DEQ": 6, "XLEAD": 3, **loads}
@@ -343,11 +343,11 @@ def test_int4_decode_warps_route():
     ns = (4096, 6144, 8448, 10240, 12672, 12704, 16896, 16928, 21120, 21152, 28672)
     got = [plan(16, n // 32, 132, 64) for n in ns]
     pairs = {**lead, "CS": 2, "TAIL": 2, "PDL": 1}
-    halved = {**loads, "TAIL": 2, "PDL": 1}
+    halved = {**swapped, "TAIL": 2, "PDL": 1}
     want = [(8, swapped), (8, lead), (8, lead), (4, halved), (4, halved), (4, lead), (4, lead)]
     assert got == want + [(3, {**lead, "PDL": 4})] * 2 + [(4, pairs)] * 2
     shared = {"SWAP": 2, "DEQ": 6, "CS": 2, "XS": 2, "ASYNC": 1}
-    assert plan(16, 10240 // 32, 132, 63) == (4, loads)  # halves of 7 groups a warp
+    assert plan(16, 10240 // 32, 132, 63) == (4, swapped)  # halves of 7 groups a warp
     assert plan(16, 57344 // 32, 132, 64) == (4, shared)
     assert plan(16, 42272 // 32, 132, 64, shared_x=False) == (8, lead)
     assert plan(32, 4096, 132, 64) == (_int4_decode.WARPS, {})
