@@ -79,8 +79,15 @@ import weakref
 from collections.abc import Callable
 
 from kaio import DeviceArray, sim
-from kaio.runtime import CallPlan, RawArray, compile_function, current, recording, recordings
-from kaio.runtime.arguments import tensor_check as _tensor_check
+from kaio.runtime import (
+    CallPlan,
+    RawArray,
+    compile_function,
+    current,
+    recording,
+    recordings,
+)
+from kaio.runtime import tensor_check as _tensor_check
 from kaio_ops import _arrays
 
 __all__ = ["MAX_PLANS", "MISS", "clear", "planned", "plans_of"]

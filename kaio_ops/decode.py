@@ -420,10 +420,12 @@ def pdls(like, cache: _Cache, direct: bool, alone: bool) -> int:
     has at most a block a multiprocessor (``alone``) or the GPU's memory is slower than
     PDL_WAVES_BANDWIDTH (the simulator plans as for an H100); else 0 (griddepcontrol is
     sm_90's)."""
-    fits = cache.paged and cache.capacity <= PDL_KEYS
-    peak = memory_bandwidth(like)
-    waves = direct and (peak is None or peak < PDL_WAVES_BANDWIDTH)
-    return int(PDL and (alone or waves) and fits and _hopper(like))
+    if not (PDL and cache.paged and cache.capacity <= PDL_KEYS and _hopper(like)):
+        return 0
+    if alone:
+        return 1
+    peak = memory_bandwidth(like)  # asked last: it reads the driver's attributes
+    return int(direct and (peak is None or peak < PDL_WAVES_BANDWIDTH))
 
 
 def speculates(paged: bool, splits: int = 1) -> int:

@@ -7,9 +7,9 @@ cuda-bindings nor the PTX emitter.
 The public surface is the names of ``__all__``: those ``kaio`` re-exports (``Device``,
 ``DeviceArray``, ...) and, for libraries built on kaio (``kaio_ops`` uses only these), the
 argument descriptions (``describe``, ``ArgInfo``, ``RawArray``, ``torch_dtype``,
-``NUMPY_HINT``), the thread's runtime state (``current``), call plans (``recording``,
-``CallPlan``, ``compile_function``, ``recordings``) and the disk cache's folder
-(``cache_dir``); docs/runtime.md describes them. The submodules are the implementation.
+``NUMPY_HINT``, ``tensor_check``), the thread's runtime state (``current``), call plans
+(``recording``, ``CallPlan``, ``compile_function``, ``recordings``) and the disk cache's
+folder (``cache_dir``); docs/runtime.md describes them. The submodules are the implementation.
 """
 
 from kaio.lazy import lazy_names
@@ -40,6 +40,7 @@ LIBRARY = [
     "describe",
     "recording",
     "recordings",
+    "tensor_check",
     "torch_dtype",
 ]
 __all__ += LIBRARY
@@ -61,6 +62,7 @@ _WHERE = {
     "RawArray": "kaio.runtime.arginfo",
     "NUMPY_HINT": "kaio.runtime.arguments",
     "describe": "kaio.runtime.arguments",
+    "tensor_check": "kaio.runtime.arguments",
     "torch_dtype": "kaio.runtime.arguments",
     "cache_dir": "kaio.runtime.cache",
     "current": "kaio.runtime.device",
