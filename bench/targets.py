@@ -293,12 +293,11 @@ NOTES: tuple[Note, ...] = (
 )
 
 OPEN_GAPS: tuple[str, ...] = (
-    "**Decode over sorted pages, racecheck warnings** (issue 34): compute-sanitizer racecheck "
-    "reports 16-17 warnings (0 errors) in `test_gpu_sorted_pages_against_sdpa[4096-1-float16-256]` "
-    "(B 1, 4096 keys, pages of 256): cp.async writes of a K/V stage (`kaio_ops/_decode.py`, "
-    "`copy_key`) against ldmatrix reads of it, on merged main and on 048da83 alike (H100, "
-    "2026-11-28). The results match SDPA; whether a warp refills a stage that another lane of it "
-    "still reads, or racecheck cannot see the warp-level ordering, is not yet known.",
+    "**Decode with PDL, one call a graph** (issue 34): PDL (routed in one-split paged grids of "
+    "up to 4k keys) makes a graph holding a single decode call 1-2 µs slower than without it "
+    "(H200, 2026-11-28: B16 L1024 paged 24.5 µs against 22.7 without PDL and 23.3 for SDPA, "
+    "0.95x), while in graphs of many calls, the metric issue 34 counts, it is faster (19.4 "
+    "against 19.5; SDPA 20.2). Not yet measured on an H100.",
 )
 
 # (suite pattern, op pattern, family): ops of one family share a plot; an op matching none is
