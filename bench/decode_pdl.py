@@ -31,11 +31,20 @@ from decode_probe import HKV  # noqa: E402
 
 from kaio_ops import decode  # noqa: E402
 
-# name: the decode settings it changes (VARIANTS picks them; the first is the baseline)
+# name: the decode settings it changes (VARIANTS picks them; the first is the baseline);
+# "PRE": each call right behind a small torch kernel (in its graph too); "STAGES": the
+# one-split grid's K/V stages
 SETTINGS = {
     "routed": {},
+    "main": {"PDL_PREFETCH_BANDWIDTH": 1e30},  # (main's route: PDL 1 on any GPU)
     "no PDL": {"PDL": False},
+    "PDL no prefetch": {"PDL_PREFETCH_BANDWIDTH": 0, "PDL_FAST_KEYS": 1 << 30},  # (PDL 2)
     "PDL two waves": {"PDL_WAVES_BANDWIDTH": 1e30},  # (on any GPU)
+    "routed after a kernel": {"PRE": True},
+    "main after a kernel": {"PDL_PREFETCH_BANDWIDTH": 1e30, "PRE": True},
+    "no PDL after a kernel": {"PDL": False, "PRE": True},
+    "SDPA after a kernel": {"PRE": True},
+    "stages 3": {"STAGES": 3},
 }
 VARIANTS = os.environ.get("VARIANTS", "routed,no PDL").split(",")
 CASES = os.environ.get("CASES", "16x1024p,16x4096p,16x2048p")
@@ -49,10 +58,26 @@ def parse(case: str) -> tuple:
     return int(b), int(rest.rstrip("p")), rest.endswith("p")
 
 
+SCRATCH = []  # PRE's tensor
+
+
+def pre_kernel() -> None:
+    """A small torch kernel (PRE: the call's predecessor in its stream and graph)."""
+    if not SCRATCH:
+        SCRATCH.append(torch.zeros(1024, device="cuda"))
+    SCRATCH[0].add_(1)
+
+
 def kaio_call(paged: bool, lens, name: str, q, k, v, kc, vc, table):
     """The routed call with variant ``name``'s settings on one input set."""
-    before = {key: getattr(decode, key) for key in SETTINGS[name]}
-    for key, value in SETTINGS[name].items():
+    settings = dict(SETTINGS[name])
+    if settings.pop("PRE", False):
+        pre_kernel()
+    stages = settings.pop("STAGES", None)
+    if stages:
+        settings["one_split_stages"] = lambda *a: stages
+    before = {key: getattr(decode, key) for key in settings}
+    for key, value in settings.items():
         setattr(decode, key, value)
     try:
         if paged:
@@ -61,6 +86,13 @@ def kaio_call(paged: bool, lens, name: str, q, k, v, kc, vc, table):
     finally:
         for key, value in before.items():
             setattr(decode, key, value)
+
+
+def sdpa_call(pre: bool, q, k, v, *_):
+    """SDPA's default on the contiguous cache (after PRE's kernel where ``pre``)."""
+    if pre:
+        pre_kernel()
+    return P.sdpa(q, k, v, enable_gqa=True)
 
 
 def variants(b: int, length: int, paged: bool) -> list:
@@ -73,8 +105,12 @@ def variants(b: int, length: int, paged: bool) -> list:
     folded = b * HKV > 2 * sms and length // 16 >= decode.FOLD_MIN_PAGES
     split = b * HKV < decode.FULL * sms  # (several splits: B1 .. B8)
     pdl = paged and length <= decode.PDL_KEYS and not (folded or split)
-    applies = {"no PDL": pdl, "PDL two waves": pdl and b * HKV > sms}
-    return [n for n in VARIANTS if applies.get(n, True)]
+    alone = not (folded or split) and b * HKV <= sms
+    applies = {n: pdl for n in SETTINGS if n != "routed" and "SDPA" not in n}
+    applies |= {"PDL two waves": pdl and b * HKV > sms, "SDPA after a kernel": True}
+    long = alone and length > decode.PDL_KEYS
+    applies |= {n: long for n in SETTINGS if "STAGES" in SETTINGS[n]}
+    return [n for n in VARIANTS if applies.get(n, True) and "SDPA" not in n]
 
 
 def reference(inputs, lens):
@@ -105,7 +141,9 @@ def time_case(case: str) -> None:
     calls = len(sets) * -(-CALLS // len(sets))
     call = functools.partial(kaio_call, paged, lens)
     fns = {n: [functools.partial(call, n, *s) for s in sets] for n in names}
-    fns["SDPA"] = [functools.partial(P.sdpa, s[0], s[1], s[2], enable_gqa=True) for s in sets]
+    fns["SDPA"] = [functools.partial(sdpa_call, False, *s) for s in sets]
+    if "SDPA after a kernel" in VARIANTS:
+        fns["SDPA after a kernel"] = [functools.partial(sdpa_call, True, *s) for s in sets]
     graphs = {n: P.graph_of_calls(f, calls) for n, f in fns.items()}
     ones = {n: [P.captured(c) for c in f] for n, f in fns.items()} if ONE_CALL else {}
     for order in (list(graphs), list(graphs)[::-1]):
@@ -135,10 +173,14 @@ def warm() -> None:
     """Each (case, variant)'s first call in a process of its own, all at once (the disk
     cache keeps what they compile)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    procs = []
+    procs, seen = [], set()
     for case in CASES.split(","):
         b, length, paged = parse(case)
         for name in variants(b, length, paged):
+            spec = repr({k: v for k, v in SETTINGS[name].items() if k != "PRE"})
+            if (case, spec) in seen:  # (the same kernels as a variant warmed already)
+                continue
+            seen.add((case, spec))
             code = (
                 "import decode_pdl as D, torch; "
                 f"b, L, paged = D.parse('{case}'); s = D.P.make_sets(b, L, paged=paged)[0]; "

@@ -175,6 +175,19 @@ FOLD_SPEC = 1
 # to 23.3; B64 L1024 paged 71.3 to 71.5 against 68.5 to 68.6, SDPA 68.8 to 68.9)
 PDL = True
 PDL_KEYS = 4096
+# the L2 prefetch before the wait (PDL 1) only on GPUs whose memory peak is under this
+# (bytes/s); on the others a one-wave grid takes PDL without it (PDL 2) up to
+# PDL_FAST_KEYS keys, and none over them. Measured on an H200 (4.8 TB/s; dec, seventeenth
+# pass, rounds A and B, B16 paged, a graph of 8 calls / one call a graph / after a small
+# kernel): the prefetch costs 1.8 to 2.1 us a call wherever nothing before the call runs
+# on to hide it (PDL 1 at 1k keys 19.2 to 19.4 / 24.0 to 24.5 / 22.9 to 23.1 us, PDL 2
+# 18.5 to 18.9 / 22.3 to 22.9 / 21.0 to 21.1, none 19.2 to 19.6 / 22.2 to 22.9 / 20.8 to
+# 21.0, SDPA 19.9 to 20.3 / 23.0 to 23.6 / 21.7 to 21.9; at 4k PDL 1 62.9 to 64.1 / 68.9 to
+# 70.6, PDL 2 63.3 to 64.5 / 66.6 to 67.9, none 62.9 to 64.3 / 66.3 to 67.9, SDPA 63.3 to
+# 64.4 / 66.7 to 68.5); the H100 keeps PDL 1 (its kernel time 25.0 to 25.2 us at 1k
+# against 25.4 to 25.5 without the prefetch, sixteenth pass)
+PDL_PREFETCH_BANDWIDTH = 4e12
+PDL_FAST_KEYS = 2048
 # PDL in a one-split grid of several waves (B64 L1024 paged) only on GPUs whose memory peak
 # is under this (bytes/s): on an H100 (3.35 TB/s) 91.7 to 92.5 us against 92.4 to 92.8 in
 # four processes, on an H200 (4.8 TB/s) 65.4 to 65.5 against 64.8 to 64.9 (SDPA 65.1 to
@@ -414,17 +427,21 @@ def plan_grid(
 
 
 def pdls(like, cache: _Cache, direct: bool, alone: bool) -> int:
-    """``decode_fwd``'s PDL for a call on ``like``'s GPU over ``cache``: 1 (PDL) in a grid
-    of one split (``direct``) over a paged cache of up to PDL_KEYS keys, on sm_90 and in the
-    simulator (where the wait, the trigger and the prefetches do nothing), where the grid
-    has at most a block a multiprocessor (``alone``) or the GPU's memory is slower than
-    PDL_WAVES_BANDWIDTH (the simulator plans as for an H100); else 0 (griddepcontrol is
-    sm_90's)."""
+    """``decode_fwd``'s PDL for a call on ``like``'s GPU over ``cache``, in a grid of one
+    split (``direct``) over a paged cache of up to PDL_KEYS keys, on sm_90 and in the
+    simulator (where the wait, the trigger and the prefetches do nothing; it plans as for
+    an H100): where the grid has at most a block a multiprocessor (``alone``), 1 (the L2
+    prefetch, the wait, the trigger) on a GPU whose memory peak is under
+    PDL_PREFETCH_BANDWIDTH, else 2 (no prefetch) up to PDL_FAST_KEYS keys; in a grid of
+    several waves, 1 where the peak is under PDL_WAVES_BANDWIDTH; else 0 (griddepcontrol
+    is sm_90's)."""
     if not (PDL and cache.paged and cache.capacity <= PDL_KEYS and _hopper(like)):
         return 0
-    if alone:
-        return 1
     peak = memory_bandwidth(like)  # asked last: it reads the driver's attributes
+    if alone:
+        if peak is None or peak < PDL_PREFETCH_BANDWIDTH:
+            return 1
+        return 2 if cache.capacity <= PDL_FAST_KEYS else 0
     return int(direct and (peak is None or peak < PDL_WAVES_BANDWIDTH))
 
 
@@ -856,10 +873,10 @@ def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
 
 def _with_pdl(pairs):
     """Each (kernel, constexprs) of ``pairs`` with every PDL ``pdls`` may give it: 0, and 1
-    for a grid of one split (DIRECT, CL 1) over a paged cache."""
+    and 2 for a grid of one split (DIRECT, CL 1) over a paged cache."""
     for kernel, constexprs in pairs:
         direct = constexprs["DIRECT"] and constexprs["CL"] == 1 and constexprs["PAGED"]
-        for pdl in (0, 1) if direct else (0,):
+        for pdl in (0, 1, 2) if direct else (0,):
             yield kernel, {**constexprs, "PDL": pdl}
 
 
