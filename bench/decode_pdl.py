@@ -31,6 +31,7 @@ from decode_probe import HKV  # noqa: E402
 
 from kaio_ops import decode  # noqa: E402
 
+_PDLS = decode.pdls
 # name: the decode settings it changes (VARIANTS picks them; the first is the baseline);
 # "PRE": each call right behind a small torch kernel (in its graph too); "STAGES": the
 # one-split grid's K/V stages
@@ -40,7 +41,13 @@ SETTINGS = {
     "no PDL": {"PDL": False},
     "PDL no prefetch": {"PDL_PREFETCH_BANDWIDTH": 0, "PDL_FAST_KEYS": 1 << 30},  # (PDL 2)
     "PDL two waves": {"PDL_WAVES_BANDWIDTH": 1e30},  # (on any GPU)
+    "PDL 2 wherever PDL": {"pdls": lambda *a: 2 if _PDLS(*a) else 0},
     "routed after a kernel": {"PRE": True},
+    "PDL no prefetch after a kernel": {
+        "PDL_PREFETCH_BANDWIDTH": 0,
+        "PDL_FAST_KEYS": 1 << 30,
+        "PRE": True,
+    },
     "main after a kernel": {"PDL_PREFETCH_BANDWIDTH": 1e30, "PRE": True},
     "no PDL after a kernel": {"PDL": False, "PRE": True},
     "SDPA after a kernel": {"PRE": True},
@@ -107,7 +114,8 @@ def variants(b: int, length: int, paged: bool) -> list:
     pdl = paged and length <= decode.PDL_KEYS and not (folded or split)
     alone = not (folded or split) and b * HKV <= sms
     applies = {n: pdl for n in SETTINGS if n != "routed" and "SDPA" not in n}
-    applies |= {"PDL two waves": pdl and b * HKV > sms, "SDPA after a kernel": True}
+    waves = pdl and b * HKV > sms
+    applies |= {"PDL two waves": waves, "PDL 2 wherever PDL": waves, "SDPA after a kernel": True}
     long = alone and length > decode.PDL_KEYS
     applies |= {n: long for n in SETTINGS if "STAGES" in SETTINGS[n]}
     return [n for n in VARIANTS if applies.get(n, True) and "SDPA" not in n]

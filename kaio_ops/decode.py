@@ -177,15 +177,18 @@ PDL = True
 PDL_KEYS = 4096
 # the L2 prefetch before the wait (PDL 1) only on GPUs whose memory peak is under this
 # (bytes/s); on the others a one-wave grid takes PDL without it (PDL 2) up to
-# PDL_FAST_KEYS keys, and none over them. Measured on an H200 (4.8 TB/s; dec, seventeenth
-# pass, rounds A and B, B16 paged, a graph of 8 calls / one call a graph / after a small
-# kernel): the prefetch costs 1.8 to 2.1 us a call wherever nothing before the call runs
-# on to hide it (PDL 1 at 1k keys 19.2 to 19.4 / 24.0 to 24.5 / 22.9 to 23.1 us, PDL 2
-# 18.5 to 18.9 / 22.3 to 22.9 / 21.0 to 21.1, none 19.2 to 19.6 / 22.2 to 22.9 / 20.8 to
-# 21.0, SDPA 19.9 to 20.3 / 23.0 to 23.6 / 21.7 to 21.9; at 4k PDL 1 62.9 to 64.1 / 68.9 to
-# 70.6, PDL 2 63.3 to 64.5 / 66.6 to 67.9, none 62.9 to 64.3 / 66.3 to 67.9, SDPA 63.3 to
-# 64.4 / 66.7 to 68.5); the H100 keeps PDL 1 (its kernel time 25.0 to 25.2 us at 1k
-# against 25.4 to 25.5 without the prefetch, sixteenth pass)
+# PDL_FAST_KEYS keys, and none over them. The prefetch brings a block's first 3 key tiles
+# in before the wait: hidden behind a decode call before it that lets this one launch
+# early, it costs 1.8 to 2.1 us a call wherever nothing is (a graph of one call, a call
+# behind any other kernel). Measured on an H200 (4.8 TB/s; dec, seventeenth pass, round
+# C, B16 paged, µs in a graph of 8 calls / one call a graph / behind a small kernel in a
+# graph of one): at 1k keys PDL 2 18.5 / 22.4 / 24.0, PDL 1 19.1 / 24.0 / 25.7, none
+# 19.2 / 22.2 / 24.0, SDPA 20.0 / 22.8 / 24.9; 2k PDL 2 33.5 / 37.1 / 38.9, PDL 1 34.4 /
+# 39.0 / 40.9, none 33.8 / 37.0 / 39.0, SDPA 34.5 / 37.7 / 39.3; 3k PDL 2 48.5 to 48.8,
+# none 48.4 to 48.5; 4k none 62.9 to 63.2 / 66.3 to 66.6 / 68.4 to 68.7, PDL 2 63.3 to
+# 63.4, PDL 1 62.8 to 63.0 / 68.8 to 69.0 / 70.6 to 70.7, SDPA 63.4 / 66.9 / 68.9 to 69.1.
+# The H100 keeps PDL 1 (kernel time at 1k 25.0 to 25.2 against 25.4 to 25.5 without the
+# prefetch, sixteenth pass)
 PDL_PREFETCH_BANDWIDTH = 4e12
 PDL_FAST_KEYS = 2048
 # PDL in a one-split grid of several waves (B64 L1024 paged) only on GPUs whose memory peak

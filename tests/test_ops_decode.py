@@ -424,6 +424,30 @@ def test_sorted_walk_route():
     assert sorted(set(launched)) == [0, 128, 256]
 
 
+@pytest.mark.parametrize("peak, pdl", [(3.35e12, 1), (4.8e12, 2)])  # H100, H200
+def test_programmatic_dependent_launch_in_simulator(monkeypatch, peak, pdl):
+    # one split in one wave over a paged cache of 1k keys (SORT 128): PDL 1 (the L2
+    # prefetch before the wait) on an H100's memory, PDL 2 (none) on an H200's, against
+    # float64 with the race checker; lengths 0, 1, a page boundary, the capacity, rows past
+    # each length poisoned
+    monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
+    monkeypatch.setattr(decode, "memory_bandwidth", lambda _: peak)
+    monkeypatch.setattr(decode, "splits_for", lambda *_: 1)  # (as B16 over 8 K/V heads)
+    rng = np.random.default_rng(34)
+    lens = [0, 1, 16, 700, 1024]
+    b, hkv, d, capacity = len(lens), 2, 64, 1024
+    q = rng.standard_normal((b, 8, 1, d)).astype(np.float16)
+    k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, np.float16, 16)
+    poison_past_lengths((k_cache, v_cache), lens, table, 16)
+    with kaio.simulate():
+        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, np.array(lens, np.int32), table)
+    assert [(c["PDL"], c["SORT"], c["DIRECT"]) for c in spy.constexprs] == [(pdl, 128, True)]
+    ref, _ = reference(q, k_cache, v_cache, lens, table)
+    out = out.astype(np.float64)
+    assert np.isfinite(out).all()
+    assert np.abs(out - ref).max() < 4e-3
+
+
 @pytest.mark.parametrize("own, sq, stages, page_size", [(1, 1, 4, 16), (0, 2, 3, 32)])
 def test_sorted_pages_in_simulator(monkeypatch, own, sq, stages, page_size):
     # one split over a paged cache whose table slots after the first copies are visited in
