@@ -155,8 +155,9 @@ FOLD_SPEC = 1
 # PDL_KEYS keys (``pdls``): each block prefetches its first key tiles into L2 (PDL 1; not
 # on fast memory: PDL_PREFETCH_BANDWIDTH), waits for the kernel before it in the stream
 # before any load, then lets the next one launch, so that the next call's blocks take
-# the SMs this one's blocks leave while the others still run. Measured on an H100 (kernel time: a CUDA graph of calls, against none; dec,
-# sixteenth pass, rounds A to C, two processes each): B16 paged at 1k keys 25.0 to 25.2 us
+# the SMs this one's blocks leave while the others still run. Measured on an H100
+# (kernel time: a CUDA graph of calls, against none; dec, sixteenth pass, rounds A to C,
+# two processes each): B16 paged at 1k keys 25.0 to 25.2 us
 # against 25.8 to 25.9 (SDPA 26.3 to 26.5), 1.5k 36.2 to 36.3 against 36.4 to 36.6, 3k
 # 68.4 to 68.6 against 68.6 to 69.0, 4k 90.0 to 90.1 against 90.0 to 90.3 (fifteenth pass
 # 90.1 against 90.6), 2k 47.2 to 47.6 against 47.1 to 47.6 (the one length where it is no
