@@ -1,19 +1,22 @@
-"""Programmatic dependent launch for the decode kernels (dec, issue 34, fifteenth and
-sixteenth passes): kernel time as bench/decode.py counts it (a CUDA graph of calls over
+"""Programmatic dependent launch for the decode kernels (dec, issue 34, fifteenth to
+seventeenth passes): kernel time as bench/decode.py counts it (a CUDA graph of calls over
 input sets in turn, the events around a replay / the calls) of the routed call
 (``decode.pdls``: in a grid of one split over a paged cache of up to PDL_KEYS keys, one
-wave, or several on a GPU of memory under PDL_WAVES_BANDWIDTH; each block's first key
-tiles prefetched into L2, the wait for the kernel before, the next kernel let launch) and
-of it without PDL (``decode.PDL`` off), beside SDPA's default on the contiguous cache;
-each checked against f32 SDPA and called twice (the same bits). Two passes, the second in
-reverse order.
+wave, or several on a GPU of memory under PDL_WAVES_BANDWIDTH; the wait for the kernel
+before, the next kernel let launch, each block's first key tiles prefetched into L2 before
+the wait on a GPU of memory under PDL_PREFETCH_BANDWIDTH) and of its variants (SETTINGS:
+main's route, no PDL, PDL without the prefetch...), beside SDPA's default on the
+contiguous cache; each checked against f32 SDPA and called twice (the same bits). Two
+passes, the second in reverse order.
 
     python3 bench/decode_pdl.py warm              # compile in parallel processes
     python3 bench/decode_pdl.py [SECONDS]         # time (CASES: BxL[p],...)
 
 VARIANTS (names of SETTINGS, comma-separated) picks what is timed beside SDPA, each only
-where it changes a call; ONE_CALL=1 also times one call a graph (bench/decode.py's ", one
-call a graph": a graph per input set, the events around each replay).
+where it changes a call; a name + AFTER (" after a kernel", also "SDPA after a kernel")
+times the calls each right behind a small torch kernel; ONE_CALL=1 also times one call a
+graph (bench/decode.py's ", one call a graph": a graph per input set, the events around
+each replay).
 """
 
 from __future__ import annotations
@@ -34,9 +37,14 @@ from kaio_ops import decode  # noqa: E402
 # name: the decode settings it changes (VARIANTS picks them; the first is the baseline)
 SETTINGS = {
     "routed": {},
+    "main": {"PDL_PREFETCH_BANDWIDTH": 1e30},  # (main's route, ce69559: PDL 1 on any GPU)
     "no PDL": {"PDL": False},
+    "PDL no prefetch": {"PDL_PREFETCH_BANDWIDTH": 0, "PDL_FAST_KEYS": 1 << 30},  # (PDL 2)
     "PDL two waves": {"PDL_WAVES_BANDWIDTH": 1e30},  # (on any GPU)
 }
+# a variant's name with this suffix (also "SDPA" + AFTER): each call right behind a small
+# torch kernel, in its graph too (as a decode call follows other kernels in a model's step)
+AFTER = " after a kernel"
 VARIANTS = os.environ.get("VARIANTS", "routed,no PDL").split(",")
 CASES = os.environ.get("CASES", "16x1024p,16x4096p,16x2048p")
 CALLS = 8
@@ -49,10 +57,23 @@ def parse(case: str) -> tuple:
     return int(b), int(rest.rstrip("p")), rest.endswith("p")
 
 
+SCRATCH = []  # pre_kernel's tensor
+
+
+def pre_kernel() -> None:
+    """A small torch kernel (AFTER: the call's predecessor in its stream and graph)."""
+    if not SCRATCH:
+        SCRATCH.append(torch.zeros(1024, device="cuda"))
+    SCRATCH[0].add_(1)
+
+
 def kaio_call(paged: bool, lens, name: str, q, k, v, kc, vc, table):
     """The routed call with variant ``name``'s settings on one input set."""
-    before = {key: getattr(decode, key) for key in SETTINGS[name]}
-    for key, value in SETTINGS[name].items():
+    if name.endswith(AFTER):
+        pre_kernel()
+    settings = SETTINGS[name.removesuffix(AFTER)]
+    before = {key: getattr(decode, key) for key in settings}
+    for key, value in settings.items():
         setattr(decode, key, value)
     try:
         if paged:
@@ -63,18 +84,27 @@ def kaio_call(paged: bool, lens, name: str, q, k, v, kc, vc, table):
             setattr(decode, key, value)
 
 
+def sdpa_call(pre: bool, q, k, v, *_):
+    """SDPA's default on the contiguous cache (right behind ``pre_kernel`` where ``pre``)."""
+    if pre:
+        pre_kernel()
+    return P.sdpa(q, k, v, enable_gqa=True)
+
+
 def variants(b: int, length: int, paged: bool) -> list:
-    """VARIANTS that change a call of ``b`` sequences of ``length`` keys: "no PDL" where
-    the routed call has PDL (decode_fwd, one split, over a paged cache of up to PDL_KEYS;
-    the suite's pages of 16 and one new token: decode_folded from FOLD_MIN_PAGES pages a
-    sequence where the grid takes more than two waves), "PDL two waves" where that grid
-    has more blocks than multiprocessors (PDL there whatever the GPU's memory)."""
+    """VARIANTS of kaio's call of ``b`` sequences of ``length`` keys: "routed", and the PDL
+    settings where the call can take PDL (decode_fwd, one
+    split, over a paged cache of up to PDL_KEYS; the suite's pages of 16 and one new token:
+    decode_folded from FOLD_MIN_PAGES pages a sequence where the grid takes more than two
+    waves), "PDL two waves" where that grid has more blocks than multiprocessors (PDL there
+    whatever the GPU's memory); each also behind a kernel (AFTER)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     folded = b * HKV > 2 * sms and length // 16 >= decode.FOLD_MIN_PAGES
     split = b * HKV < decode.FULL * sms  # (several splits: B1 .. B8)
     pdl = paged and length <= decode.PDL_KEYS and not (folded or split)
-    applies = {"no PDL": pdl, "PDL two waves": pdl and b * HKV > sms}
-    return [n for n in VARIANTS if applies.get(n, True)]
+    applies = {n: pdl for n in SETTINGS}
+    applies |= {"routed": True, "PDL two waves": pdl and b * HKV > sms}
+    return [n for n in VARIANTS if applies.get(n.removesuffix(AFTER), False)]
 
 
 def reference(inputs, lens):
@@ -105,7 +135,9 @@ def time_case(case: str) -> None:
     calls = len(sets) * -(-CALLS // len(sets))
     call = functools.partial(kaio_call, paged, lens)
     fns = {n: [functools.partial(call, n, *s) for s in sets] for n in names}
-    fns["SDPA"] = [functools.partial(P.sdpa, s[0], s[1], s[2], enable_gqa=True) for s in sets]
+    fns["SDPA"] = [functools.partial(sdpa_call, False, *s) for s in sets]
+    if "SDPA" + AFTER in VARIANTS:
+        fns["SDPA" + AFTER] = [functools.partial(sdpa_call, True, *s) for s in sets]
     graphs = {n: P.graph_of_calls(f, calls) for n, f in fns.items()}
     ones = {n: [P.captured(c) for c in f] for n, f in fns.items()} if ONE_CALL else {}
     for order in (list(graphs), list(graphs)[::-1]):
@@ -135,10 +167,13 @@ def warm() -> None:
     """Each (case, variant)'s first call in a process of its own, all at once (the disk
     cache keeps what they compile)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    procs = []
+    procs, seen = [], set()
     for case in CASES.split(","):
         b, length, paged = parse(case)
         for name in variants(b, length, paged):
+            if (case, name.removesuffix(AFTER)) in seen:  # (the same kernels)
+                continue
+            seen.add((case, name.removesuffix(AFTER)))
             code = (
                 "import decode_pdl as D, torch; "
                 f"b, L, paged = D.parse('{case}'); s = D.P.make_sets(b, L, paged=paged)[0]; "

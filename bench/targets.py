@@ -293,11 +293,14 @@ NOTES: tuple[Note, ...] = (
 )
 
 OPEN_GAPS: tuple[str, ...] = (
-    "**Decode with PDL, one call a graph** (issue 34): PDL (routed in one-split paged grids of "
-    "up to 4k keys) makes a graph holding a single decode call 1-2 µs slower than without it "
-    "(H200, 2026-11-28: B16 L1024 paged 24.5 µs against 22.7 without PDL and 23.3 for SDPA, "
-    "0.95x), while in graphs of many calls, the metric issue 34 counts, it is faster (19.4 "
-    "against 19.5; SDPA 20.2). Not yet measured on an H100.",
+    "**Decode with PDL on the H100, one call a graph** (issue 34): the H100 keeps PDL 1 in "
+    "one-split paged grids of up to 4k keys, whose L2 prefetch of each block's first key "
+    "tiles before the wait cost an H200 1.8-2.1 µs a call wherever no decode call before it "
+    "hides it (a graph of one call, a call behind any other kernel; 2026-11-28: B16 L1024 "
+    "paged 24.0 µs against 22.8 for SDPA, 0.95x). The H200 now takes PDL without the "
+    "prefetch up to 2k keys and none over them (over SDPA in a graph of many calls, one call "
+    "a graph and behind a kernel: B16 L1024 paged 18.5 / 22.4 / 24.0 µs against 20.0 / 22.8 "
+    "/ 24.9). Not measured on an H100 this session.",
 )
 
 # (suite pattern, op pattern, family): ops of one family share a plot; an op matching none is

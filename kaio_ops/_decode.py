@@ -566,11 +566,11 @@ def decode_fwd(
     before the length are visited in pool order where every query row sees all their
     keys (``sort_keys``: the order of unmasked keys does not change the attention), so
     that the blocks, sweeping the pool together, read neighbouring pages at once. ``PDL``
-    (sm_90; one split over a paged cache): launched with programmatic dependent launch: L2
-    prefetches of the block's first STAGES - 1 key tiles (``prefetch_firsts``), then the
+    (sm_90; one split over a paged cache): launched with programmatic dependent launch: the
     wait for the kernel before it (``grid_dependency_wait``) before any load, then the next
     kernel let launch (``launch_dependents``): its blocks take the SMs that this grid's
-    blocks leave while the others still run."""
+    blocks leave while the others still run; PDL 1 first prefetches the block's first
+    STAGES - 1 key tiles into L2 (``prefetch_firsts``), PDL 2 does not."""
     if CL > 1:
         kaio.cluster_dims(CL)
     KSPLIT = WARPS // MT  # warps sharing one M-tile, each on KW keys of a tile
@@ -600,11 +600,12 @@ def decode_fwd(
     sort_at = (2 * STAGES * BN + ROWS) * DP * 2 + 2 * WARPS * 16 * 4 if SORT else 0
     sort_s = kaio.shared_dynamic(u32, (SORT if SORT else 1,), sort_at)  # SORT: sorted pages
 
-    if PDL:  # (one split over a paged cache: its first tiles are 0 ..)
+    if PDL == 1:  # (one split over a paged cache: its first tiles are 0 ..)
         prefetch_firsts(
             k, v, b, kvh, block_table, capacity, max_pages, kv_heads, shift, pages, tid,
             (STAGES - 1) * BN, DP, DT,
         )  # fmt: skip
+    if PDL:
         kaio.grid_dependency_wait()
         kaio.launch_dependents()  # (the next kernel's blocks may take the SMs left free)
     # Q first: its copies are in flight while the length is read (the K/V copies need it)

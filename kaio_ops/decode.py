@@ -152,11 +152,12 @@ FOLD_PAIR = 256
 FOLD_SPEC = 1
 # programmatic dependent launch of decode_fwd (sm_90) in a grid of one split (one wave;
 # several on a GPU of memory under PDL_WAVES_BANDWIDTH) over a paged cache of up to
-# PDL_KEYS keys (``pdls``): each block prefetches its first key tiles into L2, waits for
-# the kernel before it in the stream before any load, then lets the next one launch, so
-# that the next call's blocks take the SMs this one's blocks leave while the others still
-# run. Measured on an H100 (kernel time: a CUDA graph of calls, against none; dec,
-# sixteenth pass, rounds A to C, two processes each): B16 paged at 1k keys 25.0 to 25.2 us
+# PDL_KEYS keys (``pdls``): each block prefetches its first key tiles into L2 (PDL 1; not
+# on fast memory: PDL_PREFETCH_BANDWIDTH), waits for the kernel before it in the stream
+# before any load, then lets the next one launch, so that the next call's blocks take
+# the SMs this one's blocks leave while the others still run. Measured on an H100
+# (kernel time: a CUDA graph of calls, against none; dec, sixteenth pass, rounds A to C,
+# two processes each): B16 paged at 1k keys 25.0 to 25.2 us
 # against 25.8 to 25.9 (SDPA 26.3 to 26.5), 1.5k 36.2 to 36.3 against 36.4 to 36.6, 3k
 # 68.4 to 68.6 against 68.6 to 69.0, 4k 90.0 to 90.1 against 90.0 to 90.3 (fifteenth pass
 # 90.1 against 90.6), 2k 47.2 to 47.6 against 47.1 to 47.6 (the one length where it is no
@@ -175,6 +176,22 @@ FOLD_SPEC = 1
 # to 23.3; B64 L1024 paged 71.3 to 71.5 against 68.5 to 68.6, SDPA 68.8 to 68.9)
 PDL = True
 PDL_KEYS = 4096
+# the L2 prefetch before the wait (PDL 1) only on GPUs whose memory peak is under this
+# (bytes/s); on the others a one-wave grid takes PDL without it (PDL 2) up to
+# PDL_FAST_KEYS keys, and none over them. The prefetch brings a block's first 3 key tiles
+# in before the wait: hidden behind a decode call before it that lets this one launch
+# early, it costs 1.8 to 2.1 us a call wherever nothing is (a graph of one call, a call
+# behind any other kernel). Measured on an H200 (4.8 TB/s; dec, seventeenth pass, round
+# C, B16 paged, µs in a graph of 8 calls / one call a graph / behind a small kernel in a
+# graph of one): at 1k keys PDL 2 18.5 / 22.4 / 24.0, PDL 1 19.1 / 24.0 / 25.7, none
+# 19.2 / 22.2 / 24.0, SDPA 20.0 / 22.8 / 24.9; 2k PDL 2 33.5 / 37.1 / 38.9, PDL 1 34.4 /
+# 39.0 / 40.9, none 33.8 / 37.0 / 39.0, SDPA 34.5 / 37.7 / 39.3; 3k PDL 2 48.5 to 48.8,
+# none 48.4 to 48.5; 4k none 62.9 to 63.2 / 66.3 to 66.6 / 68.4 to 68.7, PDL 2 63.3 to
+# 63.4, PDL 1 62.8 to 63.0 / 68.8 to 69.0 / 70.6 to 70.7, SDPA 63.4 / 66.9 / 68.9 to 69.1.
+# The H100 keeps PDL 1 (kernel time at 1k 25.0 to 25.2 against 25.4 to 25.5 without the
+# prefetch, sixteenth pass)
+PDL_PREFETCH_BANDWIDTH = 4e12
+PDL_FAST_KEYS = 2048
 # PDL in a one-split grid of several waves (B64 L1024 paged) only on GPUs whose memory peak
 # is under this (bytes/s): on an H100 (3.35 TB/s) 91.7 to 92.5 us against 92.4 to 92.8 in
 # four processes, on an H200 (4.8 TB/s) 65.4 to 65.5 against 64.8 to 64.9 (SDPA 65.1 to
@@ -414,17 +431,21 @@ def plan_grid(
 
 
 def pdls(like, cache: _Cache, direct: bool, alone: bool) -> int:
-    """``decode_fwd``'s PDL for a call on ``like``'s GPU over ``cache``: 1 (PDL) in a grid
-    of one split (``direct``) over a paged cache of up to PDL_KEYS keys, on sm_90 and in the
-    simulator (where the wait, the trigger and the prefetches do nothing), where the grid
-    has at most a block a multiprocessor (``alone``) or the GPU's memory is slower than
-    PDL_WAVES_BANDWIDTH (the simulator plans as for an H100); else 0 (griddepcontrol is
-    sm_90's)."""
+    """``decode_fwd``'s PDL for a call on ``like``'s GPU over ``cache``, in a grid of one
+    split (``direct``) over a paged cache of up to PDL_KEYS keys, on sm_90 and in the
+    simulator (where the wait, the trigger and the prefetches do nothing; it plans as for
+    an H100): where the grid has at most a block a multiprocessor (``alone``), 1 (the L2
+    prefetch, the wait, the trigger) on a GPU whose memory peak is under
+    PDL_PREFETCH_BANDWIDTH, else 2 (no prefetch) up to PDL_FAST_KEYS keys; in a grid of
+    several waves, 1 where the peak is under PDL_WAVES_BANDWIDTH; else 0 (griddepcontrol
+    is sm_90's)."""
     if not (PDL and cache.paged and cache.capacity <= PDL_KEYS and _hopper(like)):
         return 0
-    if alone:
-        return 1
     peak = memory_bandwidth(like)  # asked last: it reads the driver's attributes
+    if alone:
+        if peak is None or peak < PDL_PREFETCH_BANDWIDTH:
+            return 1
+        return 2 if cache.capacity <= PDL_FAST_KEYS else 0
     return int(direct and (peak is None or peak < PDL_WAVES_BANDWIDTH))
 
 
@@ -856,10 +877,10 @@ def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
 
 def _with_pdl(pairs):
     """Each (kernel, constexprs) of ``pairs`` with every PDL ``pdls`` may give it: 0, and 1
-    for a grid of one split (DIRECT, CL 1) over a paged cache."""
+    and 2 for a grid of one split (DIRECT, CL 1) over a paged cache."""
     for kernel, constexprs in pairs:
         direct = constexprs["DIRECT"] and constexprs["CL"] == 1 and constexprs["PAGED"]
-        for pdl in (0, 1) if direct else (0,):
+        for pdl in (0, 1, 2) if direct else (0,):
             yield kernel, {**constexprs, "PDL": pdl}
 
 

@@ -386,23 +386,27 @@ def test_sort_keys_in_simulator(n):
 def test_programmatic_dependent_launch_route(monkeypatch):
     # PDL in a grid of one split over a paged cache of up to 4k keys, on sm_90 (and in the
     # simulator, no GPU: planned as sm_90 of an H100's memory, its wait, trigger and
-    # prefetches doing nothing): one wave, or several where the memory is slower than
-    # PDL_WAVES_BANDWIDTH
+    # prefetches doing nothing): one wave (with the L2 prefetch where the memory is slower
+    # than PDL_PREFETCH_BANDWIDTH, else without it up to PDL_FAST_KEYS keys), or several
+    # where the memory is slower than PDL_WAVES_BANDWIDTH
     like = types.SimpleNamespace(device=None)
     paged = types.SimpleNamespace(paged=True, capacity=4096)
+    short = types.SimpleNamespace(paged=True, capacity=decode.PDL_FAST_KEYS)
     assert decode.pdls(like, paged, direct=True, alone=True) == 1
+    assert decode.pdls(like, short, direct=True, alone=True) == 1
     assert decode.pdls(like, paged, direct=True, alone=False) == 1  # (as an H100)
     assert decode.pdls(like, paged, direct=False, alone=False) == 0
     monkeypatch.setattr(decode, "memory_bandwidth", lambda _: 4.8e12)  # an H200
     assert decode.pdls(like, paged, direct=True, alone=False) == 0
-    assert decode.pdls(like, paged, direct=True, alone=True) == 1
+    assert decode.pdls(like, short, direct=True, alone=True) == 2
+    assert decode.pdls(like, paged, direct=True, alone=True) == 0  # (over PDL_FAST_KEYS)
     for other in ({"capacity": 8192}, {"paged": False}):
         changed = types.SimpleNamespace(**{**vars(paged), **other})
         assert decode.pdls(like, changed, True, True) == 0
     monkeypatch.setattr(decode, "PDL", False)
     assert decode.pdls(like, paged, direct=True, alone=True) == 0
     shipped = [c for k, c in decode.shipped() if k is decode.DECODE]
-    assert {c["PDL"] for c in shipped if c["DIRECT"] and c["PAGED"]} == {0, 1}
+    assert {c["PDL"] for c in shipped if c["DIRECT"] and c["PAGED"]} == {0, 1, 2}
     assert {c["PDL"] for c in shipped if not (c["DIRECT"] and c["PAGED"])} == {0}
 
 
@@ -418,6 +422,30 @@ def test_sorted_walk_route():
     assert decode.sorts(True, 2, 256, 16) == decode.sorts(False, 1, 0, 0) == 0
     launched = [c["SORT"] for k, c in decode.shipped() if k is decode.DECODE]
     assert sorted(set(launched)) == [0, 128, 256]
+
+
+@pytest.mark.parametrize("peak, pdl", [(3.35e12, 1), (4.8e12, 2)])  # H100, H200
+def test_programmatic_dependent_launch_in_simulator(monkeypatch, peak, pdl):
+    # one split in one wave over a paged cache of 1k keys (SORT 128): PDL 1 (the L2
+    # prefetch before the wait) on an H100's memory, PDL 2 (none) on an H200's, against
+    # float64 with the race checker; lengths 0, 1, a page boundary, the capacity, rows past
+    # each length poisoned
+    monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
+    monkeypatch.setattr(decode, "memory_bandwidth", lambda _: peak)
+    monkeypatch.setattr(decode, "splits_for", lambda *_: 1)  # (as B16 over 8 K/V heads)
+    rng = np.random.default_rng(34)
+    lens = [0, 1, 16, 700, 1024]
+    b, hkv, d, capacity = len(lens), 2, 64, 1024
+    q = rng.standard_normal((b, 8, 1, d)).astype(np.float16)
+    k_cache, v_cache, table = make_cache(rng, b, hkv, d, capacity, np.float16, 16)
+    poison_past_lengths((k_cache, v_cache), lens, table, 16)
+    with kaio.simulate():
+        out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, np.array(lens, np.int32), table)
+    assert [(c["PDL"], c["SORT"], c["DIRECT"]) for c in spy.constexprs] == [(pdl, 128, True)]
+    ref, _ = reference(q, k_cache, v_cache, lens, table)
+    out = out.astype(np.float64)
+    assert np.isfinite(out).all()
+    assert np.abs(out - ref).max() < 4e-3
 
 
 @pytest.mark.parametrize("own, sq, stages, page_size", [(1, 1, 4, 16), (0, 2, 3, 32)])
@@ -825,6 +853,7 @@ def assembled() -> list:
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1)),
         (decode.DECODE, fwd(128, 1, True, "direct", deep=True, swap=1, own=1, sort=256)),
         (decode.DECODE, fwd(128, 1, True, "direct", dt=kaio.bf16, swap=1, sort=128)),
+        (decode.DECODE, {**fwd(128, 1, True, "direct", swap=1, sort=128), "PDL": 2}),
         (decode.FOLDED, folded(512, 64, kaio.f16)),
         (decode.FOLDED, folded(1024, 0, kaio.bf16)),
         (decode.DECODE, fwd(128, 1, False, "direct", dt=kaio.bf16, swap=1)),
@@ -1117,6 +1146,50 @@ def test_gpu_decode_reads_what_the_kernels_before_wrote(b, capacity, page_size):
         ref = _sdpa_reference(qi, ki, vi, li.tolist(), ti)
         assert (outs[2 * i].double() - ref).abs().max().item() < 5e-3, i
         assert torch.equal(outs[2 * i + 1], outs[2 * i])  # right behind the same call
+
+
+@pytest.mark.gpu
+def test_gpu_decode_at_a_graphs_root_and_after_a_kernel():
+    """A call with programmatic dependent launch (B16 at 1k keys, paged: on sm_90) captured
+    as the root of a CUDA graph, and right behind a kernel that writes its lengths (the
+    graph's edge to it programmatic): replays with new lengths and queries write a poisoned
+    output, against SDPA in float64."""
+    import torch
+
+    b, capacity = 16, 1024
+    first = [capacity - 9 * i for i in range(b)]
+    q, k_cache, v_cache, seq_lens, table = _gpu_case(
+        b, 32, 8, 1, 128, capacity, first, 16, "float16", seed=5
+    )
+    wanted = seq_lens.clone()
+
+    def call():
+        return kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
+
+    def after_a_kernel():
+        torch.clamp(wanted, min=0, out=seq_lens)
+        return call()
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # compiles and loads outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    alone, behind = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(alone, stream=stream):
+        out_alone = call()
+    with torch.cuda.graph(behind, stream=stream):
+        out_behind = after_a_kernel()
+    for lens in ([5, *first[1:]], [capacity] * b, [(7 * i) % 1000 for i in range(b)]):
+        wanted.copy_(torch.tensor(lens, dtype=torch.int32))
+        q.normal_()
+        for graph, out in ((alone, out_alone), (behind, out_behind)):
+            seq_lens.copy_(wanted if graph is alone else torch.zeros_like(wanted))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            ref = _sdpa_reference(q, k_cache, v_cache, lens, table)
+            assert (out.double() - ref).abs().max().item() < 5e-3
 
 
 @pytest.mark.gpu
