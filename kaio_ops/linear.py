@@ -43,6 +43,8 @@ GATE_CONFIG = {"128x256": "64x128", "128x128": "64x128", "16x128s8": "16x64s8"}
 SKINNY_CONFIGS = {
     "16x128s8": MatmulConfig(16, 128, 64, 1, 4, 8),
     "16x64s8": MatmulConfig(16, 64, 64, 1, 4, 8),
+    "32x64s8": MatmulConfig(32, 64, 64, 1, 4, 8),
+    "32x128s8": MatmulConfig(32, 128, 64, 1, 4, 8),
 }
 
 

@@ -179,16 +179,29 @@ def test_mma_sync_split_summed_in_kernel_in_simulator(act, monkeypatch):
         ("16x64s8", 3, 64, 1100, 3, "silu_gate"),
         ("16x64s8", 17, 40, 600, 2, None),  # two row tiles; N % 32: summed by gemm_reduce
         ("16x128s8", 1, 1, 9, 1, None),  # K shorter than a ring stage, N = 1
+        ("32x64s8", 29, 72, 1100, 2, "gelu"),  # 32-row tiles: M, N and K tails
+        ("32x128s8", 40, 136, 600, 3, None),  # two row tiles, the second of 8 rows
+        ("32x64s8", 32, 64, 1000, 2, "silu_gate"),  # two rings of gate and up rows
+        ("32x64s8", 32, 64, 300, 1, "gelu"),  # K shorter than the ring
+        ("32x64s8", 33, 96, 1024, 1, "matmul"),  # B [K, N]: two row tiles, N tail
+        ("32x128s8", 20, 200, 720, 2, "matmul"),  # B [K, N], K split summed in the kernel
     ],
 )
 def test_deep_skinny_tiles_in_simulator(config, m, n, k, split, act):
-    """The mma.sync kernel's skinny tiles with 8-stage rings (``linear.SKINNY_CONFIGS``),
-    named by a Plan: with bias, activation and residual, against float64."""
+    """The mma.sync kernel's skinny tiles with 8-stage rings (``linear.SKINNY_CONFIGS``, 16
+    and 32 rows), named by a Plan: ``linear`` with bias,
+    activation and residual ("matmul": B [K, N], no epilogue), against float64."""
     rng = np.random.default_rng(m + n + k)
     rows = 2 * n if act == "silu_gate" else n
     x, w = rand(rng, (m, k), np.float16), rand(rng, (rows, k), np.float16, 0.3)
     b, res = rand(rng, (rows,), np.float16), rand(rng, (m, n), np.float16)
     with kaio.simulate():
+        if act == "matmul":
+            wt = np.ascontiguousarray(w.T)
+            got = gemm("matmul", _operand(x), _operand(wt, "b"), (m, n), (m, n, k), kaio.f16,
+                       False, chosen=Plan(config, split))  # fmt: skip
+            check(got, *reference(x, w), np.float16)
+            return
         args = (_operand(x), _operand(w, "w"), (m, n), (m, n, k), kaio.f16, True)
         got = gemm("linear", *args, _operand(b, "bias"), _operand(res, "residual"),
                    act or "none", chosen=Plan(config, split))  # fmt: skip
