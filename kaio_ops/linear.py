@@ -45,6 +45,7 @@ SKINNY_CONFIGS = {
     "16x64s8": MatmulConfig(16, 64, 64, 1, 4, 8),
     "32x64s8": MatmulConfig(32, 64, 64, 1, 4, 8),
     "32x128s8": MatmulConfig(32, 128, 64, 1, 4, 8),
+    "32x128s4": MatmulConfig(32, 128, 64, 1, 4, 4),
 }
 
 
