@@ -800,6 +800,11 @@ def test_gpu_linear_batched_f32_out():
         (30, 2000, 4104, "gelu", Plan("16x64s8", 3)),  # N and K tails: gemm_reduce
         (9, 1024, 8192, "gelu", Plan("16x128s8", 4)),
         (20, 4096, 4096, "silu", Plan("16x64s8", 1)),  # W [N, K] on the deep skinny tile
+        (32, 8192, 8192, "matmul", Plan("32x64s8", 1)),  # 32-row tiles (the H200's routes)
+        (29, 28672, 4096, "matmul", Plan("32x128s4", 1)),
+        (24, 10240, 1024, "gelu", Plan("32x128s8", 1)),
+        (40, 1000, 4104, "silu_gate", Plan("32x64s8", 2)),  # two row tiles, tails: reduce
+        (27, 4096, 14336, "matmul", Plan("16x64s8", 2)),  # two row tiles, summed in kernel
     ],
 )
 def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
