@@ -46,6 +46,8 @@ SKINNY_CONFIGS = {
     "32x64s8": MatmulConfig(32, 64, 64, 1, 4, 8),
     "32x128s8": MatmulConfig(32, 128, 64, 1, 4, 8),
     "32x128s4": MatmulConfig(32, 128, 64, 1, 4, 4),
+    "32x64s8w8": MatmulConfig(32, 64, 64, 2, 4, 8),
+    "32x128s8w8": MatmulConfig(32, 128, 64, 2, 4, 8),
 }
 
 
