@@ -46,8 +46,6 @@ SKINNY_CONFIGS = {
     "32x64s8": MatmulConfig(32, 64, 64, 1, 4, 8),
     "32x128s8": MatmulConfig(32, 128, 64, 1, 4, 8),
     "32x128s4": MatmulConfig(32, 128, 64, 1, 4, 4),
-    "32x64s8w8": MatmulConfig(32, 64, 64, 2, 4, 8),
-    "32x128s8w8": MatmulConfig(32, 128, 64, 2, 4, 8),
 }
 
 
@@ -458,7 +456,7 @@ MEASURED: dict[tuple, list] = {
                           (1024, _P(2, 256, 4, 1, False, 0, 1)), (2048, "persistent")],
     (4096, 14336, "nk"): [(32, _D), (64, _P(2, 64, 6, 2, False)),
                           (128, _P(1, 64, 6, 2, False)),
-                          (256, ByMemory(_P(2, 64, 6, 1, False), _P(1, 128, 6, 1, False))),
+                          (256, ByMemory(_P(2, 64, 6, 1, False), _P(2, 64, 9, 1, False))),
                           (4096, _P(2, 256, 4, 1, False))],
     (6144, 4096, "kn"): [(16, _D), (32, ByMemory(_D, _D32)),
                          (64, _RING64), (128, _P(1, 64, 6, 1, False, 0, 1)),

@@ -185,8 +185,6 @@ def test_mma_sync_split_summed_in_kernel_in_simulator(act, monkeypatch):
         ("32x64s8", 32, 64, 300, 1, "gelu"),  # K shorter than the ring
         ("32x64s8", 33, 96, 1024, 1, "matmul"),  # B [K, N]: two row tiles, N tail
         ("32x128s8", 20, 200, 720, 2, "matmul"),  # B [K, N], K split summed in the kernel
-        ("32x64s8w8", 30, 72, 600, 2, "gelu"),  # 8 warps (2 x 4)
-        ("32x128s8w8", 33, 136, 520, 1, "matmul"),
     ],
 )
 def test_deep_skinny_tiles_in_simulator(config, m, n, k, split, act):
