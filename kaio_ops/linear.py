@@ -444,12 +444,18 @@ def for_memory(choice, like: _arrays.Operand):
     return choice.fast if peak is not None and peak >= FAST_MEMORY else choice.slow
 
 
+def _deeper(plan: _gemm_hopper.Plan, stages: int) -> ByMemory:
+    """A Hopper ``plan`` as measured on an H100, with a ring of ``stages`` on the faster
+    memory (more bytes in flight an SM)."""
+    return ByMemory(plan, plan._replace(stages=stages))
+
+
 _P = _gemm_hopper.Plan
 _S = _gemm_streamk.Plan
 _D = Plan("16x64s8", 1)  # the deep skinny tile, unsplit (SKINNY_CONFIGS)
 _D32 = Plan("32x64s8", 1)  # its 32-row form
 # 64 x 64 Hopper tiles with wide stores: a 6-stage ring, or 12 on the faster memory
-_RING64 = ByMemory(_P(1, 64, 6, 1, False, 0, 1), _P(1, 64, 12, 1, False, 0, 1))
+_RING64 = _deeper(_P(1, 64, 6, 1, False, 0, 1), 12)
 MEASURED: dict[tuple, list] = {
     (256, 256, "kn"): [(256, _P(1, 32, 12, 1, False, 0, 1))],
     (512, 512, "kn"): [(512, _P(1, 64, 12, 1, False, 0, 1))],
@@ -465,14 +471,15 @@ MEASURED: dict[tuple, list] = {
                           (1024, _P(2, 256, 4, 1, False, 0, 1)), (2048, "persistent")],
     (4096, 14336, "nk"): [(32, _D), (64, _P(2, 64, 6, 2, False)),
                           (128, _P(1, 64, 6, 2, False)),
-                          (256, ByMemory(_P(2, 64, 6, 1, False), _P(2, 64, 9, 1, False))),
+                          (256, _deeper(_P(2, 64, 6, 1, False), 9)),
                           (4096, _P(2, 256, 4, 1, False))],
     (6144, 4096, "kn"): [(16, _D), (32, ByMemory(_D, _D32)),
-                         (64, _RING64), (128, _P(1, 64, 6, 1, False, 0, 1)),
+                         (128, _RING64),
                          (256, _P(1, 192, 7, 1, False, 0, 1)), (2048, "persistent")],
     (6144, 4096, "nk"): [(16, _D), (32, Plan("16x128s8", 1))],
     (8192, 8192, "kn"): [(16, _D), (32, ByMemory(Plan("16x128s8", 1), _D32)),
-                         (64, _RING64), (128, _P(2, 64, 6, 1, False, 0, 1)),
+                         (64, _RING64),
+                         (128, _deeper(_P(2, 64, 6, 1, False, 0, 1), 9)),
                          (256, _P(2, 128, 6, 1, False, 0, 1)), (1024, "persistent")],
     (8192, 28672, "kn"): [(1, "mma.sync"), (16, _D),
                           (32, ByMemory(_P(1, 128, 6, 1, False, 0, 1), _D32)),
@@ -482,7 +489,7 @@ MEASURED: dict[tuple, list] = {
     (10240, 8192, "kn"): [(16, Plan("16x128", 1)),
                           (32, ByMemory(_P(1, 128, 6, 1, False, 0, 1), Plan("32x128s8", 1))),
                           (64, _P(1, 128, 6, 1, False, 0, 1)),
-                          (128, _P(2, 128, 6, 1, False, 0, 1)),
+                          (128, _deeper(_P(2, 128, 6, 1, False, 0, 1), 7)),
                           (256, _P(2, 192, 5, 1, False, 0, 1)), (1024, Persistent(320))],
     (14336, 4096, "gate"): [(1, "gemv"), (16, "mma.sync"), (4096, _P(2, 128, 4, 1, False))],
     (28672, 4096, "nk"): [(16, _D)],
