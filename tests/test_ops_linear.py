@@ -847,7 +847,6 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
         (1000, 2048, 2048, "matmul", Persistent(256, 8, 0, 2)),  # the second warpgroup behind
         (250, 4096, 4096, "gelu", hopper.Plan(2, 64, 9, 1, False)),  # the H200's deeper
         (100, 8192, 2048, "matmul", hopper.Plan(2, 64, 9, 1, False, 0, 1)),  # rings
-        (120, 10240, 1024, "matmul", hopper.Plan(2, 128, 7, 1, False, 0, 1)),
     ],
 )
 def test_gpu_hopper_tiles_against_torch(m, n, k, activation, chosen):
