@@ -421,7 +421,7 @@ def _counters(like: _arrays.Operand, tiles: int):
 # against 0.90-0.92x). Deeper Hopper rings: 64 x 64 tiles with 12 stages at M = 33-64 of 6144
 # x 4096 and 8192 x 8192 (0.92-1.00x against 0.90-0.97x; at M = 128 of 6144 x 4096 the 12
 # stages ran 0.74x against 0.89x: one block an SM, 1.45 waves), 128 x 64 with 9 at M = 65-128
-# of 8192 x 8192 (0.96x against 0.92-0.93x), and for ``linear`` (B [N, K]) at M = 129-256 of
+# of 8192 x 8192 (0.95-0.96x against 0.92-0.93x), and for ``linear`` (B [N, K]) at M = 129-256 of
 # 4096 x 14336 (gelu + bias + residual 1.09-1.15x the torch ops against 0.97-0.99x, plain
 # 1.02-1.06x F.linear against 0.91x). 7 stages for 128 x 128 at M = 128 of 10240 x 8192 lost
 # (0.92x against 0.95x).
