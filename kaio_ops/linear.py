@@ -37,7 +37,12 @@ _DTYPE_NAMES = {
     "float": f32,
 }
 # "silu_gate" keeps two accumulator sets: the large tiles' registers would spill
-GATE_CONFIG = {"128x256": "64x128", "128x128": "64x128", "16x128s8": "16x64s8"}
+GATE_CONFIG = {
+    "128x256": "64x128",
+    "128x128": "64x128",
+    "16x128s8": "16x64s8",
+    "32x128s8": "32x64s8",
+}
 # skinny tiles of the mma.sync kernel besides matmul.CONFIGS, with deeper cp.async rings
 # (more of B in flight at small M, where the product streams B): a Plan may name them
 SKINNY_CONFIGS = {

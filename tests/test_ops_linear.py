@@ -897,3 +897,6 @@ def test_gate_caps_tiles_whose_two_rings_would_not_fit():
     for config, capped in linear.GATE_CONFIG.items():
         wide, narrow = linear.mma_config(config), linear.mma_config(capped)
         assert narrow.bn * narrow.bm <= wide.bn * wide.bm
+    for config in linear.SKINNY_CONFIGS:  # each deep ring's gate form fits (A, gate and up)
+        cfg = linear.mma_config(linear._capped(Plan(config), True).config)
+        assert cfg.stages * (cfg.bm + 2 * cfg.bn) * cfg.bk * 2 + 32 <= hopper.SHARED_LIMIT
