@@ -440,6 +440,41 @@ def vec_plans(m: int, n: int, k: int, sms: int) -> list:
     return list(dict.fromkeys(plans))
 
 
+# issue 33 on the H200 (gmid): the M = 32 and 64 cases below 0.95x cuBLAS there (main
+# ce69559), and the other shapes at M = 32
+SETS["m32"] = [(32, n, k) for n, k in LLAMA70B[1:2] + LLAMA8B[:1] + LLAMA70B[3:] + LLAMA8B[2:]]
+SETS["m32"] += [(32, 57344, 8192), (32, 10240, 8192), (32, 4096, 4096)]
+SETS["m32"] += [(64, 6144, 4096), (64, 8192, 8192), (64, 28672, 4096), (64, 4096, 4096)]
+# the fused gelu linear at M = 256 (w [4096, 14336]), 59.0 µs against the torch ops' 57.6 there,
+# and the plain linear of that shape, which takes the same plans
+SETS["g256"] = [(256, 4096, 14336, "gelu"), (256, 4096, -14336)]
+SKINNY_ONLY = False  # at M <= 64 only the skinny tiles of ``skinny_plans`` (--skinny)
+
+
+def skinny_plans(m: int, n: int, k: int, sms: int) -> list:
+    """``--skinny``'s plans (memory-bound M = 17-64): the mma.sync kernel's deep skinny tiles
+    (``linear.SKINNY_CONFIGS``, 16 and 32 rows) and the Hopper kernel's 64-row tiles with
+    deep rings, each unsplit (wide stores on the Hopper kernel) and in K splits summed in the
+    kernel whose blocks make half a wave to 2.5 waves."""
+    plans: list = []
+
+    def splits(tiles: int, depth: int):
+        yield 1
+        for split in (2, 3, 4, 6, 8):
+            if k // split >= 4 * depth and sms / 2 <= tiles * split <= 2.5 * sms:
+                yield split
+
+    for config, cfg in linear_mod.SKINNY_CONFIGS.items():
+        tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
+        plans += [MmaSplit(s, True, config) for s in splits(tiles, cfg.bk)]
+    for bn in (64, 128, 256):
+        stages = _gemm_hopper.stages_for(1, bn, False, most=12)
+        for s in splits(math.ceil(m / 64) * math.ceil(n / bn), _gemm_hopper.BK):
+            if s == 1 or _gemm_hopper.fixup_ok(n):
+                plans.append(_gemm_hopper.Plan(1, bn, stages, s, s > 1, 0, int(s == 1)))
+    return plans
+
+
 def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route) -> tuple:
     """(the plans timed for one shape, the Hopper kernel's own plan): the op's choice
     ``route`` first, then ``candidates``, the skinny kernels, the mma.sync kernel's plan and
@@ -448,6 +483,8 @@ def plans_of(m: int, n: int, k: int, sms: int, transposed: bool, act: str, route
     default = _gemm_hopper.plan(m, n, k, sms, gate)
     if EPI33:
         return [route, *epi33_plans(m, n, k, transposed)], default
+    if SKINNY_ONLY and m <= 64:
+        return [route, *skinny_plans(m, n, k, sms)], default
     if VEC_ONLY and not transposed and act == "none":
         return [route, *vec_plans(m, n, k, sms)], default
     if DEEP:
@@ -611,12 +648,13 @@ def main(argv: list[str] | None = None) -> None:
         help="also the mma.sync skinny tile at every K split, both sums (M <= 64)",
     )
     p.add_argument("--waves", action="store_true", help="also widths that fill whole waves")
+    p.add_argument("--skinny", action="store_true", help="at M <= 64 only the skinny tiles")
     p.add_argument("--vec", action="store_true", help="only unsplit wide-store and persistent")
     p.add_argument("--cases", help="M:N:K,... (K < 0: B [N, K]) instead of --set")
     args, rest = p.parse_known_args(argv)
-    global PAIRS, DEEP, OCC, ALL_SPLITS, EPI33, WAVES, VEC_ONLY
+    global PAIRS, DEEP, OCC, ALL_SPLITS, EPI33, WAVES, VEC_ONLY, SKINNY_ONLY
     PAIRS, DEEP, OCC, ALL_SPLITS = args.pairs, args.deep, args.occ, args.splits
-    EPI33, WAVES, VEC_ONLY = args.epi33, args.waves, args.vec
+    EPI33, WAVES, VEC_ONLY, SKINNY_ONLY = args.epi33, args.waves, args.vec, args.skinny
     h = Harness.from_args("Hopper GEMM plan search", rest, reps=args.reps)
     start = time.perf_counter()
     sms = h.meta["sms"]

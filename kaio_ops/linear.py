@@ -37,12 +37,20 @@ _DTYPE_NAMES = {
     "float": f32,
 }
 # "silu_gate" keeps two accumulator sets: the large tiles' registers would spill
-GATE_CONFIG = {"128x256": "64x128", "128x128": "64x128", "16x128s8": "16x64s8"}
+GATE_CONFIG = {
+    "128x256": "64x128",
+    "128x128": "64x128",
+    "16x128s8": "16x64s8",
+    "32x128s8": "32x64s8",
+}
 # skinny tiles of the mma.sync kernel besides matmul.CONFIGS, with deeper cp.async rings
 # (more of B in flight at small M, where the product streams B): a Plan may name them
 SKINNY_CONFIGS = {
     "16x128s8": MatmulConfig(16, 128, 64, 1, 4, 8),
     "16x64s8": MatmulConfig(16, 64, 64, 1, 4, 8),
+    "32x64s8": MatmulConfig(32, 64, 64, 1, 4, 8),
+    "32x128s8": MatmulConfig(32, 128, 64, 1, 4, 8),
+    "32x128s4": MatmulConfig(32, 128, 64, 1, 4, 4),
 }
 
 
@@ -407,10 +415,57 @@ def _counters(like: _arrays.Operand, tiles: int):
 # 64-row tiles with wide stores, 256^3 on 64 x 32 (6.59 µs, 1.01x cuBLAS f32 out, against
 # 7.42 for the rules' 64 x 64 with pairs of columns), 512^3 on 64 x 64 (7.30 µs, 1.01x,
 # against 11.41 for the rules' K split in 2 and 8.35 for the mma.sync kernel); the same
-# plans writing f16, 0.99-1.01x cuBLAS.
+# plans writing f16, 0.99-1.01x cuBLAS. Issue 33 on the H200 (gmid; bench/gemm_plans.py
+# --set m32 --skinny and --set g256 --deep, then bench/gemm_sweep.py --other-memory against
+# the H100's choices in the same process, two rounds): the ``ByMemory`` entries, whose
+# ``slow`` choice is the H100's as before. At M = 17-32 the mma.sync kernel's 32-row deep
+# tiles (one row tile: B streamed once): 32 x 64 (8 stages) at 6144 x 4096, 8192 x 8192 and
+# 8192 x 28672 (0.98-1.02x cuBLAS against 0.83-0.91x), 32 x 128 at 10240 x 8192 (1.13-1.17x
+# against 0.99-1.06x), 32 x 128 with 4 stages (two blocks an SM) at 28672 x 4096 and 57344 x
+# 8192 (0.97-1.01x against 0.90-0.94x); 16 x 64 in 2 K slices at 4096 x 14336 (0.96-0.98x
+# against 0.90-0.92x). Deeper Hopper rings: 64 x 64 tiles with 12 stages at M = 33-64 of 6144
+# x 4096 and 8192 x 8192 (0.92-1.00x against 0.90-0.97x; at M = 128 of 6144 x 4096 the 12
+# stages ran 0.74x against 0.89x: one block an SM, 1.45 waves), 128 x 64 with 9 at M = 65-128
+# of 8192 x 8192 (0.95-0.96x against 0.92-0.93x), and for ``linear`` (B [N, K]) at M = 129-256 of
+# 4096 x 14336 (gelu + bias + residual 1.09-1.15x the torch ops against 0.97-0.99x, plain
+# 1.02-1.06x F.linear against 0.91x). 7 stages for 128 x 128 at M = 128 of 10240 x 8192 lost
+# (0.92x against 0.95x).
+# GPUs whose peak memory bandwidth is FAST_MEMORY or more (H200: 4.8 TB/s, H100: 3.35) take
+# the ``fast`` choice of a ``ByMemory`` entry: a memory-bound product keeps the faster memory
+# busy only with more bytes in flight an SM, which changes its fastest tile
+FAST_MEMORY = 4e12
+
+
+class ByMemory(NamedTuple):
+    """A ``MEASURED`` choice that the GPU's memory decides: ``fast`` where its peak bandwidth
+    (``_arrays.memory_bandwidth``) is at least ``FAST_MEMORY`` (H200), else ``slow`` (H100,
+    and the simulator or a driver that does not tell)."""
+
+    slow: object
+    fast: object
+
+
+def for_memory(choice, like: _arrays.Operand):
+    """``choice`` (a ``MEASURED`` choice) for the GPU of ``like``: a ``ByMemory``'s ``fast``
+    or ``slow`` choice, anything else as it is."""
+    if not isinstance(choice, ByMemory):
+        return choice
+    peak = _arrays.memory_bandwidth(like)
+    return choice.fast if peak is not None and peak >= FAST_MEMORY else choice.slow
+
+
+def _deeper(plan: _gemm_hopper.Plan, stages: int) -> ByMemory:
+    """A Hopper ``plan`` as measured on an H100, with a ring of ``stages`` on the faster
+    memory (more bytes in flight an SM)."""
+    return ByMemory(plan, plan._replace(stages=stages))
+
+
 _P = _gemm_hopper.Plan
 _S = _gemm_streamk.Plan
 _D = Plan("16x64s8", 1)  # the deep skinny tile, unsplit (SKINNY_CONFIGS)
+_D32 = Plan("32x64s8", 1)  # its 32-row form
+# 64 x 64 Hopper tiles with wide stores: a 6-stage ring, or 12 on the faster memory
+_RING64 = _deeper(_P(1, 64, 6, 1, False, 0, 1), 12)
 MEASURED: dict[tuple, list] = {
     (256, 256, "kn"): [(256, _P(1, 32, 12, 1, False, 0, 1))],
     (512, 512, "kn"): [(512, _P(1, 64, 12, 1, False, 0, 1))],
@@ -420,30 +475,41 @@ MEASURED: dict[tuple, list] = {
                          (256, _P(2, 64, 9, 1, False, 0, 1)), (512, _P(2, 128, 6, 1, False, 0, 1)),
                          (2048, "persistent")],
     (4096, 4096, "nk"): [(32, _D), (128, _P(1, 64, 6, 1, False))],
-    (4096, 14336, "kn"): [(32, _D), (128, _P(1, 64, 12, 1, False, 0, 1)),
+    (4096, 14336, "kn"): [(16, _D), (32, ByMemory(_D, Plan("16x64s8", 2))),
+                          (128, _P(1, 64, 12, 1, False, 0, 1)),
                           (256, _P(1, 128, 9, 1, False, 0, 1)), (512, "persistent"),
                           (1024, _P(2, 256, 4, 1, False, 0, 1)), (2048, "persistent")],
     (4096, 14336, "nk"): [(32, _D), (64, _P(2, 64, 6, 2, False)),
-                          (128, _P(1, 64, 6, 2, False)), (256, _P(2, 64, 6, 1, False)),
+                          (128, _P(1, 64, 6, 2, False)),
+                          (256, _deeper(_P(2, 64, 6, 1, False), 9)),
                           (4096, _P(2, 256, 4, 1, False))],
-    (6144, 4096, "kn"): [(32, _D), (128, _P(1, 64, 6, 1, False, 0, 1)),
+    (6144, 4096, "kn"): [(16, _D), (32, ByMemory(_D, _D32)),
+                         (64, _RING64), (128, _P(1, 64, 6, 1, False, 0, 1)),
                          (256, _P(1, 192, 7, 1, False, 0, 1)), (2048, "persistent")],
     (6144, 4096, "nk"): [(16, _D), (32, Plan("16x128s8", 1))],
-    (8192, 8192, "kn"): [(16, _D), (32, Plan("16x128s8", 1)),
-                         (64, _P(1, 64, 6, 1, False, 0, 1)), (128, _P(2, 64, 6, 1, False, 0, 1)),
+    (8192, 8192, "kn"): [(16, _D), (32, ByMemory(Plan("16x128s8", 1), _D32)),
+                         (64, _RING64),
+                         (128, _deeper(_P(2, 64, 6, 1, False, 0, 1), 9)),
                          (256, _P(2, 128, 6, 1, False, 0, 1)), (1024, "persistent")],
-    (8192, 28672, "kn"): [(1, "mma.sync"), (16, _D), (128, _P(1, 128, 6, 1, False, 0, 1)),
+    (8192, 28672, "kn"): [(1, "mma.sync"), (16, _D),
+                          (32, ByMemory(_P(1, 128, 6, 1, False, 0, 1), _D32)),
+                          (128, _P(1, 128, 6, 1, False, 0, 1)),
                           (256, _P(2, 128, 6, 1, False, 0, 1)), (4096, "persistent"),
                           (8192, Persistent(256, 8, 1))],
-    (10240, 8192, "kn"): [(16, Plan("16x128", 1)), (64, _P(1, 128, 6, 1, False, 0, 1)),
+    (10240, 8192, "kn"): [(16, Plan("16x128", 1)),
+                          (32, ByMemory(_P(1, 128, 6, 1, False, 0, 1), Plan("32x128s8", 1))),
+                          (64, _P(1, 128, 6, 1, False, 0, 1)),
                           (128, _P(2, 128, 6, 1, False, 0, 1)),
                           (256, _P(2, 192, 5, 1, False, 0, 1)), (1024, Persistent(320))],
     (14336, 4096, "gate"): [(1, "gemv"), (16, "mma.sync"), (4096, _P(2, 128, 4, 1, False))],
     (28672, 4096, "nk"): [(16, _D)],
-    (28672, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 256, 5, 1, False, 0, 1)),
+    (28672, 4096, "kn"): [(16, "mma.sync"),
+                          (32, ByMemory(_P(1, 256, 5, 1, False, 0, 1), Plan("32x128s4", 1))),
+                          (64, _P(1, 256, 5, 1, False, 0, 1)),
                           (128, _P(2, 256, 4, 1, False, 0, 1)), (1024, "persistent"),
                           (4096, Persistent(320, 8, 1))],
     (57344, 8192, "kn"): [(1, "gemv"), (8, Plan("16x128", 4)), (16, "mma.sync"),
+                          (32, ByMemory(_P(1, 128, 9, 1, False, 0, 1), Plan("32x128s4", 1))),
                           (64, _P(1, 128, 9, 1, False, 0, 1)), (128, Persistent(256)),
                           (512, "persistent"),
                           (1024, Persistent(320)), (2048, Persistent(320, 8, 1)),
@@ -521,6 +587,7 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
         layout = ("gate" if gate else "nk") if transposed else "kn"
         for most, choice in MEASURED.get((n, k, layout), ()):
             if m <= most:
+                choice = for_memory(choice, a)
                 if choice == "gemv" or isinstance(choice, _gemv.Plan):
                     if _gemv.takes(a, b, mnk, transposed, plain):
                         return choice

@@ -179,16 +179,29 @@ def test_mma_sync_split_summed_in_kernel_in_simulator(act, monkeypatch):
         ("16x64s8", 3, 64, 1100, 3, "silu_gate"),
         ("16x64s8", 17, 40, 600, 2, None),  # two row tiles; N % 32: summed by gemm_reduce
         ("16x128s8", 1, 1, 9, 1, None),  # K shorter than a ring stage, N = 1
+        ("32x64s8", 29, 72, 1100, 2, "gelu"),  # 32-row tiles: M, N and K tails
+        ("32x128s8", 40, 136, 600, 3, None),  # two row tiles, the second of 8 rows
+        ("32x64s8", 32, 64, 1000, 2, "silu_gate"),  # two rings of gate and up rows
+        ("32x64s8", 32, 64, 300, 1, "gelu"),  # K shorter than the ring
+        ("32x64s8", 33, 96, 1024, 1, "matmul"),  # B [K, N]: two row tiles, N tail
+        ("32x128s8", 20, 200, 720, 2, "matmul"),  # B [K, N], K split summed in the kernel
     ],
 )
 def test_deep_skinny_tiles_in_simulator(config, m, n, k, split, act):
-    """The mma.sync kernel's skinny tiles with 8-stage rings (``linear.SKINNY_CONFIGS``),
-    named by a Plan: with bias, activation and residual, against float64."""
+    """The mma.sync kernel's skinny tiles with 8-stage rings (``linear.SKINNY_CONFIGS``, 16
+    and 32 rows), named by a Plan: ``linear`` with bias,
+    activation and residual ("matmul": B [K, N], no epilogue), against float64."""
     rng = np.random.default_rng(m + n + k)
     rows = 2 * n if act == "silu_gate" else n
     x, w = rand(rng, (m, k), np.float16), rand(rng, (rows, k), np.float16, 0.3)
     b, res = rand(rng, (rows,), np.float16), rand(rng, (m, n), np.float16)
     with kaio.simulate():
+        if act == "matmul":
+            wt = np.ascontiguousarray(w.T)
+            got = gemm("matmul", _operand(x), _operand(wt, "b"), (m, n), (m, n, k), kaio.f16,
+                       False, chosen=Plan(config, split))  # fmt: skip
+            check(got, *reference(x, w), np.float16)
+            return
         args = (_operand(x), _operand(w, "w"), (m, n), (m, n, k), kaio.f16, True)
         got = gemm("linear", *args, _operand(b, "bias"), _operand(res, "residual"),
                    act or "none", chosen=Plan(config, split))  # fmt: skip
@@ -542,6 +555,24 @@ def test_plain_linear_routes_to_the_persistent_kernel(monkeypatch):
         assert not isinstance(route(4096, 4100, 4096), Persistent)
 
 
+@pytest.mark.parametrize("peak", [None, 3.35e12, 4.8e12])
+def test_measured_choices_by_memory_bandwidth(peak, monkeypatch):
+    """A ``linear.ByMemory`` entry routes by the GPU's peak memory bandwidth: its ``fast``
+    choice from ``FAST_MEMORY`` (an H200), else (an H100, or the driver does not tell) its
+    ``slow`` one; the entries around it keep theirs."""
+    linear_mod = importlib.import_module("kaio_ops.linear")
+    slow, fast = hopper.Plan(1, 64, 6, 1, False, 0, 1), Plan("32x64s8", 1)
+    table = {(1000, 2000, "kn"): [(16, Plan("16x64s8")), (32, linear_mod.ByMemory(slow, fast))]}
+    monkeypatch.setattr(linear_mod, "MEASURED", table)
+    monkeypatch.setattr(linear_mod, "hopper_takes", lambda *args: True)
+    monkeypatch.setattr(kaio_ops._arrays, "memory_bandwidth", lambda like: peak)
+    with kaio.simulate():
+        a = _operand(np.zeros((4, 64), np.float16))
+        got = [linear_mod.route(a, a, (m, 1000, 2000), False, True, False) for m in (16, 17, 32)]
+    want = fast if peak is not None and peak >= linear_mod.FAST_MEMORY else slow
+    assert got == [Plan("16x64s8"), want, want]
+
+
 def test_persistent_width_fills_the_waves():
     """The persistent kernel's tile width per shape (132 SMs), as the H100 measured it
     (bench/gemm_plans.py --set w33): 192 at M = 512 of N = 6144 (one wave of 128 tiles, 0.97x
@@ -583,16 +614,17 @@ def test_hopper_plans_fit_over_the_llm_sweep():
 
 
 def test_measured_table_is_well_formed():
-    """linear.MEASURED: M limits increasing, each choice a kernel the router knows (or
-    "rules"), each Hopper or stream-K plan fitting shared memory, a K split with at least 4
-    steps of K a slice."""
-    from kaio_ops.linear import MEASURED
+    """linear.MEASURED: M limits increasing, each choice (both of a ``ByMemory``) a kernel
+    the router knows (or "rules"), each Hopper or stream-K plan fitting shared memory, a K
+    split with at least 4 steps of K a slice."""
+    from kaio_ops.linear import MEASURED, ByMemory
 
     for (n, k, layout), entries in MEASURED.items():
         assert layout in ("kn", "nk", "gate")
         limits = [most for most, _ in entries]
         assert limits == sorted(set(limits)), (n, k, layout)
-        for _, choice in entries:
+        choices = [c for _, e in entries for c in (e if isinstance(e, ByMemory) else (e,))]
+        for choice in choices:
             if isinstance(choice, hopper.Plan):
                 gate = layout == "gate"
                 size = hopper.shared_bytes(choice.wg, choice.bn, choice.stages, gate, choice.vec)
@@ -602,7 +634,7 @@ def test_measured_table_is_well_formed():
                 assert not choice.fixup or hopper.fixup_ok(n)
             elif isinstance(choice, Plan):  # an mma.sync plan
                 linear_mod = importlib.import_module("kaio_ops.linear")
-                assert linear_mod.mma_config(choice.config).bm in (16, 64, 128)
+                assert linear_mod.mma_config(choice.config).bm in (16, 32, 64, 128)
                 assert choice.split >= 1
             elif type(choice).__name__ == "Plan":  # a _gemv.Plan
                 assert choice.split >= 1 and layout != "gate"
@@ -768,6 +800,11 @@ def test_gpu_linear_batched_f32_out():
         (30, 2000, 4104, "gelu", Plan("16x64s8", 3)),  # N and K tails: gemm_reduce
         (9, 1024, 8192, "gelu", Plan("16x128s8", 4)),
         (20, 4096, 4096, "silu", Plan("16x64s8", 1)),  # W [N, K] on the deep skinny tile
+        (32, 8192, 8192, "matmul", Plan("32x64s8", 1)),  # 32-row tiles (the H200's routes)
+        (29, 28672, 4096, "matmul", Plan("32x128s4", 1)),
+        (24, 10240, 1024, "gelu", Plan("32x128s8", 1)),
+        (40, 1000, 4104, "silu_gate", Plan("32x64s8", 2)),  # two row tiles, tails: reduce
+        (27, 4096, 14336, "matmul", Plan("16x64s8", 2)),  # two row tiles, summed in kernel
     ],
 )
 def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
@@ -808,6 +845,8 @@ def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
         (600, 1000, 1032, "gelu", Persistent(256)),  # the persistent kernel: B [N, K], the
         (1000, 2048, 2048, "silu", Persistent(320, 8, 1)),  # fused epilogue
         (1000, 2048, 2048, "matmul", Persistent(256, 8, 0, 2)),  # the second warpgroup behind
+        (250, 4096, 4096, "gelu", hopper.Plan(2, 64, 9, 1, False)),  # the H200's deeper
+        (100, 8192, 2048, "matmul", hopper.Plan(2, 64, 9, 1, False, 0, 1)),  # rings
     ],
 )
 def test_gpu_hopper_tiles_against_torch(m, n, k, activation, chosen):
@@ -858,3 +897,6 @@ def test_gate_caps_tiles_whose_two_rings_would_not_fit():
     for config, capped in linear.GATE_CONFIG.items():
         wide, narrow = linear.mma_config(config), linear.mma_config(capped)
         assert narrow.bn * narrow.bm <= wide.bn * wide.bm
+    for config in linear.SKINNY_CONFIGS:  # each deep ring's gate form fits (A, gate and up)
+        cfg = linear.mma_config(linear._capped(Plan(config), True).config)
+        assert cfg.stages * (cfg.bm + 2 * cfg.bn) * cfg.bk * 2 + 32 <= hopper.SHARED_LIMIT
