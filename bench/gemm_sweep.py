@@ -14,7 +14,10 @@ Usage: ``python bench/gemm_sweep.py --out results.json [--quick]``. ``--quick`` 
 any other subset; ``--mma`` also times kaio's mma.sync kernel (on sm_90 the op runs the
 Hopper one); ``--sk`` also times stream-K plans (``kaio_ops._gemm_streamk``) where the
 tiles do not fill the GPU in whole waves (the measurements behind ``linear.MEASURED``);
-``--alt`` also times the routed plan's variant (``alt_plan``: wide stores, pairs of blocks).
+``--alt`` also times the routed plan's variant (``alt_plan``: wide stores, pairs of blocks);
+``--other-memory`` also the route of a GPU of the other memory speed (``other_memory_plan``:
+the H100's route on an H200 and the reverse, where ``linear.ByMemory`` entries
+differ).
 
 The Triton peer is the tutorial matmul of bench/matmul.py (f16/bf16 out), tuned here per
 shape over a few standard configurations (each timed a few calls with CUDA events, the best
@@ -198,6 +201,27 @@ def alt_plan(a, b, sms: int):
     return None
 
 
+def other_memory_plan(a, b):
+    """The route a GPU on the other side of ``linear.FAST_MEMORY`` takes for ``a @ b`` (an
+    H100's on an H200 and the reverse: where ``linear.ByMemory`` entries differ), or None
+    where both take this GPU's route."""
+    from kaio_ops import _arrays, linear
+
+    inputs = _arrays.Inputs("matmul")
+    x, y = inputs.array(a, "a", ndim=2), inputs.array(b, "b", ndim=2)
+    (m, k), n = x.shape, y.shape[1]
+    chosen = linear.route(x, y, (m, n, k), False, True, False)
+    before = linear.FAST_MEMORY
+    try:
+        routes = []
+        for limit in (0.0, math.inf):  # every GPU fast, then every GPU slow
+            linear.FAST_MEMORY = limit
+            routes.append(linear.route(x, y, (m, n, k), False, True, False))
+    finally:
+        linear.FAST_MEMORY = before
+    return next((r for r in routes if r != chosen), None)
+
+
 def skew_plan(a, b, sms: int, skew: int):
     """The routed persistent plan with its second consumer warpgroup ``skew`` K slices
     behind the first (``linear.Persistent.skew``, at most the ring's stages), or None
@@ -295,13 +319,16 @@ def sweep(
     alt: bool = False,
     skews: tuple = (),
     shapes: tuple = (),
+    other: bool = False,
 ) -> None:
     """One harness case per (dtype, model shape, M) (``models``: names of ``SHAPES``, or
     "square": M = N = K for each M of ``ms``); ``mma``: also the mma.sync kernel;
     ``use_triton``: also Triton (tuned per shape); ``sk``: also stream-K plans
     (``streamk_plans``); ``alt``: also the routed plan's variant (``alt_plan``); ``skews``:
     also the routed persistent plan with each skew (``skew_plan``); ``shapes``: only these
-    "NxK" shapes (default all); ``budget``: stops starting cases when spent (or warm mode)."""
+    "NxK" shapes (default all); ``other``: also the route of the other side of
+    ``linear.FAST_MEMORY`` (``other_memory_plan``); ``budget``: stops starting cases when
+    spent (or warm mode)."""
     budget = budget or Budget(None)
     sms = h.meta.get("sms", 132)
     for name in dtypes:
@@ -333,6 +360,13 @@ def sweep(
                         )
                         if found is not None:
                             impls["kaio alt"] = kaio_plan(found)
+                    if other:
+                        found = other_memory_plan(
+                            torch.empty(m, k, device="cuda", dtype=dt),
+                            torch.empty(k, n, device="cuda", dtype=dt),
+                        )
+                        if found is not None:
+                            impls["kaio other memory"] = kaio_plan(found)
                     for s in skews:
                         found = skew_plan(
                             torch.empty(m, k, device="cuda", dtype=dt),
@@ -577,6 +611,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-squares", action="store_true", help="skip the squares 1024³, 2048³")
     p.add_argument("--sk", action="store_true", help="also time stream-K plans")
     p.add_argument("--alt", action="store_true", help="also the routed plan's variant")
+    p.add_argument(
+        "--other-memory", action="store_true", help="also the route of the other memory speed"
+    )
     p.add_argument("--skew", help="comma-separated K slices: also the persistent plan so skewed")
     p.add_argument("--shapes", help="comma-separated NxK: only these shapes of the models")
     p.add_argument("--budget", type=float, help="seconds to start cases in (default: no limit)")
@@ -613,7 +650,7 @@ def main(argv: list[str] | None = None) -> None:
     skews = tuple(int(v) for v in args.skew.split(",")) if args.skew else ()
     shapes = tuple(args.shapes.split(",")) if args.shapes else ()
     sweep(h, ms, models, dtypes, args.mma, use_triton, OP, budget, args.sk, args.alt, skews,
-          shapes)  # fmt: skip
+          shapes, args.other_memory)  # fmt: skip
     if warm is not None:
         if use_triton and triton is not None:
             warm_triton(dtypes, *warm)

@@ -342,6 +342,26 @@ def multiprocessors(like: Operand) -> int:
     return DEFAULT_SMS if dev is None else dev.multiprocessor_count
 
 
+_BANDWIDTH: dict = {}  # device ordinal -> peak memory bandwidth, bytes/s (None: unknown)
+
+
+def memory_bandwidth(like: Operand) -> float | None:
+    """The peak memory bandwidth (bytes/s: double data rate over the bus) of ``like``'s GPU
+    from the driver's memory clock and bus width; None in the simulator or where the driver
+    does not tell."""
+    dev = gpu(like)
+    if dev is None:
+        return None
+    if like.device not in _BANDWIDTH:
+        try:
+            khz = dev.attribute("MEMORY_CLOCK_RATE")
+            bits = dev.attribute("GLOBAL_MEMORY_BUS_WIDTH")
+            _BANDWIDTH[like.device] = 2 * khz * 1e3 * bits / 8 if khz > 0 and bits > 0 else None
+        except Exception:  # noqa: BLE001  (an attribute this driver lacks: no limit)
+            _BANDWIDTH[like.device] = None
+    return _BANDWIDTH[like.device]
+
+
 def three(items: list) -> list:
     """``items`` (one to three) padded to three with the first: the kernels that take up to
     three weights or outputs (the QKV projections) get the first one's arrays for the unused

@@ -24,6 +24,7 @@ import numpy as np
 from kaio.types import bf16, f16, f32, i32, u32
 from kaio_ops import _arrays
 from kaio_ops import _decode as dk
+from kaio_ops._arrays import memory_bandwidth
 from kaio_ops._plan import planned
 
 __all__ = ["flash_attention_decode", "flash_attention_decode_with_stats", "kv_cache_append"]
@@ -324,26 +325,6 @@ def _hopper(like) -> bool:
     """Whether ``like``'s launches can take clusters: sm_90, or the simulator."""
     dev = _arrays.gpu(like)
     return dev is None or int(dev.arch[3:].rstrip("a")) >= 90
-
-
-_BANDWIDTH: dict = {}  # device ordinal -> peak memory bandwidth, bytes/s (None: unknown)
-
-
-def memory_bandwidth(like) -> float | None:
-    """The peak memory bandwidth (bytes/s: double data rate over the bus) of ``like``'s GPU
-    from the driver's memory clock and bus width; None in the simulator or where the driver
-    does not tell."""
-    dev = _arrays.gpu(like)
-    if dev is None:
-        return None
-    if like.device not in _BANDWIDTH:
-        try:
-            khz = dev.attribute("MEMORY_CLOCK_RATE")
-            bits = dev.attribute("GLOBAL_MEMORY_BUS_WIDTH")
-            _BANDWIDTH[like.device] = 2 * khz * 1e3 * bits / 8 if khz > 0 and bits > 0 else None
-        except Exception:  # noqa: BLE001  (an attribute this driver lacks: no limit)
-            _BANDWIDTH[like.device] = None
-    return _BANDWIDTH[like.device]
 
 
 def streams_fast(like, sms_used: int) -> bool:

@@ -408,6 +408,30 @@ def _counters(like: _arrays.Operand, tiles: int):
 # 7.42 for the rules' 64 x 64 with pairs of columns), 512^3 on 64 x 64 (7.30 µs, 1.01x,
 # against 11.41 for the rules' K split in 2 and 8.35 for the mma.sync kernel); the same
 # plans writing f16, 0.99-1.01x cuBLAS.
+# GPUs whose peak memory bandwidth is FAST_MEMORY or more (H200: 4.8 TB/s, H100: 3.35) take
+# the ``fast`` choice of a ``ByMemory`` entry: a memory-bound product keeps the faster memory
+# busy only with more bytes in flight an SM, which changes its fastest tile
+FAST_MEMORY = 4e12
+
+
+class ByMemory(NamedTuple):
+    """A ``MEASURED`` choice that the GPU's memory decides: ``fast`` where its peak bandwidth
+    (``_arrays.memory_bandwidth``) is at least ``FAST_MEMORY`` (H200), else ``slow`` (H100,
+    and the simulator or a driver that does not tell)."""
+
+    slow: object
+    fast: object
+
+
+def for_memory(choice, like: _arrays.Operand):
+    """``choice`` (a ``MEASURED`` choice) for the GPU of ``like``: a ``ByMemory``'s ``fast``
+    or ``slow`` choice, anything else as it is."""
+    if not isinstance(choice, ByMemory):
+        return choice
+    peak = _arrays.memory_bandwidth(like)
+    return choice.fast if peak is not None and peak >= FAST_MEMORY else choice.slow
+
+
 _P = _gemm_hopper.Plan
 _S = _gemm_streamk.Plan
 _D = Plan("16x64s8", 1)  # the deep skinny tile, unsplit (SKINNY_CONFIGS)
@@ -521,6 +545,7 @@ def route(a, b, mnk: tuple, transposed: bool, plain: bool, gate: bool):
         layout = ("gate" if gate else "nk") if transposed else "kn"
         for most, choice in MEASURED.get((n, k, layout), ()):
             if m <= most:
+                choice = for_memory(choice, a)
                 if choice == "gemv" or isinstance(choice, _gemv.Plan):
                     if _gemv.takes(a, b, mnk, transposed, plain):
                         return choice

@@ -542,6 +542,24 @@ def test_plain_linear_routes_to_the_persistent_kernel(monkeypatch):
         assert not isinstance(route(4096, 4100, 4096), Persistent)
 
 
+@pytest.mark.parametrize("peak", [None, 3.35e12, 4.8e12])
+def test_measured_choices_by_memory_bandwidth(peak, monkeypatch):
+    """A ``linear.ByMemory`` entry routes by the GPU's peak memory bandwidth: its ``fast``
+    choice from ``FAST_MEMORY`` (an H200), else (an H100, or the driver does not tell) its
+    ``slow`` one; the entries around it keep theirs."""
+    linear_mod = importlib.import_module("kaio_ops.linear")
+    slow, fast = hopper.Plan(1, 64, 6, 1, False, 0, 1), Plan("32x64s8", 1)
+    table = {(1000, 2000, "kn"): [(16, Plan("16x64s8")), (32, linear_mod.ByMemory(slow, fast))]}
+    monkeypatch.setattr(linear_mod, "MEASURED", table)
+    monkeypatch.setattr(linear_mod, "hopper_takes", lambda *args: True)
+    monkeypatch.setattr(kaio_ops._arrays, "memory_bandwidth", lambda like: peak)
+    with kaio.simulate():
+        a = _operand(np.zeros((4, 64), np.float16))
+        got = [linear_mod.route(a, a, (m, 1000, 2000), False, True, False) for m in (16, 17, 32)]
+    want = fast if peak is not None and peak >= linear_mod.FAST_MEMORY else slow
+    assert got == [Plan("16x64s8"), want, want]
+
+
 def test_persistent_width_fills_the_waves():
     """The persistent kernel's tile width per shape (132 SMs), as the H100 measured it
     (bench/gemm_plans.py --set w33): 192 at M = 512 of N = 6144 (one wave of 128 tiles, 0.97x
@@ -583,16 +601,17 @@ def test_hopper_plans_fit_over_the_llm_sweep():
 
 
 def test_measured_table_is_well_formed():
-    """linear.MEASURED: M limits increasing, each choice a kernel the router knows (or
-    "rules"), each Hopper or stream-K plan fitting shared memory, a K split with at least 4
-    steps of K a slice."""
-    from kaio_ops.linear import MEASURED
+    """linear.MEASURED: M limits increasing, each choice (both of a ``ByMemory``) a kernel
+    the router knows (or "rules"), each Hopper or stream-K plan fitting shared memory, a K
+    split with at least 4 steps of K a slice."""
+    from kaio_ops.linear import MEASURED, ByMemory
 
     for (n, k, layout), entries in MEASURED.items():
         assert layout in ("kn", "nk", "gate")
         limits = [most for most, _ in entries]
         assert limits == sorted(set(limits)), (n, k, layout)
-        for _, choice in entries:
+        choices = [c for _, e in entries for c in (e if isinstance(e, ByMemory) else (e,))]
+        for choice in choices:
             if isinstance(choice, hopper.Plan):
                 gate = layout == "gate"
                 size = hopper.shared_bytes(choice.wg, choice.bn, choice.stages, gate, choice.vec)
@@ -602,7 +621,7 @@ def test_measured_table_is_well_formed():
                 assert not choice.fixup or hopper.fixup_ok(n)
             elif isinstance(choice, Plan):  # an mma.sync plan
                 linear_mod = importlib.import_module("kaio_ops.linear")
-                assert linear_mod.mma_config(choice.config).bm in (16, 64, 128)
+                assert linear_mod.mma_config(choice.config).bm in (16, 32, 64, 128)
                 assert choice.split >= 1
             elif type(choice).__name__ == "Plan":  # a _gemv.Plan
                 assert choice.split >= 1 and layout != "gate"
