@@ -41,6 +41,7 @@ GATE_CONFIG = {"128x256": "64x128", "128x128": "64x128", "16x128s8": "16x64s8"}
 # skinny tiles of the mma.sync kernel besides matmul.CONFIGS, with deeper cp.async rings
 # (more of B in flight at small M, where the product streams B): a Plan may name them
 SKINNY_CONFIGS = {
+    "16x128s6": MatmulConfig(16, 128, 64, 1, 4, 6),  # two blocks an SM (the H200's, M <= 16)
     "16x128s8": MatmulConfig(16, 128, 64, 1, 4, 8),
     "16x64s8": MatmulConfig(16, 64, 64, 1, 4, 8),
 }
@@ -435,6 +436,15 @@ def for_memory(choice, like: _arrays.Operand):
 _P = _gemm_hopper.Plan
 _S = _gemm_streamk.Plan
 _D = Plan("16x64s8", 1)  # the deep skinny tile, unsplit (SKINNY_CONFIGS)
+# issue 33 on the H200 (gsm, bench/gemm_plans.py --set h33 --splits, f16, 2026-11-28): at M
+# <= 16 the H100's skinny plans leave the faster memory idle. 4096 x 14336: the deep 16 x 64
+# tiles in 2 K slices (128 blocks, not 64), 34.7-35.5 µs at M = 1-16 against 37.5-38.0
+# unsplit (cuBLAS 35.1-37.2); the gelu linear at M = 1 36.5 against 40.3 (torch 38.7).
+# 10240 x 8192 and 57344 x 8192: 16 x 128 tiles with 6-stage rings, two blocks an SM, unsplit
+# (_W): 43.8-45.0 µs against 49.3-50.0 (16 x 128, 4 stages) at 10240 columns, 218.8-224.2
+# against 222.2-241.5 (gemv, 16 x 128 in 4 K slices or unsplit) at 57344.
+_D2 = ByMemory(_D, Plan("16x64s8", 2))
+_W = Plan("16x128s6", 1)
 MEASURED: dict[tuple, list] = {
     (256, 256, "kn"): [(256, _P(1, 32, 12, 1, False, 0, 1))],
     (512, 512, "kn"): [(512, _P(1, 64, 12, 1, False, 0, 1))],
@@ -444,10 +454,10 @@ MEASURED: dict[tuple, list] = {
                          (256, _P(2, 64, 9, 1, False, 0, 1)), (512, _P(2, 128, 6, 1, False, 0, 1)),
                          (2048, "persistent")],
     (4096, 4096, "nk"): [(32, _D), (128, _P(1, 64, 6, 1, False))],
-    (4096, 14336, "kn"): [(32, _D), (128, _P(1, 64, 12, 1, False, 0, 1)),
+    (4096, 14336, "kn"): [(16, _D2), (32, _D), (128, _P(1, 64, 12, 1, False, 0, 1)),
                           (256, _P(1, 128, 9, 1, False, 0, 1)), (512, "persistent"),
                           (1024, _P(2, 256, 4, 1, False, 0, 1)), (2048, "persistent")],
-    (4096, 14336, "nk"): [(32, _D), (64, _P(2, 64, 6, 2, False)),
+    (4096, 14336, "nk"): [(16, _D2), (32, _D), (64, _P(2, 64, 6, 2, False)),
                           (128, _P(1, 64, 6, 2, False)), (256, _P(2, 64, 6, 1, False)),
                           (4096, _P(2, 256, 4, 1, False))],
     (6144, 4096, "kn"): [(32, _D), (128, _P(1, 64, 6, 1, False, 0, 1)),
@@ -459,15 +469,16 @@ MEASURED: dict[tuple, list] = {
     (8192, 28672, "kn"): [(1, "mma.sync"), (16, _D), (128, _P(1, 128, 6, 1, False, 0, 1)),
                           (256, _P(2, 128, 6, 1, False, 0, 1)), (4096, "persistent"),
                           (8192, Persistent(256, 8, 1))],
-    (10240, 8192, "kn"): [(16, Plan("16x128", 1)), (64, _P(1, 128, 6, 1, False, 0, 1)),
-                          (128, _P(2, 128, 6, 1, False, 0, 1)),
+    (10240, 8192, "kn"): [(16, ByMemory(Plan("16x128", 1), _W)),
+                          (64, _P(1, 128, 6, 1, False, 0, 1)), (128, _P(2, 128, 6, 1, False, 0, 1)),
                           (256, _P(2, 192, 5, 1, False, 0, 1)), (1024, Persistent(320))],
     (14336, 4096, "gate"): [(1, "gemv"), (16, "mma.sync"), (4096, _P(2, 128, 4, 1, False))],
     (28672, 4096, "nk"): [(16, _D)],
     (28672, 4096, "kn"): [(16, "mma.sync"), (64, _P(1, 256, 5, 1, False, 0, 1)),
                           (128, _P(2, 256, 4, 1, False, 0, 1)), (1024, "persistent"),
                           (4096, Persistent(320, 8, 1))],
-    (57344, 8192, "kn"): [(1, "gemv"), (8, Plan("16x128", 4)), (16, "mma.sync"),
+    (57344, 8192, "kn"): [(1, ByMemory("gemv", _W)), (8, ByMemory(Plan("16x128", 4), _W)),
+                          (16, ByMemory("mma.sync", _W)),
                           (64, _P(1, 128, 9, 1, False, 0, 1)), (128, Persistent(256)),
                           (512, "persistent"),
                           (1024, Persistent(320)), (2048, Persistent(320, 8, 1)),

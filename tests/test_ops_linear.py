@@ -179,10 +179,11 @@ def test_mma_sync_split_summed_in_kernel_in_simulator(act, monkeypatch):
         ("16x64s8", 3, 64, 1100, 3, "silu_gate"),
         ("16x64s8", 17, 40, 600, 2, None),  # two row tiles; N % 32: summed by gemm_reduce
         ("16x128s8", 1, 1, 9, 1, None),  # K shorter than a ring stage, N = 1
+        ("16x128s6", 6, 160, 1000, 2, "gelu"),  # 6 stages: N and K tails, summed in the kernel
     ],
 )
 def test_deep_skinny_tiles_in_simulator(config, m, n, k, split, act):
-    """The mma.sync kernel's skinny tiles with 8-stage rings (``linear.SKINNY_CONFIGS``),
+    """The mma.sync kernel's skinny tiles with 6- and 8-stage rings (``linear.SKINNY_CONFIGS``),
     named by a Plan: with bias, activation and residual, against float64."""
     rng = np.random.default_rng(m + n + k)
     rows = 2 * n if act == "silu_gate" else n
@@ -560,6 +561,35 @@ def test_measured_choices_by_memory_bandwidth(peak, monkeypatch):
     assert got == [Plan("16x64s8"), want, want]
 
 
+@pytest.mark.parametrize("peak", [None, 3.35e12, 4.8e12])
+def test_skinny_routes_by_memory_bandwidth(peak, monkeypatch):
+    """At most 16 rows (issue 33 on the H200): from ``FAST_MEMORY`` (an H200) the deep 16 x 64
+    tiles in 2 K slices at 4096 x 14336 (``matmul`` and ``linear``), unsplit 16 x 128 tiles
+    with 6-stage rings at 10240 and 57344 columns of K = 8192; an H100 (and the simulator)
+    keeps its plans: unsplit 16 x 64 tiles, 16 x 128 ones with 4 stages, the skinny kernel
+    at one row of 57344 columns. Past 16 rows nothing changes."""
+    linear_mod = importlib.import_module("kaio_ops.linear")
+    monkeypatch.setattr(linear_mod, "hopper_takes", lambda *args: True)
+    monkeypatch.setattr(kaio_ops._arrays, "multiprocessors", lambda like: 132)
+    monkeypatch.setattr(kaio_ops._arrays, "memory_bandwidth", lambda like: peak)
+    fast = peak is not None and peak >= linear_mod.FAST_MEMORY
+    with kaio.simulate():
+        a = _operand(np.zeros((4, 64), np.float16))
+
+        def route(m, n, k, transposed=False):
+            return linear_mod.route(a, a, (m, n, k), transposed, not transposed, False)
+
+        for m in (1, 8, 16):
+            assert route(m, 4096, 14336) == Plan("16x64s8", 2 if fast else 1)
+            assert route(m, 4096, 14336, transposed=True) == Plan("16x64s8", 2 if fast else 1)
+            assert route(m, 10240, 8192) == (Plan("16x128s6") if fast else Plan("16x128"))
+        assert route(1, 57344, 8192) == (Plan("16x128s6") if fast else "gemv")
+        assert route(8, 57344, 8192) == (Plan("16x128s6") if fast else Plan("16x128", 4))
+        assert route(16, 57344, 8192) == (Plan("16x128s6") if fast else Plan("16x128"))
+        assert route(17, 4096, 14336) == Plan("16x64s8")
+        assert route(17, 57344, 8192) == hopper.Plan(1, 128, 9, 1, False, 0, 1)
+
+
 def test_persistent_width_fills_the_waves():
     """The persistent kernel's tile width per shape (132 SMs), as the H100 measured it
     (bench/gemm_plans.py --set w33): 192 at M = 512 of N = 6144 (one wave of 128 tiles, 0.97x
@@ -787,6 +817,10 @@ def test_gpu_linear_batched_f32_out():
         (30, 2000, 4104, "gelu", Plan("16x64s8", 3)),  # N and K tails: gemm_reduce
         (9, 1024, 8192, "gelu", Plan("16x128s8", 4)),
         (20, 4096, 4096, "silu", Plan("16x64s8", 1)),  # W [N, K] on the deep skinny tile
+        (1, 4096, 14336, "gelu", Plan("16x64s8", 2)),  # the H200's routes at M <= 16
+        (16, 4096, 14336, "matmul", Plan("16x64s8", 2)),
+        (7, 10240, 8192, "matmul", Plan("16x128s6", 1)),
+        (16, 1000, 8200, "gelu", Plan("16x128s6", 2)),  # N and K tails: gemm_reduce
     ],
 )
 def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
