@@ -742,6 +742,32 @@ def test_gpu_matmul_against_torch(m, dtype, out):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 16])
+@pytest.mark.parametrize("n, k", [(4096, 14336), (10240, 8192), (57344, 8192)])
+def test_gpu_skinny_llm_shapes_against_torch(m, n, k):
+    """The routes of the Llama-3 layers at M <= 16 (``MEASURED``; an H200 takes the ``fast``
+    ones): ``matmul`` f16 and ``linear`` bf16 with gelu, bias and residual (4096 x 14336),
+    against float64, the same bits twice."""
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator("cuda").manual_seed(m + n)
+    a = torch.randn(m, k, generator=gen, device="cuda").half()
+    w = (torch.randn(n, k, generator=gen, device="cuda") * k**-0.5).half()
+    b = w.T.contiguous()
+    c = kaio_ops.matmul(a, b)
+    ref = a.double() @ b.double()
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 3e-3
+    assert torch.equal(c, kaio_ops.matmul(a, b))
+    if n == 4096:
+        x, wb = a.bfloat16(), w.bfloat16()
+        bias = torch.randn(n, generator=gen, device="cuda").bfloat16()
+        res = torch.randn(m, n, generator=gen, device="cuda").bfloat16()
+        y = kaio_ops.linear(x, wb, bias, residual=res, activation="gelu")
+        ref = _torch_reference(torch, x, wb, bias, res, "gelu", torch.bfloat16)
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 8e-3
+        assert torch.equal(y, kaio_ops.linear(x, wb, bias, residual=res, activation="gelu"))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh", "silu", "silu_gate"])
 @pytest.mark.parametrize("m", [1, 16, 333, 4096])
 def test_gpu_linear_epilogues_against_torch(activation, m):
