@@ -362,6 +362,13 @@ SETS["h33"] = [(m, 4096, 14336) for m in (1, 16, 4, 2, 8)]
 SETS["h33"] += [(1, 4096, 14336, "gelu"), (16, 4096, 14336, "gelu"), (1, 4096, -14336)]
 SETS["h33"] += [(m, 57344, 8192) for m in (1, 16, 8, 2, 4)] + [(1, 10240, 8192), (16, 10240, 8192)]
 SETS["h33"] += [(1, 4096, 4096), (16, 4096, 4096)]  # at 1.02-1.10x: whether a K split costs
+# the other shapes at M <= 16 (at 0.97-1.13x cuBLAS on the H200): whether the H200's skinny
+# plans pay there too
+SETS["h33b"] = [
+    (m, n, k)
+    for m in (1, 16, 4)
+    for n, k in ((6144, 4096), (28672, 4096), (8192, 8192), (8192, 28672))
+]
 EPI33 = False  # only the plans of ``epi33_plans`` (--epi33)
 
 
