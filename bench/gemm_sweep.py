@@ -205,8 +205,11 @@ def other_memory_plan(a, b):
     """The route a GPU on the other side of ``linear.FAST_MEMORY`` takes for ``a @ b`` (an
     H100's on an H200 and the reverse: where ``linear.ByMemory`` entries differ), or None
     where both take this GPU's route."""
-    from kaio_ops import _arrays, linear
+    import importlib
 
+    from kaio_ops import _arrays
+
+    linear = importlib.import_module("kaio_ops.linear")  # the package's "linear" is the op
     inputs = _arrays.Inputs("matmul")
     x, y = inputs.array(a, "a", ndim=2), inputs.array(b, "b", ndim=2)
     (m, k), n = x.shape, y.shape[1]
