@@ -436,15 +436,17 @@ def for_memory(choice, like: _arrays.Operand):
 _P = _gemm_hopper.Plan
 _S = _gemm_streamk.Plan
 _D = Plan("16x64s8", 1)  # the deep skinny tile, unsplit (SKINNY_CONFIGS)
-# issue 33 on the H200 (gsm, bench/gemm_plans.py --set h33 --splits, f16, 2026-11-28): at M
-# <= 16 the H100's skinny plans leave the faster memory idle. 4096 x 14336: the deep 16 x 64
-# tiles in 2 K slices (128 blocks, not 64), 34.7-35.5 µs at M = 1-16 against 37.5-38.0
-# unsplit (cuBLAS 35.1-37.2); the gelu linear at M = 1 36.5 against 40.3 (torch 38.7).
-# 10240 x 8192 and 57344 x 8192: 16 x 128 tiles with 6-stage rings, two blocks an SM, unsplit
-# (_W): 43.8-45.0 µs against 49.3-50.0 (16 x 128, 4 stages) at 10240 columns, 218.8-224.2
-# against 222.2-241.5 (gemv, 16 x 128 in 4 K slices or unsplit) at 57344.
-_D2 = ByMemory(_D, Plan("16x64s8", 2))
-_W = Plan("16x128s6", 1)
+# issue 33 on the H200 (gsm, 2026-11-28: bench/gemm_plans.py --set h33 --splits, then
+# bench/gemm_sweep.py --ms 1,2,4,8,16 --other-memory): at M <= 16 the H100's skinny plans
+# leave the faster memory part idle. 4096 x 14336 (both layouts): the deep 16 x 64 tiles in 2 K
+# slices (128 blocks, not 64), 34.3-35.1 µs at M = 1-16 against 37.6-38.2 unsplit, f16 and
+# bf16 (cuBLAS 33.4-37.2); the fused gelu linear at M = 1 36.2 µs (the torch ops 40.1).
+# 10240 x 8192 and 57344 x 8192: unsplit 16 x 128 tiles with 6-stage rings, two blocks an SM
+# (_W): 43.7-45.0 µs against 49.0-50.0 (4 stages) at 10240 columns, 214.9-223.9 against
+# 218.4-238.6 (gemv at M = 1, 4 K slices at 2-8, unsplit at 9-16) at 57344. A K split lost at
+# 4096 x 4096 (16.2 against 15.3 µs), the 6-stage ring at 28672 x 4096 (60.6 against 58.7).
+_D2 = ByMemory(_D, Plan("16x64s8", 2))  # _D, in 2 K slices on the faster memory
+_W = Plan("16x128s6", 1)  # 16 x 128 tiles, 6-stage rings, unsplit
 MEASURED: dict[tuple, list] = {
     (256, 256, "kn"): [(256, _P(1, 32, 12, 1, False, 0, 1))],
     (512, 512, "kn"): [(512, _P(1, 64, 12, 1, False, 0, 1))],
@@ -470,7 +472,8 @@ MEASURED: dict[tuple, list] = {
                           (256, _P(2, 128, 6, 1, False, 0, 1)), (4096, "persistent"),
                           (8192, Persistent(256, 8, 1))],
     (10240, 8192, "kn"): [(16, ByMemory(Plan("16x128", 1), _W)),
-                          (64, _P(1, 128, 6, 1, False, 0, 1)), (128, _P(2, 128, 6, 1, False, 0, 1)),
+                          (64, _P(1, 128, 6, 1, False, 0, 1)),
+                          (128, _P(2, 128, 6, 1, False, 0, 1)),
                           (256, _P(2, 192, 5, 1, False, 0, 1)), (1024, Persistent(320))],
     (14336, 4096, "gate"): [(1, "gemv"), (16, "mma.sync"), (4096, _P(2, 128, 4, 1, False))],
     (28672, 4096, "nk"): [(16, _D)],
