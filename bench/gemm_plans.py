@@ -355,6 +355,20 @@ SETS["c33"] += [(64, n, k) for n, k in ((4096, 4096), (6144, 4096), (8192, 8192)
 SETS["d33"] = [(1024, 1024, 1024), (2048, 2048, 2048)]
 SETS["d33"] += [(m, n, -k) for m in (1, 4, 16, 32) for n, k in LLAMA8B[:2] + LLAMA8B[3:]]
 SETS["d33"] += [(m, 28672, -4096) for m in (4, 16)] + [(8192, 28672, 4096)]
+# issue 33 on the H200 (M <= 16): the shapes below 1.0x cuBLAS there at M = 1-16 (4096 x
+# 14336 at 0.89-0.91x, 57344 x 8192 at 0.89-0.95x, 10240 x 8192), the fused gelu linear of
+# 4096 x 14336 at M = 1 (0.99x the torch ops) and 16, and plain linear at M = 1
+SETS["h33"] = [(m, 4096, 14336) for m in (1, 16, 4, 2, 8)]
+SETS["h33"] += [(1, 4096, 14336, "gelu"), (16, 4096, 14336, "gelu"), (1, 4096, -14336)]
+SETS["h33"] += [(m, 57344, 8192) for m in (1, 16, 8, 2, 4)] + [(1, 10240, 8192), (16, 10240, 8192)]
+SETS["h33"] += [(1, 4096, 4096), (16, 4096, 4096)]  # at 1.02-1.10x: whether a K split costs
+# the other shapes at M <= 16 (at 0.97-1.13x cuBLAS on the H200): whether the H200's skinny
+# plans pay there too
+SETS["h33b"] = [
+    (m, n, k)
+    for m in (1, 16, 4)
+    for n, k in ((6144, 4096), (28672, 4096), (8192, 8192), (8192, 28672))
+]
 EPI33 = False  # only the plans of ``epi33_plans`` (--epi33)
 
 

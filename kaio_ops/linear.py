@@ -46,6 +46,7 @@ GATE_CONFIG = {
 # skinny tiles of the mma.sync kernel besides matmul.CONFIGS, with deeper cp.async rings
 # (more of B in flight at small M, where the product streams B): a Plan may name them
 SKINNY_CONFIGS = {
+    "16x128s6": MatmulConfig(16, 128, 64, 1, 4, 6),  # two blocks an SM (the H200's, M <= 16)
     "16x128s8": MatmulConfig(16, 128, 64, 1, 4, 8),
     "16x64s8": MatmulConfig(16, 64, 64, 1, 4, 8),
     "32x64s8": MatmulConfig(32, 64, 64, 1, 4, 8),
@@ -466,6 +467,17 @@ _D = Plan("16x64s8", 1)  # the deep skinny tile, unsplit (SKINNY_CONFIGS)
 _D32 = Plan("32x64s8", 1)  # its 32-row form
 # 64 x 64 Hopper tiles with wide stores: a 6-stage ring, or 12 on the faster memory
 _RING64 = _deeper(_P(1, 64, 6, 1, False, 0, 1), 12)
+# issue 33 on the H200 (gsm, 2026-11-28: bench/gemm_plans.py --set h33 --splits, then
+# bench/gemm_sweep.py --ms 1,2,4,8,16 --other-memory): at M <= 16 the H100's skinny plans
+# leave the faster memory part idle. 4096 x 14336 (both layouts): the deep 16 x 64 tiles in 2 K
+# slices (128 blocks, not 64), 34.3-35.1 µs at M = 1-16 against 37.6-38.2 unsplit, f16 and
+# bf16 (cuBLAS 33.4-37.2); the fused gelu linear at M = 1 36.2 µs (the torch ops 40.1).
+# 10240 x 8192 and 57344 x 8192: unsplit 16 x 128 tiles with 6-stage rings, two blocks an SM
+# (_W): 43.7-45.0 µs against 49.0-50.0 (4 stages) at 10240 columns, 214.9-223.9 against
+# 218.4-238.6 (gemv at M = 1, 4 K slices at 2-8, unsplit at 9-16) at 57344. A K split lost at
+# 4096 x 4096 (16.2 against 15.3 µs), the 6-stage ring at 28672 x 4096 (60.6 against 58.7).
+_D2 = ByMemory(_D, Plan("16x64s8", 2))  # _D, in 2 K slices on the faster memory
+_W = Plan("16x128s6", 1)  # 16 x 128 tiles, 6-stage rings, unsplit
 MEASURED: dict[tuple, list] = {
     (256, 256, "kn"): [(256, _P(1, 32, 12, 1, False, 0, 1))],
     (512, 512, "kn"): [(512, _P(1, 64, 12, 1, False, 0, 1))],
@@ -475,11 +487,10 @@ MEASURED: dict[tuple, list] = {
                          (256, _P(2, 64, 9, 1, False, 0, 1)), (512, _P(2, 128, 6, 1, False, 0, 1)),
                          (2048, "persistent")],
     (4096, 4096, "nk"): [(32, _D), (128, _P(1, 64, 6, 1, False))],
-    (4096, 14336, "kn"): [(16, _D), (32, ByMemory(_D, Plan("16x64s8", 2))),
-                          (128, _P(1, 64, 12, 1, False, 0, 1)),
+    (4096, 14336, "kn"): [(32, _D2), (128, _P(1, 64, 12, 1, False, 0, 1)),
                           (256, _P(1, 128, 9, 1, False, 0, 1)), (512, "persistent"),
                           (1024, _P(2, 256, 4, 1, False, 0, 1)), (2048, "persistent")],
-    (4096, 14336, "nk"): [(32, _D), (64, _P(2, 64, 6, 2, False)),
+    (4096, 14336, "nk"): [(16, _D2), (32, _D), (64, _P(2, 64, 6, 2, False)),
                           (128, _P(1, 64, 6, 2, False)),
                           (256, _deeper(_P(2, 64, 6, 1, False), 9)),
                           (4096, _P(2, 256, 4, 1, False))],
@@ -496,7 +507,7 @@ MEASURED: dict[tuple, list] = {
                           (128, _P(1, 128, 6, 1, False, 0, 1)),
                           (256, _P(2, 128, 6, 1, False, 0, 1)), (4096, "persistent"),
                           (8192, Persistent(256, 8, 1))],
-    (10240, 8192, "kn"): [(16, Plan("16x128", 1)),
+    (10240, 8192, "kn"): [(16, ByMemory(Plan("16x128", 1), _W)),
                           (32, ByMemory(_P(1, 128, 6, 1, False, 0, 1), Plan("32x128s8", 1))),
                           (64, _P(1, 128, 6, 1, False, 0, 1)),
                           (128, _P(2, 128, 6, 1, False, 0, 1)),
@@ -508,7 +519,8 @@ MEASURED: dict[tuple, list] = {
                           (64, _P(1, 256, 5, 1, False, 0, 1)),
                           (128, _P(2, 256, 4, 1, False, 0, 1)), (1024, "persistent"),
                           (4096, Persistent(320, 8, 1))],
-    (57344, 8192, "kn"): [(1, "gemv"), (8, Plan("16x128", 4)), (16, "mma.sync"),
+    (57344, 8192, "kn"): [(1, ByMemory("gemv", _W)), (8, ByMemory(Plan("16x128", 4), _W)),
+                          (16, ByMemory("mma.sync", _W)),
                           (32, ByMemory(_P(1, 128, 9, 1, False, 0, 1), Plan("32x128s4", 1))),
                           (64, _P(1, 128, 9, 1, False, 0, 1)), (128, Persistent(256)),
                           (512, "persistent"),

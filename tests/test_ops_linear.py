@@ -185,12 +185,13 @@ def test_mma_sync_split_summed_in_kernel_in_simulator(act, monkeypatch):
         ("32x64s8", 32, 64, 300, 1, "gelu"),  # K shorter than the ring
         ("32x64s8", 33, 96, 1024, 1, "matmul"),  # B [K, N]: two row tiles, N tail
         ("32x128s8", 20, 200, 720, 2, "matmul"),  # B [K, N], K split summed in the kernel
+        ("16x128s6", 6, 160, 1000, 2, "gelu"),  # 6 stages: N and K tails, summed in the kernel
     ],
 )
 def test_deep_skinny_tiles_in_simulator(config, m, n, k, split, act):
-    """The mma.sync kernel's skinny tiles with 8-stage rings (``linear.SKINNY_CONFIGS``, 16
-    and 32 rows), named by a Plan: ``linear`` with bias,
-    activation and residual ("matmul": B [K, N], no epilogue), against float64."""
+    """The mma.sync kernel's skinny tiles with 6- and 8-stage rings (``linear.SKINNY_CONFIGS``,
+    16 and 32 rows), named by a Plan: ``linear`` with bias, activation and residual
+    ("matmul": B [K, N], no epilogue), against float64."""
     rng = np.random.default_rng(m + n + k)
     rows = 2 * n if act == "silu_gate" else n
     x, w = rand(rng, (m, k), np.float16), rand(rng, (rows, k), np.float16, 0.3)
@@ -573,6 +574,36 @@ def test_measured_choices_by_memory_bandwidth(peak, monkeypatch):
     assert got == [Plan("16x64s8"), want, want]
 
 
+@pytest.mark.parametrize("peak", [None, 3.35e12, 4.8e12])
+def test_skinny_routes_by_memory_bandwidth(peak, monkeypatch):
+    """At most 16 rows (issue 33 on the H200): from ``FAST_MEMORY`` (an H200) the deep 16 x 64
+    tiles in 2 K slices at 4096 x 14336 (``matmul`` and ``linear``), unsplit 16 x 128 tiles
+    with 6-stage rings at 10240 and 57344 columns of K = 8192; an H100 (and the simulator)
+    keeps its plans: unsplit 16 x 64 tiles, 16 x 128 ones with 4 stages, the skinny kernel
+    at one row of 57344 columns (and main's past 16 rows)."""
+    linear_mod = importlib.import_module("kaio_ops.linear")
+    monkeypatch.setattr(linear_mod, "hopper_takes", lambda *args: True)
+    monkeypatch.setattr(kaio_ops._arrays, "multiprocessors", lambda like: 132)
+    monkeypatch.setattr(kaio_ops._arrays, "memory_bandwidth", lambda like: peak)
+    fast = peak is not None and peak >= linear_mod.FAST_MEMORY
+    with kaio.simulate():
+        a = _operand(np.zeros((4, 64), np.float16))
+
+        def route(m, n, k, transposed=False):
+            return linear_mod.route(a, a, (m, n, k), transposed, not transposed, False)
+
+        for m in (1, 8, 16):
+            assert route(m, 4096, 14336) == Plan("16x64s8", 2 if fast else 1)
+            assert route(m, 4096, 14336, transposed=True) == Plan("16x64s8", 2 if fast else 1)
+            assert route(m, 10240, 8192) == (Plan("16x128s6") if fast else Plan("16x128"))
+        assert route(1, 57344, 8192) == (Plan("16x128s6") if fast else "gemv")
+        assert route(8, 57344, 8192) == (Plan("16x128s6") if fast else Plan("16x128", 4))
+        assert route(16, 57344, 8192) == (Plan("16x128s6") if fast else Plan("16x128"))
+        if not fast:
+            assert route(17, 4096, 14336) == Plan("16x64s8")
+            assert route(17, 57344, 8192) == hopper.Plan(1, 128, 9, 1, False, 0, 1)
+
+
 def test_persistent_width_fills_the_waves():
     """The persistent kernel's tile width per shape (132 SMs), as the H100 measured it
     (bench/gemm_plans.py --set w33): 192 at M = 512 of N = 6144 (one wave of 128 tiles, 0.97x
@@ -725,6 +756,32 @@ def test_gpu_matmul_against_torch(m, dtype, out):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 16])
+@pytest.mark.parametrize("n, k", [(4096, 14336), (10240, 8192), (57344, 8192)])
+def test_gpu_skinny_llm_shapes_against_torch(m, n, k):
+    """The routes of the Llama-3 layers at M <= 16 (``MEASURED``; an H200 takes the ``fast``
+    ones): ``matmul`` f16 and ``linear`` bf16 with gelu, bias and residual (4096 x 14336),
+    against float64, the same bits twice."""
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator("cuda").manual_seed(m + n)
+    a = torch.randn(m, k, generator=gen, device="cuda").half()
+    w = (torch.randn(n, k, generator=gen, device="cuda") * k**-0.5).half()
+    b = w.T.contiguous()
+    c = kaio_ops.matmul(a, b)
+    ref = a.double() @ b.double()
+    assert ((c.double() - ref).norm() / ref.norm()).item() < 3e-3
+    assert torch.equal(c, kaio_ops.matmul(a, b))
+    if n == 4096:
+        x, wb = a.bfloat16(), w.bfloat16()
+        bias = torch.randn(n, generator=gen, device="cuda").bfloat16()
+        res = torch.randn(m, n, generator=gen, device="cuda").bfloat16()
+        y = kaio_ops.linear(x, wb, bias, residual=res, activation="gelu")
+        ref = _torch_reference(torch, x, wb, bias, res, "gelu", torch.bfloat16)
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 8e-3
+        assert torch.equal(y, kaio_ops.linear(x, wb, bias, residual=res, activation="gelu"))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh", "silu", "silu_gate"])
 @pytest.mark.parametrize("m", [1, 16, 333, 4096])
 def test_gpu_linear_epilogues_against_torch(activation, m):
@@ -805,6 +862,10 @@ def test_gpu_linear_batched_f32_out():
         (24, 10240, 1024, "gelu", Plan("32x128s8", 1)),
         (40, 1000, 4104, "silu_gate", Plan("32x64s8", 2)),  # two row tiles, tails: reduce
         (27, 4096, 14336, "matmul", Plan("16x64s8", 2)),  # two row tiles, summed in kernel
+        (1, 4096, 14336, "gelu", Plan("16x64s8", 2)),  # the H200's routes at M <= 16
+        (16, 4096, 14336, "matmul", Plan("16x64s8", 2)),
+        (7, 10240, 8192, "matmul", Plan("16x128s6", 1)),
+        (16, 1000, 8200, "gelu", Plan("16x128s6", 2)),  # N and K tails: gemm_reduce
     ],
 )
 def test_gpu_split_sums_deterministic(m, n, k, activation, chosen, monkeypatch):
