@@ -388,6 +388,13 @@ def native_rows(bench: Bench, ctypes_calls: tuple, arguments: tuple, x, y, out) 
         "native call of a C no-op (memcmp of 0 bytes), 4 arguments",
         lambda: nothing(cfg, func_ref, None, par),
     )
+    # a native front's test of the thread's context (launcher.front_setup), with the call
+    # around it: the trampoline passes four pointers, cuCtxGetCurrent reads the first
+    from kaio.runtime.launcher import context_getter
+
+    get_context = native.trampoline(context_getter())
+    into = ctypes.byref(ctypes.c_void_p())
+    bench.row("native call of cuCtxGetCurrent", lambda: get_context(into, None, None, None))
 
 
 def check_poisoned(out, x, y, launch_one) -> None:
