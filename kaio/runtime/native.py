@@ -20,13 +20,17 @@ once per process; a process maps the cached bytes executable (``mmap``, ``mprote
 makes the builtin with ``PyCFunction_NewEx``.
 
 ``launch_front(...)`` makes a second kind of builtin from the same machinery: the front of a
-launcher whose launches reuse their parameters (``launcher.front_setup``). It tests that a
-call's positional arguments are the ones launched last (a memo the Python launch publishes:
-each argument by identity, a ``DeviceArray`` by its ``ArgInfo``), that three module flags
-hold their resting values, and calls ``cuLaunchKernelEx`` itself; any other call goes to the
-Python launch it fronts, as it was made (``PyObject_Vectorcall``). Its ``self`` is a tuple of
-the objects it reads, so it holds them; the object layouts it reads (a tuple's items, a
-list's item array, an object's slot) are probed on live objects like the rest.
+launcher (``launcher.front_setup``). It tests that a call's positional arguments are the
+ones launched last (a memo the Python launch publishes: each argument by identity, a
+``DeviceArray`` by its ``ArgInfo``), that the module flags hold their resting values and
+that the thread's current CUDA context is the launcher's (``cuCtxGetCurrent``), and calls
+``cuLaunchKernelEx`` itself; any other call goes to the Python launch it fronts, as it was
+made (``PyObject_Vectorcall``). The front of a launcher of torch tensors first calls the
+launcher's guard (torch's ``TensorGuards.check``, a C function) with the tensors and reads
+each one's ``data_ptr()``; its memos leave the tensors out, and it writes their addresses
+into the parameter buffer before the driver call. Its ``self`` is a tuple of the objects it
+reads, so it holds them; the object layouts it reads (a tuple's items, a list's item array,
+an object's slot) are probed on live objects like the rest.
 
 Where any of that is not possible (llvmlite missing and nothing cached, not CPython on x86-64
 Linux, a free-threaded build, objects laid out otherwise than probed), ``trampoline`` returns
