@@ -1112,7 +1112,9 @@ def test_a_native_front_launches_the_last_arguments_and_hands_the_rest_back(
     thousand = int("1000")
     assert launched(x, y, out, thousand, python=True)[-1] == 1000
     assert launched(x, y, out, thousand, python=False)[-1] == 1000
-    assert launched(x, y, out, 1000, python=True)[-1] == 1000  # equal, not the same: Python
+    assert launched(x, y, out, 1000, python=False)[-1] == 1000  # equal ints: the front
+    assert launched(x, y, out, 1, python=True)[-1] == 1
+    assert launched(x, y, out, True, python=True)[-1] == 1  # a bool is not an int
     assert launched(x, y, out, 9, python=True)[-1] == 9
     # the guards: a simulate() block or a recording anywhere, another context current
     count = len(calls)
@@ -1220,8 +1222,8 @@ def test_a_native_front_of_torch_tensors_reads_their_addresses_on_every_launch(
     launches with no Python, each tensor's address read anew (new tensors, a tensor
     ``set_`` to other memory: never a remembered address); new shapes, strides, dtypes,
     ``requires_grad``, a subclass, another scalar, keywords, the module flags, another
-    context, another guard, a failed driver call go to Python, which launches what it was
-    given (or nothing). CPU tensors here, the fake GPU made their device (-1)."""
+    context, a failed driver call go to Python, which launches what it was given (or
+    nothing), and the front launches the dims of the guard its memo holds. CPU tensors here, the fake GPU made their device (-1)."""
     torch = pytest.importorskip("torch")
     from kaio.runtime import launch as launch_mod
     from kaio.runtime import launcher as launcher_mod
@@ -1283,11 +1285,12 @@ def test_a_native_front_of_torch_tensors_reads_their_addresses_on_every_launch(
     assert len(calls) == count and len(fallen) == 2  # refused by Python: the fallback's
     assert launched(x, y, out, n, python=True) == expect(x, y, out)  # the memo was dropped
     assert launched(x, y, out, n, python=False) == expect(x, y, out)
-    # another scalar: by identity
+    # another scalar: by identity, an int by value
     thousand = int("1000")
     assert launched(x, y, out, thousand, python=True)[-1] == 1000
     assert launched(x, y, out, thousand, python=False)[-1] == 1000
-    assert launched(x, y, out, 1000, python=True)[-1] == 1000
+    assert launched(x, y, out, 1000, python=False)[-1] == 1000  # equal ints: the front
+    assert launched(x, y, out, 999, python=True)[-1] == 999
     # keywords, the module flags, another context
     count = len(calls)
     direct(x, y, out, n=9)
@@ -1300,10 +1303,14 @@ def test_a_native_front_of_torch_tensors_reads_their_addresses_on_every_launch(
     assert launched(x, y, out, 9, python=True)[-1] == 9
     thread_context[0] = 0xC0
     assert launched(x, y, out, 9, python=False) == expect(x, y, out, 9)
-    # another guard: its tuple, not the memo's, holds the dims a launch must pack
+    # the memo's guard is the one whose dims its buffer holds: a new guard's reach the
+    # buffer with the next launch Python makes, and the front launches those after it
     guards = env["GUARD"]
     guards[0] = (guards[0][0], (8,), (8,), (8, 5))
+    assert launched(x, y, out, 9, python=False) == expect(x, y, out, 9)
+    thread_context[0] = 0xC1
     assert launched(x, y, out, 9, python=True) == expect(x, y, out, 9, dims=(8, 8, 8, 5))
+    thread_context[0] = 0xC0
     assert launched(x, y, out, 9, python=False) == expect(x, y, out, 9, dims=(8, 8, 8, 5))
     # a failed driver call: the front's, then Python's, which raises
     failing[0] = 2
@@ -1314,3 +1321,51 @@ def test_a_native_front_of_torch_tensors_reads_their_addresses_on_every_launch(
     monkeypatch.setattr(launcher_mod, "TORCH_FRONTS", False)
     unfronted = build_launcher(add, spec, loaded, (x, y, out, 8), infos)(GRID, BLOCK, 0, 0)
     assert not isinstance(unfronted.make_direct(print), functools.partial)
+
+
+def test_a_native_front_launches_only_from_a_buffer_no_launch_packed_again_meanwhile(
+    fake_driver, monkeypatch, thread_context
+):
+    """A front of torch tensors whose ``data_ptr()`` runs Python (a ``__torch_function__``
+    subclass) that launches the same launcher with another count (packed by Python into the
+    same buffer): the outer launch sees its memo gone and hands its call to Python, which
+    launches its own count; without the Python, the front launches alone."""
+    torch = pytest.importorskip("torch")
+    from kaio.runtime import launcher as launcher_mod
+    from kaio.runtime import native
+
+    calls, loaded = fake_driver
+    c_driver(monkeypatch, calls, "=QqQqQqI")
+    if not native.fronts(2, launcher_mod._WRAPPER, tensors=True):
+        pytest.skip(f"no native front here: {native._why_not}")
+    hooks = []
+
+    class Hooked(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.data_ptr and hooks:
+                hooks.pop()()
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    Hooked.__module__ = "torch.hooked"  # what the launcher takes for torch's
+    loaded.device.ordinal = -1
+    spec = add.specialize({}, ("C", "C", "C"))
+    loaded.params = spec.function.params
+    x, y, out = (torch.rand(8).as_subclass(Hooked) for _ in range(3))
+    infos = {k: ArgInfo(t.data_ptr(), (8,), (1,), f32, -1) for k, t in enumerate((x, y, out))}
+    bind = build_launcher(add, spec, loaded, (x, y, out, 8), infos)
+    env = bind.__globals__
+    taken = []
+    take = env["take"]
+    env["take"] = lambda: (taken.append(1), take())[1]
+    direct = bind(GRID, BLOCK, 0, 0).make_direct(lambda *a, **k: 1 / 0)
+    assert isinstance(direct, functools.partial)
+    n = 8
+    direct(x, y, out, n)
+    direct(x, y, out, n)
+    assert len(taken) == 1 and calls[-1][2][-1] == 8  # the front's launch
+    hooks.append(lambda: direct(x, y, out, 7))  # Python packs 7 into the buffer
+    direct(x, y, out, n)
+    assert [c[2][-1] for c in calls[-2:]] == [7, 8] and len(taken) == 3
+    direct(x, y, out, n)  # the outer launch's memo: the front's again
+    assert len(taken) == 3 and calls[-1][2][-1] == 8

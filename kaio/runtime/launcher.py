@@ -695,11 +695,10 @@ def front_setup(env: dict, loaded, count: int, has_arrays: bool, places: list | 
     env["TENSOR"] = native.TENSOR_KEY
     function, name = env["FUNC"], loaded.name
     context = (context_getter(), int(loaded.device.context))
-    tensors = None if places is None else (env["GUARD"], places)
 
     def front(direct, config, last):
         made = native.launch_front(target, direct, env["MEMOS"], config, function, last, name,
-                                   guards, _WRAPPER, context, tensors)  # fmt: skip
+                                   guards, _WRAPPER, context, places)  # fmt: skip
         return direct if made is None else functools.partial(made)
 
     env["front"] = front

@@ -25,10 +25,11 @@ ones launched last (a memo the Python launch publishes: each argument by identit
 ``DeviceArray`` by its ``ArgInfo``), that the module flags hold their resting values and
 that the thread's current CUDA context is the launcher's (``cuCtxGetCurrent``), and calls
 ``cuLaunchKernelEx`` itself; any other call goes to the Python launch it fronts, as it was
-made (``PyObject_Vectorcall``). The front of a launcher of torch tensors first calls the
-launcher's guard (torch's ``TensorGuards.check``, a C function) with the tensors and reads
-each one's ``data_ptr()``; its memos leave the tensors out, and it writes their addresses
-into the parameter buffer before the driver call. Its ``self`` is a tuple of the objects it
+made (``PyObject_Vectorcall``). The memos of a launcher of torch tensors leave the tensors
+out and hold the guard of the dims their buffer was packed with: the front calls its check
+(torch's ``TensorGuards.check``, a C function) with the tensors and reads each one's
+``data_ptr()``, and writes their addresses into the parameter buffer before the driver
+call. Its ``self`` is a tuple of the objects it
 reads, so it holds them; the object layouts it reads (a tuple's items, a list's item array,
 an object's slot) are probed on live objects like the rest.
 
@@ -123,13 +124,14 @@ def _load_ir(name: str, base: str, offset: int, kind: str = "ptr") -> list[str]:
 # the items of a launch front's ``self`` (a tuple), in this order; then, in a front of torch
 # tensors, ``_TENSOR_ITEMS``; then its guards' pairs
 _FRONT = ("fallback", "memos", "config", "function", "last", "name", "wrapper", "wrapped",
-          "byref_type", "none", "words")  # fmt: skip
-_TENSOR_ITEMS = ("guard", "table", "data_ptr", "true", "tensor_key")
+          "byref_type", "none", "int_type", "words")  # fmt: skip
+_TENSOR_ITEMS = ("table", "data_ptr", "true", "tensor_key")
 # the words of a front's "words" item (a bytes object), 8 bytes each: the C functions it calls
 # and the CUDA context a launch must find current
-_FRONT_WORDS = ("target", "incref", "decref", "set_item", "vectorcall", "context_get",
-                "context", "err_clear", "err_occurred", "as_pointer")  # fmt: skip
+_FRONT_WORDS = ("target", "incref", "decref", "set_item", "vectorcall", "compare",
+                "context_get", "context", "err_clear", "err_occurred", "as_pointer")  # fmt: skip
 _METH_KEYWORDS = 0x0002
+_PY_EQ = 2
 MAX_TENSORS = 16  # the most torch tensors a front takes (its stack arrays' size)
 
 
@@ -138,14 +140,15 @@ def _front_ir(guards: int, tensors: bool, offsets: dict) -> str:
     Py_ssize_t nargs, PyObject *kwnames)`` (METH_FASTCALL | METH_KEYWORDS), ``self`` a tuple
     (``_FRONT``, then with ``tensors`` ``_TENSOR_ITEMS``, then ``guards`` pairs of a list
     and the object its item 0 must be). ``offsets``: the object layouts (``_layout``,
-    ``_containers``, the wrapper's slot). Every test that can run Python (a tensor guard's
-    check, ``data_ptr``) comes before the tests of the module flags and the memos, which run
-    with no Python between them and the launch."""
+    ``_containers``, the wrapper's slot). In order: the memo whose keys are the call's
+    arguments (``_scan_ir``); with ``tensors``, the tensor tests, which can run Python
+    (``_tensor_ir``: the memo held meanwhile, and still its buffer's after); the guards; the
+    thread's context; then, with no Python since the last test, the tensors' addresses into
+    the buffer and the launch."""
     o = offsets
     names = [*_FRONT, *(_TENSOR_ITEMS if tensors else ())]
     word = {name: 8 * i for i, name in enumerate(_FRONT_WORDS)}
-    fail = "drop" if tensors else "miss"  # a miss once the guard's tuple is held
-    after = "guard0" if guards else "context"  # the first test after the tensors'
+    fail = "drop" if tensors else "miss"  # a miss once the memo is held
     stack = ("tensors", "pointers") if tensors else ()  # the tensors, their addresses
     lines = [
         "define ptr @front(ptr %self, ptr %args, i64 %nargs, ptr %kwnames) {",
@@ -155,7 +158,6 @@ def _front_ir(guards: int, tensors: bool, offsets: dict) -> str:
         *(f"  %{name} = alloca ptr, i64 {MAX_TENSORS}" for name in stack),
         f"  %items = getelementptr i8, ptr %self, i64 {o['tuple_items']}",
     ]
-
     guard_items = [(f"g{g}.{part}", len(names) + 2 * g + j)
                    for g in range(guards) for j, part in enumerate(("list", "want"))]  # fmt: skip
     for name, i in [*((n, i) for i, n in enumerate(names)), *guard_items]:
@@ -163,17 +165,14 @@ def _front_ir(guards: int, tensors: bool, offsets: dict) -> str:
     lines += [f"  %table.words = getelementptr i8, ptr %words, i64 {o['payload']}"]
     for name, offset in word.items():
         lines += _load_ir(f"w.{name}", "table.words", offset)
-    # the memos: a tuple of one-item lists, each item (keys..., params byref, config byref
-    # [, the guard's tuple]); a tensor's key is ``tensor_key``
-    lines += _load_ir("memos.count", "memos", o["size"], "i64")
     lines += [
-        f"  %memos.items = getelementptr i8, ptr %memos, i64 {o['tuple_items']}",
-        f"  %expected = add i64 %nargs, {3 if tensors else 2}",
         "  %positional = icmp eq ptr %kwnames, null",
-        f"  br i1 %positional, label %{'tensor' if tensors else after}, label %miss",
+        "  br i1 %positional, label %scan.start, label %miss",
+        *_scan_ir(o, tensors),
+        "found:",
     ]
-    if tensors:
-        lines += _tensor_ir(o, after)
+    after = "guard0" if guards else "context"
+    lines += _tensor_ir(o, after) if tensors else [f"  br label %{after}"]
     for g in range(guards):  # each guard list's item 0 the object wanted, by identity
         lines += [f"guard{g}:"] + _load_ir(f"g{g}.array", f"g{g}.list", o["list_items"])
         lines += [
@@ -189,79 +188,7 @@ def _front_ir(guards: int, tensors: bool, offsets: dict) -> str:
         "  %ctx.ok = icmp eq i32 %ctx.rc, 0",
         "  %ctx.same = icmp eq ptr %ctx.value, %w.context",
         "  %ctx.hit = and i1 %ctx.ok, %ctx.same",
-        f"  br i1 %ctx.hit, label %scan, label %{fail}",
-        "scan:",  # each memo in turn: the first whose keys are the arguments launches
-        "  %m = phi i64 [ 0, %context ], [ %m.next, %other ]",
-        "  %memos.more = icmp ult i64 %m, %memos.count",
-        f"  br i1 %memos.more, label %memo.read, label %{fail}",
-        "memo.read:",
-        "  %list.at = getelementptr ptr, ptr %memos.items, i64 %m",
-        "  %list = load ptr, ptr %list.at",
-        *_load_ir("memo.array", "list", o["list_items"]),
-        "  %memo.tuple = load ptr, ptr %memo.array",
-        *_load_ir("memo.size", "memo.tuple", o["size"], "i64"),
-        f"  %keys = getelementptr i8, ptr %memo.tuple, i64 {o['tuple_items']}",
-        "  %counted = icmp eq i64 %memo.size, %expected",
-        "  br i1 %counted, label %loop, label %other",
-        "other:",
-        "  %m.next = add i64 %m, 1",
-        "  br label %scan",
-        "loop:",
-        "  %i = phi i64 [ 0, %memo.read ], [ %i.next, %next ]",
-        "  %more = icmp ult i64 %i, %nargs",
-        "  br i1 %more, label %body, label %launch",
-        "body:",
-        "  %key.at = getelementptr ptr, ptr %keys, i64 %i",
-        "  %key = load ptr, ptr %key.at",
-    ]
-    if tensors:  # a tensor's place: the guard checked it
-        lines += [
-            "  %is.tensor = icmp eq ptr %key, %tensor_key",
-            "  br i1 %is.tensor, label %next, label %argument",
-        ]
-    else:
-        lines += ["  br label %argument"]
-    lines += [
-        "argument:",
-        "  %arg.at = getelementptr ptr, ptr %args, i64 %i",
-        "  %arg = load ptr, ptr %arg.at",
-        *_load_ir("type", "arg", o["type"]),
-        "  %is.wrapper = icmp eq ptr %type, %wrapper",
-        "  br i1 %is.wrapper, label %unwrap, label %bare",
-        "unwrap:",  # a wrapper stands for the object in its slot
-        *_load_ir("inner", "arg", o["slot"]),
-        "  br label %compare",
-        "bare:",  # a wrapped object itself is never a key's match
-        "  %is.wrapped = icmp eq ptr %type, %wrapped",
-        f"  br i1 %is.wrapped, label %{fail}, label %compare",
-        "compare:",
-        "  %value = phi ptr [ %inner, %unwrap ], [ %arg, %bare ]",
-        "  %same = icmp eq ptr %value, %key",
-        "  br i1 %same, label %next, label %other",
-        "next:",
-        "  %i.next = add i64 %i, 1",
-        "  br label %loop",
-        "launch:",
-        "  %params.obj.at = getelementptr ptr, ptr %keys, i64 %nargs",
-        "  %params.obj = load ptr, ptr %params.obj.at",
-        "  %config.key.at = getelementptr ptr, ptr %params.obj.at, i64 1",
-        "  %config.key = load ptr, ptr %config.key.at",
-        "  %config.same = icmp eq ptr %config.key, %config",
-        "  br i1 %config.same, label %typed, label %other",
-        "typed:",
-        *_load_ir("params.type", "params.obj", o["type"]),
-        "  %params.byref = icmp eq ptr %params.type, %byref_type",
-        f"  br i1 %params.byref, label %{'guarded' if tensors else 'call'}, label %other",
-    ]
-    if tensors:  # the memo's dims are the guard's whose check the tensors passed
-        lines += [
-            "guarded:",
-            "  %g.key.at = getelementptr ptr, ptr %params.obj.at, i64 2",
-            "  %g.key = load ptr, ptr %g.key.at",
-            "  %g.same = icmp eq ptr %g.key, %g",
-            "  br i1 %g.same, label %call, label %other",
-        ]
-    lines += [
+        f"  br i1 %ctx.hit, label %call, label %{fail}",
         "call:",
         *_load_ir("params", "params.obj", o["value"]),
         *_load_ir("config.pointer", "config", o["value"]),
@@ -305,10 +232,14 @@ def _front_ir(guards: int, tensors: bool, offsets: dict) -> str:
         "  %ignored = call i32 %w.set_item(ptr %last, i64 0, ptr %name)",
         "  br label %done",
         "done:",
-        *(["  call void %w.decref(ptr %g)"] if tensors else []),
+        *(["  call void %w.decref(ptr %memo.tuple)"] if tensors else []),
         "  call void %w.incref(ptr %none)",
         "  ret ptr %none",
-        *(["drop:", "  call void %w.decref(ptr %g)", "  br label %miss"] if tensors else []),
+        *(
+            ["drop:", "  call void %w.decref(ptr %memo.tuple)", "  br label %miss"]
+            if tensors
+            else []
+        ),  # fmt: skip
         "miss:",
         "  %result = call ptr %w.vectorcall(ptr %fallback, ptr %args, i64 %nargs, ptr %kwnames)",
         "  ret ptr %result",
@@ -317,25 +248,113 @@ def _front_ir(guards: int, tensors: bool, offsets: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _tensor_ir(o: dict, after: str) -> list[str]:
-    """The tensor tests of a front of torch tensors (``_front_ir``), from ``tensor:`` to a
-    branch to ``after``: the guard list's item 0 (a tuple, held until the front returns:
-    ``%g``), its item 0 (the check) called with the tensors (the arguments at the table's
-    positions), then each tensor's ``data_ptr()`` into ``%pointers``. An exception from
-    either is cleared and the call handed to the fallback, which makes them again."""
-
+def _scan_ir(o: dict, tensors: bool) -> list[str]:
+    """The memo scan of a front (``_front_ir``), from ``scan.start:`` to a branch to
+    ``found:`` with ``%list`` (the memo's list), ``%memo.tuple`` and ``%params.obj.at`` (its
+    keys' end) set, or to ``miss:``. The memos: a tuple of one-item lists, each item
+    ``(keys..., params byref, config byref[, the guard's tuple])``; the first whose keys are
+    the arguments is taken: each by identity (a wrapper by the object in its slot, a key
+    ``tensor_key`` in a front of ``tensors`` skipped), two ``int``s by value."""
     return [
-        "tensor:",
-        *_load_ir("gl.array", "guard", o["list_items"]),
-        "  %g = load ptr, ptr %gl.array",
-        "  call void %w.incref(ptr %g)",
+        "scan.start:",
+        *_load_ir("memos.count", "memos", o["size"], "i64"),
+        f"  %memos.items = getelementptr i8, ptr %memos, i64 {o['tuple_items']}",
+        f"  %expected = add i64 %nargs, {3 if tensors else 2}",
+        "  br label %scan",
+        "scan:",
+        "  %m = phi i64 [ 0, %scan.start ], [ %m.next, %other ]",
+        "  %memos.more = icmp ult i64 %m, %memos.count",
+        "  br i1 %memos.more, label %memo.read, label %miss",
+        "memo.read:",
+        "  %list.at = getelementptr ptr, ptr %memos.items, i64 %m",
+        "  %list = load ptr, ptr %list.at",
+        *_load_ir("memo.array", "list", o["list_items"]),
+        "  %memo.tuple = load ptr, ptr %memo.array",
+        *_load_ir("memo.size", "memo.tuple", o["size"], "i64"),
+        f"  %keys = getelementptr i8, ptr %memo.tuple, i64 {o['tuple_items']}",
+        "  %counted = icmp eq i64 %memo.size, %expected",
+        "  br i1 %counted, label %loop, label %other",
+        "other:",
+        "  %m.next = add i64 %m, 1",
+        "  br label %scan",
+        "loop:",
+        "  %i = phi i64 [ 0, %memo.read ], [ %i.next, %next ]",
+        "  %more = icmp ult i64 %i, %nargs",
+        "  br i1 %more, label %body, label %keyed",
+        "body:",
+        "  %key.at = getelementptr ptr, ptr %keys, i64 %i",
+        "  %key = load ptr, ptr %key.at",
+        *(
+            [  # a tensor's place: the guard checks it
+                "  %is.tensor = icmp eq ptr %key, %tensor_key",
+                "  br i1 %is.tensor, label %next, label %argument",
+            ]
+            if tensors
+            else ["  br label %argument"]
+        ),  # fmt: skip
+        "argument:",
+        "  %arg.at = getelementptr ptr, ptr %args, i64 %i",
+        "  %arg = load ptr, ptr %arg.at",
+        *_load_ir("type", "arg", o["type"]),
+        "  %is.wrapper = icmp eq ptr %type, %wrapper",
+        "  br i1 %is.wrapper, label %unwrap, label %bare",
+        "unwrap:",  # a wrapper stands for the object in its slot
+        *_load_ir("inner", "arg", o["slot"]),
+        "  br label %compare",
+        "bare:",  # a wrapped object itself is never a key's match
+        "  %is.wrapped = icmp eq ptr %type, %wrapped",
+        "  br i1 %is.wrapped, label %miss, label %compare",
+        "compare:",
+        "  %value = phi ptr [ %inner, %unwrap ], [ %arg, %bare ]",
+        "  %same = icmp eq ptr %value, %key",
+        "  br i1 %same, label %next, label %unequal",
+        "unequal:",  # two ints: equal values pack the same bytes
+        *_load_ir("value.type", "value", o["type"]),
+        *_load_ir("key.type", "key", o["type"]),
+        "  %value.int = icmp eq ptr %value.type, %int_type",
+        "  %key.int = icmp eq ptr %key.type, %int_type",
+        "  %ints = and i1 %value.int, %key.int",
+        "  br i1 %ints, label %valued, label %other",
+        "valued:",
+        f"  %equal = call i32 %w.compare(ptr %value, ptr %key, i32 {_PY_EQ})",
+        "  %equal.ints = icmp eq i32 %equal, 1",
+        "  br i1 %equal.ints, label %next, label %other",
+        "next:",
+        "  %i.next = add i64 %i, 1",
+        "  br label %loop",
+        "keyed:",
+        "  %params.obj.at = getelementptr ptr, ptr %keys, i64 %nargs",
+        "  %params.obj = load ptr, ptr %params.obj.at",
+        "  %config.key.at = getelementptr ptr, ptr %params.obj.at, i64 1",
+        "  %config.key = load ptr, ptr %config.key.at",
+        "  %config.same = icmp eq ptr %config.key, %config",
+        "  br i1 %config.same, label %typed, label %other",
+        "typed:",
+        *_load_ir("params.type", "params.obj", o["type"]),
+        "  %params.byref = icmp eq ptr %params.type, %byref_type",
+        "  br i1 %params.byref, label %found, label %other",
+    ]
+
+
+def _tensor_ir(o: dict, after: str) -> list[str]:
+    """The tensor tests of a front of torch tensors (``_front_ir``), from ``found:`` on to
+    a branch to ``after``: the memo held (until the front returns), its guard's check (the
+    tuple's item 0) called with the tensors (the arguments at the table's positions), each
+    tensor's ``data_ptr()`` read into ``%pointers``; then the memo still its list's item
+    (no launch has packed its buffer again meanwhile: that replaces the memo first). An
+    exception from the check or ``data_ptr`` is cleared and the call handed to the
+    fallback, which makes them again."""
+    return [
+        "  call void %w.incref(ptr %memo.tuple)",
+        "  %g.at = getelementptr ptr, ptr %params.obj.at, i64 2",
+        "  %g = load ptr, ptr %g.at",
         *_load_ir("check", "g", o["tuple_items"]),
         *_load_ir("tab.size", "table", o["size"], "i64"),  # (position, entry) pairs of words
         "  %tab.count = lshr i64 %tab.size, 4",
         f"  %tab = getelementptr i8, ptr %table, i64 {o['payload']}",
         "  br label %gather",
         "gather:",
-        "  %t = phi i64 [ 0, %tensor ], [ %t.next, %gathered ]",
+        "  %t = phi i64 [ 0, %found ], [ %t.next, %gathered ]",
         "  %t.more = icmp ult i64 %t, %tab.count",
         "  br i1 %t.more, label %gather.body, label %checking",
         "gather.body:",
@@ -362,7 +381,7 @@ def _tensor_ir(o: dict, after: str) -> list[str]:
         "read:",
         "  %r = phi i64 [ 0, %judged ], [ %r.next, %read.stored ]",
         "  %r.more = icmp ult i64 %r, %tab.count",
-        f"  br i1 %r.more, label %read.body, label %{after}",
+        "  br i1 %r.more, label %read.body, label %still",
         "read.body:",
         "  %r.tensor.at = getelementptr ptr, ptr %tensors, i64 %r",
         "  %r.long = call ptr %w.vectorcall(ptr %data_ptr, ptr %r.tensor.at, i64 1, ptr null)",
@@ -382,6 +401,11 @@ def _tensor_ir(o: dict, after: str) -> list[str]:
         "  store ptr %r.value, ptr %r.into",
         "  %r.next = add i64 %r, 1",
         "  br label %read",
+        "still:",
+        *_load_ir("now.array", "list", o["list_items"]),
+        "  %now = load ptr, ptr %now.array",
+        "  %kept = icmp eq ptr %now, %memo.tuple",
+        f"  br i1 %kept, label %{after}, label %drop",
         "clear:",
         "  call void %w.err_clear()",
         "  br label %drop",
@@ -619,34 +643,33 @@ def launch_front(
     guards: tuple,
     wrapper: tuple[type, str, type],
     context: tuple[int, int],
-    tensors: tuple[list, list[tuple[int, int]]] | None = None,
+    tensors: list[tuple[int, int]] | None = None,
 ) -> Callable | None:
     """A builtin ``front(*args, **kwargs)`` that launches a call like the last one again
     with no Python in between, and hands every other call to ``fallback`` as it was made.
 
     ``memos`` is a tuple of one-item lists, each item a tuple ``(keys..., params, config)``
     (``(keys..., params, config, guard)`` in a front of ``tensors``). When, for one of them,
-    the call has one positional argument a key, each argument is its key by identity
-    (``wrapper``, ``(type, slot, wrapped type)``: an instance of the type stands for the
-    object in its slot, and an object of the wrapped type is never taken itself), every
-    guard ``(list, value)`` has ``list[0] is value``, the C function at ``context[0]``
-    (``cuCtxGetCurrent``) gives the context ``context[1]``, and the memo's ``config`` is
-    ``config``, the front calls the C function at ``target`` (``cuLaunchKernelEx``) with
-    the pointers of ``config``, ``function`` and ``params`` (``byref``s) and NULL; on
-    success it sets ``last[0] = name`` and returns None. A failed call goes to ``fallback``
-    too, which launches again and explains.
+    the call has one positional argument a key, each argument is its key (by identity; two
+    ``int``s by value; ``wrapper``, ``(type, slot, wrapped type)``: an instance of the type
+    stands for the object in its slot, and an object of the wrapped type is never taken
+    itself), the memo's ``config`` is ``config``, every guard ``(list, value)`` has
+    ``list[0] is value`` and the C function at ``context[0]`` (``cuCtxGetCurrent``) gives
+    the context ``context[1]``, the front calls the C function at ``target``
+    (``cuLaunchKernelEx``) with the pointers of ``config``, ``function`` and ``params``
+    (``byref``s) and NULL; on success it sets ``last[0] = name`` and returns None. A failed
+    call goes to ``fallback`` too, which launches again and explains.
 
-    ``tensors``, ``(guard list, [(position, entry), ...])``: the arguments at those
-    positions are torch tensors, whose keys are ``TENSOR_KEY``. The guard list's item 0 is
-    a tuple whose item 0 is a check (``arguments.tensor_check``); before anything else the
-    front calls it with those tensors, and then reads each one's ``data_ptr()``; a memo
-    launches only if its ``guard`` is that tuple (the buffer holds its dims), and then with
-    each tensor's address written into its ``kernelParams`` entry first. The check and
-    ``data_ptr`` may run Python (a tensor subclass, a torch function mode): they come
-    first, so that no Python runs between the front's other tests and its launch. It
-    holds ``fallback``, ``memos`` and the rest. None where there can be no front
-    (``status()`` and ``_why_not`` say why)."""
-    if tensors is not None and (len(tensors[1]) > MAX_TENSORS or _data_ptr() is None):
+    ``tensors``, ``[(position, entry), ...]``: the arguments at those positions are torch
+    tensors, whose keys are ``TENSOR_KEY``, and a memo's ``guard`` is a tuple whose item 0
+    is a check (``arguments.tensor_check``) of the dims its buffer holds. Once a memo's
+    other keys match, the front calls that check with the tensors and reads each one's
+    ``data_ptr()`` (these may run Python: a tensor subclass, a torch function mode, so the
+    memo must still be its list's item after them, and the guards and the context are
+    tested after them), then writes each address into its ``kernelParams`` entry and
+    launches. It holds ``fallback``, ``memos`` and the rest. None where there can be no
+    front (``status()`` and ``_why_not`` say why)."""
+    if tensors is not None and (len(tensors) > MAX_TENSORS or _data_ptr() is None):
         return None
     code = _front_code(len(guards), tensors is not None, wrapper)
     if code is None:
@@ -655,7 +678,8 @@ def launch_front(
     get_context, current_context = context
     addresses = dict(target=target, incref=_address(api.Py_IncRef),
                      decref=_address(api.Py_DecRef), set_item=_address(api.PyList_SetItem),
-                     vectorcall=_address(api.PyObject_Vectorcall), context_get=get_context,
+                     vectorcall=_address(api.PyObject_Vectorcall),
+                     compare=_address(api.PyObject_RichCompareBool), context_get=get_context,
                      context=current_context, err_clear=_address(api.PyErr_Clear),
                      err_occurred=_address(api.PyErr_Occurred),
                      as_pointer=_address(api.PyLong_AsVoidPtr))  # fmt: skip
@@ -663,11 +687,10 @@ def launch_front(
     byref_type = type(ctypes.byref(ctypes.c_char()))
     kind, _, wrapped = wrapper
     state = (fallback, memos, config, function, last, name, kind, wrapped, byref_type, None,
-             words)  # fmt: skip
+             int, words)  # fmt: skip
     if tensors is not None:
-        guard, places = tensors
-        table = struct.pack(f"={2 * len(places)}Q", *(n for place in places for n in place))
-        state += (guard, table, _data_ptr(), True, TENSOR_KEY)
+        table = struct.pack(f"={2 * len(tensors)}Q", *(n for place in tensors for n in place))
+        state += (table, _data_ptr(), True, TENSOR_KEY)
     state += tuple(part for guard in guards for part in guard)
     return _builtin(code, "front", _METH_FASTCALL | _METH_KEYWORDS, state)
 
