@@ -1223,7 +1223,8 @@ def test_a_native_front_of_torch_tensors_reads_their_addresses_on_every_launch(
     ``set_`` to other memory: never a remembered address); new shapes, strides, dtypes,
     ``requires_grad``, a subclass, another scalar, keywords, the module flags, another
     context, a failed driver call go to Python, which launches what it was given (or
-    nothing), and the front launches the dims of the guard its memo holds. CPU tensors here, the fake GPU made their device (-1)."""
+    nothing), and the front launches the dims of the guard its memo holds. CPU tensors
+    here, the fake GPU made their device (-1)."""
     torch = pytest.importorskip("torch")
     from kaio.runtime import launch as launch_mod
     from kaio.runtime import launcher as launcher_mod
