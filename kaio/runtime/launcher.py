@@ -63,11 +63,11 @@ The bound ``launch`` also has ``make_direct(fallback)``: the same launch as a fu
 arguments themselves (``direct(a0, a1, ...)``, what ``kernel[config]`` hands out once a
 launcher is bound: one parameter per kernel parameter, so no tuple is made and unpacked per
 call), which passes keywords, a missing or an extra argument, simulated launches, recorded
-ones and arguments of another signature to ``fallback`` (the ``Launch``'s own function). A launcher
-that reuses its parameters, and one of torch tensors tested by a guard, hands out a native
-front of ``direct`` instead (``front_setup``): a launch like the last one made again from C
-(for torch tensors: the guard's check and each tensor's address read from C too), every
-other call to ``direct``.
+ones and arguments of another signature to ``fallback`` (the ``Launch``'s own function). A
+launcher that reuses its parameters, and one of torch tensors tested by a guard, hands out
+a native front of ``direct`` instead (``front_setup``), on any GPU: a launch like the last
+one made again from C (for torch tensors: the guard's check and each tensor's address read
+from C too), every other call to ``direct``.
 A kernel compiled in debug mode also passes its error record's address as the last parameter
 and, after each launch, synchronizes the stream and raises ``kaio.OutOfBoundsError`` when a
 thread failed a bounds check (``kaio.runtime.debug``).
@@ -902,7 +902,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         f"            rc = {elsewhere}",
         "else:",
         f"    rc = {elsewhere}",
-        *(front_memo(reused, fronted, len(args), tensors)),
+        *front_memo(reused, fronted, len(args), tensors),
         "give(slot)",
         "if rc:",
         "    fail(rc, stream)",

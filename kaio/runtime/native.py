@@ -29,9 +29,9 @@ made (``PyObject_Vectorcall``). The memos of a launcher of torch tensors leave t
 out and hold the guard of the dims their buffer was packed with: the front calls its check
 (torch's ``TensorGuards.check``, a C function) with the tensors and reads each one's
 ``data_ptr()``, and writes their addresses into the parameter buffer before the driver
-call. Its ``self`` is a tuple of the objects it
-reads, so it holds them; the object layouts it reads (a tuple's items, a list's item array,
-an object's slot) are probed on live objects like the rest.
+call. Its ``self`` is a tuple of the objects it reads, so it holds them; the object layouts
+it reads (a tuple's items, a list's item array, an object's slot) are probed on live objects
+like the rest.
 
 Where any of that is not possible (llvmlite missing and nothing cached, not CPython on x86-64
 Linux, a free-threaded build, objects laid out otherwise than probed), ``trampoline`` returns
