@@ -388,6 +388,13 @@ def native_rows(bench: Bench, ctypes_calls: tuple, arguments: tuple, x, y, out) 
         "native call of a C no-op (memcmp of 0 bytes), 4 arguments",
         lambda: nothing(cfg, func_ref, None, par),
     )
+    # a native front's test of the thread's context (launcher.front_setup), with the call
+    # around it: the trampoline passes four pointers, cuCtxGetCurrent reads the first
+    from kaio.runtime.launcher import context_getter
+
+    get_context = native.trampoline(context_getter())
+    into = ctypes.byref(ctypes.c_void_p())
+    bench.row("native call of cuCtxGetCurrent", lambda: get_context(into, None, None, None))
 
 
 def check_poisoned(out, x, y, launch_one) -> None:
@@ -706,7 +713,7 @@ def main_rows(bench: Bench, results: dict) -> None:
         tout = torch.empty(N, device="cuda")
         kaio_rows(bench, tx, ty, tout, "torch")
         checks.append(lambda: bool(torch.equal(tout, tx + ty)))
-        checks += guard_rows(bench, (False,))
+        checks += guard_rows(bench, (", no torch guard",))
     try:
         import cupy as cp
     except ImportError:
@@ -750,44 +757,60 @@ def main_front(bench: Bench, results: dict) -> None:
         raise AssertionError("a launched kernel computed a wrong result (torch)")
 
 
-def guard_rows(bench: Bench, modes: tuple = (True, False)) -> list:
-    """kaio's launches of torch tensors with and without (``modes``) the launchers' torch
-    guards (``launcher.TORCH_GUARDS``); returns checks of the outputs for after the
-    timing."""
+TORCH_MODES = {  # a row's suffix -> (launcher.TORCH_GUARDS, launcher.TORCH_FRONTS)
+    "": (True, True),
+    ", no torch front": (True, False),
+    ", no torch guard": (False, False),
+}
+
+
+def guard_rows(bench: Bench, modes: tuple = tuple(TORCH_MODES)) -> list:
+    """kaio's launches of torch tensors with and without the launchers' torch guards and
+    their native fronts (``modes``, ``TORCH_MODES``' keys); returns checks of the outputs
+    for after the timing."""
     import torch
 
     from kaio.runtime import launcher
 
     tx, ty = torch.rand(N, device="cuda"), torch.rand(N, device="cuda")
-    saved = launcher.TORCH_GUARDS
+    saved = launcher.TORCH_GUARDS, launcher.TORCH_FRONTS
     try:
         checks = []
-        for guarded in modes:
-            launcher.TORCH_GUARDS = guarded
-            checks.append(_torch_rows(bench, tx, ty, "" if guarded else ", no torch guard"))
+        for word in modes:
+            launcher.TORCH_GUARDS, launcher.TORCH_FRONTS = TORCH_MODES[word]
+            checks.append(_torch_rows(bench, tx, ty, word))
     finally:
-        launcher.TORCH_GUARDS = saved
+        launcher.TORCH_GUARDS, launcher.TORCH_FRONTS = saved
     return checks
 
 
 def _torch_rows(bench: Bench, tx, ty, word: str):
-    """The subscripted launch and the launch taken after a first launch of torch tensors,
-    each checked first on a poisoned output; returns a check of the output."""
+    """The subscripted launch, the launch taken after a first launch, and two launches of
+    that one with other tensors each (x + y into one output, y + x into another) of torch
+    tensors, each checked first on poisoned outputs; returns a check of the outputs."""
     import torch
 
-    tout = torch.empty(N, device="cuda")
+    tout, tother = torch.empty(N, device="cuda"), torch.empty(N, device="cuda")
     subscripted, later = new_add(), new_add()
     later[GRID, 256](tx, ty, tout, N)
     direct = later[GRID, 256]
+
+    def two():
+        direct(tx, ty, tout, N)
+        direct(ty, tx, tother, N)
+
     rows = {
         f"kaio add[grid, 256](...), torch{word}": lambda: subscripted[GRID, 256](tx, ty, tout, N),
         f"kaio launch taken after a first launch, torch{word}": lambda: direct(tx, ty, tout, N),
+        f"two kaio launches, other tensors each, torch{word}": two,
     }
     for name, launch_one in rows.items():
         launch_one()
         tout.fill_(float("nan"))
+        tother.fill_(float("nan"))
         launch_one()
-        if not torch.equal(tout, tx + ty):
+        both = not name.startswith("two") or torch.equal(tother, tx + ty)
+        if not (torch.equal(tout, tx + ty) and both):
             raise AssertionError("a launch of torch tensors computed a wrong result")
         bench.row(name, launch_one)
     return lambda: bool(torch.equal(tout, tx + ty))

@@ -286,3 +286,34 @@ def test_cuda_graph_of_ops_on_gpu_1():
         torch.cuda.synchronize(1)
     assert kaio.device().ordinal == 0
     assert torch.equal(y, want)
+
+
+def test_launches_repeated_on_gpu_1_run_there_whatever_context_is_current():
+    """The same launch made again and again (the launcher's native front, where there is
+    one: kaio's arrays and torch tensors alike) with GPU 1's arrays, while GPU 1, GPU 0 or
+    torch's GPU 1 is current: every launch computes its arrays' result on GPU 1, into an
+    output poisoned first."""
+    torch = pytest.importorskip("torch")
+    import contextlib
+
+    n = 4096
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
+    want = np.float32(2.0) * x + y
+    kx, ky, kout = _axpy_on(1, x, y)
+    tx, ty = torch.from_numpy(x).to("cuda:1"), torch.from_numpy(y).to("cuda:1")
+    tout = torch.empty(n, device="cuda:1")
+    kinds = (
+        (kx, ky, kout, lambda: kout.copy_from_host(np.full(n, np.nan, np.float32)), kout.numpy),
+        (tx, ty, tout, lambda: tout.fill_(float("nan")), lambda: tout.cpu().numpy()),
+    )
+    launch = axpy[n // 256, 256]
+    for where in (kaio.Device(1), kaio.Device(0), torch.cuda.device(1), contextlib.nullcontext()):
+        for a, b, out, poison, read in kinds:
+            poison()
+            kaio.Device(1).synchronize()
+            with where:
+                for _ in range(3):
+                    launch(a, b, out, 2.0, n)
+            kaio.Device(1).synchronize()
+            np.testing.assert_array_equal(read(), want)

@@ -579,6 +579,7 @@ def fake_driver(monkeypatch):
     monkeypatch.setattr(launcher_mod, "visiting", contextlib.nullcontext)
     device = types.SimpleNamespace(
         ordinal=0,
+        context=0xC0,
         max_block_dim=(1024, 1024, 64),
         max_threads_per_block=1024,
         max_grid_dim=(2**31 - 1, 65535, 65535),
@@ -1008,25 +1009,64 @@ def set_to(flag: list, value):
         flag[0] = saved
 
 
-@pytest.fixture
-def unmoved():
-    """No thread has made a device other than GPU 0 current (``device.moved``)."""
-    from kaio.runtime import device as device_mod
+def c_driver(monkeypatch, calls: list, fmt: str) -> list:
+    """A stand-in for ``cuLaunchKernelEx`` that a native front can call (a C callback),
+    made the launchers' driver call (on the current context and on another): it records
+    (function, stream, the parameters unpacked by ``fmt``, a ``param_format``) in ``calls``
+    and fails (700) while the one-item list returned counts calls to fail."""
+    from kaio.runtime import launcher as launcher_mod
 
-    with set_to(device_mod.moved, False):
-        yield
+    failing = [0]
+    entries = len(launcher_mod.entry_offsets(fmt))
+
+    def driver_call(config, function, params, extra):
+        cfg = launcher_mod.LaunchConfigStruct.from_address(config)
+        pointers = (ctypes.c_void_p * entries).from_address(params)
+        packed = ctypes.string_at(pointers[0], struct.calcsize(fmt))
+        calls.append((function, cfg.stream or 0, struct.unpack(fmt, packed)))
+        if failing[0]:
+            failing[0] -= 1
+            return 700
+        return 0
+
+    call = ctypes.PYFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * 4)(driver_call)
+    monkeypatch.setattr(launcher_mod, "raw_launch_kernel", lambda: call)
+    monkeypatch.setattr(launcher_mod, "launcher_elsewhere",
+                        lambda device: lambda *args: call(*args, None))  # fmt: skip
+    return failing
+
+
+@pytest.fixture
+def thread_context(monkeypatch):
+    """A stand-in for ``cuCtxGetCurrent`` (a C callback) for the native fronts, which gives
+    the context in the one-item list yielded: the fake GPU's (``fake_driver``) to begin
+    with."""
+    from kaio.runtime import launcher as launcher_mod
+
+    context = [0xC0]
+
+    def get_current(into):
+        ctypes.c_void_p.from_address(into).value = context[0]
+        return 0
+
+    getter = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(get_current)
+    address = ctypes.cast(getter, ctypes.c_void_p).value
+    monkeypatch.setattr(launcher_mod, "context_getter", lambda: address)
+    yield context
 
 
 def test_a_native_front_launches_the_last_arguments_and_hands_the_rest_back(
-    fake_driver, monkeypatch, unmoved
+    fake_driver, monkeypatch, thread_context
 ):
-    """A launcher whose launches reuse their parameters, on GPU 0, hands out a native front
+    """A launcher whose launches reuse their parameters hands out a native front
     (``native.launch_front``) when the driver call is a C function (here a ctypes callback
     that records the launch): the arguments launched last launch again with no Python (no
     parameter buffer taken off the free list); new arguments, keywords, a ``simulate()``
-    block, a recording, a thread on another GPU, another binding's configuration and a
-    failed driver call go to ``direct``, which launches what it was given; a buffer packed
-    again is forgotten by the front first, so arguments taking turns launch their own."""
+    block, a recording, a thread whose current context is another, another binding's
+    configuration and a failed driver call go to ``direct``, which launches what it was
+    given; a buffer packed again is forgotten by the front first, so arguments taking turns
+    launch their own. Whether a thread has moved off GPU 0 does not matter to a launcher of
+    arrays."""
     from kaio.runtime import device as device_mod
     from kaio.runtime import launch as launch_mod
     from kaio.runtime import launcher as launcher_mod
@@ -1034,26 +1074,8 @@ def test_a_native_front_launches_the_last_arguments_and_hands_the_rest_back(
     from kaio.sim import mode
 
     calls, loaded = fake_driver
-    failing = [0]  # the next driver calls that fail
-
-    def driver_call(config, function, params, extra):
-        cfg = launcher_mod.LaunchConfigStruct.from_address(config)
-        pointers = (ctypes.c_void_p * 7).from_address(params)
-        calls.append(
-            (
-                function,
-                cfg.stream or 0,
-                struct.unpack("=QqQqQqI", ctypes.string_at(pointers[0], 52)),
-            )
-        )
-        if failing[0]:
-            failing[0] -= 1
-            return 700
-        return 0
-
-    c_driver = ctypes.PYFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * 4)(driver_call)
-    monkeypatch.setattr(launcher_mod, "raw_launch_kernel", lambda: c_driver)
-    if not native.fronts(3, launcher_mod._WRAPPER):
+    failing = c_driver(monkeypatch, calls, "=QqQqQqI")
+    if not native.fronts(2, launcher_mod._WRAPPER):
         pytest.skip(f"no native front here: {native._why_not}")
     monkeypatch.setattr(launcher_mod, "REUSED_BUFFERS", 1)
     dev = loaded.device
@@ -1090,9 +1112,11 @@ def test_a_native_front_launches_the_last_arguments_and_hands_the_rest_back(
     thousand = int("1000")
     assert launched(x, y, out, thousand, python=True)[-1] == 1000
     assert launched(x, y, out, thousand, python=False)[-1] == 1000
-    assert launched(x, y, out, 1000, python=True)[-1] == 1000  # equal, not the same: Python
+    assert launched(x, y, out, 1000, python=False)[-1] == 1000  # equal ints: the front
+    assert launched(x, y, out, 1, python=True)[-1] == 1
+    assert launched(x, y, out, True, python=True)[-1] == 1  # a bool is not an int
     assert launched(x, y, out, 9, python=True)[-1] == 9
-    # the guards: a simulate() block or a recording anywhere, a thread that moved
+    # the guards: a simulate() block or a recording anywhere, another context current
     count = len(calls)
     for flag in (mode.anywhere, launch_mod.recordings):
         with set_to(flag, 1):
@@ -1100,8 +1124,12 @@ def test_a_native_front_launches_the_last_arguments_and_hands_the_rest_back(
     direct(x, y, out, n=9)
     direct(x._info, y, out, 9)  # an ArgInfo is not the array it describes
     assert len(calls) == count and len(fallen) == 4 and fallen[2] == ((x, y, out), {"n": 9})
+    thread_context[0] = 0xC1
+    assert launched(x, y, out, 9, python=True)[-1] == 9
+    assert launched(x, y, out, 9, python=True)[-1] == 9
+    thread_context[0] = 0xC0
     with set_to(device_mod.moved, True):
-        assert launched(x, y, out, 9, python=True)[-1] == 9
+        assert launched(x, y, out, 9, python=False)[-1] == 9
     # another binding (stream): the same buffer, its own configuration
     other = bind(GRID, BLOCK, 0, 0x99).make_direct(lambda *a, **k: fallen.append((a, k)))
     assert other(x, y, out, 9) is None and calls[-1][1] == 0x99
@@ -1111,7 +1139,7 @@ def test_a_native_front_launches_the_last_arguments_and_hands_the_rest_back(
     failing[0] = 2
     with pytest.raises(CudaError, match="launching add"):
         direct(x, y, out, 9)
-    assert len(calls) == count + 6 and len(fallen) == 4  # the front's call, then Python's
+    assert len(calls) == count + 8 and len(fallen) == 4  # the front's call, then Python's
     failing[0] = 1
     assert launched(x, y, out, 9, python=True)[-1] == 9
     # two buffers, each with its memo: arguments taking turns launch from the front
@@ -1183,3 +1211,162 @@ def test_a_launch_of_torch_tensors_checks_them_at_once(fake_driver, monkeypatch)
     assert launch((w, y2, out2, 12)) and launched()[0] == w.data_ptr()
     monkeypatch.setattr(launcher_mod, "TORCH_GUARDS", False)
     assert "GUARD" not in build_cpu((x, y, out, 8)).source
+
+
+def test_a_native_front_of_torch_tensors_reads_their_addresses_on_every_launch(
+    fake_driver, monkeypatch, thread_context
+):
+    """A launcher of torch tensors tested by a guard (``launcher.guard_setup``) hands out a
+    native front (``launch_front``'s ``tensors``) when the driver call is a C function: a
+    call whose tensors pass the guard and whose other arguments are the last launch's
+    launches with no Python, each tensor's address read anew (new tensors, a tensor
+    ``set_`` to other memory: never a remembered address); new shapes, strides, dtypes,
+    ``requires_grad``, a subclass, another scalar, keywords, the module flags, another
+    context, a failed driver call go to Python, which launches what it was given (or
+    nothing), and the front launches the dims of the guard its memo holds. CPU tensors
+    here, the fake GPU made their device (-1)."""
+    torch = pytest.importorskip("torch")
+    from kaio.runtime import launch as launch_mod
+    from kaio.runtime import launcher as launcher_mod
+    from kaio.runtime import native
+    from kaio.sim import mode
+
+    calls, loaded = fake_driver
+    failing = c_driver(monkeypatch, calls, "=QqQqQqqI")
+    if not native.fronts(2, launcher_mod._WRAPPER, tensors=True):
+        pytest.skip(f"no native front here: {native._why_not}")
+    loaded.device.ordinal = -1
+    spec = add.specialize({}, ("C", "C", "A"))
+    loaded.params = spec.function.params
+    x, y, out = torch.rand(8), torch.rand(8), torch.empty(16)[::2]
+    infos = {k: ArgInfo(t.data_ptr(), tuple(t.shape), t.stride(), f32, -1)
+             for k, t in enumerate((x, y, out))}  # fmt: skip
+    bind = build_launcher(add, spec, loaded, (x, y, out, 8), infos)
+    env = bind.__globals__
+    taken = []
+    take = env["take"]
+    env["take"] = lambda: (taken.append(1), take())[1]
+    fallen = []
+    direct = bind(GRID, BLOCK, 0, 0).make_direct(lambda *a, **k: fallen.append((a, k)))
+    assert isinstance(direct, functools.partial)
+
+    def launched(*args, python: bool) -> tuple:
+        before = len(taken)
+        assert direct(*args) is None
+        assert len(taken) == before + python  # the Python path takes a buffer
+        return calls[-1][2]
+
+    def expect(a, b, c, n=8, dims=(8, 8, 8, 2)) -> tuple:
+        return (a.data_ptr(), dims[0], b.data_ptr(), dims[1], c.data_ptr(), *dims[2:], n)
+
+    n = 8
+    assert launched(x, y, out, n, python=True) == expect(x, y, out)
+    for _ in range(2):
+        assert launched(x, y, out, n, python=False) == expect(x, y, out)
+    # other tensors of the guard's shapes, and one tensor pointed at other memory
+    x2, y2, out2 = torch.rand(8), torch.rand(8), torch.empty(16)[::2]
+    assert launched(y2, x2, out2, n, python=False) == expect(y2, x2, out2)
+    x.set_(torch.rand(8))
+    assert launched(x, y, out, n, python=False) == expect(x, y, out)
+    # what the guard refuses: its own checks, then launched (or not) by Python
+    wide = torch.empty(24)[::3]
+    assert launched(x, y, wide, n, python=True) == expect(x, y, wide, dims=(8, 8, 8, 3))
+    assert launched(x, y, out, n, python=True) == expect(x, y, out)  # packed anew: dropped
+    longer = torch.rand(12)
+    assert launched(longer, y, out, n, python=True)[:2] == (longer.data_ptr(), 12)
+    w = torch.rand(8, requires_grad=True)
+    assert launched(w, y, out, n, python=True) == expect(w, y, out)
+
+    class Sub(torch.Tensor):
+        pass
+
+    count = len(calls)
+    for args in ((x.half(), y, out, n), (Sub(x), y, out, n)):
+        assert direct(*args) is None
+    assert len(calls) == count and len(fallen) == 2  # refused by Python: the fallback's
+    assert launched(x, y, out, n, python=True) == expect(x, y, out)  # the memo was dropped
+    assert launched(x, y, out, n, python=False) == expect(x, y, out)
+    # another scalar: by identity, an int by value
+    thousand = int("1000")
+    assert launched(x, y, out, thousand, python=True)[-1] == 1000
+    assert launched(x, y, out, thousand, python=False)[-1] == 1000
+    assert launched(x, y, out, 1000, python=False)[-1] == 1000  # equal ints: the front
+    assert launched(x, y, out, 999, python=True)[-1] == 999
+    # keywords, the module flags, another context
+    count = len(calls)
+    direct(x, y, out, n=9)
+    for flag in (mode.anywhere, launch_mod.recordings):
+        with set_to(flag, 1):
+            direct(x, y, out, 9)
+    assert len(calls) == count and len(fallen) == 5
+    thread_context[0] = 0xC1
+    assert launched(x, y, out, 9, python=True)[-1] == 9
+    assert launched(x, y, out, 9, python=True)[-1] == 9
+    thread_context[0] = 0xC0
+    assert launched(x, y, out, 9, python=False) == expect(x, y, out, 9)
+    # the memo's guard is the one whose dims its buffer holds: a new guard's reach the
+    # buffer with the next launch Python makes, and the front launches those after it
+    guards = env["GUARD"]
+    guards[0] = (guards[0][0], (8,), (8,), (8, 5))
+    assert launched(x, y, out, 9, python=False) == expect(x, y, out, 9)
+    thread_context[0] = 0xC1
+    assert launched(x, y, out, 9, python=True) == expect(x, y, out, 9, dims=(8, 8, 8, 5))
+    thread_context[0] = 0xC0
+    assert launched(x, y, out, 9, python=False) == expect(x, y, out, 9, dims=(8, 8, 8, 5))
+    # a failed driver call: the front's, then Python's, which raises
+    failing[0] = 2
+    count = len(calls)
+    with pytest.raises(CudaError, match="launching add"):
+        direct(x, y, out, 9)
+    assert len(calls) == count + 2
+    monkeypatch.setattr(launcher_mod, "TORCH_FRONTS", False)
+    unfronted = build_launcher(add, spec, loaded, (x, y, out, 8), infos)(GRID, BLOCK, 0, 0)
+    assert not isinstance(unfronted.make_direct(print), functools.partial)
+
+
+def test_a_native_front_launches_only_from_a_buffer_no_launch_packed_again_meanwhile(
+    fake_driver, monkeypatch, thread_context
+):
+    """A front of torch tensors whose ``data_ptr()`` runs Python (a ``__torch_function__``
+    subclass) that launches the same launcher with another count (packed by Python into the
+    same buffer): the outer launch sees its memo gone and hands its call to Python, which
+    launches its own count; without the Python, the front launches alone."""
+    torch = pytest.importorskip("torch")
+    from kaio.runtime import launcher as launcher_mod
+    from kaio.runtime import native
+
+    calls, loaded = fake_driver
+    c_driver(monkeypatch, calls, "=QqQqQqI")
+    if not native.fronts(2, launcher_mod._WRAPPER, tensors=True):
+        pytest.skip(f"no native front here: {native._why_not}")
+    hooks = []
+
+    class Hooked(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.data_ptr and hooks:
+                hooks.pop()()
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    Hooked.__module__ = "torch.hooked"  # what the launcher takes for torch's
+    loaded.device.ordinal = -1
+    spec = add.specialize({}, ("C", "C", "C"))
+    loaded.params = spec.function.params
+    x, y, out = (torch.rand(8).as_subclass(Hooked) for _ in range(3))
+    infos = {k: ArgInfo(t.data_ptr(), (8,), (1,), f32, -1) for k, t in enumerate((x, y, out))}
+    bind = build_launcher(add, spec, loaded, (x, y, out, 8), infos)
+    env = bind.__globals__
+    taken = []
+    take = env["take"]
+    env["take"] = lambda: (taken.append(1), take())[1]
+    direct = bind(GRID, BLOCK, 0, 0).make_direct(lambda *a, **k: 1 / 0)
+    assert isinstance(direct, functools.partial)
+    n = 8
+    direct(x, y, out, n)
+    direct(x, y, out, n)
+    assert len(taken) == 1 and calls[-1][2][-1] == 8  # the front's launch
+    hooks.append(lambda: direct(x, y, out, 7))  # Python packs 7 into the buffer
+    direct(x, y, out, n)
+    assert [c[2][-1] for c in calls[-2:]] == [7, 8] and len(taken) == 3
+    direct(x, y, out, n)  # the outer launch's memo: the front's again
+    assert len(taken) == 3 and calls[-1][2][-1] == 8

@@ -4,6 +4,7 @@ specialization) so these tests check the runtime independently of the PTX emitte
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -360,38 +361,120 @@ def test_launches_with_the_last_arguments_and_new_ones():
     np.testing.assert_array_equal(other.numpy(), 2 * hy)
 
 
-def test_threads_launching_one_configuration_each_launch_what_they_give():
-    """Threads launching one ``kernel[config]`` at once, each with its own arrays and
-    count, two argument sets taking turns, each set twice in a row (the second launch from
-    the last arguments: on GPU 0, from the launcher's native front, whose memo changes
+@pytest.mark.parametrize("kind", ["kaio", "torch"])
+def test_threads_launching_one_configuration_each_launch_what_they_give(kind):
+    """Threads launching one ``kernel[config]`` at once, each with its own arrays (kaio's or
+    torch tensors) and count, two argument sets taking turns, each set twice in a row (the
+    second launch through the launcher's native front where it has one, whose memos change
     hands between threads all the time): every round's outputs, poisoned before it, hold
     what that thread's launches computed."""
     from concurrent.futures import ThreadPoolExecutor
 
     threads, rounds, size = 8, 10, 4096
     launch = add[size // 256, 256]
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+
+        def to_gpu(a):
+            return torch.from_numpy(a).cuda()
+
+        def poison(out):
+            out.fill_(float("nan"))
+
+        def read(out):
+            return out.cpu().numpy()
+    else:
+        to_gpu = kaio.to_device
+
+        def poison(out):
+            out.copy_from_host(np.full(size, np.nan, np.float32))
+
+        def read(out):
+            return out.numpy()
 
     def work(t: int) -> bool:
         n = 1024 + 256 * t
         hx, hy = rng_f32(size, 10 + t), rng_f32(size, 40 + t)
-        x, y = kaio.to_device(hx), kaio.to_device(hy)
-        outs = (kaio.empty((size,), f32), kaio.empty((size,), f32))
+        x, y = to_gpu(hx), to_gpu(hy)
+        outs = (to_gpu(np.empty(size, np.float32)), to_gpu(np.empty(size, np.float32)))
         for _ in range(rounds):
             for out in outs:
-                out.copy_from_host(np.full(size, np.nan, np.float32))
+                poison(out)
             for _ in range(2):
                 launch(x, y, outs[0], n)
             for _ in range(2):
                 launch(y, y, outs[1], n)
             kaio.synchronize()
             for out, want in zip(outs, (hx + hy, 2 * hy), strict=True):
-                got = out.numpy()
+                got = read(out)
                 np.testing.assert_array_equal(got[:n], want[:n])
                 assert np.isnan(got[n:]).all()
         return True
 
     with ThreadPoolExecutor(threads) as pool:
         assert all(pool.map(work, range(threads)))
+
+
+def test_launches_of_torch_tensors_through_the_native_front():
+    """Launches of torch tensors whose shapes pass the launcher's guard go through its
+    native front (where there is one), which reads each tensor's address on every launch:
+    new tensors, a tensor ``set_`` to other memory, a torch stream, a CUDA graph captured
+    through the front and launches after it, new shapes and strides (Python's launch), each
+    computes what it was given into outputs poisoned first."""
+    torch = pytest.importorskip("torch")
+    from kaio.runtime import native
+
+    n, grid = 4096, 16
+
+    def fresh(count: int = n):
+        return torch.randn(count, device="cuda"), torch.randn(count, device="cuda")
+
+    def poisoned(count: int = n):
+        return torch.full((count,), float("nan"), device="cuda")
+
+    x, y = fresh()
+    out = poisoned()
+    add[grid, 256](x, y, out, n)
+    launch = add[grid, 256]
+    if native.status() == "native":
+        assert isinstance(launch, functools.partial)  # the front
+    for _ in range(3):
+        x, y = fresh()
+        out = poisoned()
+        launch(x, y, out, n)
+        torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    old = out.clone()
+    out.set_(poisoned().untyped_storage())  # the same tensor object, other memory
+    launch(y, y, out, n)
+    torch.testing.assert_close(out, 2 * y, rtol=0, atol=0)
+    assert not torch.equal(old, out)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    on_side = add[grid, 256, side]
+    on_side(x, y, out, n)
+    on_side(x, x, out, n)
+    side.synchronize()
+    torch.testing.assert_close(out, 2 * x, rtol=0, atol=0)
+    graph, captured = torch.cuda.CUDAGraph(), poisoned()
+    with torch.cuda.graph(graph, stream=side):
+        on_side(x, y, captured, n)
+    other = poisoned()
+    on_side(y, y, other, n)  # after the capture: its own tensors
+    side.synchronize()
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, x + y, rtol=0, atol=0)
+    torch.testing.assert_close(other, 2 * y, rtol=0, atol=0)
+    half = poisoned(n // 2)  # a new shape: Python's launch
+    launch(x[: n // 2], y[: n // 2], half, n // 2)
+    torch.testing.assert_close(half, (x + y)[: n // 2], rtol=0, atol=0)
+    strided = poisoned(2 * n)[::2]  # a new layout: another launcher
+    launch(x, y, strided, n)
+    torch.testing.assert_close(strided, x + y, rtol=0, atol=0)
+    out = poisoned()
+    launch(x, y, out, n)
+    torch.testing.assert_close(out, x + y, rtol=0, atol=0)
 
 
 def test_launch_on_torch_stream():

@@ -63,9 +63,11 @@ The bound ``launch`` also has ``make_direct(fallback)``: the same launch as a fu
 arguments themselves (``direct(a0, a1, ...)``, what ``kernel[config]`` hands out once a
 launcher is bound: one parameter per kernel parameter, so no tuple is made and unpacked per
 call), which passes keywords, a missing or an extra argument, simulated launches, recorded
-ones and arguments of another signature to ``fallback`` (the ``Launch``'s own function). On
-GPU 0, a launcher that reuses its parameters hands out a native front of ``direct`` instead
-(``front_setup``): the last arguments launched again from C, every other call to ``direct``.
+ones and arguments of another signature to ``fallback`` (the ``Launch``'s own function). A
+launcher that reuses its parameters, and one of torch tensors tested by a guard, hands out
+a native front of ``direct`` instead (``front_setup``), on any GPU: a launch like the last
+one made again from C (for torch tensors: the guard's check and each tensor's address read
+from C too), every other call to ``direct``.
 A kernel compiled in debug mode also passes its error record's address as the last parameter
 and, after each launch, synchronizes the stream and raises ``kaio.OutOfBoundsError`` when a
 thread failed a bounds check (``kaio.runtime.debug``).
@@ -317,12 +319,15 @@ def array_code(k: int, arg, info: ArgInfo, layout: str, env: dict) -> tuple[str,
 # that buffer as it is (``reuse_lines``); KAIO_REUSE_PACKED=0 turns it off
 REUSE_PACKED = os.environ.get("KAIO_REUSE_PACKED", "1") != "0"
 REUSED_BUFFERS = 2  # the parameter buffers a launcher that reuses them takes in turn
-# A launcher that reuses its parameters on GPU 0 gets a native front where it can
-# (``front_setup``); bench/launch_overhead.py turns it off for its A/B
+# A launcher that reuses its parameters gets a native front where it can (``front_setup``);
+# bench/launch_overhead.py turns it off for its A/B
 LAUNCH_FRONTS = True
 # A launcher of torch tensors tests them with one check of the last launch's shapes where
 # torch has it (``guard_setup``); bench/launch_overhead.py turns it off for its A/B
 TORCH_GUARDS = True
+# Such a guarded launcher gets a native front where it can (``front_setup``): the guard's
+# check and each tensor's address from C; bench/launch_overhead.py turns it off for its A/B
+TORCH_FRONTS = True
 _WRAPPER = (DeviceArray, "_info", ArgInfo)  # a DeviceArray stands for its ArgInfo
 _INT_KINDS = frozenset(("i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64"))
 
@@ -653,36 +658,66 @@ def guard_renewal(tensors: list) -> list[str]:
     ]
 
 
-def front_setup(env: dict, loaded, count: int) -> bool:
-    """Whether a reusing launcher (``count`` keys) of ``loaded`` gets a native front, and if
-    so what its generated code needs in ``env``: ``front(direct, CONFIG, LAST)``, the front
-    of a binding's ``direct`` (``native.launch_front``) as a ``functools.partial`` (which
-    takes attributes), reading ``MEMOS`` (set by the caller once the buffers are made: the
-    memo of each of the launcher's first buffers, a one-item list of what it was last
-    launched with and the ``CONFIG`` of the binding that did, which its bindings share with
-    the buffers); ``UNKNOWN``, a memo that matches no call. Only GPU 0's launches have one:
-    there a launch knows it runs on its GPU from ``device.moved`` alone (a guard), where
-    others read the thread's current device. The other guards: no ``simulate()`` block
-    and no call plan being recorded."""
+def context_getter() -> int:
+    """The address of libcuda's ``cuCtxGetCurrent``, which a native front calls to test
+    that the thread's current context is its launcher's."""
+    return ctypes.cast(libcuda().cuCtxGetCurrent, ctypes.c_void_p).value
+
+
+def front_setup(env: dict, loaded, count: int, has_arrays: bool, places: list | None) -> bool:
+    """Whether a launcher of ``loaded`` gets a native front, and if so what its generated
+    code needs in ``env``: ``front(direct, CONFIG, LAST)``, the front of a binding's
+    ``direct`` (``native.launch_front``) as a ``functools.partial`` (which takes
+    attributes), reading ``MEMOS`` (set by the caller once the buffers are made: the memo of
+    each of the launcher's first buffers, a one-item list of what it was last launched with
+    and the ``CONFIG`` of the binding that did, which its bindings share with the buffers);
+    ``UNKNOWN``, a memo that matches no call. Two kinds of launcher have one: one that
+    reuses its parameters (``count`` keys, ``places`` None), and one of torch tensors
+    tested by a guard (``guard_setup``; ``places``, each tensor's position and the index of
+    its address's ``kernelParams`` entry; ``count`` its arguments), whose memos also hold
+    the guard's tuple and ``TENSOR`` in each tensor's place. A front launches only where the
+    thread's current CUDA context is its GPU's (the launch as the Python one makes it,
+    whether through ``home`` or ``elsewhere``); one without arrays, which launches on
+    kaio's current device, only on GPU 0 while no thread has moved off it
+    (``device.moved``). The other guards: no ``simulate()`` block and no call plan being
+    recorded."""
     target = front_target(env["launch_kernel"])
-    if not LAUNCH_FRONTS or target is None or loaded.device.ordinal != 0:
+    wanted = LAUNCH_FRONTS if places is None else TORCH_FRONTS
+    if not wanted or target is None or not has_arrays and loaded.device.ordinal != 0:
         return False
     from kaio.runtime.launch import recordings
     from kaio.sim.mode import anywhere
 
-    guards = ((anywhere, 0), (recordings, 0), (moved, False))
-    if not native.fronts(len(guards), _WRAPPER):
+    guards = ((anywhere, 0), (recordings, 0), *(() if has_arrays else ((moved, False),)))
+    if not native.fronts(len(guards), _WRAPPER, tensors=places is not None):
         return False
     env["UNKNOWN"] = (MISSING,) * count + (None, None)
+    env["TENSOR"] = native.TENSOR_KEY
     function, name = env["FUNC"], loaded.name
+    context = (context_getter(), int(loaded.device.context))
 
     def front(direct, config, last):
         made = native.launch_front(target, direct, env["MEMOS"], config, function, last, name,
-                                   guards, _WRAPPER)  # fmt: skip
+                                   guards, _WRAPPER, context, places)  # fmt: skip
         return direct if made is None else functools.partial(made)
 
     env["front"] = front
     return True
+
+
+def front_memo(reused: bool, fronted: bool, count: int, tensors: list) -> list[str]:
+    """The line of a launch with a native front (``front_setup``) that, after the driver
+    call, leaves its buffer's memo: a reusing launch, its keys with the binding's
+    ``CONFIG``; a guarded launch of torch tensors (``count`` arguments) that packed the
+    guard's dims, each argument (``TENSOR`` for a tensor), ``params``, ``CONFIG`` and the
+    guard's tuple ``g``."""
+    if not fronted:
+        return []
+    if reused:
+        return ["m[0] = k if k[-1] is CONFIG else (*k[:-1], CONFIG)"]
+    places = {k for k, _ in tensors}
+    keys = "".join("TENSOR, " if k in places else f"a{k}, " for k in range(count))
+    return ["if hit:", f"    m[0] = ({keys}params, CONFIG, g)"]
 
 
 def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
@@ -727,6 +762,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     conditions, entries = [], []
     tensors: list[tuple[int, str]] = []  # torch arrays: (position, layout)
     runs: dict[int, int] = {}  # first entry -> entries packed as one ArgInfo bytes entry
+    pointer_entries: dict[int, int] = {}  # array position -> its address's entry
     entry = 0
     abi = launch_abi(kernel, spec.layouts, loaded.params)
     for k, kind in abi:
@@ -737,6 +773,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
             entries.append(values)
             if is_torch(args[k]):
                 tensors.append((k, kind))
+            pointer_entries[k] = entry
             count = 1 + len(infos[k].shape) * (2 if kind == "A" else 1)
             if whole:
                 runs[entry] = count
@@ -779,7 +816,14 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
     reused = bool(keys)
 
     env["FORGOTTEN"] = (MISSING,) * len(keys)  # what a new buffer was packed for: nothing
-    fronted = reused and front_setup(env, loaded, len(keys))
+    has_arrays = any(kind in ("C", "A") for _, kind in abi)
+    guarded = not reused and record is None and guard_setup(env, tensors, args, abi)
+    if reused:
+        fronted = front_setup(env, loaded, len(keys), has_arrays, None)
+    else:  # a guarded launcher of tensors alone (and scalars, constexprs)
+        places = [(k, pointer_entries[k]) for k, _ in tensors]
+        plain = guarded and all(kind != "tensormap" for _, kind in abi)
+        fronted = plain and front_setup(env, loaded, len(args), has_arrays, places)
 
     def new_slot():
         slot = [*parameter_slot(size, offsets), *([env["FORGOTTEN"]] if keys else [])]
@@ -793,10 +837,9 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         env["take"], env["give"] = free.pop, free.append
     env["new_slot"] = new_slot
     if fronted:  # the memos of the first buffers are the front's
-        env["MEMOS"] = tuple(slot[3] for slot in free)
+        env["MEMOS"] = tuple(slot[-1] for slot in free)
     call = "launch_kernel(CONFIG, FUNC, params, None)"
     elsewhere = "elsewhere(CONFIG, FUNC, params)"
-    has_arrays = any(kind in ("C", "A") for _, kind in abi)
     # the body of a launch, written once for ``launch(args) -> bool`` and for ``direct``;
     # MISMATCH and DONE stand for what each returns
     if args:
@@ -815,7 +858,6 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         # current device
         *([] if has_arrays else ["if not home:", "    MISMATCH"]),
     ]
-    guarded = not reused and record is None and guard_setup(env, tensors, args, abi)
     if reused:
         body += reuse_lines(keys, conditions, entries, fronted)
     elif guarded:
@@ -833,11 +875,15 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         packing = [f"pack(buf, 0, {', '.join(entries)})"]
         if guarded:
             packing = guard_packing(tensors, abi, entries)
+        taken = "buf, params, m" if fronted else "buf, params"
+        # no front launches from this buffer while it changes
+        forget = ["m[0] = UNKNOWN"] if fronted else []
         body += [
             "try:",
-            "    buf, params = slot = take()",
+            f"    {taken} = slot = take()",
             "except IndexError:",
-            "    buf, params = slot = new_slot()",
+            f"    {taken} = slot = new_slot()",
+            *forget,
             "try:",
             *("    " + line for line in packing),
             "except PACK_ERRORS:",
@@ -856,7 +902,7 @@ def build_launcher(kernel, spec, loaded, args: tuple, infos: dict) -> Callable:
         f"            rc = {elsewhere}",
         "else:",
         f"    rc = {elsewhere}",
-        *(["m[0] = k if k[-1] is CONFIG else (*k[:-1], CONFIG)"] if fronted else []),
+        *front_memo(reused, fronted, len(args), tensors),
         "give(slot)",
         "if rc:",
         "    fail(rc, stream)",
