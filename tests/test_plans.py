@@ -1549,25 +1549,28 @@ def test_outputs_like_a_contiguous_input_are_made_with_empty_like():
     assert out.shape == x.shape and out.dtype == x.dtype and out.data_ptr() != x.data_ptr()
 
 
-def test_a_plan_on_gpu_0_knows_it_is_home_until_a_thread_moves(fake, monkeypatch):
+def test_a_plan_on_gpu_0_knows_it_is_home_until_a_thread_moves(fake):
     """A replay on GPU 0 reads the thread-local current device only once some thread has
     made another device current (``device.moved``)."""
     from kaio.runtime import device as device_mod
 
     saved, device_mod.moved[0] = device_mod.moved[0], False
+    saved_ordinal = current._ordinal
     try:
         x, w = fake.array((2, 64)), fake.array((64,))
         kaio_ops.rms_norm(x, w)
-        monkeypatch.setattr(current, "_ordinal", 1)  # not through the setter: not read
+        current._ordinal = 1  # not through the setter: not read
         fake.calls = []
         kaio_ops.rms_norm(x, w)
         assert len(fake.calls) == 1 and fake.calls[0][0] != "context"
-        monkeypatch.setattr(current, "ordinal", 1)
+        current.ordinal = 1
         fake.calls = []
         kaio_ops.rms_norm(x, w)
         assert fake.calls[0] == ("context", 0)
     finally:
-        device_mod.moved[0] = saved or device_mod.moved[0]
+        # both as they were: a ``moved`` left set would send later tests' launches
+        # on a real GPU 0 down the other-device path
+        current._ordinal, device_mod.moved[0] = saved_ordinal, saved
 
 
 def test_a_subscript_hands_out_the_direct_launch_once_a_launcher_is_bound(fake):

@@ -872,7 +872,7 @@ def test_native_call_refuses_what_ctypes_would_not_pass_as_a_pointer(tmp_path, m
     assert ctypes.string_at(first, 16) == ctypes.string_at(again, 16) and first != again
 
 
-def test_launches_on_gpu_0_know_they_are_home_until_a_thread_moves(fake_driver, monkeypatch):
+def test_launches_on_gpu_0_know_they_are_home_until_a_thread_moves(fake_driver):
     """While no thread has made a device other than 0 current (``device.moved``), a launch
     on GPU 0 does not read the thread-local current device; once one has (through
     ``current.ordinal``), it does, and launches from a thread on GPU 1 switch context."""
@@ -881,20 +881,23 @@ def test_launches_on_gpu_0_know_they_are_home_until_a_thread_moves(fake_driver, 
 
     calls, loaded = fake_driver
     saved, device_mod.moved[0] = device_mod.moved[0], False
+    saved_ordinal = current._ordinal
     try:
         dev = loaded.device  # GPU 0
         x, y, out = (fake_device_array(dev, p, (8,), (4,)) for p in (0x1000, 0x2000, 0x3000))
         args = (x, y, out, 8)
         launch = build(add, add.specialize({}, ("C", "C", "C")), loaded, args)(GRID, BLOCK, 0, 0)
-        monkeypatch.setattr(current, "_ordinal", 1)  # not through the setter: not read
+        current._ordinal = 1  # not through the setter: not read
         assert launch(args) and [c[0] for c in calls] == [0xF00]
-        monkeypatch.setattr(current, "ordinal", 1)  # the setter: a thread moved
+        current.ordinal = 1  # the setter: a thread moved
         assert device_mod.moved[0]
         assert launch(args) and calls[1] == ("context", 0)
-        monkeypatch.setattr(current, "ordinal", 0)
+        current.ordinal = 0
         assert launch(args) and calls[3][0] == 0xF00 and len(calls) == 4
     finally:
-        device_mod.moved[0] = saved or device_mod.moved[0]
+        # both as they were: a ``moved`` left set would send later tests' launches
+        # on a real GPU 0 down the other-device path
+        current._ordinal, device_mod.moved[0] = saved_ordinal, saved
 
 
 @kaio.gpu_kernel(block_size=256)
