@@ -33,7 +33,8 @@ import pkgutil
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 import kaio.frontend  # noqa: E402
 import kaio_ops  # noqa: E402
@@ -125,13 +126,16 @@ class PhaseClock:
 
 
 def _digest(compile_text) -> tuple[str, float]:
-    """sha256 of the text (or of the error's type and message) and the CPU seconds."""
+    """sha256 of the text (or of the error's type and message) and the CPU seconds. The
+    repository's path (in ``.file`` directives and messages) reads ``<root>``, so that two
+    checkouts compare."""
     t0 = time.process_time()
     try:
         text = compile_text()
     except Exception as e:  # noqa: BLE001  (an error is an output too)
         text = f"error {type(e).__name__}: {e}"
-    return hashlib.sha256(text.encode()).hexdigest(), time.process_time() - t0
+    seconds = time.process_time() - t0
+    return hashlib.sha256(text.replace(ROOT, "<root>").encode()).hexdigest(), seconds
 
 
 _JOBS: list = []  # (label, kernel, constexprs, backend, archs), listed before the fork

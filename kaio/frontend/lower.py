@@ -195,16 +195,23 @@ def _breaks_out(stmts: list) -> bool:
 
 
 @functools.cache
-def _device_assignments(pyfunc) -> pytypes.MappingProxyType:
-    """``_assigned_names`` of a device function's (cached) parsed body, computed once per
-    function rather than at each of its inlinings (read-only: it is shared)."""
+def _function_assignments(pyfunc) -> pytypes.MappingProxyType:
+    """``_assigned_names`` of a kernel's or device function's (cached) parsed body, computed
+    once per function rather than at each specialization or inlining (read-only: it is
+    shared)."""
     return pytypes.MappingProxyType(_assigned_names(parse(pyfunc).tree.body))
 
 
 @functools.cache
-def _device_loop_only(pyfunc) -> frozenset:
-    """``_loop_only_names`` of a device function, computed once per function."""
+def _function_loop_only(pyfunc) -> frozenset:
+    """``_loop_only_names`` of a kernel or device function, computed once per function."""
     return _loop_only_names(parse(pyfunc).tree.body)
+
+
+@functools.cache
+def _python_signature(pyfunc) -> inspect.Signature:
+    """``inspect.signature`` of a device function, computed once (it binds each call)."""
+    return inspect.signature(pyfunc)
 
 
 class Lowerer:
@@ -242,9 +249,9 @@ class Lowerer:
         tree = parsed.tree
         self.scope = Scope(pyfunc, parsed.filename)
         self._check_signature(tree)
-        counts = _assigned_names(tree.body)
+        counts = _function_assignments(pyfunc)
         self.scope.multi_assigned = {n for n, c in counts.items() if c > 1}
-        self.scope.loop_only = _loop_only_names(tree.body)
+        self.scope.loop_only = _function_loop_only(pyfunc)
         layouts = iter(self.layouts)
         annotations = self.kernel.annotations(self.constexprs)
         for arg in tree.args.args:
@@ -328,14 +335,14 @@ class Lowerer:
         for stmt in stmts:
             self.node = stmt
             self.b.loc = SourceLoc(self.scope.filename, stmt.lineno, stmt.col_offset)
-            method = getattr(self, f"stmt_{type(stmt).__name__}", None)
+            method = _STMT_METHODS.get(type(stmt))
             if method is None:
                 msg = _UNSUPPORTED_STMTS.get(
                     type(stmt), f"{type(stmt).__name__} statements are not supported in kernels"
                 )
                 self.error(msg, stmt)
             try:
-                method(stmt)
+                method(self, stmt)
             except RecursionError:
                 self.error(
                     "this statement nests too deeply to compile (Python's recursion limit); "
@@ -739,13 +746,13 @@ class Lowerer:
     # ------------------------------------------------------------------ expressions
     def expr(self, node):
         """Lower an expression; returns Var, Const, Array or Py."""
-        method = getattr(self, f"expr_{type(node).__name__}", None)
+        method = _EXPR_METHODS.get(type(node))
         if method is None:
             msg = _UNSUPPORTED_EXPRS.get(
                 type(node), f"{type(node).__name__} is not supported in kernels"
             )
             self.error(msg, node)
-        return method(node)
+        return method(self, node)
 
     def static(self, node):
         """Evaluate an expression that must be known at compile time (annotations, types)."""
@@ -979,7 +986,7 @@ class Lowerer:
 
     def _py_binop(self, op, a, b, node):
         opt = type(op)
-        if not all(isinstance(v, int | float | bool | np.number) for v in (a, b)):
+        if not (isinstance(a, _PY_NUMBERS) and isinstance(b, _PY_NUMBERS)):
             self.error(f"cannot apply '{_OP_SYMBOL[opt]}' to {a!r} and {b!r}", node)
         if opt is ast.Div and isinstance(a, int) and isinstance(b, int):
             self.error("'/' on integers; use '//' for integer division", node)
@@ -1304,9 +1311,9 @@ class Lowerer:
                 )
         annotations = sig.resolve({n: bound[n].value for n in sig.generic}, self.error)
         scope = Scope(df.pyfunc, parsed.filename, region_id=fresh_id())
-        counts = _device_assignments(df.pyfunc)
+        counts = _function_assignments(df.pyfunc)
         scope.multi_assigned = {n for n, c in counts.items() if c > 1}
-        scope.loop_only = _device_loop_only(df.pyfunc)
+        scope.loop_only = _function_loop_only(df.pyfunc)
         ret = annotations.get("return")
         if ret is not None and ret is not type(None):
             scope.result_type = self._return_type(df, ret, node)
@@ -1371,7 +1378,7 @@ class Lowerer:
     def _bind_device_call(self, df, args: list, kwargs: dict, node) -> dict:
         """A device function call's arguments by parameter name, bound as Python binds them
         (defaults are compile-time values)."""
-        signature = inspect.signature(df.pyfunc)
+        signature = _python_signature(df.pyfunc)
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -1402,7 +1409,7 @@ class Lowerer:
     def value(self, v, node, hint: ScalarType | None = None):
         """An IR value for ``v``; Python literals become constants (their type follows
         ``hint``, the other operand's type, per the literal rules)."""
-        if isinstance(v, Var | Const):
+        if v.__class__ is Var or v.__class__ is Const:
             return v
         if hint is not None and hint.is_packed:
             hint = None  # a literal is never a pair: kaio.f16x2(x) packs it
@@ -1442,6 +1449,8 @@ class Lowerer:
 
     def convert(self, v, t: ScalarType):
         """``v`` converted to ``t``."""
+        if v.type == t:  # (every conversion below returns such a value as it is)
+            return v
         message = lang.packed_conversion(v.type, t)
         if message:
             self.error(message)
@@ -1521,6 +1530,19 @@ class Lowerer:
         return arr
 
 
+def _methods(prefix: str) -> dict:
+    """The AST node class -> ``Lowerer`` method table of the methods named ``prefix`` + the
+    class's name (``stmt_If``, ``expr_Name``): the lowering dispatches on every node."""
+    return {
+        getattr(ast, name.removeprefix(prefix)): method
+        for name, method in vars(Lowerer).items()
+        if name.startswith(prefix)
+    }
+
+
+_STMT_METHODS = _methods("stmt_")
+_EXPR_METHODS = _methods("expr_")
+_PY_NUMBERS = (int, float, bool, np.number)  # what compile-time arithmetic takes
 _CONVERSIONS_AND_LEN = (builtins.float, builtins.int, builtins.bool, builtins.len)
 
 

@@ -34,8 +34,8 @@ class Builder:
         return self._blocks[0]
 
     def append(self, stmt) -> None:
-        """Add a statement to the current block."""
-        if getattr(stmt, "loc", None) is None and hasattr(stmt, "loc"):
+        """Add a statement to the current block (with the current location if it has none)."""
+        if stmt.loc is None:
             stmt.loc = self.loc
         self._blocks[-1].append(stmt)
 
@@ -58,12 +58,12 @@ class Builder:
         dst = self.var(t) if t is not None else None
         if self.substitute and t == f32:
             op = self.substitute.get(op, op)
-        self.append(Instr(op, dst, tuple(args), attrs, loc=self.loc))
+        self._blocks[-1].append(Instr(op, dst, tuple(args), attrs, loc=self.loc))
         return dst
 
     def assign(self, dst: Var, value) -> None:
         """``dst = value`` (same type)."""
-        self.append(Instr("mov", dst, (value,), {}, loc=self.loc))
+        self._blocks[-1].append(Instr("mov", dst, (value,), {}, loc=self.loc))
 
     def convert(self, value, t: ScalarType):
         """``value`` converted to ``t``; constants are converted at compile time."""
