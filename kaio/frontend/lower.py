@@ -62,7 +62,7 @@ class Scope:
     pyfunc: object
     filename: str
     names: dict = field(default_factory=dict)
-    multi_assigned: set = field(default_factory=set)
+    multi_assigned: frozenset = frozenset()
     readonly: set = field(default_factory=set)
     loops: list = field(default_factory=list)
     region_id: int | None = None  # device functions: `return` leaves this Region
@@ -203,6 +203,12 @@ def _function_assignments(pyfunc) -> pytypes.MappingProxyType:
 
 
 @functools.cache
+def _multi_assigned(pyfunc) -> frozenset:
+    """The names a kernel or device function assigns more than once."""
+    return frozenset(n for n, c in _function_assignments(pyfunc).items() if c > 1)
+
+
+@functools.cache
 def _function_loop_only(pyfunc) -> frozenset:
     """``_loop_only_names`` of a kernel or device function, computed once per function."""
     return _loop_only_names(parse(pyfunc).tree.body)
@@ -249,8 +255,7 @@ class Lowerer:
         tree = parsed.tree
         self.scope = Scope(pyfunc, parsed.filename)
         self._check_signature(tree)
-        counts = _function_assignments(pyfunc)
-        self.scope.multi_assigned = {n for n, c in counts.items() if c > 1}
+        self.scope.multi_assigned = _multi_assigned(pyfunc)
         self.scope.loop_only = _function_loop_only(pyfunc)
         layouts = iter(self.layouts)
         annotations = self.kernel.annotations(self.constexprs)
@@ -1312,7 +1317,7 @@ class Lowerer:
         annotations = sig.resolve({n: bound[n].value for n in sig.generic}, self.error)
         scope = Scope(df.pyfunc, parsed.filename, region_id=fresh_id())
         counts = _function_assignments(df.pyfunc)
-        scope.multi_assigned = {n for n, c in counts.items() if c > 1}
+        scope.multi_assigned = _multi_assigned(df.pyfunc)
         scope.loop_only = _function_loop_only(df.pyfunc)
         ret = annotations.get("return")
         if ret is not None and ret is not type(None):
