@@ -776,8 +776,9 @@ class Lowerer:
 
     def load_name(self, name: str, node):
         """The value a name refers to: a local binding, then the function's globals."""
-        if name in self.scope.names:
-            return self.scope.names[name]
+        bound = self.scope.names.get(name, MISSING)
+        if bound is not MISSING:
+            return bound
         if name in self.scope.unbound:
             construct, line = self.scope.unbound[name]
             if construct == "empty static_range":
