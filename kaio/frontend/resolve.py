@@ -224,7 +224,8 @@ class Signature:
         key = tuple(values[n] for n in self.generic)
         found = self._resolved.get(key)
         if found is None:
-            found = self._resolved[key] = annotations(self.pyfunc, dict(zip(self.generic, key)))
+            bindings = dict(zip(self.generic, key, strict=True))
+            found = self._resolved[key] = annotations(self.pyfunc, bindings)
         return found
 
 

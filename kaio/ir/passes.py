@@ -225,12 +225,12 @@ _COMPARE = {
 def _fold_instr(s: Instr):
     """The constant an instruction computes, or None when it cannot be folded exactly."""
     args = s.args
-    if s.op == "mov" and isinstance(args[0], Const):
+    if s.op == "mov" and args[0].__class__ is Const:
         return args[0]
-    if s.op == "select" and isinstance(args[0], Const):
+    if s.op == "select" and args[0].__class__ is Const:
         chosen = args[1] if args[0].value else args[2]
         return chosen
-    if not all(isinstance(a, Const) for a in args) or not OPS[s.op].pure or not args:
+    if not args or not _all_constant(args) or not OPS[s.op].pure:
         return None
     vals = [a.value for a in args]
     t = s.dst.type
@@ -244,6 +244,13 @@ def _fold_instr(s: Instr):
         r = _fold_int(s.op, t, args)
         return None if r is None else Const(r, t)
     return None
+
+
+def _all_constant(args: tuple) -> bool:
+    for a in args:
+        if a.__class__ is not Const:
+            return False
+    return True
 
 
 def fold(fn: Function) -> bool:
@@ -281,7 +288,8 @@ def eliminate_dead_code(fn: Function) -> bool:
 
     Each sweep goes backwards, so that an instruction it removes no longer counts as a read
     of its operands when their definitions, earlier in the block, are reached: a chain of
-    dead temporaries goes in one sweep."""
+    dead temporaries goes in one sweep; so does a Region whose last Break the sweep
+    removes."""
     changed = False
     while True:
         sweep = _Sweep(*_reads_and_targets(fn.body))
@@ -291,9 +299,9 @@ def eliminate_dead_code(fn: Function) -> bool:
         changed = True
 
 
-def _reads_and_targets(stmts: list) -> tuple[Counter, set]:
-    """``uses(stmts)`` and the ids that the Breaks in ``stmts`` leave, in one walk."""
-    read, targets = [], set()
+def _reads_and_targets(stmts: list) -> tuple[Counter, Counter]:
+    """``uses(stmts)`` and how many Breaks in ``stmts`` leave each id, in one walk."""
+    read, targets = [], []
     for s in walk(stmts):
         cls = s.__class__
         if cls is Instr:
@@ -301,8 +309,8 @@ def _reads_and_targets(stmts: list) -> tuple[Counter, set]:
         elif cls is nodes.If:
             read.append(s.cond)
         elif cls is nodes.Break:
-            targets.add(s.target)
-    return Counter([a for a in read if a.__class__ is Var]), targets
+            targets.append(s.target)
+    return Counter([a for a in read if a.__class__ is Var]), Counter(targets)
 
 
 def _reachable(stmts: list) -> list:
@@ -314,9 +322,10 @@ def _reachable(stmts: list) -> list:
 
 
 class _Sweep:
-    """One backward dead-code sweep, with the read counts it keeps up to date."""
+    """One backward dead-code sweep, with the read counts it keeps up to date (and the
+    Break counts, for the Breaks it pops off the end of their Region)."""
 
-    def __init__(self, used: Counter, targets: set):
+    def __init__(self, used: Counter, targets: Counter):
         self.used, self.targets, self.changed = used, targets, False
 
     def block(self, stmts: list) -> list:
@@ -369,8 +378,9 @@ class _Sweep:
             body = s.body
             if body and body[-1].__class__ is nodes.Break and body[-1].target == s.id:
                 body.pop()
+                self.targets[s.id] -= 1
                 self.changed = True
-            if s.id not in self.targets:
+            if not self.targets[s.id]:
                 return body
             return [s]
         return [s]
