@@ -92,7 +92,7 @@ class _Checker:
 
     def lost(self, before: set | None, after: set | None, construct, loc) -> None:
         """Remember which construct made variables of ``before`` not assigned ``after``."""
-        if before is None:
+        if before is None or before is after:
             return
         for v in before - (after or set()):
             self.why[v] = (construct, loc.lineno if loc else 0)
@@ -162,8 +162,8 @@ class _Checker:
             end = self.block(s.body, state | {s.var})
             end = _meet(end, self._take(s.id, "continue"))
             return _meet(end, self._take(s.id, "break"))
-        if isinstance(s, Region):
-            end = self.block(s.body, set(state))
+        if isinstance(s, Region):  # (``state`` is this statement's to change: no copy)
+            end = self.block(s.body, state)
             exits = _meet(end, self._take(s.id, "break"))
             self.lost(end, exits, "loop", s.loc)  # a static_range copy left by continue
             return exits

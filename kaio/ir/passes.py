@@ -464,15 +464,17 @@ def _propagate_block(stmts: list, copies: _Facts, table: dict) -> bool:
     """Propagate ``copies`` (Var -> the Var or Const it holds) through ``stmts`` in program
     order, updating them as copies are made and variables reassigned."""
     changed = False
+    held, deps = copies.facts, copies.deps  # (``copies.forget`` inlined for instructions)
     for s in stmts:
         cls = s.__class__
         if cls is Instr:
-            args = _replaced(s.args, copies.facts)
+            args = _replaced(s.args, held)
             if args is not None:
                 s.args, changed = args, True
             dst = s.dst
-            if dst is not None:
-                copies.forget((dst,))
+            if dst in deps:
+                for key in deps.pop(dst):
+                    held.pop(key, None)
             src = s.args[0] if s.op == "mov" else None
             if (src.__class__ is Var or src.__class__ is Const) and src is not dst:
                 if src.type == dst.type:
