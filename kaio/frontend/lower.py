@@ -235,6 +235,7 @@ class Lowerer:
         self.arrays: list[Array] = []
         self.params: list[Param] = []
         self.inline_stack: list = []
+        self._globals: dict = {}  # (function, name) -> Py: module globals read while lowering
         self.scope: Scope | None = None
         self.node: ast.AST | None = None
 
@@ -413,7 +414,7 @@ class Lowerer:
 
     def assign(self, target, value, node):
         """Bind or store ``value`` to an assignment target."""
-        if isinstance(target, ast.Tuple | ast.List):
+        if isinstance(target, _SEQUENCE_TARGETS):
             if not isinstance(value, Py) or not isinstance(value.value, tuple):
                 self.error("tuple unpacking needs a tuple on the right-hand side", node)
             items = value.value
@@ -442,9 +443,9 @@ class Lowerer:
         if isinstance(current, Var):
             self.b.assign(current, self._coerce_assignment(name, current.type, value, target))
             return
-        if isinstance(current, Array | Frag | Py) and name in self.scope.multi_assigned:
+        if isinstance(current, _COMPILE_TIME) and name in self.scope.multi_assigned:
             self.error(f"{name!r} is assigned more than once but is not a scalar variable", target)
-        if isinstance(value, Array | Frag):  # a name for an array or a part of a local one
+        if isinstance(value, _ARRAYS):  # a name for an array or a part of a local one
             self.scope.names[name] = value
         elif isinstance(value, Py) and name not in self.scope.multi_assigned:
             self.scope.names[name] = value  # a compile-time constant
@@ -767,7 +768,7 @@ class Lowerer:
         return v.value
 
     def expr_Constant(self, node):
-        if isinstance(node.value, bool | int | float | str) or node.value is None:
+        if isinstance(node.value, _PY_CONSTANTS) or node.value is None:
             return Py(node.value)  # strings only compare with constexprs at compile time
         self.error(f"{type(node.value).__name__} constants are not supported in kernels", node)
 
@@ -789,6 +790,10 @@ class Lowerer:
                     node,
                 )
             self.error(definite.unassigned_message(name, None, construct, line), node)
+        key = (self.scope.pyfunc, name)
+        found = self._globals.get(key)
+        if found is not None:
+            return found
         try:
             value = lookup_global(self.scope.pyfunc, name)
         except LookupError:
@@ -799,7 +804,8 @@ class Lowerer:
             )
         if value is MISSING:
             self.error(f"name {name!r} is not defined", node)
-        return Py(value)
+        found = self._globals[key] = Py(value)
+        return found
 
     def expr_Tuple(self, node):
         return Py(tuple(self.expr(e) for e in node.elts))
@@ -1429,20 +1435,20 @@ class Lowerer:
             )
         if isinstance(v, Py):
             x = v.value
-            if isinstance(x, bool | np.bool_):
+            if isinstance(x, _BOOLS):
                 return (
                     Const(bool(x), T.bool_)
                     if hint is None or hint.is_bool
                     else const_convert(int(x), hint)
                 )
-            if isinstance(x, int | np.integer):
+            if isinstance(x, _INTEGERS):
                 if isinstance(x, np.integer):
                     return const_convert(int(x), T.from_numpy_dtype(np.asarray(x).dtype))
                 t = hint if hint is not None and not hint.is_bool else T.literal_type(x)
                 if t.is_int and not T.int_fits(x, t):
                     self.error(f"the constant {x} does not fit in {t}", node)
                 return const_convert(x, t)
-            if isinstance(x, float | np.floating):
+            if isinstance(x, _FLOATS):
                 if isinstance(x, np.floating):
                     return const_convert(float(x), T.from_numpy_dtype(np.asarray(x).dtype))
                 return const_convert(x, T.f64 if hint == T.f64 else T.f32)
@@ -1548,7 +1554,13 @@ def _methods(prefix: str) -> dict:
 
 _STMT_METHODS = _methods("stmt_")
 _EXPR_METHODS = _methods("expr_")
+# isinstance tuples of the hot paths (a ``X | Y`` written in a call is built at each call)
 _PY_NUMBERS = (int, float, bool, np.number)  # what compile-time arithmetic takes
+_PY_CONSTANTS = (bool, int, float, str)  # the literals a kernel may hold (and None)
+_BOOLS, _INTEGERS, _FLOATS = (bool, np.bool_), (int, np.integer), (float, np.floating)
+_SEQUENCE_TARGETS = (ast.Tuple, ast.List)
+_ARRAYS = (Array, Frag)  # a whole array, or a part of a local one
+_COMPILE_TIME = (Array, Frag, Py)
 _CONVERSIONS_AND_LEN = (builtins.float, builtins.int, builtins.bool, builtins.len)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 
 from kaio.ir.nodes import Const, Instr, SourceLoc, Var
@@ -39,15 +38,10 @@ class Builder:
             stmt.loc = self.loc
         self._blocks[-1].append(stmt)
 
-    @contextlib.contextmanager
-    def block(self):
-        """Open a new block; statements appended inside go to the yielded list."""
-        stmts: list = []
-        self._blocks.append(stmts)
-        try:
-            yield stmts
-        finally:
-            self._blocks.pop()
+    def block(self) -> _OpenBlock:
+        """Open a new block (``with builder.block() as stmts``); statements appended inside
+        go to ``stmts``."""
+        return _OpenBlock(self._blocks)
 
     def var(self, t: ScalarType, hint: str = "t") -> Var:
         """A fresh virtual register of type ``t``."""
@@ -72,6 +66,23 @@ class Builder:
         if isinstance(value, Const):
             return const_convert(value.value, t)
         return self.emit("cvt", t, (value,))
+
+
+class _OpenBlock:
+    """The context manager of ``Builder.block`` (a class, not a generator: the frontend
+    opens one for every branch, loop body, inlined call and unrolled iteration)."""
+
+    __slots__ = ("blocks", "stmts")
+
+    def __init__(self, blocks: list):
+        self.blocks, self.stmts = blocks, []
+
+    def __enter__(self) -> list:
+        self.blocks.append(self.stmts)
+        return self.stmts
+
+    def __exit__(self, *exc) -> None:
+        self.blocks.pop()
 
 
 def const_convert(value, t: ScalarType) -> Const:
