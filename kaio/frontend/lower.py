@@ -236,6 +236,7 @@ class Lowerer:
         self.params: list[Param] = []
         self.inline_stack: list = []
         self._globals: dict = {}  # (function, name) -> Py: module globals read while lowering
+        self._locs: dict = {}  # AST statement -> its SourceLoc
         self.scope: Scope | None = None
         self.node: ast.AST | None = None
 
@@ -340,7 +341,7 @@ class Lowerer:
         """Lower a list of statements into the current IR block."""
         for stmt in stmts:
             self.node = stmt
-            self.b.loc = SourceLoc(self.scope.filename, stmt.lineno, stmt.col_offset)
+            self.b.loc = self._loc(stmt)
             method = _STMT_METHODS.get(type(stmt))
             if method is None:
                 msg = _UNSUPPORTED_STMTS.get(
@@ -355,6 +356,14 @@ class Lowerer:
                     "split it into several assignments or fewer nested blocks",
                     stmt,
                 )
+
+    def _loc(self, stmt) -> SourceLoc:
+        """The source location of a statement, made once per statement (an unrolled loop's
+        body and an inlined function are lowered again and again)."""
+        loc = self._locs.get(stmt)
+        if loc is None:
+            loc = self._locs[stmt] = SourceLoc(self.scope.filename, stmt.lineno, stmt.col_offset)
+        return loc
 
     def stmt_Pass(self, node):
         pass
@@ -492,7 +501,7 @@ class Lowerer:
             self.lower_block(node.body)
         with self.b.block() as orelse, self._some_paths("if", node):
             self.lower_block(node.orelse)
-        self.b.loc = SourceLoc(self.scope.filename, node.lineno, node.col_offset)
+        self.b.loc = self._loc(node)
         self.b.append(nodes.If(cond, then, orelse))
 
     @contextlib.contextmanager
