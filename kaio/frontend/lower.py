@@ -1171,10 +1171,10 @@ class Lowerer:
         for lit, other in ((left, right), (right, left)):
             x = lit.value if isinstance(lit, Py) else None
             if (
-                isinstance(x, int | np.integer)
+                isinstance(x, _INTEGERS)
                 and not isinstance(x, bool)
                 and x < 0
-                and isinstance(other, Var | Const)
+                and isinstance(other, _SCALAR_VALUES)
                 and other.type.kind == "uint"
             ):
                 t = other.type
@@ -1568,6 +1568,7 @@ _PY_NUMBERS = (int, float, bool, np.number)  # what compile-time arithmetic take
 _PY_CONSTANTS = (bool, int, float, str)  # the literals a kernel may hold (and None)
 _BOOLS, _INTEGERS, _FLOATS = (bool, np.bool_), (int, np.integer), (float, np.floating)
 _SEQUENCE_TARGETS = (ast.Tuple, ast.List)
+_SCALAR_VALUES = (Var, Const)
 _ARRAYS = (Array, Frag)  # a whole array, or a part of a local one
 _COMPILE_TIME = (Array, Frag, Py)
 _CONVERSIONS_AND_LEN = (builtins.float, builtins.int, builtins.bool, builtins.len)
