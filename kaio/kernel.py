@@ -7,6 +7,8 @@ and ``kernel[grid, block, stream, shared_bytes](...)``.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import inspect
 import os
@@ -169,6 +171,22 @@ class Specialization:
                     self.ptx_by_arch[arch] = text
                     _dump(self, arch, text)
         return text
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused():
+    """Python's cyclic garbage collector paused while a kernel's IR is built: the build
+    allocates a large graph of objects that stay alive, which every collection of the young
+    generations would traverse again (a fifth of the build's time over the shipped kaio_ops
+    specializations: tools/compile_digests.py). Reference counting still frees what dies
+    meanwhile, and the collector runs again afterwards, unless it was off already."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _dump(spec: Specialization, arch: str, ptx: str) -> None:
@@ -343,8 +361,9 @@ class Kernel:
             from kaio.frontend import compile_kernel
             from kaio.ir.passes import optimize
 
-            function = compile_kernel(self, constexprs, layouts)
-            optimize(function)
+            with _cyclic_gc_paused():
+                function = compile_kernel(self, constexprs, layouts)
+                optimize(function)
             if debug:
                 function.meta["debug"] = True  # the PTX emitter adds bounds checks
             return function

@@ -11,6 +11,7 @@ its accuracy.
 from __future__ import annotations
 
 import builtins
+import functools
 import inspect
 import math
 import re
@@ -65,11 +66,17 @@ class Builtin:
         return out
 
     def _positional_ok(self, n: int) -> bool:
+        low, high = self._arity
+        return low <= n <= high
+
+    @functools.cached_property
+    def _arity(self) -> tuple:
+        """The fewest and most positional arguments a call may give without keywords (every
+        named parameter before ``...``; else the required ones up to all of them)."""
         params = self.signature.parameters.values()
         if any(p.kind is p.VAR_POSITIONAL for p in params):
-            return n >= sum(1 for p in params if p.kind is not p.VAR_POSITIONAL)
-        required = sum(1 for p in params if p.default is p.empty)
-        return required <= n <= len(params)
+            return sum(1 for p in params if p.kind is not p.VAR_POSITIONAL), math.inf
+        return sum(1 for p in params if p.default is p.empty), len(params)
 
 
 BUILTINS: dict[object, Builtin] = {}

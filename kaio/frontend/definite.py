@@ -24,6 +24,7 @@ checked by the frontend itself (``Lowerer``: the name is unbound after the branc
 
 from __future__ import annotations
 
+import functools
 import re
 
 from kaio import types as T
@@ -46,7 +47,12 @@ def _meet(a: set | None, b: set | None) -> set | None:
 def _tracked(v) -> bool:
     """User variables and device-function results: the frontend assigns every other
     temporary once, before its uses, on the same path."""
-    return isinstance(v, Var) and bool(_USER_VAR.fullmatch(v.name) or _RESULT_VAR.fullmatch(v.name))
+    return v.__class__ is Var and _tracked_name(v.name)
+
+
+@functools.lru_cache(maxsize=1 << 16)  # (the frontend's names repeat in every kernel)
+def _tracked_name(name: str) -> bool:
+    return bool(_USER_VAR.fullmatch(name) or _RESULT_VAR.fullmatch(name))
 
 
 def initial_value(t: T.ScalarType) -> str:
@@ -86,13 +92,13 @@ class _Checker:
 
     def lost(self, before: set | None, after: set | None, construct, loc) -> None:
         """Remember which construct made variables of ``before`` not assigned ``after``."""
-        if before is None:
+        if before is None or before is after:
             return
         for v in before - (after or set()):
             self.why[v] = (construct, loc.lineno if loc else 0)
 
     def use(self, v, state: set, stmt) -> None:
-        if v in state or not _tracked(v):
+        if not _tracked(v) or v in state:
             return
         loc = stmt.loc
         construct, line = self.why.get(v, ("if", 0))
@@ -121,9 +127,10 @@ class _Checker:
         return state
 
     def stmt(self, s, state: set) -> set | None:
-        if isinstance(s, Instr):
+        if s.__class__ is Instr:
             for a in s.args:
-                self.use(a, state, s)
+                if a.__class__ is Var and a not in state:
+                    self.use(a, state, s)
             if s.dst is not None and _tracked(s.dst):
                 state.add(s.dst)
             return state
@@ -155,8 +162,8 @@ class _Checker:
             end = self.block(s.body, state | {s.var})
             end = _meet(end, self._take(s.id, "continue"))
             return _meet(end, self._take(s.id, "break"))
-        if isinstance(s, Region):
-            end = self.block(s.body, set(state))
+        if isinstance(s, Region):  # (``state`` is this statement's to change: no copy)
+            end = self.block(s.body, state)
             exits = _meet(end, self._take(s.id, "break"))
             self.lost(end, exits, "loop", s.loc)  # a static_range copy left by continue
             return exits

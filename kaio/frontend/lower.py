@@ -62,7 +62,7 @@ class Scope:
     pyfunc: object
     filename: str
     names: dict = field(default_factory=dict)
-    multi_assigned: set = field(default_factory=set)
+    multi_assigned: frozenset = frozenset()
     readonly: set = field(default_factory=set)
     loops: list = field(default_factory=list)
     region_id: int | None = None  # device functions: `return` leaves this Region
@@ -195,16 +195,29 @@ def _breaks_out(stmts: list) -> bool:
 
 
 @functools.cache
-def _device_assignments(pyfunc) -> pytypes.MappingProxyType:
-    """``_assigned_names`` of a device function's (cached) parsed body, computed once per
-    function rather than at each of its inlinings (read-only: it is shared)."""
+def _function_assignments(pyfunc) -> pytypes.MappingProxyType:
+    """``_assigned_names`` of a kernel's or device function's (cached) parsed body, computed
+    once per function rather than at each specialization or inlining (read-only: it is
+    shared)."""
     return pytypes.MappingProxyType(_assigned_names(parse(pyfunc).tree.body))
 
 
 @functools.cache
-def _device_loop_only(pyfunc) -> frozenset:
-    """``_loop_only_names`` of a device function, computed once per function."""
+def _multi_assigned(pyfunc) -> frozenset:
+    """The names a kernel or device function assigns more than once."""
+    return frozenset(n for n, c in _function_assignments(pyfunc).items() if c > 1)
+
+
+@functools.cache
+def _function_loop_only(pyfunc) -> frozenset:
+    """``_loop_only_names`` of a kernel or device function, computed once per function."""
     return _loop_only_names(parse(pyfunc).tree.body)
+
+
+@functools.cache
+def _python_signature(pyfunc) -> inspect.Signature:
+    """``inspect.signature`` of a device function, computed once (it binds each call)."""
+    return inspect.signature(pyfunc)
 
 
 class Lowerer:
@@ -222,6 +235,8 @@ class Lowerer:
         self.arrays: list[Array] = []
         self.params: list[Param] = []
         self.inline_stack: list = []
+        self._globals: dict = {}  # (function, name) -> Py: module globals read while lowering
+        self._locs: dict = {}  # AST statement -> its SourceLoc
         self.scope: Scope | None = None
         self.node: ast.AST | None = None
 
@@ -242,9 +257,8 @@ class Lowerer:
         tree = parsed.tree
         self.scope = Scope(pyfunc, parsed.filename)
         self._check_signature(tree)
-        counts = _assigned_names(tree.body)
-        self.scope.multi_assigned = {n for n, c in counts.items() if c > 1}
-        self.scope.loop_only = _loop_only_names(tree.body)
+        self.scope.multi_assigned = _multi_assigned(pyfunc)
+        self.scope.loop_only = _function_loop_only(pyfunc)
         layouts = iter(self.layouts)
         annotations = self.kernel.annotations(self.constexprs)
         for arg in tree.args.args:
@@ -327,21 +341,29 @@ class Lowerer:
         """Lower a list of statements into the current IR block."""
         for stmt in stmts:
             self.node = stmt
-            self.b.loc = SourceLoc(self.scope.filename, stmt.lineno, stmt.col_offset)
-            method = getattr(self, f"stmt_{type(stmt).__name__}", None)
+            self.b.loc = self._loc(stmt)
+            method = _STMT_METHODS.get(type(stmt))
             if method is None:
                 msg = _UNSUPPORTED_STMTS.get(
                     type(stmt), f"{type(stmt).__name__} statements are not supported in kernels"
                 )
                 self.error(msg, stmt)
             try:
-                method(stmt)
+                method(self, stmt)
             except RecursionError:
                 self.error(
                     "this statement nests too deeply to compile (Python's recursion limit); "
                     "split it into several assignments or fewer nested blocks",
                     stmt,
                 )
+
+    def _loc(self, stmt) -> SourceLoc:
+        """The source location of a statement, made once per statement (an unrolled loop's
+        body and an inlined function are lowered again and again)."""
+        loc = self._locs.get(stmt)
+        if loc is None:
+            loc = self._locs[stmt] = SourceLoc(self.scope.filename, stmt.lineno, stmt.col_offset)
+        return loc
 
     def stmt_Pass(self, node):
         pass
@@ -401,7 +423,7 @@ class Lowerer:
 
     def assign(self, target, value, node):
         """Bind or store ``value`` to an assignment target."""
-        if isinstance(target, ast.Tuple | ast.List):
+        if isinstance(target, _SEQUENCE_TARGETS):
             if not isinstance(value, Py) or not isinstance(value.value, tuple):
                 self.error("tuple unpacking needs a tuple on the right-hand side", node)
             items = value.value
@@ -430,9 +452,9 @@ class Lowerer:
         if isinstance(current, Var):
             self.b.assign(current, self._coerce_assignment(name, current.type, value, target))
             return
-        if isinstance(current, Array | Frag | Py) and name in self.scope.multi_assigned:
+        if isinstance(current, _COMPILE_TIME) and name in self.scope.multi_assigned:
             self.error(f"{name!r} is assigned more than once but is not a scalar variable", target)
-        if isinstance(value, Array | Frag):  # a name for an array or a part of a local one
+        if isinstance(value, _ARRAYS):  # a name for an array or a part of a local one
             self.scope.names[name] = value
         elif isinstance(value, Py) and name not in self.scope.multi_assigned:
             self.scope.names[name] = value  # a compile-time constant
@@ -479,7 +501,7 @@ class Lowerer:
             self.lower_block(node.body)
         with self.b.block() as orelse, self._some_paths("if", node):
             self.lower_block(node.orelse)
-        self.b.loc = SourceLoc(self.scope.filename, node.lineno, node.col_offset)
+        self.b.loc = self._loc(node)
         self.b.append(nodes.If(cond, then, orelse))
 
     @contextlib.contextmanager
@@ -739,13 +761,13 @@ class Lowerer:
     # ------------------------------------------------------------------ expressions
     def expr(self, node):
         """Lower an expression; returns Var, Const, Array or Py."""
-        method = getattr(self, f"expr_{type(node).__name__}", None)
+        method = _EXPR_METHODS.get(type(node))
         if method is None:
             msg = _UNSUPPORTED_EXPRS.get(
                 type(node), f"{type(node).__name__} is not supported in kernels"
             )
             self.error(msg, node)
-        return method(node)
+        return method(self, node)
 
     def static(self, node):
         """Evaluate an expression that must be known at compile time (annotations, types)."""
@@ -755,7 +777,7 @@ class Lowerer:
         return v.value
 
     def expr_Constant(self, node):
-        if isinstance(node.value, bool | int | float | str) or node.value is None:
+        if isinstance(node.value, _PY_CONSTANTS) or node.value is None:
             return Py(node.value)  # strings only compare with constexprs at compile time
         self.error(f"{type(node.value).__name__} constants are not supported in kernels", node)
 
@@ -764,8 +786,9 @@ class Lowerer:
 
     def load_name(self, name: str, node):
         """The value a name refers to: a local binding, then the function's globals."""
-        if name in self.scope.names:
-            return self.scope.names[name]
+        bound = self.scope.names.get(name, MISSING)
+        if bound is not MISSING:
+            return bound
         if name in self.scope.unbound:
             construct, line = self.scope.unbound[name]
             if construct == "empty static_range":
@@ -776,6 +799,10 @@ class Lowerer:
                     node,
                 )
             self.error(definite.unassigned_message(name, None, construct, line), node)
+        key = (self.scope.pyfunc, name)
+        found = self._globals.get(key)
+        if found is not None:
+            return found
         try:
             value = lookup_global(self.scope.pyfunc, name)
         except LookupError:
@@ -786,7 +813,8 @@ class Lowerer:
             )
         if value is MISSING:
             self.error(f"name {name!r} is not defined", node)
-        return Py(value)
+        found = self._globals[key] = Py(value)
+        return found
 
     def expr_Tuple(self, node):
         return Py(tuple(self.expr(e) for e in node.elts))
@@ -979,7 +1007,7 @@ class Lowerer:
 
     def _py_binop(self, op, a, b, node):
         opt = type(op)
-        if not all(isinstance(v, int | float | bool | np.number) for v in (a, b)):
+        if not (isinstance(a, _PY_NUMBERS) and isinstance(b, _PY_NUMBERS)):
             self.error(f"cannot apply '{_OP_SYMBOL[opt]}' to {a!r} and {b!r}", node)
         if opt is ast.Div and isinstance(a, int) and isinstance(b, int):
             self.error("'/' on integers; use '//' for integer division", node)
@@ -1143,10 +1171,10 @@ class Lowerer:
         for lit, other in ((left, right), (right, left)):
             x = lit.value if isinstance(lit, Py) else None
             if (
-                isinstance(x, int | np.integer)
+                isinstance(x, _INTEGERS)
                 and not isinstance(x, bool)
                 and x < 0
-                and isinstance(other, Var | Const)
+                and isinstance(other, _SCALAR_VALUES)
                 and other.type.kind == "uint"
             ):
                 t = other.type
@@ -1304,9 +1332,9 @@ class Lowerer:
                 )
         annotations = sig.resolve({n: bound[n].value for n in sig.generic}, self.error)
         scope = Scope(df.pyfunc, parsed.filename, region_id=fresh_id())
-        counts = _device_assignments(df.pyfunc)
-        scope.multi_assigned = {n for n, c in counts.items() if c > 1}
-        scope.loop_only = _device_loop_only(df.pyfunc)
+        counts = _function_assignments(df.pyfunc)
+        scope.multi_assigned = _multi_assigned(df.pyfunc)
+        scope.loop_only = _function_loop_only(df.pyfunc)
         ret = annotations.get("return")
         if ret is not None and ret is not type(None):
             scope.result_type = self._return_type(df, ret, node)
@@ -1371,7 +1399,7 @@ class Lowerer:
     def _bind_device_call(self, df, args: list, kwargs: dict, node) -> dict:
         """A device function call's arguments by parameter name, bound as Python binds them
         (defaults are compile-time values)."""
-        signature = inspect.signature(df.pyfunc)
+        signature = _python_signature(df.pyfunc)
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -1402,7 +1430,7 @@ class Lowerer:
     def value(self, v, node, hint: ScalarType | None = None):
         """An IR value for ``v``; Python literals become constants (their type follows
         ``hint``, the other operand's type, per the literal rules)."""
-        if isinstance(v, Var | Const):
+        if v.__class__ is Var or v.__class__ is Const:
             return v
         if hint is not None and hint.is_packed:
             hint = None  # a literal is never a pair: kaio.f16x2(x) packs it
@@ -1416,20 +1444,20 @@ class Lowerer:
             )
         if isinstance(v, Py):
             x = v.value
-            if isinstance(x, bool | np.bool_):
+            if isinstance(x, _BOOLS):
                 return (
                     Const(bool(x), T.bool_)
                     if hint is None or hint.is_bool
                     else const_convert(int(x), hint)
                 )
-            if isinstance(x, int | np.integer):
+            if isinstance(x, _INTEGERS):
                 if isinstance(x, np.integer):
                     return const_convert(int(x), T.from_numpy_dtype(np.asarray(x).dtype))
                 t = hint if hint is not None and not hint.is_bool else T.literal_type(x)
                 if t.is_int and not T.int_fits(x, t):
                     self.error(f"the constant {x} does not fit in {t}", node)
                 return const_convert(x, t)
-            if isinstance(x, float | np.floating):
+            if isinstance(x, _FLOATS):
                 if isinstance(x, np.floating):
                     return const_convert(float(x), T.from_numpy_dtype(np.asarray(x).dtype))
                 return const_convert(x, T.f64 if hint == T.f64 else T.f32)
@@ -1442,6 +1470,8 @@ class Lowerer:
 
     def convert(self, v, t: ScalarType):
         """``v`` converted to ``t``."""
+        if v.type == t:  # (every conversion below returns such a value as it is)
+            return v
         message = lang.packed_conversion(v.type, t)
         if message:
             self.error(message)
@@ -1521,6 +1551,26 @@ class Lowerer:
         return arr
 
 
+def _methods(prefix: str) -> dict:
+    """The AST node class -> ``Lowerer`` method table of the methods named ``prefix`` + the
+    class's name (``stmt_If``, ``expr_Name``): the lowering dispatches on every node."""
+    return {
+        getattr(ast, name.removeprefix(prefix)): method
+        for name, method in vars(Lowerer).items()
+        if name.startswith(prefix)
+    }
+
+
+_STMT_METHODS = _methods("stmt_")
+_EXPR_METHODS = _methods("expr_")
+# isinstance tuples of the hot paths (a ``X | Y`` written in a call is built at each call)
+_PY_NUMBERS = (int, float, bool, np.number)  # what compile-time arithmetic takes
+_PY_CONSTANTS = (bool, int, float, str)  # the literals a kernel may hold (and None)
+_BOOLS, _INTEGERS, _FLOATS = (bool, np.bool_), (int, np.integer), (float, np.floating)
+_SEQUENCE_TARGETS = (ast.Tuple, ast.List)
+_SCALAR_VALUES = (Var, Const)
+_ARRAYS = (Array, Frag)  # a whole array, or a part of a local one
+_COMPILE_TIME = (Array, Frag, Py)
 _CONVERSIONS_AND_LEN = (builtins.float, builtins.int, builtins.bool, builtins.len)
 
 

@@ -11,7 +11,7 @@ import os
 import textwrap
 import types
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kaio.errors import CompileError
 from kaio.kernel import value_key
@@ -205,10 +205,12 @@ class Signature:
     constexprs: tuple
     generic: tuple
     template: dict
+    # dtype values -> annotations: a device function is inlined many times per kernel
+    _resolved: dict = field(default_factory=dict, compare=False, repr=False)
 
     def resolve(self, values: dict, error) -> dict:
-        """The annotations for these constexpr ``values``; ``error(message)`` raises when a
-        dtype parameter's value is not a kaio scalar type."""
+        """The annotations for these constexpr ``values`` (shared: read them only);
+        ``error(message)`` raises when a dtype parameter's value is not a kaio scalar type."""
         if not self.generic:
             return self.template
         for name in self.generic:
@@ -219,7 +221,12 @@ class Signature:
                     f"element type and must be a kaio scalar type (kaio.f16, kaio.f32, ...), "
                     f"got {v!r}"
                 )
-        return annotations(self.pyfunc, {n: values[n] for n in self.generic})
+        key = tuple(values[n] for n in self.generic)
+        found = self._resolved.get(key)
+        if found is None:
+            bindings = dict(zip(self.generic, key, strict=True))
+            found = self._resolved[key] = annotations(self.pyfunc, bindings)
+        return found
 
 
 def signature(pyfunc) -> Signature:

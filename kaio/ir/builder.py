@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 
 from kaio.ir.nodes import Const, Instr, SourceLoc, Var
@@ -34,20 +33,15 @@ class Builder:
         return self._blocks[0]
 
     def append(self, stmt) -> None:
-        """Add a statement to the current block."""
-        if getattr(stmt, "loc", None) is None and hasattr(stmt, "loc"):
+        """Add a statement to the current block (with the current location if it has none)."""
+        if stmt.loc is None:
             stmt.loc = self.loc
         self._blocks[-1].append(stmt)
 
-    @contextlib.contextmanager
-    def block(self):
-        """Open a new block; statements appended inside go to the yielded list."""
-        stmts: list = []
-        self._blocks.append(stmts)
-        try:
-            yield stmts
-        finally:
-            self._blocks.pop()
+    def block(self) -> _OpenBlock:
+        """Open a new block (``with builder.block() as stmts``); statements appended inside
+        go to ``stmts``."""
+        return _OpenBlock(self._blocks)
 
     def var(self, t: ScalarType, hint: str = "t") -> Var:
         """A fresh virtual register of type ``t``."""
@@ -58,12 +52,12 @@ class Builder:
         dst = self.var(t) if t is not None else None
         if self.substitute and t == f32:
             op = self.substitute.get(op, op)
-        self.append(Instr(op, dst, tuple(args), attrs, loc=self.loc))
+        self._blocks[-1].append(Instr(op, dst, tuple(args), attrs, loc=self.loc))
         return dst
 
     def assign(self, dst: Var, value) -> None:
         """``dst = value`` (same type)."""
-        self.append(Instr("mov", dst, (value,), {}, loc=self.loc))
+        self._blocks[-1].append(Instr("mov", dst, (value,), {}, loc=self.loc))
 
     def convert(self, value, t: ScalarType):
         """``value`` converted to ``t``; constants are converted at compile time."""
@@ -72,6 +66,23 @@ class Builder:
         if isinstance(value, Const):
             return const_convert(value.value, t)
         return self.emit("cvt", t, (value,))
+
+
+class _OpenBlock:
+    """The context manager of ``Builder.block`` (a class, not a generator: the frontend
+    opens one for every branch, loop body, inlined call and unrolled iteration)."""
+
+    __slots__ = ("blocks", "stmts")
+
+    def __init__(self, blocks: list):
+        self.blocks, self.stmts = blocks, []
+
+    def __enter__(self) -> list:
+        self.blocks.append(self.stmts)
+        return self.stmts
+
+    def __exit__(self, *exc) -> None:
+        self.blocks.pop()
 
 
 def const_convert(value, t: ScalarType) -> Const:

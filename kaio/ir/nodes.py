@@ -277,13 +277,17 @@ def walk(stmts: list):
 
 def child_blocks(s) -> list[list]:
     """The nested statement lists of one statement."""
-    if isinstance(s, If):
-        return [s.then, s.orelse]
-    if isinstance(s, Loop):
-        return [s.body, s.step]
-    if isinstance(s, StaticFor | Region):
-        return [s.body]
-    return []
+    blocks = _CHILD_BLOCKS.get(s.__class__)
+    return blocks(s) if blocks is not None else []
+
+
+# Statement class -> its nested blocks: a table, as the passes ask for every statement.
+_CHILD_BLOCKS = {
+    If: lambda s: [s.then, s.orelse],
+    Loop: lambda s: [s.body, s.step],
+    StaticFor: lambda s: [s.body],
+    Region: lambda s: [s.body],
+}
 
 
 class BlockLowering:

@@ -64,36 +64,53 @@ def strength_reduce(fn: Function) -> None:
 # ---------------------------------------------------------------- helpers
 def definitions(stmts: list) -> Counter:
     """How many times each Var is assigned in ``stmts``."""
-    counts: Counter = Counter()
+    assigned = []  # every assignment, in order, counted at once (in C) at the end
     for s in walk(stmts):
-        if isinstance(s, Instr) and s.dst is not None:
-            counts[s.dst] += 1
-        elif isinstance(s, nodes.StaticFor):
-            counts[s.var] += 2
-    return counts
+        if s.__class__ is Instr:
+            if s.dst is not None:
+                assigned.append(s.dst)
+        elif s.__class__ is nodes.StaticFor:
+            assigned += (s.var, s.var)
+    return Counter(assigned)
 
 
 def uses(stmts: list) -> Counter:
     """How many times each Var is read in ``stmts`` (operands, conditions, array shapes)."""
-    counts: Counter = Counter()
-    count = counts.update  # counts a whole iterable in C
+    return Counter([a for a in _operands(stmts) if a.__class__ is Var])
+
+
+def _operands(stmts: list) -> list:
+    """The operands of every instruction and the condition of every If in ``stmts``, in
+    order (Vars, Consts, Arrays, Frags)."""
+    read = []
     for s in walk(stmts):
         if s.__class__ is Instr:
-            count([a for a in s.args if a.__class__ is Var])
-        elif isinstance(s, nodes.If) and isinstance(s.cond, Var):
-            counts[s.cond] += 1
-    return counts
+            read += s.args
+        elif s.__class__ is nodes.If:
+            read.append(s.cond)
+    return read
+
+
+def _replaced(args: tuple, mapping: dict) -> tuple | None:
+    """``args`` with the Vars that ``mapping`` holds replaced, or None when it holds none."""
+    for a in args:
+        if a.__class__ is Var and a in mapping:
+            return tuple(mapping.get(a, a) if a.__class__ is Var else a for a in args)
+    return None
 
 
 def _map_block(stmts: list, fn) -> list:
     """Rebuild a block with ``fn(stmt) -> list of stmts``, recursing into nested blocks first."""
     out = []
     for s in stmts:
-        if isinstance(s, nodes.If):
+        cls = s.__class__
+        if cls is Instr:
+            pass
+        elif cls is nodes.If:
             s.then, s.orelse = _map_block(s.then, fn), _map_block(s.orelse, fn)
-        elif isinstance(s, nodes.Loop):
+        elif cls is nodes.Loop:
             s.body, s.step = _map_block(s.body, fn), _map_block(s.step, fn)
-        elif isinstance(s, nodes.StaticFor | nodes.Region):
+        elif cls is nodes.StaticFor or cls is nodes.Region:
             s.body = _map_block(s.body, fn)
         out.extend(fn(s))
     return out
@@ -102,10 +119,11 @@ def _map_block(stmts: list, fn) -> list:
 def _substitute(stmts: list, mapping: dict) -> None:
     """Replace Var operands per ``mapping`` (Var -> Var or Const) everywhere in ``stmts``."""
     for s in walk(stmts):
-        if isinstance(s, Instr):
-            if any(isinstance(a, Var) and a in mapping for a in s.args):
-                s.args = tuple(mapping.get(a, a) if isinstance(a, Var) else a for a in s.args)
-        elif isinstance(s, nodes.If) and isinstance(s.cond, Var) and s.cond in mapping:
+        if s.__class__ is Instr:
+            args = _replaced(s.args, mapping)
+            if args is not None:
+                s.args = args
+        elif s.__class__ is nodes.If and s.cond.__class__ is Var and s.cond in mapping:
             s.cond = mapping[s.cond]
 
 
@@ -126,9 +144,10 @@ def _unroll_one(fn: Function, sf: nodes.StaticFor) -> nodes.Region:
     local = [v for v, n in inner_defs.items() if all_defs[v] == n == 1 and not outside_uses[v]]
     assigned_var = inner_defs[sf.var] > 0
     read_after = outside_uses[sf.var] > 0  # the variable keeps its last value after the loop
+    shared = _shared_memo(fn)
     for k, value in enumerate(sf.values):
         iteration = nodes.Region(fresh_id(), [], loc=sf.loc)
-        memo = _shared_memo(fn)
+        memo = dict(shared)  # (deepcopy adds the objects it copies)
         for v in local:
             memo[id(v)] = Var(f"{v.name}_{k}", v.type)
         body = copy.deepcopy(sf.body, memo)
@@ -206,12 +225,12 @@ _COMPARE = {
 def _fold_instr(s: Instr):
     """The constant an instruction computes, or None when it cannot be folded exactly."""
     args = s.args
-    if s.op == "mov" and isinstance(args[0], Const):
+    if s.op == "mov" and args[0].__class__ is Const:
         return args[0]
-    if s.op == "select" and isinstance(args[0], Const):
+    if s.op == "select" and args[0].__class__ is Const:
         chosen = args[1] if args[0].value else args[2]
         return chosen
-    if not all(isinstance(a, Const) for a in args) or not OPS[s.op].pure or not args:
+    if not args or not _all_constant(args) or not OPS[s.op].pure:
         return None
     vals = [a.value for a in args]
     t = s.dst.type
@@ -227,6 +246,13 @@ def _fold_instr(s: Instr):
     return None
 
 
+def _all_constant(args: tuple) -> bool:
+    for a in args:
+        if a.__class__ is not Const:
+            return False
+    return True
+
+
 def fold(fn: Function) -> bool:
     """Fold instructions with constant operands and propagate single-definition constants
     and copies. Returns True if anything changed."""
@@ -234,12 +260,13 @@ def fold(fn: Function) -> bool:
     mapping: dict = {}
     params = {p.value for p in fn.params}
     for s in walk(fn.body):
-        if not isinstance(s, Instr) or s.dst is None or defs[s.dst] != 1:
+        if s.__class__ is not Instr or s.dst is None or defs[s.dst] != 1:
             continue
-        if any(isinstance(a, Var) and a in mapping for a in s.args):
-            s.args = tuple(mapping.get(a, a) if isinstance(a, Var) else a for a in s.args)
+        args = _replaced(s.args, mapping)
+        if args is not None:
+            s.args = args
         value = _fold_instr(s)
-        if value is None and s.op == "mov" and isinstance(s.args[0], Var):
+        if value is None and s.op == "mov" and s.args[0].__class__ is Var:
             src = s.args[0]
             if (defs[src] == 1 or src in params) and src.type == s.dst.type:
                 value = src
@@ -252,7 +279,7 @@ def fold(fn: Function) -> bool:
 
 
 # ---------------------------------------------------------------- dead code
-_TERMINATORS = (nodes.Break, nodes.Continue, nodes.Return)
+_TERMINATORS = frozenset((nodes.Break, nodes.Continue, nodes.Return))
 
 
 def eliminate_dead_code(fn: Function) -> bool:
@@ -261,45 +288,75 @@ def eliminate_dead_code(fn: Function) -> bool:
 
     Each sweep goes backwards, so that an instruction it removes no longer counts as a read
     of its operands when their definitions, earlier in the block, are reached: a chain of
-    dead temporaries goes in one sweep."""
+    dead temporaries goes in one sweep; so does a Region whose last Break the sweep
+    removes."""
     changed = False
     while True:
-        used = uses(fn.body)
-        targets = {s.target for s in walk(fn.body) if isinstance(s, nodes.Break)}
-        sweep = _Sweep(used, targets)
+        sweep = _Sweep(*_reads_and_targets(fn.body))
         fn.body = sweep.block(fn.body)
         if not sweep.changed:
             return changed
         changed = True
 
 
+def _reads_and_targets(stmts: list) -> tuple[Counter, Counter]:
+    """``uses(stmts)`` and how many Breaks in ``stmts`` leave each id, in one walk."""
+    read, targets = [], []
+    for s in walk(stmts):
+        cls = s.__class__
+        if cls is Instr:
+            read += s.args
+        elif cls is nodes.If:
+            read.append(s.cond)
+        elif cls is nodes.Break:
+            targets.append(s.target)
+    return Counter([a for a in read if a.__class__ is Var]), Counter(targets)
+
+
 def _reachable(stmts: list) -> list:
     """``stmts`` up to and including the first Break, Continue or Return."""
     for i, s in enumerate(stmts):
-        if isinstance(s, _TERMINATORS):
+        if s.__class__ in _TERMINATORS:
             return stmts[: i + 1]
     return stmts
 
 
 class _Sweep:
-    """One backward dead-code sweep, with the read counts it keeps up to date."""
+    """One backward dead-code sweep, with the read counts it keeps up to date (and the
+    Break counts, for the Breaks it pops off the end of their Region)."""
 
-    def __init__(self, used: Counter, targets: set):
+    def __init__(self, used: Counter, targets: Counter):
         self.used, self.targets, self.changed = used, targets, False
 
     def block(self, stmts: list) -> list:
         """The block cleaned, its nested blocks first, from its last statement up."""
         reachable = _reachable(stmts)
-        self.changed |= len(reachable) != len(stmts)
+        changed = len(reachable) != len(stmts)
         out: list = []
         for s in reversed(reachable):
+            if s.__class__ is Instr:  # most statements: inline, no list made
+                if self._dead(s):
+                    self._forget_reads(s.args)
+                    changed = True
+                else:
+                    out.append(s)
+                continue
             for block in child_blocks(s):
                 block[:] = self.block(block)
             kept = self.stmt(s)
-            self.changed |= len(kept) != 1 or kept[0] is not s
+            changed |= len(kept) != 1 or kept[0] is not s
             out.extend(reversed(kept))
         out.reverse()
+        self.changed |= changed
         return _reachable(out)  # an inlined branch may end in a Break
+
+    def _dead(self, s: Instr) -> bool:
+        """Whether instruction ``s`` goes: a pure one whose result nothing reads, or a
+        copy of a variable to itself."""
+        dst = s.dst
+        if dst is not None and not self.used[dst] and OPS[s.op].pure:
+            return True
+        return s.op == "mov" and s.args[0] is dst
 
     def _forget_reads(self, operands) -> None:
         for a in operands:
@@ -307,27 +364,24 @@ class _Sweep:
                 self.used[a] -= 1
 
     def stmt(self, s) -> list:
-        """What replaces ``s``: nothing, itself, or the statements of its decided branch or
-        of a Region nothing breaks out of."""
-        if isinstance(s, Instr):
-            dead = s.dst is not None and OPS[s.op].pure and not self.used[s.dst]
-            if dead or (s.op == "mov" and s.args[0] is s.dst):
-                self._forget_reads(s.args)
-                return []
-            return [s]
-        if isinstance(s, nodes.If):
-            if isinstance(s.cond, Const):
+        """What replaces ``s`` (not an instruction: ``block`` decides those): nothing,
+        itself, or the statements of its decided branch or of a Region nothing breaks out
+        of."""
+        if s.__class__ is nodes.If:
+            if s.cond.__class__ is Const:
                 return s.then if s.cond.value else s.orelse
             if not s.then and not s.orelse:
                 self._forget_reads((s.cond,))
                 return []
             return [s]
-        if isinstance(s, nodes.Region):
-            if s.body and isinstance(s.body[-1], nodes.Break) and s.body[-1].target == s.id:
-                s.body.pop()
+        if s.__class__ is nodes.Region:
+            body = s.body
+            if body and body[-1].__class__ is nodes.Break and body[-1].target == s.id:
+                body.pop()
+                self.targets[s.id] -= 1
                 self.changed = True
-            if s.id not in self.targets:
-                return s.body
+            if not self.targets[s.id]:
+                return body
             return [s]
         return [s]
 
@@ -350,12 +404,14 @@ class _Facts:
         """Know ``value`` about ``key`` while none of the Vars among ``deps`` changes."""
         self.facts[key] = value
         for v in deps:
-            if isinstance(v, Var):  # a new set: copies share the sets (``copy``)
+            if v.__class__ is Var:  # a new set: copies share the sets (``copy``)
                 self.deps[v] = self.deps.get(v, frozenset()) | {key}
 
     def forget(self, assigned) -> None:
         """Drop the facts that depend on a variable of ``assigned`` (a fact added again
         since may go too: that only loses an opportunity)."""
+        if not self.deps:
+            return
         for v in assigned:
             for key in self.deps.pop(v, ()):
                 self.facts.pop(key, None)
@@ -372,21 +428,25 @@ def assignments(stmts: list, table: dict | None = None) -> dict:
     assigns nothing new may keep using it."""
     table = {} if table is None else table
     for s in stmts:
-        if isinstance(s, Instr):
+        if s.__class__ is Instr:
             continue
-        inner = {s.var} if isinstance(s, nodes.StaticFor) else set()
+        inner = {s.var} if s.__class__ is nodes.StaticFor else set()
         for block in child_blocks(s):
             assignments(block, table)
             for t in block:
-                inner |= _assigned(t, table)
+                if t.__class__ is not Instr:
+                    inner |= table[id(t)]
+                elif t.dst is not None:
+                    inner.add(t.dst)
         table[id(s)] = inner
     return table
 
 
-def _assigned(s, table: dict) -> set:
-    """The variables statement ``s`` may assign (``table``: from ``assignments``)."""
-    if isinstance(s, Instr):
-        return set() if s.dst is None else {s.dst}
+def _assigned(s, table: dict):
+    """The variables statement ``s`` may assign (``table``: from ``assignments``), a
+    collection to iterate."""
+    if s.__class__ is Instr:
+        return () if s.dst is None else (s.dst,)
     return table[id(s)]
 
 
@@ -404,20 +464,28 @@ def _propagate_block(stmts: list, copies: _Facts, table: dict) -> bool:
     """Propagate ``copies`` (Var -> the Var or Const it holds) through ``stmts`` in program
     order, updating them as copies are made and variables reassigned."""
     changed = False
+    held, deps = copies.facts, copies.deps  # (``copies.forget`` inlined for instructions)
     for s in stmts:
-        if isinstance(s, Instr):
-            changed |= _rewrite_operands(s, copies)
-            copies.forget(_assigned(s, table))
+        cls = s.__class__
+        if cls is Instr:
+            args = _replaced(s.args, held)
+            if args is not None:
+                s.args, changed = args, True
+            dst = s.dst
+            if dst in deps:
+                for key in deps.pop(dst):
+                    held.pop(key, None)
             src = s.args[0] if s.op == "mov" else None
-            if isinstance(src, Var | Const) and src is not s.dst and src.type == s.dst.type:
-                copies.add(s.dst, src, (s.dst, src))
-        elif isinstance(s, nodes.If):
-            if isinstance(s.cond, Var) and copies.get(s.cond) is not None:
+            if (src.__class__ is Var or src.__class__ is Const) and src is not dst:
+                if src.type == dst.type:
+                    copies.add(dst, src, (dst, src))
+        elif cls is nodes.If:
+            if s.cond.__class__ is Var and copies.get(s.cond) is not None:
                 s.cond, changed = copies.get(s.cond), True
             for block in child_blocks(s):
                 changed |= _propagate_block(block, copies.copy(), table)
             copies.forget(_assigned(s, table))
-        elif isinstance(s, nodes.Region):  # entered at the top, left at the end or by a break
+        elif cls is nodes.Region:  # entered at the top, left at the end or by a break
             changed |= _propagate_block(s.body, copies.copy(), table)
             copies.forget(_assigned(s, table))
         else:  # loops: a copy holds inside only if nothing in the loop reassigns either side
@@ -425,15 +493,6 @@ def _propagate_block(stmts: list, copies: _Facts, table: dict) -> bool:
             for block in child_blocks(s):
                 changed |= _propagate_block(block, copies.copy(), table)
     return changed
-
-
-def _rewrite_operands(s: Instr, copies: _Facts) -> bool:
-    """Replace the operands of ``s`` that hold copies; True if any did."""
-    held = copies.facts
-    if not any(isinstance(a, Var) and a in held for a in s.args):
-        return False
-    s.args = tuple(held.get(a, a) if isinstance(a, Var) else a for a in s.args)
-    return True
 
 
 # ---------------------------------------------------------------- constant terms
