@@ -46,6 +46,14 @@ class FakeGPU:
         self.stream = None  # the stream ops launch on (None: the default one)
         # launchers built in earlier tests keep the launch function they were built with
         _ACTIVE[0] = self
+        self.kernels: set = set()  # the kernels this fake built launchers for (``forget``)
+        build = launch_mod._build
+
+        def recording_build(kernel, args):
+            self.kernels.add(kernel)
+            return build(kernel, args)
+
+        monkeypatch.setattr(launch_mod, "_build", recording_build)
         monkeypatch.setattr(launcher_mod, "raw_launch_kernel", lambda: _launch)
         monkeypatch.setattr(launcher_mod, "launcher_elsewhere", _elsewhere)
         monkeypatch.setattr(launcher_mod, "visiting", contextlib.nullcontext)
@@ -70,6 +78,13 @@ class FakeGPU:
         monkeypatch.setattr(kaio_ops.tune, "lookup", lambda *a, **k: None)
         monkeypatch.setattr(kaio_ops._long_rows, "available", lambda a: False)
         _plan.clear()
+
+    def forget(self) -> None:
+        """Drop the launchers built on this fake (and the launch objects bound to them):
+        left in their kernels, they would take a later test's arrays on a real GPU 0."""
+        for kernel in self.kernels:
+            kernel._launchers.clear()
+            kernel._launches.clear()
 
     def device(self, ordinal: int):
         if ordinal not in self.devices:
@@ -195,6 +210,7 @@ def fake(monkeypatch):
     fake = FakeGPU(monkeypatch)
     yield fake
     _plan.clear()
+    fake.forget()
 
 
 def same_as_unplanned(fake, op, *args, **kwargs):
@@ -950,6 +966,17 @@ def test_outputs_handed_out_again_compute_right_on_a_gpu(monkeypatch):
     assert abs(total.item() - want.item()) < 1.0
 
 
+def capture_untold(monkeypatch, torch) -> None:
+    """Replays made as on a host without a GPU, whatever this one has: torch cannot tell a
+    stream's capture (its stand-in raises), so outputs are never handed out again and
+    workspaces never kept between calls (``_plan``'s paths that need the capture test)."""
+
+    def no_driver():
+        raise RuntimeError("no CUDA driver (the test's stand-in)")
+
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", no_driver)
+
+
 class _TorchKeys:
     """The keys a planned op's wrapper makes for torch tensors, on the CPU: the op's plan
     lookups and misses are recorded, the current stream is ``stream``, and tensors of the
@@ -974,6 +1001,7 @@ class _TorchKeys:
         monkeypatch.setitem(env, "slow", lambda key, args, pointers: self.misses.append(key))
         self.plans = _plan.plans_of(op)
         self.plans.clear()
+        capture_untold(monkeypatch, torch)  # the marks replays return are not tensors
 
     def tensor(self, *shape, dtype=None, gpu=0, t=False, offset=0):
         """A new ``OnGPU`` tensor (transposed when ``t``; ``offset`` elements into its
@@ -1225,6 +1253,7 @@ def test_a_torch_workspace_comes_from_the_caching_allocator(fake, monkeypatch):
     otherwise (here where the capture of the stream cannot be told: a plan on a created
     stream). Outputs are always tensors."""
     torch = pytest.importorskip("torch")
+    capture_untold(monkeypatch, torch)
     fake.stream = 0x7F00_0000_6000
     x, w, replay = _linear_split(fake, monkeypatch)
     allocations = _torch_allocations(replay)
