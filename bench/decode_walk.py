@@ -1,0 +1,148 @@
+"""The long paged suite cases (dec, issue 34, eighteenth pass): kernel time as
+bench/decode.py counts it (a CUDA graph of calls, the events around a replay / the calls)
+of kaio's paged call over the suite's shuffled pool, over the same pool with each
+sequence's table sorted ascending (the bound of a walk in pool order) and with the pool in
+order, of variants of the route (force()'s settings, bench/decode_probe.py), of the
+contiguous call and of SDPA's default on the contiguous cache, all in one process; each
+kaio call checked against f32 SDPA on the first sequences. Two passes, the second in
+reverse order.
+
+    python3 bench/decode_walk.py warm            # compile in parallel processes
+    python3 bench/decode_walk.py [SECONDS]       # time (CASES: BxL,...; VARIANTS: names)
+
+A case "BxL=name+name" times only those variants.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import decode_probe as P  # noqa: E402
+import torch  # noqa: E402
+from decode_probe import HKV, D, H  # noqa: E402
+
+from kaio_ops import decode  # noqa: E402
+
+# name: (table order, force() settings); order None: the contiguous cache
+SETTINGS = {
+    "routed": ("shuffled", {}),
+    "sorted tables": ("sorted", {}),
+    "pool in order": ("in order", {}),
+    "contiguous": (None, {}),
+    "3 stages": ("shuffled", {"stages": 3}),
+    "2 stages": ("shuffled", {"stages": 2}),
+    "SORT 2048": ("shuffled", {"sort": 2048}),
+    "whole pages": ("shuffled", {"pages": True}),
+    "fold off": ("shuffled", {"fold": 0}),
+}
+VARIANTS = os.environ.get("VARIANTS", "routed,sorted tables,pool in order,contiguous").split(",")
+CASES = os.environ.get("CASES", "16x32768,64x32768,64x4096")
+REPLAY_BYTES = 8 << 30  # K/V bytes a timed graph reads at most (CALLS calls at least 2)
+CALLS = 8
+CHECKED = 4  # sequences checked against f32 SDPA
+
+
+def parse(case: str) -> tuple:
+    """(B, L, variant names) of a case "BxL" or "BxL=name+name"."""
+    shape, _, names = case.partition("=")
+    b, length = shape.split("x")
+    return int(b), int(length), names.split("+") if names else VARIANTS
+
+
+def caches(b: int, length: int, orders) -> tuple:
+    """(q, k, v, lens, {order: (table, k_pages, v_pages)}) of one input set."""
+    q = torch.randn(b, H, 1, D, device="cuda", dtype=torch.half)
+    k, v = (torch.randn(b, HKV, length, D, device="cuda", dtype=torch.half) for _ in "kv")
+    lens = torch.full((b,), length, device="cuda", dtype=torch.int32)
+    tables = P.page_orders(b, length)
+    return q, k, v, lens, {o: P.layout_caches(k, v, tables[o]) for o in orders}
+
+
+def call(name: str, q, k, v, lens, paged: dict):
+    """kaio's call of variant ``name`` on one input set."""
+    order, cfg = SETTINGS[name]
+    P.force(**cfg)
+    try:
+        if order is None:
+            return decode._decode("walk", q, k, v, lens, None, None)[0]
+        table, kc, vc = paged[order]
+        return decode._decode("walk", q, kc, vc, lens, table, None)[0]
+    finally:
+        P.restore()
+
+
+def reference(q, k, v, n: int):
+    """f32 SDPA of the first n sequences."""
+    return P.sdpa(q[:n].float(), k[:n].float(), v[:n].float(), enable_gqa=True)
+
+
+def time_case(case: str) -> None:
+    b, length, names = parse(case)
+    orders = {SETTINGS[n][0] for n in names} - {None}
+    torch.cuda.empty_cache()
+    q, k, v, lens, paged = caches(b, length, orders)
+    label = f"B{b} L{length} paged"
+    ref = reference(q, k, v, min(b, CHECKED))
+    for n in names:
+        out = call(n, q, k, v, lens, paged)[: ref.shape[0]].float()
+        err = ((out - ref).norm() / ref.norm()).item()
+        print(f"{label} {n}: error vs f32 SDPA {err:.2e}", flush=True)
+    kv = 2 * b * HKV * length * D * 2
+    calls = max(2, min(CALLS, REPLAY_BYTES // kv))
+    fns = {n: [lambda n=n: call(n, q, k, v, lens, paged)] for n in names}
+    fns["SDPA"] = [lambda: P.sdpa(q, k, v, enable_gqa=True)]
+    graphs = {n: P.graph_of_calls(f, calls) for n, f in fns.items()}
+    for order in (list(graphs), list(graphs)[::-1]):
+        for n in order:
+            us = P.graph_events(graphs[n], calls)
+            print(f"{label} {n}: graph of {calls}: {us:.2f} us a call", flush=True)
+
+
+def warm() -> None:
+    """Each (case, variant)'s first call in a process of its own, all at once, on a pool of
+    one page (the route depends on the table's shape, not the pool) or an uninitialized
+    contiguous cache (the disk cache keeps what they compile)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    procs, seen = [], set()
+    for case in CASES.split(","):
+        b, length, names = parse(case)
+        for name in names:
+            order, cfg = SETTINGS[name]
+            key = (case, order is None, tuple(sorted(cfg.items())))
+            if key in seen:
+                continue
+            seen.add(key)
+            code = (
+                "import decode_walk as W, torch; from decode_probe import H, HKV, D; "
+                f"b, L = {b}, {length}; "
+                "q = torch.zeros(b, H, 1, D, device='cuda', dtype=torch.half); "
+                "lens = torch.full((b,), L, device='cuda', dtype=torch.int32); "
+                "k = v = torch.empty(b, HKV, L, D, device='cuda', dtype=torch.half) "
+                f"if {order is None} else None; "
+                "pool = torch.zeros(1, 16, HKV, D, device='cuda', dtype=torch.half); "
+                "t = torch.zeros(b, L // 16, device='cuda', dtype=torch.int32); "
+                "paged = {o: (t, pool, pool) for o in ('shuffled', 'sorted', 'in order')}; "
+                f"W.call('{name}', q, k, v, lens, paged); torch.cuda.synchronize()"
+            )
+            procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=here))
+    for proc in procs:
+        proc.wait()
+    print(f"warm: {len(procs)} processes, {time.time() - P.T0:.1f}s", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["warm"]:
+        warm()
+    else:
+        budget = float(sys.argv[1]) if len(sys.argv) > 1 else 40
+        print(torch.cuda.get_device_name(), flush=True)
+        for case in CASES.split(","):
+            if time.time() - P.T0 > budget:
+                print(f"{case}: out of time")
+                break
+            time_case(case)
