@@ -33,6 +33,7 @@ PDL2 = {"PDL_KEYS": 1 << 30, "PDL_FAST_KEYS": 1 << 30}  # PDL without the prefet
 # name: (table order, force() settings, decode attributes); order None: the contiguous cache
 SETTINGS = {
     "routed": ("shuffled", {}, {}),
+    "main": ("shuffled", {}, {"LONG_BANDWIDTH": float("inf")}),  # main's route on any GPU
     "sorted tables": ("sorted", {}, {}),
     "pool in order": ("in order", {}, {}),
     "contiguous": (None, {}, {}),
