@@ -1,9 +1,9 @@
 """The long paged suite cases (dec, issue 34, eighteenth pass): kernel time as
 bench/decode.py counts it (a CUDA graph of calls, the events around a replay / the calls)
-of kaio's paged call over the suite's shuffled pool (the route), over the same pool with
-each sequence's table sorted ascending
-(the bound of a walk in pool order) and with the pool in order, of variants of the route
-(force()'s settings, bench/decode_probe.py, and decode's attributes), of the
+of kaio's paged call over the suite's shuffled pool ("routed"; "main": main's route, the
+long-table route off), over the same pool with each sequence's table sorted ascending (the
+bound of a walk in pool order) and with the pool in order, of variants of the route
+(SETTINGS: force()'s settings, bench/decode_probe.py, and decode's attributes), of the
 contiguous call and of SDPA's default on the contiguous cache, all in one process; each
 kaio call checked against f32 SDPA on the first sequences. PASSES passes (2), every other
 one in reverse order.
@@ -11,7 +11,7 @@ one in reverse order.
     python3 bench/decode_walk.py warm            # compile in parallel processes
     python3 bench/decode_walk.py [SECONDS]       # time (CASES: BxL,...; VARIANTS: names)
 
-A case "BxL=name+name" times only those variants.
+A case "BxL=name+name" times only those variants, "BxLr" ragged lengths (L/4 .. L).
 """
 
 from __future__ import annotations

@@ -205,9 +205,11 @@ PDL_WAVES_BANDWIDTH = 4e12
 # L32768, dec, twelfth pass), takes LONG_STAGES K/V stages in its one wave (B16 with Hkv 8)
 # and each warp on its own keys (OWN) in its waves of two blocks a multiprocessor (B64).
 # Measured on an H200 (kernel time, H32 / Hkv 8, D 128, the suite's shuffled pool; dec,
-# eighteenth pass): B16 L32768 3 stages 469.4 to 469.5 us against 470.5 to 470.6 (round
-# A), 470.5 to 470.6 against 471.7 to 472.0 (A2), 479.8 to 480.6 against 481.6 to 482.7
-# (C); B64 L32768 OWN 1916.4 to 1924.6 against 1926.0 to 1939.2 (C)
+# eighteenth pass, four passes a round): B16 L32768 3 stages 468.6 to 468.9 us against
+# 471.0 to 471.3 (round D; SDPA 464.8 to 465.5), 479.8 to 480.6 against 481.6 to 482.7
+# (C), 1.1 to 1.2 faster in A and A2; B64 L32768 OWN 1871.3 to 1877.4 against 1882.4 to
+# 1886.9 (D; SDPA 1841.4 to 1851.9), 1916.4 to 1924.6 against 1926.0 to 1939.2 (C), its
+# ragged lengths (L/4 .. L) 1258.9 to 1280.7 against 1286.2 to 1294.5 (D)
 LONG_KEYS = 32768
 LONG_BANDWIDTH = 4e12
 LONG_STAGES = 3
