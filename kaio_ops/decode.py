@@ -199,6 +199,21 @@ PDL_FAST_KEYS = 2048
 # 65.4; dec, sixteenth pass, round E)
 PDL_WAVES_BANDWIDTH = 4e12
 
+# long tables on fast memory (``long_walk``): a one-split grid over a paged cache of at
+# least LONG_KEYS keys, on a GPU whose memory peak is at least LONG_BANDWIDTH (bytes/s: the
+# H200's 4.8 TB/s; the H100's 3.35 keeps 4 stages, 706 to 707 us against 710 with 3 at B16
+# L32768, dec, twelfth pass), takes LONG_STAGES K/V stages in its one wave (B16 with Hkv 8)
+# and each warp on its own keys (OWN) in its waves of two blocks a multiprocessor (B64).
+# Measured on an H200 (kernel time, H32 / Hkv 8, D 128, the suite's shuffled pool; dec,
+# eighteenth pass, four passes a round): B16 L32768 3 stages 468.6 to 468.9 us against
+# 471.0 to 471.3 (round D; SDPA 464.8 to 465.5), 479.8 to 480.6 against 481.6 to 482.7
+# (C), 1.1 to 1.2 faster in A and A2; B64 L32768 OWN 1871.3 to 1877.4 against 1882.4 to
+# 1886.9 (D; SDPA 1841.4 to 1851.9), 1916.4 to 1924.6 against 1926.0 to 1939.2 (C), its
+# ragged lengths (L/4 .. L) 1258.9 to 1280.7 against 1286.2 to 1294.5 (D)
+LONG_KEYS = 32768
+LONG_BANDWIDTH = 4e12
+LONG_STAGES = 3
+
 DECODE = dk.decode_fwd  # the kernels, each generic over its element type (DT)
 MERGE = dk.decode_merge
 FOLDED = dk.decode_folded
@@ -219,15 +234,26 @@ def swaps(rows: int, dp: int) -> int:
     return int(KEYS_IN_M and rows <= 8 and dp <= 128)
 
 
-def owns(mt: int, paged: bool, alone: bool, cl: int = 1, per: int = 0) -> int:
+def owns(mt: int, paged: bool, alone: bool, cl: int = 1, per: int = 0, long: bool = False) -> int:
     """``decode_fwd``'s OWN (OWN_KEYS): each warp on its own 16 keys of a tile, one M-tile
     (a paged cache read through the block-table window), in a grid of one split and at
-    most a block a multiprocessor over a paged cache (``alone``), or one whose splits of
-    ``per`` key tiles merge through clusters of ``cl`` > 1 blocks (per up to
-    OWN_CLUSTER_TILES)."""
+    most a block a multiprocessor over a paged cache (``alone``), or of one split over a
+    long table on fast memory (``long``: ``long_walk``), or one whose splits of ``per`` key
+    tiles merge through clusters of ``cl`` > 1 blocks (per up to OWN_CLUSTER_TILES)."""
     if not (OWN_KEYS and mt == 1) or paged and not PAGE_WINDOW:
         return 0
-    return int(paged and alone or cl > 1 and per <= OWN_CLUSTER_TILES)
+    return int(paged and (alone or long) or cl > 1 and per <= OWN_CLUSTER_TILES)
+
+
+def long_walk(like, paged: bool, capacity: int, dp: int, mt: int) -> bool:
+    """Whether a one-split grid over a cache of ``capacity`` keys on ``like``'s GPU takes
+    the long-table route (LONG_STAGES in one wave, OWN in several): paged, at least
+    LONG_KEYS keys, D 128 and one M-tile (measured), a memory peak of at least
+    LONG_BANDWIDTH (not in the simulator, which plans as for an H100)."""
+    if not (paged and capacity >= LONG_KEYS and dp == 128 and mt == 1):
+        return False
+    peak = memory_bandwidth(like)  # (asked last: it reads the driver's attributes)
+    return peak is not None and peak >= LONG_BANDWIDTH
 
 
 def stage_syncs(stages: int, own: int = 0) -> int:
@@ -381,6 +407,8 @@ def plan_grid(
     stages = deep_stages(dp, mt) if blocks * splits <= sms else stages_for(dp, mt)
     if splits == 1 and blocks <= sms:
         stages = one_split_stages(dp, mt, paged)
+        if long_walk(like, paged, tiles * dk.BN, dp, mt):
+            stages = LONG_STAGES
     plain = (splits, stages, 1, shared_bytes(dp, mt, stages))
     if not CLUSTER_MERGE or splits == 1 or blocks * splits > sms or not _hopper(like):
         return plain
@@ -698,7 +726,8 @@ def _decode(op: str, q, k_cache, v_cache, seq_lens, block_table, scale):
     swap = swaps(group * sq, d)
     splits, stages, cl, shared = plan_grid(qa, DECODE, blocks, tiles, d, mt, cache.paged, swap)
     alone = splits == 1 and blocks <= _arrays.multiprocessors(qa)
-    own = owns(mt, cache.paged, alone, cl, -(-tiles // splits))
+    long = splits == 1 and long_walk(qa, cache.paged, cache.capacity, d, mt)
+    own = owns(mt, cache.paged, alone, cl, -(-tiles // splits), long)
     rows = batch * heads * sq
     stream = _arrays.stream_of(qa)
     direct = splits == 1
@@ -845,7 +874,7 @@ def _shipped_fwd(dtype, dp: int, mt: int, paged: bool, swap: int):
             for sort in sort_sizes(paged, direct):
                 tile = {**flags, "STAGES": stages, "SORT": sort}
                 yield DECODE, {**tile, "SYNC1": stage_syncs(stages)}
-                if direct and stages == one and owns(mt, paged, True):
+                if direct and stages in (one, LONG_STAGES) and owns(mt, paged, True):
                     yield DECODE, {**tile, "SYNC1": 0, "OWN": 1}
     # merged through a cluster (sm_90), a block a multiprocessor
     flags = {**base, "DIRECT": False, "FUSED": False, "SPEC": speculates(paged, 2)}

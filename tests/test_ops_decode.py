@@ -304,6 +304,41 @@ class _Launches:
         return run
 
 
+class _Planned(_Launches):
+    """A kernel stand-in that records each launch's constexprs and launches nothing."""
+
+    def __getitem__(self, config):
+        return lambda *args, **constexprs: self.constexprs.append(constexprs)
+
+
+@pytest.mark.parametrize("peak", [3.35e12, 4.8e12])  # H100, H200
+def test_long_walk_route_by_memory(monkeypatch, peak):
+    # the suite's paged one-split grids (H 32, Hkv 8, D 128, pages of 16, one new token)
+    # from LONG_KEYS (32k) keys on memory of at least LONG_BANDWIDTH (an H200): 3 K/V
+    # stages in one wave (B16), each warp on its own keys in two (B64); under them, or on
+    # an H100, main's route (4 stages and OWN in one wave, 3 stages and SYNC1 in two);
+    # launches checked without running them
+    monkeypatch.setattr(decode, "DECODE", spy := _Planned(decode.DECODE))
+    monkeypatch.setattr(decode, "memory_bandwidth", lambda _: peak)
+    fast = peak >= decode.LONG_BANDWIDTH
+    pool = np.zeros((1, 16, 8, 128), np.float16)  # (every table entry names page 0)
+    for b, keys, stages, own in (
+        (16, 32768, 3 if fast else 4, 1),
+        (64, 32768, 3, int(fast)),
+        (16, 16384, 4, 1),
+        (64, 16384, 3, 0),
+    ):
+        q = np.zeros((b, 32, 1, 128), np.float16)
+        lens = np.full(b, keys, np.int32)
+        table = np.zeros((b, keys // 16), np.int32)
+        with kaio.simulate():
+            decode._decode("route", q, pool, pool, lens, table, None)
+        c = spy.constexprs.pop()
+        flags = (c["STAGES"], c["OWN"], c["SYNC1"], c["SORT"], c["PDL"], c["DIRECT"])
+        assert flags == (stages, own, 1 - own, 0, 0, True), (b, keys)
+    assert not spy.constexprs
+
+
 @pytest.mark.parametrize(
     "merge, page_size, sq, d, dtype, stages",
     [
@@ -1019,6 +1054,36 @@ def test_gpu_sorted_pages_against_sdpa(capacity, sq, dtype, sort, monkeypatch):
     )
     out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
     assert [c["SORT"] for c in spy.constexprs] == [sort]
+    ref = _sdpa_reference(q, k_cache, v_cache, lens, table)
+    assert out.dtype == q.dtype and torch.isfinite(out).all()
+    err = (out.double() - ref).abs().max().item()
+    assert err < (5e-3 if dtype == "float16" else 3e-2), err
+    again = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
+    assert torch.equal(again, out)  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b, dtype", [(16, "float16"), (64, "bfloat16")])
+def test_gpu_long_walk_against_sdpa(b, dtype, monkeypatch):
+    """The long-table route (``decode.long_walk``, forced here on any GPU: fast memory's)
+    over 2048 pages of 16 (32k keys): B16, one wave at 3 K/V stages, each warp on its own
+    keys; B64, two waves, each warp on its own keys at 3 stages (the launch checked);
+    the suite's H 32, Hkv 8, D 128, ragged lengths (0, 1, page and tile boundaries, the
+    capacity) against SDPA in float64 on the gathered cache; the same bits twice."""
+    import torch
+
+    _plan.clear()  # (a plan recorded before would replay without the spy)
+    monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
+    monkeypatch.setattr(decode, "LONG_BANDWIDTH", 0)
+    capacity = 32768
+    lens = [capacity, 0, 1, 15, 16, 17, 63, 64, 65, 4095, 20000, capacity - 1, 257, 31000]
+    lens += [(i * 7919) % (capacity + 1) for i in range(b - len(lens))]
+    q, k_cache, v_cache, seq_lens, table = _gpu_case(
+        b, 32, 8, 1, 128, capacity, lens, 16, dtype, seed=b
+    )
+    out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
+    launched = [(c["STAGES"], c["OWN"], c["SYNC1"], c["DIRECT"]) for c in spy.constexprs]
+    assert launched == [(3, 1, 0, True)]
     ref = _sdpa_reference(q, k_cache, v_cache, lens, table)
     assert out.dtype == q.dtype and torch.isfinite(out).all()
     err = (out.double() - ref).abs().max().item()
