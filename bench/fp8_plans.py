@@ -1073,9 +1073,68 @@ def tile_plans(m, n, k, sms=132):
     return out
 
 
+def fitting_stages(wg, bn, ns, occ=1, most=16, ar=64):
+    """The deepest ring (at most ``most``) of a ``wg``-warpgroup tile of ``bn`` columns
+    (``ns``: sharing 64 rows) of which ``occ`` blocks fit one multiprocessor."""
+    limit = (H.SHARED_LIMIT + 1024) // occ - 1024
+    fits = [s for s in range(2, most + 1) if H.shared_bytes(wg, bn, s, 1, ar, ns) <= limit]
+    return fits[-1] if fits else 0
+
+
+def h200_plans(m, n, k, sms=132):
+    """The alternatives "h200" times beside the routed plan (``--timing percall``), for a
+    faster memory than the H100's (4.8 TB/s), where a weight-bound product needs more
+    multiprocessors streaming (about 48 GB/s each) or more bytes in flight an SM. Swapped
+    tiles (up to ``SWAP_M`` rows): the routed tile with K split 2 ways (summed in the
+    kernel: twice the blocks), the deepest ring at its blocks a multiprocessor, three blocks
+    a multiprocessor (one warpgroup), half a's rows a tile (two warpgroups, from 16 rows:
+    two tiles a weight tile), 128 weight rows a tile (28672 columns and more: cuBLAS's
+    128 x 8). Unswapped to 64 rows: the routed tile split 2 ways, its deepest ring, and the
+    swapped 64 x ``m`` tile of two warpgroups on alternate slices. 65 to 256 rows: 128 x 96
+    (one sum waited for), 64 x 128 of two warpgroups on alternate slices, ``shared_plan``'s,
+    128 x 128 with its last wave split (summed in the kernel)."""
+    full = full_plan(H.config(m, n, k, sms))
+    wg, bn, st, pr = full[:4]
+    occ, swap, ns = full[7], full[9], (*full, 0)[11]
+    g = H.GROUP_ROWS
+    out = []
+    if swap:
+        out.append((wg, bn, st, pr, 1, 1, 2, occ, 1, 1, g, ns))
+        deep = fitting_stages(wg, bn, ns, occ, 32)
+        if deep > st:
+            out.append((wg, bn, deep, pr, 1, 1, 1, occ, 0, 1, g, ns))
+        if wg == 1:
+            out.append((1, bn, fitting_stages(1, bn, 0, 3, 32), pr, 1, 1, 1, 3, 0, 1, g, 0))
+        half = max(8, -(-m // 16) * 8)
+        if wg == 2 and half < bn:
+            out.append((2, half, fitting_stages(2, half, 2), 1, 1, 1, 1, 1, 0, 1, g, 2))
+        if n >= 28672:
+            out.append((2, bn, fitting_stages(2, bn, 0), 1, 1, 1, 1, 1, 0, 1, g, 0))
+    elif m <= 64:
+        out.append((*full[:6], 2, full[7], 1, *full[9:]))
+        deep = fitting_stages(wg, bn, ns, 1, 24, H.a_rows(m, 1, 1))
+        if deep > st:
+            out.append((wg, bn, deep, *full[3:]))
+        sw = max(8, -(-m // 8) * 8)
+        if -(-n // 64) <= sms:
+            out.append((2, sw, fitting_stages(2, sw, 2), 1, 1, 1, 1, 1, 0, 1, g, 2))
+    elif m <= H.WIDE_ALTERNATE_M:
+        out += [(2, 96, H.stages_for(2, 96), 1, 1), H.alternating_plan(128),
+                H.shared_plan(m, n, sms)]  # fmt: skip
+        parts = H.split_parts(-(-m // 128) * -(-n // 128), sms, k // 128)
+        out.append((2, 128, H.stages_for(2, 128), 1, 1, 1, max(parts, 2), 1, 1))
+    pick = full_plan(H.config(m, n, k, sms))
+    return list(dict.fromkeys(p for p in out if full_plan(p) != pick))
+
+
 COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans,
          "tiles": tile_plans, "waits": wait_plans, "depths": depth_plans,
          "mids": mid_tile_plans, "arows": arow_plans}  # fmt: skip
+# ("h200": h200_plans at these cases, in this order: the H200 page run's weakest first)
+H200_CASES = [(256, 6144, 4096), (32, 4096, 14336), (64, 4096, 14336), (32, 4096, 4096),
+              (64, 4096, 4096), (256, 4096, 4096), (128, 6144, 4096), (128, 10240, 8192),
+              (32, 28672, 4096)] + [(m, n, k) for m in (4, 16) for mo in SHAPES.values()
+                                    for n, k in mo]  # fmt: skip
 
 
 def main_plan(plan, m) -> tuple:
@@ -1384,6 +1443,10 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 rows = min(H.a_rows(m, 1, 1), 256)
                 plans = [H.config(m, n, k, 132), *COLDS[name](m, n, k)]
                 jobs += [(p, False, rows) for p in plans if p not in NAMED]
+    if "h200" in cases:
+        for m, n, k in H200_CASES:
+            rows = min(H.a_rows(m, 1, 1), 256)
+            jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *h200_plans(m, n, k)]]
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -1513,6 +1576,15 @@ def main() -> None:
     for name in colds:
         some = name not in ("cold", "cold2")
         over_shapes(ms, COLDS[name], bw=bw, some=some)
+    if "h200" in cases:  # the faster memory's alternatives, the weakest cases first
+        for m, n, k in H200_CASES:
+            if time.time() - t0 > args.budget:
+                print(f"budget: skipped M={m} {n}x{k}", flush=True)
+                continue
+            try:
+                recs.append(run_case(m, n, k, False, h200_plans(m, n, k), log, f"M={m} {n}x{k}"))
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
         for m, n, k in PDL_CASES:
             if time.time() - t0 > args.budget:
