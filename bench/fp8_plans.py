@@ -38,8 +38,9 @@ passed. ``cold`` (``cold2``, ``cold3``, ``cold4``): ``cold_plans`` (``cold2_plan
 ``cold3_plans``, ``cold4_plans``) beside the routed plan; ``tiles``: ``tile_plans`` (every
 wide tile, split or not) beside it past 256 rows; ``waits``, ``depths``, ``mids``,
 ``arows``: ``wait_plans`` (the narrow tiles with two slice sums in turn), ``depth_plans``,
-``mid_tile_plans``, ``arow_plans`` beside it; ``spans``: a call's kernel time and the rest
-(``percall_spans``) at ``SPAN_CASES``.
+``mid_tile_plans``, ``arow_plans`` beside it; ``h200`` (``h200b``): ``h200_plans`` (the
+faster memory's alternatives) beside it at the cases of ``H200_SETS``; ``spans``: a call's
+kernel time and the rest (``percall_spans``) at ``SPAN_CASES``.
 ``--timing``: ``percall`` (the default) times each call as bench/fp8.py does, the issue's
 figure (``percall_times``: its own pair of events, as many input sets as bench/fp8.py
 rotates); ``batched`` (every figure before 2026-11-27's cold pass) times batches of calls
@@ -1130,11 +1131,17 @@ def h200_plans(m, n, k, sms=132):
 COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans,
          "tiles": tile_plans, "waits": wait_plans, "depths": depth_plans,
          "mids": mid_tile_plans, "arows": arow_plans}  # fmt: skip
-# ("h200": h200_plans at these cases, in this order: the H200 page run's weakest first)
-H200_CASES = [(256, 6144, 4096), (32, 4096, 14336), (64, 4096, 14336), (32, 4096, 4096),
-              (64, 4096, 4096), (256, 4096, 4096), (128, 6144, 4096), (128, 10240, 8192),
-              (32, 28672, 4096)] + [(m, n, k) for m in (4, 16) for mo in SHAPES.values()
-                                    for n, k in mo]  # fmt: skip
+# h200_plans' cases ("h200": the H200 page run's weakest first; "h200b": the decode rows
+# and the mid rows at the other shapes), each list in the order timed
+H200_SETS = {
+    "h200": [(256, 6144, 4096), (32, 4096, 14336), (64, 4096, 14336), (32, 4096, 4096),
+             (64, 4096, 4096), (256, 4096, 4096), (128, 6144, 4096), (128, 10240, 8192),
+             (32, 28672, 4096)] + [(m, n, k) for m in (4, 16) for mo in SHAPES.values()
+                                   for n, k in mo],
+    "h200b": [(m, n, k) for m in (1, 8) for mo in SHAPES.values() for n, k in mo]
+    + [(m, n, k) for m in (32, 64, 128) for n, k in ((6144, 4096), (10240, 8192),
+                                                      (8192, 8192), (57344, 8192))],
+}  # fmt: skip
 
 
 def main_plan(plan, m) -> tuple:
@@ -1443,10 +1450,9 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 rows = min(H.a_rows(m, 1, 1), 256)
                 plans = [H.config(m, n, k, 132), *COLDS[name](m, n, k)]
                 jobs += [(p, False, rows) for p in plans if p not in NAMED]
-    if "h200" in cases:
-        for m, n, k in H200_CASES:
-            rows = min(H.a_rows(m, 1, 1), 256)
-            jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *h200_plans(m, n, k)]]
+    for m, n, k in [c for name in cases for c in H200_SETS.get(name, [])]:
+        rows = min(H.a_rows(m, 1, 1), 256)
+        jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *h200_plans(m, n, k)]]
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -1576,8 +1582,8 @@ def main() -> None:
     for name in colds:
         some = name not in ("cold", "cold2")
         over_shapes(ms, COLDS[name], bw=bw, some=some)
-    if "h200" in cases:  # the faster memory's alternatives, the weakest cases first
-        for m, n, k in H200_CASES:
+    for name in [c for c in cases if c in H200_SETS]:  # the faster memory's alternatives
+        for m, n, k in H200_SETS[name]:
             if time.time() - t0 > args.budget:
                 print(f"budget: skipped M={m} {n}x{k}", flush=True)
                 continue
