@@ -1165,7 +1165,7 @@ def shared_plan(m: int, n: int, sms: int) -> tuple:
     return 2, bn, fits[-1], promotion(1, bn // 2), 1, 1, 1, 1, 0, 0, GROUP_ROWS, 1
 
 
-def config(m: int, n: int, k: int, sms: int) -> tuple:
+def config(m: int, n: int, k: int, sms: int, fast: bool = False) -> tuple:
     """(WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT[, OCC, FUSE, SWAP]) for an ``m x n`` output
     on ``sms`` multiprocessors. Up to ``SWAP_M`` rows the swapped tiles (``swap_config``)
     where they fit the multiprocessors. Up to 64 rows the weights' bytes are the cost:
@@ -1233,25 +1233,27 @@ def split_parts(tiles: int, sms: int, k_tiles: int, most: int = 4) -> int:
 def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: str, dt,
            flags: dict, sms: int, stream, plan: tuple | None = None, *,
            like=None) -> None:  # fmt: skip
-    """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
-    and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
-    maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[,
-    GROUP[, NS]]]]]]]), default ``config``'s; CL: 1, or clusters of two tiles one
-    above the other (2); SPLIT > 1 (one block a cluster): the tiles of the last partial
-    wave split that many ways along K (``split_from``), their raw sums in a workspace made
-    like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one
-    block a cluster; default 1): a persistent grid of up to OCC blocks a multiprocessor
-    (with a ring of STAGES small enough that OCC blocks' shared memory fits one: more blocks
-    streaming the weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the
-    kernel, by each warp's last arrival (``last_part``; counters from ``linear._counters``),
-    not by ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the
-    weights, BN of a's rows a tile; its K split always summed in the kernel. GROUP: the tile
-    rows a group of the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``). NS:
-    the kernel's (two warpgroups on a 64-row tile)."""
+    """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units`` and
+    ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor maps); the
+    other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and BIAS; ``plan``:
+    (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[, GROUP[, NS]]]]]]]), default
+    ``config``'s for the GPU of ``like`` (its memory's speed: ``_arrays.fast_memory``); CL: 1,
+    or clusters of two tiles one above the other (2); SPLIT > 1 (one block a cluster): the tiles
+    of the last partial wave split that many ways along K (``split_from``), their raw sums in a
+    workspace made like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one
+    block a cluster; default 1): a persistent grid of up to OCC blocks a multiprocessor (with a
+    ring of STAGES small enough that OCC blocks' shared memory fits one: more blocks streaming
+    the weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the kernel, by each
+    warp's last arrival (``last_part``; counters from ``linear._counters``), not by
+    ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the weights, BN
+    of a's rows a tile; its K split always summed in the kernel. GROUP: the tile rows a group of
+    the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``). NS: the kernel's (two
+    warpgroups on a 64-row tile)."""
     from kaio_ops.linear import _counters, _placeholder
 
-    wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
+    wg, bn, stages, promote_mode, vec, *rest = plan or config(
+        m, n, k, sms, _arrays.fast_memory(like)
+    )
     defaults = (1, 1, 1, 0, 0, GROUP_ROWS, 0)
     cl, split, occ, fuse, swap, group, ns = (*rest, *defaults[len(rest) :])[:7]
     if (split > 1 or occ > 1) and cl > 1:
