@@ -255,7 +255,6 @@ def with_plan(plan, out_dtype=None):
 
     def forced(a, b, sa, sb):
         keep = H.config, D.MAX_M, D.SM90_MAX_M, H.PDL
-        maps = T._L2_PROMOTION_256B, T.MAPS_KEPT
         if plan == GEMV:  # gemv_fp8 at the rows it takes anywhere (unplanned: another
             D.SM90_MAX_M = D.MOST_M  # H.config, so that no call plan of the op's is used)
             H.config = lambda *args: keep[0](*args)
@@ -263,9 +262,8 @@ def with_plan(plan, out_dtype=None):
             H.config, H.PDL = (lambda m, n, k, sms, *_: without_200(m, n, k, sms, keep[0])[0]), 0
         elif plan == NO_PDL:  # (unplanned too)
             H.config, H.PDL = (lambda *args: keep[0](*args)), 0
-        elif plan in PROMOTIONS:  # (unplanned too; the maps encoded anew, not kept)
-            H.config = lambda *args: keep[0](*args)
-            T._L2_PROMOTION_256B, T.MAPS_KEPT = PROMOTIONS[plan], 0
+        elif plan in PROMOTIONS:  # (unplanned too)
+            H.config = lambda *args: (*full_plan(keep[0](*args))[:12], PROMOTIONS[plan])
         elif plan == AR64:  # (unplanned too; 64 A rows copied, as before fp8 round E)
             H.config = lambda *args: keep[0](*args)
             H.a_rows = lambda m, wg, cl: 64 * wg
@@ -283,7 +281,6 @@ def with_plan(plan, out_dtype=None):
         finally:
             H.config, D.MAX_M, D.SM90_MAX_M, H.PDL = keep
             H.a_rows = A_ROWS
-            T._L2_PROMOTION_256B, T.MAPS_KEPT = maps
 
     return forced
 
@@ -297,8 +294,8 @@ OTHER = "othermem"  # the plan name of the route of a GPU of the other memory sp
 # the H100's on an H200, main's route there before issue 35's H200 pass, and the reverse)
 AR64 = "ar64"  # the plan name of the routed plan with 64 A rows copied whatever M (with_plan)
 A_ROWS = H.a_rows
-PROMOTIONS = {"l2none": 0, "l2p128": 2}  # plan names: the routed plan with its tensor maps'
-# L2 promotion (kaio.tensormap's: 256 bytes, 3) at none (0) and 128 bytes (2)
+PROMOTIONS = {"l2none": 0, "l2p128": 128, "l2p256": 256}  # plan names: the routed plan with
+# its tensor maps' L2 promotion at these bytes (its L2 field)
 NAMED = (GEMV, BEFORE, MAIN, NO_PDL, AR64, OTHER, *PROMOTIONS)
 
 
@@ -1108,25 +1105,26 @@ def fitting_stages(wg, bn, ns, occ=1, most=16, ar=64):
 def h200_plans(m, n, k, sms=132):
     """The alternatives "h200" times beside the routed plan (``--timing percall``), for a
     faster memory than the H100's (4.8 TB/s), where a weight-bound product needs more
-    multiprocessors streaming (about 48 GB/s each) or more bytes in flight an SM. Swapped
-    tiles (up to ``SWAP_M`` rows): the routed tile without programmatic dependent launch,
-    with its tensor maps' L2 promotion at 128 bytes, in clusters of two sharing a's slice
-    (from 16 of its rows), with the deepest ring at its blocks a multiprocessor; three
-    blocks a multiprocessor (one warpgroup); half a's rows a tile (two warpgroups, from 16
-    rows: two tiles a weight tile); 128 weight rows a tile (28672 columns and more:
-    cuBLAS's 128 x 8). Unswapped to 64 rows: the routed tile without programmatic
-    dependent launch, its deepest ring, and the swapped 64 x ``m`` tile of two warpgroups
-    on alternate slices. 65 to 256 rows: 128 x 96 (one sum waited for), 64 x 128 of two
-    warpgroups on alternate slices, ``shared_plan``'s, the routed plan without programmatic
-    dependent launch. (K splits summed in the kernel lost at every shape and band: round A
-    of 2026-11-28.)"""
+    multiprocessors streaming (about 48 GB/s each) or more bytes in flight an SM. Everywhere
+    the route of the other memory speed (``OTHER``, where it differs), the routed plan
+    without programmatic dependent launch and with its tensor maps' L2 promotion at 128
+    bytes (256 where it is 128), each plan with the routed plan's promotion. Swapped tiles
+    (up to ``SWAP_M`` rows): in clusters of two sharing a's slice (from 16 of its rows),
+    with the deepest ring at its blocks a multiprocessor; three blocks a multiprocessor (one
+    warpgroup); half a's rows a tile (two warpgroups, from 16 rows: two tiles a weight
+    tile); 128 weight rows a tile (28672 columns and more: cuBLAS's 128 x 8). Unswapped to
+    64 rows: the routed tile's deepest ring, and the swapped 64 x ``m`` tile of two
+    warpgroups on alternate slices. 65 to 256 rows: 128 x 96 (one sum waited for), 64 x 128
+    of two warpgroups on alternate slices, ``shared_plan``'s. (K splits summed in the kernel
+    lost at every shape and band: round A of 2026-11-28.)"""
     full = full_plan(routed(m, n, k, sms))
     wg, bn, st, pr = full[:4]
-    occ, swap, ns = full[7], full[9], (*full, 0)[11]
+    occ, swap, ns, l2 = full[7], full[9], full[11], full[12]
     g = H.GROUP_ROWS
-    out = []
+    out = [NO_PDL, "l2p128" if l2 == 256 else "l2p256"]
+    if H.config(m, n, k, sms, not FAST) != routed(m, n, k, sms):
+        out.insert(0, OTHER)
     if swap:
-        out += [NO_PDL, "l2p128"]
         if bn >= 16:  # pairs of weight tiles sharing a's slice (multicast), one block an SM
             out.append((wg, bn, fitting_stages(wg, bn, ns, 1, 24), pr, 1, 2, 1, 1, 0, 1, g, ns))
         deep = fitting_stages(wg, bn, ns, occ, 32)
@@ -1140,7 +1138,6 @@ def h200_plans(m, n, k, sms=132):
         if n >= 28672:
             out.append((2, bn, fitting_stages(2, bn, 0), 1, 1, 1, 1, 1, 0, 1, g, 0))
     elif m <= 64:
-        out.append(NO_PDL)
         deep = fitting_stages(wg, bn, ns, 1, 24, H.a_rows(m, 1, 1))
         if deep > st:
             out.append((wg, bn, deep, *full[3:]))
@@ -1149,9 +1146,9 @@ def h200_plans(m, n, k, sms=132):
             out.append((2, sw, fitting_stages(2, sw, 2), 1, 1, 1, 1, 1, 0, 1, g, 2))
     elif m <= H.WIDE_ALTERNATE_M:
         out += [(2, 96, H.stages_for(2, 96), 1, 1), H.alternating_plan(128),
-                H.shared_plan(m, n, sms), NO_PDL]  # fmt: skip
-    pick = full_plan(routed(m, n, k, sms))
-    return list(dict.fromkeys(p for p in out if full_plan(p) != pick))
+                H.shared_plan(m, n, sms)]  # fmt: skip
+    out = [p if p in NAMED else (*full_plan(p)[:12], l2) for p in out]  # (the routed maps')
+    return list(dict.fromkeys(p for p in out if full_plan(p) != full))
 
 
 COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans,
@@ -1190,10 +1187,10 @@ def main_plan(plan, m) -> tuple:
 
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
-    FUSE, SWAP, GROUP); ``GEMV`` as it is."""
+    FUSE, SWAP, GROUP, NS, L2); a named plan (``NAMED``) as it is."""
     if plan in NAMED:
         return (plan,)
-    return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS)[len(plan) - 5 :])
+    return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS, 0, 256)[len(plan) - 5 :])
 
 
 def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
@@ -1482,7 +1479,7 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         rows = min(H.a_rows(m, 1, 1), 256)
         pick = routed(m, n, k, 132)
         jobs += [(p, False, rows) for p in [pick, *h200_plans(m, n, k)] if p not in NAMED]
-        jobs.append((pick, False, rows, 0))  # (NO_PDL)
+        jobs += [(pick, False, rows, 0), (H.config(m, n, k, 132, not FAST), False, rows)]
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:

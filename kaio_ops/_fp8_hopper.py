@@ -110,6 +110,7 @@ from __future__ import annotations
 import kaio
 from kaio import bool_, e4m3, e5m2, f16, f32, i32, u32, u64
 from kaio_ops import _arrays
+from kaio_ops._arrays import ByMemory
 from kaio_ops._fp8 import FP8_TYPES, store_scaled, store_scaled_by
 from kaio_ops._gemm_hopper import store_shared
 from kaio_ops._matmul_hopper import (
@@ -1064,6 +1065,12 @@ PDL = 1
 
 SWAP_M = 32  # a's rows up to which the swapped tiles run (swap_config; one row: _fp8_decode)
 SWAP_OCC = 2  # swapped blocks a multiprocessor
+# the L2 promotion (bytes an L2 miss fetches) of the swapped one-warpgroup tiles' tensor maps:
+# 128 on the faster memory (H200, fp8 rounds A2 and B of 2026-11-28, bench/fp8_plans.py
+# --cases h200b: 1 and 8 rows 0.95x -> 1.00x of cuBLAS at 57344 x 8192, 0.98x -> 1.04x at
+# 8192 x 28672, 0.95x -> 0.98x at 28672 x 4096; the two-warpgroup tiles at 4096 columns
+# 1% slower, kept at 256), 256 on an H100 (unmeasured there this pass: main's)
+SWAP_L2 = ByMemory(256, 128)
 
 
 def swap_stages(n: int, k: int, sms: int) -> int:
@@ -1076,7 +1083,7 @@ def swap_stages(n: int, k: int, sms: int) -> int:
     return 6 if -(-n // 64) > SWAP_OCC * sms and k <= 4096 else 8
 
 
-def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
+def swap_config(m: int, n: int, k: int, sms: int, fast: bool = False) -> tuple | None:
     """The swapped decode plan (``SWAP``, C^T = B^T A^T, as cuBLAS's 64 x 8 tiles): tiles of
     64 weight rows by a's ``m`` rows rounded up to 8. Where the tiles fill at most half the
     multiprocessors once (4096 columns), two consumer warpgroups
@@ -1087,7 +1094,8 @@ def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
     slots: 10240 columns): the unswapped tiles were faster there. Measured on an H100
     (bench/fp8_plans.py --cases swap, decode, cold3; docs/performance.md). (A tile's K
     slices over a cluster of two blocks, routed at 4096 x 14336 from 9 to 32 rows before,
-    ran 1-3% slower there than two warpgroups, and was removed.)"""
+    ran 1-3% slower there than two warpgroups, and was removed.) ``fast``: the GPU's memory
+    is (``_arrays.fast_memory``): the one-warpgroup tiles' maps promote ``SWAP_L2``'s."""
     tiles = -(-n // 64)
     if sms < tiles <= SWAP_OCC * sms:
         return None
@@ -1096,7 +1104,7 @@ def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
         return swap_alternating_plan(bn)
     most = stages_for(1, bn, 32, limit=(SHARED_LIMIT + 1024) // SWAP_OCC - 1024)
     stages = min(most, swap_stages(n, k, sms))
-    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1, GROUP_ROWS, 0
+    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1, GROUP_ROWS, 0, SWAP_L2.on(fast)
 
 
 def swap_alternating_plan(bn: int) -> tuple:
@@ -1182,7 +1190,7 @@ def config(m: int, n: int, k: int, sms: int, fast: bool = False) -> tuple:
     def waves(rows: int, bn: int) -> int:
         return -(-(-(-m // rows) * -(-n // bn)) // sms)
 
-    swapped = swap_config(m, n, k, sms) if m <= SWAP_M else None
+    swapped = swap_config(m, n, k, sms, fast) if m <= SWAP_M else None
     if swapped:
         return swapped
     if m <= 64:
@@ -1190,8 +1198,12 @@ def config(m: int, n: int, k: int, sms: int, fast: bool = False) -> tuple:
         return alternating_plan(bn) if bn <= ALTERNATE_BN else plan(1, bn)
     (*_, split), tile = min((estimate(m, n, k, sms, *tile), tile) for tile in RATES)
     # narrow tiles: two warpgroups on 64 rows (one warpgroup's 64 x 64 only past 96 rows: at
-    # 96 it tied or lost on an H100, at 128 it gained 3%)
-    if m <= NS_M and (tile == (2, 64, 1) or (tile == (1, 64, 1) and m > 96)):
+    # 96 it tied or lost on an H100, at 128 it gained 3%); on the faster memory also in place
+    # of 128-row tiles where they make one wave (H200, fp8 rounds A and A2 of 2026-11-28:
+    # 128 x 10240 x 8192 in 64 x 160 tiles 0.95-0.96x of cuBLAS against 128 x 128's 0.92x)
+    narrow = tile == (2, 64, 1) or (tile == (1, 64, 1) and m > 96)
+    wide = fast and tile[1] >= 128 and shared_plan(m, n, sms)[1] < 256
+    if m <= NS_M and (narrow or wide):
         return shared_plan(m, n, sms)
     return wide_alternating_plan(m, n, sms) or plan(*tile, split)
 
@@ -1236,26 +1248,26 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units`` and
     ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor maps); the
     other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and BIAS; ``plan``:
-    (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[, GROUP[, NS]]]]]]]), default
-    ``config``'s for the GPU of ``like`` (its memory's speed: ``_arrays.fast_memory``); CL: 1,
-    or clusters of two tiles one above the other (2); SPLIT > 1 (one block a cluster): the tiles
-    of the last partial wave split that many ways along K (``split_from``), their raw sums in a
-    workspace made like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one
-    block a cluster; default 1): a persistent grid of up to OCC blocks a multiprocessor (with a
-    ring of STAGES small enough that OCC blocks' shared memory fits one: more blocks streaming
-    the weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the kernel, by each
-    warp's last arrival (``last_part``; counters from ``linear._counters``), not by
-    ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the weights, BN
-    of a's rows a tile; its K split always summed in the kernel. GROUP: the tile rows a group of
-    the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``). NS: the kernel's (two
-    warpgroups on a 64-row tile)."""
+    (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[, GROUP[, NS[, L2]]]]]]]]),
+    default ``config``'s for the GPU of ``like`` (its memory's speed: ``_arrays.fast_memory``);
+    CL: 1, or clusters of two tiles one above the other (2); SPLIT > 1 (one block a cluster):
+    the tiles of the last partial wave split that many ways along K (``split_from``), their raw
+    sums in a workspace made like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC
+    (one block a cluster; default 1): a persistent grid of up to OCC blocks a multiprocessor
+    (with a ring of STAGES small enough that OCC blocks' shared memory fits one: more blocks
+    streaming the weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the
+    kernel, by each warp's last arrival (``last_part``; counters from ``linear._counters``), not
+    by ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the weights,
+    BN of a's rows a tile; its K split always summed in the kernel. GROUP: the tile rows a group
+    of the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``). NS: the kernel's (two
+    warpgroups on a 64-row tile). L2: the tensor maps' L2 promotion, bytes (default 256)."""
     from kaio_ops.linear import _counters, _placeholder
 
     wg, bn, stages, promote_mode, vec, *rest = plan or config(
         m, n, k, sms, _arrays.fast_memory(like)
     )
-    defaults = (1, 1, 1, 0, 0, GROUP_ROWS, 0)
-    cl, split, occ, fuse, swap, group, ns = (*rest, *defaults[len(rest) :])[:7]
+    defaults = (1, 1, 1, 0, 0, GROUP_ROWS, 0, 256)
+    cl, split, occ, fuse, swap, group, ns, l2 = (*rest, *defaults[len(rest) :])[:8]
     if (split > 1 or occ > 1) and cl > 1:
         raise ValueError(
             f"matmul_fp8: plan {plan}: a K split or OCC > 1 needs CL = 1 (one block a tile)"
@@ -1265,8 +1277,8 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         fuse, vec = 1, 1  # (sum_parts and the shared epilogue store tiles of C, not C^T)
     rows = 64 if ns else 64 * wg  # (NS: the warpgroups share the rows, each half the columns)
     ar = a_rows(m, 1 if ns else wg, cl)
-    ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
-    tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
+    ta = kaio.tensor_map_2d(a_units, (ar, BK), SW, l2)
+    tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW, l2)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,
