@@ -106,9 +106,8 @@ def gpu_memory_is_fast() -> bool:
     an H200, not an H100)."""
     from kaio_ops import _arrays
 
-    return _arrays.fast_memory(
-        _arrays.Inputs("fp8_plans").array(torch.empty(16, device="cuda"), "x")
-    )
+    x = _arrays.Inputs("fp8_plans").array(torch.empty(16, device="cuda"), "x", ndim=1)
+    return _arrays.fast_memory(x)
 
 
 FAST = torch.cuda.is_available() and gpu_memory_is_fast()
