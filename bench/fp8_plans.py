@@ -6,7 +6,9 @@ operands rotated over enough copies to exceed the L2 cache three times; e4m3, bf
 per-tensor scales (``--rowwise``: per row / column).
 
 Usage: ``python bench/fp8_plans.py --out DIR [--budget SECONDS] [--cases warm,big,sweep]``
-(``--summary FILE``: the table of a run's jsonl). Cases: ``warm`` compiles every plan first,
+(``--summary FILE``: the table of a run's jsonl). Cases: ``mem`` the routed plans at the
+``--ms`` over the ``--models``' shapes, beside the other memory speed's route (``OTHER``)
+where it differs; ``warm`` compiles every plan first,
 14 processes at once (with ``only``: nothing else); ``final`` the routed plan at 4096^3,
 8192^3 and 4096^3 with per-row scales; ``wide``, ``depth``, ``epi``, ``big``, ``regs``,
 ``interval``, ``cluster``, ``rowwise``, ``acc``, ``diag``: the plan lists of their rounds at
@@ -116,6 +118,11 @@ FAST = torch.cuda.is_available() and gpu_memory_is_fast()
 def routed(m, n, k, sms=132):
     """The plan ``matmul_fp8`` routes an ``m x n x k`` product to on this GPU (``FAST``)."""
     return H.config(m, n, k, sms, FAST)
+
+
+def other_route(m, n, k, sms=132):
+    """The plan of a GPU of the other memory speed (``OTHER``: the H100's on an H200)."""
+    return H.config(m, n, k, sms, not FAST)
 
 
 E4M3 = torch.float8_e4m3fn
@@ -1121,7 +1128,7 @@ def h200_plans(m, n, k, sms=132):
     occ, swap, ns, l2 = full[7], full[9], full[11], full[12]
     g = H.GROUP_ROWS
     out = [NO_PDL, "l2p128" if l2 == 256 else "l2p256"]
-    if H.config(m, n, k, sms, not FAST) != routed(m, n, k, sms):
+    if other_route(m, n, k, sms) != routed(m, n, k, sms):
         out.insert(0, OTHER)
     if swap:
         if bn >= 16:  # pairs of weight tiles sharing a's slice (multicast), one block an SM
@@ -1478,7 +1485,12 @@ def warm(cases, ms, models, processes: int = 14) -> None:
         rows = min(H.a_rows(m, 1, 1), 256)
         pick = routed(m, n, k, 132)
         jobs += [(p, False, rows) for p in [pick, *h200_plans(m, n, k)] if p not in NAMED]
-        jobs += [(pick, False, rows, 0), (H.config(m, n, k, 132, not FAST), False, rows)]
+        jobs += [(pick, False, rows, 0), (other_route(m, n, k), False, rows)]
+    if "mem" in cases:  # the routed plans and the other memory speed's
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                jobs += [(routed(m, n, k), False, rows), (other_route(m, n, k), False, rows)]
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
@@ -1599,6 +1611,8 @@ def main() -> None:
         over_shapes(ms, ring_plans, RING_SHAPES, "ring ")
     if "alt" in cases:  # two warpgroups on every other K slice of the routed narrow tile
         over_shapes(ms, alternate_plans, some=True)
+    if "mem" in cases:  # the routed plans against the other memory speed's where they differ
+        over_shapes(ms, lambda m, n, k: [OTHER] if other_route(m, n, k) != routed(m, n, k) else [])
     if "vsmain" in cases:  # the routed plans against main's routing
         over_shapes(ms, lambda m, n, k: [MAIN])
     colds = [c for c in cases if c in COLDS]  # (--timing percall)
