@@ -1065,12 +1065,14 @@ PDL = 1
 
 SWAP_M = 32  # a's rows up to which the swapped tiles run (swap_config; one row: _fp8_decode)
 SWAP_OCC = 2  # swapped blocks a multiprocessor
-# the L2 promotion (bytes an L2 miss fetches) of the swapped one-warpgroup tiles' tensor maps:
-# 128 on the faster memory (H200, fp8 rounds A2 and B of 2026-11-28, bench/fp8_plans.py
-# --cases h200b: 1 and 8 rows 0.95x -> 1.00x of cuBLAS at 57344 x 8192, 0.98x -> 1.04x at
-# 8192 x 28672, 0.95x -> 0.98x at 28672 x 4096; the two-warpgroup tiles at 4096 columns
-# 1% slower, kept at 256), 256 on an H100 (unmeasured there this pass: main's)
-SWAP_L2 = ByMemory(256, 128)
+# the L2 promotion (bytes an L2 miss fetches) of the decode tiles' tensor maps (up to 64 rows;
+# not the swapped two-warpgroup tiles): 128 on the faster memory (H200, fp8 rounds A2 and C of
+# 2026-11-28, bench/fp8_plans.py --cases h200,h200b: the swapped one-warpgroup tiles at 1 to
+# 8 rows 0.95-0.98x -> 1.00-1.01x of cuBLAS at 57344 x 8192, 0.98-1.02x -> 1.04-1.06x at 8192
+# x 28672, 0.96-0.97x -> 0.99x at 8192 x 8192; the unswapped 64 x 80 tiles of 10240 x 8192
+# 1-2% faster; the swapped two-warpgroup tiles at 4096 columns 1% slower, kept at 256), 256
+# on an H100 (main's: not measured there in this pass)
+DECODE_L2 = ByMemory(256, 128)
 
 
 def swap_stages(n: int, k: int, sms: int) -> int:
@@ -1095,7 +1097,7 @@ def swap_config(m: int, n: int, k: int, sms: int, fast: bool = False) -> tuple |
     (bench/fp8_plans.py --cases swap, decode, cold3; docs/performance.md). (A tile's K
     slices over a cluster of two blocks, routed at 4096 x 14336 from 9 to 32 rows before,
     ran 1-3% slower there than two warpgroups, and was removed.) ``fast``: the GPU's memory
-    is (``_arrays.fast_memory``): the one-warpgroup tiles' maps promote ``SWAP_L2``'s."""
+    is (``_arrays.fast_memory``): the one-warpgroup tiles' maps promote ``DECODE_L2``'s."""
     tiles = -(-n // 64)
     if sms < tiles <= SWAP_OCC * sms:
         return None
@@ -1104,7 +1106,8 @@ def swap_config(m: int, n: int, k: int, sms: int, fast: bool = False) -> tuple |
         return swap_alternating_plan(bn)
     most = stages_for(1, bn, 32, limit=(SHARED_LIMIT + 1024) // SWAP_OCC - 1024)
     stages = min(most, swap_stages(n, k, sms))
-    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1, GROUP_ROWS, 0, SWAP_L2.on(fast)
+    l2 = DECODE_L2.on(fast)
+    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1, GROUP_ROWS, 0, l2
 
 
 def swap_alternating_plan(bn: int) -> tuple:
@@ -1140,6 +1143,7 @@ def alternating_plan(bn: int, most: int = 12) -> tuple:
 
 
 WIDE_ALTERNATE_M = 256  # a's rows up to which wide_alternating_plan's tiles may run
+SHARED_K = 8192  # the K up to which the faster memory takes shared_plan's tiles to 256 rows
 
 
 def wide_alternating_plan(m: int, n: int, sms: int) -> tuple | None:
@@ -1185,7 +1189,11 @@ def config(m: int, n: int, k: int, sms: int, fast: bool = False) -> tuple:
     wave's tiles split along K where that shortens it; up to ``NS_M`` rows, where that is
     two warpgroups' 128 x 64 tile (or past 96 rows one's 64 x 64), ``shared_plan``'s; up
     to ``WIDE_ALTERNATE_M`` rows ``wide_alternating_plan``'s where it fills a wave.
-    Measured on an H100 (bench/fp8_plans.py; docs/performance.md)."""
+    Measured on an H100 (bench/fp8_plans.py; docs/performance.md). On the faster memory
+    (``fast``: ``_arrays.fast_memory``, an H200; measured there) the decode tiles' tensor
+    maps promote ``DECODE_L2``'s bytes, and ``shared_plan``'s tiles run where they make one
+    wave: in place of 128-row tiles up to ``NS_M`` rows, of any tile up to
+    ``WIDE_ALTERNATE_M`` rows at K up to ``SHARED_K``."""
 
     def waves(rows: int, bn: int) -> int:
         return -(-(-(-m // rows) * -(-n // bn)) // sms)
@@ -1195,17 +1203,32 @@ def config(m: int, n: int, k: int, sms: int, fast: bool = False) -> tuple:
         return swapped
     if m <= 64:
         bn = min(range(16, 129, 16), key=lambda b: (waves(64, b) * (b + 64), -b))
-        return alternating_plan(bn) if bn <= ALTERNATE_BN else plan(1, bn)
+        tile = alternating_plan(bn) if bn <= ALTERNATE_BN else plan(1, bn)
+        return promoted(tile, DECODE_L2.fast) if fast else tile
     (*_, split), tile = min((estimate(m, n, k, sms, *tile), tile) for tile in RATES)
     # narrow tiles: two warpgroups on 64 rows (one warpgroup's 64 x 64 only past 96 rows: at
     # 96 it tied or lost on an H100, at 128 it gained 3%); on the faster memory also in place
-    # of 128-row tiles where they make one wave (H200, fp8 rounds A and A2 of 2026-11-28:
-    # 128 x 10240 x 8192 in 64 x 160 tiles 0.95-0.96x of cuBLAS against 128 x 128's 0.92x)
+    # of 128-row tiles where they make one wave, up to NS_M rows and, at K up to SHARED_K, to
+    # WIDE_ALTERNATE_M (H200, fp8 rounds A, A2 and C of 2026-11-28: 128 x 10240 x 8192 in 64 x
+    # 160 tiles 0.95-0.99x of cuBLAS against 128 x 128's 0.92-0.94x; 256 x 6144 x 4096 in 64 x
+    # 192 0.90x against 128 x 128's 0.84x, 256 x 4096 x 4096 in 64 x 128 0.93x against
+    # wide_alternating_plan's 0.90-0.91x, which at K = 14336 was 1% faster)
     narrow = tile == (2, 64, 1) or (tile == (1, 64, 1) and m > 96)
-    wide = fast and tile[1] >= 128 and shared_plan(m, n, sms)[1] < 256
-    if m <= NS_M and (narrow or wide):
+    one_wave = fast and shared_plan(m, n, sms)[1] < 256
+    if m <= NS_M and (narrow or (one_wave and tile[1] >= 128)):
+        return shared_plan(m, n, sms)
+    if one_wave and NS_M < m <= WIDE_ALTERNATE_M and k <= SHARED_K:
         return shared_plan(m, n, sms)
     return wide_alternating_plan(m, n, sms) or plan(*tile, split)
+
+
+PLAN_DEFAULTS = (1, 1, 1, 0, 0, GROUP_ROWS, 0, 256)  # a plan's CL, SPLIT, OCC, FUSE, SWAP,
+# GROUP, NS and L2 where it stops short (launch)
+
+
+def promoted(p: tuple, l2: int) -> tuple:
+    """Plan ``p`` (its defaults spelled out) with its tensor maps' L2 promotion ``l2``."""
+    return (*p, *PLAN_DEFAULTS[len(p) - 5 :])[:12] + (l2,)
 
 
 def a_rows(m: int, wg: int, cl: int) -> int:
@@ -1266,8 +1289,7 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
     wg, bn, stages, promote_mode, vec, *rest = plan or config(
         m, n, k, sms, _arrays.fast_memory(like)
     )
-    defaults = (1, 1, 1, 0, 0, GROUP_ROWS, 0, 256)
-    cl, split, occ, fuse, swap, group, ns, l2 = (*rest, *defaults[len(rest) :])[:8]
+    cl, split, occ, fuse, swap, group, ns, l2 = (*rest, *PLAN_DEFAULTS[len(rest) :])[:8]
     if (split > 1 or occ > 1) and cl > 1:
         raise ValueError(
             f"matmul_fp8: plan {plan}: a K split or OCC > 1 needs CL = 1 (one block a tile)"

@@ -455,7 +455,8 @@ def test_config_plans_fit(sms, fast):
             shared_c = wg == 2 and 128 <= bn <= 224 and not ns  # C through shared memory
             assert vec == (3 if shared_c else 1)
             assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64) or ns
-            assert ns != 1 or (m <= H.NS_M and -(-m // 64) * -(-n // bn) <= sms)
+            most = H.WIDE_ALTERNATE_M if fast else H.NS_M  # (fast: to 256 rows)
+            assert ns != 1 or (m <= most and -(-m // 64) * -(-n // bn) <= sms)
             narrow = m <= H.NS_M and bn <= H.ALTERNATE_BN  # (alternating_plan's tiles)
             wide = m <= H.WIDE_ALTERNATE_M and bn == 128  # (wide_alternating_plan's)
             assert ns != 2 or (wg == 2 and (narrow or wide))
@@ -474,28 +475,33 @@ LLAMA_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240
 
 def test_config_by_memory_speed():
     """On a GPU of the faster memory (``fast``: an H200, ``_arrays.fast_memory``) ``config``
-    differs from the H100's plans (``fast`` False, main's) in two places only, over the M
-    sweep at the Llama-3 shapes: the swapped one-warpgroup decode tiles' tensor maps promote
-    128 bytes (``SWAP_L2``), and 65 to 128 rows of 10240 x 8192 take ``shared_plan``'s 64 x
-    160 tiles for 128 x 128's; the H100 keeps 256 bytes and 128 x 128."""
+    differs from the H100's plans (``fast`` False, main's) in two ways only, over the M
+    sweep at the Llama-3 shapes: the decode tiles' tensor maps promote 128 bytes
+    (``DECODE_L2``; up to 64 rows, not the swapped two-warpgroup tiles), and ``shared_plan``'s
+    64-row tiles run where they make one wave (65 to 128 rows in place of 128-row tiles:
+    10240 x 8192; 129 to 256 at K up to ``SHARED_K``: 6144 and 4096 x 4096, 8192 x 8192 up
+    to 192 rows); the H100 keeps 256 bytes and its tiles."""
     from kaio_ops import _fp8_hopper as H
 
     changed = set()
-    for m in [1 << i for i in range(14)] + [3, 65, 96, 100, 129, 1000]:
+    for m in [1 << i for i in range(14)] + [3, 65, 96, 100, 129, 160, 192, 1000]:
         for n, k in LLAMA_SHAPES:
             slow, fast = H.config(m, n, k, 132), H.config(m, n, k, 132, True)
             assert H.config(m, n, k, 132, False) == slow
             if slow == fast:
                 continue
             changed.add((m, n, k))
-            if len(slow) == 13 and slow[9] and slow[0] == 1:  # swapped, one warpgroup
-                assert (slow[12], fast[12], fast[:12]) == (256, 128, slow[:12])
+            if m <= 64:
+                two = len(slow) > 11 and slow[9] and slow[0] == 2  # swapped, two warpgroups
+                assert not two and fast == H.promoted(slow, 128)
+                assert len(slow) < 13 or slow[12] == 256
             else:
-                assert (n, k) == (10240, 8192) and 64 < m <= 128
-                assert slow == (2, 128, 6, 1, 3, 1, 1)
-                assert fast == H.shared_plan(m, n, 132) and fast[1] == 160
-    assert (8, 57344, 8192) in changed and (128, 10240, 8192) in changed
-    assert (8, 4096, 4096) not in changed  # (two warpgroups, 256 bytes kept)
+                assert fast == H.shared_plan(m, n, 132) and m <= H.WIDE_ALTERNATE_M
+                assert m <= H.NS_M or k <= H.SHARED_K
+                assert -(-m // 64) * -(-n // fast[1]) <= 132 and fast[11] == 1
+    assert {(8, 57344, 8192), (64, 10240, 8192), (128, 10240, 8192)} <= changed
+    assert {(256, 6144, 4096), (256, 4096, 4096)} <= changed
+    assert not changed & {(8, 4096, 4096), (256, 4096, 14336), (512, 4096, 4096)}
 
 
 def test_launch_asks_the_memory_speed(monkeypatch):
@@ -739,7 +745,8 @@ def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch
      ((1, 64, 7, 2, 1, 1, 1, 2), 64), ((1, 48, 27, 2, 1), 5), ((1, 32, 17, 2, 1, 1, 2, 2, 1), 16),
      ((1, 64, 7, 2, 1, 1, 3, 2, 1), 40), ((2, 80, 16, 1, 1, 1, 1, 1, 0, 0, 8, 2), 7),
      ((2, 32, 16, 1, 1, 1, 1, 1, 0, 1, 8, 2), 32), ((1, 16, 8, 1, 1, 1, 1, 2, 0, 1, 8, 0), 9),
-     ((2, 160, 8, 1, 1, 1, 1, 1, 0, 0, 8, 1), 100)],
+     ((2, 160, 8, 1, 1, 1, 1, 1, 0, 0, 8, 1), 100), ((2, 192, 7, 1, 1, 1, 1, 1, 0, 0, 8, 1), 256),
+     ((2, 80, 11, 1, 1, 1, 1, 1, 0, 0, 8, 2, 128), 40)],
 )  # fmt: skip
 def test_decode_plans_gpu_vs_scaled_mm(plan, m, monkeypatch):
     """Decode tiles (one warpgroup, A stages of only the rows copied) with deep rings, two
@@ -797,11 +804,13 @@ def _same_bits_as_scaled_mm(torch, m: int, n: int, k: int, w_scale: float = 1.0)
                                      (32, 8192, 8192), (16, 10240, 8192), (1, 4096, 4096),
                                      (1, 8192, 28672), (1, 10240, 8192),
                                      (256, 4096, 4096), (8, 57344, 8192), (1, 28672, 4096),
-                                     (100, 10240, 8192), (128, 10240, 8192)])  # fmt: skip
+                                     (100, 10240, 8192), (128, 10240, 8192), (64, 10240, 8192),
+                                     (256, 6144, 4096), (160, 8192, 8192),
+                                     (192, 4096, 4096)])  # fmt: skip
 def test_routed_decode_gpu_bit_identical(m, n, k):
     """The routed decode plans (swapped tiles from one row up to ``SWAP_M`` rows where
-    ``swap_config`` takes them, on an H200 promoting 128 bytes; 10240 columns unswapped, on
-    an H200 ``shared_plan``'s 64 x 160 tiles at 65 to 128 rows) and
+    ``swap_config`` takes them, on an H200 promoting 128 bytes; 10240 columns unswapped; on
+    an H200 ``shared_plan``'s tiles at 65 to 256 rows where they make one wave) and
     ``wide_alternating_plan`` at 256 rows give torch._scaled_mm's bf16 outputs bit for bit
     (per-tensor scales, no bias; torch's A padded to 16 rows; at one row ``gemv_fp8``'s
     sums, in another order, were not)."""
