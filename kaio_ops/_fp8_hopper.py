@@ -1178,22 +1178,22 @@ def shared_plan(m: int, n: int, sms: int) -> tuple:
 
 
 def config(m: int, n: int, k: int, sms: int, fast: bool = False) -> tuple:
-    """(WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT[, OCC, FUSE, SWAP]) for an ``m x n`` output
-    on ``sms`` multiprocessors. Up to ``SWAP_M`` rows the swapped tiles (``swap_config``)
-    where they fit the multiprocessors. Up to 64 rows the weights' bytes are the cost:
-    64-row tiles of 16 to 128 columns (one slice sum waited for; up to ``ALTERNATE_BN``
-    columns two warpgroups on every other K slice: ``alternating_plan``), the width that fills the
-    waves of tiles best (each tile costs about 64 columns more than its width: 32 columns
-    for N = 4096, 48 for 6144, 112 for 28672). Past that, the tile of ``RATES`` whose
-    ``estimate`` is least: its speed times how well its tiles fill the waves, the last
-    wave's tiles split along K where that shortens it; up to ``NS_M`` rows, where that is
-    two warpgroups' 128 x 64 tile (or past 96 rows one's 64 x 64), ``shared_plan``'s; up
-    to ``WIDE_ALTERNATE_M`` rows ``wide_alternating_plan``'s where it fills a wave.
-    Measured on an H100 (bench/fp8_plans.py; docs/performance.md). On the faster memory
-    (``fast``: ``_arrays.fast_memory``, an H200; measured there) the decode tiles' tensor
-    maps promote ``DECODE_L2``'s bytes, and ``shared_plan``'s tiles run where they make one
-    wave: in place of 128-row tiles up to ``NS_M`` rows, of any tile up to
-    ``WIDE_ALTERNATE_M`` rows at K up to ``SHARED_K``."""
+    """(WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT[, OCC, FUSE, SWAP, GROUP, NS[, L2]]) for an ``m
+    x n`` output on ``sms`` multiprocessors. Up to ``SWAP_M`` rows the swapped tiles
+    (``swap_config``) where they fit the multiprocessors. Up to 64 rows the weights' bytes are
+    the cost: 64-row tiles of 16 to 128 columns (one slice sum waited for; up to
+    ``ALTERNATE_BN`` columns two warpgroups on every other K slice: ``alternating_plan``), the
+    width that fills the waves of tiles best (each tile costs about 64 columns more than its
+    width: 32 columns for N = 4096, 48 for 6144, 112 for 28672). Past that, the tile of
+    ``RATES`` whose ``estimate`` is least: its speed times how well its tiles fill the waves,
+    the last wave's tiles split along K where that shortens it; up to ``NS_M`` rows, where that
+    is two warpgroups' 128 x 64 tile (or past 96 rows one's 64 x 64), ``shared_plan``'s; up to
+    ``WIDE_ALTERNATE_M`` rows ``wide_alternating_plan``'s where it fills a wave. Measured on an
+    H100 (bench/fp8_plans.py; docs/performance.md). On the faster memory (``fast``:
+    ``_arrays.fast_memory``, an H200; measured there) the decode tiles' tensor maps promote
+    ``DECODE_L2``'s bytes, and ``shared_plan``'s tiles run where they make one wave: in place of
+    128-row tiles up to ``NS_M`` rows, of any tile up to ``WIDE_ALTERNATE_M`` rows at K up to
+    ``SHARED_K``."""
 
     def waves(rows: int, bn: int) -> int:
         return -(-(-(-m // rows) * -(-n // bn)) // sms)
