@@ -1196,7 +1196,7 @@ def full_plan(plan) -> tuple:
     FUSE, SWAP, GROUP, NS, L2); a named plan (``NAMED``) as it is."""
     if plan in NAMED:
         return (plan,)
-    return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS, 0, 256)[len(plan) - 5 :])
+    return (*plan, *H.PLAN_DEFAULTS[len(plan) - 5 :])
 
 
 def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
