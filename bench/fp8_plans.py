@@ -6,7 +6,9 @@ operands rotated over enough copies to exceed the L2 cache three times; e4m3, bf
 per-tensor scales (``--rowwise``: per row / column).
 
 Usage: ``python bench/fp8_plans.py --out DIR [--budget SECONDS] [--cases warm,big,sweep]``
-(``--summary FILE``: the table of a run's jsonl). Cases: ``warm`` compiles every plan first,
+(``--summary FILE``: the table of a run's jsonl). Cases: ``mem`` the routed plans at the
+``--ms`` over the ``--models``' shapes, beside the other memory speed's route (``OTHER``)
+where it differs; ``warm`` compiles every plan first,
 14 processes at once (with ``only``: nothing else); ``final`` the routed plan at 4096^3,
 8192^3 and 4096^3 with per-row scales; ``wide``, ``depth``, ``epi``, ``big``, ``regs``,
 ``interval``, ``cluster``, ``rowwise``, ``acc``, ``diag``: the plan lists of their rounds at
@@ -38,8 +40,9 @@ passed. ``cold`` (``cold2``, ``cold3``, ``cold4``): ``cold_plans`` (``cold2_plan
 ``cold3_plans``, ``cold4_plans``) beside the routed plan; ``tiles``: ``tile_plans`` (every
 wide tile, split or not) beside it past 256 rows; ``waits``, ``depths``, ``mids``,
 ``arows``: ``wait_plans`` (the narrow tiles with two slice sums in turn), ``depth_plans``,
-``mid_tile_plans``, ``arow_plans`` beside it; ``spans``: a call's kernel time and the rest
-(``percall_spans``) at ``SPAN_CASES``.
+``mid_tile_plans``, ``arow_plans`` beside it; ``h200`` (``h200b``): ``h200_plans`` (the
+faster memory's alternatives) beside it at the cases of ``H200_SETS``; ``spans``: a call's
+kernel time and the rest (``percall_spans``) at ``SPAN_CASES``.
 ``--timing``: ``percall`` (the default) times each call as bench/fp8.py does, the issue's
 figure (``percall_times``: its own pair of events, as many input sets as bench/fp8.py
 rotates); ``batched`` (every figure before 2026-11-27's cold pass) times batches of calls
@@ -98,6 +101,29 @@ from kaio_ops import _fp8_hopper as H  # noqa: E402
 from kaio_ops import _plan  # noqa: E402
 
 T = importlib.import_module("kaio.tensormap")  # (kaio.tensormap is also the annotation type)
+
+
+def gpu_memory_is_fast() -> bool:
+    """Whether this process's GPU takes the faster memory's routes (``_arrays.fast_memory``:
+    an H200, not an H100)."""
+    from kaio_ops import _arrays
+
+    x = _arrays.Inputs("fp8_plans").array(torch.empty(16, device="cuda"), "x", ndim=1)
+    return _arrays.fast_memory(x)
+
+
+FAST = torch.cuda.is_available() and gpu_memory_is_fast()
+
+
+def routed(m, n, k, sms=132):
+    """The plan ``matmul_fp8`` routes an ``m x n x k`` product to on this GPU (``FAST``)."""
+    return H.config(m, n, k, sms, FAST)
+
+
+def other_route(m, n, k, sms=132):
+    """The plan of a GPU of the other memory speed (``OTHER``: the H100's on an H200)."""
+    return H.config(m, n, k, sms, not FAST)
+
 
 E4M3 = torch.float8_e4m3fn
 SHAPES = {
@@ -235,20 +261,20 @@ def with_plan(plan, out_dtype=None):
 
     def forced(a, b, sa, sb):
         keep = H.config, D.MAX_M, D.SM90_MAX_M, H.PDL
-        maps = T._L2_PROMOTION_256B, T.MAPS_KEPT
         if plan == GEMV:  # gemv_fp8 at the rows it takes anywhere (unplanned: another
             D.SM90_MAX_M = D.MOST_M  # H.config, so that no call plan of the op's is used)
             H.config = lambda *args: keep[0](*args)
         elif plan == BEFORE:  # (unplanned too)
-            H.config, H.PDL = (lambda *args: without_200(*args, config=keep[0])[0]), 0
+            H.config, H.PDL = (lambda m, n, k, sms, *_: without_200(m, n, k, sms, keep[0])[0]), 0
         elif plan == NO_PDL:  # (unplanned too)
             H.config, H.PDL = (lambda *args: keep[0](*args)), 0
-        elif plan in PROMOTIONS:  # (unplanned too; the maps encoded anew, not kept)
-            H.config = lambda *args: keep[0](*args)
-            T._L2_PROMOTION_256B, T.MAPS_KEPT = PROMOTIONS[plan], 0
+        elif plan in PROMOTIONS:  # (unplanned too)
+            H.config = lambda *args: (*full_plan(keep[0](*args))[:12], PROMOTIONS[plan])
         elif plan == AR64:  # (unplanned too; 64 A rows copied, as before fp8 round E)
             H.config = lambda *args: keep[0](*args)
             H.a_rows = lambda m, wg, cl: 64 * wg
+        elif plan == OTHER:  # (unplanned too)
+            H.config = lambda m, n, k, sms, *_: keep[0](m, n, k, sms, not FAST)
         elif plan == MAIN:  # (unplanned too)
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             before = main_plan(keep[0](a.shape[0], b.shape[1], a.shape[1], sms), a.shape[0])
@@ -261,7 +287,6 @@ def with_plan(plan, out_dtype=None):
         finally:
             H.config, D.MAX_M, D.SM90_MAX_M, H.PDL = keep
             H.a_rows = A_ROWS
-            T._L2_PROMOTION_256B, T.MAPS_KEPT = maps
 
     return forced
 
@@ -271,11 +296,13 @@ GEMV = "gemv"  # the plan name of _fp8_decode's kernel (with_plan)
 MAIN = "main"  # the plan name of main's routing before this branch (with_plan, main_plan)
 BEFORE = "before"  # the plan name of the routing before this branch (with_plan)
 NO_PDL = "nopdl"  # the plan name of the routed plan without programmatic dependent launch
+OTHER = "othermem"  # the plan name of the route of a GPU of the other memory speed (with_plan:
+# the H100's on an H200, main's route there before issue 35's H200 pass, and the reverse)
 AR64 = "ar64"  # the plan name of the routed plan with 64 A rows copied whatever M (with_plan)
 A_ROWS = H.a_rows
-PROMOTIONS = {"l2none": 0, "l2p128": 2}  # plan names: the routed plan with its tensor maps'
-# L2 promotion (kaio.tensormap's: 256 bytes, 3) at none (0) and 128 bytes (2)
-NAMED = (GEMV, BEFORE, MAIN, NO_PDL, AR64, *PROMOTIONS)
+PROMOTIONS = {"l2none": 0, "l2p128": 128, "l2p256": 256}  # plan names: the routed plan with
+# its tensor maps' L2 promotion at these bytes (its L2 field)
+NAMED = (GEMV, BEFORE, MAIN, NO_PDL, AR64, OTHER, *PROMOTIONS)
 
 
 BIG = [  # (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT]])
@@ -365,7 +392,7 @@ def deferred_plans(m, n, k, sms=132):
     through shared memory with the copies drained during the next tile (``VEC`` 3), where the
     routed plan is unswapped (128 x 128 tiles so, cuBLAS's tile at 4096^3, ran at 0.77x to
     0.91x: round B)."""
-    wg, bn, _, pr, vec, *rest = H.config(m, n, k, sms)
+    wg, bn, _, pr, vec, *rest = routed(m, n, k, sms)
     if len(rest) > 3 and rest[4]:  # swapped
         return []
     other = 1 if vec == 3 else 3
@@ -453,7 +480,7 @@ def decode_plans(m, n, k, sms=132):
     multiprocessor and a K split in two (every tile split: twice the blocks streaming), its
     parts summed in the kernel (``FUSE``)."""
     ar = H.a_rows(m, 1, 1)
-    _, bn, st, pr, *_ = H.config(m, n, k, sms)
+    _, bn, st, pr, *_ = routed(m, n, k, sms)
 
     def cost(b):  # config's: waves of tiles times the width plus 64, on 2 * sms slots
         return math.ceil(math.ceil(n / b) / (2 * sms)) * (b + 64), -b
@@ -510,8 +537,8 @@ def band_plans(m, n, k, sms=132):
     occ = 2 if bn <= 64 else 1
     st, pr = occ_stages(bn, 64, occ), H.promotion(1, bn)
     out = [(1, bn, st, pr, 1, 1, s, occ, 1, 1) for s in ((1, 2, 4) if m > H.SWAP_M else (2, 4))]
-    pick = H.config(max(m, 2), n, k, sms)
-    out = [p for p in out if full_plan(p) != full_plan(H.config(m, n, k, sms))]
+    pick = routed(max(m, 2), n, k, sms)
+    out = [p for p in out if full_plan(p) != full_plan(routed(m, n, k, sms))]
     return [pick if D.fits(m, True) else GEMV, *out] if D.fits(m) else out
 
 
@@ -523,7 +550,7 @@ def ring_plans(m, n, k, sms=132):
     multiprocessor (where its 64-row tiles are no more than the multiprocessors: the second
     block's slot idles anyway) and deeper rings (12, 16 and the most that fit; cuBLAS's
     64 x 8 decode tile keeps 16 stages)."""
-    wg, bn, st, pr, *rest = H.config(m, n, k, sms)
+    wg, bn, st, pr, *rest = routed(m, n, k, sms)
     swapped = len(rest) > 5 and rest[5]
     rows = 64 if swapped else H.a_rows(m, wg, 1)
     most = occ_stages(bn, rows, 1)
@@ -654,7 +681,7 @@ def pdl_case(m, n, k, log) -> dict:
     ref = scaled_mm(*sets[0]).float()
     fns = {"cublas": scaled_mm, "pick": with_plan(None), "pdl0": with_pdl(0),
            "pdl1": with_pdl(1)}  # fmt: skip
-    rec = {"case": f"pdl {m}x{n}x{k}", "m": m, "n": n, "k": k, "plan": list(H.config(m, n, k, 132))}
+    rec = {"case": f"pdl {m}x{n}x{k}", "m": m, "n": n, "k": k, "plan": list(routed(m, n, k, 132))}
     for name, fn in fns.items():
         got = fn(*sets[0]).float()
         rec[name] = {"err": ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()}
@@ -709,7 +736,7 @@ def kernel_gaps(cases, calls: int = 6) -> None:
 def group_plans(m, n, k, sms=132, groups=(2, 4, 16)):
     """The routed plan with the tile order grouped ``groups`` tile rows at a time (the
     routed one: ``_matmul_hopper.GROUP_ROWS``)."""
-    return [(*H.config(m, n, k, sms), 1, 0, 0, g) for g in groups]
+    return [(*routed(m, n, k, sms), 1, 0, 0, g) for g in groups]
 
 
 def unswapped(m, n, k, sms=132):
@@ -717,7 +744,7 @@ def unswapped(m, n, k, sms=132):
     keep = H.SWAP_M
     H.SWAP_M = 0
     try:
-        return H.config(m, n, k, sms)
+        return routed(m, n, k, sms)
     finally:
         H.SWAP_M = keep
 
@@ -731,7 +758,7 @@ def decode_alternatives(m, n, k, sms=132):
     if swap:
         most = occ_stages(swap[1], 64, 2)
         plans += [(*swap[:2], min(st, most), *swap[3:]) for st in (6, 8, 12)] + [swap]
-    pick = H.config(m, n, k, sms)
+    pick = routed(m, n, k, sms)
     return sorted({p for p in plans if p != pick})
 
 
@@ -751,10 +778,10 @@ def config_without(limit, m, n, k, sms=132):
     keep = getattr(H, limit)
     setattr(H, limit, 0)
     try:
-        old = H.config(m, n, k, sms)
+        old = routed(m, n, k, sms)
     finally:
         setattr(H, limit, keep)
-    return [old] if old != H.config(m, n, k, sms) else []
+    return [old] if old != routed(m, n, k, sms) else []
 
 
 def unshared(m, n, k, sms=132):
@@ -786,7 +813,7 @@ def paired_plans(m, n, k, sms=132):
     """The routed plan in clusters of two tiles one above the other sharing each B slice
     (``CL`` 2, multicast; cuBLAS's kernel at 128 rows: 64 x 64 tiles, 384 threads, clusters
     of two) where it is one block a tile and unswapped, else nothing."""
-    p = full_plan(H.config(m, n, k, sms))
+    p = full_plan(routed(m, n, k, sms))
     if p[5] != 1 or p[6] != 1 or p[7] != 1 or p[9]:
         return []
     return [(*p[:5], 2, *p[6:])]
@@ -840,7 +867,7 @@ def final_plans(m, n, k, sms=132):
     epilogue through shared memory (VEC 2, the stages that still fit)."""
     if m <= 64:
         return []
-    wg, bn, _, pr, _, cl, sp = H.config(m, n, k, sms)
+    wg, bn, _, pr, _, cl, sp = routed(m, n, k, sms)
     return [(wg, bn, H.stages_for(wg, bn, vec=2), pr, 2, cl, sp)]
 
 
@@ -852,7 +879,7 @@ CARRY_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 6144, 4096), (409
 def carry_plans(m, n, k, sms=132):
     """The routed plan with the next tile's first slice carried over the epilogue
     (``PROMOTE`` 7) where it promotes every slice (1), and 128 x 256 tiles carried."""
-    wg, bn, st, pr, *rest = H.config(m, n, k, sms)
+    wg, bn, st, pr, *rest = routed(m, n, k, sms)
     out = [(wg, bn, st, 7, *rest)] if pr == 1 else []
     others = [(2, 256, 4, 3, 1), (2, 224, 5, 7, 1), (2, 208, 5, 7, 1), (2, 192, 5, 7, 1)]
     return out + [p for p in others if full_plan(p) not in map(full_plan, out)]
@@ -878,7 +905,7 @@ def alternate_plans(m, n, k, sms=132):
     as the routed plan (at most its stages), where the routed tile is 64 rows of one
     warpgroup or ``shared_plan``'s half the columns each (``NS`` 1); where it is swapped
     (16 to 32 rows, N up to 8192), the unswapped plan instead (``NS`` 2 at 64 rows)."""
-    wg, bn, stages, *_ = full = full_plan(H.config(m, n, k, sms))
+    wg, bn, stages, *_ = full = full_plan(routed(m, n, k, sms))
     occ, swap, ns = full[7], full[9], (full + (0,))[11]
     if swap:  # (the swapped tiles with NS 2 ran no faster: fp8 round A, 2026-11-27)
         return [unswapped(m, n, k, sms)] if m >= 16 and n <= 8192 else []
@@ -899,7 +926,7 @@ def cold_plans(m, n, k, sms=132):
     a multiprocessor, where the tiles fit one wave), K split 2 and 4 ways summed in the
     kernel. Past 64 rows: 64 x 128 and 64 x 64 tiles of two warpgroups on every other K
     slice (at 128 columns one slice sum waited for), 128 x 96 tiles, ``alternate_plans``."""
-    wg, bn, st, pr, *rest = full = full_plan(H.config(m, n, k, sms))
+    wg, bn, st, pr, *rest = full = full_plan(routed(m, n, k, sms))
     if full[9] and wg == 1:  # swapped, one warpgroup (as routed in round A)
         out = [NO_PDL] + ([GEMV] if D.fits(m) else [])
         if -(-n // 64) <= sms:
@@ -931,7 +958,7 @@ def cold2_plans(m, n, k, sms=132):
     picked before ``wide_alternating_plan``, 64 x 96 tiles of two warpgroups on alternate
     K slices and 128 x 96 tiles in clusters of two one above the other sharing each B
     slice (``CL`` 2: cuBLAS's kernel at 256 x 6144)."""
-    full = full_plan(H.config(m, n, k, sms))
+    full = full_plan(routed(m, n, k, sms))
     if full[9]:  # swapped
         wg, bn, st, pr = full[:4]
         out = [*PROMOTIONS, (wg, bn, st, pr, 1, 2, 1, 1, 0, 1)]
@@ -950,7 +977,7 @@ def cold3_plans(m, n, k, sms=132):
     the routed plan is swapped and its tiles fit one wave, the swapped tile with two
     consumer warpgroups on alternate K slices (``NS`` 2, one block a multiprocessor), 8,
     12 and 16 stages."""
-    full = full_plan(H.config(m, n, k, sms))
+    full = full_plan(routed(m, n, k, sms))
     if not full[9] or -(-n // 64) > sms:
         return []
     bn = full[1]
@@ -963,7 +990,7 @@ def swap_before(m, n, k, sms=132):
     consumer warpgroup, two blocks a multiprocessor; past K = 8192 it also split a tile's K
     slices over a cluster of two, since removed)] where the routed plan is two
     warpgroups', else []."""
-    full = full_plan(H.config(m, n, k, sms))
+    full = full_plan(routed(m, n, k, sms))
     if not full[9] or full[0] == 1:
         return []
     bn = full[1]
@@ -978,7 +1005,7 @@ def cold4_plans(m, n, k, sms=132):
     (``unwide``) where that is routed: this session's routing against main's at 338b9d6;
     where the swapped tiles fit one wave but run one warpgroup (6144 and 8192 columns),
     two consumer warpgroups on alternate K slices, 12 and 16 stages."""
-    full = full_plan(H.config(m, n, k, sms))
+    full = full_plan(routed(m, n, k, sms))
     if not full[9]:
         return unwide(m, n, k, sms)
     if full[0] == 2 or -(-n // 64) > sms:
@@ -992,7 +1019,7 @@ def wait_plans(m, n, k, sms=132):
     warpgroup up to 128 columns, or two sharing a 64-row tile, ``NS``), the same plan with
     two sums in turn (2: each slice's stage freed only once the next slice's wgmmas are
     issued), the routing before fp8 round C of 2026-11-27."""
-    full = full_plan(H.config(m, n, k, sms))
+    full = full_plan(routed(m, n, k, sms))
     wg, bn, promote, ns = full[0], full[1], full[3], (*full, 0)[11]
     narrow = (wg == 1 and bn <= 128) or (ns == 2 and bn <= H.ALTERNATE_BN) or ns == 1
     return [(*full[:3], 2, *full[4:])] if promote == 1 and narrow else []
@@ -1003,7 +1030,7 @@ def depth_plans(m, n, k, sms=132):
     it is swapped (up to ``SWAP_M`` rows), its ring two stages shallower and the deepest
     that fits its blocks a multiprocessor (with one slice sum waited for, each stage is
     freed as soon as its wgmmas are done: the depth the ring really has)."""
-    full = full_plan(H.config(m, n, k, sms))
+    full = full_plan(routed(m, n, k, sms))
     if not full[9]:
         return []
     wg, bn, st, occ, ns = full[0], full[1], full[2], full[7], (*full, 0)[11]
@@ -1018,7 +1045,7 @@ def mid_tile_plans(m, n, k, sms=132):
     the same tile storing C from registers with the stage that frees (``VEC`` 1), and 128 x
     96 and 128 x 112 tiles (one slice sum waited for, ``VEC`` 1; cuBLAS's tile at 256 x
     6144 x 4096 is 128 x 96)."""
-    full = full_plan(H.config(m, n, k, sms))
+    full = full_plan(routed(m, n, k, sms))
     if full[0] != 2 or full[4] != 3 or (*full, 0)[11]:
         return []
     out = [(*full[:2], H.stages_for(2, full[1]), full[3], 1, *full[5:])]
@@ -1031,7 +1058,7 @@ def arow_plans(m, n, k, sms=132):
     (10240 columns up to ``SWAP_M`` rows): the same with 64 A rows copied whatever M
     (``AR64``, the launch before), and with the deepest ring that fits the A rows copied
     (``a_rows``: 8 to 32), at most 24 stages."""
-    full = full_plan(H.config(m, n, k, sms))
+    full = full_plan(routed(m, n, k, sms))
     ns, ar = (*full, 0)[11], H.a_rows(m, 1, 1)
     if full[9] or not ns or ar >= 64:
         return []
@@ -1049,7 +1076,7 @@ def tile_plans(m, n, k, sms=132):
     (two a weight tile, each read twice: cuBLAS's 64 x 16 tiles at 32 x 4096 x 4096); from
     ``NS_M`` to ``WIDE_ALTERNATE_M`` rows ``shared_plan``'s where its tiles fit one wave
     (64 x 192 at 256 x 6144)."""
-    full = full_plan(H.config(m, n, k, sms))
+    full = full_plan(routed(m, n, k, sms))
     if full[9]:  # swapped: unswapped, and where it fits, half a's rows a tile (16 stages, 24)
         half = max(8, -(-m // 16) * 8)
         fits = full[0] == 2 and half < full[1] and 2 * -(-n // 64) <= sms
@@ -1063,7 +1090,7 @@ def tile_plans(m, n, k, sms=132):
     if m <= H.WIDE_ALTERNATE_M:  # shared_plan's 64-row tile of two warpgroups, one wave
         shared = H.shared_plan(m, n, sms)
         fits = -(-m // 64) * -(-n // shared[1]) <= sms
-        return [shared] if fits and shared != H.config(m, n, k, sms) else []
+        return [shared] if fits and shared != routed(m, n, k, sms) else []
     out = []
     for wg, bn, cl in H.RATES:
         if wg == 2 and bn >= 128:
@@ -1073,9 +1100,79 @@ def tile_plans(m, n, k, sms=132):
     return out
 
 
+def fitting_stages(wg, bn, ns, occ=1, most=16, ar=64):
+    """The deepest ring (at most ``most``) of a ``wg``-warpgroup tile of ``bn`` columns
+    (``ns``: sharing 64 rows) of which ``occ`` blocks fit one multiprocessor."""
+    limit = (H.SHARED_LIMIT + 1024) // occ - 1024
+    fits = [s for s in range(2, most + 1) if H.shared_bytes(wg, bn, s, 1, ar, ns) <= limit]
+    return fits[-1] if fits else 0
+
+
+def h200_plans(m, n, k, sms=132):
+    """The alternatives "h200" times beside the routed plan (``--timing percall``), for a
+    faster memory than the H100's (4.8 TB/s), where a weight-bound product needs more
+    multiprocessors streaming (about 48 GB/s each) or more bytes in flight an SM. Everywhere
+    the route of the other memory speed (``OTHER``, where it differs), the routed plan
+    without programmatic dependent launch and with its tensor maps' L2 promotion at 128
+    bytes (256 where it is 128), each plan with the routed plan's promotion. Swapped tiles
+    (up to ``SWAP_M`` rows): in clusters of two sharing a's slice (from 16 of its rows),
+    with the deepest ring at its blocks a multiprocessor; three blocks a multiprocessor (one
+    warpgroup); half a's rows a tile (two warpgroups, from 16 rows: two tiles a weight
+    tile); 128 weight rows a tile (28672 columns and more: cuBLAS's 128 x 8). Unswapped to
+    64 rows: the routed tile's deepest ring, and the swapped 64 x ``m`` tile of two
+    warpgroups on alternate slices. 65 to 256 rows: 128 x 96 (one sum waited for), 64 x 128
+    of two warpgroups on alternate slices, ``shared_plan``'s. (K splits summed in the kernel
+    lost at every shape and band: round A of 2026-11-28.)"""
+    full = full_plan(routed(m, n, k, sms))
+    wg, bn, st, pr = full[:4]
+    occ, swap, ns, l2 = full[7], full[9], full[11], full[12]
+    g = H.GROUP_ROWS
+    out = [NO_PDL, "l2p128" if l2 == 256 else "l2p256"]
+    if other_route(m, n, k, sms) != routed(m, n, k, sms):
+        out.insert(0, OTHER)
+    if swap:
+        if bn >= 16:  # pairs of weight tiles sharing a's slice (multicast), one block an SM
+            out.append((wg, bn, fitting_stages(wg, bn, ns, 1, 24), pr, 1, 2, 1, 1, 0, 1, g, ns))
+        deep = fitting_stages(wg, bn, ns, occ, 32)
+        if deep > st:
+            out.append((wg, bn, deep, pr, 1, 1, 1, occ, 0, 1, g, ns))
+        if wg == 1:
+            out.append((1, bn, fitting_stages(1, bn, 0, 3, 32), pr, 1, 1, 1, 3, 0, 1, g, 0))
+        half = max(8, -(-m // 16) * 8)
+        if wg == 2 and half < bn:
+            out.append((2, half, fitting_stages(2, half, 2), 1, 1, 1, 1, 1, 0, 1, g, 2))
+        if n >= 28672:
+            out.append((2, bn, fitting_stages(2, bn, 0), 1, 1, 1, 1, 1, 0, 1, g, 0))
+    elif m <= 64:
+        deep = fitting_stages(wg, bn, ns, 1, 24, H.a_rows(m, 1, 1))
+        if deep > st:
+            out.append((wg, bn, deep, *full[3:]))
+        sw = max(8, -(-m // 8) * 8)
+        if -(-n // 64) <= sms:
+            out.append((2, sw, fitting_stages(2, sw, 2), 1, 1, 1, 1, 1, 0, 1, g, 2))
+    elif m <= H.WIDE_ALTERNATE_M:
+        out += [(2, 96, H.stages_for(2, 96), 1, 1), H.alternating_plan(128),
+                H.shared_plan(m, n, sms)]  # fmt: skip
+    out = [p if p in NAMED else (*full_plan(p)[:12], l2) for p in out]  # (the routed maps')
+    return list(dict.fromkeys(p for p in out if full_plan(p) != full))
+
+
 COLDS = {"cold": cold_plans, "cold2": cold2_plans, "cold3": cold3_plans, "cold4": cold4_plans,
          "tiles": tile_plans, "waits": wait_plans, "depths": depth_plans,
          "mids": mid_tile_plans, "arows": arow_plans}  # fmt: skip
+# h200_plans' cases ("h200": the H200 page run's weakest first; "h200b": the decode rows
+# and the mid rows at the other shapes), each list in the order timed
+H200_SETS = {
+    "h200": [(256, 6144, 4096), (32, 4096, 14336), (64, 4096, 14336), (32, 4096, 4096),
+             (64, 4096, 4096), (256, 4096, 4096), (128, 6144, 4096), (128, 10240, 8192),
+             (32, 28672, 4096)] + [(m, n, k) for m in (4, 16) for mo in SHAPES.values()
+                                   for n, k in mo],
+    "h200b": [(m, n, k) for m in (1, 8) for mo in SHAPES.values() for n, k in mo]
+    + [(m, n, k) for m in (32, 64, 128) for n, k in ((6144, 4096), (10240, 8192),
+                                                      (8192, 8192), (57344, 8192))]
+    + [(256, 8192, 8192), (256, 4096, 14336), (256, 10240, 8192), (128, 4096, 14336),
+       (128, 8192, 28672), (128, 4096, 4096)],
+}  # fmt: skip
 
 
 def main_plan(plan, m) -> tuple:
@@ -1096,10 +1193,10 @@ def main_plan(plan, m) -> tuple:
 
 def full_plan(plan) -> tuple:
     """``plan`` with its defaults spelled out: (WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT, OCC,
-    FUSE, SWAP, GROUP); ``GEMV`` as it is."""
+    FUSE, SWAP, GROUP, NS, L2); a named plan (``NAMED``) as it is."""
     if plan in NAMED:
         return (plan,)
-    return (*plan, *(1, 1, 1, 0, 0, H.GROUP_ROWS)[len(plan) - 5 :])
+    return (*plan, *H.PLAN_DEFAULTS[len(plan) - 5 :])
 
 
 def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
@@ -1107,7 +1204,7 @@ def run_case(m, n, k, rowwise, plans, log, label="", floor_us=None):
     ref = scaled_mm(*sets[0]).float()
     rec = {"case": label or f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "rowwise": rowwise}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rec["pick_plan"] = GEMV if D.fits(m, True) else list(H.config(m, n, k, sms))
+    rec["pick_plan"] = GEMV if D.fits(m, True) else list(routed(m, n, k, sms))
     fns = {"cublas": scaled_mm}
     for plan in [None, *plans]:
         if plan is not None and full_plan(plan) == full_plan(rec["pick_plan"]):
@@ -1277,53 +1374,53 @@ def warm(cases, ms, models, processes: int = 14) -> None:
     jobs = [(p, False) for p in sorted(plans)]
     for m in ms:  # the routed plans, at their own rows (a decode tile's A rows copied)
         rows = 1 if m == 1 else min(H.a_rows(m, 1, 1), 256)  # (one row: gemv_fp8)
-        jobs += [(H.config(m, n, k, 132), False, rows) for n, k in shapes]
+        jobs += [(routed(m, n, k, 132), False, rows) for n, k in shapes]
     if "swap" in cases:
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 jobs += [(p, False) for p in swap_plans(m, n, k)]
-                jobs.append((H.config(m, n, k, 132), False, min(H.a_rows(m, 1, 1), 64)))
+                jobs.append((routed(m, n, k, 132), False, min(H.a_rows(m, 1, 1), 64)))
     if "decgrid" in cases:
         for m in {min(H.a_rows(m, 1, 1), 64) for m in ms if m <= 64}:
             for n, k in DECODE_SHAPES:
-                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *decode_plans(m, n, k)]]
+                jobs += [(p, False, m) for p in [routed(m, n, k, 132), *decode_plans(m, n, k)]]
     if "interval" in cases:
         jobs += [(p, True) for p in INTERVAL[:5]]
     if "final" in cases:
-        jobs += [(H.config(4096, 4096, 4096, 132), r) for r in (False, True)]
-        jobs.append((H.config(8192, 8192, 8192, 132), False))
+        jobs += [(routed(4096, 4096, 4096, 132), r) for r in (False, True)]
+        jobs.append((routed(8192, 8192, 8192, 132), False))
     if "mid" in cases:
         for m in [m for m in ms if 64 < m <= 256]:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
-                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *mid_plans(m, n, k)]]
+                jobs += [(p, False, m) for p in [routed(m, n, k, 132), *mid_plans(m, n, k)]]
     if "decode" in cases:
         for m in [m for m in ms if m <= 64]:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 64)
-                pick = H.config(m, n, k, 132)
+                pick = routed(m, n, k, 132)
                 jobs += [(p, False, rows) for p in [pick, *decode_alternatives(m, n, k)]]
     if "midsplit" in cases:
         for m in [m for m in ms if 64 < m <= 256]:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
-                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *split_plans(m, n, k)]]
+                jobs += [(p, False, m) for p in [routed(m, n, k, 132), *split_plans(m, n, k)]]
     if "carry" in cases or "carrysq" in cases:
         for m, n, k in CARRY_SHAPES[: 2 if "carrysq" in cases else None]:
-            jobs += [(p, False) for p in [H.config(m, n, k, 132), *carry_plans(m, n, k)]]
+            jobs += [(p, False) for p in [routed(m, n, k, 132), *carry_plans(m, n, k)]]
     if "clk" in cases:
         jobs += [(p, False) for p in CLUSTER_VEC]
     if "one" in cases:
-        jobs += [(H.config(1, n, k, 132), False, 1) for mo in models for n, k in SHAPES[mo]]
+        jobs += [(routed(1, n, k, 132), False, 1) for mo in models for n, k in SHAPES[mo]]
     if "rings" in cases:
         for m in ms:
             for n, k in RING_SHAPES:
                 rows = min(H.a_rows(m, 1, 1), 256)
-                jobs += [(p, False, rows) for p in [H.config(m, n, k, 132), *ring_plans(m, n, k)]]
+                jobs += [(p, False, rows) for p in [routed(m, n, k, 132), *ring_plans(m, n, k)]]
     if "bands" in cases:
         bshapes = [s for mo in models for s in SHAPES[mo]] if "allshapes" in cases else BAND_SHAPES
         for m in ms:
             for n, k in bshapes:
                 rows = 1 if m == 1 else min(H.a_rows(m, 1, 1), 256)
-                jobs.append((H.config(m, n, k, 132), False, rows))
+                jobs.append((routed(m, n, k, 132), False, rows))
                 jobs += [(p, False, m) for p in band_plans(m, n, k) if p != GEMV]
     if "sweepdef" in cases:
         for m in ms:
@@ -1331,44 +1428,44 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 jobs += [(p, False, min(m, 256)) for p in deferred_plans(m, n, k)]
     if "epiq" in cases:
         jobs += [(p, False) for p in EPIQ]
-        jobs += [(H.config(*shape, 132), False) for shape in EPIQ_SHAPES]
+        jobs += [(routed(*shape, 132), False) for shape in EPIQ_SHAPES]
     if "ksweep" in cases:
-        jobs += [(H.config(m, n, k, 132), False) for m, n, k in KSWEEP]
+        jobs += [(routed(m, n, k, 132), False) for m, n, k in KSWEEP]
     if "kdec" in cases:
-        jobs += [(H.config(m, n, k, 132), False, m) for m, n, k in KDEC]
+        jobs += [(routed(m, n, k, 132), False, m) for m, n, k in KDEC]
     if "nsroute" in cases:
         for m in [m for m in ms if m <= 256]:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
-                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *unshared(m, n, k)]]
+                jobs += [(p, False, m) for p in [routed(m, n, k, 132), *unshared(m, n, k)]]
     if "ns" in cases:
         for m in [m for m in ms if m <= 256]:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
-                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *ns_plans(m, n, k)]]
+                jobs += [(p, False, m) for p in [routed(m, n, k, 132), *ns_plans(m, n, k)]]
     if "squares" in cases:
-        jobs += [(p, False) for s in SQUARE_PLANS for p in [H.config(s, s, s, 132),
+        jobs += [(p, False) for s in SQUARE_PLANS for p in [routed(s, s, s, 132),
                                                            *SQUARE_PLANS[s]]]  # fmt: skip
     if "gaps" in cases or "pdl" in cases or "pdlsweep" in cases:  # (with and without PDL)
         cs = set(GAP_CASES) | (set(PDL_CASES) if "pdl" in cases else set())
         if "pdlsweep" in cases:
             cs = {(m, n, k) for m in ms if m <= H.SWAP_M for mo in models for n, k in SHAPES[mo]}
-        jobs += [(H.config(*c, 132), False, min(H.a_rows(c[0], 1, 1), 256), p) for c in cs
+        jobs += [(routed(*c, 132), False, min(H.a_rows(c[0], 1, 1), 256), p) for c in cs
                  for p in (0, 1)]  # fmt: skip
     if "paired" in cases:
         for m in ms:
             for n, k in BAND_SHAPES:
-                jobs += [(p, False, m) for p in [H.config(m, n, k, 132), *paired_plans(m, n, k)]]
+                jobs += [(p, False, m) for p in [routed(m, n, k, 132), *paired_plans(m, n, k)]]
     if "alt" in cases:
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
                 jobs += [
-                    (p, False, rows) for p in [H.config(m, n, k, 132), *alternate_plans(m, n, k)]
+                    (p, False, rows) for p in [routed(m, n, k, 132), *alternate_plans(m, n, k)]
                 ]
     if "cold" in cases:
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
-                pick = H.config(m, n, k, 132)
+                pick = routed(m, n, k, 132)
                 plans = [p for p in cold_plans(m, n, k) if p not in NAMED]
                 jobs += [(p, False, rows) for p in [pick, *plans]] + [(pick, False, rows, 0)]
     if "cold2" in cases:
@@ -1376,19 +1473,29 @@ def warm(cases, ms, models, processes: int = 14) -> None:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
                 plans = [p for p in cold2_plans(m, n, k) if p not in NAMED]
-                pick = H.config(m, n, k, 132)
+                pick = routed(m, n, k, 132)
                 jobs += [(p, False, rows) for p in [pick, *plans]]
     for name in [c for c in cases if c in COLDS and c not in ("cold", "cold2")]:
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
-                plans = [H.config(m, n, k, 132), *COLDS[name](m, n, k)]
+                plans = [routed(m, n, k, 132), *COLDS[name](m, n, k)]
                 jobs += [(p, False, rows) for p in plans if p not in NAMED]
+    for m, n, k in [c for name in cases for c in H200_SETS.get(name, [])]:
+        rows = min(H.a_rows(m, 1, 1), 256)
+        pick = routed(m, n, k, 132)
+        jobs += [(p, False, rows) for p in [pick, *h200_plans(m, n, k)] if p not in NAMED]
+        jobs += [(pick, False, rows, 0), (other_route(m, n, k), False, rows)]
+    if "mem" in cases:  # the routed plans and the other memory speed's
+        for m in ms:
+            for n, k in [s for mo in models for s in SHAPES[mo]]:
+                rows = min(H.a_rows(m, 1, 1), 256)
+                jobs += [(routed(m, n, k), False, rows), (other_route(m, n, k), False, rows)]
     if "vsmain" in cases:  # main's routing: its swapped tiles without PDL
         for m in ms:
             for n, k in [s for mo in models for s in SHAPES[mo]]:
                 rows = min(H.a_rows(m, 1, 1), 256)
-                pick = H.config(m, n, k, 132)
+                pick = routed(m, n, k, 132)
                 before = main_plan(pick, m)
                 jobs += [(pick, False, rows), (before, False, rows, int(not full_plan(before)[9]))]
     if "sweepbefore" in cases:  # the routing before this branch: no PDL
@@ -1397,9 +1504,9 @@ def warm(cases, ms, models, processes: int = 14) -> None:
                 if m > H.SWAP_M:
                     jobs.append((without_200(m, n, k)[0], False, min(m, 256), 0))
     if "widths" in cases:
-        jobs += [(p, False) for c in WIDTH_CASES for p in [H.config(*c, 132), *without_200(*c)]]
+        jobs += [(p, False) for c in WIDTH_CASES for p in [routed(*c, 132), *without_200(*c)]]
     if "group" in cases:
-        jobs += [(p, False) for s in (4096, 8192) for p in [H.config(s, s, s, 132),
+        jobs += [(p, False) for s in (4096, 8192) for p in [routed(s, s, s, 132),
                                                             *group_plans(s, s, s)]]  # fmt: skip
     jobs = sorted(set(jobs))
     chunks = [jobs[i::processes] for i in range(processes)]
@@ -1504,6 +1611,8 @@ def main() -> None:
         over_shapes(ms, ring_plans, RING_SHAPES, "ring ")
     if "alt" in cases:  # two warpgroups on every other K slice of the routed narrow tile
         over_shapes(ms, alternate_plans, some=True)
+    if "mem" in cases:  # the routed plans against the other memory speed's where they differ
+        over_shapes(ms, lambda m, n, k: [OTHER] if other_route(m, n, k) != routed(m, n, k) else [])
     if "vsmain" in cases:  # the routed plans against main's routing
         over_shapes(ms, lambda m, n, k: [MAIN])
     colds = [c for c in cases if c in COLDS]  # (--timing percall)
@@ -1513,6 +1622,15 @@ def main() -> None:
     for name in colds:
         some = name not in ("cold", "cold2")
         over_shapes(ms, COLDS[name], bw=bw, some=some)
+    for name in [c for c in cases if c in H200_SETS]:  # the faster memory's alternatives
+        for m, n, k in H200_SETS[name]:
+            if time.time() - t0 > args.budget:
+                print(f"budget: skipped M={m} {n}x{k}", flush=True)
+                continue
+            try:
+                recs.append(run_case(m, n, k, False, h200_plans(m, n, k), log, f"M={m} {n}x{k}"))
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
     if "pdl" in cases:  # the routed plans with and without programmatic dependent launch
         for m, n, k in PDL_CASES:
             if time.time() - t0 > args.budget:

@@ -202,7 +202,7 @@ def alt_plan(a, b, sms: int):
 
 
 def other_memory_plan(a, b):
-    """The route a GPU on the other side of ``linear.FAST_MEMORY`` takes for ``a @ b`` (an
+    """The route a GPU on the other side of ``_arrays.FAST_MEMORY`` takes for ``a @ b`` (an
     H100's on an H200 and the reverse: where ``linear.ByMemory`` entries differ), or None
     where both take this GPU's route."""
     import importlib
@@ -214,14 +214,14 @@ def other_memory_plan(a, b):
     x, y = inputs.array(a, "a", ndim=2), inputs.array(b, "b", ndim=2)
     (m, k), n = x.shape, y.shape[1]
     chosen = linear.route(x, y, (m, n, k), False, True, False)
-    before = linear.FAST_MEMORY
+    before = _arrays.FAST_MEMORY
     try:
         routes = []
         for limit in (0.0, math.inf):  # every GPU fast, then every GPU slow
-            linear.FAST_MEMORY = limit
+            _arrays.FAST_MEMORY = limit
             routes.append(linear.route(x, y, (m, n, k), False, True, False))
     finally:
-        linear.FAST_MEMORY = before
+        _arrays.FAST_MEMORY = before
     return next((r for r in routes if r != chosen), None)
 
 
@@ -330,7 +330,7 @@ def sweep(
     (``streamk_plans``); ``alt``: also the routed plan's variant (``alt_plan``); ``skews``:
     also the routed persistent plan with each skew (``skew_plan``); ``shapes``: only these
     "NxK" shapes (default all); ``other``: also the route of the other side of
-    ``linear.FAST_MEMORY`` (``other_memory_plan``); ``budget``: stops starting cases when
+    ``_arrays.FAST_MEMORY`` (``other_memory_plan``); ``budget``: stops starting cases when
     spent (or warm mode)."""
     budget = budget or Budget(None)
     sms = h.meta.get("sms", 132)

@@ -17,7 +17,7 @@ import numpy as np
 from kaio.errors import LaunchError
 from kaio.types import ScalarType, from_numpy_dtype
 
-__all__ = ["TensorMap", "tensor_map_2d", "SWIZZLES", "MAPS_KEPT"]
+__all__ = ["TensorMap", "tensor_map_2d", "SWIZZLES", "L2_PROMOTIONS", "MAPS_KEPT"]
 
 SWIZZLES = (0, 32, 64, 128)
 """The shared-tile swizzles, in bytes (0: none): 16-byte chunk ``c`` of the tile's 128-byte
@@ -26,9 +26,11 @@ line ``L`` is stored at chunk ``c ^ (L % (swizzle // 16))`` (the ``kaio.swizzle`
 _DATA_TYPES = {"u8": 0, "i8": 0, "u16": 1, "i16": 1, "u32": 2, "i32": 3, "u64": 4, "i64": 5}
 _DATA_TYPES |= {"f16": 6, "f32": 7, "f64": 8, "bf16": 9}
 _SWIZZLE_ENUM = {0: 0, 32: 1, 64: 2, 128: 3}
-_L2_PROMOTION_256B = 3
+L2_PROMOTIONS = {0: 0, 64: 1, 128: 2, 256: 3}  # bytes -> CUtensorMapL2promotion
+"""The L2 promotions a map may ask for, in bytes (0: none): the sector size an L2 miss of a
+copy fetches."""
 
-# encoded maps kept by (address, dtype, shape, row stride, box, swizzle): everything the 128
+# encoded maps kept by (address, dtype, shape, row stride, box, swizzle, L2 promotion): all the 128
 # bytes depend on, so a hit is the same map the driver would encode again (an op called in
 # a loop over the same arrays, or over the few addresses torch's caching allocator hands
 # back, encodes each map once). The oldest go past this many; 0: encode every time
@@ -38,8 +40,9 @@ _KEPT: dict = {}  # key -> (the encoder that made it, its 128 bytes)
 
 class TensorMap:
     """A 2-D TMA tensor map over ``array`` (row-major, ``[rows, cols]``) copying boxes of
-    ``box = (box_rows, box_cols)`` elements into shared tiles swizzled by ``swizzle`` bytes.
-    Build it with ``kaio.tensor_map_2d``; ``encoded()`` gives the driver's 128 bytes."""
+    ``box = (box_rows, box_cols)`` elements into shared tiles swizzled by ``swizzle`` bytes,
+    its L2 misses promoted to ``l2_promotion`` bytes. Build it with ``kaio.tensor_map_2d``;
+    ``encoded()`` gives the driver's 128 bytes."""
 
     def __init__(
         self,
@@ -50,6 +53,7 @@ class TensorMap:
         box,
         swizzle,
         address: int | None = None,
+        l2_promotion: int = 256,
     ):
         self.array = array
         self.address = address  # of element 0 of a CUDA array (None: asked when encoding)
@@ -58,6 +62,7 @@ class TensorMap:
         self.row_stride = row_stride  # elements
         self.box = box
         self.swizzle = swizzle
+        self.l2_promotion = l2_promotion
         self._bytes: bytes | None = None
 
     @property
@@ -68,7 +73,7 @@ class TensorMap:
     def encoded(self) -> bytes:
         """The 128-byte ``CUtensorMap`` (``cuTensorMapEncodeTiled``), encoded on first use, or
         the bytes of an identical map encoded before (same address, dtype, shape, strides,
-        box and swizzle: ``MAPS_KEPT``)."""
+        box, swizzle and L2 promotion: ``MAPS_KEPT``)."""
         if self._bytes is None:
             self._bytes = _kept_encoding(self)
         return self._bytes
@@ -76,7 +81,7 @@ class TensorMap:
     def __repr__(self) -> str:
         return (
             f"kaio.TensorMap({self.dtype}[{self.shape[0]}, {self.shape[1]}], box={self.box}, "
-            f"swizzle={self.swizzle})"
+            f"swizzle={self.swizzle}, l2_promotion={self.l2_promotion})"
         )
 
 
@@ -93,12 +98,13 @@ def _shape_of(array) -> tuple[tuple, tuple, ScalarType, int | None]:
     return tuple(info.shape), tuple(info.strides), info.dtype, info.ptr
 
 
-def tensor_map_2d(array, box: tuple, swizzle: int = 128) -> TensorMap:
+def tensor_map_2d(array, box: tuple, swizzle: int = 128, l2_promotion: int = 256) -> TensorMap:
     """A ``TensorMap`` copying ``box = (rows, cols)`` boxes of the 2-D array ``array`` (a CUDA
     array, or a NumPy array for the simulator) into shared tiles with the given swizzle (0,
     32, 64 or 128 bytes). The rows of ``array`` must be contiguous, 16-byte aligned and a
     multiple of 16 bytes apart; a box row (``cols`` elements) is at most ``swizzle`` bytes
-    when swizzled and each box side is 1..256. Elements outside the array read as zero."""
+    when swizzled and each box side is 1..256. Elements outside the array read as zero.
+    ``l2_promotion``: the bytes an L2 miss of a copy fetches (0, 64, 128 or 256)."""
     shape, strides, dtype, address = _shape_of(array)
 
     def error(message: str) -> ValueError:  # the text is made only for an error
@@ -118,6 +124,10 @@ def tensor_map_2d(array, box: tuple, swizzle: int = 128) -> TensorMap:
         )
     if swizzle not in SWIZZLES:
         raise error(f"swizzle must be one of {SWIZZLES} bytes, got {swizzle!r}")
+    if l2_promotion not in L2_PROMOTIONS:
+        raise error(
+            f"l2_promotion must be one of {list(L2_PROMOTIONS)} bytes, got {l2_promotion!r}"
+        )
     rows, cols = (int(b) for b in box)
     if not (1 <= rows <= 256 and 1 <= cols <= 256):
         raise error(f"each box side must be 1..256, got {box}")
@@ -125,7 +135,9 @@ def tensor_map_2d(array, box: tuple, swizzle: int = 128) -> TensorMap:
     if inner % 16 or (swizzle and inner > swizzle):
         limit = f"at most {swizzle} bytes (the swizzle) and " if swizzle else ""
         raise error(f"a box row is {inner} bytes; it must be {limit}a multiple of 16 bytes")
-    return TensorMap(array, dtype, tuple(shape), strides[0], (rows, cols), swizzle, address)
+    return TensorMap(
+        array, dtype, tuple(shape), strides[0], (rows, cols), swizzle, address, l2_promotion
+    )
 
 
 def _kept_encoding(tm: TensorMap) -> bytes:
@@ -136,7 +148,7 @@ def _kept_encoding(tm: TensorMap) -> bytes:
     if address is None or not MAPS_KEPT:
         return _encode(tm)
     encode = _encode
-    key = (address, tm.dtype, tm.shape, tm.row_stride, tm.box, tm.swizzle)
+    key = (address, tm.dtype, tm.shape, tm.row_stride, tm.box, tm.swizzle, tm.l2_promotion)
     found = _KEPT.get(key)
     if found is not None and found[0] is encode:
         return found[1]
@@ -172,7 +184,7 @@ def _encode(tm: TensorMap, address: int | None = None) -> bytes:
         [cu.cuuint32_t(1), cu.cuuint32_t(1)],
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         cu.CUtensorMapSwizzle(_SWIZZLE_ENUM[tm.swizzle]),
-        cu.CUtensorMapL2promotion(_L2_PROMOTION_256B),
+        cu.CUtensorMapL2promotion(L2_PROMOTIONS[tm.l2_promotion]),
         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
     )
     encoded = check(result, f"cuTensorMapEncodeTiled for {tm!r}")

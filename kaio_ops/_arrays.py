@@ -12,6 +12,7 @@ another shape or element type without making a view (a ``RawArray`` of its addre
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -360,6 +361,39 @@ def memory_bandwidth(like: Operand) -> float | None:
         except Exception:  # noqa: BLE001  (an attribute this driver lacks: no limit)
             _BANDWIDTH[like.device] = None
     return _BANDWIDTH[like.device]
+
+
+# GPUs whose peak memory bandwidth is FAST_MEMORY or more (H200: 4.8 TB/s, H100: 3.35) take
+# the ``fast`` choice of a ``ByMemory``: a memory-bound product keeps the faster memory busy
+# only with more bytes in flight an SM, or more multiprocessors streaming, which changes its
+# fastest tile
+FAST_MEMORY = 4e12
+
+
+def fast_memory(like: Operand) -> bool:
+    """Whether ``like``'s GPU has a peak memory bandwidth (``memory_bandwidth``) of at least
+    ``FAST_MEMORY`` (an H200); False for an H100, in the simulator, or where the driver does
+    not tell."""
+    peak = memory_bandwidth(like)
+    return peak is not None and peak >= FAST_MEMORY
+
+
+class ByMemory(NamedTuple):
+    """A routing choice that the GPU's memory decides: ``fast`` where ``fast_memory`` (an
+    H200), else ``slow`` (an H100, the simulator, a driver that does not tell)."""
+
+    slow: object
+    fast: object
+
+    def on(self, fast: bool):
+        """The choice for a GPU whose memory is fast (``fast_memory``) or not."""
+        return self.fast if fast else self.slow
+
+
+def for_memory(choice, like: Operand):
+    """``choice`` for the GPU of ``like``: a ``ByMemory``'s ``fast`` or ``slow`` choice,
+    anything else as it is."""
+    return choice.on(fast_memory(like)) if isinstance(choice, ByMemory) else choice
 
 
 def three(items: list) -> list:

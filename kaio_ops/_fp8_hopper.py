@@ -110,6 +110,7 @@ from __future__ import annotations
 import kaio
 from kaio import bool_, e4m3, e5m2, f16, f32, i32, u32, u64
 from kaio_ops import _arrays
+from kaio_ops._arrays import ByMemory
 from kaio_ops._fp8 import FP8_TYPES, store_scaled, store_scaled_by
 from kaio_ops._gemm_hopper import store_shared
 from kaio_ops._matmul_hopper import (
@@ -1064,6 +1065,14 @@ PDL = 1
 
 SWAP_M = 32  # a's rows up to which the swapped tiles run (swap_config; one row: _fp8_decode)
 SWAP_OCC = 2  # swapped blocks a multiprocessor
+# the L2 promotion (bytes an L2 miss fetches) of the decode tiles' tensor maps (up to 64 rows;
+# not the swapped two-warpgroup tiles): 128 on the faster memory (H200, fp8 rounds A2 and C of
+# 2026-11-28, bench/fp8_plans.py --cases h200,h200b: the swapped one-warpgroup tiles at 1 to
+# 8 rows 0.95-0.98x -> 1.00-1.01x of cuBLAS at 57344 x 8192, 0.98-1.02x -> 1.04-1.06x at 8192
+# x 28672, 0.96-0.97x -> 0.99x at 8192 x 8192; the unswapped 64 x 80 tiles of 10240 x 8192
+# 1-2% faster; the swapped two-warpgroup tiles at 4096 columns 1% slower, kept at 256), 256
+# on an H100 (main's: not measured there in this pass)
+DECODE_L2 = ByMemory(256, 128)
 
 
 def swap_stages(n: int, k: int, sms: int) -> int:
@@ -1076,7 +1085,7 @@ def swap_stages(n: int, k: int, sms: int) -> int:
     return 6 if -(-n // 64) > SWAP_OCC * sms and k <= 4096 else 8
 
 
-def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
+def swap_config(m: int, n: int, k: int, sms: int, fast: bool = False) -> tuple | None:
     """The swapped decode plan (``SWAP``, C^T = B^T A^T, as cuBLAS's 64 x 8 tiles): tiles of
     64 weight rows by a's ``m`` rows rounded up to 8. Where the tiles fill at most half the
     multiprocessors once (4096 columns), two consumer warpgroups
@@ -1087,7 +1096,8 @@ def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
     slots: 10240 columns): the unswapped tiles were faster there. Measured on an H100
     (bench/fp8_plans.py --cases swap, decode, cold3; docs/performance.md). (A tile's K
     slices over a cluster of two blocks, routed at 4096 x 14336 from 9 to 32 rows before,
-    ran 1-3% slower there than two warpgroups, and was removed.)"""
+    ran 1-3% slower there than two warpgroups, and was removed.) ``fast``: the GPU's memory
+    is (``_arrays.fast_memory``): the one-warpgroup tiles' maps promote ``DECODE_L2``'s."""
     tiles = -(-n // 64)
     if sms < tiles <= SWAP_OCC * sms:
         return None
@@ -1096,7 +1106,8 @@ def swap_config(m: int, n: int, k: int, sms: int) -> tuple | None:
         return swap_alternating_plan(bn)
     most = stages_for(1, bn, 32, limit=(SHARED_LIMIT + 1024) // SWAP_OCC - 1024)
     stages = min(most, swap_stages(n, k, sms))
-    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1, GROUP_ROWS, 0
+    l2 = DECODE_L2.on(fast)
+    return 1, bn, stages, promotion(1, bn), 1, 1, 1, SWAP_OCC, 0, 1, GROUP_ROWS, 0, l2
 
 
 def swap_alternating_plan(bn: int) -> tuple:
@@ -1132,6 +1143,7 @@ def alternating_plan(bn: int, most: int = 12) -> tuple:
 
 
 WIDE_ALTERNATE_M = 256  # a's rows up to which wide_alternating_plan's tiles may run
+SHARED_K = 8192  # the K up to which the faster memory takes shared_plan's tiles to 256 rows
 
 
 def wide_alternating_plan(m: int, n: int, sms: int) -> tuple | None:
@@ -1165,35 +1177,58 @@ def shared_plan(m: int, n: int, sms: int) -> tuple:
     return 2, bn, fits[-1], promotion(1, bn // 2), 1, 1, 1, 1, 0, 0, GROUP_ROWS, 1
 
 
-def config(m: int, n: int, k: int, sms: int) -> tuple:
-    """(WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT[, OCC, FUSE, SWAP]) for an ``m x n`` output
-    on ``sms`` multiprocessors. Up to ``SWAP_M`` rows the swapped tiles (``swap_config``)
-    where they fit the multiprocessors. Up to 64 rows the weights' bytes are the cost:
-    64-row tiles of 16 to 128 columns (one slice sum waited for; up to ``ALTERNATE_BN``
-    columns two warpgroups on every other K slice: ``alternating_plan``), the width that fills the
-    waves of tiles best (each tile costs about 64 columns more than its width: 32 columns
-    for N = 4096, 48 for 6144, 112 for 28672). Past that, the tile of ``RATES`` whose
-    ``estimate`` is least: its speed times how well its tiles fill the waves, the last
-    wave's tiles split along K where that shortens it; up to ``NS_M`` rows, where that is
-    two warpgroups' 128 x 64 tile (or past 96 rows one's 64 x 64), ``shared_plan``'s; up
-    to ``WIDE_ALTERNATE_M`` rows ``wide_alternating_plan``'s where it fills a wave.
-    Measured on an H100 (bench/fp8_plans.py; docs/performance.md)."""
+def config(m: int, n: int, k: int, sms: int, fast: bool = False) -> tuple:
+    """(WG, BN, STAGES, PROMOTE, VEC, CL, SPLIT[, OCC, FUSE, SWAP, GROUP, NS[, L2]]) for an ``m
+    x n`` output on ``sms`` multiprocessors. Up to ``SWAP_M`` rows the swapped tiles
+    (``swap_config``) where they fit the multiprocessors. Up to 64 rows the weights' bytes are
+    the cost: 64-row tiles of 16 to 128 columns (one slice sum waited for; up to
+    ``ALTERNATE_BN`` columns two warpgroups on every other K slice: ``alternating_plan``), the
+    width that fills the waves of tiles best (each tile costs about 64 columns more than its
+    width: 32 columns for N = 4096, 48 for 6144, 112 for 28672). Past that, the tile of
+    ``RATES`` whose ``estimate`` is least: its speed times how well its tiles fill the waves,
+    the last wave's tiles split along K where that shortens it; up to ``NS_M`` rows, where that
+    is two warpgroups' 128 x 64 tile (or past 96 rows one's 64 x 64), ``shared_plan``'s; up to
+    ``WIDE_ALTERNATE_M`` rows ``wide_alternating_plan``'s where it fills a wave. Measured on an
+    H100 (bench/fp8_plans.py; docs/performance.md). On the faster memory (``fast``:
+    ``_arrays.fast_memory``, an H200; measured there) the decode tiles' tensor maps promote
+    ``DECODE_L2``'s bytes, and ``shared_plan``'s tiles run where they make one wave: in place of
+    128-row tiles up to ``NS_M`` rows, of any tile up to ``WIDE_ALTERNATE_M`` rows at K up to
+    ``SHARED_K``."""
 
     def waves(rows: int, bn: int) -> int:
         return -(-(-(-m // rows) * -(-n // bn)) // sms)
 
-    swapped = swap_config(m, n, k, sms) if m <= SWAP_M else None
+    swapped = swap_config(m, n, k, sms, fast) if m <= SWAP_M else None
     if swapped:
         return swapped
     if m <= 64:
         bn = min(range(16, 129, 16), key=lambda b: (waves(64, b) * (b + 64), -b))
-        return alternating_plan(bn) if bn <= ALTERNATE_BN else plan(1, bn)
+        tile = alternating_plan(bn) if bn <= ALTERNATE_BN else plan(1, bn)
+        return promoted(tile, DECODE_L2.fast) if fast else tile
     (*_, split), tile = min((estimate(m, n, k, sms, *tile), tile) for tile in RATES)
     # narrow tiles: two warpgroups on 64 rows (one warpgroup's 64 x 64 only past 96 rows: at
-    # 96 it tied or lost on an H100, at 128 it gained 3%)
-    if m <= NS_M and (tile == (2, 64, 1) or (tile == (1, 64, 1) and m > 96)):
+    # 96 it tied or lost on an H100, at 128 it gained 3%); on the faster memory also in place
+    # of 128-row tiles where they make one wave, up to NS_M rows and, at K up to SHARED_K, to
+    # WIDE_ALTERNATE_M (H200, fp8 rounds A, A2 and C of 2026-11-28: 128 x 10240 x 8192 in 64 x
+    # 160 tiles 0.95-0.99x of cuBLAS against 128 x 128's 0.92-0.94x; 256 x 6144 x 4096 in 64 x
+    # 192 0.90x against 128 x 128's 0.84x, 256 x 4096 x 4096 in 64 x 128 0.93x against
+    # wide_alternating_plan's 0.90-0.91x, which at K = 14336 was 1% faster)
+    narrow = tile == (2, 64, 1) or (tile == (1, 64, 1) and m > 96)
+    one_wave = fast and shared_plan(m, n, sms)[1] < 256
+    if m <= NS_M and (narrow or (one_wave and tile[1] >= 128)):
+        return shared_plan(m, n, sms)
+    if one_wave and NS_M < m <= WIDE_ALTERNATE_M and k <= SHARED_K:
         return shared_plan(m, n, sms)
     return wide_alternating_plan(m, n, sms) or plan(*tile, split)
+
+
+PLAN_DEFAULTS = (1, 1, 1, 0, 0, GROUP_ROWS, 0, 256)  # a plan's CL, SPLIT, OCC, FUSE, SWAP,
+# GROUP, NS and L2 where it stops short (launch)
+
+
+def promoted(p: tuple, l2: int) -> tuple:
+    """Plan ``p`` (its defaults spelled out) with its tensor maps' L2 promotion ``l2``."""
+    return (*p, *PLAN_DEFAULTS[len(p) - 5 :])[:12] + (l2,)
 
 
 def a_rows(m: int, wg: int, cl: int) -> int:
@@ -1233,27 +1268,28 @@ def split_parts(tiles: int, sms: int, k_tiles: int, most: int = 4) -> int:
 def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: str, dt,
            flags: dict, sms: int, stream, plan: tuple | None = None, *,
            like=None) -> None:  # fmt: skip
-    """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units``
-    and ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor
-    maps); the other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and
-    BIAS; ``plan``: (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[,
-    GROUP[, NS]]]]]]]), default ``config``'s; CL: 1, or clusters of two tiles one
-    above the other (2); SPLIT > 1 (one block a cluster): the tiles of the last partial
-    wave split that many ways along K (``split_from``), their raw sums in a workspace made
-    like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC (one
-    block a cluster; default 1): a persistent grid of up to OCC blocks a multiprocessor
+    """Run ``matmul_fp8_wgmma`` on a persistent grid of at most ``sms`` blocks. ``a_units`` and
+    ``bt_units``: A [m, k] and B^T [n, k] viewed as f16 [rows, k / 2] (for the tensor maps); the
+    other arrays as ``_fp8._mm_fp8`` takes them; ``flags``: its ROW_A, COL_B and BIAS; ``plan``:
+    (WG, BN, STAGES, PROMOTE, VEC[, CL[, SPLIT[, OCC[, FUSE[, SWAP[, GROUP[, NS[, L2]]]]]]]]),
+    default ``config``'s for the GPU of ``like`` (its memory's speed: ``_arrays.fast_memory``);
+    CL: 1, or clusters of two tiles one above the other (2); SPLIT > 1 (one block a cluster):
+    the tiles of the last partial wave split that many ways along K (``split_from``), their raw
+    sums in a workspace made like ``like`` (an ``_arrays.Operand``), added by ``sum_parts``. OCC
+    (one block a cluster; default 1): a persistent grid of up to OCC blocks a multiprocessor
     (with a ring of STAGES small enough that OCC blocks' shared memory fits one: more blocks
     streaming the weights at decode sizes). FUSE (with SPLIT > 1): the parts summed in the
-    kernel, by each warp's last arrival (``last_part``; counters from ``linear._counters``),
-    not by ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the
-    weights, BN of a's rows a tile; its K split always summed in the kernel. GROUP: the tile
-    rows a group of the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``). NS:
-    the kernel's (two warpgroups on a 64-row tile)."""
+    kernel, by each warp's last arrival (``last_part``; counters from ``linear._counters``), not
+    by ``sum_parts``. SWAP: C^T = B^T A^T (``swap_plan``): ``64 * WG``-row tiles of the weights,
+    BN of a's rows a tile; its K split always summed in the kernel. GROUP: the tile rows a group
+    of the tile order spans (``_matmul_hopper.grouped``; ``GROUP_ROWS``). NS: the kernel's (two
+    warpgroups on a 64-row tile). L2: the tensor maps' L2 promotion, bytes (default 256)."""
     from kaio_ops.linear import _counters, _placeholder
 
-    wg, bn, stages, promote_mode, vec, *rest = plan or config(m, n, k, sms)
-    defaults = (1, 1, 1, 0, 0, GROUP_ROWS, 0)
-    cl, split, occ, fuse, swap, group, ns = (*rest, *defaults[len(rest) :])[:7]
+    wg, bn, stages, promote_mode, vec, *rest = plan or config(
+        m, n, k, sms, _arrays.fast_memory(like)
+    )
+    cl, split, occ, fuse, swap, group, ns, l2 = (*rest, *PLAN_DEFAULTS[len(rest) :])[:8]
     if (split > 1 or occ > 1) and cl > 1:
         raise ValueError(
             f"matmul_fp8: plan {plan}: a K split or OCC > 1 needs CL = 1 (one block a tile)"
@@ -1263,8 +1299,8 @@ def launch(a_units, bt_units, out, sa, sb, bias, m: int, n: int, k: int, name: s
         fuse, vec = 1, 1  # (sum_parts and the shared epilogue store tiles of C, not C^T)
     rows = 64 if ns else 64 * wg  # (NS: the warpgroups share the rows, each half the columns)
     ar = a_rows(m, 1 if ns else wg, cl)
-    ta = kaio.tensor_map_2d(a_units, (ar, BK), SW)
-    tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW)
+    ta = kaio.tensor_map_2d(a_units, (ar, BK), SW, l2)
+    tb = kaio.tensor_map_2d(bt_units, (bn // cl, BK), SW, l2)
     constexprs = dict(
         WG=wg, BN=bn, STAGES=stages, PROMOTE=promote_mode, GROUP=group, **flags, DT=dt,
         FP8=FP8_TYPES[name], VEC=vec, CL=cl, SPLIT=min(split, 2) + (split > 1 and fuse), AR=ar,

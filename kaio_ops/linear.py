@@ -19,6 +19,7 @@ import numpy as np
 
 from kaio.types import ScalarType, bf16, f16, f32, i32
 from kaio_ops import _arrays, _gemm_hopper, _gemm_streamk, _gemv, _matmul_hopper
+from kaio_ops._arrays import ByMemory, for_memory
 from kaio_ops._gemm import ACTIVATIONS, GEMM, REDUCE
 from kaio_ops._plan import planned
 from kaio_ops.matmul import CONFIGS, MatmulConfig, Plan, _hopper, heuristic, k_slices, plan_for
@@ -430,29 +431,8 @@ def _counters(like: _arrays.Operand, tiles: int):
 # of 8192 x 8192 (0.95-0.96x against 0.92-0.93x), and for ``linear`` (B [N, K]) at M = 129-256 of
 # 4096 x 14336 (gelu + bias + residual 1.09-1.15x the torch ops against 0.97-0.99x, plain
 # 1.02-1.06x F.linear against 0.91x). 7 stages for 128 x 128 at M = 128 of 10240 x 8192 lost
-# (0.92x against 0.95x).
-# GPUs whose peak memory bandwidth is FAST_MEMORY or more (H200: 4.8 TB/s, H100: 3.35) take
-# the ``fast`` choice of a ``ByMemory`` entry: a memory-bound product keeps the faster memory
-# busy only with more bytes in flight an SM, which changes its fastest tile
-FAST_MEMORY = 4e12
-
-
-class ByMemory(NamedTuple):
-    """A ``MEASURED`` choice that the GPU's memory decides: ``fast`` where its peak bandwidth
-    (``_arrays.memory_bandwidth``) is at least ``FAST_MEMORY`` (H200), else ``slow`` (H100,
-    and the simulator or a driver that does not tell)."""
-
-    slow: object
-    fast: object
-
-
-def for_memory(choice, like: _arrays.Operand):
-    """``choice`` (a ``MEASURED`` choice) for the GPU of ``like``: a ``ByMemory``'s ``fast``
-    or ``slow`` choice, anything else as it is."""
-    if not isinstance(choice, ByMemory):
-        return choice
-    peak = _arrays.memory_bandwidth(like)
-    return choice.fast if peak is not None and peak >= FAST_MEMORY else choice.slow
+# (0.92x against 0.95x). A ``ByMemory`` entry's ``fast`` choice is taken on GPUs whose peak
+# memory bandwidth is ``_arrays.FAST_MEMORY`` or more (an H200).
 
 
 def _deeper(plan: _gemm_hopper.Plan, stages: int) -> ByMemory:

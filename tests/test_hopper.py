@@ -8,6 +8,7 @@ inputs make every f32 sum exact, whatever the hardware's order).
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import ml_dtypes
@@ -1066,6 +1067,32 @@ def test_tensor_map_checks():
         kaio.tensor_map_2d(np.zeros((64, 64), np.float16), (8, 64), 64)
     with pytest.raises(kaio.LaunchError, match="tensor_map_2d"):
         tma_tile.sim[1](a, np.zeros((32, 64), np.float16), 0, 0, 32)
+    with pytest.raises(ValueError, match="l2_promotion must be one of"):
+        kaio.tensor_map_2d(np.zeros((64, 64), np.float16), (8, 64), 128, 32)
+
+
+def test_tensor_map_l2_promotion_kept_apart(monkeypatch):
+    """Maps that differ only in their L2 promotion are encoded apart (the kept encodings'
+    key holds it), and a call plan's copy of a map's layout keeps it."""
+    from kaio.runtime.plan import _layout
+
+    tensormap = importlib.import_module("kaio.tensormap")  # (kaio.tensormap: the annotation)
+
+    made = []
+
+    def encode(tm, address=None):
+        made.append(tm.l2_promotion)
+        return bytes([tensormap.L2_PROMOTIONS[tm.l2_promotion]]) * 128
+
+    monkeypatch.setattr(tensormap, "_encode", encode)
+    monkeypatch.setattr(tensormap, "_KEPT", {})
+
+    def layout(promotion):
+        return tensormap.TensorMap(None, f16, (64, 64), 64, (8, 64), 128, 1 << 20, promotion)
+
+    got = [layout(p).encoded()[0] for p in (128, 256, 128, 0)]
+    assert got == [2, 3, 2, 0] and made == [128, 256, 0]
+    assert _layout(layout(64)).l2_promotion == 64
 
 
 # --------------------------------------------------------------------------- PTX

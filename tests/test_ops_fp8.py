@@ -428,8 +428,9 @@ def test_split_of_the_last_wave():
     assert H.split_from(704, 132, 1) == 704
 
 
+@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("sms", [132, 114, 78])
-def test_config_plans_fit(sms):
+def test_config_plans_fit(sms, fast):
     """Every plan ``config`` picks over the M sweep (1..8192) at the Llama-3 shapes fits: its
     ring in shared memory (beside the epilogue's buffers where C goes through shared
     memory: two consumer warpgroups, 128 to 224 columns), a promotion mode its registers
@@ -437,15 +438,14 @@ def test_config_plans_fit(sms):
     K split only with one block a tile and two slices a part; on an H100's 132
     multiprocessors 4096^3 and 8192^3 take tiles of 192 columns or more (faster than 128 x
     128 tiles there: the H100 rounds' sweep, docs/performance.md), and 256 x 4096 x K two
-    warpgroups' 64 x 128 tiles on every other K slice."""
+    warpgroups' 64 x 128 tiles on every other K slice; for either memory speed (``fast``)."""
     from kaio_ops import _fp8_hopper as H
 
-    shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192),
-              (8192, 8192), (57344, 8192), (8192, 28672)]  # fmt: skip
     for m in [1 << i for i in range(14)] + [3, 100, 1000]:
-        for n, k in shapes:
-            wg, bn, stages, promote, vec, cl, split, *rest = H.config(m, n, k, sms)
-            occ, _, swap, _, ns = (*rest, 1, 0, 0, 0, 0)[:5]
+        for n, k in LLAMA_SHAPES:
+            wg, bn, stages, promote, vec, cl, split, *rest = H.config(m, n, k, sms, fast)
+            occ, _, swap, _, ns, l2 = (*rest, *(1, 0, 0, 0, 0, 256)[len(rest) :])
+            assert l2 in (128, 256)
             room = H.shared_bytes(wg, bn, stages, vec, 64, ns) + 1024
             assert occ * room <= H.SHARED_LIMIT + 1024
             if ns == 2:  # (every other K slice: one sum waited for)
@@ -455,7 +455,8 @@ def test_config_plans_fit(sms):
             shared_c = wg == 2 and 128 <= bn <= 224 and not ns  # C through shared memory
             assert vec == (3 if shared_c else 1)
             assert (wg, bn, cl) in H.RATES or (wg == 1 and bn <= 128 and m <= 64) or ns
-            assert ns != 1 or (m <= H.NS_M and -(-m // 64) * -(-n // bn) <= sms)
+            most = H.WIDE_ALTERNATE_M if fast else H.NS_M  # (fast: to 256 rows)
+            assert ns != 1 or (m <= most and -(-m // 64) * -(-n // bn) <= sms)
             narrow = m <= H.NS_M and bn <= H.ALTERNATE_BN  # (alternating_plan's tiles)
             wide = m <= H.WIDE_ALTERNATE_M and bn == 128  # (wide_alternating_plan's)
             assert ns != 2 or (wg == 2 and (narrow or wide))
@@ -464,8 +465,63 @@ def test_config_plans_fit(sms):
             assert not swap or wg == 1 + (ns == 2)  # (two warpgroups on alternate slices)
     assert {(wg, bn) for wg, bn, _ in H.RATES} <= set(H.PLANS)  # each in the PTX checks
     if sms == 132:
-        assert min(H.config(s, s, s, sms)[1] for s in (4096, 8192)) >= 192
-        assert H.config(256, 4096, 14336, sms) == H.alternating_plan(128)
+        assert min(H.config(s, s, s, sms, fast)[1] for s in (4096, 8192)) >= 192
+        assert H.config(256, 4096, 14336, sms, fast) == H.alternating_plan(128)
+
+
+LLAMA_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192),
+                (8192, 8192), (57344, 8192), (8192, 28672)]  # fmt: skip
+
+
+def test_config_by_memory_speed():
+    """On a GPU of the faster memory (``fast``: an H200, ``_arrays.fast_memory``) ``config``
+    differs from the H100's plans (``fast`` False, main's) in two ways only, over the M
+    sweep at the Llama-3 shapes: the decode tiles' tensor maps promote 128 bytes
+    (``DECODE_L2``; up to 64 rows, not the swapped two-warpgroup tiles), and ``shared_plan``'s
+    64-row tiles run where they make one wave (65 to 128 rows in place of 128-row tiles:
+    10240 x 8192; 129 to 256 at K up to ``SHARED_K``: 6144 and 4096 x 4096, 8192 x 8192 up
+    to 192 rows); the H100 keeps 256 bytes and its tiles."""
+    from kaio_ops import _fp8_hopper as H
+
+    changed = set()
+    for m in [1 << i for i in range(14)] + [3, 65, 96, 100, 129, 160, 192, 1000]:
+        for n, k in LLAMA_SHAPES:
+            slow, fast = H.config(m, n, k, 132), H.config(m, n, k, 132, True)
+            assert H.config(m, n, k, 132, False) == slow
+            if slow == fast:
+                continue
+            changed.add((m, n, k))
+            if m <= 64:
+                two = len(slow) > 11 and slow[9] and slow[0] == 2  # swapped, two warpgroups
+                assert not two and fast == H.promoted(slow, 128)
+                assert len(slow) < 13 or slow[12] == 256
+            else:
+                assert fast == H.shared_plan(m, n, 132) and m <= H.WIDE_ALTERNATE_M
+                assert m <= H.NS_M or k <= H.SHARED_K
+                assert -(-m // 64) * -(-n // fast[1]) <= 132 and fast[11] == 1
+    assert {(8, 57344, 8192), (64, 10240, 8192), (128, 10240, 8192)} <= changed
+    assert {(256, 6144, 4096), (256, 4096, 4096)} <= changed
+    assert not changed & {(8, 4096, 4096), (256, 4096, 14336), (512, 4096, 4096)}
+
+
+def test_launch_asks_the_memory_speed(monkeypatch):
+    """``_fp8_hopper.launch`` plans for the memory of the arrays' GPU: ``config`` gets
+    ``fast`` from ``_arrays.fast_memory`` (the peak bandwidth against
+    ``_arrays.FAST_MEMORY``; None, the simulator's, is not fast)."""
+    import kaio_ops._arrays as arrays
+    from kaio_ops import _fp8_hopper as H
+    from kaio_ops import fp8
+
+    monkeypatch.setattr(fp8, "HOPPER_IN_SIMULATOR", True)
+    config, asked = H.config, []
+    monkeypatch.setattr(H, "config", lambda *args: asked.append(args[4]) or config(*args))
+    a, w = _fp8_operands(3, 128, 64, "e4m3", seed=3)
+    one = np.float32([1.0])
+    for peak in (None, 3.35e12, 4.8e12):
+        monkeypatch.setattr(arrays, "memory_bandwidth", lambda like, p=peak: p)
+        with kaio.simulate():
+            kaio_ops.matmul_fp8(a, w.T, one, one)
+    assert asked == [False, False, True]
 
 
 def test_matmul_torch_dtypes_accepted():
@@ -688,7 +744,9 @@ def test_hopper_shared_epilogue_gpu_vs_scaled_mm(wg, bn, split, vec, monkeypatch
      ((1, 32, 32, 2, 1), 1), ((1, 16, 26, 2, 1, 1, 1, 2), 16), ((1, 32, 17, 2, 1, 1, 2, 2), 13),
      ((1, 64, 7, 2, 1, 1, 1, 2), 64), ((1, 48, 27, 2, 1), 5), ((1, 32, 17, 2, 1, 1, 2, 2, 1), 16),
      ((1, 64, 7, 2, 1, 1, 3, 2, 1), 40), ((2, 80, 16, 1, 1, 1, 1, 1, 0, 0, 8, 2), 7),
-     ((2, 32, 16, 1, 1, 1, 1, 1, 0, 1, 8, 2), 32), ((1, 16, 8, 1, 1, 1, 1, 2, 0, 1, 8, 0), 9)],
+     ((2, 32, 16, 1, 1, 1, 1, 1, 0, 1, 8, 2), 32), ((1, 16, 8, 1, 1, 1, 1, 2, 0, 1, 8, 0), 9),
+     ((2, 160, 8, 1, 1, 1, 1, 1, 0, 0, 8, 1), 100), ((2, 192, 7, 1, 1, 1, 1, 1, 0, 0, 8, 1), 256),
+     ((2, 80, 11, 1, 1, 1, 1, 1, 0, 0, 8, 2, 128), 40)],
 )  # fmt: skip
 def test_decode_plans_gpu_vs_scaled_mm(plan, m, monkeypatch):
     """Decode tiles (one warpgroup, A stages of only the rows copied) with deep rings, two
@@ -708,6 +766,8 @@ SWAPPED_GPU_PLANS = [
     ((1, 32, 18, 2, 1, 1, 1, 1, 0, 1), 32),
     ((2, 16, 12, 2, 1, 1, 1, 1, 0, 1), 16),
     ((2, 64, 9, 2, 1, 1, 2, 1, 1, 1), 64),
+    ((1, 8, 8, 1, 1, 1, 1, 2, 0, 1, 8, 0, 128), 5),  # L2 promotion 128 bytes (SWAP_L2)
+    ((1, 32, 8, 1, 1, 1, 1, 2, 0, 1, 8, 0, 128), 32),
 ]
 
 
@@ -743,13 +803,17 @@ def _same_bits_as_scaled_mm(torch, m: int, n: int, k: int, w_scale: float = 1.0)
 @pytest.mark.parametrize("m, n, k", [(2, 6144, 4096), (8, 28672, 4096), (16, 4096, 14336),
                                      (32, 8192, 8192), (16, 10240, 8192), (1, 4096, 4096),
                                      (1, 8192, 28672), (1, 10240, 8192),
-                                     (256, 4096, 4096)])  # fmt: skip
+                                     (256, 4096, 4096), (8, 57344, 8192), (1, 28672, 4096),
+                                     (100, 10240, 8192), (128, 10240, 8192), (64, 10240, 8192),
+                                     (256, 6144, 4096), (160, 8192, 8192),
+                                     (192, 4096, 4096)])  # fmt: skip
 def test_routed_decode_gpu_bit_identical(m, n, k):
     """The routed decode plans (swapped tiles from one row up to ``SWAP_M`` rows where
-    ``swap_config`` takes them; 10240 columns unswapped) and ``wide_alternating_plan`` at
-    256 rows give torch._scaled_mm's bf16 outputs bit for bit (per-tensor scales, no bias;
-    torch's A padded to 16 rows; at one row ``gemv_fp8``'s sums, in another order, were
-    not)."""
+    ``swap_config`` takes them, on an H200 promoting 128 bytes; 10240 columns unswapped; on
+    an H200 ``shared_plan``'s tiles at 65 to 256 rows where they make one wave) and
+    ``wide_alternating_plan`` at 256 rows give torch._scaled_mm's bf16 outputs bit for bit
+    (per-tensor scales, no bias; torch's A padded to 16 rows; at one row ``gemv_fp8``'s
+    sums, in another order, were not)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90")

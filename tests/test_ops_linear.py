@@ -570,7 +570,7 @@ def test_measured_choices_by_memory_bandwidth(peak, monkeypatch):
     with kaio.simulate():
         a = _operand(np.zeros((4, 64), np.float16))
         got = [linear_mod.route(a, a, (m, 1000, 2000), False, True, False) for m in (16, 17, 32)]
-    want = fast if peak is not None and peak >= linear_mod.FAST_MEMORY else slow
+    want = fast if peak is not None and peak >= kaio_ops._arrays.FAST_MEMORY else slow
     assert got == [Plan("16x64s8"), want, want]
 
 
@@ -585,7 +585,7 @@ def test_skinny_routes_by_memory_bandwidth(peak, monkeypatch):
     monkeypatch.setattr(linear_mod, "hopper_takes", lambda *args: True)
     monkeypatch.setattr(kaio_ops._arrays, "multiprocessors", lambda like: 132)
     monkeypatch.setattr(kaio_ops._arrays, "memory_bandwidth", lambda like: peak)
-    fast = peak is not None and peak >= linear_mod.FAST_MEMORY
+    fast = peak is not None and peak >= kaio_ops._arrays.FAST_MEMORY
     with kaio.simulate():
         a = _operand(np.zeros((4, 64), np.float16))
 

@@ -351,7 +351,9 @@ def map_encoder(tm) -> object:
 
 def _layout(tm):
     """``tm`` without its array (a plan must not keep the recorded call's arrays alive)."""
-    return type(tm)(None, tm.dtype, tm.shape, tm.row_stride, tm.box, tm.swizzle)
+    return type(tm)(
+        None, tm.dtype, tm.shape, tm.row_stride, tm.box, tm.swizzle, None, tm.l2_promotion
+    )
 
 
 def _failure(prepared: PreparedLaunch):
