@@ -112,21 +112,39 @@ def config_name(config: tuple, switches: dict) -> str:
     return ",".join(map(str, config)) + "".join(f"+{k}:{v}" for k, v in switches.items())
 
 
+def gpu_memory_fast() -> bool:
+    """Whether this process's GPU takes ``_int4_hopper.swap_plan``'s plans for the faster
+    memory (``_int4_hopper.fast_memory``: an H200)."""
+    return _int4_hopper.fast_memory(operand(torch.empty(8, 8, device="cuda"), "probe"))
+
+
+def routes(m: int, n: int, k: int, sms: int, fast: bool) -> dict:
+    """The plans to time as routed: {"route": ``swap_plan``'s for this GPU's memory}, and on
+    the faster memory, where it differs, "main": the plan of the slower memory (the H100's,
+    main's route before fast-memory plans)."""
+    plans = {"route": _int4_hopper.swap_plan(m, n, k, sms, fast)}
+    slow = _int4_hopper.swap_plan(m, n, k, sms)
+    if slow != plans["route"]:
+        plans["main"] = slow
+    return plans
+
+
 def prewarm(args, pts: list) -> None:
     """Every ``int4_swap`` build the points will launch, compiled by ``args.prewarm``
     processes at once (kaio's disk cache and the driver's JIT cache keep them)."""
     from bench.int4_wgmma import compile_swaps
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    fast = gpu_memory_fast()
     todo, plain = [], []  # the routed plans (with each --off variant), the --configs
     for n, k, ms in pts:
         for m in ms:
             plain += [(m, n, k, c, sw) for c, sw in configs(args.configs, m, n, k)]
             if m < _int4_hopper.DEQUANT_M and not args.no_route:
-                todo.append((m, n, k, _int4_hopper.swap_plan(m, n, k, sms)))
+                todo += [(m, n, k, plan) for plan in routes(m, n, k, sms, fast).values()]
     if args.warm_tests:  # tests/test_ops_quantized.py::test_gpu_int4_wgmma's routed builds
         for m, n, k, out in TEST_POINTS:
-            todo.append((m, n, k, _int4_hopper.swap_plan(m, n, k, sms), out))
+            todo.append((m, n, k, _int4_hopper.swap_plan(m, n, k, sms, fast), out))
     variants = ({}, *({name: value} for name, value in offs(args)))
     for e in compile_swaps(todo, args.prewarm, variants, plain):
         print("prewarm:", e, flush=True)
@@ -232,6 +250,8 @@ def main() -> None:
         return
     sink = open(args.out, "a") if args.out else None  # noqa: SIM115
     f16 = torch.float16
+    fast = gpu_memory_fast()
+    print(json.dumps({"fast_memory": fast}), flush=True)
     for n, k, ms in points(args.points):
         sets = 1 if args.mode != "time" else max(2, min(24, -(-L2_BYTES // int4_bytes(n, k))))
         weights = [int4_inputs(1, n, k)[1:] for _ in range(sets)]
@@ -241,11 +261,14 @@ def main() -> None:
             ops = [[operand(x, "x") for x in (a, w[0], w[1])] for w in weights]
             ref = a.float() @ weights[0][2].float()
             fns = {"cublas": lambda i: torch.matmul(a, weights[i][2])}
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            plans = routes(m, n, k, sms, fast)
             if not args.no_route:
                 fns["route"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
+                if "main" in plans:  # main's route, the slower memory's plan
+                    fns["main"] = lambda i, p=plans["main"]: launch_with(ops[i], p, {})
             for name, value in offs(args):  # the routed plan, a switch set (read anew)
-                plan = _int4_hopper.swap_plan(m, n, k, sms)
+                plan = _int4_hopper.swap_plan(m, n, k, sms, fast)
                 fns[f"route {name}{value}"] = lambda i, name=name, value=value, plan=plan: (
                     launch_with(ops[i], plan, {name: value})
                 )
@@ -268,9 +291,9 @@ def main() -> None:
                 torch.cuda.nvtx.range_pop()
                 continue
             rec = {"n": n, "k": k, "m": m, "tag": args.tag, "us": {}, "err": {}, "res": {}}
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
-            routed = _int4_hopper.swap_plan(m, n, k, sms)
-            for c, sw in cfgs + ([(routed, {})] if m < _int4_hopper.DEQUANT_M else []):
+            routed = [(p, {}) for p in plans.values()] if m < _int4_hopper.DEQUANT_M else []
+            rec["plans"] = {key: config_name(p, {}) for key, p in plans.items()}
+            for c, sw in cfgs + routed:
                 try:
                     consts = swap_consts(m, n, k, c, sms, sw)
                     res = _int4_hopper.int4_swap.resources(**consts)

@@ -220,7 +220,7 @@ def wave_fill(tiles: int, sms: int) -> float:
     return tiles / (math.ceil(tiles / sms) * sms)
 
 
-def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
+def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0, fast: bool = False) -> tuple:
     """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS, EARLY, GROUP, KW) for
     M = ``m`` (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split,
     the tile order in groups of ``GROUP_M`` rows); given the product's ``n``, ``k`` and the
@@ -612,7 +612,16 @@ def run(a, b, s, out_type):
 
     (m, k), n = a.shape, b.shape[1]
     sms = _arrays.multiprocessors(a)
-    return launch_swap(a, b, s, out_type, swap_plan(m, n, k, sms), sms)
+    return launch_swap(a, b, s, out_type, swap_plan(m, n, k, sms, fast_memory(a)), sms)
+
+
+def fast_memory(like) -> bool:
+    """Whether the GPU of ``like`` (an ``_arrays.Operand``) takes ``swap_plan``'s choices
+    for the faster memory: ``linear.ByMemory``'s rule (``FAST_MEMORY``: an H200, not an
+    H100, the simulator, or a driver that does not tell)."""
+    from kaio_ops.linear import ByMemory, for_memory
+
+    return for_memory(ByMemory(False, True), like)
 
 
 def dequantized(a, b, s, out_type):
