@@ -5,14 +5,17 @@ of ``REPS`` calls with the int4 words rotated over enough copies to cover 200 MB
 
 Usage: ``python bench/int4_w35.py time --points 4096x4096@1024/4096,... [--configs
 "2,256,0,0,0,0,0,2,1;512=2,128,0,1,0,0,0,2,1+LEAD:1"] [--prewarm N [--warm-tests]] [--raw] [--kmm]
-[--no-route] [--repeat R] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES,
+[--dequant] [--no-route] [--repeat R] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES,
 split, CL, MC, WSTAGES, BUFS, EARLY, GROUP, KW, ...), ``M=`` before one for that M only,
 ``NxK@M=`` for that point only, ``+NAME:V`` after one: launched with ``_int4_hopper.NAME``
 V; ``--prewarm N``: compile every build first in N processes (``--warm-tests``: the int4 GPU
 tests' too; ``--prewarm-only``: then stop); ``--raw``: the words go to wgmma undecoded (no
 dequantization: the pipeline's own limit, results not checked); ``--kmm``: also
-``kaio_ops.matmul`` on the f16 weight; ``--repeat R``: R passes over the kernels of a point,
-each timed once a pass (``pass_order``), the median kept.
+``kaio_ops.matmul`` on the f16 weight; ``--dequant``: also ``_int4_hopper.dequantized`` (the
+weight made f16 once a call, then ``kaio_ops.matmul``); ``--repeat R``: R passes over the
+kernels of a point, each timed once a pass (``pass_order``), the median kept. On a GPU of
+the faster memory (``_int4_hopper.fast_memory``) "main", the slower memory's plan, is timed
+beside the route where the two differ (``routes``).
 ``prof --points P --configs C``: one call of each inside an NVTX range "prof" (for ``ncu
 --nvtx --nvtx-include prof/``). ``names --points P --configs C``: each kernel's name, grid,
 block, registers and shared memory as torch.profiler sees one call (``--out F``: the trace
@@ -230,6 +233,7 @@ def main() -> None:
     p.add_argument("--raw", action="store_true")
     p.add_argument("--no-route", action="store_true")
     p.add_argument("--kmm", action="store_true", help="also kaio_ops.matmul on the f16 weight")
+    p.add_argument("--dequant", action="store_true", help="also the dequantize-once path")
     p.add_argument("--off", default="", help="the route, switches 0 (or =V): PDL,HEAD=0")
     p.add_argument("--out", default="")
     p.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
@@ -274,6 +278,8 @@ def main() -> None:
                 )
             if args.kmm:
                 fns["kaio f16"] = lambda i: kaio_ops.matmul(a, weights[i][2], out_dtype=f16)
+            if args.dequant:
+                fns["dequant"] = lambda i: _int4_hopper.dequantized(*ops[i], kaio.f16)
             for c, sw in cfgs:
                 fns[config_name(c, sw)] = lambda i, c=c, sw=sw: launch_with(ops[i], c, sw)
             if args.mode == "names":
