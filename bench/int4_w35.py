@@ -43,8 +43,8 @@ from bench.quantized import int4_bytes, int4_inputs  # noqa: E402
 from kaio_ops import _int4_hopper  # noqa: E402
 
 L2_BYTES = 200 << 20
-# (M, N, K, output type) of test_gpu_int4_wgmma, test_gpu_int4 past 16 rows and
-# test_gpu_int4_dependent_launch_chain (--warm-tests)
+# (M, N, K, output type) of test_gpu_int4_wgmma, test_gpu_int4 past 16 rows,
+# test_gpu_int4_dependent_launch_chain and test_gpu_int4_fast_memory_plans (--warm-tests)
 TEST_POINTS = ((17, 4096, 4096, "f32"), (200, 4104, 4096, "f32"), (1000, 1024, 14336, "f16"),
                (300, 4096, 4096, "f32"), (2048, 8192, 4096, "f16"), (4096, 4096, 4096, "bf16"),
                (100, 8192, 4096, "f32"), (256, 8192, 2048, "f16"),
@@ -53,7 +53,8 @@ TEST_POINTS = ((17, 4096, 4096, "f32"), (200, 4104, 4096, "f32"), (1000, 1024, 1
                (700, 6144, 1024, "bf16"), (250, 10240, 1024, "f16"),
                (300, 10240, 8192, "bf16"), (600, 4096, 2048, "f16"),
                (1500, 6144, 1024, "bf16"), (300, 6144, 4096, "f16"), (300, 4096, 4096, "f16"),
-               (600, 4096, 4096, "f16"))  # fmt: skip
+               (600, 4096, 4096, "f16"), (520, 6144, 4096, "f32"), (128, 10240, 8192, "f16"),
+               (100, 10240, 4096, "f32"), (240, 10240, 8192, "f32"), (1024, 10240, 8192, "bf16"))  # fmt: skip
 
 
 def raw_dequant() -> None:
