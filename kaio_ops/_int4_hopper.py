@@ -321,12 +321,15 @@ def base_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
 # on 128 x 128 tiles 1.07x); at 10240x8192 M=256 stream-K on 256 x 128 tiles (a block's run
 # 78 K steps) 0.98x against one wave of 108 tiles of 128 x 192's 0.93x (65.3 against 68.9
 # µs, every pass); at 10240x8192 M=1024 stream-K on 256 x 128 tiles (runs of 310 steps)
-# 0.98x / 0.99x against 640 KW tiles' 0.95x / 0.96x (faster in 8 of 8 passes). Stream-K
-# lost where the runs are short or the route's tiles already fill their waves: 6144x4096
-# M=1024 (93 steps) 0.94x against 0.95x, M=2048 0.91x against 0.95x, 8192x8192 M=1024
-# 0.96x against 1.01x; cluster pairs of 128 x 192 tiles lost at 6144x4096 and 4096x4096
-# M=256 (0.92x against 0.97x, 0.76x against 1.04x): there ``base_plan``'s keep more SMs
-# busy.
+# 0.99x / 0.98x against 640 KW tiles' 0.96x / 0.95x (faster in 8 of 8 passes). Routed
+# (round B, 5 passes, against base_plan's in the same passes, faster in every pass):
+# 10240x8192 M=72 / 100 / 128 32.1 / 35.7 / 40.1 against 43.9 / 47.4 / 52.0 µs, M=224 /
+# 256 / 1024 57.9 / 64.3 / 251.0 against 63.4 / 68.1 / 257.3; off the sweep 8192x28672
+# M=768 520 against 540, 28672x4096 M=1280 424 against 477. Stream-K lost where the runs
+# are short or the route's tiles already fill their waves: 6144x4096 M=1024 (93 steps)
+# 0.94x against 0.95x, M=2048 0.97x against 1.01x, 8192x8192 M=1024 0.96x against 1.01x;
+# cluster pairs of 128 x 192 tiles lost at 6144x4096 and 4096x4096 M=256 (0.92x against
+# 0.97x, 0.76x against 1.04x): there ``base_plan``'s keep more SMs busy.
 FAST_SK_FILL = 0.85  # 129-256 rows: stream-K where base_plan's one wave fills at most this
 FAST_SK_RUN = 64  # ... and a block's stream-K run is at least this many K steps
 FAST_KW_SK_RUN = 256  # past 512 rows: stream-K in place of KW tiles from runs this long
