@@ -5,14 +5,17 @@ of ``REPS`` calls with the int4 words rotated over enough copies to cover 200 MB
 
 Usage: ``python bench/int4_w35.py time --points 4096x4096@1024/4096,... [--configs
 "2,256,0,0,0,0,0,2,1;512=2,128,0,1,0,0,0,2,1+LEAD:1"] [--prewarm N [--warm-tests]] [--raw] [--kmm]
-[--no-route] [--repeat R] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES,
+[--dequant] [--no-route] [--repeat R] [--out FILE]``: configs as ``launch_swap``'s (WG, BM, STAGES,
 split, CL, MC, WSTAGES, BUFS, EARLY, GROUP, KW, ...), ``M=`` before one for that M only,
 ``NxK@M=`` for that point only, ``+NAME:V`` after one: launched with ``_int4_hopper.NAME``
 V; ``--prewarm N``: compile every build first in N processes (``--warm-tests``: the int4 GPU
 tests' too; ``--prewarm-only``: then stop); ``--raw``: the words go to wgmma undecoded (no
 dequantization: the pipeline's own limit, results not checked); ``--kmm``: also
-``kaio_ops.matmul`` on the f16 weight; ``--repeat R``: R passes over the kernels of a point,
-each timed once a pass (``pass_order``), the median kept.
+``kaio_ops.matmul`` on the f16 weight; ``--dequant``: also ``_int4_hopper.dequantized`` (the
+weight made f16 once a call, then ``kaio_ops.matmul``); ``--repeat R``: R passes over the
+kernels of a point, each timed once a pass (``pass_order``), the median kept. On a GPU of
+the faster memory (``_int4_hopper.fast_memory``) "main", the slower memory's plan, is timed
+beside the route where the two differ (``routes``).
 ``prof --points P --configs C``: one call of each inside an NVTX range "prof" (for ``ncu
 --nvtx --nvtx-include prof/``). ``names --points P --configs C``: each kernel's name, grid,
 block, registers and shared memory as torch.profiler sees one call (``--out F``: the trace
@@ -40,8 +43,8 @@ from bench.quantized import int4_bytes, int4_inputs  # noqa: E402
 from kaio_ops import _int4_hopper  # noqa: E402
 
 L2_BYTES = 200 << 20
-# (M, N, K, output type) of test_gpu_int4_wgmma, test_gpu_int4 past 16 rows and
-# test_gpu_int4_dependent_launch_chain (--warm-tests)
+# (M, N, K, output type) of test_gpu_int4_wgmma, test_gpu_int4 past 16 rows,
+# test_gpu_int4_dependent_launch_chain and test_gpu_int4_fast_memory_plans (--warm-tests)
 TEST_POINTS = ((17, 4096, 4096, "f32"), (200, 4104, 4096, "f32"), (1000, 1024, 14336, "f16"),
                (300, 4096, 4096, "f32"), (2048, 8192, 4096, "f16"), (4096, 4096, 4096, "bf16"),
                (100, 8192, 4096, "f32"), (256, 8192, 2048, "f16"),
@@ -50,7 +53,9 @@ TEST_POINTS = ((17, 4096, 4096, "f32"), (200, 4104, 4096, "f32"), (1000, 1024, 1
                (700, 6144, 1024, "bf16"), (250, 10240, 1024, "f16"),
                (300, 10240, 8192, "bf16"), (600, 4096, 2048, "f16"),
                (1500, 6144, 1024, "bf16"), (300, 6144, 4096, "f16"), (300, 4096, 4096, "f16"),
-               (600, 4096, 4096, "f16"))  # fmt: skip
+               (600, 4096, 4096, "f16"), (520, 6144, 4096, "f32"), (128, 10240, 8192, "f16"),
+               (100, 10240, 4096, "f32"), (240, 10240, 8192, "f32"),
+               (1024, 10240, 8192, "bf16"))  # fmt: skip
 
 
 def raw_dequant() -> None:
@@ -112,21 +117,39 @@ def config_name(config: tuple, switches: dict) -> str:
     return ",".join(map(str, config)) + "".join(f"+{k}:{v}" for k, v in switches.items())
 
 
+def gpu_memory_fast() -> bool:
+    """Whether this process's GPU takes ``_int4_hopper.swap_plan``'s plans for the faster
+    memory (``_int4_hopper.fast_memory``: an H200)."""
+    return _int4_hopper.fast_memory(operand(torch.empty(8, 8, device="cuda"), "probe"))
+
+
+def routes(m: int, n: int, k: int, sms: int, fast: bool) -> dict:
+    """The plans to time as routed: {"route": ``swap_plan``'s for this GPU's memory}, and on
+    the faster memory, where it differs, "main": the plan of the slower memory (the H100's,
+    main's route before fast-memory plans)."""
+    plans = {"route": _int4_hopper.swap_plan(m, n, k, sms, fast)}
+    slow = _int4_hopper.swap_plan(m, n, k, sms)
+    if slow != plans["route"]:
+        plans["main"] = slow
+    return plans
+
+
 def prewarm(args, pts: list) -> None:
     """Every ``int4_swap`` build the points will launch, compiled by ``args.prewarm``
     processes at once (kaio's disk cache and the driver's JIT cache keep them)."""
     from bench.int4_wgmma import compile_swaps
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    fast = gpu_memory_fast()
     todo, plain = [], []  # the routed plans (with each --off variant), the --configs
     for n, k, ms in pts:
         for m in ms:
             plain += [(m, n, k, c, sw) for c, sw in configs(args.configs, m, n, k)]
             if m < _int4_hopper.DEQUANT_M and not args.no_route:
-                todo.append((m, n, k, _int4_hopper.swap_plan(m, n, k, sms)))
+                todo += [(m, n, k, plan) for plan in routes(m, n, k, sms, fast).values()]
     if args.warm_tests:  # tests/test_ops_quantized.py::test_gpu_int4_wgmma's routed builds
         for m, n, k, out in TEST_POINTS:
-            todo.append((m, n, k, _int4_hopper.swap_plan(m, n, k, sms), out))
+            todo.append((m, n, k, _int4_hopper.swap_plan(m, n, k, sms, fast), out))
     variants = ({}, *({name: value} for name, value in offs(args)))
     for e in compile_swaps(todo, args.prewarm, variants, plain):
         print("prewarm:", e, flush=True)
@@ -212,6 +235,7 @@ def main() -> None:
     p.add_argument("--raw", action="store_true")
     p.add_argument("--no-route", action="store_true")
     p.add_argument("--kmm", action="store_true", help="also kaio_ops.matmul on the f16 weight")
+    p.add_argument("--dequant", action="store_true", help="also the dequantize-once path")
     p.add_argument("--off", default="", help="the route, switches 0 (or =V): PDL,HEAD=0")
     p.add_argument("--out", default="")
     p.add_argument("--prewarm", type=int, default=0, help="compile in N processes first")
@@ -232,6 +256,8 @@ def main() -> None:
         return
     sink = open(args.out, "a") if args.out else None  # noqa: SIM115
     f16 = torch.float16
+    fast = gpu_memory_fast()
+    print(json.dumps({"fast_memory": fast}), flush=True)
     for n, k, ms in points(args.points):
         sets = 1 if args.mode != "time" else max(2, min(24, -(-L2_BYTES // int4_bytes(n, k))))
         weights = [int4_inputs(1, n, k)[1:] for _ in range(sets)]
@@ -241,16 +267,21 @@ def main() -> None:
             ops = [[operand(x, "x") for x in (a, w[0], w[1])] for w in weights]
             ref = a.float() @ weights[0][2].float()
             fns = {"cublas": lambda i: torch.matmul(a, weights[i][2])}
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            plans = routes(m, n, k, sms, fast)
             if not args.no_route:
                 fns["route"] = lambda i: kaio_ops.matmul_int4(a, *weights[i][:2], out_dtype=f16)
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
+                if "main" in plans:  # main's route, the slower memory's plan
+                    fns["main"] = lambda i, p=plans["main"]: launch_with(ops[i], p, {})
             for name, value in offs(args):  # the routed plan, a switch set (read anew)
-                plan = _int4_hopper.swap_plan(m, n, k, sms)
+                plan = _int4_hopper.swap_plan(m, n, k, sms, fast)
                 fns[f"route {name}{value}"] = lambda i, name=name, value=value, plan=plan: (
                     launch_with(ops[i], plan, {name: value})
                 )
             if args.kmm:
                 fns["kaio f16"] = lambda i: kaio_ops.matmul(a, weights[i][2], out_dtype=f16)
+            if args.dequant:
+                fns["dequant"] = lambda i: _int4_hopper.dequantized(*ops[i], kaio.f16)
             for c, sw in cfgs:
                 fns[config_name(c, sw)] = lambda i, c=c, sw=sw: launch_with(ops[i], c, sw)
             if args.mode == "names":
@@ -268,9 +299,9 @@ def main() -> None:
                 torch.cuda.nvtx.range_pop()
                 continue
             rec = {"n": n, "k": k, "m": m, "tag": args.tag, "us": {}, "err": {}, "res": {}}
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
-            routed = _int4_hopper.swap_plan(m, n, k, sms)
-            for c, sw in cfgs + ([(routed, {})] if m < _int4_hopper.DEQUANT_M else []):
+            routed = [(p, {}) for p in plans.values()] if m < _int4_hopper.DEQUANT_M else []
+            rec["plans"] = {key: config_name(p, {}) for key, p in plans.items()}
+            for c, sw in cfgs + routed:
                 try:
                     consts = swap_consts(m, n, k, c, sms, sw)
                     res = _int4_hopper.int4_swap.resources(**consts)

@@ -220,7 +220,15 @@ def wave_fill(tiles: int, sms: int) -> float:
     return tiles / (math.ceil(tiles / sms) * sms)
 
 
-def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
+def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0, fast: bool = False) -> tuple:
+    """``int4_swap``'s configuration for an ``m x n x k`` product on ``sms`` multiprocessors:
+    ``base_plan``'s (measured on an H100), on a GPU of the faster memory (``fast``:
+    ``fast_memory``, an H200) with ``fast_memory_plan``'s changes."""
+    plan = base_plan(m, n, k, sms)
+    return fast_memory_plan(m, n, k, sms, plan) if fast and n and sms else plan
+
+
+def base_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     """``int4_swap``'s (WG, BM, STAGES, split, CL, MC, WSTAGES, BUFS, EARLY, GROUP, KW) for
     M = ``m`` (``SWAP_PLANS``; as many stages of both rings as fit, ``swap_split``'s split,
     the tile order in groups of ``GROUP_M`` rows); given the product's ``n``, ``k`` and the
@@ -303,6 +311,63 @@ def swap_plan(m: int, n: int = 0, k: int = 0, sms: int = 0) -> tuple:
     if wg == 3 and ONE_BUF_ROWS[0] <= rows <= ONE_BUF_ROWS[1]:
         bufs = 1
     return wg, rows, 0, 0, cl, mc, 0, bufs, early, group, kw, late
+
+
+# On the faster memory (H200) ``base_plan``'s tiles leave SMs idle where the H100's memory
+# made that pay; ``fast_memory_plan`` (i4w, rounds A and A2 of 2026-11-28, NVIDIA H200, x
+# cuBLAS f16, the median of 3-5 interleaved passes, against ``base_plan``'s in the same
+# passes): at 10240x8192 M=128, 54 tiles of 128 x 192 in cluster pairs (108 blocks) 1.10x
+# against 80 whole 128 x 128 tiles' 0.87x (41.7-41.9 against 53.2 µs, every pass; stream-K
+# on 128 x 128 tiles 1.07x); at 10240x8192 M=256 stream-K on 256 x 128 tiles (a block's run
+# 78 K steps) 0.98x against one wave of 108 tiles of 128 x 192's 0.93x (65.3 against 68.9
+# µs, every pass); at 10240x8192 M=1024 stream-K on 256 x 128 tiles (runs of 310 steps)
+# 0.99x / 0.98x against 640 KW tiles' 0.96x / 0.95x (faster in 8 of 8 passes). Routed
+# (round B, 5 passes, against base_plan's in the same passes, faster in every pass):
+# 10240x8192 M=72 / 100 / 128 32.1 / 35.7 / 40.1 against 43.9 / 47.4 / 52.0 µs, M=224 /
+# 256 / 1024 57.9 / 64.3 / 251.0 against 63.4 / 68.1 / 257.3; off the sweep 8192x28672
+# M=768 520 against 540, 28672x4096 M=1280 424 against 477. Stream-K lost where the runs
+# are short or the route's tiles already fill their waves: 6144x4096 M=1024 (93 steps)
+# 0.94x against 0.95x, M=2048 0.97x against 1.01x, 8192x8192 M=1024 0.96x against 1.01x;
+# cluster pairs of 128 x 192 tiles lost at 6144x4096 and 4096x4096 M=256 (0.92x against
+# 0.97x, 0.76x against 1.04x): there ``base_plan``'s keep more SMs busy.
+FAST_SK_FILL = 0.85  # 129-256 rows: stream-K where base_plan's one wave fills at most this
+FAST_SK_RUN = 64  # ... and a block's stream-K run is at least this many K steps
+FAST_KW_SK_RUN = 256  # past 512 rows: stream-K in place of KW tiles from runs this long
+# ... on row tiles of at least this many rows: two warpgroups' stream-K tiles of 136-192 rows
+# spill 20-28 bytes a thread (ptxas 13.0, sm_90a), of 224 and 256 none
+FAST_SK_ROWS = 224
+
+
+def fast_memory_plan(m: int, n: int, k: int, sms: int, plan: tuple) -> tuple:
+    """``plan`` (``base_plan``'s) for a GPU of the faster memory (the comment above): at 65-128
+    rows BM x 192 tiles (three warpgroups, one row tile) in cluster pairs where they keep
+    more SMs busy (``busy_blocks``) and need a K split of exactly 2; at 129-256 rows
+    ``balanced_rows`` x 128 tiles on the stream-K schedule where ``plan`` is one wave that
+    fills at most ``FAST_SK_FILL`` of the SMs and a block's run is ``FAST_SK_RUN`` steps or
+    more; past 512 rows the same in place of KW tiles from runs of ``FAST_KW_SK_RUN``; the
+    stream-K row tiles of ``FAST_SK_ROWS`` rows or more."""
+    k_steps = -(-k // BK)
+    busy = busy_blocks(m, n, k, plan, sms)
+    if 64 < m <= 128:
+        rows, tiles = balanced_rows(m, 128), math.ceil(n / 192)
+        if swap_split(tiles, k, sms) == 2 and busy < 2 * tiles <= sms:
+            bufs = 1 if ONE_BUF_ROWS[0] <= rows <= ONE_BUF_ROWS[1] else 2
+            return 3, rows, 0, 0, 1, 0, 0, bufs, 0, 0, 0, late_words(m, n, k, sms, 3, rows)
+    rows = balanced_rows(m)
+    run = math.ceil(m / rows) * math.ceil(n / 128) * k_steps / sms  # a stream-K block's steps
+    one_wave = 128 < m <= 256 and busy <= FAST_SK_FILL * sms and run >= FAST_SK_RUN
+    kw_past = m > 512 and len(plan) > 10 and plan[10] and run >= FAST_KW_SK_RUN
+    if (one_wave or kw_past) and rows >= FAST_SK_ROWS:
+        return 2, rows, 0, 0, 0, 0, 0, 2, 1, plan[9], 0, 0, 1, 1
+    return plan
+
+
+def busy_blocks(m: int, n: int, k: int, plan: tuple, sms: int) -> int:
+    """The SMs that ``int4_swap`` with ``plan`` keeps busy in its first wave: its blocks
+    (tiles times the K split, two a multicast pair; the stream-K schedule all), at most
+    ``sms``."""
+    split, _, tiles, consts = swap_launch_plan(m, n, k, plan, sms, f16)
+    return sms if consts["SK"] else min(sms, tiles * split * (1 + consts["MC"]))
 
 
 def late_words(m: int, n: int, k: int, sms: int, wg: int, rows: int) -> int:
@@ -612,7 +677,16 @@ def run(a, b, s, out_type):
 
     (m, k), n = a.shape, b.shape[1]
     sms = _arrays.multiprocessors(a)
-    return launch_swap(a, b, s, out_type, swap_plan(m, n, k, sms), sms)
+    return launch_swap(a, b, s, out_type, swap_plan(m, n, k, sms, fast_memory(a)), sms)
+
+
+def fast_memory(like) -> bool:
+    """Whether the GPU of ``like`` (an ``_arrays.Operand``) takes ``swap_plan``'s choices
+    for the faster memory: ``linear.ByMemory``'s rule (``FAST_MEMORY``: an H200, not an
+    H100, the simulator, or a driver that does not tell)."""
+    from kaio_ops.linear import ByMemory, for_memory
+
+    return for_memory(ByMemory(False, True), like)
 
 
 def dequantized(a, b, s, out_type):

@@ -673,6 +673,52 @@ def test_int4_swap_plan_bands():
     assert _int4_hopper.swap_plan(300, 57344, 8192, 132)[7] == 2  # (stream-K)
 
 
+@pytest.mark.parametrize("peak", [None, 3.35e12, 4.8e12])
+def test_int4_swap_plans_by_memory_bandwidth(peak, monkeypatch):
+    """``_int4_hopper.run`` plans by the GPU's memory (``linear.FAST_MEMORY``): an H200
+    takes ``fast_memory_plan``'s changes (10240x8192: M=128 three warpgroups' 128 x 192
+    tiles in cluster pairs, M=256 and M=1024 256 x 128 tiles on the stream-K schedule),
+    and keeps ``base_plan``'s elsewhere; an H100, the simulator or a driver that does not
+    tell keep ``base_plan``'s everywhere (main's plans, as ``test_int4_swap_plan_bands``)."""
+    from kaio_ops import _int4_hopper
+
+    linear_mod = importlib.import_module("kaio_ops.linear")
+    monkeypatch.setattr(_arrays, "memory_bandwidth", lambda like: peak)
+    monkeypatch.setattr(_arrays, "multiprocessors", lambda like: 132)
+    launched_plans = []
+    monkeypatch.setattr(_int4_hopper, "launch_swap", lambda *args: launched_plans.append(args[4]))
+
+    class Shaped:  # an operand's shape, all that planning reads
+        def __init__(self, *shape):
+            self.shape = shape
+
+    def plan(m, n, k):
+        launched_plans.clear()
+        _int4_hopper.run(Shaped(m, k), Shaped(k // 8, n), Shaped(k // 128, n), f16)
+        return launched_plans[0]
+
+    fast = peak is not None and peak >= linear_mod.FAST_MEMORY
+    sweep = [(m, n, k) for m in (17, 32, 64, 128, 256, 352, 512, 1024, 2048, 4096, 8192)
+             for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+                          (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672))]  # fmt: skip
+    changed = {
+        (128, 10240, 8192): (3, 128, 0, 0, 1, 0, 0, 1, 0, 0, 0, 1),
+        (256, 10240, 8192): (2, 256, 0, 0, 0, 0, 0, 2, 1, 0, 0, 0, 1, 1),
+        (1024, 10240, 8192): (2, 256, 0, 0, 0, 0, 0, 2, 1, 0, 0, 0, 1, 1),
+    }
+    for m, n, k in sweep:
+        base = _int4_hopper.base_plan(m, n, k, 132)
+        assert plan(m, n, k) == (changed.get((m, n, k), base) if fast else base), (m, n, k)
+    assert _int4_hopper.base_plan(128, 10240, 8192, 132) == (2, 128, 0, 0, 1, 0, 0, 2, 0, 0, 0, 0)
+    assert _int4_hopper.base_plan(256, 10240, 8192, 132)[:2] == (3, 128)
+    assert _int4_hopper.base_plan(1024, 10240, 8192, 132)[10] == 1  # KW tiles
+    # the cluster pairs take a K split of 2 (108 blocks of 132: 80 before)
+    split, _, tiles, consts = _int4_hopper.swap_launch_plan(
+        128, 10240, 8192, changed[(128, 10240, 8192)], 132, f16
+    )
+    assert (split, tiles, consts["CL"], consts["PSUM"]) == (2, 54, 1, 1)
+
+
 def test_int4_wgmma_dispatch(monkeypatch):
     """On sm_90 (here: the simulator with IN_SIMULATOR) M > DECODE_M takes the wgmma kernel
     (``run``) and M <= DECODE_M the decode kernel; N % 8 != 0 is not the wgmma kernel's
@@ -769,18 +815,21 @@ def test_int4_swap_assembles_for_sm_90a():
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 def test_int4_swap_plans_fit():
     """Every int4_swap configuration that matmul_int4 routes to at Llama-3-8B and -70B shapes
-    (M 17..8192, 132 multiprocessors) fits: shared memory, at most 8 blocks a cluster, and
-    ptxas for sm_90a without spills or serialized wgmmas."""
+    (M 17..8192, 132 multiprocessors, either memory: ``swap_plan``'s ``fast``) fits: shared
+    memory, at most 8 blocks a cluster, and ptxas for sm_90a without spills or serialized
+    wgmmas."""
     from kaio_ops import _int4_hopper
 
     shapes = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (8192, 28672),
               (10240, 8192), (57344, 8192))  # fmt: skip
     seen = {}
     for n, k in shapes:
-        for m in (17, 32, 64, 100, 128, 200, 256, 300, 448, 512, 520, 1024, 1500, 2048, 3000,
-                  8192):  # fmt: skip
+        for m, fast in itertools.product(
+            (17, 32, 64, 100, 128, 200, 256, 300, 448, 512, 520, 1024, 1500, 2048, 3000, 8192),
+            (False, True),
+        ):
             split, _, _, consts = _int4_hopper.swap_launch_plan(
-                m, n, k, _int4_hopper.swap_plan(m, n, k, 132), 132, f16
+                m, n, k, _int4_hopper.swap_plan(m, n, k, 132, fast), 132, f16
             )
             cfg = (consts["WG"], consts["BM"], consts["STAGES"], consts["CL"], consts["MC"])
             shared = _int4_hopper.swap_shared_bytes(
@@ -1357,6 +1406,33 @@ def test_gpu_int4_wgmma(m, n, k, out_dtype):
     of 192 x 128, not KW tiles), every M up to 4096; elsewhere the other paths): every
     element against float64 products within the f32 sums' slack plus the output's rounding,
     and the same bits on a second call (a race would move them)."""
+    _check_gpu_int4(m, n, k, out_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "m, n, k, out_dtype",
+    [(128, 10240, 8192, "float16"), (100, 10240, 4096, None), (240, 10240, 8192, None),
+     (1024, 10240, 8192, "bfloat16")],
+)  # fmt: skip
+def test_gpu_int4_fast_memory_plans(m, n, k, out_dtype, monkeypatch):
+    """``_int4_hopper.fast_memory_plan``'s plans, forced on any GPU (an H200 takes them; its
+    outputs poisoned): three warpgroups' BM x 192 tiles in cluster pairs at 100 and 128 rows
+    (one fragment buffer at 128 rows), 240- and 256-row tiles x 128 on the stream-K schedule
+    at 240 and 1024 rows, checked as ``test_gpu_int4_wgmma``."""
+    from kaio_ops import _int4_hopper
+
+    monkeypatch.setattr(_int4_hopper, "fast_memory", lambda like: True)
+    poison_allocations(monkeypatch)
+    plan = _int4_hopper.swap_plan(m, n, k, 132, True)
+    assert plan != _int4_hopper.base_plan(m, n, k, 132), plan
+    _check_gpu_int4(m, n, k, out_dtype)
+
+
+def _check_gpu_int4(m: int, n: int, k: int, out_dtype) -> None:
+    """``matmul_int4`` of random f16 rows and int4 weights (``_torch_int4_weights``) on the
+    GPU: every element within the f32 sums' slack plus the output's rounding of the
+    float64 product, and the same bits on a second call."""
     import torch
 
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).half()
