@@ -14,7 +14,7 @@ dequantization: the pipeline's own limit, results not checked); ``--kmm``: also
 ``kaio_ops.matmul`` on the f16 weight; ``--dequant``: also ``_int4_hopper.dequantized`` (the
 weight made f16 once a call, then ``kaio_ops.matmul``); ``--repeat R``: R passes over the
 kernels of a point, each timed once a pass (``pass_order``), the median kept. On a GPU of
-the faster memory (``_int4_hopper.fast_memory``) "main", the slower memory's plan, is timed
+the faster memory (``_arrays.fast_memory``) "main", the slower memory's plan, is timed
 beside the route where the two differ (``routes``).
 ``prof --points P --configs C``: one call of each inside an NVTX range "prof" (for ``ncu
 --nvtx --nvtx-include prof/``). ``names --points P --configs C``: each kernel's name, grid,
@@ -40,7 +40,7 @@ import kaio  # noqa: E402
 import kaio_ops  # noqa: E402
 from bench.int4_wgmma import graph_time, operand, swap_consts  # noqa: E402
 from bench.quantized import int4_bytes, int4_inputs  # noqa: E402
-from kaio_ops import _int4_hopper  # noqa: E402
+from kaio_ops import _arrays, _int4_hopper  # noqa: E402
 
 L2_BYTES = 200 << 20
 # (M, N, K, output type) of test_gpu_int4_wgmma, test_gpu_int4 past 16 rows,
@@ -119,8 +119,8 @@ def config_name(config: tuple, switches: dict) -> str:
 
 def gpu_memory_fast() -> bool:
     """Whether this process's GPU takes ``_int4_hopper.swap_plan``'s plans for the faster
-    memory (``_int4_hopper.fast_memory``: an H200)."""
-    return _int4_hopper.fast_memory(operand(torch.empty(8, 8, device="cuda"), "probe"))
+    memory (``_arrays.fast_memory``: an H200)."""
+    return _arrays.fast_memory(operand(torch.empty(8, 8, device="cuda"), "probe"))
 
 
 def routes(m: int, n: int, k: int, sms: int, fast: bool) -> dict:

@@ -677,16 +677,7 @@ def run(a, b, s, out_type):
 
     (m, k), n = a.shape, b.shape[1]
     sms = _arrays.multiprocessors(a)
-    return launch_swap(a, b, s, out_type, swap_plan(m, n, k, sms, fast_memory(a)), sms)
-
-
-def fast_memory(like) -> bool:
-    """Whether the GPU of ``like`` (an ``_arrays.Operand``) takes ``swap_plan``'s choices
-    for the faster memory: ``linear.ByMemory``'s rule (``FAST_MEMORY``: an H200, not an
-    H100, the simulator, or a driver that does not tell)."""
-    from kaio_ops.linear import ByMemory, for_memory
-
-    return for_memory(ByMemory(False, True), like)
+    return launch_swap(a, b, s, out_type, swap_plan(m, n, k, sms, _arrays.fast_memory(a)), sms)
 
 
 def dequantized(a, b, s, out_type):

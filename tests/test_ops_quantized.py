@@ -675,14 +675,13 @@ def test_int4_swap_plan_bands():
 
 @pytest.mark.parametrize("peak", [None, 3.35e12, 4.8e12])
 def test_int4_swap_plans_by_memory_bandwidth(peak, monkeypatch):
-    """``_int4_hopper.run`` plans by the GPU's memory (``linear.FAST_MEMORY``): an H200
+    """``_int4_hopper.run`` plans by the GPU's memory (``_arrays.FAST_MEMORY``): an H200
     takes ``fast_memory_plan``'s changes (10240x8192: M=128 three warpgroups' 128 x 192
     tiles in cluster pairs, M=256 and M=1024 256 x 128 tiles on the stream-K schedule),
     and keeps ``base_plan``'s elsewhere; an H100, the simulator or a driver that does not
     tell keep ``base_plan``'s everywhere (main's plans, as ``test_int4_swap_plan_bands``)."""
     from kaio_ops import _int4_hopper
 
-    linear_mod = importlib.import_module("kaio_ops.linear")
     monkeypatch.setattr(_arrays, "memory_bandwidth", lambda like: peak)
     monkeypatch.setattr(_arrays, "multiprocessors", lambda like: 132)
     launched_plans = []
@@ -697,7 +696,7 @@ def test_int4_swap_plans_by_memory_bandwidth(peak, monkeypatch):
         _int4_hopper.run(Shaped(m, k), Shaped(k // 8, n), Shaped(k // 128, n), f16)
         return launched_plans[0]
 
-    fast = peak is not None and peak >= linear_mod.FAST_MEMORY
+    fast = peak is not None and peak >= _arrays.FAST_MEMORY
     sweep = [(m, n, k) for m in (17, 32, 64, 128, 256, 352, 512, 1024, 2048, 4096, 8192)
              for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
                           (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672))]  # fmt: skip
@@ -1422,7 +1421,7 @@ def test_gpu_int4_fast_memory_plans(m, n, k, out_dtype, monkeypatch):
     at 240 and 1024 rows, checked as ``test_gpu_int4_wgmma``."""
     from kaio_ops import _int4_hopper
 
-    monkeypatch.setattr(_int4_hopper, "fast_memory", lambda like: True)
+    monkeypatch.setattr(_arrays, "fast_memory", lambda like: True)
     poison_allocations(monkeypatch)
     plan = _int4_hopper.swap_plan(m, n, k, 132, True)
     assert plan != _int4_hopper.base_plan(m, n, k, 132), plan
