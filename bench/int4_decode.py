@@ -195,7 +195,7 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     planned = _int4_decode.plan(m, -(-n // _int4_decode.COLS), sms, k // 128)
     for extra in args.plan_tunes:  # plan's warps and knobs, some knobs overridden
-        name = "plan " + "".join(f"{k[0].lower()}{v}" for k, v in extra.items())
+        name = "plan " + "/".join(f"{k}={v}" for k, v in extra.items())
         w, t = planned[0], {**planned[1], **extra}
         calls[name] = lambda i, w=w, t=t: _int4_decode.matmul(*ops[i], kaio.f16, w, t)
     if args.baseline:  # an earlier version of the module, copied in as _int4_decode_v0
