@@ -362,6 +362,20 @@ def memory_bandwidth(like: Operand) -> float | None:
     return _BANDWIDTH[like.device]
 
 
+# GPUs whose peak memory bandwidth is FAST_MEMORY or more (H200: 4.8 TB/s, H100: 3.35) take the
+# plans measured on the faster memory (``linear.ByMemory``, ``_int4_decode.plan``): a
+# memory-bound kernel keeps the faster memory busy only with more bytes in flight an SM, which
+# changes its fastest tile
+FAST_MEMORY = 4e12
+
+
+def fast_memory(like: Operand) -> bool:
+    """Whether ``like``'s GPU has the faster memory (a peak of ``FAST_MEMORY`` or more: an
+    H200); False for an H100, in the simulator and where the driver does not tell."""
+    peak = memory_bandwidth(like)
+    return peak is not None and peak >= FAST_MEMORY
+
+
 def three(items: list) -> list:
     """``items`` (one to three) padded to three with the first: the kernels that take up to
     three weights or outputs (the QKV projections) get the first one's arrays for the unused

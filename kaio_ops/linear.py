@@ -431,10 +431,9 @@ def _counters(like: _arrays.Operand, tiles: int):
 # 4096 x 14336 (gelu + bias + residual 1.09-1.15x the torch ops against 0.97-0.99x, plain
 # 1.02-1.06x F.linear against 0.91x). 7 stages for 128 x 128 at M = 128 of 10240 x 8192 lost
 # (0.92x against 0.95x).
-# GPUs whose peak memory bandwidth is FAST_MEMORY or more (H200: 4.8 TB/s, H100: 3.35) take
-# the ``fast`` choice of a ``ByMemory`` entry: a memory-bound product keeps the faster memory
-# busy only with more bytes in flight an SM, which changes its fastest tile
-FAST_MEMORY = 4e12
+# GPUs with the faster memory (``_arrays.fast_memory``: an H200) take the ``fast`` choice of a
+# ``ByMemory`` entry
+FAST_MEMORY = _arrays.FAST_MEMORY
 
 
 class ByMemory(NamedTuple):
@@ -451,8 +450,7 @@ def for_memory(choice, like: _arrays.Operand):
     or ``slow`` choice, anything else as it is."""
     if not isinstance(choice, ByMemory):
         return choice
-    peak = _arrays.memory_bandwidth(like)
-    return choice.fast if peak is not None and peak >= FAST_MEMORY else choice.slow
+    return choice.fast if _arrays.fast_memory(like) else choice.slow
 
 
 def _deeper(plan: _gemm_hopper.Plan, stages: int) -> ByMemory:
