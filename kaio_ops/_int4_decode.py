@@ -1001,9 +1001,9 @@ def plan(
     docs/performance.md, "W4A16 decode, M <= 16, third pass"); ``shared_x`` whether ``XS`` may be
     taken (its turns wait at mbarriers: sm_90); ``fast`` whether the GPU has the faster memory
     (``_arrays.fast_memory``: an H200), whose plans differ where measured on an H200 ("W4A16
-    decode, fifteenth pass"): at M <= 8 ``LOADS_8`` with PDL 3 while every tile has an SM (blocks
-    of 16) and past ten tiles an SM (blocks of 8, not the rings); at M = 9-16 past ten tiles an
-    SM ``PAIRS_16``, not ``SHARED_X_16``.
+    decode, fifteenth pass"): at M <= 8 ``LOADS_8`` with PDL 3 up to two tiles an SM (blocks of
+    16, then 8, as on the slower memory) and past ten tiles an SM (blocks of 8, not the rings);
+    at M = 9-16 past ten tiles an SM ``PAIRS_16``, not ``SHARED_X_16``.
 
     At M <= 8 (the swapped mma): blocks of 16 warps while every tile has an SM of its own (N <= 4224
     on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks of 8 while the tiles
@@ -1041,10 +1041,11 @@ def plan(
     if m > 16:
         return WARPS, {}
     if m <= 8:
+        early = {**LOADS_8, "PDL": 3} if fast else {"PDL": 3}
         if tiles <= sms:
-            return 16, {**LOADS_8, "PDL": 3} if fast else {"PDL": 3}
+            return 16, early
         if tiles <= 2 * sms:
-            return 8, {"PDL": 3}
+            return 8, early
         if tiles <= 3 * sms:
             return 8, {**RINGS_8, "PDL": 1, **halves(8, groups, 4)}
         if tiles <= 4 * sms:

@@ -371,10 +371,10 @@ def test_int4_decode_warps_route():
 
 
 def test_int4_decode_fast_memory_route():
-    """plan on a GPU with the faster memory (``fast``: an H200): at M <= 8 blocks of 16 with
-    ``LOADS_8`` and PDL 3 while each tile has an SM, blocks of 8 with them past ten tiles an SM
-    (not the rings); at M = 9-16 past ten tiles an SM ``PAIRS_16`` (blocks of 4 over two column
-    blocks, x 3 loads ahead, TAIL 2), without ``shared_x`` (qkv) the slower memory's blocks of 8;
+    """plan on a GPU with the faster memory (``fast``: an H200): at M <= 8 ``LOADS_8`` and PDL 3
+    in blocks of 16 while each tile has an SM, of 8 up to two tiles an SM and past ten (not the
+    rings); at M = 9-16 past ten tiles an SM ``PAIRS_16`` (blocks of 4 over two column blocks, x
+    3 loads ahead, TAIL 2), without ``shared_x`` (qkv) the slower memory's blocks of 8;
     everywhere else the slower memory's plan (the H200 measurements of docs/performance.md)."""
     plan = _int4_decode.plan
     loads_8 = (16, {**_int4_decode.LOADS_8, "PDL": 3})
@@ -385,7 +385,7 @@ def test_int4_decode_fast_memory_route():
                 fast, slow = plan(m, tiles, 132, groups, fast=True), plan(m, tiles, 132, groups)
                 if m <= 8 and tiles <= 132:
                     assert fast == loads_8
-                elif m <= 8 and tiles > 1320:
+                elif m <= 8 and (tiles <= 264 or tiles > 1320):
                     assert fast == (8, loads_8[1])
                 elif m <= 16 and tiles > 1320:
                     assert fast == pairs
@@ -397,12 +397,14 @@ def test_int4_decode_fast_memory_route():
 
 
 @pytest.mark.parametrize(
-    "m, n, k, sms", [(5, 96, 128 * 7, 3), (3, 356, 128 * 9, 1), (12, 356, 128 * 9, 1)]
+    "m, n, k, sms",
+    [(5, 96, 128 * 7, 3), (7, 160, 128 * 5, 3), (3, 356, 128 * 9, 1), (12, 356, 128 * 9, 1)],
 )
 def test_int4_decode_fast_memory_in_simulator(m, n, k, sms, monkeypatch, poisoned):
     """matmul_int4 and qkv_project_int4 as routed on a GPU with the faster memory (its peak
     bandwidth told as an H200's) on ``sms`` SMs, so that these widths take the fast plans:
-    blocks of 16 with LOADS_8 at a tile an SM, blocks of 8 with it past ten tiles an SM (M = 3),
+    blocks of 16 with LOADS_8 at a tile an SM, of 8 with it at two tiles an SM (five tiles on
+    three SMs) and past ten tiles an SM (M = 3),
     PAIRS_16 there at M = 12 (12 tiles, the last one partial): every element against float64
     products."""
     monkeypatch.setattr(_arrays, "multiprocessors", lambda like: sms)
