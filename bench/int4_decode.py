@@ -37,7 +37,7 @@ import kaio  # noqa: E402
 import kaio_ops  # noqa: E402
 from bench.int4_wgmma import L2_BYTES, graph_time, operand  # noqa: E402
 from bench.quantized import int4_bytes, int4_inputs, read_only  # noqa: E402
-from kaio_ops import _int4_decode  # noqa: E402
+from kaio_ops import _arrays, _int4_decode  # noqa: E402
 
 SHAPES = "8192x8192,10240x8192,57344x8192,8192x28672,4096x4096,6144x4096,28672x4096,4096x14336"
 T0 = time.time()
@@ -92,7 +92,8 @@ def main() -> None:
     if args.prewarm:
         sizes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
         grids = [(-(-n // _int4_decode.COLS), k // 128) for n, k in sizes]
-        prewarm(log, variants, ms, args.prewarm, args.plan_tunes, grids)
+        fast = _arrays.fast_memory(operand(torch.empty(1, 8, device="cuda"), "x"))
+        prewarm(log, variants, ms, args.prewarm, args.plan_tunes, grids, fast)
     rows = []
     for shape in args.shapes.split(","):
         n, k = map(int, shape.split("x"))
@@ -144,11 +145,14 @@ def plan_tunes(text: str) -> list[dict]:
 BRANCHES = [(t, g) for t in (1, 133, 265, 397, 529, 661, 1321) for g in (1, 64)]
 
 
-def specializations(variants: list, ms: list, tunes: list = (), grids: list = BRANCHES) -> list:
+def specializations(
+    variants: list, ms: list, tunes: list = (), grids: list = BRANCHES, fast: bool = False
+) -> list:
     """The constexprs of every ``int4_decode`` specialization a run times (``variants``'
     (warps, *tuned), blocks of 4 and 8 warps and ``plan`` at each M and (32-column tiles,
-    scale groups) of ``grids`` (default: each branch on 132 SMs), alone and with each of
-    ``tunes``' overrides, as ``matmul`` launches them: ``_tuned``), DT aside."""
+    scale groups) of ``grids`` (default: each branch on 132 SMs) for a GPU with the faster
+    memory or not (``fast``), alone and with each of ``tunes``' overrides, as ``matmul``
+    launches them: ``_tuned``), DT aside."""
     routed = [(w, *KNOBS.values()) for w in (4, 8)]
     todo = set()
     for m in ms:
@@ -156,7 +160,7 @@ def specializations(variants: list, ms: list, tunes: list = (), grids: list = BR
             consts = _int4_decode._tuned(m, dict(zip(KNOBS, tuned, strict=True)))
             todo.add((w, *(consts.get(k, 0) for k in KNOBS), _int4_decode._rows(m)))
         for count, groups in grids:  # plan's choices on 132 SMs (matmul_int4)
-            w, tune = _int4_decode.plan(m, count, 132, groups)
+            w, tune = _int4_decode.plan(m, count, 132, groups, fast=fast)
             for extra in ({}, *tunes):
                 consts = _int4_decode._tuned(m, {**tune, "SPLIT": _int4_decode.SPLIT, **extra})
                 todo.add((w, *(consts.get(k, 0) for k in KNOBS), _int4_decode._rows(m)))
@@ -164,13 +168,15 @@ def specializations(variants: list, ms: list, tunes: list = (), grids: list = BR
     return [dict(zip(names, v, strict=True)) for v in sorted(todo)]
 
 
-def prewarm(log, variants: list, ms: list, workers: int, tunes: list = (), grids=None) -> None:
-    """Every specialization timed (``specializations``) compiled in ``workers`` processes
-    at once: a launch then loads each from the disk cache."""
+def prewarm(
+    log, variants: list, ms: list, workers: int, tunes: list = (), grids=None, fast=False
+) -> None:
+    """Every specialization timed (``specializations``, ``fast``: this GPU's memory) compiled
+    in ``workers`` processes at once: a launch then loads each from the disk cache."""
     import concurrent.futures
     import multiprocessing
 
-    jobs = specializations(variants, ms, tunes, *([grids] if grids else []))
+    jobs = specializations(variants, ms, tunes, grids or BRANCHES, fast)
     t = time.time()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
@@ -192,10 +198,9 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
         tune = dict(zip(KNOBS, tuned, strict=True))
         name = f"{w}w " + "".join(f"{k[0].lower()}{v}" for k, v in tune.items())
         calls[name] = lambda i, w=w, t=tune: _int4_decode.matmul(*ops[i], kaio.f16, w, t)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    planned = _int4_decode.plan(m, -(-n // _int4_decode.COLS), sms, k // 128)
+    planned = _int4_decode.planned(ops[0][0], -(-n // _int4_decode.COLS), k // 128)
     for extra in args.plan_tunes:  # plan's warps and knobs, some knobs overridden
-        name = "plan " + "".join(f"{k[0].lower()}{v}" for k, v in extra.items())
+        name = "plan " + "/".join(f"{k}={v}" for k, v in extra.items())
         w, t = planned[0], {**planned[1], **extra}
         calls[name] = lambda i, w=w, t=t: _int4_decode.matmul(*ops[i], kaio.f16, w, t)
     if args.baseline:  # an earlier version of the module, copied in as _int4_decode_v0
@@ -204,8 +209,7 @@ def point(log, args, m, n, k, weights, floor, variants) -> dict:
         v0 = importlib.import_module("kaio_ops._int4_decode_v0")
         for w in map(int, args.baseline.split(",")):
             calls[f"v0 {w}"] = lambda i, w=w: v0.matmul(*ops[i], kaio.f16, w)
-    warps = _int4_decode.warps_for(m, -(-n // _int4_decode.COLS), sms)
-    rec = {"m": m, "n": n, "k": k, "sets": sets, "routed_warps": warps, "us": {}, "err": {}}
+    rec = {"m": m, "n": n, "k": k, "sets": sets, "routed_warps": planned[0], "us": {}, "err": {}}
     for name, call in calls.items():
         try:
             got = call(0)

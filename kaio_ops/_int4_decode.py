@@ -979,6 +979,9 @@ RINGS_8 = {"DEQ": 6, "XLEAD": 3, "ASYNC": 1, "WBUF": 2}
 # byte's nibbles a pair, x with the words, LOADS_16's cache operators (110 registers in blocks
 # of 4: four an SM, every block at once)
 LOADS_8 = {"DEQ": 6, "XC": 3, "WC": 6}
+# M = 9-16 past five tiles an SM: blocks of 4 over two column blocks, x 3 loads ahead, the last
+# partial round of one block an SM split over K in halves
+PAIRS_16 = {**SWAPPED_16, "XLEAD": 3, "CS": 2, "TAIL": 2, "PDL": 1}
 
 
 def halves(warps: int, groups: int, least: int) -> dict:
@@ -990,11 +993,17 @@ def halves(warps: int, groups: int, least: int) -> dict:
     return {"TAIL": 2, "PDL": 1} if groups >= 2 * least * warps else {}
 
 
-def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tuple[int, dict]:
+def plan(
+    m: int, tiles: int, sms: int, groups: int, shared_x: bool = True, fast: bool = False
+) -> tuple[int, dict]:
     """(warps a block, ``TUNED`` overrides) at M = ``m`` over ``tiles`` 32-column blocks on ``sms``
     multiprocessors and K's ``groups`` scale groups, measured on an H100 (bench/int4_decode.py;
     docs/performance.md, "W4A16 decode, M <= 16, third pass"); ``shared_x`` whether ``XS`` may be
-    taken (its turns wait at mbarriers: sm_90).
+    taken (its turns wait at mbarriers: sm_90); ``fast`` whether the GPU has the faster memory
+    (``_arrays.fast_memory``: an H200), whose plans differ where measured on an H200 ("W4A16
+    decode, fifteenth pass"): at M <= 8 ``LOADS_8`` with PDL 3 up to two tiles an SM (blocks of
+    16, then 8, as on the slower memory) and past ten tiles an SM (blocks of 8, not the rings);
+    at M = 9-16 past ten tiles an SM ``PAIRS_16``, not ``SHARED_X_16``.
 
     At M <= 8 (the swapped mma): blocks of 16 warps while every tile has an SM of its own (N <= 4224
     on 132 SMs: 16 warps an SM instead of 8, half the groups a warp); blocks of 8 while the tiles
@@ -1032,10 +1041,11 @@ def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tu
     if m > 16:
         return WARPS, {}
     if m <= 8:
+        early = {**LOADS_8, "PDL": 3} if fast else {"PDL": 3}
         if tiles <= sms:
-            return 16, {"PDL": 3}
+            return 16, early
         if tiles <= 2 * sms:
-            return 8, {"PDL": 3}
+            return 8, early
         if tiles <= 3 * sms:
             return 8, {**RINGS_8, "PDL": 1, **halves(8, groups, 4)}
         if tiles <= 4 * sms:
@@ -1045,11 +1055,11 @@ def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tu
             return 4, {**RINGS_8, "CS": 1, "PDL": 1, **split}
         if tiles <= 10 * sms:
             return 4, {**RINGS_8, "CS": 1, "PDL": 1}
-        return 4, {**RINGS_8, "CS": 2}
+        return (8, {**LOADS_8, "PDL": 3}) if fast else (4, {**RINGS_8, "CS": 2})
     if tiles <= sms:
         return 8, dict(SWAPPED_16)
     if tiles > 10 * sms and shared_x:
-        return 4, dict(SHARED_X_16)
+        return 4, dict(PAIRS_16 if fast else SHARED_X_16)
     if tiles <= 2 * sms or tiles > 10 * sms:
         return 8, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 3 * sms:
@@ -1058,12 +1068,13 @@ def plan(m: int, tiles: int, sms: int, groups: int, shared_x: bool = True) -> tu
         return 4, {**SWAPPED_16, "XLEAD": 3}
     if tiles <= 5 * sms:
         return 3, {**SWAPPED_16, "XLEAD": 3, "PDL": 4}
-    return 4, {**SWAPPED_16, "XLEAD": 3, "CS": 2, "TAIL": 2, "PDL": 1}
+    return 4, dict(PAIRS_16)
 
 
-def warps_for(m: int, tiles: int, sms: int) -> int:
-    """The warps a block of ``plan`` (whatever K)."""
-    return plan(m, tiles, sms, 1)[0]
+def planned(x: _arrays.Operand, tiles: int, groups: int, shared_x: bool = True) -> tuple[int, dict]:
+    """``plan`` for activations ``x`` on their GPU (its multiprocessors and memory)."""
+    sms, fast = _arrays.multiprocessors(x), _arrays.fast_memory(x)
+    return plan(x.shape[0], tiles, sms, groups, shared_x, fast)
 
 
 def _rows(m: int) -> int:
@@ -1095,8 +1106,8 @@ def matmul(
     tiles = -(-n // COLS)
     sms = _arrays.multiprocessors(x)
     if not warps:
-        warps, planned = plan(m, tiles, sms, scales.shape[0], _mbarrier_waits(x))
-        tune = {**planned, **(tune or {})}
+        warps, chosen = planned(x, tiles, scales.shape[0], _mbarrier_waits(x))
+        tune = {**chosen, **(tune or {})}
     tuned = _tuned(m, tune)
     split, tail = tuned.pop("SPLIT", SPLIT), tuned.pop("TAIL", 0)
     pdl = tuned.pop("PDL", 0) if _mbarrier_waits(x) else 0  # (griddepcontrol: sm_90)
@@ -1127,13 +1138,13 @@ def qkv(x: _arrays.Operand, weights: list[tuple]) -> tuple:
     outs = [_arrays.output(x, (m, n), f16) for n in widths]
     blocks = sum(-(-n // COLS) for n in widths)
     sms = _arrays.multiprocessors(x)
-    warps, planned = plan(m, blocks, sms, weights[0][1].shape[0], shared_x=False)
-    planned = {k: v for k, v in planned.items() if k not in LOADS_16}  # unmeasured here
+    warps, chosen = planned(x, blocks, weights[0][1].shape[0], shared_x=False)
+    chosen = {k: v for k, v in chosen.items() if k not in LOADS_16}  # unmeasured here
     warps = max(warps, 4)  # (and blocks of 3 warps)
     if m <= 8 and blocks > 2 * sms:  # where plan takes the rings (measured no faster here:
         # 70B widths, H100) or LOADS_8 (unmeasured here): main's blocks of 4
-        warps, planned = 4, ({"DEQ": 6, "XLEAD": 3} if blocks > 10 * sms else {})
-    tuned = _tuned(m, planned)
+        warps, chosen = 4, ({"DEQ": 6, "XLEAD": 3} if blocks > 10 * sms else {})
+    tuned = _tuned(m, chosen)
     tuned.pop("CS")  # a block per 32 columns: q's, k's and v's blocks apart
     tuned.pop("XC")
     tuned.pop("TAIL", None)  # and no K split
@@ -1153,10 +1164,11 @@ PLANS = tuple(
             for m in (1, 16)
             for tiles in (1, 133, 265, 397, 529, 661, 1321)
             for groups in (1, 64)
-            for w, t in [plan(m, tiles, 132, groups)]
+            for fast in (False, True)
+            for w, t in [plan(m, tiles, 132, groups, fast=fast)]
         }
     )
-)  # (M, warps, knobs) of each plan (on 132 SMs; other counts move the bounds only)
+)  # (M, warps, knobs) of each plan (on 132 SMs, either memory; other counts move the bounds only)
 
 
 def specializations() -> list:

@@ -351,7 +351,6 @@ def test_int4_decode_warps_route():
     assert plan(16, 57344 // 32, 132, 64) == (4, shared)
     assert plan(16, 42272 // 32, 132, 64, shared_x=False) == (8, lead)
     assert plan(32, 4096, 132, 64) == (_int4_decode.WARPS, {})
-    assert _int4_decode.warps_for(9, 320, 132) == 4
     listed = [c for k, c in _int4_decode.specializations() if k is _int4_decode.int4_decode]
     for m, n in [
         (1, 4096),
@@ -369,6 +368,59 @@ def test_int4_decode_warps_route():
         want = {"WARPS": warps, "ROWS": _int4_decode._rows(m), "SPLIT": tuned.pop("TAIL", 1)}
         want.update(tuned)
         assert any(want.items() <= c.items() for c in listed), (m, n)
+
+
+def test_int4_decode_fast_memory_route():
+    """plan on a GPU with the faster memory (``fast``: an H200): at M <= 8 ``LOADS_8`` and PDL 3
+    in blocks of 16 while each tile has an SM, of 8 up to two tiles an SM and past ten (not the
+    rings); at M = 9-16 past ten tiles an SM ``PAIRS_16`` (blocks of 4 over two column blocks, x
+    3 loads ahead, TAIL 2), without ``shared_x`` (qkv) the slower memory's blocks of 8;
+    everywhere else the slower memory's plan (the H200 measurements of docs/performance.md)."""
+    plan = _int4_decode.plan
+    loads_8 = (16, {**_int4_decode.LOADS_8, "PDL": 3})
+    pairs = (4, {"SWAP": 2, "DEQ": 6, "XC": 3, "WC": 6, "XLEAD": 3, "CS": 2, "TAIL": 2, "PDL": 1})
+    for m in (1, 5, 8, 9, 12, 16, 17, 64):
+        for tiles in (1, 132, 133, 264, 265, 320, 396, 397, 528, 529, 896, 1320, 1321, 1792):
+            for groups in (9, 64, 224):
+                fast, slow = plan(m, tiles, 132, groups, fast=True), plan(m, tiles, 132, groups)
+                if m <= 8 and tiles <= 132:
+                    assert fast == loads_8
+                elif m <= 8 and (tiles <= 264 or tiles > 1320):
+                    assert fast == (8, loads_8[1])
+                elif m <= 16 and tiles > 1320:
+                    assert fast == pairs
+                    assert plan(m, tiles, 132, groups, False, True) == plan(
+                        m, tiles, 132, groups, False
+                    )
+                else:
+                    assert fast == slow, (m, tiles, groups)
+
+
+@pytest.mark.parametrize(
+    "m, n, k, sms",
+    [(5, 96, 128 * 7, 3), (7, 160, 128 * 5, 3), (3, 356, 128 * 9, 1), (12, 356, 128 * 9, 1)],
+)
+def test_int4_decode_fast_memory_in_simulator(m, n, k, sms, monkeypatch, poisoned):
+    """matmul_int4 and qkv_project_int4 as routed on a GPU with the faster memory (its peak
+    bandwidth told as an H200's) on ``sms`` SMs, so that these widths take the fast plans:
+    blocks of 16 with LOADS_8 at a tile an SM, of 8 with it at two tiles an SM (five tiles on
+    three SMs) and past ten tiles an SM (M = 3),
+    PAIRS_16 there at M = 12 (12 tiles, the last one partial): every element against float64
+    products."""
+    monkeypatch.setattr(_arrays, "multiprocessors", lambda like: sms)
+    monkeypatch.setattr(_arrays, "memory_bandwidth", lambda like: 4.8e12)
+    fast = _int4_decode.plan(m, -(-n // 32), sms, k // 128, fast=True)
+    assert fast != _int4_decode.plan(m, -(-n // 32), sms, k // 128)
+    a, packed, scales, w = int4_case(m, n, k, np.random.default_rng(n + m))
+    narrow = [np.ascontiguousarray(v[:, :4]) for v in (packed, scales, w)]
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    with kaio.simulate():
+        assert _int4_decode.planned(_sim_operands(a)[0], -(-n // 32), k // 128) == fast
+        c = kaio_ops.matmul_int4(a, packed, scales)
+        qkv = kaio_ops.qkv_project_int4(a, packed, narrow[0], narrow[0], scales, *narrow[1:2] * 2)
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    for out, weights in zip(qkv, (w, narrow[2], narrow[2]), strict=True):
+        check_f16_product(out, a, weights)
 
 
 # 16 < M <= 64: the decode kernel with ceil(M / 16) m16 tiles per block (ROWS 4, 6, 8), the
@@ -1605,8 +1657,8 @@ def test_gpu_qkv_int4(m):
     separate = [kaio_ops.matmul_int4(x, p, s) for p, s, _ in weights]
     # the decode kernel's plan follows the columns (3 x 4096 fused, 4096 apart): the same
     # bits where both take one plan (warps, swap, dequantization)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    fused_p, one_p = (_int4_decode.plan(m, t, sms, k // 128) for t in (3 * n // 32, n // 32))
+    xo = _arrays.Inputs("test").array(x, "x", dtypes=(f16,))
+    fused_p, one_p = (_int4_decode.planned(xo, t, k // 128) for t in (3 * n // 32, n // 32))
     same = m <= _int4_decode.MAX_M and fused_p == one_p
     _gpu_check(fused, separate, x, [w[2] for w in weights], [1.0] * 3, same)
 
