@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import importlib
 import itertools
 import math
@@ -35,6 +36,16 @@ MATMUL_MODULE = importlib.import_module("kaio_ops.matmul")
 linear_module = importlib.import_module("kaio_ops.linear")  # likewise
 
 
+def forget_launchers() -> None:
+    """Every kernel's launchers, and the launch objects bound to them, dropped: on a host
+    with a GPU, the fake GPU 0's launchers and the real one's would take each other's
+    arrays (the same signature on GPU 0)."""
+    for obj in gc.get_objects():
+        if type(obj) is kaio.kernel.Kernel:  # (isinstance would ask lazy objects)
+            obj._launchers.clear()
+            obj._launches.clear()
+
+
 class FakeGPU:
     """Fake GPUs: arrays with made-up addresses, a kernel loader that compiles nothing past
     the IR, and a ``cuLaunchKernelEx`` that records each launch."""
@@ -46,14 +57,7 @@ class FakeGPU:
         self.stream = None  # the stream ops launch on (None: the default one)
         # launchers built in earlier tests keep the launch function they were built with
         _ACTIVE[0] = self
-        self.kernels: set = set()  # the kernels this fake built launchers for (``forget``)
-        build = launch_mod._build
-
-        def recording_build(kernel, args):
-            self.kernels.add(kernel)
-            return build(kernel, args)
-
-        monkeypatch.setattr(launch_mod, "_build", recording_build)
+        forget_launchers()  # a real GPU's launchers would take the fake arrays of GPU 0
         monkeypatch.setattr(launcher_mod, "raw_launch_kernel", lambda: _launch)
         monkeypatch.setattr(launcher_mod, "launcher_elsewhere", _elsewhere)
         monkeypatch.setattr(launcher_mod, "visiting", contextlib.nullcontext)
@@ -78,13 +82,6 @@ class FakeGPU:
         monkeypatch.setattr(kaio_ops.tune, "lookup", lambda *a, **k: None)
         monkeypatch.setattr(kaio_ops._long_rows, "available", lambda a: False)
         _plan.clear()
-
-    def forget(self) -> None:
-        """Drop the launchers built on this fake (and the launch objects bound to them):
-        left in their kernels, they would take a later test's arrays on a real GPU 0."""
-        for kernel in self.kernels:
-            kernel._launchers.clear()
-            kernel._launches.clear()
 
     def device(self, ordinal: int):
         if ordinal not in self.devices:
@@ -210,7 +207,7 @@ def fake(monkeypatch):
     fake = FakeGPU(monkeypatch)
     yield fake
     _plan.clear()
-    fake.forget()
+    forget_launchers()  # the fake's would take a later test's arrays on a real GPU 0
 
 
 def same_as_unplanned(fake, op, *args, **kwargs):
