@@ -1044,7 +1044,6 @@ def test_gpu_sorted_pages_against_sdpa(capacity, sq, dtype, sort, monkeypatch):
     128) through the public op, ragged lengths (0, 1, page boundaries, the capacity)
     against SDPA in float64 on the gathered cache; the launch's SORT checked, so that the
     test fails if the route drifts."""
-    import torch
 
     _plan.clear()  # (a plan recorded before would replay without the spy)
     monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
@@ -1054,6 +1053,14 @@ def test_gpu_sorted_pages_against_sdpa(capacity, sq, dtype, sort, monkeypatch):
     )
     out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
     assert [c["SORT"] for c in spy.constexprs] == [sort]
+    _check_paged_against_sdpa(out, q, k_cache, v_cache, seq_lens, table, lens, dtype)
+
+
+def _check_paged_against_sdpa(out, q, k_cache, v_cache, seq_lens, table, lens, dtype):
+    """``out`` (the public op's result over the paged cache) against SDPA in float64 on the
+    gathered cache, finite and in q's dtype; a second call gives the same bits."""
+    import torch
+
     ref = _sdpa_reference(q, k_cache, v_cache, lens, table)
     assert out.dtype == q.dtype and torch.isfinite(out).all()
     err = (out.double() - ref).abs().max().item()
@@ -1070,7 +1077,6 @@ def test_gpu_long_walk_against_sdpa(b, dtype, monkeypatch):
     keys; B64, two waves, each warp on its own keys at 3 stages (the launch checked);
     the suite's H 32, Hkv 8, D 128, ragged lengths (0, 1, page and tile boundaries, the
     capacity) against SDPA in float64 on the gathered cache; the same bits twice."""
-    import torch
 
     _plan.clear()  # (a plan recorded before would replay without the spy)
     monkeypatch.setattr(decode, "DECODE", spy := _Launches(decode.DECODE))
@@ -1084,12 +1090,7 @@ def test_gpu_long_walk_against_sdpa(b, dtype, monkeypatch):
     out = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
     launched = [(c["STAGES"], c["OWN"], c["SYNC1"], c["DIRECT"]) for c in spy.constexprs]
     assert launched == [(3, 1, 0, True)]
-    ref = _sdpa_reference(q, k_cache, v_cache, lens, table)
-    assert out.dtype == q.dtype and torch.isfinite(out).all()
-    err = (out.double() - ref).abs().max().item()
-    assert err < (5e-3 if dtype == "float16" else 3e-2), err
-    again = kaio_ops.flash_attention_decode(q, k_cache, v_cache, seq_lens, table)
-    assert torch.equal(again, out)  # deterministic
+    _check_paged_against_sdpa(out, q, k_cache, v_cache, seq_lens, table, lens, dtype)
 
 
 @pytest.mark.gpu
